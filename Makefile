@@ -1,0 +1,54 @@
+# Every target does its own set-up on a fresh machine: venv, install, models, corpus.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SIDECAR_HOME ?= $(HOME)/.cache/sidecar
+export SIDECAR_HOME
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+# A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
+TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
+
+.PHONY: venv models corpus test test-fast demo bench bench-quick lint clean
+
+$(BIN)/sidecar: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/sidecar
+
+models: venv
+	$(BIN)/sidecar models fetch --pair qwen-coder-small
+
+corpus: venv
+	$(BIN)/sidecar corpus build --out data/news.parquet
+
+lint: venv
+	$(BIN)/ruff check sidecar storage flows tests bench
+
+test: models corpus
+	$(BIN)/ruff check sidecar storage flows tests bench
+	$(BIN)/python -m pytest -q -rs
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not real and not slow"
+
+demo: models corpus
+	$(BIN)/sidecar demo --corpus data/news.parquet --limit 4 --db data/sidecar.duckdb
+
+bench: models corpus
+	$(BIN)/python -m bench.run_all
+
+bench-quick: models corpus
+	$(BIN)/python -m bench.run_all --quick
+
+clean:
+	rm -rf $(VENV) .prefect data/*.duckdb
