@@ -1,0 +1,546 @@
+"""The LLM judge, driven through the real openai client against an ``httpx.MockTransport`` endpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+from pydantic import ValidationError
+
+from sidecar import judge
+from sidecar.judge import (
+    GameResult,
+    JudgeAnswerError,
+    JudgeConfig,
+    JudgeConfigError,
+    JudgeItem,
+    JudgeResult,
+    backoff_seconds,
+    final_verdict,
+    judge_pairs,
+    make_judge_client,
+    parse_judge_answer,
+    summarize_judgements,
+)
+
+BASE_URL = "http://judge.test/v1"
+API_KEY = "sk-test-0123456789abcdef"
+GOOD_TAG = "#good"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def make_config(**overrides: object) -> JudgeConfig:
+    # No backoff sleeps in tests; retries=2 keeps attempt counts small but still shows retrying.
+    values: dict[str, object] = {
+        "model": "judge-test",
+        "base_url": BASE_URL,
+        "api_key": API_KEY,
+        "retries": 2,
+        "backoff_base_s": 0.0,
+        "timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return JudgeConfig.model_validate(values)
+
+
+def make_client(handler: Handler) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=BASE_URL, api_key=API_KEY, http_client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+
+
+def completion(content: str | None, refusal: str | None = None) -> httpx.Response:
+    message = {"role": "assistant", "content": content, "refusal": refusal}
+    return httpx.Response(
+        200,
+        json={
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "judge-test",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+        },
+    )
+
+
+def verdict_json(winner: str) -> str:
+    return json.dumps({"winner": winner, "reason": "because"})
+
+
+def shown_tag_sets(request: httpx.Request) -> tuple[list[str], list[str]]:
+    """The tag sets the prompt shows in positions A and B."""
+    user_message = json.loads(request.content)["messages"][-1]["content"]
+    lines = dict(line.split(": ", 1) for line in user_message.splitlines() if line.startswith("Tag set "))
+    return json.loads(lines["Tag set A"]), json.loads(lines["Tag set B"])
+
+
+class CountingHandler:
+    """Answers every request with ``respond`` and counts the requests, thread-safely."""
+
+    def __init__(self, respond: Handler) -> None:
+        self.respond = respond
+        self.requests: list[httpx.Request] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.requests.append(request)
+        return self.respond(request)
+
+
+def always(content: str) -> CountingHandler:
+    return CountingHandler(lambda _request: completion(content))
+
+
+def content_winner(request: httpx.Request) -> str:
+    """A position-blind judgement: whichever set holds GOOD_TAG, else a tie."""
+    tags_a, tags_b = shown_tag_sets(request)
+    return "A" if GOOD_TAG in tags_a else "B" if GOOD_TAG in tags_b else "tie"
+
+
+def follows_content(request: httpx.Request) -> httpx.Response:
+    return completion(verdict_json(content_winner(request)))
+
+
+def item(doc_id: str = "doc-1", sidecar: list[str] | None = None, standalone: list[str] | None = None) -> JudgeItem:
+    return JudgeItem(
+        doc_id=doc_id,
+        summary="- A factory in Oklahoma closes.\n- 300 workers lose their jobs.",
+        sidecar_tags=["#factory", "#jobs"] if sidecar is None else sidecar,
+        standalone_tags=["#oklahoma", "#layoffs"] if standalone is None else standalone,
+    )
+
+
+def game(number: int, winner: str | None) -> GameResult:
+    return GameResult(
+        game=number,
+        sidecar_position="A" if number == 1 else "B",
+        raw_answer=None,
+        choice=None,
+        winner=winner,
+        reason=None,
+        error=None if winner else "APITimeoutError: Request timed out.",
+        attempts=1,
+        latency_s=0.1,
+    )
+
+
+# --- answer parsing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "winner"),
+    [
+        ('{"winner": "A", "reason": "more specific"}', "A"),
+        ('\n  {"winner": "B", "reason": "faithful"}  \n', "B"),
+        ('```json\n{"winner": "tie", "reason": "same"}\n```', "tie"),
+        ('```\n{"winner": "A", "reason": "x"}\n```\n', "A"),
+        ('{"winner": "B"}', "B"),
+    ],
+)
+def test_parse_accepts_json_object_bare_or_fenced(text: str, winner: str) -> None:
+    assert parse_judge_answer(text).winner == winner
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "   \n",
+        "A",
+        "Tag set A is better.",
+        'Sure! {"winner": "A", "reason": "x"}',
+        '```json\n{"winner": "A"}\n```\nI picked A because it is specific.',
+        '{"reason": "no winner given"}',
+        '{"winner": "C", "reason": "x"}',
+        '{"winner": "a", "reason": "lower case is not the asked format"}',
+        '{"winner": null}',
+        '["A"]',
+        "I'm sorry, but I can't help with that.",
+    ],
+)
+def test_parse_rejects_anything_but_a_verdict_object(text: str | None) -> None:
+    with pytest.raises(JudgeAnswerError):
+        parse_judge_answer(text)
+
+
+# --- verdict rules ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [
+        ("sidecar", "sidecar", "sidecar"),
+        ("standalone", "standalone", "standalone"),
+        ("tie", "tie", "tie"),
+        ("sidecar", "standalone", "tie"),
+        ("standalone", "sidecar", "tie"),
+        ("sidecar", "tie", "tie"),
+        ("tie", "standalone", "tie"),
+        (None, "sidecar", "error"),
+        ("tie", None, "error"),
+    ],
+)
+def test_final_verdict_needs_both_games_to_agree(first: str | None, second: str | None, expected: str) -> None:
+    assert final_verdict([game(1, first), game(2, second)]) == expected
+
+
+def test_judge_that_always_answers_a_yields_order_inconsistent_ties() -> None:
+    handler = always(verdict_json("A"))
+    items = [item(f"doc-{i}") for i in range(3)]
+
+    results = judge_pairs(items, make_config(), make_client(handler))
+
+    assert [r.verdict for r in results] == ["tie"] * 3
+    for result in results:
+        assert [g.choice for g in result.games] == ["A", "A"]
+        assert [g.winner for g in result.games] == ["sidecar", "standalone"]
+        assert result.order_consistent is False
+    summary = summarize_judgements(results)
+    assert (summary.ties, summary.inconsistent, summary.order_consistency_rate) == (3, 3, 0.0)
+
+
+def test_content_following_judge_yields_wins_for_the_better_side() -> None:
+    handler = CountingHandler(follows_content)
+    items = [
+        item("sidecar-better", sidecar=[GOOD_TAG, "#jobs"]),
+        item("standalone-better", standalone=[GOOD_TAG, "#layoffs"]),
+        item("neither"),
+    ]
+
+    results = judge_pairs(items, make_config(), make_client(handler))
+
+    assert [r.doc_id for r in results] == ["sidecar-better", "standalone-better", "neither"]
+    assert [r.verdict for r in results] == ["sidecar", "standalone", "tie"]
+    sidecar_games = results[0].games
+    assert [(g.game, g.sidecar_position, g.choice) for g in sidecar_games] == [(1, "A", "A"), (2, "B", "B")]
+    assert all(r.order_consistent for r in results)
+    # Game 1 shows the sidecar's tags as A, game 2 as B.
+    shown = sorted((shown_tag_sets(r) for r in handler.requests), key=lambda ab: ab[0] != [GOOD_TAG, "#jobs"])
+    assert shown[0] == ([GOOD_TAG, "#jobs"], ["#oklahoma", "#layoffs"])
+    body = json.loads(handler.requests[0].content)
+    assert body["model"] == "judge-test"
+    assert body["temperature"] == 0
+    assert "Oklahoma closes" in body["messages"][-1]["content"]
+    summary = summarize_judgements(results)
+    assert (summary.wins, summary.losses, summary.ties, summary.order_consistency_rate) == (1, 1, 1, 1.0)
+
+
+def test_both_games_tie_is_a_consistent_tie() -> None:
+    results = judge_pairs([item()], make_config(), make_client(always(verdict_json("tie"))))
+
+    assert results[0].verdict == "tie"
+    assert results[0].order_consistent is True
+
+
+def test_fenced_json_answer_is_accepted() -> None:
+    handler = CountingHandler(lambda request: completion(f"```json\n{verdict_json(content_winner(request))}\n```"))
+
+    results = judge_pairs([item(sidecar=[GOOD_TAG])], make_config(), make_client(handler))
+
+    assert results[0].verdict == "sidecar"
+    assert [g.attempts for g in results[0].games] == [1, 1]
+    assert results[0].games[0].raw_answer.startswith("```json")
+
+
+# --- errors and retries -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "respond",
+    [
+        pytest.param(lambda _r: completion("not json at all"), id="garbage"),
+        pytest.param(lambda _r: completion("Tag set A fits the summary better."), id="prose"),
+        pytest.param(lambda _r: completion(""), id="empty"),
+        pytest.param(lambda _r: completion(None, refusal="I can't judge this."), id="refusal-field"),
+        pytest.param(lambda _r: completion("I'm sorry, but I can't help with that."), id="refusal-prose"),
+        pytest.param(lambda _r: completion('{"winner": "both", "reason": "x"}'), id="invalid-winner"),
+        pytest.param(lambda _r: httpx.Response(200, text="<html>gateway</html>"), id="not-a-completion"),
+    ],
+)
+def test_unusable_answers_are_errors_after_all_retries(respond: Handler) -> None:
+    handler = CountingHandler(respond)
+    config = make_config(retries=2)
+
+    results = judge_pairs([item()], config, make_client(handler))
+
+    result = results[0]
+    assert result.verdict == "error"
+    assert [g.attempts for g in result.games] == [3, 3]
+    assert len(handler.requests) == 6
+    assert all(g.winner is None and g.error and "JudgeAnswerError" in g.error for g in result.games)
+    summary = summarize_judgements(results)
+    assert (summary.errors, summary.ties, summary.judged) == (1, 0, 0)
+    assert summary.order_consistency_rate is None
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_transient_status_then_success_succeeds_on_retry(status: int) -> None:
+    calls = iter(range(1_000))
+
+    def respond(_request: httpx.Request) -> httpx.Response:
+        if next(calls) == 0:
+            return httpx.Response(status, json={"error": {"message": "busy"}})
+        return completion(verdict_json("tie"))
+
+    results = judge_pairs([item()], make_config(), make_client(CountingHandler(respond)))
+
+    assert results[0].verdict == "tie"
+    assert [g.attempts for g in results[0].games] == [2, 1]
+    assert all(g.error is None for g in results[0].games)
+
+
+def test_answer_garbage_then_valid_succeeds_on_retry() -> None:
+    answers = iter(["no idea", verdict_json("A"), verdict_json("B")])
+    handler = CountingHandler(lambda _r: completion(next(answers)))
+
+    results = judge_pairs([item()], make_config(), make_client(handler))
+
+    assert results[0].verdict == "sidecar"
+    assert [g.attempts for g in results[0].games] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("transport_error", "error_name"),
+    [(httpx.ReadTimeout("timed out"), "APITimeoutError"), (httpx.ConnectError("refused"), "APIConnectionError")],
+)
+def test_transport_failures_are_errors_after_all_retries(transport_error: Exception, error_name: str) -> None:
+    def respond(_request: httpx.Request) -> httpx.Response:
+        raise transport_error
+
+    handler = CountingHandler(respond)
+
+    results = judge_pairs([item()], make_config(retries=1), make_client(handler))
+
+    assert results[0].verdict == "error"
+    assert [g.attempts for g in results[0].games] == [2, 2]
+    assert len(handler.requests) == 4
+    assert all(g.error.startswith(error_name) for g in results[0].games)
+
+
+@pytest.mark.parametrize("status", [401, 400, 404])
+def test_client_errors_other_than_429_are_not_retried(status: int) -> None:
+    handler = CountingHandler(lambda _r: httpx.Response(status, json={"error": {"message": "nope"}}))
+
+    results = judge_pairs([item()], make_config(retries=3), make_client(handler))
+
+    assert results[0].verdict == "error"
+    assert [g.attempts for g in results[0].games] == [1, 1]
+    assert len(handler.requests) == 2
+    assert str(status) in results[0].games[0].error
+
+
+def test_given_client_is_used_without_its_own_retries_and_with_config_timeout() -> None:
+    handler = CountingHandler(lambda _r: httpx.Response(500, json={"error": {"message": "down"}}))
+    client_with_retries = openai.OpenAI(
+        base_url=BASE_URL,
+        api_key=API_KEY,
+        max_retries=5,
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+    )
+
+    judge_pairs([item()], make_config(retries=1, timeout_s=7.5), client_with_retries)
+
+    assert len(handler.requests) == 4  # 2 games x (1 + 1 retry), none of the client's 5
+    assert handler.requests[0].extensions["timeout"]["read"] == 7.5
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    for retry, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0)]:
+        delays = [backoff_seconds(retry, base_s=1.0, max_s=30.0) for _ in range(50)]
+        assert all(base <= d <= 1.5 * base for d in delays)
+        assert len(set(delays)) > 1
+    assert backoff_seconds(10, base_s=1.0, max_s=5.0) <= 7.5
+
+
+def test_backoff_sleeps_between_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(judge.time, "sleep", slept.append)
+    handler = CountingHandler(lambda _r: httpx.Response(503, json={"error": {"message": "busy"}}))
+
+    judge_pairs([item()], make_config(retries=3, backoff_base_s=0.5, backoff_max_s=10.0), make_client(handler))
+
+    # 3 sleeps per game, before retries 1, 2, 3; none after the final attempt.
+    assert len(slept) == 6
+    first_game = slept[:3]
+    for delay, base in zip(first_game, [0.5, 1.0, 2.0], strict=True):
+        assert base <= delay <= 1.5 * base
+
+
+# --- concurrency and skipping -----------------------------------------------------------------------
+
+
+def test_concurrent_requests_never_exceed_concurrency() -> None:
+    concurrency = 3
+    state = threading.Condition()
+    in_flight = 0
+    peak = 0
+
+    def respond(_request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        with state:
+            in_flight += 1
+            peak = max(peak, in_flight)
+            state.notify_all()
+            # Hold requests until the pool could be full, so an unbounded pool would overshoot.
+            state.wait_for(lambda: in_flight >= concurrency, timeout=0.2)
+        time.sleep(0.01)
+        with state:
+            in_flight -= 1
+        return completion(verdict_json("tie"))
+
+    items = [item(f"doc-{i}") for i in range(10)]
+    results = judge_pairs(items, make_config(concurrency=concurrency), make_client(CountingHandler(respond)))
+
+    assert [r.doc_id for r in results] == [f"doc-{i}" for i in range(10)]
+    assert peak == concurrency
+
+
+@pytest.mark.parametrize(
+    ("sidecar", "standalone", "reason"),
+    [
+        ([], ["#a"], "no sidecar tags"),
+        (["#a"], None, "no standalone tags"),
+        (None, [], "no sidecar and no standalone tags"),
+    ],
+)
+def test_items_missing_tags_are_skipped_without_a_request(
+    sidecar: list[str] | None, standalone: list[str] | None, reason: str
+) -> None:
+    handler = CountingHandler(follows_content)
+    missing = JudgeItem(doc_id="missing", summary="s", sidecar_tags=sidecar, standalone_tags=standalone)
+
+    results = judge_pairs([missing, item("full")], make_config(), make_client(handler))
+
+    assert len(handler.requests) == 2  # only the full item's two games
+    assert (results[0].verdict, results[0].skip_reason, results[0].games) == ("skipped", reason, [])
+    assert results[1].verdict == "tie"
+    summary = summarize_judgements(results)
+    assert (summary.total, summary.judged, summary.skipped, summary.order_consistency_rate) == (2, 1, 1, 1.0)
+
+
+# --- summary ----------------------------------------------------------------------------------------
+
+
+def test_summary_counts_and_markdown() -> None:
+    def result(doc_id: str, first: str | None, second: str | None) -> JudgeResult:
+        games = [game(1, first), game(2, second)]
+        return JudgeResult(doc_id=doc_id, games=games, verdict=final_verdict(games))
+
+    results = [
+        result("w1", "sidecar", "sidecar"),
+        result("w2", "sidecar", "sidecar"),
+        result("l1", "standalone", "standalone"),
+        result("t1", "tie", "tie"),
+        result("t2", "sidecar", "standalone"),
+        result("e1", "tie", None),
+        JudgeResult(doc_id="s1", games=[], verdict="skipped", skip_reason="no sidecar tags"),
+    ]
+
+    summary = summarize_judgements(results, make_config())
+
+    assert (summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped) == (2, 1, 2, 1, 1)
+    assert (summary.total, summary.judged, summary.inconsistent) == (7, 5, 1)
+    assert summary.order_consistency_rate == pytest.approx(4 / 5)
+    assert summary.error_docs == {"e1": "game 2: APITimeoutError: Request timed out."}
+    markdown = summary.to_markdown()
+    assert "| sidecar better | 2 |" in markdown
+    assert "| of which order-inconsistent | 1 |" in markdown
+    assert "80.0%" in markdown
+    assert "| e1 | game 2: APITimeoutError: Request timed out. |" in markdown
+    assert "judge-test" in markdown and "tags-v1" in markdown
+
+
+def test_summary_of_nothing_has_no_rate() -> None:
+    summary = summarize_judgements([])
+    assert (summary.total, summary.order_consistency_rate) == (0, None)
+    assert "n/a" in summary.to_markdown()
+
+
+# --- configuration and secrets ----------------------------------------------------------------------
+
+
+def test_unknown_prompt_version_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="prompt_version"):
+        make_config(prompt_version="tags-v0")
+
+
+def test_api_key_from_env_prefers_sidecar_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-sidecar")
+    assert make_config(api_key=None).resolved_api_key().get_secret_value() == "sk-sidecar"
+    monkeypatch.delenv("SIDECAR_JUDGE_API_KEY")
+    assert make_config(api_key=None).resolved_api_key().get_secret_value() == "sk-openai"
+    assert make_config().resolved_api_key().get_secret_value() == API_KEY
+
+
+def test_api_key_missing_everywhere_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in judge.API_KEY_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(JudgeConfigError, match="SIDECAR_JUDGE_API_KEY"):
+        make_judge_client(make_config(api_key=None))
+
+
+def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.blocks.system import Secret
+
+    loaded: list[str] = []
+
+    class LoadedSecret:
+        def get(self) -> str:
+            return "sk-from-block"
+
+    def load(name: str) -> LoadedSecret:
+        loaded.append(name)
+        return LoadedSecret()
+
+    monkeypatch.setattr(Secret, "load", load)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env")
+
+    config = make_config(api_key=None, api_key_secret_block="judge-key")
+
+    assert config.resolved_api_key().get_secret_value() == "sk-from-block"
+    assert loaded == ["judge-key"]
+
+
+def test_api_key_never_appears_in_repr_logs_or_results(caplog: pytest.LogCaptureFixture) -> None:
+    # A misbehaving endpoint echoes the key back in errors and in an answer.
+    responses = iter(
+        [
+            httpx.Response(500, json={"error": {"message": f"upstream rejected key {API_KEY}"}}),
+            completion(f"my key is {API_KEY}"),
+            completion(verdict_json("A")),
+            httpx.Response(401, json={"error": {"message": f"Incorrect API key provided: {API_KEY}"}}),
+        ]
+    )
+    handler = CountingHandler(lambda _r: next(responses))
+    config = make_config(api_key=API_KEY, retries=2)
+    client = make_judge_client(config, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+
+    with caplog.at_level(logging.DEBUG, logger="sidecar.judge"):
+        results = judge_pairs([item()], config, client)
+    summary = summarize_judgements(results, config)
+
+    assert handler.requests[0].headers["authorization"] == f"Bearer {API_KEY}"  # the key is really used
+    assert results[0].games[1].error.startswith("AuthenticationError")
+    assert "**********" in results[0].games[1].error
+    assert "upstream rejected key" in caplog.text
+    exposed = [
+        repr(config),
+        str(config),
+        config.model_dump_json(),
+        caplog.text,
+        json.dumps([r.model_dump(mode="json") for r in results]),
+        summary.model_dump_json(),
+        summary.to_markdown(),
+    ]
+    for text in exposed:
+        assert API_KEY not in text
