@@ -141,6 +141,10 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # Loading dequantizes every tensor to fp32; the leftover GGUF quantizer marker only blocks saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     del model
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -1,0 +1,101 @@
+"""Choosing how many tokens to draft from measured costs and acceptance.
+
+Drafting pays only when the tokens it wins are worth more than what the draft forwards and the wider
+verify forward cost. On a GPU at small batch a verify forward costs about as much as a plain step; on a
+CPU, or at large batch anywhere, forward time grows with the number of tokens processed, and
+speculation can lose. The controller fits, for each model, forward seconds ~ a + b * tokens (tokens =
+batch rows x query length) from the forwards it has timed, estimates the per-position acceptance rate
+alpha, and picks the gamma in 0..max that maximises expected tokens per second:
+
+    E[tokens](g) = (1 - alpha^(g+1)) / (1 - alpha)
+    cost(g)      = g * t_draft(batch) + t_target(batch * (g + 1))      (g = 0: one plain target step)
+
+gamma = 0 is plain decoding, still lossless. Until both models have been timed at two sizes it explores:
+one speculative step at the maximum gamma, then one plain step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+class LinearCost:
+    """Least-squares fit of seconds = a + b * tokens over the most recent observations."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.points: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.points.append((float(tokens), seconds))
+
+    def distinct_sizes(self) -> int:
+        return len({x for x, _ in self.points})
+
+    def predict(self, tokens: int) -> float:
+        xs = [x for x, _ in self.points]
+        ys = [y for _, y in self.points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self.points) / var if var else 0.0
+        slope = max(slope, 0.0)  # more tokens never make a forward cheaper
+        intercept = max(mean_y - slope * mean_x, 0.0)
+        return intercept + slope * tokens
+
+
+class GammaController:
+    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7) -> None:
+        self.max_gamma = max_gamma
+        self.adaptive = adaptive
+        self.costs = {"draft": LinearCost(), "target": LinearCost()}
+        # acceptance as a running ratio with a weak prior, decayed so it follows the current batch
+        self.accepted = prior_alpha * 4
+        self.drafted = 4.0
+        self.decisions: list[int] = []
+
+    @property
+    def alpha(self) -> float:
+        return min(self.accepted / self.drafted, 0.99)
+
+    def observe_acceptance(self, accepted: torch.Tensor, gamma: int) -> None:
+        """Per-position acceptance from one verify: accepted_len counts a geometric run of successes."""
+        decay = 0.9
+        successes = float(accepted.sum())
+        trials = float(torch.clamp(accepted + 1, max=gamma).sum())
+        self.accepted = decay * self.accepted + successes
+        self.drafted = decay * self.drafted + trials
+
+    def expected_tokens_per_second(self, gamma: int, batch: int) -> float:
+        target = self.costs["target"].predict(batch * (gamma + 1))
+        draft = self.costs["draft"].predict(batch) if gamma else 0.0
+        alpha = self.alpha
+        expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        return expected / max(gamma * draft + target, 1e-9)
+
+    def choose(self, batch: int, max_gamma: int | None = None) -> int:
+        limit = self.max_gamma if max_gamma is None else max_gamma
+        if not self.adaptive or limit == 0:
+            gamma = limit
+        elif self.costs["draft"].distinct_sizes() == 0:
+            gamma = limit  # explore: time the draft and a wide verify
+        elif self.costs["target"].distinct_sizes() < 2:
+            gamma = 0  # explore: time a plain step
+        else:
+            gamma = max(range(limit + 1), key=lambda g: self.expected_tokens_per_second(g, batch))
+        self.decisions.append(gamma)
+        return gamma
+
+    def timer(self, device: torch.device) -> Callable[[str, int], contextmanager]:
+        @contextmanager
+        def timed(model: str, tokens: int) -> Iterator[None]:
+            start = time.perf_counter()
+            yield
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.costs[model].add(tokens, time.perf_counter() - start)
+
+        return timed

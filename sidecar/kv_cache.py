@@ -1,0 +1,147 @@
+"""A position-indexed KV cache where every row of the batch has its own length.
+
+Row ``b`` holds ``lengths[b]`` filled columns. A forward writes its ``q`` new key/value columns at
+``lengths[b] .. lengths[b] + q`` of each row and only ``commit`` moves the write pointer, so rolling back
+rejected draft tokens costs nothing: the next forward overwrites them. Columns can also be hidden
+(``visible`` is False) without being removed — that is how a sidecar instruction stays in the draft's
+cache but out of its attention — or physically removed with ``keep_columns`` (document eviction), which
+compacts each row while the rows keep their original rotary positions.
+
+The object plugs into Hugging Face models through the ``cache=`` argument: attention layers call
+``update`` and receive the filled part of the buffers; the 4D mask from ``attention_mask`` decides what
+each query may see.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+
+class RowKVCache:
+    def __init__(self, model: PreTrainedModel, batch_size: int, capacity: int) -> None:
+        config = model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (batch_size, config.num_key_value_heads, capacity, head_dim)
+        param = next(model.parameters())
+        self.layers = config.num_hidden_layers
+        self.keys = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(self.layers)]
+        self.values = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(self.layers)]
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=param.device)
+        # rotary position of column 0 minus 0: positions advance with lengths, plus a per-row offset
+        # that grows when columns are evicted, so later tokens keep their original positions.
+        self.position_offset = torch.zeros(batch_size, dtype=torch.long, device=param.device)
+        self.visible = torch.ones(batch_size, capacity, dtype=torch.bool, device=param.device)
+        self.span = torch.full((batch_size, capacity), -1, dtype=torch.long, device=param.device)
+        self._write_index: torch.Tensor | None = None
+        self._kv_len = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def bytes_per_column(self) -> int:
+        k = self.keys[0]
+        return 2 * self.layers * k.shape[1] * k.shape[3] * k.element_size()
+
+    def row_bytes(self) -> torch.Tensor:
+        """KV bytes each row actually holds (filled columns), as read by one decode step."""
+        return self.lengths * self.bytes_per_column()
+
+    # -- one forward --
+
+    def prepare(self, query_len: int, dtype: torch.dtype, query_span: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids [B, q] and the additive 4D mask [B, 1, q, kv_len] for the next forward.
+
+        ``query_span`` [B, q] marks new tokens that belong to a hidden span (id >= 0; -1 for ordinary
+        tokens): such columns are hidden from every later query but tokens of the same span see each
+        other, so a hidden instruction's own keys are computed exactly as if it were visible.
+        """
+        if int(self.lengths.max()) + query_len > self.capacity:
+            raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
+        device = self.lengths.device
+        steps = torch.arange(query_len, device=device)
+        self._write_index = self.lengths[:, None] + steps[None, :]  # [B, q]
+        if query_span is None:
+            query_span = torch.full_like(self._write_index, -1)
+        self.span.scatter_(1, self._write_index, query_span)
+        self.visible.scatter_(1, self._write_index, query_span < 0)
+        self._kv_len = int(self._write_index.max()) + 1
+        columns = torch.arange(self._kv_len, device=device)
+        causal = columns[None, None, :] <= self._write_index[:, :, None]  # [B, q, kv]
+        span = self.span[:, None, : self._kv_len]
+        same_span = (span == query_span[:, :, None]) & (query_span[:, :, None] >= 0)
+        allowed = causal & (self.visible[:, None, : self._kv_len] | same_span)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = self._write_index + self.position_offset[:, None]
+        return positions, mask[:, None]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        assert self._write_index is not None, "prepare() must run before a forward"
+        index = self._write_index[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        self.keys[layer_idx].scatter_(2, index, key_states)
+        self.values[layer_idx].scatter_(2, index, value_states)
+        return self.keys[layer_idx][:, :, : self._kv_len], self.values[layer_idx][:, :, : self._kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.lengths.max())
+
+    def commit(self, accepted_columns: torch.Tensor) -> None:
+        """Keep ``accepted_columns[b]`` of the columns the last forward wrote for each row."""
+        self.lengths = self.lengths + accepted_columns
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        self.lengths = torch.minimum(self.lengths, lengths)
+
+    # -- row surgery --
+
+    def show(self, row: int, start: int, end: int) -> None:
+        self.visible[row, start:end] = True
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (finished rows stop costing compute)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.lengths = self.lengths.index_select(0, rows)
+        self.position_offset = self.position_offset.index_select(0, rows)
+        self.visible = self.visible.index_select(0, rows)
+        self.span = self.span.index_select(0, rows)
+
+    def gather(self, rows: list[int], kept_columns: list[torch.Tensor], capacity: int) -> RowKVCache:
+        """A new cache whose row i is row ``rows[i]`` of this one reduced to ``kept_columns[i]``.
+
+        Kept columns are packed to the left in order; their keys already carry their rotary positions, so
+        a row whose document was evicted attends exactly as if the document were only masked. Hidden
+        columns that are kept stay hidden.
+        """
+        new = object.__new__(RowKVCache)
+        new.layers = self.layers
+        device = self.lengths.device
+        batch = len(rows)
+        k0 = self.keys[0]
+        shape = (batch, k0.shape[1], capacity, k0.shape[3])
+        new.keys = [torch.zeros(shape, dtype=k0.dtype, device=device) for _ in range(self.layers)]
+        new.values = [torch.zeros(shape, dtype=k0.dtype, device=device) for _ in range(self.layers)]
+        new.visible = torch.ones(batch, capacity, dtype=torch.bool, device=device)
+        new.span = torch.full((batch, capacity), -1, dtype=torch.long, device=device)
+        new.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        new.position_offset = torch.zeros(batch, dtype=torch.long, device=device)
+        for i, (row, cols) in enumerate(zip(rows, kept_columns, strict=True)):
+            n = cols.numel()
+            for layer in range(self.layers):
+                new.keys[layer][i, :, :n] = self.keys[layer][row, :, cols]
+                new.values[layer][i, :, :n] = self.values[layer][row, :, cols]
+            new.visible[i, :n] = self.visible[row, cols]
+            new.span[i, :n] = self.span[row, cols]
+            new.lengths[i] = n
+            # the next token's position is the source row's next position
+            new.position_offset[i] = self.lengths[row] + self.position_offset[row] - n
+        new._write_index = None
+        new._kv_len = 0
+        return new

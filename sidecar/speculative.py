@@ -1,0 +1,379 @@
+"""Batched speculative decoding: the draft proposes, the target verifies every row in one forward.
+
+Each row keeps its own length in both KV caches (``RowKVCache``), so rows accept different numbers of
+tokens, finish independently and leave the batch when done. Greedy output is token-identical to the
+target decoding alone; sampled output follows the target's distribution (``sidecar.acceptance``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
+from sidecar.errors import InputError
+from sidecar.gamma import GammaController
+from sidecar.kv_cache import RowKVCache
+from sidecar.models import ModelPair
+
+TokenCallback = Callable[[int, list[int]], None]
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_forwards: int = 0  # the prefill counts as one: it yields the first token
+    draft_forwards: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    # Rows of one batch share forwards, so these are the batch's wall-clock phases up to this row's end.
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    batch_size: int = 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"acceptance_rate": self.acceptance_rate,
+                               "tokens_per_target_forward": self.tokens_per_target_forward}
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "eos" | "stop" | "length"
+    stats: GenerationStats
+
+
+@dataclass
+class DecodeRow:
+    """One request as the decoding loop sees it; the draft may see a longer prompt than the target."""
+
+    target_prompt: list[int]
+    max_new_tokens: int
+    draft_prompt: list[int] | None = None
+    # (start, end) column ranges of the draft prompt hidden from the draft during decoding
+    draft_hidden: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+# Called when a row finishes, before it leaves the batch: (row index, output, draft cache, slot of the
+# row in that cache). The draft cache holds the draft prompt plus a prefix of the row's new tokens;
+# the sidecar engine continues from there.
+FinishCallback = Callable[[int, GenerationOutput, RowKVCache, int], None]
+
+
+def forward(model: PreTrainedModel, cache: RowKVCache, input_ids: torch.Tensor,
+            query_span: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the decoder stack on ``input_ids`` [B, q] over ``cache``; returns hidden states [B, q, H]."""
+    positions, mask = cache.prepare(input_ids.shape[1], model.dtype, query_span)
+    # A target with more embedding rows than its draft can emit ids the draft cannot embed; the draft
+    # only proposes, so feeding it a stand-in id there costs acceptance, never correctness.
+    vocab = model.get_input_embeddings().num_embeddings
+    input_ids = torch.where(input_ids < vocab, input_ids, 0)
+    out = model.base_model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=cache,
+                           use_cache=True)
+    return out.last_hidden_state
+
+
+def logits_at(model: PreTrainedModel, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Logits [B, k, V] at per-row positions ``index`` [B, k]: only those rows reach the LM head."""
+    picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    return model.get_output_embeddings()(picked).float()
+
+
+def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists into [B, q]; returns (ids, valid lengths)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return ids.to(device), torch.tensor([len(r) for r in rows], device=device)
+
+
+class SpeculativeDecoder:
+    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True) -> None:
+        if not isinstance(gamma, int) or gamma < 1:
+            raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
+        self.pair = pair
+        self.gamma = gamma
+        self.adaptive = adaptive
+        self.target_vocab = pair.target.get_output_embeddings().weight.shape[0]
+        # costs learned in one call carry over to the next: the controller is per decoder
+        self.controller = GammaController(gamma, adaptive)
+
+    # -- public API --
+
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
+                 stop: list[str] | None = None, on_tokens: TokenCallback | None = None) -> list[GenerationOutput]:
+        limits = [max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        rows = [DecodeRow(list(p), m) for p, m in zip(prompt_ids, limits, strict=True)]
+        return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens)
+
+    def decode(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int = 8, stop: list[str] | None = None,
+               on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
+               ) -> list[GenerationOutput]:
+        self.validate(rows, sampling, batch_size)
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self.pair.device).manual_seed(sampling.seed)
+        # similar lengths share a batch so right-padding wastes little prefill
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].target_prompt))
+        outputs: list[GenerationOutput | None] = [None] * len(rows)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            for index, output in zip(chunk, self._decode_batch([rows[i] for i in chunk], chunk, sampling,
+                                                               generator, stop, on_tokens, on_finish),
+                                     strict=True):
+                outputs[index] = output
+        return [o for o in outputs if o is not None]
+
+    def validate(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int) -> None:
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+            raise InputError("temperature must be >= 0 and top_p in (0, 1]")
+        limit = self.pair.max_context
+        vocab = min(len(self.pair.tokenizer), self.target_vocab)
+        for i, row in enumerate(rows):
+            if row.max_new_tokens < 1:
+                raise InputError(f"row {i}: max_new_tokens must be >= 1")
+            for name, prompt in (("prompt", row.target_prompt), ("draft prompt", row.draft_prompt)):
+                if prompt is None:
+                    continue
+                if not prompt:
+                    raise InputError(f"row {i}: empty {name}; give at least one token")
+                if len(prompt) + row.max_new_tokens + self.gamma + 1 > limit:
+                    raise InputError(
+                        f"row {i}: {name} of {len(prompt)} tokens + {row.max_new_tokens} new tokens exceeds "
+                        f"the model context of {limit} tokens; shorten the document"
+                    )
+                if min(prompt) < 0 or max(prompt) >= vocab:
+                    raise InputError(f"row {i}: {name} has token ids outside the vocabulary (0..{vocab - 1})")
+
+    # -- the loop --
+
+    def _decode_batch(self, rows: list[DecodeRow], indices: list[int], sampling: Sampling,
+                      generator: torch.Generator | None, stop: list[str] | None, on_tokens: TokenCallback | None,
+                      on_finish: FinishCallback | None) -> list[GenerationOutput]:
+        pair, device = self.pair, self.pair.device
+        t_start = time.perf_counter()
+        n = len(rows)
+        draft_prompts = [r.draft_prompt or r.target_prompt for r in rows]
+        gamma_max = self.gamma
+        longest = max(len(r.target_prompt) for r in rows), max(len(p) for p in draft_prompts)
+        max_new = max(r.max_new_tokens for r in rows)
+        margin = max_new + 2 * gamma_max + 4
+        target_cache = RowKVCache(pair.target, n, longest[0] + margin)
+        draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
+
+        with torch.inference_mode():
+            # prefill both models; the target's last prompt position yields the first new token
+            ids, lengths = pad_rows([r.target_prompt for r in rows], device)
+            hidden = forward(pair.target, target_cache, ids)
+            target_cache.commit(lengths)
+            first_logits = logits_at(pair.target, hidden, (lengths - 1)[:, None])[:, 0]
+            first = self._choose(first_logits, sampling, generator)
+
+            ids, lengths = pad_rows(draft_prompts, device)
+            spans = torch.full_like(ids, -1)
+            for i, row in enumerate(rows):
+                for span_id, (s, e) in enumerate(row.draft_hidden):
+                    spans[i, s:e] = span_id
+            forward(pair.draft, draft_cache, ids, spans)
+            draft_cache.commit(lengths)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            prefill_seconds = time.perf_counter() - t_start
+
+            stats = [GenerationStats(prompt_tokens=len(r.target_prompt), target_forwards=1,
+                                     drafted_per_position=[0] * gamma_max, accepted_per_position=[0] * gamma_max,
+                                     prefill_seconds=prefill_seconds, batch_size=n) for r in rows]
+            new_tokens: list[list[int]] = [[] for _ in rows]
+            # tokens committed to the output that the draft cache does not hold yet (per live row)
+            draft_backlog: list[list[int]] = [[] for _ in rows]
+            finish: list[str | None] = [None] * n
+            live = list(range(n))  # slot i of the caches holds row live[i]
+            pending = first  # [B] last committed token, not yet in the target cache
+            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens)
+            t_decode = time.perf_counter()
+
+            while True:
+                done = [slot for slot, row in enumerate(live) if finish[row] is not None]
+                if done:
+                    for slot in done:
+                        row = live[slot]
+                        stats[row].decode_seconds = time.perf_counter() - t_decode
+                        stats[row].wall_seconds = time.perf_counter() - t_start
+                        if on_finish is not None:
+                            on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row]),
+                                      draft_cache, slot)
+                    keep = [s for s in range(len(live)) if finish[live[s]] is None]
+                    if not keep:
+                        break
+                    keep_t = torch.tensor(keep, device=device)
+                    target_cache.select_rows(keep_t)
+                    draft_cache.select_rows(keep_t)
+                    pending = pending.index_select(0, keep_t)
+                    live = [live[s] for s in keep]
+
+                remaining = min(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)
+                gamma = self.controller.choose(len(live), max_gamma=min(gamma_max, max(remaining - 1, 0)))
+                if gamma == 0:
+                    accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)
+                    for slot, row in enumerate(live):  # the draft did not see the token the target consumed
+                        draft_backlog[row].append(int(pending[slot]))
+                else:
+                    accepted, nxt, drafted = self._speculative_step(
+                        target_cache, draft_cache, live, pending, draft_backlog, gamma, sampling, generator)
+                pending = nxt
+                accepted_list, drafted_rows = accepted.tolist(), drafted.tolist()
+                for slot, row in enumerate(live):
+                    st = stats[row]
+                    st.target_forwards += 1
+                    st.draft_forwards += gamma
+                    st.drafted += gamma
+                    st.accepted += accepted_list[slot]
+                    for k in range(gamma):
+                        st.drafted_per_position[k] += 1
+                        st.accepted_per_position[k] += int(k < accepted_list[slot])
+                appended = [[*drafted_rows[s][:accepted_list[s]], int(nxt[s])] for s in range(len(live))]
+                self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens)
+        return [self._output(new_tokens[i], finish[i], stats[i]) for i in range(n)]
+
+    def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache, live: list[int],
+                          pending: torch.Tensor, draft_backlog: list[list[int]], gamma: int, sampling: Sampling,
+                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pair, device = self.pair, self.pair.device
+        batch = len(live)
+        timer = self.controller.timer(device)
+
+        # draft gamma tokens; the first forward also feeds what the draft cache lacks (its backlog)
+        draft_start = draft_cache.lengths.clone()
+        feed = [draft_backlog[row] + [int(pending[slot])] for slot, row in enumerate(live)]
+        draft_tokens, draft_probs = [], []
+        for step in range(gamma):
+            if step == 0:
+                ids, valid = pad_rows(feed, device)
+            else:
+                ids, valid = draft_tokens[-1][:, None], torch.ones(batch, dtype=torch.long, device=device)
+            with timer("draft", batch * ids.shape[1]):
+                hidden = forward(pair.draft, draft_cache, ids)
+                draft_cache.commit(valid)
+                logits = self._align_vocab(logits_at(pair.draft, hidden, (valid - 1)[:, None])[:, 0])
+                if sampling.greedy:
+                    token = logits.argmax(-1)
+                else:
+                    probs = warp(logits, sampling.temperature, sampling.top_p)
+                    draft_probs.append(probs)
+                    token = sample(probs, generator)
+            draft_tokens.append(token)
+        drafted = torch.stack(draft_tokens, dim=1)  # [B, gamma]
+        for row in live:
+            draft_backlog[row] = []
+
+        # verify: the target scores pending + gamma drafts for every row in one forward
+        with timer("target", batch * (gamma + 1)):
+            verify_ids = torch.cat([pending[:, None], drafted], dim=1)
+            hidden = forward(pair.target, target_cache, verify_ids)
+            index = torch.arange(gamma + 1, device=device)[None, :].expand(batch, -1)
+            target_logits = logits_at(pair.target, hidden, index)
+            if sampling.greedy:
+                accepted, nxt = accept_greedy(drafted, target_logits)
+            else:
+                target_probs = warp(target_logits, sampling.temperature, sampling.top_p)
+                accepted, nxt = accept_sampled(drafted, torch.stack(draft_probs, 1), target_probs, generator)
+            target_cache.commit(accepted + 1)
+
+        # roll the draft back to pending + accepted drafts; it never fed its last draft token
+        feed_len = torch.tensor([len(f) for f in feed], device=device)
+        draft_cache.rollback(draft_start + feed_len + accepted)
+        all_accepted = (accepted == gamma).tolist()
+        last_draft = drafted[:, -1].tolist()
+        for slot, row in enumerate(live):
+            if all_accepted[slot]:
+                draft_backlog[row] = [last_draft[slot]]
+        self.controller.observe_acceptance(accepted, gamma)
+        return accepted, nxt, drafted
+
+    def _plain_step(self, target_cache: RowKVCache, pending: torch.Tensor, sampling: Sampling,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One target-only step, chosen when speculation would cost more than it saves at this batch."""
+        batch = pending.shape[0]
+        with self.controller.timer(self.pair.device)("target", batch):
+            hidden = forward(self.pair.target, target_cache, pending[:, None])
+            target_cache.commit(torch.ones(batch, dtype=torch.long, device=pending.device))
+            logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long,
+                                                                      device=pending.device))[:, 0]
+            nxt = self._choose(logits, sampling, generator)
+        zeros = torch.zeros(batch, dtype=torch.long, device=pending.device)
+        return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device)
+
+    # -- helpers --
+
+    def _align_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary: rows the draft lacks get probability 0."""
+        extra = self.target_vocab - draft_logits.shape[-1]
+        if extra > 0:
+            return torch.nn.functional.pad(draft_logits, (0, extra), value=float("-inf"))
+        return draft_logits[..., : self.target_vocab]
+
+    def _choose(self, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+        if sampling.greedy:
+            return logits.argmax(-1)
+        return sample(warp(logits, sampling.temperature, sampling.top_p), generator)
+
+    def _append(self, live: list[int], appended: list[list[int]], new_tokens: list[list[int]],
+                rows: list[DecodeRow], finish: list[str | None], stop: list[str] | None, indices: list[int],
+                on_tokens: TokenCallback | None) -> None:
+        """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit."""
+        eos = set(self.pair.eos_token_ids)
+        for slot, row in enumerate(live):
+            have = new_tokens[row]
+            limit = rows[row].max_new_tokens
+            cut = appended[slot][: limit - len(have)]
+            reason = "length" if len(have) + len(cut) >= limit else None
+            for k, token in enumerate(cut):
+                if token in eos:
+                    cut, reason = cut[: k + 1], "eos"
+                    break
+            if stop and reason != "eos":
+                for k in range(len(cut)):
+                    if any(s in self.pair.tokenizer.decode(have + cut[: k + 1]) for s in stop):
+                        cut, reason = cut[: k + 1], "stop"
+                        break
+            have.extend(cut)
+            finish[row] = reason
+            if on_tokens is not None and cut:
+                on_tokens(indices[row], cut)
+
+    def _output(self, tokens: list[int], reason: str | None, stats: GenerationStats) -> GenerationOutput:
+        text = self.pair.tokenizer.decode(tokens, skip_special_tokens=True)
+        stats.new_tokens = len(tokens)
+        return GenerationOutput(list(tokens), text, reason or "length", stats)
