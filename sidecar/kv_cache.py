@@ -14,6 +14,8 @@ each query may see.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import PreTrainedModel
 
@@ -101,9 +103,6 @@ class RowKVCache:
 
     # -- row surgery --
 
-    def show(self, row: int, start: int, end: int) -> None:
-        self.visible[row, start:end] = True
-
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows stop costing compute)."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
@@ -113,35 +112,51 @@ class RowKVCache:
         self.visible = self.visible.index_select(0, rows)
         self.span = self.span.index_select(0, rows)
 
-    def gather(self, rows: list[int], kept_columns: list[torch.Tensor], capacity: int) -> RowKVCache:
-        """A new cache whose row i is row ``rows[i]`` of this one reduced to ``kept_columns[i]``.
+    def snapshot(self, row: int, columns: torch.Tensor) -> RowSnapshot:
+        """Copy row ``row`` reduced to ``columns`` (in order); the rest of the row is evicted.
 
-        Kept columns are packed to the left in order; their keys already carry their rotary positions, so
-        a row whose document was evicted attends exactly as if the document were only masked. Hidden
-        columns that are kept stay hidden.
+        Kept keys already carry their rotary positions, so a row whose document was evicted attends
+        exactly as if the document were only masked.
         """
-        new = object.__new__(RowKVCache)
-        new.layers = self.layers
-        device = self.lengths.device
-        batch = len(rows)
-        k0 = self.keys[0]
-        shape = (batch, k0.shape[1], capacity, k0.shape[3])
-        new.keys = [torch.zeros(shape, dtype=k0.dtype, device=device) for _ in range(self.layers)]
-        new.values = [torch.zeros(shape, dtype=k0.dtype, device=device) for _ in range(self.layers)]
-        new.visible = torch.ones(batch, capacity, dtype=torch.bool, device=device)
-        new.span = torch.full((batch, capacity), -1, dtype=torch.long, device=device)
-        new.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        new.position_offset = torch.zeros(batch, dtype=torch.long, device=device)
-        for i, (row, cols) in enumerate(zip(rows, kept_columns, strict=True)):
-            n = cols.numel()
-            for layer in range(self.layers):
-                new.keys[layer][i, :, :n] = self.keys[layer][row, :, cols]
-                new.values[layer][i, :, :n] = self.values[layer][row, :, cols]
-            new.visible[i, :n] = self.visible[row, cols]
-            new.span[i, :n] = self.span[row, cols]
-            new.lengths[i] = n
-            # the next token's position is the source row's next position
-            new.position_offset[i] = self.lengths[row] + self.position_offset[row] - n
-        new._write_index = None
-        new._kv_len = 0
-        return new
+        return RowSnapshot(
+            keys=[k[row, :, columns].clone() for k in self.keys],
+            values=[v[row, :, columns].clone() for v in self.values],
+            visible=self.visible[row, columns].clone(),
+            next_position=int(columns[-1]) + int(self.position_offset[row]) + 1,
+        )
+
+    @classmethod
+    def from_snapshots(cls, model: PreTrainedModel, snapshots: list[RowSnapshot], extra: int) -> RowKVCache:
+        """A batch cache whose row i is ``snapshots[i]``, with room for ``extra`` more columns per row."""
+        longest = max(s.length for s in snapshots)
+        cache = cls(model, len(snapshots), longest + extra)
+        for i, snap in enumerate(snapshots):
+            n = snap.length
+            for layer in range(cache.layers):
+                cache.keys[layer][i, :, :n] = snap.keys[layer]
+                cache.values[layer][i, :, :n] = snap.values[layer]
+            cache.visible[i, :n] = snap.visible
+            cache.lengths[i] = n
+            cache.position_offset[i] = snap.next_position - n
+        return cache
+
+
+@dataclass
+class RowSnapshot:
+    """One row's kept KV columns, detached from any batch."""
+
+    keys: list[torch.Tensor]  # per layer [kv_heads, n, head_dim]
+    values: list[torch.Tensor]
+    visible: torch.Tensor  # [n]
+    next_position: int
+
+    @property
+    def length(self) -> int:
+        return self.visible.shape[0]
+
+    def show(self, columns: list[int]) -> None:
+        self.visible[columns] = True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

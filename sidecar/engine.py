@@ -1,0 +1,166 @@
+"""Sidecar engine: speculative main output, then the draft continues alone with each sidecar task.
+
+Per request the target sees the bare prompt (system, document, main instruction); the draft sees the
+compound prompt with every sidecar instruction appended, prefilled once, those instructions hidden while
+it drafts the main output. When a row's main output is final, its draft cache holds document and main
+output already. For each sidecar task the row's cache is snapshotted: the task's instruction is shown,
+the other sidecars' instructions are dropped, and the document's columns are evicted unless the task
+attends to it. The snapshots of all rows and tasks then decode together as one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from sidecar.errors import InputError
+from sidecar.kv_cache import RowKVCache, RowSnapshot
+from sidecar.models import ModelPair
+from sidecar.plain import PlainResult, decode_plain
+from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, SpannedPrompt, build_prompt, encode
+from sidecar.speculative import DecodeRow, GenerationOutput, Sampling, SpeculativeDecoder, TokenCallback
+from sidecar.tasks import SidecarTask
+
+
+@dataclass
+class SidecarRequest:
+    document: str
+    instruction: str = SUMMARIZE_INSTRUCTION
+    system: str | None = DEFAULT_SYSTEM
+    sidecars: list[SidecarTask] = field(default_factory=list)
+
+
+@dataclass
+class SidecarStats:
+    new_tokens: int = 0
+    context_tokens: int = 0  # KV columns the row attends to when its decoding starts
+    feed_tokens: int = 0  # tokens fed before decoding: catch-up + bridge (sidecar) or whole prompt (standalone)
+    feed_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    seconds: float = 0.0
+    kv_bytes: int = 0
+    attended_document: bool = False
+    batch_size: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SidecarOutput:
+    name: str
+    text: str
+    token_ids: list[int]
+    parsed: list[str] | str | None
+    parse_error: str | None
+    finish_reason: str
+    stats: SidecarStats
+
+
+@dataclass
+class DocumentResult:
+    main: GenerationOutput
+    sidecars: dict[str, SidecarOutput]
+
+
+@dataclass
+class _Pending:
+    """A (request, task) row waiting for the sidecar phase."""
+
+    request: int
+    task: SidecarTask
+    snapshot: RowSnapshot
+    feed: list[int]
+
+
+class SidecarEngine:
+    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True) -> None:
+        self.pair = pair
+        self.decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=adaptive)
+        self.eos = set(pair.eos_token_ids)
+
+    def prompts(self, request: SidecarRequest) -> tuple[SpannedPrompt, SpannedPrompt]:
+        """(target's bare prompt, draft's compound prompt)."""
+        if not request.document.strip():
+            raise InputError("empty document")
+        names = [t.name for t in request.sidecars]
+        if len(set(names)) != len(names):
+            raise InputError(f"sidecar task names must be unique, got {names}")
+        tok = self.pair.tokenizer
+        bare = build_prompt(tok, request.document, request.instruction, request.system)
+        compound = build_prompt(tok, request.document, request.instruction, request.system,
+                                {t.name: t.instruction for t in request.sidecars})
+        return bare, compound
+
+    def run(self, requests: list[SidecarRequest], max_new_tokens: int = 128, temperature: float = 0.0,
+            top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
+            on_tokens: TokenCallback | None = None) -> list[DocumentResult]:
+        sampling = Sampling(temperature, top_p, seed)
+        built = [self.prompts(r) for r in requests]
+        rows = [
+            DecodeRow(bare.token_ids, max_new_tokens, compound.token_ids,
+                      [compound.spans[f"sidecar:{t.name}"] for t in r.sidecars])
+            for r, (bare, compound) in zip(requests, built, strict=True)
+        ]
+        pending: list[_Pending] = []
+
+        def on_finish(index: int, output: GenerationOutput, cache: RowKVCache, slot: int) -> None:
+            request, compound = requests[index], built[index][1]
+            main = output.token_ids[:-1] if output.token_ids and output.token_ids[-1] in self.eos else output.token_ids
+            covered = min(int(cache.lengths[slot]) - len(compound.token_ids), len(main))
+            main_columns = list(range(len(compound.token_ids), len(compound.token_ids) + covered))
+            for task in request.sidecars:
+                keep = ["prefix", *(["document"] if task.attend_document else []), "instruction",
+                        f"sidecar:{task.name}", "suffix"]
+                columns = compound.columns(*keep) + main_columns
+                snapshot = cache.snapshot(slot, torch.tensor(columns, device=cache.lengths.device))
+                start = len(compound.columns(*keep[:-2]))
+                snapshot.show(list(range(start, start + len(compound.columns(f"sidecar:{task.name}")))))
+                feed = main[covered:] + encode(self.pair.tokenizer, task.bridge)
+                pending.append(_Pending(index, task, snapshot, feed))
+
+        mains = self.decoder.decode(rows, sampling, batch_size, on_tokens=on_tokens, on_finish=on_finish)
+        results = [DocumentResult(main, {}) for main in mains]
+        generator = torch.Generator(device=self.pair.device).manual_seed(seed + 1) if seed is not None else None
+        for chunk_start in range(0, len(pending), batch_size):
+            chunk = pending[chunk_start : chunk_start + batch_size]
+            extra = max(len(p.feed) + p.task.max_new_tokens for p in chunk) + 1
+            cache = RowKVCache.from_snapshots(self.pair.draft, [p.snapshot for p in chunk], extra)
+            context = [p.snapshot.length for p in chunk]
+            outs = decode_plain(self.pair.draft, cache, [p.feed for p in chunk],
+                                [p.task.max_new_tokens for p in chunk], sampling, generator, self.eos)
+            for p, out, ctx in zip(chunk, outs, context, strict=True):
+                results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx, len(p.feed), len(chunk))
+        return results
+
+    def standalone(self, summaries: list[str], tasks: list[SidecarTask], temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
+                   system: str | None = DEFAULT_SYSTEM) -> list[dict[str, SidecarOutput]]:
+        """The baseline: the draft model as a separate tagger prompted with only the main output."""
+        sampling = Sampling(temperature, top_p, seed)
+        generator = torch.Generator(device=self.pair.device).manual_seed(seed + 1) if seed is not None else None
+        jobs = [(i, task, build_prompt(self.pair.tokenizer, summary, task.standalone_instruction, system).token_ids)
+                for i, summary in enumerate(summaries) for task in tasks]
+        results: list[dict[str, SidecarOutput]] = [{} for _ in summaries]
+        jobs.sort(key=lambda job: len(job[2]))
+        for chunk_start in range(0, len(jobs), batch_size):
+            chunk = jobs[chunk_start : chunk_start + batch_size]
+            longest = max(len(prompt) + task.max_new_tokens for _, task, prompt in chunk)
+            cache = RowKVCache(self.pair.draft, len(chunk), longest + 1)
+            outs = decode_plain(self.pair.draft, cache, [prompt for _, _, prompt in chunk],
+                                [task.max_new_tokens for _, task, _ in chunk], sampling, generator, self.eos)
+            for (i, task, prompt), out in zip(chunk, outs, strict=True):
+                results[i][task.name] = self._output(task, out, 0, len(prompt), len(chunk))
+        return results
+
+    def _output(self, task: SidecarTask, out: PlainResult, context: int, feed: int, batch: int) -> SidecarOutput:
+        text = self.pair.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        parsed, error = task.parse(text)
+        stats = SidecarStats(
+            new_tokens=len(out.token_ids), context_tokens=context, feed_tokens=feed, feed_seconds=out.feed_seconds,
+            decode_seconds=out.decode_seconds, seconds=out.feed_seconds + out.decode_seconds, kv_bytes=out.kv_bytes,
+            attended_document=task.attend_document, batch_size=batch,
+        )
+        return SidecarOutput(task.name, text, out.token_ids, parsed, error, out.finish_reason, stats)
+

@@ -1,0 +1,66 @@
+"""Plain batched decoding of one model over a ``RowKVCache``: the sidecar phase and standalone tagging.
+
+Each row first feeds its own list of tokens (a whole prompt for a fresh cache, or the tokens a
+sidecar row's cache still lacks plus the task's bridge text), then decodes one token per step until
+end-of-turn or its token limit. Rows leave the batch as they finish.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from sidecar.acceptance import sample, warp
+from sidecar.kv_cache import RowKVCache
+from sidecar.speculative import Sampling, forward, logits_at, pad_rows
+
+
+@dataclass
+class PlainResult:
+    token_ids: list[int]
+    finish_reason: str  # "eos" | "length"
+    feed_seconds: float  # the first forward: prefill or catch-up, shared by the batch
+    decode_seconds: float
+    kv_bytes: int  # KV bytes the row held when it finished: what its last step read
+
+
+def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int]], limits: list[int],
+                 sampling: Sampling, generator: torch.Generator | None, eos: set[int]) -> list[PlainResult]:
+    device = cache.lengths.device
+    start = time.perf_counter()
+    results: list[PlainResult | None] = [None] * len(feeds)
+    tokens: list[list[int]] = [[] for _ in feeds]
+    live = list(range(len(feeds)))
+    with torch.inference_mode():
+        ids, valid = pad_rows(feeds, device)
+        hidden = forward(model, cache, ids)
+        cache.commit(valid)
+        logits = logits_at(model, hidden, (valid - 1)[:, None])[:, 0]
+        feed_seconds = time.perf_counter() - start
+        while True:
+            choice = logits.argmax(-1) if sampling.greedy else sample(
+                warp(logits, sampling.temperature, sampling.top_p), generator)
+            keep = []
+            for slot, (row, token) in enumerate(zip(live, choice.tolist(), strict=True)):
+                tokens[row].append(token)
+                reason = "eos" if token in eos else "length" if len(tokens[row]) >= limits[row] else None
+                if reason is None:
+                    keep.append(slot)
+                else:
+                    results[row] = PlainResult(tokens[row], reason, feed_seconds,
+                                               time.perf_counter() - start - feed_seconds,
+                                               int(cache.row_bytes()[slot]))
+            if not keep:
+                break
+            if len(keep) < len(live):
+                keep_t = torch.tensor(keep, device=device)
+                cache.select_rows(keep_t)
+                choice = choice.index_select(0, keep_t)
+                live = [live[s] for s in keep]
+            hidden = forward(model, cache, choice[:, None])
+            cache.commit(torch.ones(len(live), dtype=torch.long, device=device))
+            logits = logits_at(model, hidden, torch.zeros(len(live), 1, dtype=torch.long, device=device))[:, 0]
+    return [r for r in results if r is not None]
