@@ -1,0 +1,40 @@
+"""DuckDB storage for sidecar runs; all of the project's SQL lives in this package (see README.md)."""
+
+from storage.connection import RetryPolicy
+from storage.database import DEFAULT_DB_PATH, Database, current_code_version, default_db_path
+from storage.errors import (
+    DatabaseLockedError,
+    InputSchemaError,
+    SchemaTooNewError,
+    StorageError,
+    UnknownRunError,
+)
+from storage.records import (
+    MODES,
+    CostRecord,
+    Document,
+    JudgementRecord,
+    OutputRecord,
+    RejectedDocument,
+    RequestStats,
+)
+
+__all__ = [
+    "DEFAULT_DB_PATH",
+    "MODES",
+    "CostRecord",
+    "Database",
+    "DatabaseLockedError",
+    "Document",
+    "InputSchemaError",
+    "JudgementRecord",
+    "OutputRecord",
+    "RejectedDocument",
+    "RequestStats",
+    "RetryPolicy",
+    "SchemaTooNewError",
+    "StorageError",
+    "UnknownRunError",
+    "current_code_version",
+    "default_db_path",
+]

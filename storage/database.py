@@ -1,0 +1,309 @@
+"""The results database: one DuckDB file shared by the flows, the judge, the cost report and the server.
+
+Every method opens its own short-lived connection, so several processes can use one file in turn;
+each write is one transaction, so readers see a batch entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from storage.connection import RetryPolicy, in_transaction
+from storage.errors import UnknownRunError
+from storage.migrate import migrate
+from storage.records import (
+    MODES,
+    CostRecord,
+    Document,
+    JudgementRecord,
+    OutputRecord,
+    RejectedDocument,
+)
+from storage.writer import TableWrite, write_tables
+
+DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
+DB_PATH_ENV = "SIDECAR_DB"
+
+_DOCUMENTS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("row_index", pa.int32()), ("doc_id", pa.string()), ("title", pa.string()),
+    ("text", pa.string()), ("n_chars", pa.int32()), ("status", pa.string()),
+    ("reject_reason", pa.string()), ("reject_detail", pa.string()),
+])
+_OUTPUTS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("doc_id", pa.string()), ("mode", pa.string()), ("summary", pa.string()),
+    ("main_tokens", pa.int32()), ("sidecar_name", pa.string()), ("sidecar_text", pa.string()),
+    ("tags", pa.list_(pa.string())), ("parse_error", pa.string()), ("finish_reason", pa.string()),
+    ("sidecar_finish_reason", pa.string()), ("batch_id", pa.int32()),
+])
+_STATS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("doc_id", pa.string()), ("mode", pa.string()), ("phase", pa.string()),
+    ("batch_id", pa.int32()), ("batch_size", pa.int32()), ("drafted", pa.int32()), ("accepted", pa.int32()),
+    ("target_forwards", pa.int32()), ("draft_forwards", pa.int32()), ("new_tokens", pa.int32()),
+    ("prompt_tokens", pa.int32()), ("prefill_s", pa.float64()), ("decode_s", pa.float64()),
+    ("wall_s", pa.float64()), ("kv_bytes", pa.int64()),
+])
+_JUDGEMENTS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("doc_id", pa.string()), ("judge_model", pa.string()),
+    ("prompt_version", pa.string()), ("game", pa.int32()), ("mode_a", pa.string()), ("mode_b", pa.string()),
+    ("raw_answer", pa.string()), ("winner", pa.string()), ("error", pa.string()),
+])
+_COSTS_SCHEMA = pa.schema([
+    ("gpu_type", pa.string()), ("pair", pa.string()), ("mode", pa.string()), ("batch_size", pa.int32()),
+    ("tokens_per_s", pa.float64()), ("ms_per_step", pa.float64()), ("usd_per_gpu_hour", pa.float64()),
+    ("usd_per_mtok", pa.float64()), ("source", pa.string()), ("run_id", pa.string()), ("note", pa.string()),
+])
+
+
+def default_db_path() -> Path:
+    """``$SIDECAR_DB`` if set, else ``data/sidecar.duckdb`` under the working directory."""
+    return Path(os.environ.get(DB_PATH_ENV, DEFAULT_DB_PATH))
+
+
+def current_code_version() -> str:
+    """The git commit of this checkout (``+dirty`` with uncommitted changes), else the package version."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        try:
+            return f"sidecar {metadata.version('sidecar')}"
+        except metadata.PackageNotFoundError:
+            return "unknown"
+    return f"{sha}+dirty" if dirty else sha
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _require_run(run_id: str):
+    def check(con: duckdb.DuckDBPyConnection) -> None:
+        if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall():
+            raise UnknownRunError(f"run {run_id!r} does not exist; call start_run first")
+
+    return check
+
+
+def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [column[0] for column in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class Database:
+    """Handle on one results database file; creates and migrates it on construction.
+
+    The handle holds no connection, only the path: it is cheap, picklable and safe to share between
+    threads and processes.
+    """
+
+    def __init__(self, path: str | Path | None = None, retry: RetryPolicy | None = None) -> None:
+        self.path = Path(path) if path is not None else default_db_path()
+        self.retry = retry or RetryPolicy()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.schema_version = migrate(self.path, self.retry)
+
+    # -- runs ---------------------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
+                  gpu_type: str | None, gamma: int | None, batch_size: int | None,
+                  code_version: str | None = None,
+                  modes: Sequence[str] = ("sidecar", "standalone")) -> bool:
+        """Create run ``run_id`` with status ``running``; returns True when it already existed.
+
+        Starting an existing run (a resume) only sets it running again and clears its finish time and
+        error; its parameters and outputs stay. ``modes`` are the modes each document gets: the
+        ``results`` view shows a document once all of them are written. Values in ``params`` that JSON
+        cannot hold (paths, enums) are stored as their ``str()``.
+        """
+        unknown = sorted(set(modes) - set(MODES))
+        if not modes or unknown:
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
+        params_json = json.dumps(params, sort_keys=True, default=str)
+        version = code_version if code_version is not None else current_code_version()
+
+        def work(con: duckdb.DuckDBPyConnection) -> bool:
+            exists = bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall())
+            if exists:
+                con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL "
+                            "WHERE run_id = ?", [run_id])
+            else:
+                con.execute(
+                    "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
+                    "gamma, batch_size) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, params_json, list(dict.fromkeys(modes)), version, pair, device, gpu_type,
+                     gamma, batch_size],
+                )
+            return exists
+
+        return in_transaction(self.path, self.retry, work)
+
+    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        """Mark a run ``completed`` or ``failed`` (with ``error``) and stamp its finish time."""
+        if status not in ("completed", "failed"):
+            raise ValueError(f"a run finishes as 'completed' or 'failed', not {status!r}")
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            updated = con.execute(
+                "UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
+                "WHERE run_id = ? RETURNING run_id", [status, error, run_id]).fetchall()
+            if not updated:
+                raise UnknownRunError(f"run {run_id!r} does not exist")
+
+        in_transaction(self.path, self.retry, work)
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run's row with ``params`` decoded, or None."""
+        rows = self.query("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        if not rows:
+            return None
+        run = rows[0]
+        run["params"] = json.loads(run["params"])
+        return run
+
+    # -- documents and outputs -------------------------------------------------------------------------
+
+    def record_documents(self, run_id: str, docs: Sequence[Document],
+                         rejects: Sequence[RejectedDocument]) -> None:
+        """Store the run's input rows, usable and rejected; rows already stored for the same input row
+        (``row_index``) are replaced, so recording again on resume adds nothing twice."""
+        rows = [
+            {"run_id": run_id, "row_index": d.row_index, "doc_id": d.doc_id, "title": d.title,
+             "text": d.text, "n_chars": len(d.text), "status": "ok", "reject_reason": None,
+             "reject_detail": None}
+            for d in docs
+        ] + [
+            {"run_id": run_id, "row_index": r.row_index, "doc_id": r.doc_id, "title": r.title,
+             "text": r.text, "n_chars": None if r.text is None else len(r.text), "status": "rejected",
+             "reject_reason": r.reason, "reject_detail": r.detail or None}
+            for r in rejects
+        ]
+        row_indexes = [row["row_index"] for row in rows]
+        if len(set(row_indexes)) != len(row_indexes):
+            raise ValueError("record_documents got two entries for one input row (row_index)")
+        write_tables(self.path, [TableWrite("documents", _table(rows, _DOCUMENTS_SCHEMA))], self.retry,
+                     check=_require_run(run_id))
+
+    def done_doc_ids(self, run_id: str, modes: list[str]) -> set[str]:
+        """Documents of the run that have every one of ``modes`` written (what a resume can skip)."""
+        wanted = list(dict.fromkeys(modes))
+        if not wanted:
+            raise ValueError("done_doc_ids needs at least one mode")
+        rows = self.query(
+            "SELECT doc_id FROM outputs WHERE run_id = ? AND list_contains(?, mode) "
+            "GROUP BY doc_id HAVING count(DISTINCT mode) = ?",
+            [run_id, wanted, len(wanted)],
+        )
+        return {row["doc_id"] for row in rows}
+
+    def write_batch(self, run_id: str, rows: Sequence[OutputRecord]) -> None:
+        """Write the outputs and request stats of a batch in one transaction.
+
+        Rows replace whatever is stored under the same (run_id, doc_id, mode), stats included, so
+        writing a batch again after a crash leaves exactly one copy.
+        """
+        keys = [(r.doc_id, r.mode) for r in rows]
+        if len(set(keys)) != len(keys):
+            raise ValueError("write_batch got two rows for the same (doc_id, mode)")
+        outputs: list[dict[str, Any]] = []
+        stats: list[dict[str, Any]] = []
+        for record in rows:
+            if record.mode not in MODES:
+                raise ValueError(f"unknown mode {record.mode!r}; modes are {MODES}")
+            phases = [s.phase for s in record.stats]
+            if len(set(phases)) != len(phases):
+                raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
+            outputs.append({
+                "run_id": run_id, "doc_id": record.doc_id, "mode": record.mode, "summary": record.summary,
+                "main_tokens": record.main_tokens, "sidecar_name": record.sidecar_name,
+                "sidecar_text": record.sidecar_text, "tags": record.tags, "parse_error": record.parse_error,
+                "finish_reason": record.finish_reason,
+                "sidecar_finish_reason": record.sidecar_finish_reason, "batch_id": record.batch_id,
+            })
+            for s in record.stats:
+                stats.append({
+                    "run_id": run_id, "doc_id": record.doc_id, "mode": record.mode, "phase": s.phase,
+                    "batch_id": record.batch_id, "batch_size": s.batch_size, "drafted": s.drafted,
+                    "accepted": s.accepted, "target_forwards": s.target_forwards,
+                    "draft_forwards": s.draft_forwards, "new_tokens": s.new_tokens,
+                    "prompt_tokens": s.prompt_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s,
+                    "wall_s": s.wall_s, "kv_bytes": s.kv_bytes,
+                })
+        outputs_table = _table(outputs, _OUTPUTS_SCHEMA)
+        writes = [
+            TableWrite("outputs", outputs_table),
+            # clear the stats of every rewritten request, also of those that now bring fewer phases
+            TableWrite("request_stats", _table(stats, _STATS_SCHEMA),
+                       replace=outputs_table.select(["run_id", "doc_id", "mode"])),
+        ]
+        write_tables(self.path, writes, self.retry, check=_require_run(run_id))
+
+    # -- judgements and costs ------------------------------------------------------------------------
+
+    def write_judgements(self, run_id: str, rows: Sequence[JudgementRecord]) -> None:
+        """Store judge games; a game already stored under the same key is replaced."""
+        records = [
+            {"run_id": run_id, "doc_id": j.doc_id, "judge_model": j.judge_model,
+             "prompt_version": j.prompt_version, "game": j.game, "mode_a": j.mode_a, "mode_b": j.mode_b,
+             "raw_answer": j.raw_answer, "winner": j.winner, "error": j.error}
+            for j in rows
+        ]
+        write_tables(self.path, [TableWrite("judgement_games", _table(records, _JUDGEMENTS_SCHEMA))],
+                     self.retry, check=_require_run(run_id))
+
+    def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
+        """Documents whose two games are both stored without an error (failed calls are retried;
+        answers that could not be parsed count as judged, asking again would give the same)."""
+        rows = self.query(
+            "SELECT doc_id FROM judgement_games WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
+            "AND error IS NULL GROUP BY doc_id HAVING count(DISTINCT game) = 2",
+            [run_id, judge_model, prompt_version],
+        )
+        return {row["doc_id"] for row in rows}
+
+    def write_costs(self, rows: Sequence[CostRecord]) -> None:
+        """Store cost report lines; a line with the same gpu_type, pair, mode, batch_size, source and
+        run_id is replaced."""
+        records = [
+            {"gpu_type": c.gpu_type, "pair": c.pair, "mode": c.mode, "batch_size": c.batch_size,
+             "tokens_per_s": c.tokens_per_s, "ms_per_step": c.ms_per_step,
+             "usd_per_gpu_hour": c.usd_per_gpu_hour, "usd_per_mtok": c.usd_per_mtok, "source": c.source,
+             "run_id": c.run_id, "note": c.note}
+            for c in rows
+        ]
+        keys = [tuple(r[k] for k in ("gpu_type", "pair", "mode", "batch_size", "source", "run_id"))
+                for r in records]
+        if len(set(keys)) != len(keys):
+            raise ValueError("write_costs got two rows with the same gpu_type/pair/mode/batch_size/source/run_id")
+        write_tables(self.path, [TableWrite("cost_estimates", _table(records, _COSTS_SCHEMA))], self.retry)
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run one SQL statement with bound ``params`` and return its rows as dicts.
+
+        Meant for the views; the statement runs in a transaction that is always rolled back, so a query
+        cannot change the database.
+        """
+
+        def work(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+            return _rows_as_dicts(con.execute(sql, params))
+
+        return in_transaction(self.path, self.retry, work, commit=False)
+
+    def results(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Rows of the ``results`` view (all runs, or one), ordered by run and document."""
+        if run_id is None:
+            return self.query("SELECT * FROM results ORDER BY run_id, doc_id")
+        return self.query("SELECT * FROM results WHERE run_id = ? ORDER BY doc_id", [run_id])

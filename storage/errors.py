@@ -1,0 +1,49 @@
+"""Errors raised by ``storage``; each message says what is wrong and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StorageError(RuntimeError):
+    """Base class of the database errors."""
+
+
+class SchemaTooNewError(StorageError):
+    """The database was written by a newer sidecar whose migrations this code does not know."""
+
+    def __init__(self, path: Path, db_version: int, code_version: int) -> None:
+        self.path = path
+        self.db_version = db_version
+        self.code_version = code_version
+        super().__init__(
+            f"database {path} has schema version {db_version}, but this sidecar only knows migrations up "
+            f"to {code_version}; upgrade sidecar or use another --db file (it was not modified)"
+        )
+
+
+class DatabaseLockedError(StorageError):
+    """Another process held DuckDB's file lock through every retry."""
+
+    def __init__(self, path: Path, holder_pid: int | None, holder_process: str | None, attempts: int,
+                 waited_s: float, duckdb_message: str) -> None:
+        self.path = path
+        self.holder_pid = holder_pid
+        self.holder_process = holder_process
+        self.attempts = attempts
+        self.waited_s = waited_s
+        holder = (f"process {holder_process} (PID {holder_pid})" if holder_pid is not None
+                  else "another process")
+        super().__init__(
+            f"database {path} is locked by {holder}; gave up after {attempts} attempts over "
+            f"{waited_s:.1f} s. Stop that process or point this one at another database file. "
+            f"DuckDB said: {duckdb_message}"
+        )
+
+
+class UnknownRunError(StorageError):
+    """A write names a run that ``start_run`` never created."""
+
+
+class InputSchemaError(ValueError):
+    """An input file lacks the columns it was asked to read."""

@@ -1,0 +1,153 @@
+"""Plain records passed between the flows, the Parquet reader and :class:`storage.Database`.
+
+They carry no engine types, so ``storage`` never imports torch; the constructors ``main_phase`` and
+``sidecar_phase`` take the engine's ``stats.as_dict()`` mappings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Mode = Literal["sidecar", "sidecar_attended", "standalone"]
+MODES: tuple[str, ...] = ("sidecar", "sidecar_attended", "standalone")
+# A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
+Phase = Literal["main", "sidecar"]
+RejectReason = Literal["empty", "null", "duplicate_id", "not_utf8", "too_long"]
+RunStatus = Literal["running", "completed", "failed"]
+CostSource = Literal["measured", "projected"]
+
+
+@dataclass(frozen=True)
+class Document:
+    """One usable input document; ``row_index`` is its row in the input file."""
+
+    doc_id: str
+    text: str
+    row_index: int
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class RejectedDocument:
+    """An input row that will not be run, with why. ``doc_id`` is ``row:<n>`` when the id was null."""
+
+    doc_id: str
+    reason: RejectReason
+    row_index: int
+    detail: str = ""
+    title: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Counters of one phase of one request. Seconds and forwards of a batched call are shared by the
+    rows of the batch; ``batch_id`` (in :class:`OutputRecord`) tells which rows ran together."""
+
+    phase: Phase
+    new_tokens: int
+    drafted: int = 0
+    accepted: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    prompt_tokens: int | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    wall_s: float | None = None
+    kv_bytes: int | None = None
+    batch_size: int | None = None
+
+    @classmethod
+    def main_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
+        """From ``GenerationStats.as_dict()`` of the target-exact main output; its own ``batch_size``
+        wins over the argument."""
+        return cls(
+            phase="main",
+            new_tokens=int(stats["new_tokens"]),
+            drafted=int(stats.get("drafted", 0)),
+            accepted=int(stats.get("accepted", 0)),
+            target_forwards=int(stats.get("target_forwards", 0)),
+            draft_forwards=int(stats.get("draft_forwards", 0)),
+            prompt_tokens=stats.get("prompt_tokens"),
+            prefill_s=stats.get("prefill_seconds"),
+            decode_s=stats.get("decode_seconds"),
+            wall_s=stats.get("wall_seconds"),
+            batch_size=stats.get("batch_size", batch_size),
+        )
+
+    @classmethod
+    def sidecar_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
+        """From ``SidecarStats.as_dict()``: the draft model alone, one forward per new token."""
+        seconds = stats.get("seconds")
+        new_tokens = int(stats["new_tokens"])
+        return cls(
+            phase="sidecar",
+            new_tokens=new_tokens,
+            draft_forwards=int(stats.get("draft_forwards", new_tokens)),
+            prompt_tokens=stats.get("prompt_tokens"),
+            decode_s=seconds,
+            wall_s=seconds,
+            kv_bytes=stats.get("kv_bytes"),
+            batch_size=batch_size,
+        )
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """Everything stored for one document in one mode; written together by ``Database.write_batch``.
+
+    ``summary`` is the main output for the sidecar modes and the summary given to the tagger in
+    ``standalone`` mode (``main_tokens`` then None). ``tags`` is None when the sidecar text could not
+    be parsed (``parse_error`` says why).
+    """
+
+    doc_id: str
+    mode: Mode
+    summary: str
+    sidecar_name: str
+    sidecar_text: str
+    tags: list[str] | None
+    main_tokens: int | None = None
+    parse_error: str | None = None
+    finish_reason: str | None = None
+    sidecar_finish_reason: str | None = None
+    batch_id: int | None = None
+    stats: list[RequestStats] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class JudgementRecord:
+    """One game of a pairwise judgement: the judge saw ``mode_a``'s output first, then ``mode_b``'s.
+
+    Game 2 swaps the positions of game 1. ``winner`` is the winning mode, ``"tie"``, or None when the
+    answer could not be parsed or the call failed (``error``).
+    """
+
+    doc_id: str
+    judge_model: str
+    prompt_version: str
+    game: Literal[1, 2]
+    mode_a: str
+    mode_b: str
+    raw_answer: str | None
+    winner: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """One line of the cost report: a throughput and what a million generated tokens cost."""
+
+    gpu_type: str
+    mode: str
+    batch_size: int
+    tokens_per_s: float
+    source: CostSource
+    pair: str = ""
+    ms_per_step: float | None = None
+    usd_per_gpu_hour: float | None = None
+    usd_per_mtok: float | None = None
+    run_id: str | None = None
+    note: str | None = None

@@ -1,0 +1,325 @@
+"""storage.Database: migrations, idempotent writes, the views and hostile strings, on a real DuckDB file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from storage import (
+    CostRecord,
+    Database,
+    Document,
+    JudgementRecord,
+    OutputRecord,
+    RejectedDocument,
+    RequestStats,
+    SchemaTooNewError,
+    UnknownRunError,
+)
+from storage.connection import RetryPolicy
+from storage.migrate import Migration, known_migrations, migrate
+
+TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
+          "cost_estimates"}
+VIEWS = {"results", "throughput", "judgements", "costs"}
+
+
+def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
+    args = {"params": {"limit": 4}, "pair": "tiny", "device": "cpu", "gpu_type": "cpu", "gamma": 4,
+            "batch_size": 2, "code_version": "test", "modes": modes} | overrides
+    return db.start_run(run_id, **args)
+
+
+def output(doc_id: str, mode: str, tags: list[str] | None = None, batch_id: int | None = 0,
+           stats: list[RequestStats] | None = None, summary: str = "A summary.") -> OutputRecord:
+    return OutputRecord(
+        doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags",
+        sidecar_text=" ".join(tags or []), tags=tags, main_tokens=None if mode == "standalone" else 12,
+        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id,
+        stats=stats if stats is not None else [RequestStats("main", new_tokens=12, drafted=16, accepted=10,
+                                                            target_forwards=4, wall_s=2.0)],
+    )
+
+
+def table_names(path: Path) -> tuple[set[str], set[str]]:
+    with duckdb.connect(str(path)) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    return tables, views
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    return Database(tmp_path / "sidecar.duckdb")
+
+
+# -- migrations -----------------------------------------------------------------------------------------
+
+
+def test_fresh_database_gets_every_migration(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "fresh.duckdb"
+    db = Database(path)
+    assert db.schema_version == len(known_migrations()) >= 1
+    tables, views = table_names(path)
+    assert tables >= TABLES
+    assert views >= VIEWS
+    applied = db.query("SELECT version, name FROM schema_migrations ORDER BY version")
+    assert [(r["version"], r["name"]) for r in applied] == [(m.version, m.name) for m in known_migrations()]
+
+
+def test_reopening_keeps_data_and_applies_nothing_twice(db: Database) -> None:
+    start(db)
+    reopened = Database(db.path)
+    assert reopened.schema_version == db.schema_version
+    assert reopened.query("SELECT count(*) AS n FROM schema_migrations")[0]["n"] == len(known_migrations())
+    assert reopened.get_run("run-1") is not None
+
+
+def test_newer_schema_is_refused_and_left_untouched(db: Database) -> None:
+    with duckdb.connect(str(db.path)) as con:
+        con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'from_the_future')")
+    with pytest.raises(SchemaTooNewError) as caught:
+        Database(db.path)
+    assert caught.value.db_version == 999
+    assert caught.value.code_version == len(known_migrations())
+    assert "999" in str(caught.value) and "upgrade sidecar" in str(caught.value)
+    with duckdb.connect(str(db.path)) as con:
+        assert con.execute("SELECT max(version) FROM schema_migrations").fetchall() == [(999,)]
+
+
+def test_pending_migrations_apply_in_order_and_a_failing_one_leaves_nothing(db: Database) -> None:
+    shipped = known_migrations()
+    broken = Migration(len(shipped) + 1, "broken", "CREATE TABLE half_done (x INTEGER); SELECT no_such_column;")
+    with pytest.raises(duckdb.Error):
+        migrate(db.path, RetryPolicy(), [*shipped, broken])
+    tables, _ = table_names(db.path)
+    assert "half_done" not in tables
+    assert Database(db.path).schema_version == len(shipped)
+
+    extra = Migration(len(shipped) + 1, "extra", "CREATE TABLE extra (x INTEGER);")
+    assert migrate(db.path, RetryPolicy(), [*shipped, extra]) == len(shipped) + 1
+    assert "extra" in table_names(db.path)[0]
+    # the code without the extra migration now meets a newer database
+    with pytest.raises(SchemaTooNewError):
+        Database(db.path)
+
+
+# -- runs ----------------------------------------------------------------------------------------------
+
+
+def test_start_run_is_idempotent_and_resume_sets_running_again(db: Database) -> None:
+    assert start(db, params={"seed": 1, "corpus": Path("data/news.parquet")}) is False
+    created = db.get_run("run-1")
+    assert created["status"] == "running"
+    assert created["params"] == {"seed": 1, "corpus": "data/news.parquet"}
+    assert created["modes"] == ["sidecar", "standalone"]
+    db.finish_run("run-1", "failed", error="CUDA out of memory")
+    failed = db.get_run("run-1")
+    assert (failed["status"], failed["error"]) == ("failed", "CUDA out of memory")
+    assert failed["finished_at"] is not None
+
+    assert start(db) is True
+    resumed = db.get_run("run-1")
+    assert (resumed["status"], resumed["error"], resumed["finished_at"]) == ("running", None, None)
+    assert resumed["created_at"] == created["created_at"]
+    assert db.query("SELECT count(*) AS n FROM runs")[0]["n"] == 1
+    db.finish_run("run-1", "completed")
+    assert db.get_run("run-1")["status"] == "completed"
+
+
+def test_code_version_defaults_to_the_checkout(db: Database) -> None:
+    db.start_run("run-v", {}, "tiny", "cpu", "cpu", 4, 1)
+    version = db.get_run("run-v")["code_version"]
+    assert version and version != "unknown"
+
+
+def test_bad_run_arguments_are_refused(db: Database) -> None:
+    with pytest.raises(ValueError, match="modes"):
+        start(db, modes=("sidecar", "tagger"))
+    with pytest.raises(ValueError, match="completed"):
+        db.finish_run("run-1", "running")
+    with pytest.raises(UnknownRunError):
+        db.finish_run("no-such-run", "completed")
+    with pytest.raises(UnknownRunError):
+        db.write_batch("no-such-run", [output("d1", "sidecar", ["#a"])])
+    assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 0
+
+
+# -- idempotent writes ----------------------------------------------------------------------------------
+
+
+def test_rewriting_a_batch_leaves_one_copy_with_the_new_content(db: Database) -> None:
+    start(db)
+    two_phases = [RequestStats("main", new_tokens=12, drafted=16, accepted=10, target_forwards=4, wall_s=2.0),
+                  RequestStats("sidecar", new_tokens=6, wall_s=0.5, kv_bytes=1000)]
+    batch = [output("d1", "sidecar", ["#old"], stats=two_phases), output("d1", "standalone", ["#b"]),
+             output("d2", "sidecar", ["#c"]), output("d2", "standalone", ["#d"])]
+    db.write_batch("run-1", batch)
+    db.write_batch("run-1", batch)
+    assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 4
+    assert db.query("SELECT count(*) AS n FROM request_stats")[0]["n"] == 5
+
+    # the rerun of d1/sidecar brings new tags and only the main phase: the old sidecar phase must go
+    db.write_batch("run-1", [output("d1", "sidecar", ["#new"])])
+    rows = db.query("SELECT doc_id, mode, tags FROM outputs ORDER BY doc_id, mode")
+    assert [(r["doc_id"], r["mode"], r["tags"]) for r in rows] == [
+        ("d1", "sidecar", ["#new"]), ("d1", "standalone", ["#b"]),
+        ("d2", "sidecar", ["#c"]), ("d2", "standalone", ["#d"])]
+    phases = db.query("SELECT phase FROM request_stats WHERE doc_id = 'd1' AND mode = 'sidecar'")
+    assert [r["phase"] for r in phases] == ["main"]
+    assert len(db.results("run-1")) == 2
+
+
+def test_duplicate_keys_inside_one_batch_are_refused(db: Database) -> None:
+    start(db)
+    with pytest.raises(ValueError, match="same"):
+        db.write_batch("run-1", [output("d1", "sidecar", ["#a"]), output("d1", "sidecar", ["#b"])])
+    with pytest.raises(ValueError, match="phase"):
+        db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=[RequestStats("main", 1)] * 2)])
+    assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 0
+
+
+def test_documents_judgements_and_costs_are_idempotent(db: Database) -> None:
+    start(db)
+    docs = [Document("d1", "text one", 0, "Title one"), Document("d2", "text two", 2)]
+    rejects = [RejectedDocument("d1", "duplicate_id", 1, detail="an earlier row has id 'd1'", text="again"),
+               RejectedDocument("row:3", "null", 3, detail="id is null")]
+    games = [JudgementRecord("d1", "judge-x", "v1", 1, "sidecar", "standalone", '{"winner": "A"}', "sidecar"),
+             JudgementRecord("d1", "judge-x", "v1", 2, "standalone", "sidecar", '{"winner": "B"}', "sidecar")]
+    costs = [CostRecord("NVIDIA T4", "standalone", 8, 120.0, "projected", usd_per_gpu_hour=0.59),
+             CostRecord("cpu", "sidecar", 2, 3.5, "measured", pair="tiny", run_id="run-1", usd_per_mtok=9.0)]
+    for _ in range(2):
+        db.record_documents("run-1", docs, rejects)
+        db.write_judgements("run-1", games)
+        db.write_costs(costs)
+    counts = db.query("SELECT (SELECT count(*) FROM documents) AS docs, (SELECT count(*) FROM judgement_games) AS "
+                      "games, (SELECT count(*) FROM cost_estimates) AS costs")[0]
+    assert counts == {"docs": 4, "games": 2, "costs": 2}
+    stored = db.query("SELECT row_index, doc_id, status, reject_reason, n_chars FROM documents ORDER BY row_index")
+    assert [(r["doc_id"], r["status"], r["reject_reason"], r["n_chars"]) for r in stored] == [
+        ("d1", "ok", None, 8), ("d1", "rejected", "duplicate_id", 5), ("d2", "ok", None, 8),
+        ("row:3", "rejected", "null", None)]
+    with pytest.raises(ValueError, match="row_index"):
+        db.record_documents("run-1", docs, [RejectedDocument("x", "empty", 0)])
+
+
+# -- views ---------------------------------------------------------------------------------------------
+
+
+def test_results_show_a_document_only_once_all_its_modes_are_written(db: Database) -> None:
+    start(db, modes=("sidecar", "sidecar_attended", "standalone"))
+    db.record_documents("run-1", [Document("d1", "The document.", 0, "The title")],
+                        [RejectedDocument("d1", "duplicate_id", 1, title="Wrong title")])
+    db.write_batch("run-1", [output("d1", "sidecar", ["#masked"])])
+    db.write_batch("run-1", [output("d1", "standalone", ["#alone"])])
+    assert db.results() == []
+    assert db.done_doc_ids("run-1", ["sidecar", "standalone"]) == {"d1"}
+    assert db.done_doc_ids("run-1", ["sidecar", "sidecar_attended"]) == set()
+
+    db.write_batch("run-1", [output("d1", "sidecar_attended", None, summary="A summary.")])
+    [row] = db.results("run-1")
+    assert row["doc_id"] == "d1" and row["title"] == "The title" and row["n_chars"] == len("The document.")
+    assert row["summary"] == "A summary." and row["summary_tokens"] == 12
+    assert (row["sidecar_tags"], row["standalone_tags"], row["attended_tags"]) == (["#masked"], ["#alone"], None)
+    assert row["run_status"] == "running" and row["pair"] == "tiny"
+    assert db.results("other-run") == []
+
+
+def test_throughput_uses_batch_wall_time_and_shared_counters(db: Database) -> None:
+    start(db, gpu_type="NVIDIA H200", batch_size=2)
+
+    def stats(tokens: int, drafted: int, accepted: int, forwards: int, wall: float) -> list[RequestStats]:
+        return [RequestStats("main", new_tokens=tokens, drafted=drafted, accepted=accepted,
+                             target_forwards=forwards, wall_s=wall, batch_size=2)]
+
+    # batch 0: two rows finishing at 1.0 s and 2.0 s; batch 1: one row taking 2.0 s
+    db.write_batch("run-1", [output("d1", "sidecar", ["#a"], 0, stats(10, 12, 9, 4, 1.0)),
+                             output("d2", "sidecar", ["#a"], 0, stats(20, 24, 18, 6, 2.0)),
+                             output("d3", "sidecar", ["#a"], 1, stats(30, 36, 27, 10, 2.0))])
+    [row] = db.query("SELECT * FROM throughput WHERE mode = 'sidecar' AND phase = 'main'")
+    assert (row["gpu_type"], row["requests"], row["batches"], row["batch_size"]) == ("NVIDIA H200", 3, 2, 2)
+    assert row["new_tokens"] == 60
+    assert row["wall_s"] == pytest.approx(4.0)
+    assert row["tokens_per_s"] == pytest.approx(15.0)
+    assert row["acceptance_rate"] == pytest.approx(54 / 72)
+    assert row["tokens_per_target_forward"] == pytest.approx(3.0)
+
+
+def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
+    start(db)
+
+    def game(doc: str, number: int, winner: str | None, error: str | None = None) -> JudgementRecord:
+        first, second = ("sidecar", "standalone") if number == 1 else ("standalone", "sidecar")
+        return JudgementRecord(doc, "judge-x", "v1", number, first, second, "raw", winner, error)
+
+    db.write_judgements("run-1", [
+        game("agree", 1, "standalone"), game("agree", 2, "standalone"),
+        game("disagree", 1, "sidecar"), game("disagree", 2, "standalone"),
+        game("half", 1, "sidecar"),
+        game("failed", 1, "tie"), game("failed", 2, None, error="HTTP 500"),
+    ])
+    verdicts = {r["doc_id"]: r for r in db.query("SELECT * FROM judgements")}
+    assert verdicts["agree"]["verdict"] == "standalone" and verdicts["agree"]["consistent"] is True
+    assert verdicts["disagree"]["verdict"] == "tie" and verdicts["disagree"]["consistent"] is False
+    assert verdicts["half"]["verdict"] is None
+    assert verdicts["failed"]["verdict"] is None and verdicts["failed"]["errors"] == 1
+    assert verdicts["agree"]["mode_a"] == "sidecar"
+    assert db.judged_doc_ids("run-1", "judge-x", "v1") == {"agree", "disagree"}
+    assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
+
+
+def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:
+    start(db)
+    with pytest.raises(duckdb.ConstraintException):
+        db.write_judgements("run-1", [JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "A")])
+
+
+def test_costs_derive_price_per_million_tokens_from_hourly_rent(db: Database) -> None:
+    db.write_costs([CostRecord("NVIDIA T4", "standalone", 8, 100.0, "projected", usd_per_gpu_hour=0.59),
+                    CostRecord("NVIDIA H200", "sidecar", 32, 900.0, "measured", usd_per_mtok=1.25)])
+    rows = {r["gpu_type"]: r for r in db.query("SELECT * FROM costs")}
+    assert rows["NVIDIA T4"]["usd_per_mtok"] == pytest.approx(0.59 / (100.0 * 3600) * 1e6)
+    assert rows["NVIDIA H200"]["usd_per_mtok"] == 1.25
+    assert rows["NVIDIA H200"]["source"] == "measured"
+
+
+def test_query_binds_parameters_and_cannot_change_the_database(db: Database) -> None:
+    start(db)
+    assert db.query("SELECT run_id FROM runs WHERE run_id = $id", {"id": "run-1"}) == [{"run_id": "run-1"}]
+    db.query("DELETE FROM runs")
+    assert db.get_run("run-1") is not None
+
+
+# -- hostile strings -----------------------------------------------------------------------------------
+
+HOSTILE = [
+    "'; DROP TABLE runs; --",
+    'double "quotes" and \'single\' quotes',
+    "unicode: Zürich 東京 🙂 \u200b right-to-left \u202e",
+    "NUL\x00inside",
+    "backslash \\ and percent % and question ? and $1",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_hostile_strings_round_trip_unchanged(db: Database, hostile: str) -> None:
+    run_id = f"run {hostile}"
+    doc_id = f"doc {hostile}"
+    params = {"note": hostile, hostile: [hostile]}
+    start(db, run_id=run_id, params=params, pair=hostile)
+    db.record_documents(run_id, [Document(doc_id, hostile, 0, title=hostile)], [])
+    tags = [f"#{hostile}", "#plain"]
+    db.write_batch(run_id, [output(doc_id, "sidecar", tags, summary=hostile),
+                            output(doc_id, "standalone", tags, summary=hostile)])
+    run = db.get_run(run_id)
+    assert (run["params"], run["pair"]) == (params, hostile)
+    [row] = db.results(run_id)
+    assert (row["doc_id"], row["title"], row["summary"]) == (doc_id, hostile, hostile)
+    assert row["sidecar_tags"] == tags and row["standalone_tags"] == tags
+    assert db.done_doc_ids(run_id, ["sidecar", "standalone"]) == {doc_id}
+    db.finish_run(run_id, "failed", error=hostile)
+    assert db.get_run(run_id)["error"] == hostile
+    tables, _ = table_names(db.path)
+    assert tables >= TABLES

@@ -1,0 +1,191 @@
+"""Several processes on one database file: lock retries, DatabaseLockedError, and atomic batches.
+
+The second process is real (a subprocess running DuckDB), because DuckDB's file lock only conflicts
+between processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from storage import Database, DatabaseLockedError, OutputRecord, RequestStats
+from storage.connection import RetryPolicy, parse_lock_holder
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAST_GIVE_UP = RetryPolicy(attempts=4, first_delay_s=0.01, max_delay_s=0.05)
+PATIENT = RetryPolicy(attempts=40, first_delay_s=0.02, max_delay_s=0.25)
+
+
+def output(doc_id: str, mode: str, phase: str = "main") -> OutputRecord:
+    return OutputRecord(doc_id=doc_id, mode=mode, summary="S.", sidecar_name="hashtags", sidecar_text="#a",
+                        tags=["#a"], stats=[RequestStats(phase, new_tokens=3, wall_s=0.1)])
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    """Run ``code`` in a new Python process; it prints one line once it holds what the test needs."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+
+
+def wait_ready(child: subprocess.Popen[str]) -> None:
+    line = child.stdout.readline()
+    assert line.strip() == "ready", f"child failed: {line!r} {child.stderr.read() if child.poll() else ''}"
+
+
+HOLD_LOCK_UNTIL_STDIN_CLOSES = """
+    import sys, duckdb
+    con = duckdb.connect(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+HOLD_LOCK_FOR_SECONDS = """
+    import sys, time, duckdb
+    con = duckdb.connect(sys.argv[1])
+    print("ready", flush=True)
+    time.sleep(float(sys.argv[2]))
+    con.close()
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    database = Database(tmp_path / "shared.duckdb", retry=FAST_GIVE_UP)
+    database.start_run("run-1", {}, "tiny", "cpu", "cpu", 4, 2, code_version="test")
+    return database
+
+
+def test_lock_message_parsing() -> None:
+    message = ('IO Error: Could not set lock on file "/tmp/x.duckdb": Conflicting lock is held in '
+               "/usr/bin/python3.11 (PID 4242) by user root. See also https://duckdb.org/docs/current/connect/")
+    holder = parse_lock_holder(message)
+    assert (holder.pid, holder.process) == (4242, "/usr/bin/python3.11")
+    assert parse_lock_holder("IO Error: Could not set lock on file") == parse_lock_holder("")
+
+
+def test_writer_retries_then_names_the_process_holding_the_lock(db: Database,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[str] = []
+    real_connect = duckdb.connect
+
+    def counting_connect(*args, **kwargs):
+        attempts.append(str(args[0]))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr("storage.connection.duckdb.connect", counting_connect)
+    holder = spawn(HOLD_LOCK_UNTIL_STDIN_CLOSES, str(db.path))
+    try:
+        wait_ready(holder)
+        with pytest.raises(DatabaseLockedError) as caught:
+            db.write_batch("run-1", [output("d1", "sidecar")])
+        error = caught.value
+        assert error.holder_pid == holder.pid
+        assert f"PID {holder.pid}" in str(error) and str(db.path) in str(error)
+        assert error.holder_process and "python" in error.holder_process
+        assert error.attempts == FAST_GIVE_UP.attempts == len(attempts)
+        # readers queue behind the same lock
+        with pytest.raises(DatabaseLockedError):
+            db.results()
+    finally:
+        holder.communicate(timeout=30)
+    monkeypatch.undo()
+    assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 0
+
+
+def test_writer_waits_out_a_short_lock(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    patient = Database(db.path, retry=PATIENT)
+    attempts: list[str] = []
+    real_connect = duckdb.connect
+    monkeypatch.setattr("storage.connection.duckdb.connect",
+                        lambda *a, **k: attempts.append("try") or real_connect(*a, **k))
+    holder = spawn(HOLD_LOCK_FOR_SECONDS, str(db.path), "0.7")
+    try:
+        wait_ready(holder)
+        patient.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")])
+    finally:
+        holder.communicate(timeout=30)
+    assert len(attempts) > 1, "the lock should have been met at least once"
+    assert holder.returncode == 0
+    assert [r["doc_id"] for r in patient.results("run-1")] == ["d1"]
+
+
+def test_a_batch_failing_midway_leaves_nothing_visible(db: Database) -> None:
+    db.write_batch("run-1", [output("d0", "sidecar"), output("d0", "standalone")])
+    # outputs insert fine; the stats row then breaks the phase CHECK inside the same transaction
+    broken = [output("d1", "sidecar"), output("d1", "standalone", phase="not-a-phase")]
+    with pytest.raises(duckdb.ConstraintException):
+        db.write_batch("run-1", broken)
+    assert db.query("SELECT DISTINCT doc_id FROM outputs") == [{"doc_id": "d0"}]
+    assert db.query("SELECT count(*) AS n FROM request_stats WHERE doc_id = 'd1'")[0]["n"] == 0
+    assert [r["doc_id"] for r in db.results()] == ["d0"]
+
+
+KILLED_MIDWAY = """
+    import sys, duckdb
+    con = duckdb.connect(sys.argv[1])
+    con.execute("BEGIN TRANSACTION")
+    for mode in ("sidecar", "standalone"):
+        con.execute(
+            "INSERT INTO outputs (run_id, doc_id, mode, summary, sidecar_name, sidecar_text, tags) "
+            "VALUES ('run-1', 'half', ?, 'S.', 'hashtags', '#a', ['#a'])", [mode])
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_writer_killed_inside_its_transaction_leaves_nothing_visible(db: Database) -> None:
+    db.write_batch("run-1", [output("whole", "sidecar"), output("whole", "standalone")])
+    writer = spawn(KILLED_MIDWAY, str(db.path))
+    try:
+        wait_ready(writer)
+        os.kill(writer.pid, signal.SIGKILL)
+    finally:
+        writer.communicate(timeout=30)
+    assert writer.returncode == -signal.SIGKILL
+    reopened = Database(db.path, retry=PATIENT)
+    assert [r["doc_id"] for r in reopened.results()] == ["whole"]
+    assert reopened.query("SELECT count(*) AS n FROM outputs WHERE doc_id = 'half'")[0]["n"] == 0
+
+
+READER = """
+    import sys, json
+    from storage import Database, RetryPolicy
+    db = Database(sys.argv[1], retry=RetryPolicy(attempts=200, first_delay_s=0.005, max_delay_s=0.05))
+    print("ready", flush=True)
+    seen = []
+    while True:
+        seen.append(len(db.results("run-1")))
+        if seen[-1] >= int(sys.argv[2]):
+            break
+    print(json.dumps(seen), flush=True)
+"""
+
+
+def test_a_concurrent_reader_only_ever_sees_whole_batches(db: Database) -> None:
+    batches, per_batch = 12, 3
+    writer_db = Database(db.path, retry=RetryPolicy(attempts=200, first_delay_s=0.005, max_delay_s=0.05))
+    reader = spawn(READER, str(db.path), str(batches * per_batch))
+    try:
+        wait_ready(reader)
+        for b in range(batches):
+            docs = [f"b{b}-d{i}" for i in range(per_batch)]
+            writer_db.write_batch("run-1", [output(d, m) for d in docs for m in ("sidecar", "standalone")])
+            time.sleep(0.02)
+        out, err = reader.communicate(timeout=120)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    assert reader.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert len(set(seen)) > 2, "the reader should have read between batches"
+    assert all(n % per_batch == 0 for n in seen), seen
