@@ -1,0 +1,122 @@
+"""Documents from any Parquet file with an id column and a text column (CNN/DailyMail: ``id``, ``article``).
+
+Columns are checked against the file's schema before a single row is read, so a wrong column name fails
+fast, before any model loads. Every row that cannot be run comes back as a reject with its reason;
+nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.errors import InputSchemaError
+from storage.records import Document, RejectedDocument, RejectReason
+
+_READ_BATCH_ROWS = 1024
+
+
+def _is_text_type(dtype: pa.DataType) -> bool:
+    return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype)
+
+
+def _is_bytes_type(dtype: pa.DataType) -> bool:
+    return pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_binary_view(dtype)
+
+
+def _check_columns(path: Path, schema: pa.Schema, id_column: str, text_column: str,
+                   title_column: str | None) -> None:
+    wanted = {"id": id_column, "text": text_column}
+    if title_column is not None:
+        wanted["title"] = title_column
+    missing = [f"{role} column {name!r}" for role, name in wanted.items() if name not in schema.names]
+    if missing:
+        raise InputSchemaError(
+            f"{path} has no {' and no '.join(missing)}; its columns are: {', '.join(schema.names)}. "
+            "Choose the columns with the id/text/title column options."
+        )
+    for role in ("text", "title"):
+        name = wanted.get(role)
+        if name is None:
+            continue
+        dtype = schema.field(name).type
+        if not (_is_text_type(dtype) or _is_bytes_type(dtype)):
+            raise InputSchemaError(f"{role} column {name!r} of {path} has type {dtype}; expected string or binary")
+
+
+def _decode(value: object) -> str | None:
+    """A cell as text; None when it is bytes that are not UTF-8. Non-text ids (integers) become str."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else str(value)
+
+
+def read_documents(path: str | Path, id_column: str = "id", text_column: str = "article",
+                   title_column: str | None = None, max_chars: int | None = None,
+                   limit: int | None = None) -> tuple[list[Document], list[RejectedDocument]]:
+    """Read documents and rejects from ``path``.
+
+    Rejects and their reasons: ``null`` (id or text is null), ``not_utf8`` (binary cell that is not
+    UTF-8), ``duplicate_id`` (an earlier row had the id; the first row keeps its own verdict),
+    ``empty`` (nothing but whitespace), ``too_long`` (more than ``max_chars`` characters). Texts are
+    kept exactly as stored. ``limit`` stops reading once that many usable documents were found; the
+    rejects met on the way are returned too.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of documents, got {limit}")
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputSchemaError(f"{path} is not a readable Parquet file: {exc}") from exc
+    schema = parquet.schema_arrow
+    _check_columns(path, schema, id_column, text_column, title_column)
+    columns = list(dict.fromkeys(c for c in (id_column, text_column, title_column) if c is not None))
+
+    documents: list[Document] = []
+    rejects: list[RejectedDocument] = []
+    seen_ids: set[str] = set()
+    row_index = 0
+    for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns):
+        ids = batch.column(id_column).to_pylist()
+        texts = batch.column(text_column).to_pylist()
+        titles = batch.column(title_column).to_pylist() if title_column is not None else [None] * len(ids)
+        for raw_id, raw_text, raw_title in zip(ids, texts, titles, strict=True):
+            if limit is not None and len(documents) >= limit:
+                return documents, rejects
+            title = raw_title.decode("utf-8", errors="replace") if isinstance(raw_title, bytes) else raw_title
+            doc_id = None if raw_id is None else _decode(raw_id)
+            text = None if raw_text is None else _decode(raw_text)
+            reason: RejectReason | None = None
+            detail = ""
+            if raw_id is None:
+                reason, detail = "null", f"{id_column} is null"
+            elif doc_id is None:
+                reason, detail = "not_utf8", f"{id_column} bytes are not UTF-8"
+            elif doc_id in seen_ids:
+                reason, detail = "duplicate_id", f"an earlier row has {id_column} {doc_id!r}"
+            elif raw_text is None:
+                reason, detail = "null", f"{text_column} is null"
+            elif text is None:
+                reason, detail = "not_utf8", f"{text_column} bytes are not UTF-8"
+            elif not text.strip():
+                reason, detail = "empty", f"{text_column} is empty or whitespace ({len(text)} characters)"
+            elif max_chars is not None and len(text) > max_chars:
+                reason, detail = "too_long", f"{len(text)} characters, the limit is {max_chars}"
+            if doc_id is not None:
+                seen_ids.add(doc_id)
+            if reason is None:
+                documents.append(Document(doc_id=doc_id, text=text, row_index=row_index, title=title))
+            else:
+                rejects.append(RejectedDocument(
+                    doc_id=doc_id if doc_id is not None else f"row:{row_index}", reason=reason,
+                    row_index=row_index, detail=detail, title=title, text=text))
+            row_index += 1
+    return documents, rejects

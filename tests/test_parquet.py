@@ -1,0 +1,127 @@
+"""storage.parquet.read_documents on the committed bad-input corpus and on CNN/DailyMail-shaped files."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from storage import Database, InputSchemaError
+from storage.parquet import read_documents
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("make_bad_corpus", DATA / "make_bad_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bad = _load_generator()
+
+
+def read_bad(**kwargs):
+    return read_documents(bad.BAD_CORPUS, title_column="title", max_chars=bad.MAX_CHARS, **kwargs)
+
+
+def test_committed_files_match_their_generator(tmp_path: Path) -> None:
+    bad.main(tmp_path)
+    for name in (bad.BAD_CORPUS.name, bad.NO_TEXT_COLUMN.name):
+        assert pq.read_table(tmp_path / name).equals(pq.read_table(DATA / name)), name
+
+
+def test_each_bad_row_gets_its_reason_and_good_rows_survive() -> None:
+    documents, rejects = read_bad()
+    assert len(documents) + len(rejects) == len(bad.ROWS)
+    by_row = {d.row_index: (d.doc_id, None) for d in documents} | {r.row_index: (r.doc_id, r.reason) for r in rejects}
+    for index, (row_id, article, _title, expected_reason) in enumerate(bad.ROWS):
+        doc_id, reason = by_row[index]
+        assert reason == expected_reason, f"row {index} ({row_id!r})"
+        assert doc_id == (row_id if row_id is not None else f"row:{index}")
+        if expected_reason is None:
+            [document] = [d for d in documents if d.row_index == index]
+            assert document.text == article.decode("utf-8")  # kept byte for byte, NUL included
+
+    assert [d.doc_id for d in documents] == ["good-1", "good-hostile '; DROP TABLE runs; --", "good-3"]
+    assert documents[0].title == "Budget approved" and documents[1].title is None
+    details = {r.reason: r.detail for r in rejects}
+    assert str(bad.HUGE_CHARS) in details["too_long"] and str(bad.MAX_CHARS) in details["too_long"]
+    assert "'good-1'" in details["duplicate_id"]
+    assert {r.doc_id: r.text for r in rejects}["not-utf8"] is None
+
+
+def test_without_max_chars_the_huge_document_is_kept() -> None:
+    documents, rejects = read_documents(bad.BAD_CORPUS)
+    assert "huge" in {d.doc_id for d in documents}
+    assert "too_long" not in {r.reason for r in rejects}
+    assert all(d.title is None for d in documents)
+
+
+def test_limit_counts_usable_documents_and_keeps_the_rejects_met_on_the_way() -> None:
+    documents, rejects = read_bad(limit=2)
+    assert [d.doc_id for d in documents] == ["good-1", "good-hostile '; DROP TABLE runs; --"]
+    assert [r.row_index for r in rejects] == [1, 2, 3, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="limit"):
+        read_bad(limit=0)
+
+
+def test_a_missing_text_column_is_named_with_the_columns_that_exist() -> None:
+    with pytest.raises(InputSchemaError) as caught:
+        read_documents(bad.NO_TEXT_COLUMN)
+    message = str(caught.value)
+    assert "'article'" in message and "id, body" in message
+    documents, rejects = read_documents(bad.NO_TEXT_COLUMN, text_column="body")
+    assert [d.text for d in documents] == ["first text", "second text"] and rejects == []
+
+
+def test_missing_id_and_title_columns_are_reported_together(tmp_path: Path) -> None:
+    with pytest.raises(InputSchemaError) as caught:
+        read_documents(bad.NO_TEXT_COLUMN, id_column="doc_id", text_column="body", title_column="headline")
+    message = str(caught.value)
+    assert "id column 'doc_id'" in message and "title column 'headline'" in message and "id, body" in message
+
+
+def test_wrong_text_type_and_non_parquet_files_are_input_schema_errors(tmp_path: Path) -> None:
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"id": ["a"], "article": [42]}), numbers)
+    with pytest.raises(InputSchemaError, match="int64"):
+        read_documents(numbers)
+    not_parquet = tmp_path / "notes.parquet"
+    not_parquet.write_text("id,article\n1,hello\n")
+    with pytest.raises(InputSchemaError, match="not a readable Parquet file"):
+        read_documents(not_parquet)
+    with pytest.raises(FileNotFoundError):
+        read_documents(tmp_path / "absent.parquet")
+
+
+def test_cnn_dailymail_shaped_file_reads_with_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "cnn.parquet"
+    pq.write_table(pa.table({"article": ["First story.", "Second story."], "highlights": ["h1", "h2"],
+                             "id": ["0001d1a", "0002e2b"]}), path)
+    documents, rejects = read_documents(path)
+    assert [(d.doc_id, d.text) for d in documents] == [("0001d1a", "First story."), ("0002e2b", "Second story.")]
+    assert rejects == []
+
+
+def test_integer_ids_become_strings_and_duplicates_still_count(tmp_path: Path) -> None:
+    path = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"id": [7, 8, 7], "article": ["a", "b", "c"]}), path)
+    documents, rejects = read_documents(path)
+    assert [d.doc_id for d in documents] == ["7", "8"]
+    assert [(r.doc_id, r.reason) for r in rejects] == [("7", "duplicate_id")]
+
+
+def test_documents_and_rejects_are_stored_with_their_reasons(tmp_path: Path) -> None:
+    documents, rejects = read_bad()
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("run-bad", {"input": str(bad.BAD_CORPUS)}, "tiny", "cpu", "cpu", 4, 2, code_version="test")
+    db.record_documents("run-bad", documents, rejects)
+    rows = db.query("SELECT row_index, status, reject_reason FROM documents WHERE run_id = ? ORDER BY row_index",
+                    ["run-bad"])
+    assert [r["reject_reason"] for r in rows] == [reason for *_, reason in bad.ROWS]
+    assert [r["status"] for r in rows] == ["ok" if reason is None else "rejected" for *_, reason in bad.ROWS]
