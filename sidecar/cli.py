@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from sidecar.cost import cost_app
 from sidecar.fetch import FetchError, fetch_pair
 
 app = typer.Typer(no_args_is_help=True, help="Batched speculative decoding with sidecar tasks on the draft model.")
@@ -26,3 +27,4 @@ def models_fetch(
 
 
 # -- further command groups register below (one add_typer line each) --
+app.add_typer(cost_app, name="cost")

@@ -1,0 +1,319 @@
+"""The roofline cost model, the GPU catalog and the ``sidecar cost`` command line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from typer.testing import CliRunner
+
+from sidecar.cli import app
+from sidecar.cost import (
+    GB,
+    MB,
+    MODES,
+    STUDY_WORKLOAD,
+    TB,
+    CostInputError,
+    MeasuredStep,
+    ModelFacts,
+    TagTokens,
+    UnknownGPUError,
+    Workload,
+    calibrate,
+    find_gpu,
+    get_gpu,
+    load_catalog,
+    project,
+    roofline_table,
+    usd_per_million_tokens,
+)
+
+# Published shapes (the models' config.json on the Hugging Face hub).
+QWEN_7B = {
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+QWEN_1_5B = {
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "intermediate_size": 8960,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+QWEN_0_5B = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+SMOLLM2_135M = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+# The issue's example, word for word, less the program name.
+EXAMPLE = shlex.split(
+    "sidecar cost roofline --weights-gb 3.09 --kv-full-mb 18 --kv-masked-mb 3.7 --bandwidth-tbs 2.0 "
+    "--batches 1,16,32,64,128 --json"
+)[1:]
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kib_per_token"), [(QWEN_7B, 56), (QWEN_1_5B, 28), (QWEN_0_5B, 12)], ids=["7B", "1.5B", "0.5B"]
+)
+def test_kv_bytes_per_token_of_the_qwen_models(shapes: dict, kib_per_token: int) -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**shapes), dtype_bytes=2)
+    assert facts.kv_bytes_per_token == kib_per_token * 1024
+
+
+@pytest.mark.parametrize(
+    ("config", "shapes"),
+    [(Qwen2Config, QWEN_7B), (Qwen2Config, QWEN_1_5B), (Qwen2Config, QWEN_0_5B), (LlamaConfig, SMOLLM2_135M)],
+    ids=["qwen-7B", "qwen-1.5B", "qwen-0.5B", "smollm2-135M"],
+)
+def test_parameter_count_matches_the_transformers_model(config: type, shapes: dict) -> None:
+    # Building on the meta device allocates nothing, so the real shapes are cheap to instantiate.
+    cfg = config(**shapes)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert ModelFacts.from_config(cfg).parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_draft_weights_match_the_study() -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B), dtype_bytes=2)
+    assert facts.weight_bytes / GB == pytest.approx(3.09, abs=0.005)
+    assert facts.weight_bytes_per_step == facts.weight_bytes  # tied: the LM head reads the whole table
+
+
+def test_an_untied_input_embedding_is_not_streamed_per_step() -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_7B), dtype_bytes=2)
+    embedding_bytes = 152064 * 3584 * 2
+    assert facts.weight_bytes - facts.weight_bytes_per_step == embedding_bytes
+    assert facts.weight_bytes / GB == pytest.approx(15.23, abs=0.01)
+
+
+def test_fp32_doubles_weights_and_kv() -> None:
+    bf16 = ModelFacts.from_config(Qwen2Config(**QWEN_0_5B), dtype_bytes=2)
+    fp32 = ModelFacts.from_config(Qwen2Config(**QWEN_0_5B), dtype_bytes=4)
+    assert fp32.weight_bytes == 2 * bf16.weight_bytes
+    assert fp32.kv_bytes_per_token == 2 * bf16.kv_bytes_per_token
+
+
+def test_unmodelled_configs_are_refused() -> None:
+    with pytest.raises(CostInputError, match="not modelled"):
+        ModelFacts.from_config(Qwen2Config(**QWEN_0_5B, use_sliding_window=True))
+    gpt2 = type("Config", (), {"model_type": "gpt2"})()
+    with pytest.raises(CostInputError, match="gpt2"):
+        ModelFacts.from_config(gpt2)
+
+
+def test_facts_from_a_saved_config_file(tmp_path: Path) -> None:
+    Qwen2Config(**QWEN_0_5B).save_pretrained(tmp_path)
+    from_folder = ModelFacts.from_config_file(tmp_path)
+    from_file = ModelFacts.from_config_file(tmp_path / "config.json")
+    assert from_folder == from_file == ModelFacts.from_config(Qwen2Config(**QWEN_0_5B))
+    with pytest.raises(CostInputError, match="no model config"):
+        ModelFacts.from_config_file(tmp_path / "missing")
+
+
+def test_catalog_entries_are_complete_and_positive() -> None:
+    catalog = load_catalog()
+    assert {"T4", "L4", "A10G", "A100-40GB", "A100-80GB", "H100 SXM", "H200"} <= set(catalog)
+    for gpu in catalog.values():
+        assert gpu.bandwidth_gb_s > 0 and gpu.usd_per_hour > 0 and gpu.source
+    assert catalog["A100-80GB"].bandwidth_gb_s == 2039
+    assert catalog["H200"].usd_per_hour_quoted == (2.5, 7.0)
+
+
+def test_gpus_are_found_by_catalog_name_or_device_name() -> None:
+    catalog = load_catalog()
+    assert find_gpu("h100 sxm", catalog) is catalog["H100 SXM"]
+    assert find_gpu("Tesla T4", catalog) is catalog["T4"]
+    assert find_gpu("NVIDIA H200", catalog) is catalog["H200"]
+    # A different part with a different bandwidth must not borrow the SXM figure.
+    assert find_gpu("NVIDIA A100 80GB PCIe", catalog) is None
+    with pytest.raises(UnknownGPUError, match="known: T4, L4"):
+        get_gpu("V100", catalog)
+
+
+def test_tag_tokens_order_the_modes() -> None:
+    tokens = TagTokens(document=600, summary=70)
+    standalone, evicted, attended = (tokens.mean_context(m) for m in ("standalone", "sidecar", "sidecar_attended"))
+    assert standalone < evicted < attended
+    assert attended - evicted == 600
+    assert evicted - standalone == tokens.instruction
+    assert standalone == tokens.system + 70 + tokens.sidecar_instruction + (tokens.tags - 1) / 2
+    with pytest.raises(CostInputError):
+        TagTokens(document=-1, summary=70)
+
+
+def test_step_bytes_add_the_batch_kv_to_the_weights() -> None:
+    assert STUDY_WORKLOAD.step_bytes("sidecar_attended", 128) == pytest.approx(3.09 * GB + 128 * 18 * MB)
+    assert STUDY_WORKLOAD.step_seconds("sidecar", 1, 2 * TB) == pytest.approx((3.09 * GB + 3.7 * MB) / (2 * TB))
+
+
+def test_projection_is_monotonic_in_batch_size() -> None:
+    gpu = load_catalog()["A10G"]
+    rows = project(STUDY_WORKLOAD, gpu, [1, 2, 4, 8, 16, 32, 64, 128])
+    for mode in MODES:
+        line = [r for r in rows if r.mode == mode]
+        times = [r.ms_per_step for r in line]
+        rates = [r.tokens_per_s for r in line]
+        prices = [r.usd_per_million_tokens for r in line]
+        assert times == sorted(times) and len(set(times)) == len(times)
+        assert rates == sorted(rates) and len(set(rates)) == len(rates)
+        assert prices == sorted(prices, reverse=True)
+    by_key = {(r.mode, r.batch): r for r in rows}
+    for batch in (1, 128):
+        assert by_key[("standalone", batch)].ms_per_step < by_key[("sidecar", batch)].ms_per_step
+        assert by_key[("sidecar", batch)].ms_per_step < by_key[("sidecar_attended", batch)].ms_per_step
+
+
+def test_price_per_million_tokens_by_hand() -> None:
+    t4 = load_catalog()["T4"]
+    row = next(r for r in project(STUDY_WORKLOAD, t4, [1]) if r.mode == "sidecar")
+    seconds = (3.09e9 + 3.7e6) / 320e9
+    assert row.ms_per_step == pytest.approx(seconds * 1000)
+    assert row.usd_per_million_tokens == pytest.approx(0.59 / 3600 * seconds * 1e6)
+    assert usd_per_million_tokens(3.6, 1000) == pytest.approx(1.0)
+
+
+def test_eviction_speedup_grows_with_batch_and_vanishes_at_batch_one() -> None:
+    rows = roofline_table(STUDY_WORKLOAD, 2 * TB, [1, 16, 32, 64, 128])
+    speedups = [r.speedup_pct for r in rows]
+    assert speedups == sorted(speedups) and len(set(speedups)) == len(speedups)
+    assert speedups[0] < 1  # the study: at batch 1 masking gains nothing
+    for row in rows:
+        assert row.speedup_pct == pytest.approx((row.full_ms_per_step / row.masked_ms_per_step - 1) * 100)
+
+
+def test_speedup_does_not_depend_on_bandwidth() -> None:
+    slow = roofline_table(STUDY_WORKLOAD, 0.3 * TB, [64])[0]
+    fast = roofline_table(STUDY_WORKLOAD, 4.8 * TB, [64])[0]
+    assert slow.speedup_pct == pytest.approx(fast.speedup_pct)
+    assert slow.masked_ms_per_step == pytest.approx(16 * fast.masked_ms_per_step)
+
+
+def test_workload_rejects_non_positive_sizes() -> None:
+    with pytest.raises(CostInputError):
+        Workload("w", 0, {"sidecar": 1.0}, "")
+    with pytest.raises(CostInputError):
+        Workload("w", 1.0, {"sidecar": -1.0}, "")
+    with pytest.raises(CostInputError):
+        roofline_table(STUDY_WORKLOAD, 2 * TB, [0, 4])
+
+
+def test_calibration_divides_measured_by_projected() -> None:
+    catalog = load_catalog()
+    projected_ms = STUDY_WORKLOAD.step_seconds("sidecar", 32, catalog["H200"].bandwidth_bytes_s) * 1000
+    measured = [
+        MeasuredStep("NVIDIA H200", "sidecar", 32, ms_per_step=2 * projected_ms),
+        # Given as whole-batch tokens/s: 32 tokens per step at 3x the projected step time.
+        MeasuredStep("H200", "sidecar", 32, tokens_per_s=32 / (3 * projected_ms / 1000)),
+        MeasuredStep("Intel Xeon CPU", "sidecar", 4, ms_per_step=300.0),  # not catalogued: skipped
+    ]
+    rows = calibrate(measured, STUDY_WORKLOAD, catalog)
+    assert [r.catalog_gpu for r in rows] == ["H200", "H200"]
+    assert [r.measured_over_projected for r in rows] == pytest.approx([2.0, 3.0])
+
+
+def test_cli_example_command_prints_the_json_contract() -> None:
+    result = runner.invoke(app, EXAMPLE)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["batch"] for r in rows] == [1, 16, 32, 64, 128]
+    last = rows[-1]
+    assert last["full_gb_per_step"] == pytest.approx(3.09 + 128 * 0.018)
+    assert last["masked_gb_per_step"] == pytest.approx(3.09 + 128 * 0.0037)
+    assert last["full_ms_per_step"] == pytest.approx(5.394 / 2.0)
+    assert last["masked_ms_per_step"] == pytest.approx(3.5636 / 2.0)
+    assert last["speedup_pct"] == pytest.approx((5.394 / 3.5636 - 1) * 100)
+    assert rows[0]["speedup_pct"] < 1
+    assert [r["speedup_pct"] for r in rows] == sorted(r["speedup_pct"] for r in rows)
+    assert last["usd_per_million_masked"] is None  # no price without --gpu
+
+
+def test_cli_takes_bandwidth_and_price_from_the_catalog() -> None:
+    args = ["cost", "roofline", "--weights-gb", "3.09", "--kv-full-mb", "18", "--kv-masked-mb", "3.7"]
+    result = runner.invoke(app, [*args, "--kv-standalone-mb", "3", "--gpu", "T4", "--batches", "1,64", "--json"])
+    assert result.exit_code == 0, result.output
+    first = json.loads(result.stdout)[0]
+    assert first["masked_ms_per_step"] == pytest.approx((3.09e9 + 3.7e6) / 320e9 * 1000)
+    assert first["standalone_gb_per_step"] == pytest.approx(3.093)
+    assert first["usd_per_million_masked"] == pytest.approx(0.59 / 3600 / first["masked_tokens_per_s"] * 1e6)
+
+
+def test_cli_derives_the_workload_from_a_draft_config(tmp_path: Path) -> None:
+    Qwen2Config(**QWEN_1_5B).save_pretrained(tmp_path)
+    args = shlex.split("cost roofline --doc-tokens 600 --summary-tokens 70 --bandwidth-tbs 2 --batches 1,8 --json")
+    result = runner.invoke(app, [*args, "--pair-config", str(tmp_path / "config.json")])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)[1]
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    tokens = TagTokens(document=600, summary=70)
+    assert row["masked_gb_per_step"] * GB == pytest.approx(
+        facts.weight_bytes + 8 * tokens.mean_context("sidecar") * 28 * 1024
+    )
+    assert row["full_gb_per_step"] - row["masked_gb_per_step"] == pytest.approx(8 * 600 * 28 * 1024 / GB)
+    assert row["standalone_ms_per_step"] < row["masked_ms_per_step"]
+
+
+def test_cli_prints_a_table_without_json() -> None:
+    result = runner.invoke(app, EXAMPLE[:-1])
+    assert result.exit_code == 0, result.output
+    assert "eviction" in result.stdout and "51.36" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "V100"], "unknown GPU 'V100'; known: T4, L4, A10G"),
+        (["--gpu", "T4", "--bandwidth-tbs", "2"], "exactly one of --gpu and --bandwidth-tbs"),
+        (["--bandwidth-tbs", "0"], "--bandwidth-tbs must be positive"),
+        (["--bandwidth-tbs", "2", "--kv-full-mb", "-18"], "--kv-full-mb must be positive"),
+        (["--bandwidth-tbs", "2", "--batches", "0,4"], "batch sizes must be positive"),
+        (["--bandwidth-tbs", "2", "--batches", "one"], "comma-separated integers"),
+        (["--bandwidth-tbs", "2", "--pair-config", "x"], "either --pair-config or"),
+    ],
+)
+def test_cli_errors_say_what_is_wrong(args: list[str], message: str) -> None:
+    base = {"--weights-gb": "3.09", "--kv-full-mb": "18", "--kv-masked-mb": "3.7"}
+    for flag in args[::2]:
+        base.pop(flag, None)
+    command = ["cost", "roofline", *(x for kv in base.items() for x in kv), *args]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_cli_pair_config_needs_token_counts(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["cost", "roofline", "--pair-config", str(tmp_path), "--gpu", "T4"])
+    assert result.exit_code == 2
+    assert "--doc-tokens and --summary-tokens" in result.stderr
+
+
+def test_cli_lists_the_catalog() -> None:
+    result = runner.invoke(app, ["cost", "gpus", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [g["name"] for g in json.loads(result.stdout)] == list(load_catalog())
