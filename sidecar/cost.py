@@ -20,7 +20,7 @@ Python API::
     ModelFacts.from_config(config, dtype_bytes=2)        # counts parameters from a HF config's shapes
     ModelFacts.from_config_file(path, dtype_bytes=2)     # a config.json (or the folder holding it)
     TagTokens(document, summary, ...).mean_context(mode) # KV entries a tagging step reads, per request
-    Workload.from_model(facts, tokens) / STUDY_WORKLOAD  # bytes per step: weights + KV per request per mode
+    Workload.from_model(facts, tokens, name) / STUDY_WORKLOAD   # weights + KV bytes per request per mode
     project(workload, gpu, batches) -> list[ProjectionRow]           # one row per mode x batch
     roofline_table(workload, bandwidth_bytes_s, batches, usd_per_hour=None) -> list[RooflineRow]
     calibrate(measured_steps, workload, catalog) -> list[CalibrationRow]   # measured / projected
