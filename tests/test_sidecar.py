@@ -1,0 +1,163 @@
+"""Sidecar tasks on the tiny pair: target exactness, hidden instructions, document eviction, branching."""
+
+from __future__ import annotations
+
+import torch
+
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SidecarTask, SpeculativeDecoder, parse_hashtags
+from sidecar.kv_cache import RowKVCache
+from sidecar.prompts import DEFAULT_SYSTEM, build_prompt
+from sidecar.speculative import forward, logits_at
+
+DOCS = [
+    "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
+    "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory in Berlin.",
+    "The president met leaders in Moscow and Doha.",
+]
+TITLE = SidecarTask(name="title", instruction="Then give the summary a title.", max_new_tokens=6)
+HASHTAGS_ATTENDED = SidecarTask(name="hashtags_attended", instruction=HASHTAGS.instruction,
+                                max_new_tokens=20, attend_document=True, parser="hashtags")
+
+
+def test_target_output_is_identical_with_or_without_sidecars(tiny):
+    engine = SidecarEngine(tiny, gamma=3, adaptive=False)
+    with_sidecars = engine.run([SidecarRequest(d, sidecars=[HASHTAGS, TITLE]) for d in DOCS], max_new_tokens=24,
+                               batch_size=3)
+    bare = [engine.prompts(SidecarRequest(d))[0].token_ids for d in DOCS]
+    alone = SpeculativeDecoder(tiny, gamma=3).generate(bare, max_new_tokens=24)
+    for result, reference, prompt in zip(with_sidecars, alone, bare, strict=True):
+        assert result.main.token_ids == reference.token_ids
+        native = tiny.target.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                      eos_token_id=tiny.eos_token_ids, pad_token_id=0)[0, len(prompt):].tolist()
+        assert result.main.token_ids == native
+
+
+def test_multiple_sidecars_batched_equal_each_request_alone(tiny):
+    """Rows finish at different steps (different documents, some hit max tokens); the batched sidecar
+    phase gives every (request, task) the same output as running that request by itself."""
+    engine = SidecarEngine(tiny, gamma=4, adaptive=False)
+    tasks = [HASHTAGS, TITLE, HASHTAGS_ATTENDED]
+    batched = engine.run([SidecarRequest(d, sidecars=tasks) for d in DOCS], max_new_tokens=16, batch_size=3)
+    assert {r.main.finish_reason for r in batched} <= {"eos", "length"}
+    assert len({len(r.main.token_ids) for r in batched}) > 1 or all(r.main.finish_reason == "length" for r in batched)
+    for doc, result in zip(DOCS, batched, strict=True):
+        assert set(result.sidecars) == {"hashtags", "title", "hashtags_attended"}
+        alone = engine.run([SidecarRequest(doc, sidecars=tasks)], max_new_tokens=16, batch_size=1)[0]
+        assert alone.main.token_ids == result.main.token_ids
+        for task in tasks:
+            assert alone.sidecars[task.name].token_ids == result.sidecars[task.name].token_ids
+            assert len(result.sidecars[task.name].token_ids) <= task.max_new_tokens
+
+
+def test_evicted_document_costs_fewer_kv_bytes(tiny):
+    engine = SidecarEngine(tiny, gamma=3)
+    result = engine.run([SidecarRequest(DOCS[1] * 4, sidecars=[HASHTAGS, HASHTAGS_ATTENDED])], max_new_tokens=8)[0]
+    evicted, attended = result.sidecars["hashtags"].stats, result.sidecars["hashtags_attended"].stats
+    assert not evicted.attended_document and attended.attended_document
+    document_tokens = len(tiny.tokenizer.encode(DOCS[1] * 4))
+    assert attended.context_tokens - evicted.context_tokens == document_tokens
+    assert evicted.kv_bytes < attended.kv_bytes
+
+
+def _main_phase_cache(pair, prompt, main_tokens):
+    """Prefill the compound prompt with the sidecar spans hidden, then feed the main output."""
+    cache = RowKVCache(pair.draft, 1, len(prompt.token_ids) + len(main_tokens) + 16)
+    ids = torch.tensor([prompt.token_ids])
+    span = torch.full_like(ids, -1)
+    for k, name in enumerate(n for n in prompt.spans if n.startswith("sidecar:")):
+        start, end = prompt.spans[name]
+        span[0, start:end] = k
+    with torch.inference_mode():
+        forward(pair.draft, cache, ids, span)
+        cache.commit(torch.tensor([ids.shape[1]]))
+        hidden = forward(pair.draft, cache, torch.tensor([main_tokens]))
+        cache.commit(torch.tensor([len(main_tokens)]))
+        main_logits = logits_at(pair.draft, hidden, torch.arange(len(main_tokens))[None])[0]
+    return cache, main_logits
+
+
+def _sidecar_logits(pair, cache, prompt, keep_spans, show_span, bridge):
+    columns = prompt.columns(*keep_spans) + list(range(len(prompt.token_ids), int(cache.lengths[0])))
+    snap = cache.snapshot(0, torch.tensor(columns))
+    start = len(prompt.columns(*keep_spans[: keep_spans.index(show_span)]))
+    snap.show(list(range(start, start + len(prompt.columns(show_span)))))
+    rows = RowKVCache.from_snapshots(pair.draft, [snap], len(bridge) + 1)
+    with torch.inference_mode():
+        hidden = forward(pair.draft, rows, torch.tensor([bridge]))
+        return logits_at(pair.draft, hidden, torch.arange(len(bridge))[None])[0]
+
+
+def _perturb_span(prompt, name, seed):
+    ids = list(prompt.token_ids)
+    start, end = prompt.spans[name]
+    g = torch.Generator().manual_seed(seed)
+    ids[start:end] = torch.randint(3, 500, (end - start,), generator=g).tolist()
+    return type(prompt)(ids, dict(prompt.spans))
+
+
+def test_sidecar_instruction_is_invisible_while_drafting_and_visible_after(tiny):
+    engine = SidecarEngine(tiny)
+    _, prompt = engine.prompts(SidecarRequest(DOCS[0], sidecars=[HASHTAGS]))
+    other = _perturb_span(prompt, "sidecar:hashtags", seed=1)
+    main = tiny.tokenizer.encode(" The council approved the budget.")
+    cache_a, main_a = _main_phase_cache(tiny, prompt, main)
+    cache_b, main_b = _main_phase_cache(tiny, other, main)
+    assert (main_a - main_b).abs().max().item() < 1e-4  # drafting does not see the instruction
+    keep = ["prefix", "instruction", "sidecar:hashtags", "suffix"]
+    bridge = tiny.tokenizer.encode("\n\n#")
+    after_a = _sidecar_logits(tiny, cache_a, prompt, keep, "sidecar:hashtags", bridge)
+    after_b = _sidecar_logits(tiny, cache_b, other, keep, "sidecar:hashtags", bridge)
+    assert (after_a - after_b).abs().max().item() > 1e-2  # the sidecar does
+
+
+def test_eviction_is_exact_and_document_columns_are_not_read(tiny):
+    engine = SidecarEngine(tiny)
+    _, prompt = engine.prompts(SidecarRequest(DOCS[1], sidecars=[HASHTAGS]))
+    main = tiny.tokenizer.encode(" Prices rose and jobs were lost.")
+    cache, _ = _main_phase_cache(tiny, prompt, main)
+    bridge = tiny.tokenizer.encode("\n\n#")
+    evicted = _sidecar_logits(tiny, cache, prompt, ["prefix", "instruction", "sidecar:hashtags", "suffix"],
+                              "sidecar:hashtags", bridge)
+    # the document kept in the cache but masked: same logits as evicting it
+    masked_cache, _ = _main_phase_cache(tiny, prompt, main)
+    masked_cache.visible[0, slice(*prompt.spans["document"])] = False
+    masked = _sidecar_logits(tiny, masked_cache, prompt, ["prefix", "document", "instruction", "sidecar:hashtags",
+                                                          "suffix"], "sidecar:hashtags", bridge)
+    assert (evicted - masked).abs().max().item() < 1e-4
+    # overwriting the document's KV entries changes nothing while it is masked ...
+    start, end = prompt.spans["document"]
+    for layer in range(masked_cache.layers):
+        masked_cache.keys[layer][0, :, start:end] = torch.randn_like(masked_cache.keys[layer][0, :, start:end])
+        masked_cache.values[layer][0, :, start:end] = torch.randn_like(masked_cache.values[layer][0, :, start:end])
+    still = _sidecar_logits(tiny, masked_cache, prompt, ["prefix", "document", "instruction", "sidecar:hashtags",
+                                                         "suffix"], "sidecar:hashtags", bridge)
+    assert (still - masked).abs().max().item() < 1e-4
+    # ... and changes the output of a task that attends to the document
+    masked_cache.visible[0, start:end] = True
+    attended = _sidecar_logits(tiny, masked_cache, prompt, ["prefix", "document", "instruction", "sidecar:hashtags",
+                                                            "suffix"], "sidecar:hashtags", bridge)
+    assert (attended - masked).abs().max().item() > 1e-2
+
+
+def test_standalone_tagger_sees_only_the_summary(tiny):
+    engine = SidecarEngine(tiny)
+    summaries = ["The council approved the budget.", "Jobs were lost in Berlin."]
+    out = engine.standalone(summaries, [HASHTAGS, TITLE], batch_size=3)
+    assert [set(o) for o in out] == [{"hashtags", "title"}] * 2
+    for summary, outputs in zip(summaries, out, strict=True):
+        alone = engine.standalone([summary], [HASHTAGS], batch_size=1)[0]["hashtags"]
+        assert alone.token_ids == outputs["hashtags"].token_ids
+        prompt = build_prompt(tiny.tokenizer, summary, HASHTAGS.standalone_instruction, DEFAULT_SYSTEM)
+        assert outputs["hashtags"].stats.feed_tokens == len(prompt.token_ids)
+        assert tiny.tokenizer.decode(prompt.token_ids).count(summary) == 1
+
+
+def test_parse_hashtags():
+    assert parse_hashtags("#Climate #climate #EnergyPolicy, #Oklahoma!") == ["climate", "energypolicy", "oklahoma"]
+    assert parse_hashtags("1. Climate change\n2. Oil\n3. Jobs") == ["climatechange", "oil", "jobs"]
+    assert parse_hashtags("politics, economy; Berlin") == ["politics", "economy", "berlin"]
+    assert parse_hashtags("#a #b #c #d #e #f #g") == ["a", "b", "c", "d", "e"]
+    assert parse_hashtags("") is None
+    assert parse_hashtags("I cannot help with that request because it is unclear.") is None
+    assert HASHTAGS.parse("nothing here at all, really nothing to see")[1] == "no hashtags found"
+    assert HASHTAGS.standalone_instruction == "Output 3-5 short hashtags for the summary."
