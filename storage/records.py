@@ -79,18 +79,20 @@ class RequestStats:
 
     @classmethod
     def sidecar_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
-        """From ``SidecarStats.as_dict()``: the draft model alone, one forward per new token."""
-        seconds = stats.get("seconds")
+        """From ``SidecarStats.as_dict()``: the draft model alone, one forward per new token. The tokens
+        fed before decoding (``feed_tokens``) count as the prompt; a non-zero ``batch_size`` in the
+        stats wins over the argument."""
         new_tokens = int(stats["new_tokens"])
         return cls(
             phase="sidecar",
             new_tokens=new_tokens,
             draft_forwards=int(stats.get("draft_forwards", new_tokens)),
-            prompt_tokens=stats.get("prompt_tokens"),
-            decode_s=seconds,
-            wall_s=seconds,
+            prompt_tokens=stats.get("feed_tokens"),
+            prefill_s=stats.get("feed_seconds"),
+            decode_s=stats.get("decode_seconds", stats.get("seconds")),
+            wall_s=stats.get("seconds"),
             kv_bytes=stats.get("kv_bytes"),
-            batch_size=batch_size,
+            batch_size=stats.get("batch_size") or batch_size,
         )
 
 

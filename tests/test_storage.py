@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -323,3 +324,41 @@ def test_hostile_strings_round_trip_unchanged(db: Database, hostile: str) -> Non
     assert db.get_run(run_id)["error"] == hostile
     tables, _ = table_names(db.path)
     assert tables >= TABLES
+
+
+# -- documentation ---------------------------------------------------------------------------------------
+
+
+def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "storage" / "README.md").read_text(encoding="utf-8")
+    examples = re.findall(r"```sql\n(.*?)```", readme, flags=re.DOTALL)
+    assert len(examples) >= 6
+    start(db, modes=("sidecar", "sidecar_attended", "standalone"))
+    db.record_documents("run-1", [Document("d1", "text", 0)], [RejectedDocument("row:1", "null", 1)])
+    both_phases = [RequestStats("main", 12, drafted=16, accepted=10, target_forwards=4, wall_s=2.0),
+                   RequestStats.sidecar_phase({"new_tokens": 6, "seconds": 0.4, "kv_bytes": 3_700_000})]
+    db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=both_phases),
+                             output("d1", "standalone", ["#b"], stats=both_phases[1:]),
+                             output("d1", "sidecar_attended", ["#a", "#town"])])
+    db.write_judgements("run-1", [JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "sidecar"),
+                                  JudgementRecord("d1", "j", "v1", 2, "standalone", "sidecar", "B", "sidecar")])
+    db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
+    for sql in examples:
+        assert db.query(sql), f"example returned no rows on a populated database:\n{sql}"
+
+
+def test_request_stats_read_the_engine_stats_dicts() -> None:
+    from sidecar.engine import SidecarStats
+    from sidecar.speculative import GenerationStats
+
+    main = RequestStats.main_phase(GenerationStats(
+        prompt_tokens=400, new_tokens=64, drafted=80, accepted=58, target_forwards=20, draft_forwards=80,
+        prefill_seconds=0.2, decode_seconds=3.0, wall_seconds=3.2, batch_size=4).as_dict())
+    assert main == RequestStats("main", new_tokens=64, drafted=80, accepted=58, target_forwards=20,
+                                draft_forwards=80, prompt_tokens=400, prefill_s=0.2, decode_s=3.0, wall_s=3.2,
+                                batch_size=4)
+    tagging = RequestStats.sidecar_phase(SidecarStats(
+        new_tokens=12, feed_tokens=30, feed_seconds=0.05, decode_seconds=0.5, seconds=0.55, kv_bytes=3_700_000,
+        batch_size=0).as_dict(), batch_size=8)
+    assert tagging == RequestStats("sidecar", new_tokens=12, draft_forwards=12, prompt_tokens=30, prefill_s=0.05,
+                                   decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8)
