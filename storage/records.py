@@ -14,7 +14,8 @@ Mode = Literal["sidecar", "sidecar_attended", "standalone"]
 MODES: tuple[str, ...] = ("sidecar", "sidecar_attended", "standalone")
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]
-RejectReason = Literal["empty", "null", "duplicate_id", "not_utf8", "too_long"]
+# storage.parquet gives the first five; "over_context" is for the flows, after the engine's token count
+RejectReason = Literal["empty", "null", "duplicate_id", "not_utf8", "too_long", "over_context"]
 RunStatus = Literal["running", "completed", "failed"]
 CostSource = Literal["measured", "projected"]
 
