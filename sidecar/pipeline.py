@@ -1,0 +1,331 @@
+"""Orchestration helpers for the flows: documents through the engine, storage records out.
+
+Everything here is plain Python (no Prefect), so the flows in ``flows/`` only sequence these calls and
+hold no model code and no SQL. A batch runs every requested mode for its documents:
+
+* ``sidecar``: the sidecar task with the document evicted from the draft's cache;
+* ``sidecar_attended``: the same task attending to the document;
+* ``standalone``: the draft model as a separate tagger, prompted with only the produced summary.
+
+A batch that runs out of accelerator memory is split in half and retried, down to single documents; a
+document that still runs out is returned as a failure and the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
+from sidecar.prompts import encode
+from sidecar.tasks import SidecarTask
+from storage import Database, Document, OutputRecord, RejectedDocument, RequestStats
+
+SIDECAR_MODES = ("sidecar", "sidecar_attended")
+DEFAULT_MODES = ("sidecar", "standalone")
+# The reject reason of a document that ran out of memory on its own; resuming the run retries it.
+OOM_REASON = "oom"
+# CUDA OOM messages run to a paragraph of allocator advice; the stored error keeps the start.
+MAX_ERROR_CHARS = 500
+
+# Read from the public views (storage/migrations); shown verbatim by `sidecar demo`.
+RESULTS_SQL = (
+    "SELECT doc_id, title, summary, sidecar_tags, standalone_tags, attended_tags\n"
+    "FROM results\n"
+    "WHERE run_id = ?\n"
+    "ORDER BY doc_id"
+)
+THROUGHPUT_SQL = "SELECT * FROM throughput ORDER BY run_id, mode, phase"
+THROUGHPUT_RUN_SQL = "SELECT * FROM throughput WHERE run_id = ? ORDER BY mode, phase"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA OOM: ``torch.OutOfMemoryError``, or the plain RuntimeError older kernels and backends raise."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    )
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What every batch of a run does: one sidecar task, in the given modes."""
+
+    task: SidecarTask
+    modes: tuple[str, ...] = DEFAULT_MODES
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.modes) - {*SIDECAR_MODES, "standalone"})
+        if not self.modes or unknown:
+            raise ValueError(f"modes must be a non-empty subset of sidecar, sidecar_attended, standalone; "
+                             f"got {list(self.modes)}")
+
+    def mode_task(self, mode: str) -> SidecarTask:
+        """The task as a mode runs it: only ``sidecar_attended`` keeps the document in the draft's cache."""
+        return self.task.model_copy(update={"attend_document": mode == "sidecar_attended"})
+
+
+@dataclass
+class DocumentFailure:
+    doc: Document
+    error: str
+
+    def as_reject(self) -> RejectedDocument:
+        return RejectedDocument(doc_id=self.doc.doc_id, reason=OOM_REASON, row_index=self.doc.row_index,
+                                detail=self.error, title=self.doc.title, text=self.doc.text)
+
+
+@dataclass
+class BatchOutcome:
+    records: list[OutputRecord] = field(default_factory=list)
+    failures: list[DocumentFailure] = field(default_factory=list)
+    # sub-batches that ran to the end; 1 when the batch needed no split
+    sub_batches: int = 0
+    oom_splits: int = 0
+    # time inside engine calls, failed attempts included
+    model_seconds: float = 0.0
+
+    @property
+    def done_doc_ids(self) -> list[str]:
+        return list(dict.fromkeys(r.doc_id for r in self.records))
+
+
+# -- input checks -----------------------------------------------------------------------------------------
+
+
+def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:
+    """(tokens the document's longest phase needs, the context it has), as the engine will count them."""
+    tasks = [settings.mode_task(mode) for mode in settings.modes if mode in SIDECAR_MODES]
+    bare, compound = engine.prompts(SidecarRequest(doc.text, sidecars=tasks[:1]))
+    gamma = engine.decoder.gamma
+    # the speculative phase checks prompt + new tokens + one draft window against the target's context
+    need = max(len(bare.token_ids), len(compound.token_ids)) + settings.max_new_tokens + gamma + 1
+    if tasks:
+        # the draft continues the same cache with the bridge and the sidecar task's tokens
+        bridge = len(encode(engine.pair.tokenizer, settings.task.bridge))
+        need = max(need, len(compound.token_ids) + settings.max_new_tokens + bridge + settings.task.max_new_tokens + 1)
+    limit = min(engine.pair.max_context, int(engine.pair.draft.config.max_position_embeddings))
+    return need, limit
+
+
+def split_by_context(engine: SidecarEngine, docs: Iterable[Document],
+                     settings: BatchSettings) -> tuple[list[Document], list[RejectedDocument]]:
+    """Documents that fit the models' context, and rejects (reason ``over_context``) for those that do not.
+
+    Checked in tokens before any batch runs, so one over-long article is a reject instead of an
+    InputError that fails its whole batch.
+    """
+    fit: list[Document] = []
+    rejects: list[RejectedDocument] = []
+    for doc in docs:
+        need, limit = context_need(engine, doc, settings)
+        if need <= limit:
+            fit.append(doc)
+        else:
+            rejects.append(RejectedDocument(
+                doc_id=doc.doc_id, reason="over_context", row_index=doc.row_index, title=doc.title, text=doc.text,
+                detail=f"needs {need} tokens (prompt, {settings.max_new_tokens} summary tokens and the sidecar "
+                       f"task); the model context is {limit} tokens"))
+    return fit, rejects
+
+
+# -- batches ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Documents ``docs`` of batch ``index``; ``skipped`` of its documents were finished before."""
+
+    index: int
+    docs: list[Document]
+    skipped: int = 0
+
+
+def plan_batches(docs: Sequence[Document], batch_size: int, done_ids: set[str]) -> tuple[list[Batch], int]:
+    """Cut ``docs`` into batches in input order, leaving out finished documents; (batches, skipped).
+
+    Batches are cut from the whole document list, finished or not, so a resumed run forms the same
+    batches as the run it resumes and a half-written batch is the only one that shrinks.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batches: list[Batch] = []
+    skipped = 0
+    for index, start in enumerate(range(0, len(docs), batch_size)):
+        chunk = docs[start : start + batch_size]
+        todo = [d for d in chunk if d.doc_id not in done_ids]
+        skipped += len(chunk) - len(todo)
+        if todo:
+            batches.append(Batch(index, todo, len(chunk) - len(todo)))
+    return batches, skipped
+
+
+def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSettings) -> BatchOutcome:
+    """Run ``docs`` in every mode of ``settings``; on OOM split in halves down to single documents.
+
+    Each sub-batch that completes gets ``batch_id`` = the ``row_index`` of its first document, which is
+    unique in a run and the same when a resumed run repeats the batch.
+    """
+    outcome = BatchOutcome()
+    pending: list[list[Document]] = [list(docs)] if docs else []
+    while pending:
+        chunk = pending.pop(0)
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            outcome.records += run_modes(engine, chunk, settings, batch_id=chunk[0].row_index)
+            outcome.sub_batches += 1
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        finally:
+            outcome.model_seconds += time.perf_counter() - started
+        if error is None:
+            continue
+        # Outside the except block the traceback, and the activations its frames hold, are gone, so the
+        # allocator can hand their memory to the retry.
+        release_memory(engine.pair.device)
+        if len(chunk) == 1:
+            outcome.failures.append(DocumentFailure(chunk[0], error))
+        else:
+            outcome.oom_splits += 1
+            middle = len(chunk) // 2
+            pending[:0] = [chunk[:middle], chunk[middle:]]
+    return outcome
+
+
+def release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_modes(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSettings,
+              batch_id: int | None = None) -> list[OutputRecord]:
+    """One engine pass per sidecar mode, then the standalone tagger on the summaries; records per mode.
+
+    The two sidecar modes run as separate passes although one pass could carry both tasks: the engine
+    decodes all of a pass's sidecar rows in shared chunks, and rows of both modes in one chunk would
+    give neither mode its own batch time in ``request_stats``.
+    """
+    size = len(docs)
+    records: list[OutputRecord] = []
+    sidecar_modes = [m for m in settings.modes if m in SIDECAR_MODES]
+    summaries: list[DocumentResult] | None = None
+    for mode in sidecar_modes:
+        task = settings.mode_task(mode)
+        results = engine.run([SidecarRequest(d.text, sidecars=[task]) for d in docs],
+                             max_new_tokens=settings.max_new_tokens, batch_size=size)
+        records += [sidecar_record(d, mode, r, task.name, batch_id) for d, r in zip(docs, results, strict=True)]
+        summaries = summaries or results
+    if "standalone" in settings.modes:
+        if summaries is None:  # standalone only: the summaries still come from the speculative pass
+            summaries = engine.run([SidecarRequest(d.text) for d in docs], max_new_tokens=settings.max_new_tokens,
+                                   batch_size=size)
+        task = settings.mode_task("standalone")
+        texts = [r.main.text for r in summaries]
+        tagged = engine.standalone(texts, [task], batch_size=size)
+        records += [standalone_record(d, text, outputs[task.name], batch_id)
+                    for d, text, outputs in zip(docs, texts, tagged, strict=True)]
+    return records
+
+
+def _tags(output: SidecarOutput) -> list[str] | None:
+    return output.parsed if isinstance(output.parsed, list) else None
+
+
+def sidecar_record(doc: Document, mode: str, result: DocumentResult, task_name: str,
+                   batch_id: int | None) -> OutputRecord:
+    main = result.main
+    output = result.sidecars[task_name]
+    main_stats = main.stats.as_dict()
+    return OutputRecord(
+        doc_id=doc.doc_id, mode=mode, summary=main.text, sidecar_name=task_name, sidecar_text=output.text,
+        tags=_tags(output), main_tokens=main.stats.new_tokens, parse_error=output.parse_error,
+        finish_reason=main.finish_reason, sidecar_finish_reason=output.finish_reason, batch_id=batch_id,
+        stats=[RequestStats.main_phase(main_stats),
+               RequestStats.sidecar_phase(output.stats.as_dict())],
+    )
+
+
+def standalone_record(doc: Document, summary: str, output: SidecarOutput, batch_id: int | None) -> OutputRecord:
+    return OutputRecord(
+        doc_id=doc.doc_id, mode="standalone", summary=summary, sidecar_name=output.name,
+        sidecar_text=output.text, tags=_tags(output), parse_error=output.parse_error,
+        sidecar_finish_reason=output.finish_reason, batch_id=batch_id,
+        stats=[RequestStats.sidecar_phase(output.stats.as_dict())],
+    )
+
+
+# -- storage -------------------------------------------------------------------------------------------------
+
+
+def store_outcome(db: Database, run_id: str, outcome: BatchOutcome) -> None:
+    """Outputs of the batch in one transaction; failed documents then become ``oom`` rejects."""
+    if outcome.records:
+        db.write_batch(run_id, outcome.records)
+    if outcome.failures:
+        db.record_documents(run_id, [], [f.as_reject() for f in outcome.failures])
+
+
+def results_rows(db: Database, run_id: str) -> list[dict[str, Any]]:
+    """The run's rows of the ``results`` view, as :data:`RESULTS_SQL` selects them."""
+    return db.query(RESULTS_SQL, [run_id])
+
+
+def throughput_rows(db: Database, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``throughput`` view: one run's, or every run's."""
+    return db.query(THROUGHPUT_RUN_SQL, [run_id]) if run_id else db.query(THROUGHPUT_SQL)
+
+
+@dataclass
+class RunCounts:
+    """What a run did, for the summary artifact and the command line."""
+
+    run_id: str
+    documents: int = 0
+    done: int = 0
+    skipped_done: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    batches: int = 0
+    oom_splits: int = 0
+    model_seconds: float = 0.0
+    storage_seconds: float = 0.0
+
+    def add_rejects(self, rejects: Iterable[RejectedDocument]) -> None:
+        for reject in rejects:
+            self.rejected[reject.reason] = self.rejected.get(reject.reason, 0) + 1
+
+    def add_outcome(self, outcome: BatchOutcome) -> None:
+        self.done += len(outcome.done_doc_ids)
+        self.batches += 1
+        self.oom_splits += outcome.oom_splits
+        self.model_seconds += outcome.model_seconds
+        self.errors.update({f.doc.doc_id: f.error for f in outcome.failures})
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Nightly run `{self.run_id}`", "",
+            "| documents | count |", "|---|---:|",
+            f"| usable in input | {self.documents} |",
+            f"| done in this run | {self.done} |",
+            f"| skipped, already done | {self.skipped_done} |",
+            *(f"| rejected: {reason} | {count} |" for reason, count in sorted(self.rejected.items())),
+            f"| errors | {len(self.errors)} |", "",
+            f"{self.batches} batches, {self.oom_splits} out-of-memory splits; "
+            f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s writing DuckDB.",
+        ]
+        if self.errors:
+            lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
+            lines += [f"| {_cell(doc_id)} | {_cell(error)} |" for doc_id, error in self.errors.items()]
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
