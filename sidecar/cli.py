@@ -6,6 +6,9 @@ import typer
 
 from sidecar.cost import cost_app
 from sidecar.fetch import FetchError, fetch_pair
+from sidecar.pipeline import pipeline_app
+from sidecar.prompts import SUMMARIZE_INSTRUCTION
+from sidecar.server import serve_command
 
 app = typer.Typer(no_args_is_help=True, help="Batched speculative decoding with sidecar tasks on the draft model.")
 models_app = typer.Typer(no_args_is_help=True, help="Fetch and inspect model pairs.")
@@ -48,6 +51,79 @@ def corpus_build(
     )
 
 
+
+def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
+    """Prompts from a Parquet file's text column, or one per non-empty line of a text file."""
+    if path.endswith(".parquet"):
+        from storage.parquet import read_documents
+
+        documents, rejects = read_documents(path, text_column=column, limit=limit)
+        for reject in rejects:
+            typer.secho(f"skipped row {reject.row_index} ({reject.doc_id}): {reject.reason}", fg="yellow", err=True)
+        return [d.text for d in documents]
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[:limit] if limit else lines
+
+
+@app.command("generate")
+def generate(
+    input_path: str = typer.Option(..., "--input", help="A .parquet file (text column) or a text file, one per line."),
+    column: str = typer.Option("article", help="Text column of a Parquet input."),
+    limit: int | None = typer.Option(None, min=1, help="Use only the first N inputs."),
+    pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
+    instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help="Main instruction after each input ('' for none)."),
+    hashtags: bool = typer.Option(True, help="Run the hashtags sidecar on the draft after the main output."),
+    max_chars: int = typer.Option(3000, help="Cut each input to this many characters (the source study's 3,000)."),
+    max_new_tokens: int = typer.Option(64, min=1),
+    gamma: int = typer.Option(4, min=1),
+    batch_size: int = typer.Option(8, min=1),
+    temperature: float = typer.Option(0.0, min=0.0),
+    seed: int | None = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per input instead of a table."),
+) -> None:
+    """Run inputs through the speculative engine (and its sidecar) and print outputs and statistics."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from sidecar import HASHTAGS, InputError, PairError, SidecarEngine, SidecarRequest, load_pair
+
+    texts = [t[:max_chars] for t in read_inputs(input_path, column, limit)]
+    if not texts:
+        typer.secho("error: no inputs", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        engine = SidecarEngine(load_pair(pair), gamma=gamma)
+        requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
+        results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                             batch_size=batch_size)
+    except (InputError, PairError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        for result in results:
+            typer.echo(json.dumps({"text": result.main.text, "finish_reason": result.main.finish_reason,
+                                   "stats": result.main.stats.as_dict(),
+                                   "sidecars": {k: {"text": v.text, "parsed": v.parsed, "stats": v.stats.as_dict()}
+                                                for k, v in result.sidecars.items()}}))
+        return
+    table = Table("#", "output", "hashtags", "tokens", "accepted/drafted", "tok/fwd", show_lines=True)
+    for i, result in enumerate(results):
+        st = result.main.stats
+        tags = result.sidecars.get("hashtags")
+        table.add_row(str(i), result.main.text, ", ".join(tags.parsed) if tags and tags.parsed else "-",
+                      str(st.new_tokens), f"{st.accepted}/{st.drafted}", f"{st.tokens_per_target_forward:.2f}")
+    Console().print(table)
+    tokens = sum(r.main.stats.new_tokens for r in results)
+    wall = max(r.main.stats.wall_seconds for r in results)
+    typer.echo(f"{tokens} main tokens; acceptance {sum(r.main.stats.accepted for r in results)}/"
+               f"{sum(r.main.stats.drafted for r in results)}; gamma decisions {engine.decoder.controller.decisions}")
+    typer.echo(f"longest batch wall time {wall:.1f}s")
+
 # -- further command groups register below (one add_typer line each) --
 app.add_typer(cost_app, name="cost")
 app.add_typer(corpus_app, name="corpus")
+app.command("serve")(serve_command)
+app.add_typer(pipeline_app)  # sidecar nightly, sidecar demo

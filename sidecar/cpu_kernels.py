@@ -12,12 +12,14 @@ from torch import nn
 
 
 class OneDNNLinear(nn.Module):
+    """An inference-only Linear holding only oneDNN's packed copy of the weight (no second fp32 copy)."""
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight  # kept so get_output_embeddings().weight and state_dict still work
         self.bias = linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

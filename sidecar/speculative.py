@@ -123,7 +123,7 @@ class SpeculativeDecoder:
         self.pair = pair
         self.gamma = gamma
         self.adaptive = adaptive
-        self.target_vocab = pair.target.get_output_embeddings().weight.shape[0]
+        self.target_vocab = pair.target.get_output_embeddings().out_features
         # costs learned in one call carry over to the next: the controller is per decoder
         self.controller = GammaController(gamma, adaptive)
 

@@ -1,0 +1,87 @@
+"""Shared benchmark plumbing: corpus prompts, timing, results files and markdown tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+def news_documents(count: int, max_chars: int) -> list[str]:
+    """The first ``count`` real news articles (built by ``make corpus``), cut to ``max_chars``."""
+    import pyarrow.parquet as pq
+
+    from sidecar.corpus import build_news_corpus
+
+    path = REPO / "data" / "news.parquet"
+    if not path.exists():
+        build_news_corpus(path)
+    articles = pq.read_table(path, columns=["article"]).column("article").to_pylist()
+    return [a[:max_chars] for a in articles[:count]]
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __enter__(self) -> Stopwatch:
+        sync(self.device)
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sync(self.device)
+        self.seconds = time.perf_counter() - self.start
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict:
+    from sidecar.models import device_name
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "device": device_name(device), "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """rows -> a markdown table; columns are (key, header)."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_results(name: str, payload: dict, markdown: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown + "\n")
+    return path

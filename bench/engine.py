@@ -1,0 +1,240 @@
+"""Engine benchmark: sidecar's speculative engine vs HF plain and HF assisted generation, same process.
+
+    python -m bench.engine                 # full: 8 articles at batch 1, batches 8 and 32, 64 new tokens
+    python -m bench.engine --quick         # 2 articles, batch 4, 32 new tokens
+
+Ratios are measured side by side in one process on the same prompts (the target's summary prompt over
+real news articles), so the machine's speed cancels out. Writes bench/results/engine_<device>.json and
+a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from bench.common import Stopwatch, environment, markdown_table, news_documents, peak_rss_gb, write_results
+from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
+from sidecar.models import ModelPair
+
+
+class FirstTokenClock(BaseStreamer):
+    """Timestamps when HF generate emits its first new token, i.e. when its prefill ends."""
+
+    def __init__(self) -> None:
+        self.calls, self.first_token_at = 0, 0.0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first put is the prompt
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def new_tokens_until_eos(row: list[int], eos: set[int], pad: int | None) -> list[int]:
+    out = []
+    for token in row:
+        out.append(token)
+        if token in eos:
+            break
+    return out
+
+
+def hf_plain_one(pair: ModelPair, prompt: list[int], max_new: int) -> dict:
+    clock = FirstTokenClock()
+    with torch.inference_mode(), Stopwatch(pair.device) as sw:
+        start = time.perf_counter()
+        out = pair.target.generate(torch.tensor([prompt], device=pair.device), max_new_tokens=max_new,
+                                   do_sample=False, eos_token_id=pair.eos_token_ids, streamer=clock)
+    tokens = out[0, len(prompt):].tolist()
+    prefill = clock.first_token_at - start
+    return {"tokens": tokens, "wall_s": sw.seconds, "prefill_s": prefill, "decode_s": sw.seconds - prefill}
+
+
+def hf_assisted_one(pair: ModelPair, prompt: list[int], max_new: int, gamma: int) -> dict:
+    with torch.inference_mode(), Stopwatch(pair.device) as sw:
+        out = pair.target.generate(torch.tensor([prompt], device=pair.device), assistant_model=pair.draft,
+                                   max_new_tokens=max_new, do_sample=False, eos_token_id=pair.eos_token_ids,
+                                   num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
+    return {"tokens": out[0, len(prompt):].tolist(), "wall_s": sw.seconds}
+
+
+def hf_plain_batched(pair: ModelPair, prompts: list[list[int]], max_new: int) -> dict:
+    width = max(map(len, prompts))
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else pair.eos_token_ids[0]
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding, as HF decoder-only batching requires
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    with torch.inference_mode(), Stopwatch(pair.device) as sw:
+        out = pair.target.generate(ids.to(pair.device), attention_mask=mask.to(pair.device), max_new_tokens=max_new,
+                                   do_sample=False, eos_token_id=pair.eos_token_ids, pad_token_id=pad)
+    eos = set(pair.eos_token_ids)
+    rows = [new_tokens_until_eos(r, eos, pad) for r in out[:, width:].tolist()]
+    return {"tokens": rows, "wall_s": sw.seconds}
+
+
+def teacher_forced_forwards(pair: ModelPair, prompt: list[int], output: list[int], gamma: int, limit: int) -> int:
+    """Target forwards greedy speculation needs for ``output`` with a fixed gamma, predicted from one draft
+    forward over prompt + output: a round accepts the run of draft argmaxes that match the output."""
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + output], device=pair.device)
+        ids = ids.clamp(max=pair.draft.get_input_embeddings().num_embeddings - 1)
+        predictions = pair.draft(ids).logits[0, len(prompt):-1].argmax(-1).tolist()  # predicts output[1:]
+    forwards, produced = 1, 1  # the prefill yields the first token
+    while produced < len(output):
+        g = min(gamma, max(limit - produced - 1, 0))
+        run = 0
+        while run < g and produced + run < len(output) and predictions[produced + run - 1] == output[produced + run]:
+            run += 1
+        produced += run + 1
+        forwards += 1
+    return forwards
+
+
+def kv_bytes_per_row(pair: ModelPair, tokens: int) -> dict:
+    from sidecar.kv_cache import RowKVCache
+
+    per_column = {name: RowKVCache(model, 1, 1).bytes_per_column()
+                  for name, model in (("target", pair.target), ("draft", pair.draft))}
+    return {f"{name}_kv_bytes": tokens * b for name, b in per_column.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="qwen-coder-small")
+    parser.add_argument("--articles", type=int, default=8)
+    parser.add_argument("--chars", type=int, default=1500, help="cut each article to this many characters")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--batches", default="8,32")
+    parser.add_argument("--skip-assisted", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 articles, batch 4, 32 new tokens")
+    parser.add_argument("--dtype", default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.articles, args.max_new_tokens, args.batches = 2, 32, "4"
+    batches = [int(b) for b in args.batches.split(",") if b]
+
+    pair = load_pair(args.pair, dtype=args.dtype)
+    engine = SidecarEngine(pair)
+    documents = news_documents(max([args.articles, *batches]), args.chars)
+    prompts = [engine.prompts(SidecarRequest(d))[0].token_ids for d in documents]
+    env = environment(pair.device, pair.dtype)
+    print(f"{env['device']} {env['dtype']}: {len(prompts)} prompts, mean {sum(map(len, prompts)) / len(prompts):.0f} "
+          f"tokens", flush=True)
+
+    # -- batch 1: decode phase and end to end, per article --
+    adaptive = SpeculativeDecoder(pair, gamma=args.gamma, adaptive=True)
+    fixed = SpeculativeDecoder(pair, gamma=args.gamma, adaptive=False)
+    warm = prompts[0][:64]  # first calls pay one-off allocation and kernel selection costs
+    hf_plain_one(pair, warm, 4)
+    fixed.generate([warm], max_new_tokens=4)
+    single = []
+    for i, prompt in enumerate(prompts[: args.articles]):
+        plain = hf_plain_one(pair, prompt, args.max_new_tokens)
+        row = {"article": i, "prompt_tokens": len(prompt), "plain_tokens": len(plain["tokens"]),
+               "plain_prefill_s": plain["prefill_s"], "plain_decode_s": plain["decode_s"], "plain_wall_s": plain["wall_s"]}
+        for name, decoder in (("engine", adaptive), ("engine_fixed", fixed)):
+            with Stopwatch(pair.device) as sw:
+                out = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)[0]
+            row |= {f"{name}_tokens": len(out.token_ids), f"{name}_prefill_s": out.stats.prefill_seconds,
+                    f"{name}_decode_s": out.stats.decode_seconds, f"{name}_wall_s": sw.seconds,
+                    f"{name}_identical": out.token_ids == plain["tokens"],
+                    f"{name}_tokens_per_target_forward": out.stats.tokens_per_target_forward}
+        if not args.skip_assisted:
+            assisted = hf_assisted_one(pair, prompt, args.max_new_tokens, args.gamma)
+            row |= {"assisted_wall_s": assisted["wall_s"], "assisted_identical": assisted["tokens"] == plain["tokens"]}
+        single.append(row)
+        print(row, flush=True)
+
+    def total(key: str) -> float:
+        return sum(r[key] for r in single)
+
+    # decode-phase tokens exclude the first one, which each method gets from its prefill
+    decode_tps = {name: (total(f"{name}_tokens") - len(single)) / total(f"{name}_decode_s")
+                  for name in ("plain", "engine", "engine_fixed")}
+    e2e_tps = {name: total(f"{name}_tokens") / total(f"{name}_wall_s") for name in ("plain", "engine", "engine_fixed")}
+    summary_rows = [{
+        "setting": "batch 1", "baseline": "HF plain generate",
+        "decode_ratio": decode_tps["engine"] / decode_tps["plain"],
+        "decode_ratio_fixed_gamma": decode_tps["engine_fixed"] / decode_tps["plain"],
+        "e2e_ratio": e2e_tps["engine"] / e2e_tps["plain"],
+        "engine_tps": e2e_tps["engine"], "baseline_tps": e2e_tps["plain"],
+        "identical": all(r["engine_identical"] and r["engine_fixed_identical"] for r in single),
+    }]
+    if not args.skip_assisted:
+        assisted_tps = total("plain_tokens") / total("assisted_wall_s")
+        summary_rows.append({"setting": "batch 1", "baseline": "HF assisted generate",
+                             "e2e_ratio": e2e_tps["engine"] / assisted_tps, "engine_tps": e2e_tps["engine"],
+                             "baseline_tps": assisted_tps,
+                             "identical": all(r["assisted_identical"] for r in single)})
+
+    # -- batched throughput --
+    batched = []
+    for batch in batches:
+        chunk = prompts[:batch]
+        hf = hf_plain_batched(pair, chunk, args.max_new_tokens)
+        hf_tokens = sum(map(len, hf["tokens"]))
+        with Stopwatch(pair.device) as sw:
+            outs = adaptive.generate(chunk, max_new_tokens=args.max_new_tokens, batch_size=batch)
+        engine_tokens = sum(len(o.token_ids) for o in outs)
+        row = {"batch": batch, "hf_plain_s": hf["wall_s"], "hf_plain_tps": hf_tokens / hf["wall_s"],
+               "engine_s": sw.seconds, "engine_tps": engine_tokens / sw.seconds,
+               "gamma_decisions": adaptive.controller.decisions[-20:],
+               "identical": [o.token_ids for o in outs] == hf["tokens"]}
+        if not args.skip_assisted:
+            assisted_s = sum(hf_assisted_one(pair, p, args.max_new_tokens, args.gamma)["wall_s"] for p in chunk) \
+                if batch <= 8 else None
+            row["assisted_one_at_a_time_tps"] = engine_tokens / assisted_s if assisted_s else None
+        batched.append(row)
+        summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched generate",
+                             "e2e_ratio": row["engine_tps"] / row["hf_plain_tps"], "engine_tps": row["engine_tps"],
+                             "baseline_tps": row["hf_plain_tps"], "identical": row["identical"]})
+        if row.get("assisted_one_at_a_time_tps"):
+            summary_rows.append({"setting": f"batch {batch}", "baseline": "HF assisted, one doc at a time",
+                                 "e2e_ratio": row["engine_tps"] / row["assisted_one_at_a_time_tps"],
+                                 "engine_tps": row["engine_tps"], "baseline_tps": row["assisted_one_at_a_time_tps"]})
+        print(row, flush=True)
+
+    # -- acceptance under batching: tokens per target forward vs the teacher-forced prediction --
+    batch = min(8, len(prompts))
+    outs = fixed.generate(prompts[:batch], max_new_tokens=args.max_new_tokens, batch_size=batch)
+    measured = sum(len(o.token_ids) for o in outs) / sum(o.stats.target_forwards for o in outs)
+    predicted_forwards = sum(teacher_forced_forwards(pair, p, o.token_ids, args.gamma, args.max_new_tokens)
+                             for p, o in zip(prompts[:batch], outs, strict=True))
+    predicted = sum(len(o.token_ids) for o in outs) / predicted_forwards
+    acceptance = {"batch": batch, "gamma": args.gamma, "measured_tokens_per_target_forward": measured,
+                  "predicted_tokens_per_target_forward": predicted, "ratio": measured / predicted,
+                  "acceptance_rate": sum(o.stats.accepted for o in outs) / max(sum(o.stats.drafted for o in outs), 1)}
+    print(acceptance, flush=True)
+
+    mean_tokens = sum(map(len, prompts[: args.articles])) / args.articles + args.max_new_tokens
+    memory = {"peak_rss_gb": peak_rss_gb(), **kv_bytes_per_row(pair, int(mean_tokens))}
+    payload = {"environment": env, "args": vars(args), "decode_tokens_per_s": decode_tps,
+               "end_to_end_tokens_per_s": e2e_tps, "summary": summary_rows, "batch1": single,
+               "batched": batched, "acceptance_under_batching": acceptance, "memory": memory}
+    table = markdown_table(summary_rows, [
+        ("setting", "setting"), ("baseline", "vs"), ("decode_ratio", "decode-phase ratio"),
+        ("e2e_ratio", "end-to-end ratio"), ("engine_tps", "engine tok/s"), ("baseline_tps", "baseline tok/s"),
+        ("identical", "identical output")])
+    markdown = (f"Engine on {env['device']} ({env['dtype']}, {env['threads']} threads), pair `{args.pair}`, "
+                f"{args.articles} real news articles cut to {args.chars} chars, {args.max_new_tokens} new tokens, "
+                f"gamma {args.gamma}.\n\n{table}\n\nTokens per target forward at batch {batch}: "
+                f"{measured:.2f} measured vs {predicted:.2f} teacher-forced prediction ({measured / predicted:.0%}). "
+                f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row {memory['target_kv_bytes'] / 1e6:.1f} MB target + "
+                f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
+    slug = "gpu" if pair.device.type == "cuda" else "cpu"
+    path = write_results(f"engine_{slug}{'_quick' if args.quick else ''}", payload, markdown)
+    print(markdown)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

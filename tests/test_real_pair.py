@@ -1,0 +1,53 @@
+"""Integration tests on the real offline Qwen2.5-Coder 1.5B/0.5B pair and real news articles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def prompts_and_references(real_pair, news_articles):
+    engine = SidecarEngine(real_pair)
+    prompts = [engine.prompts(SidecarRequest(doc[:900]))[0].token_ids for doc in news_articles[:8]]
+    references = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = real_pair.target.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                            eos_token_id=real_pair.eos_token_ids)
+            references.append(out[0, len(prompt):].tolist())
+    return prompts, references
+
+
+@pytest.mark.parametrize(("batch_size", "count", "adaptive"), [(1, 3, False), (3, 3, True), (8, 8, False)])
+def test_greedy_identical_to_target_on_real_news(real_pair, prompts_and_references, batch_size, count, adaptive):
+    prompts, references = prompts_and_references
+    outputs = SpeculativeDecoder(real_pair, gamma=4, adaptive=adaptive).generate(
+        prompts[:count], max_new_tokens=NEW_TOKENS, batch_size=batch_size)
+    for out, reference in zip(outputs, references[:count], strict=True):
+        assert out.token_ids == reference
+    assert sum(len(o.token_ids) for o in outputs) >= NEW_TOKENS * count * 0.75  # real summaries, not early EOS
+    if not adaptive:
+        # the real pair agrees often: speculation must actually be accepted
+        assert sum(o.stats.accepted for o in outputs) / sum(o.stats.drafted for o in outputs) > 0.4
+
+
+def test_sidecar_hashtags_on_real_news(real_pair, prompts_and_references, news_articles):
+    prompts, references = prompts_and_references
+    engine = SidecarEngine(real_pair, gamma=4)
+    attended = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
+    results = engine.run([SidecarRequest(doc[:900], sidecars=[HASHTAGS, attended]) for doc in news_articles[:2]],
+                         max_new_tokens=NEW_TOKENS, batch_size=2)
+    for result, reference in zip(results, references[:2], strict=True):
+        assert result.main.token_ids == reference  # the sidecar never changes the target's output
+        tags = result.sidecars["hashtags"]
+        assert tags.parsed, f"no hashtags parsed from {tags.text!r}"
+        assert tags.stats.kv_bytes < result.sidecars["hashtags_attended"].stats.kv_bytes
+    standalone = engine.standalone([r.main.text for r in results], [HASHTAGS], batch_size=2)
+    assert all(s["hashtags"].token_ids for s in standalone)
