@@ -1,0 +1,363 @@
+"""The OpenAI-compatible server on the tiny pair, through the real openai client and a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+from sidecar.cli import app as cli_app
+from sidecar.server import ServerConfig, TextStream, _free_port, create_app, full_text, running_server
+
+KEY = "sk-test-server-key"
+MAX_BODY = 65536
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "server_load.py"
+PROMPTS = [
+    "The city council approved a new budget on Tuesday.",
+    "Officials said the plan would add jobs at the plant.",
+    "The president met leaders in Berlin, Moscow and Doha.",
+    "Prices rose 3.5 percent in 2017.",
+    "Public health experts warned about the new rules.",
+    "Roads in the north of the state will be repaired.",
+    "The team won its third game in a row.",
+    "Leaders signed an agreement on climate and technology.",
+    "1,200 workers lost their jobs at the factory.",
+    "You are a concise assistant.",
+]
+TAGS_SPEC = {"name": "hashtags", "instruction": HASHTAGS.instruction, "max_tokens": 8, "parser": "hashtags"}
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    # A wide batch window so that concurrent test requests reliably land in one batch.
+    with running_server("tiny", api_key=KEY, max_batch=8, batch_wait_ms=50,
+                        extra_args=["--max-body-bytes", str(MAX_BODY)], startup_timeout_s=300) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def ask(client: openai.OpenAI, prompt: str, **kwargs: object) -> openai.types.chat.ChatCompletion:
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                          temperature=0, **kwargs)
+
+
+def ask_streamed(client: openai.OpenAI, prompt: str, **kwargs: object) -> tuple[str, list]:
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], temperature=0, stream=True, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def post(base_url: str, body: bytes | dict, key: str | None = KEY, **kwargs: object) -> httpx.Response:
+    headers = {"content-type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    content = json.dumps(body).encode() if isinstance(body, dict) else body
+    return httpx.post(base_url + "/chat/completions", content=content, headers=headers, timeout=60, **kwargs)
+
+
+def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
+    """(text, finish_reason) of the target decoding the chat prompt alone, as the server should answer."""
+    tok = tiny.tokenizer
+    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+    out = SpeculativeDecoder(tiny).generate([tok.encode(rendered, add_special_tokens=False)], max_tokens,
+                                            stop=stop)[0]
+    text, stopped = full_text(tok, out.token_ids, stop or ())
+    return text, "stop" if stopped or out.finish_reason == "eos" else "length"
+
+
+def stats(base_url: str) -> dict:
+    response = httpx.get(base_url.removesuffix("/v1") + "/stats", headers={"Authorization": f"Bearer {KEY}"})
+    response.raise_for_status()
+    return response.json()
+
+
+# -- the happy paths --
+
+
+def test_health_and_models(base_url: str, client: openai.OpenAI) -> None:
+    health = httpx.get(base_url.removesuffix("/v1") + "/health")  # no key needed
+    assert health.status_code == 200 and health.json()["model"] == "tiny"
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_greedy_chat_is_the_targets_answer(client: openai.OpenAI, tiny) -> None:
+    for prompt, max_tokens in [(PROMPTS[0], 40), (PROMPTS[2], 7)]:
+        response = ask(client, prompt, max_tokens=max_tokens)
+        text, finish = expected_greedy(tiny, prompt, max_tokens)
+        assert response.choices[0].message.content == text
+        assert response.choices[0].finish_reason == finish
+        usage = response.usage
+        assert usage.prompt_tokens > 0 and 0 < usage.completion_tokens <= max_tokens
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        extra = usage.model_extra
+        assert 0 <= extra["accepted_tokens"] <= extra["drafted_tokens"]
+
+
+def test_streamed_text_equals_non_streamed_text(client: openai.OpenAI) -> None:
+    for prompt in PROMPTS[:4]:
+        whole = ask(client, prompt, max_tokens=48)
+        text, chunks = ask_streamed(client, prompt, max_tokens=48, stream_options={"include_usage": True})
+        assert text == whole.choices[0].message.content
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finals == [whole.choices[0].finish_reason]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_string_cuts_streamed_and_plain_alike(client: openai.OpenAI, tiny) -> None:
+    full = ask(client, PROMPTS[1], max_tokens=40).choices[0].message.content
+    # two plain characters from the middle of the answer (the random tiny pair also emits broken bytes)
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 1) if "\ufffd" not in full[i : i + 2])
+    expected = full[: full.find(stop)]
+    response = ask(client, PROMPTS[1], max_tokens=40, stop=[stop])
+    assert response.choices[0].message.content == expected
+    assert response.choices[0].finish_reason == "stop"
+    assert ask_streamed(client, PROMPTS[1], max_tokens=40, stop=stop)[0] == expected
+    assert (expected, "stop") == expected_greedy(tiny, PROMPTS[1], 40, [stop])
+
+
+def test_text_stream_waits_for_whole_characters_and_holds_back_stop_prefixes(tiny) -> None:
+    tok = tiny.tokenizer
+    text = "héllo wörld — ünïcode"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text.encode()) // 2, "multi-byte characters should span several tokens here"
+    stream = TextStream(tok)
+    pieces = [stream.push([i]) for i in ids] + [stream.finish()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+    stream = TextStream(tok, stop=["wör"])
+    pieces = [stream.push([i]) for i in ids] + [stream.finish()]
+    assert "".join(pieces) == "héllo " and stream.stopped
+    assert not any(p.endswith("w") for p in pieces), "a possible start of the stop string must be held back"
+    assert full_text(tok, ids, ["wör"]) == ("héllo ", True)
+
+
+def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
+    document = "The city council approved a new budget after a long debate about schools and roads."
+    spec = dict(TAGS_SPEC, attend_document=True)
+    response = client.chat.completions.create(
+        model="tiny", temperature=0, max_tokens=24,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": document}],
+        extra_body={"sidecars": [spec, {"name": "title", "instruction": "Then write a title.", "max_tokens": 6}]})
+    body = response.to_dict()
+    assert set(body["sidecars"]) == {"hashtags", "title"}
+    assert response.model_extra["sidecars"] == body["sidecars"]
+    engine = SidecarEngine(tiny)
+    tasks = [HASHTAGS.model_copy(update={"max_new_tokens": 8, "attend_document": True}),
+             HASHTAGS.model_copy(update={"name": "title", "instruction": "Then write a title.", "max_new_tokens": 6,
+                                         "parser": "text"})]
+    local = engine.run([SidecarRequest(document, "", "Be brief.", tasks)], max_new_tokens=24)[0]
+    assert response.choices[0].message.content == full_text(tiny.tokenizer, local.main.token_ids, ())[0]
+    # The sidecar text is not compared with the local run: it depends on how many main tokens the draft
+    # had cached when the main output finished, i.e. on the speculation schedule (see the engine notes).
+    for task in tasks:
+        got = body["sidecars"][task.name]
+        assert (got["parsed"], got["parse_error"]) == task.parse(got["text"])
+        assert got["finish_reason"] in ("stop", "length")
+        assert 0 < got["usage"]["completion_tokens"] <= task.max_new_tokens
+        assert got["usage"]["total_tokens"] == got["usage"]["prompt_tokens"] + got["usage"]["completion_tokens"]
+    # streamed: the same main text, the sidecars in the last chunk with a finish_reason
+    text, chunks = ask_streamed(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]})
+    assert text == ask(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]}).choices[0].message.content
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
+
+
+# -- refusals --
+
+
+def test_wrong_or_missing_key_is_401(base_url: str) -> None:
+    wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        wrong.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 401 and info.value.body["code"] == "invalid_api_key"
+    missing = post(base_url, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, key=None)
+    assert missing.status_code == 401
+    assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(base_url + "/models").status_code == 401
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (b'{"model": "tiny", "messages": [', None),
+    (b"[1, 2]", None),
+    ({"model": "tiny"}, "messages"),
+    ({"model": "tiny", "messages": []}, "messages"),
+    ({"model": "tiny", "messages": "hi"}, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": 3}]}, "messages.0.content.str"),
+    ({"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, None),
+])
+def test_malformed_requests_are_400(base_url: str, body: bytes | dict, param: str | None) -> None:
+    response = post(base_url, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+@pytest.mark.parametrize(("sidecars", "messages", "param"), [
+    ([{"name": "bad name!", "instruction": "x"}], None, "sidecars.0.name"),
+    ([{"name": "t", "instruction": "   "}], None, "sidecars.0.instruction"),
+    ([{"name": "t", "instruction": "x", "max_tokens": 5000}], None, "sidecars.0.max_tokens"),
+    ([{"name": "t", "instruction": "x", "colour": "red"}], None, "sidecars.0.colour"),
+    ([{"name": "t", "instruction": "x", "parser": "yaml"}], None, "sidecars.0.parser"),
+    ([TAGS_SPEC, TAGS_SPEC], None, "sidecars"),
+    ([], None, "sidecars"),
+    ("hashtags", None, "sidecars"),
+    ([TAGS_SPEC], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                   {"role": "user", "content": "c"}], "messages"),
+    ([TAGS_SPEC], [{"role": "user", "content": "   "}], "messages"),
+])
+def test_bad_sidecar_specs_are_400(client: openai.OpenAI, sidecars: object, messages: list | None,
+                                   param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages or [{"role": "user", "content": "doc"}],
+                                       extra_body={"sidecars": sidecars})
+    assert info.value.body["param"] == param
+
+
+def test_stop_with_sidecars_is_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, "doc", stop=["x"], extra_body={"sidecars": [TAGS_SPEC]})
+    assert info.value.body["param"] == "stop"
+
+
+def test_over_context_prompt_and_max_tokens_are_400(base_url: str, client: openai.OpenAI) -> None:
+    long_prompt = "city council " * 3000  # about 6000 tokens for a 4096-token context, within the body limit
+    assert len(json.dumps(long_prompt)) < MAX_BODY
+    for prompt, kwargs in [(long_prompt, {}), ("hi", {"max_tokens": 5000})]:
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(client, prompt, **kwargs)
+        assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        ask(client, long_prompt, extra_body={"sidecars": [TAGS_SPEC]})
+
+
+def test_huge_body_is_413(base_url: str) -> None:
+    big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * (2 * MAX_BODY)}]}
+    response = post(base_url, big)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no content-length: the server must count while reading
+        yield json.dumps(big).encode()
+
+    assert post(base_url, chunked()).status_code == 413  # type: ignore[arg-type]
+    assert post(base_url, {"model": "tiny", "messages": [{"role": "user", "content": "still fine"}],
+                           "max_tokens": 2}).status_code == 200
+
+
+# -- batching --
+
+
+def test_concurrent_requests_are_batched_and_answered_as_alone(base_url: str, client: openai.OpenAI) -> None:
+    alone = {p: ask(client, p, max_tokens=m).choices[0].message.content
+             for p, m in zip(PROMPTS, [24, 8, 40, 16, 32, 12, 24, 8, 40, 16], strict=True)}
+    before = stats(base_url)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(
+            lambda pm: ask(client, pm[0], max_tokens=pm[1]).choices[0].message.content,
+            zip(PROMPTS, [24, 8, 40, 16, 32, 12, 24, 8, 40, 16], strict=True)))
+    assert together == [alone[p] for p in PROMPTS]
+    after = stats(base_url)
+    sizes = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
+    assert max(size for size, count in sizes.items() if count > 0) > 1, after
+    assert after["failed_batches"] == 0
+
+
+def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("server_load", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "server_load", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+
+    async def run() -> dict:
+        load = bench.LoadClient(base_url, "tiny", KEY, max_tokens=16)
+        try:
+            pool = bench.prompts(4)
+            refs = await bench.references(load, pool)
+            return await bench.run_load(load, pool, refs, concurrency=8, duration_s=3.0)
+        finally:
+            await load.aclose()
+
+    report = asyncio.run(run())
+    assert report["requests"] > 8 and report["ok"] > 0
+    assert report["wrong"] == [], report
+    assert not any(status.startswith("5") for status in report["status_counts"]), report["status_counts"]
+    assert report["server"]["failed_batches"] == 0
+    assert report["latency_ok_s"]["p50"] <= report["latency_ok_s"]["p99"]
+
+
+# -- failures inside the worker, on an in-process server whose engine breaks --
+
+
+@contextlib.contextmanager
+def inprocess_server(engine: SidecarEngine, config: ServerConfig) -> Iterator[str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "in-process server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) -> None:
+    engine = SidecarEngine(tiny)
+    secret = "internal detail 0xdeadbeef"
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(secret)
+
+    monkeypatch.setattr(engine.decoder, "generate", broken)
+    with inprocess_server(engine, ServerConfig(model_name="tiny")) as url, caplog.at_level(logging.ERROR):
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as info:
+            ask(client, "hi", max_tokens=4)
+        assert info.value.body["type"] == "server_error"
+        assert secret not in info.value.response.text and "Traceback" not in info.value.response.text
+        with pytest.raises(openai.APIError) as streamed:
+            ask_streamed(client, "hi", max_tokens=4)
+        assert secret not in str(streamed.value)
+        assert any(r.exc_info and secret in str(r.exc_info[1]) for r in caplog.records), "logged server-side"
+        monkeypatch.undo()  # the worker survives and serves the next request
+        assert ask(client, "hi", max_tokens=4).choices[0].message.content is not None
+
+
+def test_serve_refuses_an_unknown_pair() -> None:
+    result = CliRunner().invoke(cli_app, ["serve", "--pair", "no-such-pair"])
+    assert result.exit_code == 2 and "unknown pair" in result.output
