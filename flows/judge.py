@@ -1,0 +1,117 @@
+"""The ``judge`` flow: an LLM judge compares a run's sidecar hashtags with its standalone hashtags.
+
+Documents come from the run's ``results`` (both modes written); those the same judge model and prompt
+version already judged are skipped, so a rerun asks only for what is missing. Each document is played
+twice with positions swapped (``sidecar.judge``); both games go to DuckDB, where the ``judgements`` view
+derives the verdict, and a markdown artifact summarises wins, ties, losses and errors.
+
+The judge is any OpenAI-compatible endpoint (``base_url``). Without one, the flow starts the project's
+own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway key. The key of an
+external endpoint comes from the Prefect Secret block ``api_key_secret_block``, else from
+``SIDECAR_JUDGE_API_KEY`` / ``OPENAI_API_KEY``; it is never a parameter and never logged.
+
+Answers the judge gives but that cannot be parsed are stored with their raw text and no winner; they
+count as judged (asking again would give the same). Failed calls are stored with their error and are
+asked again on the next run. Either way the flow completes and the artifact counts them as errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from pydantic import SecretStr
+
+from sidecar.judge import JudgeConfig, JudgeItem, JudgeResult, JudgeSummary, judge_pairs, summarize_judgements
+from storage import Database, JudgementRecord, UnknownRunError
+
+DEFAULT_JUDGE_PAIR = "qwen-coder-small"
+
+
+@task(name="pending-documents", cache_policy=NO_CACHE)
+def pending_documents(db: Database, run_id: str, judge_model: str, prompt_version: str) -> tuple[list[JudgeItem], int]:
+    """(documents of the run not yet judged by this model and prompt, how many were judged before)."""
+    if db.get_run(run_id) is None:
+        raise UnknownRunError(f"run {run_id!r} does not exist in {db.path}")
+    judged = db.judged_doc_ids(run_id, judge_model, prompt_version)
+    rows = db.results(run_id)
+    items = [JudgeItem(doc_id=row["doc_id"], summary=row["summary"], sidecar_tags=row["sidecar_tags"],
+                       standalone_tags=row["standalone_tags"])
+             for row in rows if row["doc_id"] not in judged]
+    return items, len(rows) - len(items)
+
+
+@task(name="judge-documents", cache_policy=NO_CACHE)
+def judge_documents(items: list[JudgeItem], config: JudgeConfig) -> list[JudgeResult]:
+    return judge_pairs(items, config)
+
+
+@task(name="store-judgements", cache_policy=NO_CACHE)
+def store_judgements(db: Database, run_id: str, results: list[JudgeResult], config: JudgeConfig) -> int:
+    """Write both games of every judged document (skipped documents have none); returns the games written."""
+    records = []
+    for result in results:
+        for game in result.games:
+            sidecar_first = game.sidecar_position == "A"
+            # storage.JudgementRecord: ``error`` is for calls that got no answer; an answer that could not be
+            # parsed is kept as raw_answer with no winner and no error, so a rerun does not ask again.
+            error = game.error if game.raw_answer is None else None
+            records.append(JudgementRecord(
+                doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
+                mode_a="sidecar" if sidecar_first else "standalone",
+                mode_b="standalone" if sidecar_first else "sidecar",
+                raw_answer=game.raw_answer, winner=game.winner, error=error))
+    if records:
+        db.write_judgements(run_id, records)
+    return len(records)
+
+
+def _artifact_key(run_id: str) -> str:
+    # artifact keys allow lowercase letters, digits and dashes only
+    return "judge-" + (re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run")
+
+
+@flow(name="judge", flow_run_name="judge-{run_id}")
+def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
+          judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
+          retries: int = 2, db_path: str | None = None, prompt_version: str = "tags-v1") -> JudgeSummary:
+    """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally."""
+    logger = get_run_logger()
+    if base_url is not None and not judge_model:
+        raise ValueError("judge_model is required with base_url (the endpoint's model id)")
+    model = judge_model or judge_pair
+    db = Database(db_path)
+    items, judged_before = pending_documents(db, run_id, model, prompt_version)
+    logger.info("run %s: %d documents to judge with %s, %d judged before", run_id, len(items), model, judged_before)
+
+    with contextlib.ExitStack() as stack:
+        settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version}
+        needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items)
+        if base_url is None:
+            key = secrets.token_urlsafe(32)
+            if needs_judge:  # the embedded server loads a model pair: only when there is something to ask
+                from sidecar.server import running_server
+
+                logger.info("starting the embedded judge: sidecar serve --pair %s on loopback", judge_pair)
+                url = stack.enter_context(running_server(judge_pair, api_key=key, model_name=model))
+            else:
+                url = None
+            config = JudgeConfig(base_url=url, api_key=SecretStr(key), **settings)
+        else:
+            config = JudgeConfig(base_url=base_url, api_key_secret_block=api_key_secret_block, **settings)
+        results = judge_documents(items, config)
+
+    games = store_judgements(db, run_id, results, config)
+    summary = summarize_judgements(results, config)
+    logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored",
+                run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,
+                games)
+    note = (f"\nRun `{run_id}`: {summary.total} documents considered now; {judged_before} judged before by this "
+            "judge and prompt version were not asked again.\n")
+    create_markdown_artifact(summary.to_markdown() + note, key=_artifact_key(run_id),
+                             description=f"LLM judge of run {run_id}: sidecar vs standalone hashtags")
+    return summary
