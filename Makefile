@@ -28,8 +28,10 @@ venv: $(BIN)/sidecar
 models: venv
 	$(BIN)/sidecar models fetch --pair qwen-coder-small
 
-corpus: venv
-	$(BIN)/sidecar corpus build --out data/news.parquet
+corpus: data/news.parquet
+
+data/news.parquet: $(BIN)/sidecar
+	$(BIN)/sidecar corpus build --out $@
 
 lint: venv
 	$(BIN)/ruff check sidecar storage flows tests bench

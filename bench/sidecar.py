@@ -1,0 +1,285 @@
+"""Sidecar measurements on the real pair and real news: acceptance parity, leakage and cost.
+
+    python -m bench.sidecar                  # 20 articles, 64-token summaries, batches 1,16,64,128
+    python -m bench.sidecar --quick          # 4 articles, 32-token summaries, batches 1,16
+
+1. Acceptance parity: teacher-forced alpha = mean over summary positions of sum_v min(p_v, q_v), target p
+   on the bare prompt, draft q on (a) the bare prompt, (b) the compound prompt with the sidecar
+   instruction visible, (c) the compound prompt with it hidden (what sidecar does while drafting).
+2. Leakage: terms found in the document but not in its summary (capitalised words, numbers, multi-word
+   names); the share of tags built from such terms, for the sidecar with the document evicted, with it
+   attended, and the standalone tagger. Plus a forced-summary experiment: one fixed summary, N sampled
+   tag generations per condition.
+3. Cost: KV bytes per request in the sidecar phase, sidecar-phase decode step time at several batch
+   sizes with the document attended vs evicted, next to a bandwidth roofline for this machine, and
+   tagging latency per request, sidecar vs standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+
+import torch
+
+from bench.common import Stopwatch, environment, markdown_table, news_documents, write_results
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
+from sidecar.kv_cache import RowKVCache
+from sidecar.speculative import forward, logits_at
+
+ATTENDED = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
+
+
+def alpha(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    vocab = min(p_logits.shape[-1], q_logits.shape[-1])
+    p = torch.softmax(p_logits[..., :vocab].float(), -1)
+    q = torch.softmax(q_logits[..., :vocab].float(), -1)
+    return torch.minimum(p, q).sum(-1).mean().item()
+
+
+def scored_logits(model, prompt: list[int], summary: list[int], hidden: tuple[int, int] | None = None) -> torch.Tensor:
+    """Logits predicting each summary token, teacher-forced, optionally with one prompt span hidden."""
+    cache = RowKVCache(model, 1, len(prompt) + len(summary) + 1)
+    ids = torch.tensor([prompt + summary], device=model.device)
+    span = torch.full_like(ids, -1)
+    if hidden:
+        span[0, hidden[0]:hidden[1]] = 0
+    with torch.inference_mode():
+        h = forward(model, cache, ids, span)
+        index = torch.arange(len(prompt) - 1, len(prompt) + len(summary) - 1, device=model.device)[None]
+        return logits_at(model, h, index)[0]
+
+
+def acceptance_parity(engine: SidecarEngine, documents: list[str], summaries: list[list[int]]) -> dict:
+    pair = engine.pair
+    rows = []
+    for doc, summary in zip(documents, summaries, strict=True):
+        if len(summary) < 2:
+            continue
+        bare, compound = engine.prompts(SidecarRequest(doc, sidecars=[HASHTAGS]))
+        p = scored_logits(pair.target, bare.token_ids, summary)
+        rows.append({
+            "bare": alpha(p, scored_logits(pair.draft, bare.token_ids, summary)),
+            "visible": alpha(p, scored_logits(pair.draft, compound.token_ids, summary)),
+            "masked": alpha(p, scored_logits(pair.draft, compound.token_ids, summary,
+                                             compound.spans["sidecar:hashtags"])),
+        })
+    mean = {k: statistics.mean(r[k] for r in rows) for k in ("bare", "visible", "masked")}
+    return {"documents": len(rows), **mean,
+            "visible_change_pct": 100 * (mean["visible"] / mean["bare"] - 1),
+            "masked_change_pct": 100 * (mean["masked"] / mean["bare"] - 1),
+            "source_study_small_pair": {"bare": 0.649, "visible": 0.616, "masked": 0.645}}
+
+
+_NAME = re.compile(r"\b(?:[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*|[A-Z]{2,})\b")
+_NUMBER = re.compile(r"\b\d[\d,.]*\b")
+
+
+def document_only_terms(document: str, summary: str) -> set[str]:
+    """Names (capitalised words, multi-word names and their parts) and numbers found in the document but
+    not in the summary, normalised to lowercase without punctuation or spaces."""
+    summary_norm = re.sub(r"\W+", "", summary.lower())
+    lowercase_words = set(re.findall(r"\b[a-z]+\b", document))
+    candidates = list(_NUMBER.findall(document))
+    for name in _NAME.findall(document):
+        parts = name.split()
+        # a capitalised word also used in lowercase is a sentence start ("The"), not a name
+        parts = [w for w in parts if w.lower() not in lowercase_words]
+        candidates += parts + ([" ".join(parts)] if len(parts) > 1 else [])
+    terms = set()
+    for match in candidates:
+        norm = re.sub(r"\W+", "", match.lower())
+        if len(norm) >= 3 and norm not in summary_norm:
+            terms.add(norm)
+    return terms
+
+
+def leak_rate(tag_lists: list[list[str] | None], terms: list[set[str]]) -> tuple[float, int]:
+    leaked = total = 0
+    for tags, doc_terms in zip(tag_lists, terms, strict=True):
+        for tag in tags or []:
+            total += 1
+            leaked += any(term in tag for term in doc_terms)
+    return (leaked / total if total else 0.0), total
+
+
+def leakage(engine: SidecarEngine, documents: list[str], results, standalone, forced_runs: int, seed: int) -> dict:
+    terms = [document_only_terms(d, r.main.text) for d, r in zip(documents, results, strict=True)]
+    corpus = {}
+    for name, tags in (("evicted", [r.sidecars["hashtags"].parsed for r in results]),
+                       ("attended", [r.sidecars["hashtags_attended"].parsed for r in results]),
+                       ("standalone", [s["hashtags"].parsed for s in standalone])):
+        rate, count = leak_rate(tags, terms)
+        corpus[name] = {"leak_rate": rate, "tags": count}
+
+    # forced summary: the document whose summary leaves out the most names, sampled many times
+    index = max(range(len(documents)), key=lambda i: len(terms[i]))
+    forced = {}
+    requests = [SidecarRequest(documents[index], sidecars=[HASHTAGS, ATTENDED])] * forced_runs
+    runs = engine.run(requests, max_new_tokens=len(results[index].main.token_ids) + 1, temperature=0.8, seed=seed,
+                      batch_size=min(forced_runs, 16))
+    # the target's output is sampled too; keep only runs that reproduced the fixed summary exactly
+    fixed = [r for r in runs if r.main.token_ids == results[index].main.token_ids]
+    alone = engine.standalone([results[index].main.text] * forced_runs, [HASHTAGS], temperature=0.8, seed=seed,
+                              batch_size=min(forced_runs, 16))
+    doc_terms = terms[index]
+    for name, tags in (("evicted", [r.sidecars["hashtags"].parsed for r in runs]),
+                       ("attended", [r.sidecars["hashtags_attended"].parsed for r in runs]),
+                       ("standalone", [s["hashtags"].parsed for s in alone])):
+        any_leak = sum(any(any(t in tag for t in doc_terms) for tag in (tl or [])) for tl in tags)
+        forced[name] = {"runs": len(tags), "runs_with_a_leaked_tag": any_leak, "share": any_leak / len(tags)}
+    forced["summary_reproduced_runs"] = len(fixed)
+    return {"corpus": corpus, "forced": forced, "forced_document": index,
+            "forced_document_only_terms": sorted(doc_terms)[:40]}
+
+
+def memory_bandwidth_gbs(device: torch.device) -> float:
+    """Copy bandwidth (read + write) of a 512 MB buffer: the roofline's bytes-per-second for this machine."""
+    src = torch.ones(128 * 1024 * 1024, device=device)  # 512 MB fp32
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        with Stopwatch(device) as sw:
+            dst.copy_(src)
+        best = min(best, sw.seconds)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def bytes_read_per_step(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: every layer's weights, but only one row of the input embedding."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            continue
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        total += sum(t.numel() * t.element_size() for t in tensors)
+    return total
+
+
+def step_time(engine: SidecarEngine, snapshot, batch: int, steps: int) -> float:
+    draft = engine.pair.draft
+    cache = RowKVCache.from_snapshots(draft, [snapshot] * batch, steps + 2)
+    token = torch.full((batch, 1), 13, dtype=torch.long, device=engine.pair.device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            with Stopwatch(engine.pair.device) as sw:
+                h = forward(draft, cache, token)
+                cache.commit(torch.ones(batch, dtype=torch.long, device=token.device))
+                logits_at(draft, h, torch.zeros(batch, 1, dtype=torch.long, device=token.device))
+            times.append(sw.seconds)
+    return statistics.median(times[1:])
+
+
+def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -> dict:
+    """Sidecar-phase decode step time at several batch sizes, document attended vs evicted."""
+    snapshots = {}
+
+    def keep(index, output, cache, slot):
+        _, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
+        main_cols = list(range(len(compound.token_ids), int(cache.lengths[slot])))
+        for name, spans in (("evicted", ["prefix", "instruction", "sidecar:hashtags", "suffix"]),
+                            ("attended", ["prefix", "document", "instruction", "sidecar:hashtags", "suffix"])):
+            cols = torch.tensor(compound.columns(*spans) + main_cols, device=cache.lengths.device)
+            snapshots[name] = cache.snapshot(slot, cols)
+
+    from sidecar.speculative import DecodeRow, Sampling
+
+    bare, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
+    engine.decoder.decode([DecodeRow(bare.token_ids, 48, compound.token_ids, [compound.spans["sidecar:hashtags"]])],
+                          Sampling(), on_finish=keep)
+    weights = bytes_read_per_step(engine.pair.draft)
+    bandwidth = memory_bandwidth_gbs(engine.pair.device)
+    rows = []
+    for batch in batches:
+        row = {"batch": batch}
+        for name, snap in snapshots.items():
+            row[f"{name}_ms"] = 1000 * step_time(engine, snap, batch, steps)
+            row[f"{name}_roofline_ms"] = 1000 * (weights + batch * snap.nbytes) / (bandwidth * 1e9)
+        row["evicted_over_attended"] = row["evicted_ms"] / row["attended_ms"]
+        rows.append(row)
+        print(row, flush=True)
+    return {"kv_bytes_attended": snapshots["attended"].nbytes, "kv_bytes_evicted": snapshots["evicted"].nbytes,
+            "evicted_share": snapshots["evicted"].nbytes / snapshots["attended"].nbytes,
+            "draft_weight_bytes_read_per_step": weights, "copy_bandwidth_gbs": bandwidth, "steps": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="qwen-coder-small")
+    parser.add_argument("--articles", type=int, default=20)
+    parser.add_argument("--chars", type=int, default=3000, help="the source study cut articles to 3,000 characters")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batches", default="1,16,64,128")
+    parser.add_argument("--forced-runs", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.articles, args.max_new_tokens, args.batches, args.forced_runs = 4, 32, "1,16", 8
+    pair = load_pair(args.pair)
+    engine = SidecarEngine(pair)
+    documents = news_documents(args.articles, args.chars)
+    env = environment(pair.device, pair.dtype)
+
+    requests = [SidecarRequest(d, sidecars=[HASHTAGS, ATTENDED]) for d in documents]
+    start = time.perf_counter()
+    results = engine.run(requests, max_new_tokens=args.max_new_tokens, batch_size=8)
+    print(f"summaries + sidecars in {time.perf_counter() - start:.0f}s", flush=True)
+    summaries = [r.main.token_ids[:-1] if r.main.finish_reason == "eos" else r.main.token_ids for r in results]
+    standalone = engine.standalone([r.main.text for r in results], [HASHTAGS], batch_size=8)
+
+    parity = acceptance_parity(engine, documents, summaries)
+    print(parity, flush=True)
+    leaks = leakage(engine, documents, results, standalone, args.forced_runs, args.seed)
+    print(leaks, flush=True)
+    costs = cost(engine, documents[0], [int(b) for b in args.batches.split(",")], steps=6)
+
+    # tagging latency per request at batch 1: sidecar continues from its cache; standalone prefills
+    one = engine.run([SidecarRequest(documents[0], sidecars=[HASHTAGS])], max_new_tokens=args.max_new_tokens)[0]
+    alone = engine.standalone([one.main.text], [HASHTAGS], batch_size=1)[0]["hashtags"]
+    latency = {"sidecar_s": one.sidecars["hashtags"].stats.seconds, "standalone_s": alone.stats.seconds,
+               "sidecar_s_per_token": one.sidecars["hashtags"].stats.seconds / one.sidecars["hashtags"].stats.new_tokens,
+               "standalone_s_per_token": alone.stats.seconds / alone.stats.new_tokens,
+               "sidecar_feed_tokens": one.sidecars["hashtags"].stats.feed_tokens,
+               "standalone_feed_tokens": alone.stats.feed_tokens,
+               "sidecar_tokens": one.sidecars["hashtags"].stats.new_tokens, "standalone_tokens": alone.stats.new_tokens}
+
+    examples = [{"summary": r.main.text, "sidecar": r.sidecars["hashtags"].parsed,
+                 "attended": r.sidecars["hashtags_attended"].parsed, "standalone": s["hashtags"].parsed}
+                for r, s in zip(results[:5], standalone[:5], strict=True)]
+    payload = {"environment": env, "args": vars(args), "acceptance_parity": parity, "leakage": leaks, "cost": costs,
+               "tagging_latency_batch1": latency, "examples": examples}
+    table = markdown_table(costs["steps"], [("batch", "batch"), ("attended_ms", "attended ms/step"),
+                                            ("evicted_ms", "evicted ms/step"),
+                                            ("attended_roofline_ms", "attended roofline ms"),
+                                            ("evicted_roofline_ms", "evicted roofline ms"),
+                                            ("evicted_over_attended", "evicted ÷ attended")])
+    c, f = leaks["corpus"], leaks["forced"]
+    markdown = (
+        f"Sidecar on {env['device']} ({env['dtype']}), pair `{args.pair}`, {parity['documents']} real news articles "
+        f"cut to {args.chars} chars, {args.max_new_tokens}-token summaries.\n\n"
+        f"- Acceptance parity (teacher-forced alpha): bare {parity['bare']:.3f}, instruction visible "
+        f"{parity['visible']:.3f} ({parity['visible_change_pct']:+.1f}%), masked {parity['masked']:.3f} "
+        f"({parity['masked_change_pct']:+.1f}%).\n"
+        f"- Leak rate over the corpus (share of tags built from document-only terms): evicted "
+        f"{c['evicted']['leak_rate']:.1%} of {c['evicted']['tags']}, attended {c['attended']['leak_rate']:.1%} of "
+        f"{c['attended']['tags']}, standalone {c['standalone']['leak_rate']:.1%} of {c['standalone']['tags']}.\n"
+        f"- Forced summary, {args.forced_runs} sampled generations each: runs with a leaked tag: evicted "
+        f"{f['evicted']['share']:.0%}, attended {f['attended']['share']:.0%}, standalone {f['standalone']['share']:.0%}.\n"
+        f"- KV per request in the sidecar phase: attended {costs['kv_bytes_attended'] / 1e6:.1f} MB, evicted "
+        f"{costs['kv_bytes_evicted'] / 1e6:.1f} MB ({costs['evicted_share']:.0%}); copy bandwidth "
+        f"{costs['copy_bandwidth_gbs']:.1f} GB/s.\n"
+        f"- Tagging latency at batch 1: sidecar {latency['sidecar_s']:.2f}s (feeds {latency['sidecar_feed_tokens']} "
+        f"tokens) vs standalone {latency['standalone_s']:.2f}s (prefills {latency['standalone_feed_tokens']}).\n\n"
+        f"{table}")
+    slug = "gpu" if pair.device.type == "cuda" else "cpu"
+    path = write_results(f"sidecar_{slug}{'_quick' if args.quick else ''}", payload, markdown)
+    print(markdown)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
