@@ -1,0 +1,51 @@
+"""The ``cost-report`` flow: measured throughput from DuckDB in, the cost report and its plots out.
+
+The report files (markdown, HTML, PNG plots) go next to the database, under ``cost_report/<run or
+all-runs>/``; the cost lines go into the ``cost_estimates`` table; the markdown and the lines are
+published as Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from sidecar.pipeline import throughput_rows
+from sidecar.report import write_cost_report
+from storage import CostRecord, Database
+
+
+@dataclass(frozen=True)
+class CostReportResult:
+    out_dir: Path
+    measurements: int
+    cost_rows: int
+    files: list[Path]
+
+
+def report_dir(db_path: str | Path, run_id: str | None) -> Path:
+    return Path(db_path).parent / "cost_report" / (run_id or "all-runs")
+
+
+@flow(name="cost-report")
+def cost_report(db_path: str = "data/sidecar.duckdb", run_id: str | None = None) -> CostReportResult:
+    """Cost report for one run's measurements, or for every run's when ``run_id`` is not given."""
+    logger = get_run_logger()
+    db = Database(db_path)
+    measurements = throughput_rows(db, run_id)
+    out_dir = report_dir(db_path, run_id)
+    report = write_cost_report(measurements, out_dir)
+    records = [CostRecord(**row) for row in report.cost_rows]
+    db.write_costs(records)
+    scope = f"run {run_id}" if run_id else "all runs"
+    files = "\n".join(f"- `{path}`" for path in report.paths)
+    create_markdown_artifact(f"{report.markdown}\n## Files\n\n{files}\n", key="cost-report",
+                             description=f"Cost report, {scope}")
+    if report.cost_rows:
+        create_table_artifact(report.cost_rows, key="cost-report-lines", description=f"Cost lines, {scope}")
+    logger.info("cost report for %s: %d measurement rows, %d cost lines, files in %s", scope, len(measurements),
+                len(records), out_dir)
+    return CostReportResult(out_dir, len(measurements), len(records), report.paths)

@@ -1,0 +1,227 @@
+"""The ``nightly`` flow: Parquet in, the engine over every document in each mode, DuckDB out.
+
+Run directly (``sidecar nightly``, or calling :func:`nightly`) it also runs ``judge`` (with the run's own
+pair served on loopback as the judge) and ``cost-report`` afterwards, as subflows; run from its deployment
+(``prefect.yaml``) it leaves that to the deployments' triggers, which pass the run id on: it is the name
+of the flow run.
+
+Batches are Prefect tasks tagged ``gpu``. A concurrency limit on that tag keeps two runs off one
+accelerator at a time; create it once per Prefect server::
+
+    prefect concurrency-limit create gpu 1
+
+Each batch's outputs are committed in one DuckDB transaction as soon as it finishes, and a run whose
+``run_id`` already exists resumes: finished documents are skipped, so a crash costs at most the batch
+that was running.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import deployment as runtime_deployment
+from prefect.runtime import flow_run as runtime_flow_run
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sidecar.engine import SidecarEngine
+from sidecar.models import load_pair
+from sidecar.pipeline import (
+    Batch,
+    BatchOutcome,
+    BatchSettings,
+    RunCounts,
+    plan_batches,
+    release_memory,
+    run_batch,
+    split_by_context,
+    store_outcome,
+)
+from sidecar.tasks import HASHTAGS, SidecarTask
+from storage import Database, Document, RejectedDocument
+from storage.parquet import read_documents
+
+GPU_TAG = "gpu"
+Mode = Literal["sidecar", "sidecar_attended", "standalone"]
+# Progress goes to the API at most this often: each update is a round trip of some 40 ms.
+PROGRESS_INTERVAL_S = 2.0
+
+
+class NightlyParams(BaseModel):
+    """Everything a nightly run needs; the Prefect UI renders it as the run form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    corpus: str = Field("data/news.parquet", description="Parquet file with one document per row.")
+    id_column: str = Field("id", description="Column with a unique document id.")
+    text_column: str = Field("article", description="Column with the document text.")
+    title_column: str | None = Field(None, description="Optional column with a title, stored with the document.")
+    limit: int | None = Field(None, ge=1, description="Run only the first N usable documents.")
+    max_chars: int | None = Field(
+        100_000, ge=1, description="Reject longer texts before tokenizing them (the token check follows).")
+    batch_size: int = Field(8, ge=1, le=1024, description="Documents decoded together.")
+    pair: str = Field("qwen-coder-small", description="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D.")
+    gamma: int = Field(4, ge=1, le=16, description="Tokens the draft proposes per target forward (adaptive).")
+    max_new_tokens: int = Field(128, ge=1, le=4096, description="Summary tokens per document.")
+    sidecar_tasks: list[SidecarTask] = Field(default_factory=lambda: [HASHTAGS],
+                                             description="The sidecar task the draft runs after the summary.")
+    modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
+                              description="sidecar (document evicted), sidecar_attended, standalone.")
+    db_path: str = Field("data/sidecar.duckdb", description="The results database.")
+    run_id: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="Resume or name a run; default: derived from these parameters and the scheduled date.")
+    trigger_judge: bool = Field(True, description="Run `judge` afterwards (direct runs; deployments use triggers).")
+    trigger_cost_report: bool = Field(True, description="Run `cost-report` afterwards (direct runs only).")
+
+    @field_validator("sidecar_tasks")
+    @classmethod
+    def _one_task(cls, tasks: list[SidecarTask]) -> list[SidecarTask]:
+        # outputs are stored per (document, mode): one sidecar output each
+        if len(tasks) != 1:
+            raise ValueError(f"give exactly one sidecar task (the database stores one per document and mode), "
+                             f"got {len(tasks)}")
+        return tasks
+
+    @field_validator("modes")
+    @classmethod
+    def _distinct_modes(cls, modes: list[Mode]) -> list[Mode]:
+        if not modes:
+            raise ValueError("give at least one mode")
+        return list(dict.fromkeys(modes))
+
+    def settings(self) -> BatchSettings:
+        return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens)
+
+    def resolved_run_id(self, day: datetime) -> str:
+        """``run_id``, else ``nightly-YYYYMMDD-<hash of what decides the outputs>``: a rerun of the same
+        night with the same parameters gets the same id and resumes."""
+        if self.run_id:
+            return self.run_id
+        # batch size, database and triggers change where and how fast, not what is computed
+        decisive = self.model_dump(mode="json", exclude={"batch_size", "db_path", "run_id", "trigger_judge",
+                                                         "trigger_cost_report"})
+        digest = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:10]
+        return f"nightly-{day:%Y%m%d}-{digest}"
+
+
+def _params() -> NightlyParams:
+    raw = runtime_flow_run.parameters.get("params")
+    return raw if isinstance(raw, NightlyParams) else NightlyParams.model_validate(raw or {})
+
+
+def _run_day() -> datetime:
+    """The day the run was scheduled for, so that a late retry of a night's run resumes that night's run."""
+    scheduled = runtime_flow_run.scheduled_start_time
+    return datetime.fromtimestamp(scheduled.timestamp(), UTC) if scheduled else datetime.now(UTC)
+
+
+def _flow_run_name() -> str:
+    # The run id names the flow run: the deployment triggers hand it to `judge` from there.
+    return _params().resolved_run_id(_run_day())
+
+
+@task(name="read-corpus", cache_policy=NO_CACHE)
+def read_corpus(params: NightlyParams) -> tuple[list[Document], list[RejectedDocument]]:
+    return read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
+                          title_column=params.title_column, max_chars=params.max_chars, limit=params.limit)
+
+
+@task(name="run-batch", tags=[GPU_TAG], cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
+def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings, db: Database,
+                   run_id: str) -> tuple[BatchOutcome, float]:
+    """Run one batch and commit it; returns the outcome and the seconds spent writing it."""
+    logger = get_run_logger()
+    logger.info("batch %d: %d documents (%d finished before)", batch.index, len(batch.docs), batch.skipped)
+    outcome = run_batch(engine, batch.docs, settings)
+    started = time.perf_counter()
+    store_outcome(db, run_id, outcome)
+    for failure in outcome.failures:
+        logger.error("document %r failed on its own and is recorded as an error: %s", failure.doc.doc_id,
+                     failure.error)
+    return outcome, time.perf_counter() - started
+
+
+@flow(name="nightly", flow_run_name=_flow_run_name)
+def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
+    run_id = params.resolved_run_id(_run_day())
+    counts = _process(params, run_id)
+    # The models are released by now (they lived in _process), so a judge served from the same GPU fits.
+    gc.collect()
+    if runtime_deployment.id is None:
+        _run_downstream(params, run_id, counts)
+    return counts
+
+
+def _process(params: NightlyParams, run_id: str) -> RunCounts:
+    logger = get_run_logger()
+    docs, rejects = read_corpus(params)
+    settings = params.settings()
+    engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+    docs, over_context = split_by_context(engine, docs, settings)
+    rejects = rejects + over_context
+
+    db = Database(params.db_path)
+    pair = engine.pair
+    resumed = db.start_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
+                           gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
+                           modes=params.modes)
+    counts = RunCounts(run_id, documents=len(docs))
+    counts.add_rejects(rejects)
+    try:
+        db.record_documents(run_id, docs, rejects)
+        batches, counts.skipped_done = plan_batches(docs, params.batch_size, db.done_doc_ids(run_id, params.modes))
+        logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
+                    " (resumed)" if resumed else "", len(docs), counts.skipped_done, len(rejects), len(batches))
+        _run_batches(engine, batches, settings, db, run_id, counts)
+    except BaseException as exc:
+        db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    db.finish_run(run_id, "completed")
+    create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
+    release_memory(pair.device)
+    return counts
+
+
+def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,
+                 counts: RunCounts) -> None:
+    total = counts.documents - counts.skipped_done
+    progress_id = create_progress_artifact(0.0 if total else 100.0, key="nightly-progress",
+                                           description=f"Documents of run {run_id} done")
+    last_update = time.monotonic()
+    finished = 0
+    for number, batch in enumerate(batches, start=1):
+        outcome, storage_seconds = run_batch_task(engine, batch, settings, db, run_id)
+        counts.add_outcome(outcome)
+        counts.storage_seconds += storage_seconds
+        finished += len(batch.docs)
+        if number == len(batches) or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
+            update_progress_artifact(progress_id, 100.0 * finished / total)
+            last_update = time.monotonic()
+
+
+def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:
+    """Judge, then cost report, as subflows. Their failure leaves this run's committed work as it is: it
+    is logged and kept in ``counts.downstream``, and either flow can be run again on its own."""
+    from flows.cost_report import cost_report
+    from flows.judge import judge
+
+    logger = get_run_logger()
+    if params.trigger_judge:
+        # no base_url: the judge flow serves this run's pair on loopback for the comparison
+        state = judge(run_id=run_id, db_path=params.db_path, judge_pair=params.pair, return_state=True)
+        counts.downstream["judge"] = state.name
+    if params.trigger_cost_report:
+        state = cost_report(db_path=params.db_path, run_id=run_id, return_state=True)
+        counts.downstream["cost-report"] = state.name
+    for name, state_name in counts.downstream.items():
+        if state_name != "Completed":
+            logger.warning("%s ended %s for run %s; rerun it on its own (its flow is idempotent)", name,
+                           state_name, run_id)

@@ -1,0 +1,315 @@
+"""The nightly and cost-report flows with the tiny pair, on an ephemeral Prefect API and a real DuckDB file.
+
+One ephemeral Prefect server (temporary PREFECT_HOME and database) serves the whole module; the crash
+test's subprocesses talk to it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from storage import Database
+
+REPO = Path(__file__).resolve().parents[1]
+BAD_CORPUS = REPO / "tests" / "data" / "bad_corpus.parquet"
+SIDECAR = Path(sys.executable).parent / "sidecar"
+PLANTED_KEY = "sk-planted-7f3c9e1d4b2a8c6e0f5d"
+SENTENCES = [
+    "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
+    "Officials said the plan would add jobs at the plant in the north of the state.",
+    "The president met leaders in Berlin, Moscow, Beijing and Doha to discuss prices.",
+    "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory.",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def write_corpus(path: Path, n: int) -> Path:
+    texts = [f"{SENTENCES[i % 4]} Report number {i}." for i in range(n)]
+    pq.write_table(pa.table({"id": [f"doc-{i:02d}" for i in range(n)], "article": texts,
+                             "title": [f"Title {i}" for i in range(n)]}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """An ephemeral Prefect API for this module; yields the environment a subprocess needs to use it."""
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
+            prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def params(tmp_path: Path, corpus: Path, **overrides):
+    from flows.nightly import NightlyParams
+
+    values = {"corpus": str(corpus), "pair": "tiny", "batch_size": 3, "max_new_tokens": 12,
+              "db_path": str(tmp_path / "sidecar.duckdb"), "trigger_judge": False, "trigger_cost_report": False}
+    return NightlyParams(**(values | overrides))
+
+
+def flow_run_artifacts(flow_run_id) -> dict[str, object]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in artifacts}
+
+
+def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    corpus = write_corpus(tmp_path / "news.parquet", 5)
+    run = params(tmp_path, corpus, modes=["sidecar", "sidecar_attended", "standalone"], title_column="title",
+                 trigger_cost_report=True)
+    state = nightly(run, return_state=True)
+    counts = state.result()
+    assert (counts.documents, counts.done, counts.skipped_done, counts.batches) == (5, 5, 0, 2)
+    assert counts.rejected == {} and counts.errors == {}
+
+    db = Database(run.db_path)
+    results = db.results(counts.run_id)
+    assert [r["doc_id"] for r in results] == [f"doc-{i:02d}" for i in range(5)]
+    assert all(r["title"] and r["summary"] and r["run_status"] == "completed" for r in results)
+    stored = db.get_run(counts.run_id)
+    assert stored["params"]["pair"] == "tiny" and stored["modes"] == ["sidecar", "sidecar_attended", "standalone"]
+    # two batches per mode and phase, each its own batch in the throughput view
+    throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
+    assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),
+                               ("sidecar_attended", "sidecar"), ("standalone", "sidecar")}
+    assert all(t["batches"] == 2 and t["requests"] == 5 for t in throughput.values())
+
+    artifacts = flow_run_artifacts(state.state_details.flow_run_id)
+    assert artifacts["nightly-progress"].data == 100.0
+    summary = artifacts["nightly-summary"].data
+    assert "| done in this run | 5 |" in summary and "| errors | 0 |" in summary
+
+    # the cost report ran afterwards: measured lines in DuckDB, files next to the database
+    measured = db.query("SELECT mode, batch_size FROM costs WHERE source = 'measured' AND run_id = ?",
+                        [counts.run_id])
+    assert {r["mode"] for r in measured} == {"sidecar", "sidecar_attended", "standalone"}
+    out_dir = Path(run.db_path).parent / "cost_report" / counts.run_id
+    for name in ("cost_report.md", "cost_report.html", "step_time_vs_batch.png"):
+        assert (out_dir / name).stat().st_size > 0
+
+
+def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    corpus = write_corpus(tmp_path / "news.parquet", 7)
+    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me"))
+    assert (first.done, first.skipped_done) == (4, 0)
+    # the same run with more documents: the first four are not run again
+    second = nightly(params(tmp_path, corpus, run_id="resume-me"))
+    assert (second.documents, second.done, second.skipped_done) == (7, 3, 4)
+
+    # without a run id the id comes from the parameters and the date: an identical rerun resumes
+    derived = nightly(params(tmp_path, corpus, limit=2))
+    again = nightly(params(tmp_path, corpus, limit=2, batch_size=1))
+    assert derived.run_id == again.run_id and derived.run_id.startswith("nightly-")
+    assert (again.done, again.skipped_done, again.batches) == (0, 2, 0)
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    counts = db.query("SELECT run_id, count(*) AS n, count(DISTINCT (doc_id, mode)) AS keys FROM outputs "
+                      "GROUP BY run_id ORDER BY run_id")
+    assert [(c["n"], c["keys"]) for c in counts] == [(4, 4), (14, 14)]
+
+
+def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | None]]:
+    spec = importlib.util.spec_from_file_location("make_bad_corpus", BAD_CORPUS.parent / "make_bad_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ROWS
+
+
+def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    # no character limit: the huge row is caught by the token count instead
+    counts = nightly(params(tmp_path, BAD_CORPUS, title_column="title", max_chars=None))
+    expected = [(doc_id or f"row:{i}", "over_context" if reason == "too_long" else reason)
+                for i, (doc_id, _, _, reason) in enumerate(bad_corpus_rows())]
+    db = Database(tmp_path / "sidecar.duckdb")
+    rows = db.query("SELECT row_index, doc_id, reject_reason, reject_detail FROM documents WHERE run_id = ? "
+                    "ORDER BY row_index", [counts.run_id])
+    assert [(r["doc_id"], r["reject_reason"]) for r in rows] == expected
+    huge = next(r for r in rows if r["doc_id"] == "huge")
+    assert "model context is 4096 tokens" in huge["reject_detail"]
+
+    good = sorted(doc_id for doc_id, reason in expected if reason is None)
+    assert counts.done == len(good) == 3
+    assert sorted(r["doc_id"] for r in db.results(counts.run_id)) == good
+    assert sum(counts.rejected.values()) == len(expected) - len(good)
+    assert counts.rejected["over_context"] == 1
+
+
+def test_demo_prints_the_results_table_and_its_sql(prefect_api, tmp_path: Path) -> None:
+    from sidecar.cli import app
+
+    corpus = write_corpus(tmp_path / "news.parquet", 3)
+    db_path = tmp_path / "demo.duckdb"
+    result = CliRunner().invoke(app, ["demo", "--corpus", str(corpus), "--limit", "2", "--pair", "tiny",
+                                      "--db", str(db_path), "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    assert "FROM results" in result.output and "doc-00" in result.output and "doc-01" in result.output
+    assert "Title 1" in result.output and "2 documents done" in result.output
+    # the demo ran the judge and the cost report after the nightly run
+    assert "judge: Completed" in result.output and "cost-report: Completed" in result.output
+    db = Database(db_path)
+    [run] = db.query("SELECT run_id FROM runs")
+    assert len(db.results(run["run_id"])) == 2
+    assert db.query("SELECT count(*) AS n FROM costs WHERE run_id = ?", [run["run_id"]])[0]["n"] > 0
+
+
+def done_docs_read_only(db_path: Path, run_id: str) -> int | None:
+    """Finished documents, read the way an outside observer would; None while the writer holds the file."""
+    try:
+        with duckdb.connect(str(db_path), read_only=True) as con:
+            return con.execute(
+                "SELECT count(*) FROM (SELECT doc_id FROM outputs WHERE run_id = ? GROUP BY doc_id "
+                "HAVING count(DISTINCT mode) = 2)", [run_id]).fetchone()[0]
+    except (duckdb.IOException, duckdb.CatalogException):
+        return None
+
+
+def started_batches(log: Path) -> set[int]:
+    return {int(m) for m in re.findall(r"batch (\d+): \d+ documents", log.read_text(errors="replace"))}
+
+
+def test_sigkill_mid_run_then_rerun_redoes_at_most_one_batch(prefect_api, tmp_path: Path) -> None:
+    n_docs, batch_size = 16, 2
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
+    db_path = tmp_path / "sidecar.duckdb"
+    command = [str(SIDECAR), "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
+               "--batch-size", str(batch_size), "--max-new-tokens", "16", "--run-id", "crash",
+               "--no-judge", "--no-cost-report"]
+    env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1"}
+
+    first_log = tmp_path / "first.log"
+    with first_log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        deadline = time.monotonic() + 600
+        committed = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            committed = done_docs_read_only(db_path, "crash") if db_path.exists() else None
+            if committed:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{first_log.read_text()}"
+        assert committed, "no batch was committed in time"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    db = Database(db_path)
+    assert db.get_run("crash")["status"] == "running"  # nobody got to mark it
+    done_at_kill = db.done_doc_ids("crash", ["sidecar", "standalone"])
+    assert len(done_at_kill) % batch_size == 0, "a batch is committed entirely or not at all"
+    committed_batches = {int(doc_id.removeprefix("doc-")) // batch_size for doc_id in done_at_kill}
+    started_first = started_batches(first_log)
+
+    second_log = tmp_path / "second.log"
+    with second_log.open("wb") as out:
+        rerun = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=900)
+    assert rerun.returncode == 0, second_log.read_text()
+    started_second = started_batches(second_log)
+
+    assert started_second == set(range(n_docs // batch_size)) - committed_batches
+    redone = started_first & started_second
+    print(f"\nkilled after {len(done_at_kill)} of {n_docs} documents were committed; batches started before the "
+          f"kill: {sorted(started_first)}, redone after it: {sorted(redone)}")
+    assert len(redone) <= 1
+
+    assert db.get_run("crash")["status"] == "completed"
+    assert len(db.results("crash")) == n_docs
+    stats = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, mode)) AS keys FROM outputs "
+                     "WHERE run_id = 'crash'")[0]
+    assert stats == {"rows": n_docs * 2, "keys": n_docs * 2}
+    per_phase = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, mode, phase)) AS keys "
+                         "FROM request_stats WHERE run_id = 'crash'")[0]
+    assert per_phase == {"rows": n_docs * 3, "keys": n_docs * 3}  # main + sidecar, and standalone's one phase
+
+
+def everything_prefect_stored() -> str:
+    """Logs, artifacts and flow/task run records of the module's Prefect API, as one text."""
+    from prefect import get_client
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    parts: list[str] = []
+    with get_client(sync_client=True) as client:
+        for read in (client.read_logs, client.read_artifacts, client.read_flow_runs, client.read_task_runs):
+            offset = 0
+            while page := read(limit=200, offset=offset):
+                parts += [item.model_dump_json() for item in page]
+                offset += len(page)
+    return "\n".join(parts)
+
+
+def everything_duckdb_stored(db_path: Path) -> str:
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        tables = [row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        dump = [repr(con.execute(f'SELECT * FROM "{table}"').fetchall()) for table in tables]
+    raw = b"".join(path.read_bytes() for path in db_path.parent.glob(db_path.name + "*"))
+    return "\n".join(dump) + raw.decode("latin-1")
+
+
+def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, tmp_path: Path, monkeypatch,
+                                                                   capfd) -> None:
+    from flows.judge import judge
+    from flows.nightly import nightly
+    from sidecar.server import running_server
+    from storage import OutputRecord
+
+    for name in ("OPENAI_API_KEY", "SIDECAR_JUDGE_API_KEY", "SIDECAR_API_KEY"):
+        monkeypatch.setenv(name, PLANTED_KEY)
+    corpus = write_corpus(tmp_path / "news.parquet", 3)
+    run = params(tmp_path, corpus, trigger_judge=True, trigger_cost_report=True)
+    counts = nightly(run)
+    assert counts.downstream == {"judge": "Completed", "cost-report": "Completed"}
+
+    # Give every document tags on both sides, so that an external judge is really called with the key.
+    db = Database(run.db_path)
+    rows = db.query("SELECT doc_id, mode, summary FROM outputs WHERE run_id = ?", [counts.run_id])
+    db.write_batch(counts.run_id, [OutputRecord(r["doc_id"], r["mode"], r["summary"], "hashtags", "#budget #council",
+                                                ["budget", "council"]) for r in rows])
+    with running_server("tiny", api_key=PLANTED_KEY, model_name="tiny-judge") as url:
+        summary = judge(run_id=counts.run_id, judge_model="tiny-judge", base_url=url, db_path=run.db_path,
+                        retries=0)
+    assert summary.total == 3
+    games = db.query("SELECT raw_answer FROM judgement_games WHERE run_id = ?", [counts.run_id])
+    assert len(games) == 6 and all(g["raw_answer"] is not None for g in games), "the judge got answers"
+
+    prefect_text = everything_prefect_stored()
+    duckdb_text = everything_duckdb_stored(Path(run.db_path))
+    captured = capfd.readouterr()
+    report_files = "".join(p.read_text(errors="replace") for p in (tmp_path / "cost_report").rglob("*.md"))
+    # the searches can find what is there ...
+    assert counts.run_id in prefect_text and "doc-02" in duckdb_text and "run nightly-" in captured.err
+    assert "Nightly run" in prefect_text and "Cost report" in prefect_text
+    # ... and the key is nowhere
+    for where, text in (("Prefect logs, artifacts and runs", prefect_text), ("DuckDB", duckdb_text),
+                        ("console output", captured.out + captured.err), ("cost report", report_files)):
+        assert PLANTED_KEY not in text, f"the planted key leaked into {where}"
