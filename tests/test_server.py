@@ -84,8 +84,9 @@ def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None =
     return text, "stop" if stopped or out.finish_reason == "eos" else "length"
 
 
-def stats(base_url: str) -> dict:
-    response = httpx.get(base_url.removesuffix("/v1") + "/stats", headers={"Authorization": f"Bearer {KEY}"})
+def stats(base_url: str, key: str | None = KEY) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = httpx.get(base_url.removesuffix("/v1") + "/stats", headers=headers)
     response.raise_for_status()
     return response.json()
 
@@ -361,3 +362,30 @@ def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) 
 def test_serve_refuses_an_unknown_pair() -> None:
     result = CliRunner().invoke(cli_app, ["serve", "--pair", "no-such-pair"])
     assert result.exit_code == 2 and "unknown pair" in result.output
+
+
+def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
+    engine = SidecarEngine(tiny)
+    generate = engine.decoder.generate
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked(*args: object, **kwargs: object) -> object:
+        entered.set()
+        release.wait(30)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine.decoder, "generate", blocked)
+    config = ServerConfig(model_name="tiny", max_batch=1, batch_wait_ms=0, max_queue=1)
+    with inprocess_server(engine, config) as url, ThreadPoolExecutor(2) as pool:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        running = pool.submit(post, url, body, None)  # taken by the worker, which then blocks
+        assert entered.wait(30)
+        queued = pool.submit(post, url, body, None)  # fills the queue of one
+        deadline = time.monotonic() + 30
+        while stats(url, key=None)["queue_depth"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        refused = post(url, body, None)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded"
+        release.set()
+        assert running.result().status_code == 200 and queued.result().status_code == 200
