@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import time
@@ -85,3 +86,11 @@ def write_results(name: str, payload: dict, markdown: str) -> Path:
     path.write_text(json.dumps(payload, indent=2))
     (RESULTS / f"{name}.md").write_text(markdown + "\n")
     return path
+
+
+def result_name(benchmark: str, device: torch.device, pair: str, quick: bool) -> str:
+    """engine_cpu, engine_gpu_quick, sidecar_cpu_tiny ...: runs on other pairs never overwrite the real ones."""
+    name = f"{benchmark}_{'gpu' if device.type == 'cuda' else 'cpu'}"
+    if pair != "qwen-coder-small":
+        name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", pair).strip("-")[:40]
+    return name + ("_quick" if quick else "")

@@ -16,7 +16,7 @@ import time
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from bench.common import Stopwatch, environment, markdown_table, news_documents, peak_rss_gb, write_results
+from bench.common import Stopwatch, environment, markdown_table, news_documents, peak_rss_gb, result_name, write_results
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.models import ModelPair
 
@@ -140,7 +140,8 @@ def main() -> None:
     for i, prompt in enumerate(prompts[: args.articles]):
         plain = hf_plain_one(pair, prompt, args.max_new_tokens)
         row = {"article": i, "prompt_tokens": len(prompt), "plain_tokens": len(plain["tokens"]),
-               "plain_prefill_s": plain["prefill_s"], "plain_decode_s": plain["decode_s"], "plain_wall_s": plain["wall_s"]}
+               "plain_prefill_s": plain["prefill_s"], "plain_decode_s": plain["decode_s"],
+               "plain_wall_s": plain["wall_s"]}
         for name, decoder in (("engine", adaptive), ("engine_fixed", fixed)):
             with Stopwatch(pair.device) as sw:
                 out = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)[0]
@@ -228,10 +229,10 @@ def main() -> None:
                 f"{args.articles} real news articles cut to {args.chars} chars, {args.max_new_tokens} new tokens, "
                 f"gamma {args.gamma}.\n\n{table}\n\nTokens per target forward at batch {batch}: "
                 f"{measured:.2f} measured vs {predicted:.2f} teacher-forced prediction ({measured / predicted:.0%}). "
-                f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row {memory['target_kv_bytes'] / 1e6:.1f} MB target + "
+                f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row "
+                f"{memory['target_kv_bytes'] / 1e6:.1f} MB target + "
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
-    slug = "gpu" if pair.device.type == "cuda" else "cpu"
-    path = write_results(f"engine_{slug}{'_quick' if args.quick else ''}", payload, markdown)
+    path = write_results(result_name("engine", pair.device, args.pair, args.quick), payload, markdown)
     print(markdown)
     print(f"wrote {path}")
 

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from bench.common import Stopwatch, environment, markdown_table, news_documents, write_results
+from bench.common import Stopwatch, environment, markdown_table, news_documents, result_name, write_results
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.kv_cache import RowKVCache
 from sidecar.speculative import forward, logits_at
@@ -240,8 +240,9 @@ def main() -> None:
     # tagging latency per request at batch 1: sidecar continues from its cache; standalone prefills
     one = engine.run([SidecarRequest(documents[0], sidecars=[HASHTAGS])], max_new_tokens=args.max_new_tokens)[0]
     alone = engine.standalone([one.main.text], [HASHTAGS], batch_size=1)[0]["hashtags"]
-    latency = {"sidecar_s": one.sidecars["hashtags"].stats.seconds, "standalone_s": alone.stats.seconds,
-               "sidecar_s_per_token": one.sidecars["hashtags"].stats.seconds / one.sidecars["hashtags"].stats.new_tokens,
+    tags = one.sidecars["hashtags"].stats
+    latency = {"sidecar_s": tags.seconds, "standalone_s": alone.stats.seconds,
+               "sidecar_s_per_token": tags.seconds / tags.new_tokens,
                "standalone_s_per_token": alone.stats.seconds / alone.stats.new_tokens,
                "sidecar_feed_tokens": one.sidecars["hashtags"].stats.feed_tokens,
                "standalone_feed_tokens": alone.stats.feed_tokens,
@@ -268,15 +269,15 @@ def main() -> None:
         f"{c['evicted']['leak_rate']:.1%} of {c['evicted']['tags']}, attended {c['attended']['leak_rate']:.1%} of "
         f"{c['attended']['tags']}, standalone {c['standalone']['leak_rate']:.1%} of {c['standalone']['tags']}.\n"
         f"- Forced summary, {args.forced_runs} sampled generations each: runs with a leaked tag: evicted "
-        f"{f['evicted']['share']:.0%}, attended {f['attended']['share']:.0%}, standalone {f['standalone']['share']:.0%}.\n"
+        f"{f['evicted']['share']:.0%}, attended {f['attended']['share']:.0%}, "
+        f"standalone {f['standalone']['share']:.0%}.\n"
         f"- KV per request in the sidecar phase: attended {costs['kv_bytes_attended'] / 1e6:.1f} MB, evicted "
         f"{costs['kv_bytes_evicted'] / 1e6:.1f} MB ({costs['evicted_share']:.0%}); copy bandwidth "
         f"{costs['copy_bandwidth_gbs']:.1f} GB/s.\n"
         f"- Tagging latency at batch 1: sidecar {latency['sidecar_s']:.2f}s (feeds {latency['sidecar_feed_tokens']} "
         f"tokens) vs standalone {latency['standalone_s']:.2f}s (prefills {latency['standalone_feed_tokens']}).\n\n"
         f"{table}")
-    slug = "gpu" if pair.device.type == "cuda" else "cpu"
-    path = write_results(f"sidecar_{slug}{'_quick' if args.quick else ''}", payload, markdown)
+    path = write_results(result_name("sidecar", pair.device, args.pair, args.quick), payload, markdown)
     print(markdown)
     print(f"wrote {path}")
 
