@@ -123,6 +123,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
 
     pair = load_pair(args.pair, dtype=args.dtype)
+    # the same weights without sidecar's oneDNN Linear swap: what a user of plain HF generate gets
+    stock = load_pair(args.pair, dtype=args.dtype, fast_cpu_kernels=False) if pair.device.type == "cpu" else None
     engine = SidecarEngine(pair)
     documents = news_documents(max([args.articles, *batches]), args.chars)
     prompts = [engine.prompts(SidecarRequest(d))[0].token_ids for d in documents]
@@ -142,6 +144,10 @@ def main() -> None:
         row = {"article": i, "prompt_tokens": len(prompt), "plain_tokens": len(plain["tokens"]),
                "plain_prefill_s": plain["prefill_s"], "plain_decode_s": plain["decode_s"],
                "plain_wall_s": plain["wall_s"]}
+        if stock is not None:
+            plain_stock = hf_plain_one(stock, prompt, args.max_new_tokens)
+            row |= {"stock_tokens": len(plain_stock["tokens"]), "stock_decode_s": plain_stock["decode_s"],
+                    "stock_wall_s": plain_stock["wall_s"]}
         for name, decoder in (("engine", adaptive), ("engine_fixed", fixed)):
             with Stopwatch(pair.device) as sw:
                 out = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)[0]
@@ -159,9 +165,9 @@ def main() -> None:
         return sum(r[key] for r in single)
 
     # decode-phase tokens exclude the first one, which each method gets from its prefill
-    decode_tps = {name: (total(f"{name}_tokens") - len(single)) / total(f"{name}_decode_s")
-                  for name in ("plain", "engine", "engine_fixed")}
-    e2e_tps = {name: total(f"{name}_tokens") / total(f"{name}_wall_s") for name in ("plain", "engine", "engine_fixed")}
+    names = ("plain", "engine", "engine_fixed", *(("stock",) if stock is not None else ()))
+    decode_tps = {name: (total(f"{name}_tokens") - len(single)) / total(f"{name}_decode_s") for name in names}
+    e2e_tps = {name: total(f"{name}_tokens") / total(f"{name}_wall_s") for name in names}
     summary_rows = [{
         "setting": "batch 1", "baseline": "HF plain generate",
         "decode_ratio": decode_tps["engine"] / decode_tps["plain"],
@@ -170,6 +176,11 @@ def main() -> None:
         "engine_tps": e2e_tps["engine"], "baseline_tps": e2e_tps["plain"],
         "identical": all(r["engine_identical"] and r["engine_fixed_identical"] for r in single),
     }]
+    if stock is not None:
+        summary_rows.append({"setting": "batch 1", "baseline": "HF plain generate, stock fp32 matmul",
+                             "decode_ratio": decode_tps["engine"] / decode_tps["stock"],
+                             "e2e_ratio": e2e_tps["engine"] / e2e_tps["stock"], "engine_tps": e2e_tps["engine"],
+                             "baseline_tps": e2e_tps["stock"]})
     if not args.skip_assisted:
         assisted_tps = total("plain_tokens") / total("assisted_wall_s")
         summary_rows.append({"setting": "batch 1", "baseline": "HF assisted generate",
@@ -195,6 +206,12 @@ def main() -> None:
                 if batch <= 8 else None
             row["assisted_one_at_a_time_tps"] = engine_tokens / assisted_s if assisted_s else None
         batched.append(row)
+        if stock is not None:
+            hf_stock = hf_plain_batched(stock, chunk, args.max_new_tokens)
+            row["hf_plain_stock_tps"] = sum(map(len, hf_stock["tokens"])) / hf_stock["wall_s"]
+            summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched, stock fp32 matmul",
+                                 "e2e_ratio": row["engine_tps"] / row["hf_plain_stock_tps"],
+                                 "engine_tps": row["engine_tps"], "baseline_tps": row["hf_plain_stock_tps"]})
         summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched generate",
                              "e2e_ratio": row["engine_tps"] / row["hf_plain_tps"], "engine_tps": row["engine_tps"],
                              "baseline_tps": row["hf_plain_tps"], "identical": row["identical"]})
