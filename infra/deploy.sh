@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One-time (and after every change to prefect.yaml) set-up against a running server: the work pool,
+# the gpu concurrency limit, then the three deployments of prefect.yaml with their schedule and triggers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
+export SIDECAR_REPO="${SIDECAR_REPO:-$PWD}"
+prefect=.venv/bin/prefect
+
+$prefect work-pool inspect sidecar-pool >/dev/null 2>&1 || $prefect work-pool create sidecar-pool --type process
+# Batches are tasks tagged `gpu`: with this limit, two flow runs never decode on the GPU at the same time.
+$prefect concurrency-limit inspect gpu >/dev/null 2>&1 || $prefect concurrency-limit create gpu 1
+$prefect --no-prompt deploy --all --prefect-file prefect.yaml
