@@ -19,7 +19,15 @@ from sidecar.kv_cache import RowKVCache, RowSnapshot
 from sidecar.models import ModelPair
 from sidecar.plain import PlainResult, decode_plain
 from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, SpannedPrompt, build_prompt, encode
-from sidecar.speculative import DecodeRow, GenerationOutput, Sampling, SpeculativeDecoder, TokenCallback
+from sidecar.speculative import (
+    DecodeRow,
+    GenerationOutput,
+    Sampling,
+    SpeculativeDecoder,
+    TokenCallback,
+    forward,
+    pad_rows,
+)
 from sidecar.tasks import SidecarTask
 
 
@@ -71,7 +79,10 @@ class _Pending:
     request: int
     task: SidecarTask
     snapshot: RowSnapshot
-    feed: list[int]
+    catch_up: list[int]  # main-output tokens the draft cache lacks, fed as while drafting
+    document: range  # snapshot columns of the document and of the task's instruction
+    instruction: range
+    bridge: list[int]
 
 
 class SidecarEngine:
@@ -93,15 +104,23 @@ class SidecarEngine:
                                 {t.name: t.instruction for t in request.sidecars})
         return bare, compound
 
-    def run(self, requests: list[SidecarRequest], max_new_tokens: int = 128, temperature: float = 0.0,
-            top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
+    def run(self, requests: list[SidecarRequest], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
+            top_p: float = 1.0, seed: int | None = None, batch_size: int = 8, stop: list[str] | None = None,
             on_tokens: TokenCallback | None = None) -> list[DocumentResult]:
         sampling = Sampling(temperature, top_p, seed)
+        limits = [max_new_tokens] * len(requests) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         built = [self.prompts(r) for r in requests]
+        draft_context = int(self.pair.draft.config.max_position_embeddings)
+        for i, (request, limit, (_, compound)) in enumerate(zip(requests, limits, built, strict=True)):
+            longest_task = max((len(encode(self.pair.tokenizer, t.bridge)) + t.max_new_tokens
+                                for t in request.sidecars), default=0)
+            if len(compound.token_ids) + limit + longest_task + self.decoder.gamma + 1 > draft_context:
+                raise InputError(f"request {i}: document, main output and sidecar outputs exceed the draft's context "
+                                 f"of {draft_context} tokens; shorten the document")
         rows = [
-            DecodeRow(bare.token_ids, max_new_tokens, compound.token_ids,
+            DecodeRow(bare.token_ids, limit, compound.token_ids,
                       [compound.spans[f"sidecar:{t.name}"] for t in r.sidecars])
-            for r, (bare, compound) in zip(requests, built, strict=True)
+            for r, limit, (bare, compound) in zip(requests, limits, built, strict=True)
         ]
         pending: list[_Pending] = []
 
@@ -111,28 +130,57 @@ class SidecarEngine:
             covered = min(int(cache.lengths[slot]) - len(compound.token_ids), len(main))
             main_columns = list(range(len(compound.token_ids), len(compound.token_ids) + covered))
             for task in request.sidecars:
-                keep = ["prefix", *(["document"] if task.attend_document else []), "instruction",
-                        f"sidecar:{task.name}", "suffix"]
+                # the document stays in the snapshot until the catch-up below has been fed
+                keep = ["prefix", "document", "instruction", f"sidecar:{task.name}", "suffix"]
                 columns = compound.columns(*keep) + main_columns
                 snapshot = cache.snapshot(slot, torch.tensor(columns, device=cache.lengths.device))
-                start = len(compound.columns(*keep[:-2]))
-                snapshot.show(list(range(start, start + len(compound.columns(f"sidecar:{task.name}")))))
-                feed = main[covered:] + encode(self.pair.tokenizer, task.bridge)
-                pending.append(_Pending(index, task, snapshot, feed))
+                start = len(compound.columns(*keep[:3]))
+                pending.append(_Pending(
+                    index, task, snapshot, main[covered:],
+                    document=range(len(compound.columns("prefix")), len(compound.columns(*keep[:2]))),
+                    instruction=range(start, start + len(compound.columns(f"sidecar:{task.name}"))),
+                    bridge=encode(self.pair.tokenizer, task.bridge)))
 
-        mains = self.decoder.decode(rows, sampling, batch_size, on_tokens=on_tokens, on_finish=on_finish)
+        mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens, on_finish=on_finish)
         results = [DocumentResult(main, {}) for main in mains]
         generator = torch.Generator(device=self.pair.device).manual_seed(seed + 1) if seed is not None else None
         for chunk_start in range(0, len(pending), batch_size):
             chunk = pending[chunk_start : chunk_start + batch_size]
-            extra = max(len(p.feed) + p.task.max_new_tokens for p in chunk) + 1
-            cache = RowKVCache.from_snapshots(self.pair.draft, [p.snapshot for p in chunk], extra)
-            context = [p.snapshot.length for p in chunk]
-            outs = decode_plain(self.pair.draft, cache, [p.feed for p in chunk],
+            extra = max(len(p.catch_up) + len(p.bridge) + p.task.max_new_tokens for p in chunk) + 1
+            cache = self._sidecar_cache(chunk, extra)
+            context = [int(n) for n in cache.lengths]
+            outs = decode_plain(self.pair.draft, cache, [p.bridge for p in chunk],
                                 [p.task.max_new_tokens for p in chunk], sampling, generator, self.eos)
             for p, out, ctx in zip(chunk, outs, context, strict=True):
-                results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx, len(p.feed), len(chunk))
+                results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx,
+                                                                        len(p.catch_up) + len(p.bridge), len(chunk))
         return results
+
+    def _sidecar_cache(self, chunk: list[_Pending], extra: int) -> RowKVCache:
+        """The batch cache a chunk of sidecar rows decodes from: caught up, document evicted, instruction shown.
+
+        The draft cache may lag the main output by a few tokens (how many depends on gamma and the batch);
+        they are fed as while drafting, document visible and instruction hidden, so a sidecar's output never
+        depends on when its main output happened to finish.
+        """
+        draft = self.pair.draft
+        cache = RowKVCache.from_snapshots(draft, [p.snapshot for p in chunk], extra)
+        if any(p.catch_up for p in chunk):
+            with torch.inference_mode():
+                ids, valid = pad_rows([p.catch_up for p in chunk], self.pair.device)
+                forward(draft, cache, ids)
+                cache.commit(valid)
+        if any(not p.task.attend_document for p in chunk):
+            kept = []
+            for row, p in enumerate(chunk):
+                evicted = range(0) if p.task.attend_document else p.document
+                columns = [c for c in range(int(cache.lengths[row])) if c not in evicted]
+                kept.append(cache.snapshot(row, torch.tensor(columns, device=cache.lengths.device)))
+            cache = RowKVCache.from_snapshots(draft, kept, extra)
+        for row, p in enumerate(chunk):
+            shift = 0 if p.task.attend_document else len(p.document)
+            cache.visible[row, p.instruction.start - shift : p.instruction.stop - shift] = True
+        return cache
 
     def standalone(self, summaries: list[str], tasks: list[SidecarTask], temperature: float = 0.0,
                    top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,

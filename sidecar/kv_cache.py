@@ -154,9 +154,6 @@ class RowSnapshot:
     def length(self) -> int:
         return self.visible.shape[0]
 
-    def show(self, columns: list[int]) -> None:
-        self.visible[columns] = True
-
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SidecarTask, SpeculativeDecoder, parse_hashtags
+from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest, SidecarTask, SpeculativeDecoder, parse_hashtags
 from sidecar.kv_cache import RowKVCache
 from sidecar.prompts import DEFAULT_SYSTEM, build_prompt
 from sidecar.speculative import forward, logits_at
@@ -49,6 +50,30 @@ def test_multiple_sidecars_batched_equal_each_request_alone(tiny):
             assert len(result.sidecars[task.name].token_ids) <= task.max_new_tokens
 
 
+def test_sidecar_output_does_not_depend_on_gamma_or_batching(tiny):
+    """How many main-output tokens the draft cache lacks at the end depends on gamma, plain steps and the
+    batch; the sidecar must come out the same whatever they were."""
+    requests = [SidecarRequest(d, sidecars=[HASHTAGS, TITLE]) for d in DOCS]
+    runs = [SidecarEngine(tiny, gamma=g, adaptive=a).run(requests, max_new_tokens=14, batch_size=b)
+            for g, a, b in ((1, False, 3), (4, False, 1), (6, False, 2), (4, True, 3))]
+    for other in runs[1:]:
+        for first, result in zip(runs[0], other, strict=True):
+            assert result.main.token_ids == first.main.token_ids
+            for name in ("hashtags", "title"):
+                assert result.sidecars[name].token_ids == first.sidecars[name].token_ids
+
+
+def test_per_row_limits_and_context_check(tiny):
+    engine = SidecarEngine(tiny, gamma=3)
+    results = engine.run([SidecarRequest(d, sidecars=[TITLE]) for d in DOCS[:2]], max_new_tokens=[3, 9])
+    assert [len(r.main.token_ids) <= n for r, n in zip(results, [3, 9], strict=True)] == [True, True]
+    huge = SidecarTask(name="long", instruction="Then write an essay.", max_new_tokens=1024)
+    document = "word " * 1200
+    with pytest.raises(InputError, match="exceed the draft's context"):
+        engine.run([SidecarRequest(document, sidecars=[huge, huge.model_copy(update={"name": "b"})])],
+                   max_new_tokens=2000)
+
+
 def test_evicted_document_costs_fewer_kv_bytes(tiny):
     engine = SidecarEngine(tiny, gamma=3)
     result = engine.run([SidecarRequest(DOCS[1] * 4, sidecars=[HASHTAGS, HASHTAGS_ATTENDED])], max_new_tokens=8)[0]
@@ -80,8 +105,8 @@ def _sidecar_logits(pair, cache, prompt, keep_spans, show_span, bridge):
     columns = prompt.columns(*keep_spans) + list(range(len(prompt.token_ids), int(cache.lengths[0])))
     snap = cache.snapshot(0, torch.tensor(columns))
     start = len(prompt.columns(*keep_spans[: keep_spans.index(show_span)]))
-    snap.show(list(range(start, start + len(prompt.columns(show_span)))))
     rows = RowKVCache.from_snapshots(pair.draft, [snap], len(bridge) + 1)
+    rows.visible[0, start : start + len(prompt.columns(show_span))] = True
     with torch.inference_mode():
         hidden = forward(pair.draft, rows, torch.tensor([bridge]))
         return logits_at(pair.draft, hidden, torch.arange(len(bridge))[None])[0]
