@@ -81,10 +81,13 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 
 
 def write_results(name: str, payload: dict, markdown: str) -> Path:
+    """Write NAME.json and NAME.md under bench/results/ and print the markdown."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     (RESULTS / f"{name}.md").write_text(markdown + "\n")
+    print(markdown)
+    print(f"wrote {path}")
     return path
 
 

@@ -249,9 +249,7 @@ def main() -> None:
                 f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row "
                 f"{memory['target_kv_bytes'] / 1e6:.1f} MB target + "
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
-    path = write_results(result_name("engine", pair.device, args.pair, args.quick), payload, markdown)
-    print(markdown)
-    print(f"wrote {path}")
+    write_results(result_name("engine", pair.device, args.pair, args.quick), payload, markdown)
 
 
 if __name__ == "__main__":

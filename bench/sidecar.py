@@ -277,9 +277,7 @@ def main() -> None:
         f"- Tagging latency at batch 1: sidecar {latency['sidecar_s']:.2f}s (feeds {latency['sidecar_feed_tokens']} "
         f"tokens) vs standalone {latency['standalone_s']:.2f}s (prefills {latency['standalone_feed_tokens']}).\n\n"
         f"{table}")
-    path = write_results(result_name("sidecar", pair.device, args.pair, args.quick), payload, markdown)
-    print(markdown)
-    print(f"wrote {path}")
+    write_results(result_name("sidecar", pair.device, args.pair, args.quick), payload, markdown)
 
 
 if __name__ == "__main__":
