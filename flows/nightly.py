@@ -45,7 +45,7 @@ from sidecar.pipeline import (
     store_outcome,
 )
 from sidecar.tasks import HASHTAGS, SidecarTask
-from storage import Database, Document, RejectedDocument
+from storage import Database
 from storage.parquet import read_documents
 
 GPU_TAG = "gpu"
@@ -128,12 +128,6 @@ def _flow_run_name() -> str:
     return _params().resolved_run_id(_run_day())
 
 
-@task(name="read-corpus", cache_policy=NO_CACHE)
-def read_corpus(params: NightlyParams) -> tuple[list[Document], list[RejectedDocument]]:
-    return read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
-                          title_column=params.title_column, max_chars=params.max_chars, limit=params.limit)
-
-
 @task(name="run-batch", tags=[GPU_TAG], cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
 def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings, db: Database,
                    run_id: str) -> tuple[BatchOutcome, float]:
@@ -153,40 +147,48 @@ def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings,
 def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
     run_id = params.resolved_run_id(_run_day())
     counts = _process(params, run_id)
-    # The models are released by now (they lived in _process), so a judge served from the same GPU fits.
-    gc.collect()
-    if runtime_deployment.id is None:
+    if runtime_deployment.id is None and (params.trigger_judge or params.trigger_cost_report):
+        # The pair lived in _process; collect it now, so that a judge served on the same GPU fits.
+        gc.collect()
+        release_memory()
         _run_downstream(params, run_id, counts)
     return counts
 
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
     logger = get_run_logger()
-    docs, rejects = read_corpus(params)
     settings = params.settings()
-    engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
-    docs, over_context = split_by_context(engine, docs, settings)
+    counts = RunCounts(run_id)
+    with counts.timed("input"):
+        docs, rejects = read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
+                                       title_column=params.title_column, max_chars=params.max_chars,
+                                       limit=params.limit)
+        engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+        docs, over_context = split_by_context(engine, docs, settings)
     rejects = rejects + over_context
-
-    db = Database(params.db_path)
-    pair = engine.pair
-    resumed = db.start_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
-                           gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
-                           modes=params.modes)
-    counts = RunCounts(run_id, documents=len(docs))
+    counts.documents = len(docs)
     counts.add_rejects(rejects)
+
+    pair = engine.pair
+    with counts.timed("storage"):
+        db = Database(params.db_path)
+        resumed = db.start_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
+                               gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
+                               modes=params.modes)
     try:
-        db.record_documents(run_id, docs, rejects)
-        batches, counts.skipped_done = plan_batches(docs, params.batch_size, db.done_doc_ids(run_id, params.modes))
+        with counts.timed("storage"):
+            db.record_documents(run_id, docs, rejects)
+            done = db.done_doc_ids(run_id, params.modes)
+        batches, counts.skipped_done = plan_batches(docs, params.batch_size, done)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
                     " (resumed)" if resumed else "", len(docs), counts.skipped_done, len(rejects), len(batches))
         _run_batches(engine, batches, settings, db, run_id, counts)
     except BaseException as exc:
         db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    db.finish_run(run_id, "completed")
+    with counts.timed("storage"):
+        db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
-    release_memory(pair.device)
     return counts
 
 

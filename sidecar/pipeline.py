@@ -13,11 +13,12 @@ document that still runs out is returned as a failure and the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import typer
@@ -191,7 +192,7 @@ def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSe
             continue
         # Outside the except block the traceback, and the activations its frames hold, are gone, so the
         # allocator can hand their memory to the retry.
-        release_memory(engine.pair.device)
+        release_memory()
         if len(chunk) == 1:
             outcome.failures.append(DocumentFailure(chunk[0], error))
         else:
@@ -201,8 +202,9 @@ def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSe
     return outcome
 
 
-def release_memory(device: torch.device) -> None:
-    if device.type == "cuda":
+def release_memory() -> None:
+    """Hand cached, unused accelerator memory back, for a retry or for another process's model."""
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
@@ -296,10 +298,22 @@ class RunCounts:
     errors: dict[str, str] = field(default_factory=dict)
     batches: int = 0
     oom_splits: int = 0
+    # where the run's time went: engine calls; DuckDB (every call); reading, tokenizing and checking the
+    # input, loading the pair. The rest of a run's wall time is Prefect's.
     model_seconds: float = 0.0
     storage_seconds: float = 0.0
+    input_seconds: float = 0.0
     # final state of each flow run afterwards (judge, cost-report), when the run triggered them itself
     downstream: dict[str, str] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, what: Literal["storage", "input"]) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            name = f"{what}_seconds"
+            setattr(self, name, getattr(self, name) + time.perf_counter() - started)
 
     def add_rejects(self, rejects: Iterable[RejectedDocument]) -> None:
         for reject in rejects:
@@ -322,7 +336,8 @@ class RunCounts:
             *(f"| rejected: {reason} | {count} |" for reason, count in sorted(self.rejected.items())),
             f"| errors | {len(self.errors)} |", "",
             f"{self.batches} batches, {self.oom_splits} out-of-memory splits; "
-            f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s writing DuckDB.",
+            f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
+            f"{self.input_seconds:.2f} s reading the input and loading the pair.",
         ]
         if self.errors:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]

@@ -276,8 +276,8 @@ def everything_duckdb_stored(db_path: Path) -> str:
     return "\n".join(dump) + raw.decode("latin-1")
 
 
-def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, tmp_path: Path, monkeypatch,
-                                                                   capfd) -> None:
+def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, tmp_path: Path,
+                                                                   monkeypatch) -> None:
     from flows.judge import judge
     from flows.nightly import nightly
     from sidecar.server import running_server
@@ -304,12 +304,11 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
 
     prefect_text = everything_prefect_stored()
     duckdb_text = everything_duckdb_stored(Path(run.db_path))
-    captured = capfd.readouterr()
     report_files = "".join(p.read_text(errors="replace") for p in (tmp_path / "cost_report").rglob("*.md"))
     # the searches can find what is there ...
-    assert counts.run_id in prefect_text and "doc-02" in duckdb_text and "run nightly-" in captured.err
-    assert "Nightly run" in prefect_text and "Cost report" in prefect_text
+    assert counts.run_id in prefect_text and "doc-02" in duckdb_text and "Measured" in report_files
+    assert "batch 0: 3 documents" in prefect_text and "Nightly run" in prefect_text and "Cost report" in prefect_text
     # ... and the key is nowhere
     for where, text in (("Prefect logs, artifacts and runs", prefect_text), ("DuckDB", duckdb_text),
-                        ("console output", captured.out + captured.err), ("cost report", report_files)):
+                        ("cost report", report_files)):
         assert PLANTED_KEY not in text, f"the planted key leaked into {where}"
