@@ -122,9 +122,7 @@ def main() -> None:
         f"context check, loading the pair) is counted apart; the embedded Prefect API took {startup_s:.0f} s to "
         f"start, once per process, not counted.\n\n{table}")
     name = "orchestration_overhead" + ("_quick" if args.quick else "")
-    path = write_results(name, payload, markdown)
-    print(markdown)
-    print(f"wrote {path}")
+    write_results(name, payload, markdown)
 
 
 if __name__ == "__main__":
