@@ -5,10 +5,15 @@ pair served on loopback as the judge) and ``cost-report`` afterwards, as subflow
 (``prefect.yaml``) it leaves that to the deployments' triggers, which pass the run id on: it is the name
 of the flow run.
 
-Batches are Prefect tasks tagged ``gpu``. A concurrency limit on that tag keeps two runs off one
-accelerator at a time; create it once per Prefect server::
+Batches are Prefect tasks. From loading the pair until its last batch, a run holds one slot of the global
+concurrency limit ``gpu``, so two runs never share an accelerator unknowingly (neither its memory nor its
+time); create the limit once per Prefect server (without it, runs do not wait)::
 
-    prefect concurrency-limit create gpu 1
+    prefect gcl create gpu --limit 1
+
+The slot is taken once per run rather than per batch through a task tag: each tagged task run asks the
+API for a slot synchronously, which on the SQLite-backed API stalled batches by up to 2 s
+(bench/orchestration_overhead.py), and the models would stay loaded between the batches anyway.
 
 Each batch's outputs are committed in one DuckDB transaction as soon as it finishes, and a run whose
 ``run_id`` already exists resumes: finished documents are skipped, so a crash costs at most the batch
@@ -27,6 +32,7 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 from prefect.runtime import deployment as runtime_deployment
 from prefect.runtime import flow_run as runtime_flow_run
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -45,10 +51,11 @@ from sidecar.pipeline import (
     store_outcome,
 )
 from sidecar.tasks import HASHTAGS, SidecarTask
-from storage import Database
+from storage import Database, Document, RejectedDocument
 from storage.parquet import read_documents
 
-GPU_TAG = "gpu"
+# the global concurrency limit a run holds a slot of while its pair is loaded
+GPU_LIMIT = "gpu"
 Mode = Literal["sidecar", "sidecar_attended", "standalone"]
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
@@ -128,7 +135,7 @@ def _flow_run_name() -> str:
     return _params().resolved_run_id(_run_day())
 
 
-@task(name="run-batch", tags=[GPU_TAG], cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
+@task(name="run-batch", cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
 def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings, db: Database,
                    run_id: str) -> tuple[BatchOutcome, float]:
     """Run one batch and commit it; returns the outcome and the seconds spent writing it."""
@@ -156,14 +163,26 @@ def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
 
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
-    logger = get_run_logger()
-    settings = params.settings()
     counts = RunCounts(run_id)
     with counts.timed("input"):
         docs, rejects = read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
                                        title_column=params.title_column, max_chars=params.max_chars,
                                        limit=params.limit)
-        engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+    get_run_logger().info("run %s: taking a slot of the %r concurrency limit (waits while other runs hold it)",
+                          run_id, GPU_LIMIT)
+    with concurrency(GPU_LIMIT, occupy=1):
+        with counts.timed("input"):
+            engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+        _run(engine, params, docs, rejects, counts)
+    return counts
+
+
+def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rejects: list[RejectedDocument],
+         counts: RunCounts) -> None:
+    logger = get_run_logger()
+    settings = params.settings()
+    run_id = counts.run_id
+    with counts.timed("input"):
         docs, over_context = split_by_context(engine, docs, settings)
     rejects = rejects + over_context
     counts.documents = len(docs)
@@ -189,7 +208,6 @@ def _process(params: NightlyParams, run_id: str) -> RunCounts:
     with counts.timed("storage"):
         db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
-    return counts
 
 
 def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,

@@ -8,6 +8,6 @@ export SIDECAR_REPO="${SIDECAR_REPO:-$PWD}"
 prefect=.venv/bin/prefect
 
 $prefect work-pool inspect sidecar-pool >/dev/null 2>&1 || $prefect work-pool create sidecar-pool --type process
-# Batches are tasks tagged `gpu`: with this limit, two flow runs never decode on the GPU at the same time.
-$prefect concurrency-limit inspect gpu >/dev/null 2>&1 || $prefect concurrency-limit create gpu 1
+# A nightly run holds a slot of `gpu` from loading its pair to its last batch: two runs never share the GPU.
+$prefect gcl inspect gpu >/dev/null 2>&1 || $prefect gcl create gpu --limit 1
 $prefect --no-prompt deploy --all --prefect-file prefect.yaml

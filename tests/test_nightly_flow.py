@@ -12,8 +12,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -181,6 +183,33 @@ def test_demo_prints_the_results_table_and_its_sql(prefect_api, tmp_path: Path) 
     [run] = db.query("SELECT run_id FROM runs")
     assert len(db.results(run["run_id"])) == 2
     assert db.query("SELECT count(*) AS n FROM costs WHERE run_id = ?", [run["run_id"]])[0]["n"] > 0
+
+
+def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Path) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+
+    from flows.nightly import GPU_LIMIT, nightly
+
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 2), run_id="waits")
+    db = Database(run.db_path)
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=1))
+    try:
+        finished: dict[str, object] = {}
+        with concurrency(GPU_LIMIT, occupy=1):  # another run has the GPU
+            thread = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
+            thread.start()
+            time.sleep(5)
+            assert thread.is_alive() and db.get_run("waits") is None, "the run started while the slot was taken"
+            released = datetime.now(UTC)
+        thread.join(timeout=600)
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_global_concurrency_limit_by_name(GPU_LIMIT)
+    assert finished["counts"].done == 2
+    assert db.get_run("waits")["created_at"] >= released
 
 
 def done_docs_read_only(db_path: Path, run_id: str) -> int | None:
