@@ -407,8 +407,11 @@ def nightly_command(
 
 
 def _echo_downstream(counts: RunCounts) -> None:
+    """Print how judge and cost report ended; exit 1 after printing when one of them did not complete."""
     for name, state in counts.downstream.items():
         typer.secho(f"{name}: {state}", fg="green" if state == "Completed" else "red")
+    if any(state != "Completed" for state in counts.downstream.values()):
+        raise typer.Exit(1)
 
 
 @pipeline_app.command("demo")
@@ -428,10 +431,14 @@ def demo_command(
         max_new_tokens=max_new_tokens, modes="sidecar,standalone", id_column="id", text_column="article",
         title_column=title_column or None, run_id=None, trigger_judge=True, trigger_cost_report=True)
     print_results(database, counts.run_id)
-    _echo_downstream(counts)
     typer.echo(f"{counts.done} documents done, {counts.skipped_done} already done, "
                f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors; "
                f"{time.perf_counter() - started:.0f} s in all.")
+    if counts.downstream.get("cost-report") == "Completed":
+        from flows.cost_report import report_dir
+
+        typer.echo(f"cost report: {report_dir(db, counts.run_id) / 'cost_report.md'}")
+    _echo_downstream(counts)
 
 
 def print_results(db: Database, run_id: str) -> None:
