@@ -18,6 +18,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.common import Stopwatch, environment, markdown_table, news_documents, peak_rss_gb, result_name, write_results
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
+from sidecar.analysis import predicted_target_forwards
 from sidecar.models import ModelPair
 
 
@@ -78,24 +79,6 @@ def hf_plain_batched(pair: ModelPair, prompts: list[list[int]], max_new: int) ->
     eos = set(pair.eos_token_ids)
     rows = [new_tokens_until_eos(r, eos, pad) for r in out[:, width:].tolist()]
     return {"tokens": rows, "wall_s": sw.seconds}
-
-
-def teacher_forced_forwards(pair: ModelPair, prompt: list[int], output: list[int], gamma: int, limit: int) -> int:
-    """Target forwards greedy speculation needs for ``output`` with a fixed gamma, predicted from one draft
-    forward over prompt + output: a round accepts the run of draft argmaxes that match the output."""
-    with torch.inference_mode():
-        ids = torch.tensor([prompt + output], device=pair.device)
-        ids = ids.clamp(max=pair.draft.get_input_embeddings().num_embeddings - 1)
-        predictions = pair.draft(ids).logits[0, len(prompt):-1].argmax(-1).tolist()  # predicts output[1:]
-    forwards, produced = 1, 1  # the prefill yields the first token
-    while produced < len(output):
-        g = min(gamma, max(limit - produced - 1, 0))
-        run = 0
-        while run < g and produced + run < len(output) and predictions[produced + run - 1] == output[produced + run]:
-            run += 1
-        produced += run + 1
-        forwards += 1
-    return forwards
 
 
 def kv_bytes_per_row(pair: ModelPair, tokens: int) -> dict:
@@ -225,7 +208,7 @@ def main() -> None:
     batch = min(8, len(prompts))
     outs = fixed.generate(prompts[:batch], max_new_tokens=args.max_new_tokens, batch_size=batch)
     measured = sum(len(o.token_ids) for o in outs) / sum(o.stats.target_forwards for o in outs)
-    predicted_forwards = sum(teacher_forced_forwards(pair, p, o.token_ids, args.gamma, args.max_new_tokens)
+    predicted_forwards = sum(predicted_target_forwards(pair, p, o.token_ids, args.gamma, args.max_new_tokens)
                              for p, o in zip(prompts[:batch], outs, strict=True))
     predicted = sum(len(o.token_ids) for o in outs) / predicted_forwards
     acceptance = {"batch": batch, "gamma": args.gamma, "measured_tokens_per_target_forward": measured,

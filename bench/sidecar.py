@@ -26,30 +26,11 @@ import torch
 
 from bench.common import Stopwatch, environment, markdown_table, news_documents, result_name, write_results
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
+from sidecar.analysis import alpha, scored_logits
 from sidecar.kv_cache import RowKVCache
 from sidecar.speculative import forward, logits_at
 
 ATTENDED = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
-
-
-def alpha(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    vocab = min(p_logits.shape[-1], q_logits.shape[-1])
-    p = torch.softmax(p_logits[..., :vocab].float(), -1)
-    q = torch.softmax(q_logits[..., :vocab].float(), -1)
-    return torch.minimum(p, q).sum(-1).mean().item()
-
-
-def scored_logits(model, prompt: list[int], summary: list[int], hidden: tuple[int, int] | None = None) -> torch.Tensor:
-    """Logits predicting each summary token, teacher-forced, optionally with one prompt span hidden."""
-    cache = RowKVCache(model, 1, len(prompt) + len(summary) + 1)
-    ids = torch.tensor([prompt + summary], device=model.device)
-    span = torch.full_like(ids, -1)
-    if hidden:
-        span[0, hidden[0]:hidden[1]] = 0
-    with torch.inference_mode():
-        h = forward(model, cache, ids, span)
-        index = torch.arange(len(prompt) - 1, len(prompt) + len(summary) - 1, device=model.device)[None]
-        return logits_at(model, h, index)[0]
 
 
 def acceptance_parity(engine: SidecarEngine, documents: list[str], summaries: list[list[int]]) -> dict:

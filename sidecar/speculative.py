@@ -243,7 +243,8 @@ class SpeculativeDecoder:
                     pending = pending.index_select(0, keep_t)
                     live = [live[s] for s in keep]
 
-                remaining = min(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)
+                # gamma shrinks only when every row is near its limit: one row's limit must not cost the others
+                remaining = max(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)
                 gamma = self.controller.choose(len(live), max_gamma=min(gamma_max, max(remaining - 1, 0)))
                 if gamma == 0:
                     accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)

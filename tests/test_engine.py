@@ -7,6 +7,7 @@ import torch
 
 from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.acceptance import accept_greedy, accept_sampled
+from sidecar.analysis import predicted_target_forwards
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
 from sidecar.speculative import forward, logits_at
@@ -44,6 +45,15 @@ def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny):
         for prompt, limit, out in zip(prompts, limits, outputs, strict=True):
             assert out.token_ids == target_alone(tiny, prompt, limit)
             assert len(out.token_ids) <= limit
+
+
+def test_batching_loses_no_acceptance(tiny):
+    """At batch 8 each row needs exactly the target forwards teacher forcing predicts for its output."""
+    prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 3, 25, 8], seed=11)
+    outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=30, batch_size=8)
+    assert sum(o.stats.accepted for o in outputs) > 0
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.stats.target_forwards == predicted_target_forwards(tiny, prompt, out.token_ids, 4, 30)
 
 
 def test_draft_with_smaller_vocabulary_than_target(tiny):

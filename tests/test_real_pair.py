@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+from sidecar.analysis import predicted_target_forwards
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -34,12 +35,15 @@ def test_greedy_identical_to_target_on_real_news(real_pair, prompts_and_referenc
         assert out.token_ids == reference
     assert sum(len(o.token_ids) for o in outputs) >= NEW_TOKENS * count * 0.75  # real summaries, not early EOS
     if not adaptive:
-        # the real pair agrees often: speculation must actually be accepted
-        assert sum(o.stats.accepted for o in outputs) / sum(o.stats.drafted for o in outputs) > 0.4
+        # batching loses no acceptance: each row needs exactly the target forwards that teacher forcing predicts
+        assert sum(o.stats.accepted for o in outputs) > 0
+        for prompt, out in zip(prompts[:count], outputs, strict=True):
+            assert out.stats.target_forwards == predicted_target_forwards(real_pair, prompt, out.token_ids, 4,
+                                                                          NEW_TOKENS)
 
 
 def test_sidecar_hashtags_on_real_news(real_pair, prompts_and_references, news_articles):
-    prompts, references = prompts_and_references
+    _, references = prompts_and_references
     engine = SidecarEngine(real_pair, gamma=4)
     attended = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
     results = engine.run([SidecarRequest(doc[:900], sidecars=[HASHTAGS, attended]) for doc in news_articles[:2]],
