@@ -245,7 +245,10 @@ class SpeculativeDecoder:
 
                 # gamma shrinks only when every row is near its limit: one row's limit must not cost the others
                 remaining = max(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)
-                gamma = self.controller.choose(len(live), max_gamma=min(gamma_max, max(remaining - 1, 0)))
+                limit = min(gamma_max, max(remaining - 1, 0))
+                # adaptive choices follow measured timings; a seeded run keeps gamma fixed so that its random
+                # draws, and so its output, are reproducible
+                gamma = limit if sampling.seed is not None else self.controller.choose(len(live), max_gamma=limit)
                 if gamma == 0:
                     accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)
                     for slot, row in enumerate(live):  # the draft did not see the token the target consumed
