@@ -179,6 +179,7 @@ def test_demo_prints_the_results_table_and_its_sql(prefect_api, tmp_path: Path) 
     assert "Title 1" in result.output and "2 documents done" in result.output
     # the demo ran the judge and the cost report after the nightly run
     assert "judge: Completed" in result.output and "cost-report: Completed" in result.output
+    assert "cost_report.md" in result.output
     db = Database(db_path)
     [run] = db.query("SELECT run_id FROM runs")
     assert len(db.results(run["run_id"])) == 2
