@@ -109,7 +109,10 @@ def main() -> None:
 
     pair = load_pair(args.pair, dtype=args.dtype)
     # the same weights without sidecar's oneDNN Linear swap: what a user of plain HF generate gets
-    stock = load_pair(args.pair, dtype=args.dtype, fast_cpu_kernels=False) if pair.device.type == "cpu" else None
+    # (a second copy of the weights: needs about twice the memory, so it can be turned off with 0)
+    stock = None
+    if pair.device.type == "cpu" and args.stock_max_batch > 0:
+        stock = load_pair(args.pair, dtype=args.dtype, fast_cpu_kernels=False)
     engine = SidecarEngine(pair)
     documents = news_documents(max([args.articles, *batches]), args.chars)
     prompts = [engine.prompts(SidecarRequest(d))[0].token_ids for d in documents]
