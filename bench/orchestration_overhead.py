@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="flow runs (each after a plain loop); median counts")
+    parser.add_argument("--repeats", type=int, default=3, help="flow runs, each after a plain loop")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -111,13 +111,15 @@ def main() -> None:
         assert run["documents"] == len(texts), f"only {run['documents']} of {len(texts)} documents done"
         print(f"repeat {repeat}: {run['overhead_pct']:.1f}% of model time", flush=True)
         runs.append(run)
-    median = sorted(runs, key=lambda r: r["overhead_pct"])[len(runs) // 2]
-    overhead = median["overhead_pct"] / 100
+    # Other processes on a shared machine slow the model far more than the orchestration, which flatters the
+    # ratio; the run with the shortest model time was disturbed least and is the one that counts.
+    best = min(runs, key=lambda r: r["model_s"])
+    overhead = best["overhead_pct"] / 100
 
     env = environment(torch.device("cpu"), torch.float32)
     # other processes on the machine slow the model and Prefect's server alike; keep the load next to the numbers
     payload = {"environment": env | {"load_average_1_5_15": os.getloadavg()}, "args": vars(args),
-               "goal_pct": 100 * GOAL, "startup_s": startup_s, "median": median, "runs": runs,
+               "goal_pct": 100 * GOAL, "startup_s": startup_s, "least_disturbed": best, "runs": runs,
                "meets_goal": overhead <= GOAL}
     table = markdown_table(runs, [
         ("documents", "docs"), ("batches", "batches"), ("flow_s", "flow s"), ("model_s", "model s"),
@@ -130,11 +132,12 @@ def main() -> None:
         f"{args.batch_size}, {args.max_new_tokens}-token summaries, modes sidecar + standalone, on {env['device']} "
         f"({env['cpus']} CPUs, load average {os.getloadavg()[0]:.1f} at the end), {args.repeats} run(s). "
         f"Goal: Prefect + DuckDB <= {GOAL:.0%} of model time: {'met' if overhead <= GOAL else 'not met'} "
-        f"(median {100 * overhead:.1f}%). Input (Parquet, tokenizing for the context check, loading the pair) is "
-        f"counted apart; the embedded Prefect API took {startup_s:.0f} s to start, once per process, not "
-        f"counted. Orchestration costs {median['per_batch_ms']:.0f} ms per batch (fixed costs spread over "
-        f"{median['batches']} batches): the goal holds once a batch keeps the model busy for "
-        f"{median['per_batch_ms'] / 1000 / GOAL:.1f} s or more.\n\n{table}")
+        f"({100 * overhead:.1f}% in the run with the shortest model time, the least disturbed by other "
+        f"processes). Input (Parquet, tokenizing for the context check, loading the pair) is counted apart; the "
+        f"embedded Prefect API took {startup_s:.0f} s to start, once per process, not counted. Orchestration "
+        f"costs {best['per_batch_ms']:.0f} ms per batch (fixed costs spread over {best['batches']} batches): "
+        f"the goal holds once a batch keeps the model busy for {best['per_batch_ms'] / 1000 / GOAL:.1f} s or "
+        f"more.\n\n{table}")
     write_results("orchestration_overhead" + ("_quick" if args.quick else ""), payload, markdown)
 
 
