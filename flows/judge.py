@@ -78,7 +78,8 @@ def _artifact_key(run_id: str) -> str:
 @flow(name="judge", flow_run_name="judge-{run_id}")
 def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
           judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
-          retries: int = 2, db_path: str | None = None, prompt_version: str = "tags-v1") -> JudgeSummary:
+          retries: int = 2, db_path: str | None = None, prompt_version: str = "tags-v1",
+          timeout_s: float = 600.0) -> JudgeSummary:
     """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally."""
     logger = get_run_logger()
     if base_url is not None and not judge_model:
@@ -89,7 +90,9 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
     logger.info("run %s: %d documents to judge with %s, %d judged before", run_id, len(items), model, judged_before)
 
     with contextlib.ExitStack() as stack:
-        settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version}
+        # a CPU-served judge answers in minutes, not seconds: the demo's judge games timed out at 60 s
+        settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version,
+                    "timeout_s": timeout_s}
         needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items)
         if base_url is None:
             key = secrets.token_urlsafe(32)
