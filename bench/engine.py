@@ -4,13 +4,16 @@
     python -m bench.engine --quick         # 2 articles, batch 4, 32 new tokens
 
 Ratios are measured side by side in one process on the same prompts (the target's summary prompt over
-real news articles), so the machine's speed cancels out. Writes bench/results/engine_<device>.json and
-a markdown table.
+real news articles), so the machine's speed cancels out. HF generate runs on the same loaded models,
+so on CPU it gets the same per-shape Linear kernels as the engine (``sidecar.cpu_kernels``): the
+baseline is the fastest plain decoding this machine offers. Writes bench/results/engine_<device>.json
+and a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -19,7 +22,8 @@ from transformers.generation.streamers import BaseStreamer
 from bench.common import Stopwatch, environment, markdown_table, news_documents, peak_rss_gb, result_name, write_results
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.analysis import predicted_target_forwards
-from sidecar.models import ModelPair
+from sidecar.cpu_kernels import quantize_int8
+from sidecar.models import ModelPair, load_model, pair_model_ids
 
 
 class FirstTokenClock(BaseStreamer):
@@ -98,21 +102,20 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--skip-assisted", action="store_true")
-    parser.add_argument("--stock-max-batch", type=int, default=8,
-                        help="compare against the unconverted model up to this batch size (it is slow)")
     parser.add_argument("--quick", action="store_true", help="2 articles, batch 4, 32 new tokens")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--no-int8-draft", action="store_true", help="skip the batch-1 run with an int8 draft (CPU)")
     args = parser.parse_args()
     if args.quick:
         args.articles, args.max_new_tokens, args.batches = 2, 32, "4"
     batches = [int(b) for b in args.batches.split(",") if b]
 
     pair = load_pair(args.pair, dtype=args.dtype)
-    # the same weights without sidecar's oneDNN Linear swap: what a user of plain HF generate gets
-    # (a second copy of the weights: needs about twice the memory, so it can be turned off with 0)
-    stock = None
-    if pair.device.type == "cpu" and args.stock_max_batch > 0:
-        stock = load_pair(args.pair, dtype=args.dtype, fast_cpu_kernels=False)
+    # the same target with its draft quantized to int8 (CPU): output must stay identical, acceptance may drop
+    int8 = None
+    if pair.device.type == "cpu" and not args.no_int8_draft and args.pair != "tiny":
+        draft = quantize_int8(load_model(pair_model_ids(args.pair)[1], pair.device, pair.dtype))
+        int8 = dataclasses.replace(pair, draft=draft)
     engine = SidecarEngine(pair)
     documents = news_documents(max([args.articles, *batches]), args.chars)
     prompts = [engine.prompts(SidecarRequest(d))[0].token_ids for d in documents]
@@ -126,17 +129,17 @@ def main() -> None:
     warm = prompts[0][:64]  # first calls pay one-off allocation and kernel selection costs
     hf_plain_one(pair, warm, 4)
     fixed.generate([warm], max_new_tokens=4)
+    engines = [("engine", adaptive), ("engine_fixed", fixed)]
+    if int8 is not None:
+        engines.append(("engine_int8", SpeculativeDecoder(int8, gamma=args.gamma, adaptive=True)))
+        engines[-1][1].generate([warm], max_new_tokens=4)
     single = []
     for i, prompt in enumerate(prompts[: args.articles]):
         plain = hf_plain_one(pair, prompt, args.max_new_tokens)
         row = {"article": i, "prompt_tokens": len(prompt), "plain_tokens": len(plain["tokens"]),
                "plain_prefill_s": plain["prefill_s"], "plain_decode_s": plain["decode_s"],
                "plain_wall_s": plain["wall_s"]}
-        if stock is not None:
-            plain_stock = hf_plain_one(stock, prompt, args.max_new_tokens)
-            row |= {"stock_tokens": len(plain_stock["tokens"]), "stock_decode_s": plain_stock["decode_s"],
-                    "stock_wall_s": plain_stock["wall_s"]}
-        for name, decoder in (("engine", adaptive), ("engine_fixed", fixed)):
+        for name, decoder in engines:
             with Stopwatch(pair.device) as sw:
                 out = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)[0]
             row |= {f"{name}_tokens": len(out.token_ids), f"{name}_prefill_s": out.stats.prefill_seconds,
@@ -153,7 +156,7 @@ def main() -> None:
         return sum(r[key] for r in single)
 
     # decode-phase tokens exclude the first one, which each method gets from its prefill
-    names = ("plain", "engine", "engine_fixed", *(("stock",) if stock is not None else ()))
+    names = ("plain", *(name for name, _ in engines))
     decode_tps = {name: (total(f"{name}_tokens") - len(single)) / total(f"{name}_decode_s") for name in names}
     e2e_tps = {name: total(f"{name}_tokens") / total(f"{name}_wall_s") for name in names}
     summary_rows = [{
@@ -162,13 +165,14 @@ def main() -> None:
         "decode_ratio_fixed_gamma": decode_tps["engine_fixed"] / decode_tps["plain"],
         "e2e_ratio": e2e_tps["engine"] / e2e_tps["plain"],
         "engine_tps": e2e_tps["engine"], "baseline_tps": e2e_tps["plain"],
-        "identical": all(r["engine_identical"] and r["engine_fixed_identical"] for r in single),
+        "identical": all(r[f"{name}_identical"] for r in single for name, _ in engines),
     }]
-    if stock is not None:
-        summary_rows.append({"setting": "batch 1", "baseline": "HF plain generate, stock fp32 matmul",
-                             "decode_ratio": decode_tps["engine"] / decode_tps["stock"],
-                             "e2e_ratio": e2e_tps["engine"] / e2e_tps["stock"], "engine_tps": e2e_tps["engine"],
-                             "baseline_tps": e2e_tps["stock"]})
+    if int8 is not None:
+        summary_rows.append({"setting": "batch 1, int8 draft", "baseline": "HF plain generate",
+                             "decode_ratio": decode_tps["engine_int8"] / decode_tps["plain"],
+                             "e2e_ratio": e2e_tps["engine_int8"] / e2e_tps["plain"],
+                             "engine_tps": e2e_tps["engine_int8"], "baseline_tps": e2e_tps["plain"],
+                             "identical": all(r["engine_int8_identical"] for r in single)})
     if not args.skip_assisted:
         assisted_tps = total("plain_tokens") / total("assisted_wall_s")
         summary_rows.append({"setting": "batch 1", "baseline": "HF assisted generate",
@@ -188,6 +192,7 @@ def main() -> None:
         row = {"batch": batch, "hf_plain_s": hf["wall_s"], "hf_plain_tps": hf_tokens / hf["wall_s"],
                "engine_s": sw.seconds, "engine_tps": engine_tokens / sw.seconds,
                "gamma_decisions": adaptive.controller.decisions[-20:],
+               "draft_forwards": sum(o.stats.draft_forwards for o in outs),
                "identical": [o.token_ids for o in outs] == hf["tokens"]}
         if not args.skip_assisted and batch <= len(single):
             # HF assisted generation is batch-size 1 only: one document at a time over the same prompts,
@@ -195,12 +200,6 @@ def main() -> None:
             row["assisted_one_at_a_time_tps"] = sum(r["plain_tokens"] for r in single[:batch]) / sum(
                 r["assisted_wall_s"] for r in single[:batch])
         batched.append(row)
-        if stock is not None and batch <= args.stock_max_batch:
-            hf_stock = hf_plain_batched(stock, chunk, args.max_new_tokens)
-            row["hf_plain_stock_tps"] = sum(map(len, hf_stock["tokens"])) / hf_stock["wall_s"]
-            summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched, stock fp32 matmul",
-                                 "e2e_ratio": row["engine_tps"] / row["hf_plain_stock_tps"],
-                                 "engine_tps": row["engine_tps"], "baseline_tps": row["hf_plain_stock_tps"]})
         summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched generate",
                              "e2e_ratio": row["engine_tps"] / row["hf_plain_tps"], "engine_tps": row["engine_tps"],
                              "baseline_tps": row["hf_plain_tps"], "identical": row["identical"]})

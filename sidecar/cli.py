@@ -80,6 +80,8 @@ def generate(
     batch_size: int = typer.Option(8, min=1),
     temperature: float = typer.Option(0.0, min=0.0),
     seed: int | None = typer.Option(None),
+    draft_int8: bool = typer.Option(False, help="Quantize the draft to int8 (CPU): faster drafting, output unchanged; "
+                                    "hashtags come from the quantized draft."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per input instead of a table."),
 ) -> None:
     """Run inputs through the speculative engine (and its sidecar) and print outputs and statistics."""
@@ -95,7 +97,7 @@ def generate(
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        engine = SidecarEngine(load_pair(pair), gamma=gamma)
+        engine = SidecarEngine(load_pair(pair, draft_int8=draft_int8), gamma=gamma)
         requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
         results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                              batch_size=batch_size)

@@ -12,6 +12,10 @@ alpha, and picks the gamma in 0..max that maximises expected tokens per second:
 
 gamma = 0 is plain decoding, still lossless. Until both models have been timed at two sizes it explores:
 one speculative step at the maximum gamma, then one plain step.
+
+Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
+fixed cost (prefill is compute-bound there): when the decode-phase gain cannot repay it, the batch
+decodes plainly and the draft never runs.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class GammaController:
         self.accepted = prior_alpha * 4
         self.drafted = 4.0
         self.decisions: list[int] = []
+        self.prefill_seconds_per_token: dict[str, float] = {}
 
     @property
     def alpha(self) -> float:
@@ -75,6 +80,25 @@ class GammaController:
         alpha = self.alpha
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
         return expected / max(gamma * draft + target, 1e-9)
+
+    def observe_prefill(self, model: str, tokens: int, seconds: float) -> None:
+        self.prefill_seconds_per_token[model] = seconds / max(tokens, 1)
+
+    def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float) -> bool:
+        """Whether prefilling the draft for a batch and speculating beats decoding it plainly.
+
+        ``draft_prompt_tokens`` is the batch's total; ``new_tokens`` the most any row may produce. Until
+        the draft has been timed, its prefill is priced as the target's scaled by their parameter ratio.
+        """
+        explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
+        if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
+            return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
+        rate = self.prefill_seconds_per_token.get("draft",
+                                                  self.prefill_seconds_per_token["target"] * draft_size_ratio)
+        best = max(self.expected_tokens_per_second(g, batch) for g in range(1, self.max_gamma + 1))
+        speculative = rate * draft_prompt_tokens + new_tokens / best
+        plain = new_tokens / self.expected_tokens_per_second(0, batch)
+        return speculative < plain
 
     def choose(self, batch: int, max_gamma: int | None = None) -> int:
         limit = self.max_gamma if max_gamma is None else max_gamma

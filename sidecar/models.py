@@ -42,6 +42,12 @@ class ModelPair:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: list[int] = field(default_factory=list)
+    # draft parameters / target parameters: a prior for what the draft's prefill costs before it is timed
+    draft_size_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_size_ratio is None:
+            self.draft_size_ratio = self.draft.num_parameters() / self.target.num_parameters()
 
     @property
     def max_context(self) -> int:
@@ -95,38 +101,55 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[
     return sorted(ids)
 
 
-def _load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
+    """(target, draft) hub ids or local paths of a named pair or a ``TARGET,DRAFT`` spec."""
+    if name_or_spec == "qwen-coder-small":
+        if not is_fetched(name_or_spec):
+            raise PairError("the offline pair is not fetched yet: run `sidecar models fetch` first")
+        root = pair_dir(name_or_spec)
+        return str(root / "target"), str(root / "draft")
+    if name_or_spec in NAMED_PAIRS:
+        return NAMED_PAIRS[name_or_spec]
+    if "," in name_or_spec:
+        target_id, draft_id = (part.strip() for part in name_or_spec.split(",", 1))
+        return target_id, draft_id
+    raise PairError(
+        f"unknown pair {name_or_spec!r}: use tiny, qwen-coder-small, {', '.join(NAMED_PAIRS)} "
+        "or 'TARGET_ID_OR_PATH,DRAFT_ID_OR_PATH'"
+    )
+
+
+def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
 def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
-              dtype: str | torch.dtype | None = None, fast_cpu_kernels: bool = True) -> ModelPair:
-    """Load a named pair (``qwen-coder-small``, ``qwen2.5-7b``, ``tiny``) or ``TARGET,DRAFT`` ids/paths."""
+              dtype: str | torch.dtype | None = None, fast_cpu_kernels: bool = True,
+              draft_int8: bool = False) -> ModelPair:
+    """Load a named pair (``qwen-coder-small``, ``qwen2.5-7b``, ``tiny``) or ``TARGET,DRAFT`` ids/paths.
+
+    ``draft_int8`` quantizes the draft's Linear layers to int8 (CPU only). The target verifies every
+    token, so output stays exactly the target's; only acceptance, and what the draft writes alone in
+    sidecar tasks, can change.
+    """
     torch_device, torch_dtype = default_device_dtype(device, dtype)
     if name_or_spec == "tiny":
         pair = tiny_pair(torch_device, torch_dtype)
     else:
-        if name_or_spec == "qwen-coder-small":
-            if not is_fetched(name_or_spec):
-                raise PairError("the offline pair is not fetched yet: run `sidecar models fetch` first")
-            root = pair_dir(name_or_spec)
-            target_id, draft_id = str(root / "target"), str(root / "draft")
-        elif name_or_spec in NAMED_PAIRS:
-            target_id, draft_id = NAMED_PAIRS[name_or_spec]
-        elif "," in name_or_spec:
-            target_id, draft_id = (part.strip() for part in name_or_spec.split(",", 1))
-        else:
-            raise PairError(
-                f"unknown pair {name_or_spec!r}: use tiny, qwen-coder-small, {', '.join(NAMED_PAIRS)} "
-                "or 'TARGET_ID_OR_PATH,DRAFT_ID_OR_PATH'"
-            )
+        target_id, draft_id = pair_model_ids(name_or_spec)
         tokenizer = AutoTokenizer.from_pretrained(target_id)
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_id))
-        target = _load_model(target_id, torch_device, torch_dtype)
-        draft = _load_model(draft_id, torch_device, torch_dtype)
+        target = load_model(target_id, torch_device, torch_dtype)
+        draft = load_model(draft_id, torch_device, torch_dtype)
         pair = ModelPair(name_or_spec, target, draft, tokenizer, torch_device, torch_dtype,
                          eos_ids(tokenizer, target))
+    if draft_int8:
+        if torch_device.type != "cpu":
+            raise PairError("draft_int8 is a CPU option (dynamic int8 quantization); on GPUs use bf16")
+        from sidecar.cpu_kernels import quantize_int8
+
+        pair.draft = quantize_int8(pair.draft)
     if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32:
         from sidecar.cpu_kernels import use_onednn_linear
 

@@ -191,25 +191,34 @@ class SpeculativeDecoder:
         max_new = max(r.max_new_tokens for r in rows)
         margin = max_new + 2 * gamma_max + 4
         target_cache = RowKVCache(pair.target, n, longest[0] + margin)
-        draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
+        draft_cache: RowKVCache | None = None
 
         with torch.inference_mode():
-            # prefill both models; the target's last prompt position yields the first new token
+            # prefill the target; its last prompt position yields the first new token
             ids, lengths = pad_rows([r.target_prompt for r in rows], device)
             hidden = forward(pair.target, target_cache, ids)
             target_cache.commit(lengths)
             first_logits = logits_at(pair.target, hidden, (lengths - 1)[:, None])[:, 0]
             first = self._choose(first_logits, sampling, generator)
+            self._synchronize()
+            self.controller.observe_prefill("target", int(lengths.sum()), time.perf_counter() - t_start)
 
-            ids, lengths = pad_rows(draft_prompts, device)
-            spans = torch.full_like(ids, -1)
-            for i, row in enumerate(rows):
-                for span_id, (s, e) in enumerate(row.draft_hidden):
-                    spans[i, s:e] = span_id
-            forward(pair.draft, draft_cache, ids, spans)
-            draft_cache.commit(lengths)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            # the draft's prefill is skipped when this batch will decode plainly (a sidecar needs it anyway)
+            speculate = (on_finish is not None or sampling.seed is not None
+                         or self.controller.draft_pays(n, sum(map(len, draft_prompts)), max_new,
+                                                       pair.draft_size_ratio))
+            if speculate:
+                t_draft = time.perf_counter()
+                draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
+                ids, lengths = pad_rows(draft_prompts, device)
+                spans = torch.full_like(ids, -1)
+                for i, row in enumerate(rows):
+                    for span_id, (s, e) in enumerate(row.draft_hidden):
+                        spans[i, s:e] = span_id
+                forward(pair.draft, draft_cache, ids, spans)
+                draft_cache.commit(lengths)
+                self._synchronize()
+                self.controller.observe_prefill("draft", int(lengths.sum()), time.perf_counter() - t_draft)
             prefill_seconds = time.perf_counter() - t_start
 
             stats = [GenerationStats(prompt_tokens=len(r.target_prompt), target_forwards=1,
@@ -239,7 +248,8 @@ class SpeculativeDecoder:
                         break
                     keep_t = torch.tensor(keep, device=device)
                     target_cache.select_rows(keep_t)
-                    draft_cache.select_rows(keep_t)
+                    if draft_cache is not None:
+                        draft_cache.select_rows(keep_t)
                     pending = pending.index_select(0, keep_t)
                     live = [live[s] for s in keep]
 
@@ -248,11 +258,17 @@ class SpeculativeDecoder:
                 limit = min(gamma_max, max(remaining - 1, 0))
                 # adaptive choices follow measured timings; a seeded run keeps gamma fixed so that its random
                 # draws, and so its output, are reproducible
-                gamma = limit if sampling.seed is not None else self.controller.choose(len(live), max_gamma=limit)
+                if not speculate:
+                    gamma = 0
+                elif sampling.seed is not None:
+                    gamma = limit
+                else:
+                    gamma = self.controller.choose(len(live), max_gamma=limit)
                 if gamma == 0:
                     accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)
-                    for slot, row in enumerate(live):  # the draft did not see the token the target consumed
-                        draft_backlog[row].append(int(pending[slot]))
+                    if speculate:  # the draft did not see the token the target consumed
+                        for slot, row in enumerate(live):
+                            draft_backlog[row].append(int(pending[slot]))
                 else:
                     accepted, nxt, drafted = self._speculative_step(
                         target_cache, draft_cache, live, pending, draft_backlog, gamma, sampling, generator)
@@ -340,6 +356,10 @@ class SpeculativeDecoder:
         return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device)
 
     # -- helpers --
+
+    def _synchronize(self) -> None:
+        if self.pair.device.type == "cuda":
+            torch.cuda.synchronize(self.pair.device)
 
     def _align_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target's vocabulary: rows the draft lacks get probability 0."""

@@ -243,3 +243,65 @@ def test_mismatched_tokenizers_are_refused():
     other.pre_tokenizer = pre_tokenizers.Whitespace()
     with pytest.raises(PairError, match="tokenizers differ"):
         check_tokenizers(tiny_tokenizer(), PreTrainedTokenizerFast(tokenizer_object=other))
+
+
+def learned_controller(decoder: SpeculativeDecoder, draft_step_s: float, draft_prefill_s_per_token: float) -> None:
+    """Give the decoder's controller measured-looking costs: target steps of 0.1 s + 0.01 s per token."""
+    controller = decoder.controller
+    for tokens in (1, 2, 4, 8, 16, 40):
+        controller.costs["target"].add(tokens, 0.1 + 0.01 * tokens)
+    controller.costs["draft"].add(1, draft_step_s)
+    controller.observe_prefill("draft", 100, 100 * draft_prefill_s_per_token)
+    controller.accepted, controller.drafted = 8.0, 10.0  # alpha 0.8
+
+
+def test_draft_prefill_is_skipped_when_speculation_cannot_repay_it(tiny, monkeypatch):
+    prompts = random_prompts(tiny, [12, 30, 7, 21], seed=3)
+    draft_calls = []
+    handle = tiny.draft.base_model.register_forward_hook(lambda *_: draft_calls.append(1))
+    try:
+        expensive = SpeculativeDecoder(tiny, gamma=4)
+        learned_controller(expensive, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
+        outputs = expensive.generate(prompts, max_new_tokens=16, batch_size=4)
+        assert draft_calls == [] and sum(o.stats.draft_forwards for o in outputs) == 0
+        for prompt, out in zip(prompts, outputs, strict=True):
+            assert out.token_ids == target_alone(tiny, prompt, 16)
+
+        cheap = SpeculativeDecoder(tiny, gamma=4)
+        learned_controller(cheap, draft_step_s=0.001, draft_prefill_s_per_token=1e-5)
+        # the controller keeps learning from real timings during the batch; the prefill decision is what
+        # this checks, so the draft must have run at least its prefill
+        cheap.generate(prompts, max_new_tokens=16, batch_size=4)
+        assert draft_calls
+    finally:
+        handle.remove()
+
+
+def test_draft_pays_prices_the_draft_prefill():
+    from sidecar.gamma import GammaController
+
+    controller = GammaController(4)
+    assert controller.draft_pays(8, 4000, 64, 0.3), "nothing measured yet: explore"
+    for tokens in (8, 16, 40):
+        controller.costs["target"].add(tokens, 0.5 + 0.02 * tokens)
+    controller.costs["draft"].add(8, 0.05)
+    controller.accepted, controller.drafted = 9.0, 10.0
+    controller.observe_prefill("target", 4000, 80.0)  # 20 ms per prompt token
+    # decode gain over 64 tokens is a few seconds; a draft prefill priced at 0.3 x 80 s cannot repay it
+    assert not controller.draft_pays(8, 4000, 64, 0.3)
+    # with 2000 new tokens to decode, the same prefill is repaid
+    assert controller.draft_pays(8, 4000, 2000, 0.3)
+    # once the draft's own prefill was timed, that rate replaces the prior
+    controller.observe_prefill("draft", 4000, 0.4)
+    assert controller.draft_pays(8, 4000, 64, 0.3)
+
+
+def test_int8_draft_keeps_output_identical():
+    from sidecar import load_pair
+
+    pair = load_pair("tiny", draft_int8=True)
+    prompts = random_prompts(pair, [9, 15, 4])
+    outputs = SpeculativeDecoder(pair, gamma=3, adaptive=False).generate(prompts, max_new_tokens=20, batch_size=3)
+    assert sum(o.stats.drafted for o in outputs) > 0
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == target_alone(pair, prompt, 20)
