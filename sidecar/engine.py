@@ -106,8 +106,15 @@ class SidecarEngine:
 
     def run(self, requests: list[SidecarRequest], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
             top_p: float = 1.0, seed: int | None = None, batch_size: int = 8, stop: list[str] | None = None,
-            on_tokens: TokenCallback | None = None) -> list[DocumentResult]:
+            on_tokens: TokenCallback | None = None, sidecar_sampling: Sampling | None = None,
+            ) -> list[DocumentResult]:
+        """Main outputs by speculative decoding, then every request's sidecar tasks by the draft alone.
+
+        ``sidecar_sampling`` decodes the sidecar phase differently from the main output (for example a
+        greedy summary with sampled tags); by default both use ``temperature``/``top_p``/``seed``.
+        """
         sampling = Sampling(temperature, top_p, seed)
+        sidecar_sampling = sidecar_sampling or sampling
         limits = [max_new_tokens] * len(requests) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         built = [self.prompts(r) for r in requests]
         draft_context = int(self.pair.draft.config.max_position_embeddings)
@@ -143,14 +150,16 @@ class SidecarEngine:
 
         mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens, on_finish=on_finish)
         results = [DocumentResult(main, {}) for main in mains]
-        generator = torch.Generator(device=self.pair.device).manual_seed(seed + 1) if seed is not None else None
+        generator = None
+        if sidecar_sampling.seed is not None:
+            generator = torch.Generator(device=self.pair.device).manual_seed(sidecar_sampling.seed + 1)
         for chunk_start in range(0, len(pending), batch_size):
             chunk = pending[chunk_start : chunk_start + batch_size]
             extra = max(len(p.catch_up) + len(p.bridge) + p.task.max_new_tokens for p in chunk) + 1
             cache = self._sidecar_cache(chunk, extra)
             context = [int(n) for n in cache.lengths]
             outs = decode_plain(self.pair.draft, cache, [p.bridge for p in chunk],
-                                [p.task.max_new_tokens for p in chunk], sampling, generator, self.eos)
+                                [p.task.max_new_tokens for p in chunk], sidecar_sampling, generator, self.eos)
             for p, out, ctx in zip(chunk, outs, context, strict=True):
                 results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx,
                                                                         len(p.catch_up) + len(p.bridge), len(chunk))

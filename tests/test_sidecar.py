@@ -63,6 +63,23 @@ def test_sidecar_output_does_not_depend_on_gamma_or_batching(tiny):
                 assert result.sidecars[name].token_ids == first.sidecars[name].token_ids
 
 
+def test_greedy_main_with_sampled_sidecars_branching_from_one_state(tiny):
+    """The forced-summary setup: one greedy main output, many sampled copies of a task branching from it."""
+    from sidecar.speculative import Sampling
+
+    engine = SidecarEngine(tiny, gamma=3, adaptive=False)
+    copies = [TITLE.model_copy(update={"name": f"title_{k}", "max_new_tokens": 12}) for k in range(12)]
+    run = engine.run([SidecarRequest(DOCS[1], sidecars=copies)], max_new_tokens=16,
+                     sidecar_sampling=Sampling(temperature=1.5, seed=3))[0]
+    greedy = engine.run([SidecarRequest(DOCS[1], sidecars=[TITLE])], max_new_tokens=16)[0]
+    assert run.main.token_ids == greedy.main.token_ids
+    samples = {tuple(run.sidecars[t.name].token_ids) for t in copies}
+    assert len(samples) > 1, "sampled copies of one task should not all coincide"
+    again = engine.run([SidecarRequest(DOCS[1], sidecars=copies)], max_new_tokens=16,
+                       sidecar_sampling=Sampling(temperature=1.5, seed=3))[0]
+    assert [again.sidecars[t.name].token_ids for t in copies] == [run.sidecars[t.name].token_ids for t in copies]
+
+
 def test_per_row_limits_and_context_check(tiny):
     engine = SidecarEngine(tiny, gamma=3)
     results = engine.run([SidecarRequest(d, sidecars=[TITLE]) for d in DOCS[:2]], max_new_tokens=[3, 9])
