@@ -1,4 +1,4 @@
-"""Engine benchmark: sidecar's speculative engine vs HF plain and HF assisted generation, same process.
+"""Engine benchmark: sidecar's engine vs HF plain, HF assisted and HF prompt-lookup generation, same process.
 
     python -m bench.engine                 # full: 8 articles at batch 1, batches 8 and 32, 64 new tokens
     python -m bench.engine --quick         # 2 articles, batch 4, 32 new tokens
@@ -61,11 +61,11 @@ def hf_plain_one(pair: ModelPair, prompt: list[int], max_new: int) -> dict:
     return {"tokens": tokens, "wall_s": sw.seconds, "prefill_s": prefill, "decode_s": sw.seconds - prefill}
 
 
-def hf_assisted_one(pair: ModelPair, prompt: list[int], max_new: int, gamma: int) -> dict:
+def hf_speculative_one(pair: ModelPair, prompt: list[int], max_new: int, **speculation) -> dict:
+    """HF generate with its own speculation: a draft model (assisted) or n-grams of the prompt (lookup)."""
     with torch.inference_mode(), Stopwatch(pair.device) as sw:
-        out = pair.target.generate(torch.tensor([prompt], device=pair.device), assistant_model=pair.draft,
-                                   max_new_tokens=max_new, do_sample=False, eos_token_id=pair.eos_token_ids,
-                                   num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant")
+        out = pair.target.generate(torch.tensor([prompt], device=pair.device), max_new_tokens=max_new,
+                                   do_sample=False, eos_token_id=pair.eos_token_ids, **speculation)
     return {"tokens": out[0, len(prompt):].tolist(), "wall_s": sw.seconds}
 
 
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--batches", default="8,32")
-    parser.add_argument("--skip-assisted", action="store_true")
+    parser.add_argument("--skip-assisted", action="store_true", help="skip HF assisted and prompt-lookup runs")
     parser.add_argument("--quick", action="store_true", help="2 articles, batch 4, 32 new tokens")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--no-int8-draft", action="store_true", help="skip the batch-1 run with an int8 draft (CPU)")
@@ -147,8 +147,11 @@ def main() -> None:
                     f"{name}_identical": out.token_ids == plain["tokens"],
                     f"{name}_tokens_per_target_forward": out.stats.tokens_per_target_forward}
         if not args.skip_assisted:
-            assisted = hf_assisted_one(pair, prompt, args.max_new_tokens, args.gamma)
-            row |= {"assisted_wall_s": assisted["wall_s"], "assisted_identical": assisted["tokens"] == plain["tokens"]}
+            assisted = hf_speculative_one(pair, prompt, args.max_new_tokens, assistant_model=pair.draft,
+                                          num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant")
+            lookup = hf_speculative_one(pair, prompt, args.max_new_tokens, prompt_lookup_num_tokens=args.gamma)
+            row |= {"assisted_wall_s": assisted["wall_s"], "assisted_identical": assisted["tokens"] == plain["tokens"],
+                    "lookup_wall_s": lookup["wall_s"], "lookup_identical": lookup["tokens"] == plain["tokens"]}
         single.append(row)
         print(row, flush=True)
 
@@ -179,6 +182,10 @@ def main() -> None:
                              "e2e_ratio": e2e_tps["engine"] / assisted_tps, "engine_tps": e2e_tps["engine"],
                              "baseline_tps": assisted_tps,
                              "identical": all(r["assisted_identical"] for r in single)})
+        lookup_tps = total("plain_tokens") / total("lookup_wall_s")
+        summary_rows.append({"setting": "batch 1", "baseline": "HF prompt-lookup generate",
+                             "e2e_ratio": e2e_tps["engine"] / lookup_tps, "engine_tps": e2e_tps["engine"],
+                             "baseline_tps": lookup_tps, "identical": all(r["lookup_identical"] for r in single)})
 
     # -- batched throughput --
     batched = []
