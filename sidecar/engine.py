@@ -148,7 +148,10 @@ class SidecarEngine:
                     instruction=range(start, start + len(compound.columns(f"sidecar:{task.name}"))),
                     bridge=encode(self.pair.tokenizer, task.bridge)))
 
-        mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens, on_finish=on_finish)
+        # without sidecar tasks nobody needs the draft's cache afterwards, so the decoder may skip the draft
+        has_sidecars = any(r.sidecars for r in requests)
+        mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens,
+                                    on_finish=on_finish if has_sidecars else None)
         results = [DocumentResult(main, {}) for main in mains]
         generator = None
         if sidecar_sampling.seed is not None:

@@ -305,3 +305,17 @@ def test_int8_draft_keeps_output_identical():
     assert sum(o.stats.drafted for o in outputs) > 0
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == target_alone(pair, prompt, 20)
+
+
+def test_sidecar_engine_skips_the_draft_only_without_sidecar_tasks(tiny):
+    from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
+
+    engine = SidecarEngine(tiny, gamma=4)
+    learned_controller(engine.decoder, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
+    doc = "The council approved a new budget on Tuesday."
+    bare = engine.run([SidecarRequest(doc)], max_new_tokens=8)[0]
+    assert bare.main.stats.draft_forwards == 0
+    # a sidecar task needs the draft's cache, so the draft prefills even when speculation does not pay
+    with_tags = engine.run([SidecarRequest(doc, sidecars=[HASHTAGS])], max_new_tokens=8)[0]
+    assert with_tags.main.token_ids == bare.main.token_ids
+    assert with_tags.sidecars["hashtags"].stats.new_tokens > 0
