@@ -1,7 +1,7 @@
 """Run every benchmark, refresh bench/results/ and the README's benchmark tables.
 
-    python -m bench.run_all            # full (about 30 minutes on a 2-core CPU)
-    python -m bench.run_all --quick    # about 5 minutes
+    python -m bench.run_all            # full (the engine benchmark alone: 34 minutes on a 2-core CPU)
+    python -m bench.run_all --quick    # reduced sizes
 
 Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json
 and NAME.md; the README shows each NAME.md between `<!-- bench:NAME -->` markers.
