@@ -27,6 +27,7 @@ import torch
 from bench.common import Stopwatch, environment, markdown_table, news_documents, result_name, write_results
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.analysis import alpha, scored_logits
+from sidecar.cpu_kernels import DispatchLinear
 from sidecar.kv_cache import RowKVCache
 from sidecar.leakage import document_only_terms, leak_rate, leaked_terms
 from sidecar.speculative import DecodeRow, Sampling, forward, logits_at
@@ -104,12 +105,17 @@ def memory_bandwidth_gbs(device: torch.device) -> float:
 
 
 def bytes_read_per_step(model: torch.nn.Module) -> int:
-    """Weight bytes one decode step reads: every layer's weights, but only one row of the input embedding."""
+    """Weight bytes one decode step reads: every layer's weights, but only one row of the input embedding.
+
+    A CPU ``DispatchLinear`` holds its weight twice (plain and packed) and reads one of them per call.
+    """
     total = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             continue
         tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if isinstance(module, DispatchLinear):
+            tensors = [module.weight, *([module.bias] if module.bias is not None else [])]
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 
