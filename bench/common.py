@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from sidecar.models import synchronize
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
@@ -34,22 +36,17 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Stopwatch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def __enter__(self) -> Stopwatch:
-        sync(self.device)
+        synchronize(self.device)
         self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        sync(self.device)
+        synchronize(self.device)
         self.seconds = time.perf_counter() - self.start
 
 

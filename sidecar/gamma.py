@@ -27,6 +27,8 @@ from contextlib import contextmanager
 
 import torch
 
+from sidecar.models import synchronize
+
 
 class LinearCost:
     """Least-squares fit of seconds = a + b * tokens over the most recent observations."""
@@ -118,8 +120,7 @@ class GammaController:
         def timed(model: str, tokens: int) -> Iterator[None]:
             start = time.perf_counter()
             yield
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             self.costs[model].add(tokens, time.perf_counter() - start)
 
         return timed

@@ -67,6 +67,12 @@ def device_name(device: torch.device) -> str:
     return "CPU " + (platform.processor() or platform.machine())
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock timings measure it (CPU work is synchronous already)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
     resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:

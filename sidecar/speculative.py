@@ -18,7 +18,7 @@ from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
 from sidecar.errors import InputError
 from sidecar.gamma import GammaController
 from sidecar.kv_cache import RowKVCache
-from sidecar.models import ModelPair
+from sidecar.models import ModelPair, synchronize
 
 TokenCallback = Callable[[int, list[int]], None]
 
@@ -200,7 +200,7 @@ class SpeculativeDecoder:
             target_cache.commit(lengths)
             first_logits = logits_at(pair.target, hidden, (lengths - 1)[:, None])[:, 0]
             first = self._choose(first_logits, sampling, generator)
-            self._synchronize()
+            synchronize(pair.device)
             self.controller.observe_prefill("target", int(lengths.sum()), time.perf_counter() - t_start)
 
             # the draft's prefill is skipped when this batch will decode plainly (a sidecar needs it anyway)
@@ -217,7 +217,7 @@ class SpeculativeDecoder:
                         spans[i, s:e] = span_id
                 forward(pair.draft, draft_cache, ids, spans)
                 draft_cache.commit(lengths)
-                self._synchronize()
+                synchronize(pair.device)
                 self.controller.observe_prefill("draft", int(lengths.sum()), time.perf_counter() - t_draft)
             prefill_seconds = time.perf_counter() - t_start
 
@@ -356,10 +356,6 @@ class SpeculativeDecoder:
         return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device)
 
     # -- helpers --
-
-    def _synchronize(self) -> None:
-        if self.pair.device.type == "cuda":
-            torch.cuda.synchronize(self.pair.device)
 
     def _align_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target's vocabulary: rows the draft lacks get probability 0."""
