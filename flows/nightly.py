@@ -15,9 +15,9 @@ The slot is taken once per run rather than per batch through a task tag: each ta
 API for a slot synchronously, which on the SQLite-backed API stalled batches by up to 2 s
 (bench/orchestration_overhead.py), and the models would stay loaded between the batches anyway.
 
-Each batch's outputs are committed in one DuckDB transaction as soon as it finishes, and a run whose
-``run_id`` already exists resumes: finished documents are skipped, so a crash costs at most the batch
-that was running.
+Finished batches are committed to DuckDB together, one transaction at least every ``commit_every_s``
+seconds (0: every batch), and a run whose ``run_id`` already exists resumes: committed documents are
+skipped, so a crash costs at most that much finished work plus the batch that was running.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.runtime import deployment as runtime_deployment
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,12 +43,12 @@ from sidecar.pipeline import (
     Batch,
     BatchOutcome,
     BatchSettings,
+    PendingCommit,
     RunCounts,
     plan_batches,
     release_memory,
     run_batch,
     split_by_context,
-    store_outcome,
 )
 from sidecar.tasks import HASHTAGS, SidecarTask
 from storage import Database, Document, RejectedDocument
@@ -77,6 +77,10 @@ class NightlyParams(BaseModel):
     pair: str = Field("qwen-coder-small", description="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D.")
     gamma: int = Field(4, ge=1, le=16, description="Tokens the draft proposes per target forward (adaptive).")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="Summary tokens per document.")
+    commit_every_s: float = Field(
+        10.0, ge=0, le=3600,
+        description="Commit finished batches at least this often (0: every batch); a crash loses at most "
+                    "this much finished work plus the running batch.")
     sidecar_tasks: list[SidecarTask] = Field(default_factory=lambda: [HASHTAGS],
                                              description="The sidecar task the draft runs after the summary.")
     modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
@@ -112,9 +116,9 @@ class NightlyParams(BaseModel):
         night with the same parameters gets the same id and resumes."""
         if self.run_id:
             return self.run_id
-        # batch size, database and triggers change where and how fast, not what is computed
-        decisive = self.model_dump(mode="json", exclude={"batch_size", "db_path", "run_id", "trigger_judge",
-                                                         "trigger_cost_report"})
+        # batch size, database, commits and triggers change where and how fast, not what is computed
+        decisive = self.model_dump(mode="json", exclude={"batch_size", "db_path", "run_id", "commit_every_s",
+                                                         "trigger_judge", "trigger_cost_report"})
         digest = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:10]
         return f"nightly-{day:%Y%m%d}-{digest}"
 
@@ -136,30 +140,35 @@ def _flow_run_name() -> str:
 
 
 @task(name="run-batch", cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
-def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings, db: Database,
-                   run_id: str) -> tuple[BatchOutcome, float]:
-    """Run one batch and commit it; returns the outcome and the seconds spent writing it."""
+def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings) -> BatchOutcome:
+    """Run one batch; the flow commits it."""
     logger = get_run_logger()
     logger.info("batch %d: %d documents (%d finished before)", batch.index, len(batch.docs), batch.skipped)
     outcome = run_batch(engine, batch.docs, settings)
-    started = time.perf_counter()
-    store_outcome(db, run_id, outcome)
     for failure in outcome.failures:
         logger.error("document %r failed on its own and is recorded as an error: %s", failure.doc.doc_id,
                      failure.error)
-    return outcome, time.perf_counter() - started
+    return outcome
 
 
 @flow(name="nightly", flow_run_name=_flow_run_name)
 def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
+    started = time.perf_counter()
     run_id = params.resolved_run_id(_run_day())
     counts = _process(params, run_id)
-    if runtime_deployment.id is None and (params.trigger_judge or params.trigger_cost_report):
+    counts.process_seconds = time.perf_counter() - started
+    if not _from_deployment() and (params.trigger_judge or params.trigger_cost_report):
         # The pair lived in _process; collect it now, so that a judge served on the same GPU fits.
         gc.collect()
         release_memory()
         _run_downstream(params, run_id, counts)
     return counts
+
+
+def _from_deployment() -> bool:
+    # The flow run in the context says it; prefect.runtime.deployment.id asks the API for it (~60 ms).
+    context = FlowRunContext.get()
+    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
 
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
@@ -201,7 +210,7 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
         batches, counts.skipped_done = plan_batches(docs, params.batch_size, done)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
                     " (resumed)" if resumed else "", len(docs), counts.skipped_done, len(rejects), len(batches))
-        _run_batches(engine, batches, settings, db, run_id, counts)
+        _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
     except BaseException as exc:
         db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -211,20 +220,36 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
 
 
 def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,
-                 counts: RunCounts) -> None:
+                 counts: RunCounts, commit_every_s: float) -> None:
     total = counts.documents - counts.skipped_done
     progress_id = create_progress_artifact(0.0 if total else 100.0, key="nightly-progress",
-                                           description=f"Documents of run {run_id} done")
+                                           description=f"Documents of run {run_id} committed")
+    pending = PendingCommit(commit_every_s)
     last_update = time.monotonic()
-    finished = 0
-    for number, batch in enumerate(batches, start=1):
-        outcome, storage_seconds = run_batch_task(engine, batch, settings, db, run_id)
-        counts.add_outcome(outcome)
-        counts.storage_seconds += storage_seconds
-        finished += len(batch.docs)
-        if number == len(batches) or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
-            update_progress_artifact(progress_id, 100.0 * finished / total)
-            last_update = time.monotonic()
+    committed = 0
+
+    def commit() -> None:
+        nonlocal committed
+        with counts.timed("storage"):
+            committed += pending.commit(db, run_id)
+        counts.commits += 1
+
+    try:
+        for number, batch in enumerate(batches, start=1):
+            outcome = run_batch_task(engine, batch, settings)
+            counts.add_outcome(outcome)
+            pending.add(outcome)
+            last = number == len(batches)
+            if not (last or pending.due()):
+                continue
+            commit()
+            if last or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
+                update_progress_artifact(progress_id, 100.0 * committed / total)
+                last_update = time.monotonic()
+    finally:
+        # a failing batch must not take the finished ones with it
+        if pending.outcomes:
+            commit()
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

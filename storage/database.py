@@ -96,6 +96,24 @@ def _require_run(run_id: str):
     return check
 
 
+def _documents_write(run_id: str, docs: Sequence[Document], rejects: Sequence[RejectedDocument]) -> TableWrite:
+    rows = [
+        {"run_id": run_id, "row_index": d.row_index, "doc_id": d.doc_id, "title": d.title,
+         "text": d.text, "n_chars": len(d.text), "status": "ok", "reject_reason": None,
+         "reject_detail": None}
+        for d in docs
+    ] + [
+        {"run_id": run_id, "row_index": r.row_index, "doc_id": r.doc_id, "title": r.title,
+         "text": r.text, "n_chars": None if r.text is None else len(r.text), "status": "rejected",
+         "reject_reason": r.reason, "reject_detail": r.detail or None}
+        for r in rejects
+    ]
+    row_indexes = [row["row_index"] for row in rows]
+    if len(set(row_indexes)) != len(row_indexes):
+        raise ValueError("record_documents got two entries for one input row (row_index)")
+    return TableWrite("documents", _table(rows, _DOCUMENTS_SCHEMA))
+
+
 def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     names = [column[0] for column in cursor.description or []]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -178,22 +196,7 @@ class Database:
                          rejects: Sequence[RejectedDocument]) -> None:
         """Store the run's input rows, usable and rejected; rows already stored for the same input row
         (``row_index``) are replaced, so recording again on resume adds nothing twice."""
-        rows = [
-            {"run_id": run_id, "row_index": d.row_index, "doc_id": d.doc_id, "title": d.title,
-             "text": d.text, "n_chars": len(d.text), "status": "ok", "reject_reason": None,
-             "reject_detail": None}
-            for d in docs
-        ] + [
-            {"run_id": run_id, "row_index": r.row_index, "doc_id": r.doc_id, "title": r.title,
-             "text": r.text, "n_chars": None if r.text is None else len(r.text), "status": "rejected",
-             "reject_reason": r.reason, "reject_detail": r.detail or None}
-            for r in rejects
-        ]
-        row_indexes = [row["row_index"] for row in rows]
-        if len(set(row_indexes)) != len(row_indexes):
-            raise ValueError("record_documents got two entries for one input row (row_index)")
-        write_tables(self.path, [TableWrite("documents", _table(rows, _DOCUMENTS_SCHEMA))], self.retry,
-                     check=_require_run(run_id))
+        write_tables(self.path, [_documents_write(run_id, docs, rejects)], self.retry, check=_require_run(run_id))
 
     def done_doc_ids(self, run_id: str, modes: list[str]) -> set[str]:
         """Documents of the run that have every one of ``modes`` written (what a resume can skip)."""
@@ -207,8 +210,10 @@ class Database:
         )
         return {row["doc_id"] for row in rows}
 
-    def write_batch(self, run_id: str, rows: Sequence[OutputRecord]) -> None:
-        """Write the outputs and request stats of a batch in one transaction.
+    def write_batch(self, run_id: str, rows: Sequence[OutputRecord],
+                    rejects: Sequence[RejectedDocument] = ()) -> None:
+        """Write the outputs and request stats of a batch, and ``rejects`` (its documents that failed),
+        in one transaction.
 
         Rows replace whatever is stored under the same (run_id, doc_id, mode), stats included, so
         writing a batch again after a crash leaves exactly one copy.
@@ -247,6 +252,8 @@ class Database:
             TableWrite("request_stats", _table(stats, _STATS_SCHEMA),
                        replace=outputs_table.select(["run_id", "doc_id", "mode"])),
         ]
+        if rejects:
+            writes.append(_documents_write(run_id, [], rejects))
         write_tables(self.path, writes, self.retry, check=_require_run(run_id))
 
     # -- judgements and costs ------------------------------------------------------------------------

@@ -85,10 +85,11 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
 
     corpus = write_corpus(tmp_path / "news.parquet", 5)
     run = params(tmp_path, corpus, modes=["sidecar", "sidecar_attended", "standalone"], title_column="title",
-                 trigger_cost_report=True)
+                 trigger_cost_report=True, commit_every_s=3600)
     state = nightly(run, return_state=True)
     counts = state.result()
     assert (counts.documents, counts.done, counts.skipped_done, counts.batches) == (5, 5, 0, 2)
+    assert counts.commits == 1, "both batches finished within the commit interval: one transaction"
     assert counts.rejected == {} and counts.errors == {}
 
     db = Database(run.db_path)
@@ -121,8 +122,8 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     from flows.nightly import nightly
 
     corpus = write_corpus(tmp_path / "news.parquet", 7)
-    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me"))
-    assert (first.done, first.skipped_done) == (4, 0)
+    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me", commit_every_s=0))
+    assert (first.done, first.skipped_done, first.batches, first.commits) == (4, 0, 2, 2)
     # the same run with more documents: the first four are not run again
     second = nightly(params(tmp_path, corpus, run_id="resume-me"))
     assert (second.documents, second.done, second.skipped_done) == (7, 3, 4)
@@ -144,6 +145,30 @@ def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | 
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ROWS
+
+
+def test_a_failing_batch_keeps_the_finished_ones_and_fails_the_run(prefect_api, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    import flows.nightly
+    from flows.nightly import nightly
+
+    real_run_batch = flows.nightly.run_batch
+
+    def run_batch(engine, docs, settings):
+        if docs[0].doc_id == "doc-03":
+            raise ValueError("injected failure in the third batch")
+        return real_run_batch(engine, docs, settings)
+
+    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1,
+                 commit_every_s=3600)
+    state = nightly(run, return_state=True)
+    assert state.is_failed()
+    db = Database(run.db_path)
+    # the three batches before the failure were pending a group commit; the failure committed them
+    assert db.done_doc_ids("fails", ["sidecar", "standalone"]) == {"doc-00", "doc-01", "doc-02"}
+    stored = db.get_run("fails")
+    assert stored["status"] == "failed" and "injected failure" in stored["error"]
 
 
 def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Path) -> None:
@@ -233,7 +258,7 @@ def test_sigkill_mid_run_then_rerun_redoes_at_most_one_batch(prefect_api, tmp_pa
     corpus = write_corpus(tmp_path / "news.parquet", n_docs)
     db_path = tmp_path / "sidecar.duckdb"
     command = [str(SIDECAR), "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
-               "--batch-size", str(batch_size), "--max-new-tokens", "16", "--run-id", "crash",
+               "--batch-size", str(batch_size), "--max-new-tokens", "16", "--run-id", "crash", "--commit-every", "0",
                "--no-judge", "--no-cost-report"]
     env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1"}
 

@@ -18,7 +18,7 @@ from sidecar.pipeline import (
     run_batch,
     run_modes,
     split_by_context,
-    store_outcome,
+    store_outcomes,
 )
 from storage import Database, Document
 
@@ -129,7 +129,7 @@ def test_records_land_in_the_results_view(engine: SidecarEngine, tmp_path: Path)
                  code_version="test")
     docs = documents(3)
     db.record_documents("r", docs, [])
-    store_outcome(db, "r", run_batch(engine, docs, settings(*modes)))
+    store_outcomes(db, "r", [run_batch(engine, docs, settings(*modes))])
     rows = results_rows(db, "r")
     assert [row["doc_id"] for row in rows] == ["doc-0", "doc-1", "doc-2"]
     assert [row["title"] for row in rows] == ["Title 0", "Title 1", "Title 2"]
@@ -193,7 +193,7 @@ def test_a_document_that_fails_alone_is_recorded_and_the_rest_continue(engine: S
     db = Database(tmp_path / "sidecar.duckdb")
     db.start_run("r", {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=4, code_version="test")
     db.record_documents("r", docs, [])
-    store_outcome(db, "r", outcome)
+    store_outcomes(db, "r", [outcome])
     rows = db.query("SELECT doc_id, status, reject_reason, reject_detail FROM documents WHERE status <> 'ok'")
     assert [(r["doc_id"], r["status"], r["reject_reason"]) for r in rows] == [("doc-2", "rejected", OOM_REASON)]
     assert "CUDA out of memory" in rows[0]["reject_detail"]
