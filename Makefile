@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus test test-fast demo bench bench-quick lint clean
+.PHONY: venv models corpus test test-fast demo bench bench-quick bench-full lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench: models corpus
 
 bench-quick: models corpus
 	$(BIN)/python -m bench.run_all --quick
+
+bench-full: models corpus
+	$(BIN)/python -m bench.run_all --full
 
 clean:
 	rm -rf $(VENV) .prefect data/*.duckdb

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -88,9 +89,30 @@ def write_results(name: str, payload: dict, markdown: str) -> Path:
     return path
 
 
-def result_name(benchmark: str, device: torch.device, pair: str, quick: bool) -> str:
-    """engine_cpu, engine_gpu_quick, sidecar_cpu_tiny ...: runs on other pairs never overwrite the real ones."""
+PROFILES = ("quick", "standard", "full")
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--quick`` / ``--full`` next to the default ``standard`` sizes; see bench/run_all.py for the budgets."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", dest="profile", action="store_const", const="quick",
+                       help="small sizes: `make bench-quick`, every benchmark within 5 minutes")
+    group.add_argument("--full", dest="profile", action="store_const", const="full",
+                       help="the sizes the issues specify: `make bench-full`, over an hour on a 2-core CPU")
+    parser.set_defaults(profile="standard")
+
+
+def apply_profile(args: argparse.Namespace, sizes: dict[str, dict]) -> None:
+    """Fill every size the command line left unset (None) from ``sizes[args.profile]``."""
+    for key, value in sizes[args.profile].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def result_name(benchmark: str, device: torch.device, pair: str, profile: str) -> str:
+    """engine_cpu, engine_gpu_quick, sidecar_cpu_full, sidecar_cpu_tiny ...: runs on other pairs or at other
+    sizes never overwrite the standard ones."""
     name = f"{benchmark}_{'gpu' if device.type == 'cuda' else 'cpu'}"
     if pair != "qwen-coder-small":
         name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", pair).strip("-")[:40]
-    return name + ("_quick" if quick else "")
+    return name + ("" if profile == "standard" else f"_{profile}")

@@ -1,7 +1,8 @@
 """What Prefect and DuckDB cost on top of the models: the nightly flow over 100 news articles, tiny pair.
 
-    python -m bench.orchestration_overhead            # 100 articles, 128-token summaries, batch 8
-    python -m bench.orchestration_overhead --quick    # 24 articles, 32-token summaries
+    python -m bench.orchestration_overhead            # 100 articles, 128-token summaries, batch 8, 3 runs
+    python -m bench.orchestration_overhead --full     # the same, 5 runs
+    python -m bench.orchestration_overhead --quick    # 24 articles, 32-token summaries, 1 run
 
 Goal: Prefect + DuckDB time <= 5% of model time. Two measurements of one workload:
 
@@ -39,13 +40,25 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 from prefect import flow  # noqa: E402
 
-from bench.common import environment, markdown_table, news_documents, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_profile_arguments,
+    apply_profile,
+    environment,
+    markdown_table,
+    news_documents,
+    write_results,
+)
 from flows.nightly import NightlyParams, nightly  # noqa: E402
 from sidecar import SidecarEngine, load_pair  # noqa: E402
 from sidecar.pipeline import plan_batches, run_batch  # noqa: E402
 from storage import Document  # noqa: E402
 
 GOAL = 0.05
+SIZES = {
+    "quick": {"documents": 24, "max_new_tokens": 32, "repeats": 1},
+    "standard": {"documents": 100, "max_new_tokens": 128, "repeats": 3},
+    "full": {"documents": 100, "max_new_tokens": 128, "repeats": 5},
+}
 
 
 @flow(name="warm-up")
@@ -83,15 +96,14 @@ def flow_run(params: NightlyParams, plain_s: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, default=100)
+    parser.add_argument("--documents", type=int)
     parser.add_argument("--chars", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5, help="flow runs, each after a plain loop")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--repeats", type=int, help="flow runs, each after a plain loop")
+    add_profile_arguments(parser)
     args = parser.parse_args()
-    if args.quick:
-        args.documents, args.max_new_tokens, args.repeats = 24, 32, 1
+    apply_profile(args, SIZES)
 
     work = BENCH_HOME / "work"
     work.mkdir()
@@ -145,7 +157,8 @@ def main() -> None:
         f"{best['duckdb_s']:.2f} s are DuckDB ({best['commits']} commit(s) for {best['batches']} batches). The goal "
         f"holds for runs whose model time reaches {(best['prefect_s'] + best['duckdb_s']) / GOAL:.0f} s or "
         f"more.\n\n{table}")
-    write_results("orchestration_overhead" + ("_quick" if args.quick else ""), payload, markdown)
+    write_results("orchestration_overhead" + ("" if args.profile == "standard" else f"_{args.profile}"), payload,
+                  markdown)
 
 
 if __name__ == "__main__":

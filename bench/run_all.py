@@ -1,10 +1,12 @@
 """Run every benchmark, refresh bench/results/ and the README's benchmark tables.
 
-    python -m bench.run_all            # full (the engine benchmark alone: 34 minutes on a 2-core CPU)
-    python -m bench.run_all --quick    # reduced sizes
+    python -m bench.run_all            # standard sizes (`make bench`): about 30 minutes on a 2-core CPU
+    python -m bench.run_all --quick    # small sizes (`make bench-quick`): about 5 minutes
+    python -m bench.run_all --full     # the sizes the issues specify (`make bench-full`): over an hour
 
-Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json
-and NAME.md; the README shows each NAME.md between `<!-- bench:NAME -->` markers.
+Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json and
+NAME.md (NAME_quick, NAME_full for the other sizes); the README shows the standard and full NAME.md files
+between `<!-- bench:KEY -->` and `<!-- bench:KEY_full -->` markers. Quick results stay in bench/results/.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ import argparse
 import re
 import subprocess
 import sys
+import time
 
-from bench.common import REPO, RESULTS
+import torch
 
+from bench.common import REPO, RESULTS, add_profile_arguments
+
+# (README key, module, result name without the profile suffix); CPU-only benchmarks say so in their name
 BENCHMARKS = [
-    ("engine", "bench.engine", "engine_cpu"),
-    ("sidecar", "bench.sidecar", "sidecar_cpu"),
+    ("kernels", "bench.kernels", "kernels_cpu"),
+    ("engine", "bench.engine", "engine_{device}"),
+    ("sidecar", "bench.sidecar", "sidecar_{device}"),
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),
 ]
 
 
-def splice_readme(name: str, markdown: str) -> bool:
+def splice_readme(key: str, markdown: str) -> bool:
     readme = REPO / "README.md"
     text = readme.read_text()
-    pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.DOTALL)
+    pattern = re.compile(rf"(<!-- bench:{key} -->\n).*?(\n<!-- /bench:{key} -->)", re.DOTALL)
     if not pattern.search(text):
         return False
     readme.write_text(pattern.sub(lambda m: m.group(1) + markdown.strip() + m.group(2), text))
@@ -36,20 +43,30 @@ def splice_readme(name: str, markdown: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(b[0] for b in BENCHMARKS))
+    add_profile_arguments(parser)
     args = parser.parse_args()
-    chosen = [b for b in BENCHMARKS if not args.only or b[0] in args.only.split(",")]
-    failed = []
-    for name, module, result in chosen:
-        command = [sys.executable, "-m", module, *(["--quick"] if args.quick else [])]
+    device = "gpu" if torch.cuda.is_available() else "cpu"
+    chosen = [b for b in BENCHMARKS if (not args.only or b[0] in args.only.split(","))
+              # the kernel choice exists on CPU only
+              and not (device == "gpu" and b[0] == "kernels")]
+    # GPU tables go under their own README keys, never over the CPU ones
+    suffix = ("" if device == "cpu" else "_gpu") + ("" if args.profile == "standard" else f"_{args.profile}")
+    failed, timings = [], []
+    started = time.perf_counter()
+    for key, module, result in chosen:
+        command = [sys.executable, "-m", module, *([f"--{args.profile}"] if args.profile != "standard" else [])]
         print(f"== {' '.join(command[1:])}", flush=True)
-        if subprocess.run(command, cwd=REPO).returncode != 0:
-            failed.append(name)
+        began = time.perf_counter()
+        returncode = subprocess.run(command, cwd=REPO).returncode
+        timings.append(f"{module} {time.perf_counter() - began:.0f} s")
+        if returncode != 0:
+            failed.append(key)
             continue
-        md = RESULTS / f"{result}{'_quick' if args.quick else ''}.md"
-        if md.exists() and not args.quick and splice_readme(name, md.read_text()):
-            print(f"README table '{name}' refreshed from {md.name}")
+        md = RESULTS / f"{result.format(device=device)}{'' if args.profile == 'standard' else '_' + args.profile}.md"
+        if args.profile != "quick" and md.exists() and splice_readme(key + suffix, md.read_text()):
+            print(f"README table '{key + suffix}' refreshed from {md.name}")
+    print(f"== {args.profile} benchmarks: {', '.join(timings)}; {(time.perf_counter() - started) / 60:.1f} min in all")
     if failed:
         sys.exit(f"benchmarks failed: {', '.join(failed)}")
 

@@ -1,7 +1,8 @@
 """Sidecar measurements on the real pair and real news: acceptance parity, leakage and cost.
 
-    python -m bench.sidecar                  # 20 articles, 64-token summaries, batches 1,16,64,128
-    python -m bench.sidecar --quick          # 4 articles, 32-token summaries, batches 1,16
+    python -m bench.sidecar           # standard (`make bench`): 6 articles, batches 1,16,64, 20 forced runs
+    python -m bench.sidecar --full    # 20 articles, 64-token summaries, batches 1,16,64,128, 60 forced runs
+    python -m bench.sidecar --quick   # 2 articles, 32-token summaries, batches 1,8, 4 forced runs
 
 1. Acceptance parity: teacher-forced alpha = mean over summary positions of sum_v min(p_v, q_v), target p
    on the bare prompt, draft q on (a) the bare prompt, (b) the compound prompt with the sidecar
@@ -24,7 +25,16 @@ import time
 
 import torch
 
-from bench.common import Stopwatch, environment, markdown_table, news_documents, result_name, write_results
+from bench.common import (
+    Stopwatch,
+    add_profile_arguments,
+    apply_profile,
+    environment,
+    markdown_table,
+    news_documents,
+    result_name,
+    write_results,
+)
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.analysis import alpha, scored_logits
 from sidecar.cpu_kernels import DispatchLinear
@@ -166,19 +176,25 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
             "draft_weight_bytes_read_per_step": weights, "copy_bandwidth_gbs": bandwidth, "steps": rows}
 
 
+SIZES = {
+    "quick": {"articles": 2, "max_new_tokens": 32, "batches": "1,8", "forced_runs": 4},
+    "standard": {"articles": 6, "max_new_tokens": 64, "batches": "1,16,64", "forced_runs": 20},
+    "full": {"articles": 20, "max_new_tokens": 64, "batches": "1,16,64,128", "forced_runs": 60},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="qwen-coder-small")
-    parser.add_argument("--articles", type=int, default=20)
+    parser.add_argument("--articles", type=int)
     parser.add_argument("--chars", type=int, default=3000, help="the source study cut articles to 3,000 characters")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batches", default="1,16,64,128")
-    parser.add_argument("--forced-runs", type=int, default=60)
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--batches")
+    parser.add_argument("--forced-runs", type=int)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--quick", action="store_true")
+    add_profile_arguments(parser)
     args = parser.parse_args()
-    if args.quick:
-        args.articles, args.max_new_tokens, args.batches, args.forced_runs = 4, 32, "1,16", 8
+    apply_profile(args, SIZES)
     pair = load_pair(args.pair)
     engine = SidecarEngine(pair)
     documents = news_documents(args.articles, args.chars)
@@ -221,7 +237,7 @@ def main() -> None:
     c, f = leaks["corpus"], leaks["forced"]
     markdown = (
         f"Sidecar on {env['device']} ({env['dtype']}), pair `{args.pair}`, {parity['documents']} real news articles "
-        f"cut to {args.chars} chars, {args.max_new_tokens}-token summaries.\n\n"
+        f"cut to {args.chars} chars, {args.max_new_tokens}-token summaries ({args.profile} sizes).\n\n"
         f"- Acceptance parity (teacher-forced alpha): bare {parity['bare']:.3f}, instruction visible "
         f"{parity['visible']:.3f} ({parity['visible_change_pct']:+.1f}%), masked {parity['masked']:.3f} "
         f"({parity['masked_change_pct']:+.1f}%).\n"
@@ -240,7 +256,7 @@ def main() -> None:
         f"- Tagging latency at batch 1: sidecar {latency['sidecar_s']:.2f}s (feeds {latency['sidecar_feed_tokens']} "
         f"tokens) vs standalone {latency['standalone_s']:.2f}s (prefills {latency['standalone_feed_tokens']}).\n\n"
         f"{table}")
-    write_results(result_name("sidecar", pair.device, args.pair, args.quick), payload, markdown)
+    write_results(result_name("sidecar", pair.device, args.pair, args.profile), payload, markdown)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""CPU kernel benchmark: one forward of each model per shape, default fp32 matmul vs oneDNN packed weights.
+
+    python -m bench.kernels            # standard and --full: context 400, 5 timed forwards per cell
+    python -m bench.kernels --quick    # 2 timed forwards per cell
+
+The table behind ``sidecar.cpu_kernels``: ``DispatchLinear`` keeps both copies of every Linear weight and
+picks the kernel by how many tokens (rows x positions) a forward carries. Each cell is the median wall
+time of one forward over a KV cache of ``--context`` positions, through the engine's own ``forward``:
+
+* target with the default kernel only, oneDNN only, and the dispatch the engine uses;
+* draft in fp32 (dispatch) and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
+
+On a GPU there is nothing to choose (cuBLAS for every shape); the benchmark is CPU-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from bench.common import add_profile_arguments, apply_profile, environment, markdown_table, write_results
+from sidecar import cpu_kernels, load_pair
+from sidecar.kv_cache import RowKVCache
+from sidecar.models import load_model, pair_model_ids
+from sidecar.speculative import forward
+
+# (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch
+SHAPES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1)]
+SIZES = {"quick": {"repeats": 2}, "standard": {"repeats": 5}, "full": {"repeats": 5}}
+
+
+@contextmanager
+def kernel(max_default_tokens: int) -> Iterator[None]:
+    """Route forwards of up to ``max_default_tokens`` tokens to the default kernel, the rest to oneDNN."""
+    saved = cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS
+    cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS = max_default_tokens
+    try:
+        yield
+    finally:
+        cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS = saved
+
+
+def forward_ms(model: PreTrainedModel, rows: int, positions: int, context: int, repeats: int) -> float:
+    """Median ms of one forward of ``rows`` x ``positions`` new tokens over ``context`` cached positions."""
+    cache = RowKVCache(model, rows, context + positions)
+    cache.commit(torch.full((rows,), context))  # only the length matters for the time, not the values
+    ids = torch.randint(0, 1000, (rows, positions))
+    times = []
+    with torch.inference_mode():
+        for attempt in range(repeats + 1):  # the first call pays one-off allocations
+            started = time.perf_counter()
+            forward(model, cache, ids)
+            if attempt:
+                times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="qwen-coder-small")
+    parser.add_argument("--context", type=int, default=400)
+    parser.add_argument("--repeats", type=int)
+    add_profile_arguments(parser)
+    args = parser.parse_args()
+    apply_profile(args, SIZES)
+
+    pair = load_pair(args.pair, device="cpu")
+    int8_draft = cpu_kernels.quantize_int8(load_model(pair_model_ids(args.pair)[1], pair.device, pair.dtype))
+    variants = [
+        ("target, default kernel", pair.target, 10**9),
+        ("target, oneDNN", pair.target, 0),
+        ("target, dispatch (engine)", pair.target, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
+        ("draft fp32, dispatch (engine)", pair.draft, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
+        ("draft int8", int8_draft, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
+    ]
+    rows = []
+    for name, model, max_default_tokens in variants:
+        row = {"model": name}
+        with kernel(max_default_tokens):
+            for batch, positions in SHAPES:
+                row[f"{batch}x{positions}"] = forward_ms(model, batch, positions, args.context, args.repeats)
+        rows.append(row)
+        print(row, flush=True)
+
+    env = environment(pair.device, pair.dtype)
+    table = markdown_table(rows, [("model", "model / kernel"), *((f"{b}x{p}", f"{b}x{p}") for b, p in SHAPES)])
+    markdown = (f"One forward, ms (median of {args.repeats}), pair `{args.pair}` on {env['device']} ({env['dtype']}, "
+                f"{env['threads']} threads), context {args.context}; columns are rows x new positions.\n\n{table}")
+    payload = {"environment": env, "args": vars(args), "shapes": SHAPES, "rows": rows}
+    write_results("kernels_cpu" + ("" if args.profile == "standard" else f"_{args.profile}"), payload, markdown)
+
+
+if __name__ == "__main__":
+    main()
