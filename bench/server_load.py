@@ -4,11 +4,14 @@ Starts the server itself (``--pair``, default the tiny random pair) unless ``--b
 asks each prompt alone for its greedy reference answer, then runs ``--concurrency`` clients for
 ``--duration`` seconds with a fixed mix of greedy, streamed, sidecar, sampled and invalid requests. Every
 greedy main answer under load must equal its reference; invalid requests must get a 4xx. Reports p50/p99
-latency, throughput, status counts and the server's RSS before and after, and writes them as JSON. With
-``--compare-unbatched`` (the default when it starts the server) the same load also runs against a server
-with ``--max-batch 1``, so the report shows what batching buys.
+latency, throughput, status counts and the server's RSS before and after in bench/results/server_load.json
+and .md (``_quick`` / ``_full`` for the other sizes). With ``--compare-unbatched`` (the default when it
+starts the server) the same load also runs against a server with ``--max-batch 1``, so the report shows
+what batching buys. Exits non-zero on a wrong answer, a failed batch, or batching that does not raise the
+valid requests per second.
 
-    .venv/bin/python -m bench.server_load --concurrency 64 --duration 30
+    .venv/bin/python -m bench.server_load            # 64 clients, 30 s per server
+    .venv/bin/python -m bench.server_load --quick    # 16 clients, 8 s per server
 """
 
 from __future__ import annotations
@@ -18,18 +21,15 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "bench" / "results" / "server_load.json"
 
 SENTENCES = [
     "The city council approved a new budget on Tuesday after a long debate about schools.",
@@ -48,6 +48,11 @@ MIX = {"greedy": 0.45, "stream": 0.2, "sidecar": 0.1, "sampled": 0.1, "bad_json"
        "over_context": 0.04, "bad_sidecar": 0.03}
 CHECKED = ("greedy", "stream", "sidecar")
 INVALID = ("bad_json", "unknown_model", "over_context", "bad_sidecar")
+SIZES = {
+    "quick": {"concurrency": 16, "duration": 8.0},
+    "standard": {"concurrency": 64, "duration": 30.0},
+    "full": {"concurrency": 64, "duration": 30.0},
+}
 
 
 def prompts(count: int) -> list[str]:
@@ -79,7 +84,13 @@ class LoadClient:
         await self.client.aclose()
 
     async def stats(self) -> dict[str, Any]:
-        response = await self.client.get(self.base_url.removesuffix("/v1") + "/stats")
+        return await self._get("/stats")
+
+    async def health(self) -> dict[str, Any]:
+        return await self._get("/health")
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        response = await self.client.get(self.base_url.removesuffix("/v1") + path)
         response.raise_for_status()
         return response.json()
 
@@ -225,21 +236,74 @@ def summarize(outcomes: list[Outcome], wall_s: float, before: dict[str, Any], af
 async def bench(base_url: str, model: str, api_key: str | None, args: argparse.Namespace) -> dict[str, Any]:
     client = LoadClient(base_url, model, api_key, args.max_tokens)
     try:
+        device = (await client.health())["device"]
         pool = prompts(args.prompts)
         refs = await references(client, pool)
-        return await run_load(client, pool, refs, args.concurrency, args.duration, args.seed)
+        summary = await run_load(client, pool, refs, args.concurrency, args.duration, args.seed)
     finally:
         await client.aclose()
+    summary["server"]["device"] = device
+    return summary
+
+
+def _status_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{status}: {count}" for status, count in sorted(counts.items()))
+
+
+def _latency(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.2f}"
+
+
+def to_markdown(report: dict[str, Any], command: str) -> str:
+    """The results table, one row per server, with what the run found above it."""
+    config = report["config"]
+    labels = {"batched": f"`{config['base_url']}`" if config["base_url"] else
+              f"dynamic batching (max batch {config['max_batch']})", "unbatched": "one at a time (max batch 1)"}
+    runs = {name: report[name] for name in labels if name in report}
+    text = (f"Pair `{config['model'] or config['pair']}` on {report['batched']['server']['device']}, "
+            f"{config['concurrency']} concurrent clients for {config['duration']:.0f} s per server "
+            f"{'against ' + config['base_url'] if config['base_url'] else 'on loopback'}, mixed valid (greedy, "
+            "streaming, sidecars, sampled) and invalid requests (bad JSON, unknown model, over-context, bad sidecar "
+            "spec).")
+    speedup = report.get("speedup_ok_per_s")
+    if speedup is not None:
+        verb = "raised" if speedup > 1 else "did not raise"
+        text += f" Batching {verb} valid requests per second ({speedup:.1f}×)."
+    text += f" Command: `{command}`."
+    lines = [text, "", "| server | requests | status counts | wrong answers | p50 / p99 latency s | valid req/s "
+             "| RSS MB before → after |", "|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        latency, server = run["latency_ok_s"], run["server"]
+        lines.append(f"| {labels[name]} | {run['requests']} | {_status_counts(run['status_counts'])} | "
+                     f"{len(run['wrong'])} | {_latency(latency['p50'])} / {_latency(latency['p99'])} | "
+                     f"{run['throughput']['ok_per_s']:.1f} | {server['rss_before_bytes'] / 1e6:.0f} → "
+                     f"{server['rss_after_bytes'] / 1e6:.0f} |")
+    return "\n".join(lines)
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """Why the run fails, if it does."""
+    found = [f"{name}: {len(report[name]['wrong'])} wrong answer(s), {report[name]['server']['failed_batches']} "
+             "failed batch(es)" for name in ("batched", "unbatched")
+             if name in report and (report[name]["wrong"] or report[name]["server"]["failed_batches"])]
+    speedup = report.get("speedup_ok_per_s")
+    if speedup is not None and speedup <= 1:
+        found.append(f"dynamic batching did not raise valid requests per second over one at a time ({speedup:.2f}×)")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # Imported here, not at the top: bench is not an installed package, and tests load this module by file path
+    # for its load client; only running the benchmark (python -m bench.server_load) needs bench importable.
+    from bench.common import add_profile_arguments, apply_profile, write_results
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="tiny", help="pair the started server loads")
     parser.add_argument("--base-url", help="test this running server (OpenAI base URL, .../v1) instead")
     parser.add_argument("--model", help="model id to ask for; default the pair name")
     parser.add_argument("--api-key-env", default="SIDECAR_API_KEY", help="env variable holding the key, if any")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load per server")
+    parser.add_argument("--concurrency", type=int, help="concurrent clients (quick 16, else 64)")
+    parser.add_argument("--duration", type=float, help="seconds of load per server (quick 8, else 30)")
     parser.add_argument("--max-batch", type=int, default=16, help="--max-batch of the batched server")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -247,12 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-unbatched", action=argparse.BooleanOptionalAction, default=None,
                         help="also run against a --max-batch 1 server (default: on when starting servers)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    add_profile_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    apply_profile(args, SIZES)
     api_key = os.environ.get(args.api_key_env) or None
     model = args.model or args.pair
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    report: dict[str, Any] = {"config": config, "mix": MIX}
+    report: dict[str, Any] = {"config": vars(args), "mix": MIX}
 
     if args.base_url:
         report["batched"] = asyncio.run(bench(args.base_url, model, api_key, args))
@@ -271,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     if "unbatched" in report:
         batched, unbatched = report["batched"]["throughput"], report["unbatched"]["throughput"]
         report["speedup_ok_per_s"] = batched["ok_per_s"] / max(unbatched["ok_per_s"], 1e-9)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
-    failed = any(report[name]["wrong"] or report[name]["server"]["failed_batches"]
-                 for name in ("batched", "unbatched") if name in report)
-    return 1 if failed else 0
+    found = problems(report)
+    report["problems"] = found
+    name = "server_load" + ("" if args.profile == "standard" else f"_{args.profile}")
+    write_results(name, report, to_markdown(report, shlex.join(["python", "-m", "bench.server_load", *argv])))
+    for problem in found:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway k
 external endpoint comes from the Prefect Secret block ``api_key_secret_block``, else from
 ``SIDECAR_JUDGE_API_KEY`` / ``OPENAI_API_KEY``; it is never a parameter and never logged.
 
-Answers the judge gives but that cannot be parsed are stored with their raw text and no winner; they
-count as judged (asking again would give the same). Failed calls are stored with their error and are
-asked again on the next run. Either way the flow completes and the artifact counts them as errors.
+Every game that has no winner is stored with its error. Answers the judge gives but that cannot be
+parsed also keep their raw text and count as judged (asking again would give the same); failed calls
+and replies that hold no answer are asked again on the next run. Either way the flow completes and the
+artifact and the ``judgements`` view count them as errors.
 """
 
 from __future__ import annotations
@@ -57,14 +58,11 @@ def store_judgements(db: Database, run_id: str, results: list[JudgeResult], conf
     for result in results:
         for game in result.games:
             sidecar_first = game.sidecar_position == "A"
-            # storage.JudgementRecord: ``error`` is for calls that got no answer; an answer that could not be
-            # parsed is kept as raw_answer with no winner and no error, so a rerun does not ask again.
-            error = game.error if game.raw_answer is None else None
             records.append(JudgementRecord(
                 doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
                 mode_a="sidecar" if sidecar_first else "standalone",
                 mode_b="standalone" if sidecar_first else "sidecar",
-                raw_answer=game.raw_answer, winner=game.winner, error=error))
+                raw_answer=game.raw_answer, winner=game.winner, error=game.error))
     if records:
         db.write_judgements(run_id, records)
     return len(records)

@@ -12,13 +12,16 @@ import torch
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Probabilities after temperature and nucleus (top-p) filtering, over the last dimension."""
+    """Probabilities after temperature and nucleus (top-p) filtering, over the last dimension; the nucleus
+    always holds at least the most likely token."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p >= 1.0:
         return probs
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept)
     drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    # and never less than the most likely token: a top_p that is 0 in float32 (1e-300) would drop every token
+    drop[..., 0] = False
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     return filtered / filtered.sum(-1, keepdim=True)

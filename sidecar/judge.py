@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -120,6 +120,28 @@ class JudgeAnswer(BaseModel):
     reason: str = ""
 
 
+# The parts of a chat completion the judge reads. The openai client builds its ``ChatCompletion`` from a
+# 200 reply without validating it, so any JSON shape (``"choices": "x"``, a null message, an object as
+# content) arrives as attributes of whatever type; these models check them before use.
+class _ReplyMessage(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    content: str | None = None
+    refusal: str | None = None
+
+
+class _ReplyChoice(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    message: _ReplyMessage
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    choices: list[_ReplyChoice] = Field(min_length=1)
+
+
 class GameResult(BaseModel):
     """One of the two position-swapped games of a document."""
 
@@ -182,6 +204,9 @@ class JudgeSummary(BaseModel):
             f"| total | {self.total} |",
             "",
             f"Order consistency (both games agree, over {self.judged} judged documents): {rate}.",
+            "",
+            "For comparison, the source study's numbers, not ours: on 100 CNN/DailyMail articles its LLM judge "
+            "reported 86 ties, the other 14 split 9-5.",
         ]
         if self.error_docs:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
@@ -206,8 +231,22 @@ def make_judge_client(config: JudgeConfig, http_client: httpx.Client | None = No
 _FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL | re.IGNORECASE)
 
 
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` hook: a repeated key would let the last ``winner`` silently override the first."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"repeated key(s) {', '.join(map(repr, repeated))}")
+    return dict(pairs)
+
+
 def parse_judge_answer(text: str | None) -> JudgeAnswer:
-    """Parse the judge's answer: one JSON object, optionally inside a ```json fence, nothing else."""
+    """Parse the judge's answer: one JSON object, optionally inside a ```json fence, nothing else, with
+    ``winner`` as its first key."""
     if text is None or not text.strip():
         raise JudgeAnswerError("empty answer")
     body = text.strip()
@@ -215,16 +254,21 @@ def parse_judge_answer(text: str | None) -> JudgeAnswer:
     if fenced:
         body = fenced.group(1)
     try:
-        payload = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise JudgeAnswerError(f"answer is not a JSON object: {exc.msg}") from exc
+        payload = json.loads(body, object_pairs_hook=_unique_keys)
+    # ValueError: malformed JSON, a repeated key, an integer past Python's digit limit; RecursionError: nesting
+    # deeper than the interpreter's stack.
+    except (ValueError, RecursionError) as exc:
+        raise JudgeAnswerError(f"answer is not a strict JSON object: {exc}") from exc
     if not isinstance(payload, dict):
         raise JudgeAnswerError(f"answer is JSON {type(payload).__name__}, not an object")
+    # The prompt asks for the winner before the reason so that the verdict is not written to fit a reason
+    # already given; an answer in another order did not follow the prompt.
+    if "winner" in payload and next(iter(payload)) != "winner":
+        raise JudgeAnswerError(f"answer does not start with the winner: keys {list(payload)}")
     try:
         return JudgeAnswer.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise JudgeAnswerError(f"answer has no valid verdict: {problems}") from None
+        raise JudgeAnswerError(f"answer has no valid verdict: {_problems(exc)}") from None
 
 
 def render_prompt(summary: str, tags_a: list[str], tags_b: list[str], prompt_version: str) -> list[dict[str, str]]:
@@ -273,13 +317,23 @@ class _Redactor:
         return text
 
 
-def _answer_text(completion: object) -> str:
+def _ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str]]) -> str:
+    """The text the judge answers ``messages`` with; ``JudgeAnswerError`` for a reply that holds none."""
+    try:
+        completion = client.chat.completions.create(
+            model=config.model, messages=messages, temperature=0, max_tokens=config.max_tokens
+        )
+    # The client decodes a reply declared as JSON with json.loads and lets its errors through: a truncated or
+    # mis-encoded body is a ValueError (JSONDecodeError, UnicodeDecodeError), a deeply nested one a RecursionError.
+    except (ValueError, RecursionError) as exc:
+        raise JudgeAnswerError(f"response body is not JSON: {type(exc).__name__}: {exc}") from exc
     if not isinstance(completion, ChatCompletion):
-        # The client hands back a plain string when a 200 response is not JSON.
+        # The client hands back a plain string when a 200 response is not declared as JSON.
         raise JudgeAnswerError(f"response is not a chat completion: {str(completion)[:200]!r}")
-    if not completion.choices:
-        raise JudgeAnswerError("response has no choices")
-    message = completion.choices[0].message
+    try:
+        message = _Reply.model_validate(completion).choices[0].message
+    except ValidationError as exc:
+        raise JudgeAnswerError(f"response is not a chat completion: {_problems(exc)}") from None
     if message.refusal:
         raise JudgeAnswerError(f"judge refused: {message.refusal}")
     return message.content or ""
@@ -305,10 +359,7 @@ def _play_game(
         attempt += 1
         raw_answer: str | None = None
         try:
-            completion = client.chat.completions.create(
-                model=config.model, messages=messages, temperature=0, max_tokens=config.max_tokens
-            )
-            raw_answer = _answer_text(completion)
+            raw_answer = _ask(client, config, messages)
             answer = parse_judge_answer(raw_answer)
         except (openai.OpenAIError, JudgeAnswerError) as exc:
             error = redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]

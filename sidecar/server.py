@@ -5,12 +5,13 @@ Endpoints:
 - ``GET /health``: liveness, no key needed.
 - ``GET /v1/models``: the one served model.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
-  ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0 is greedy and
-  token-identical to the target alone), ``top_p``, ``seed``, ``stop``, ``stream`` (SSE chunks) and
-  ``stream_options.include_usage``. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
-  attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system message ->
-  system, the one user message -> document) and the response has a top-level ``sidecars`` object
-  ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming).
+  ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and anything
+  below ``MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the target alone), ``top_p`` (the
+  most likely token always stays in the nucleus), ``seed`` (int64, as OpenAI), ``stop``, ``stream`` (SSE
+  chunks) and ``stream_options.include_usage``. Extension: ``sidecars``, a list of ``{name, instruction,
+  max_tokens, attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system
+  message -> system, the one user message -> document) and the response has a top-level ``sidecars``
+  object ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming).
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
 - ``GET /stats``: batching statistics (batch-size histogram, queue depth) and the server's RSS.
 
@@ -62,6 +63,9 @@ from sidecar.tasks import SidecarTask
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
+# Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
+# at 1e-5, logits 0.001 apart already differ by a factor of e^100, so lower temperatures are decoded greedily.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 API_KEY_ENV = "SIDECAR_API_KEY"
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -153,7 +157,9 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    # OpenAI's own bound (int64). torch's generators take -2**63 .. 2**64 - 1, so the engine's seed + 1 for the
+    # sidecar phase fits too; a seed outside would fail in the worker, with every request batched alongside.
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -161,6 +167,11 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Any] | None = None
     logprobs: bool = False
     sidecars: list[dict[str, Any]] | None = Field(None, max_length=16)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_below_min(cls, value: float) -> float:
+        return 0.0 if value < MIN_SAMPLING_TEMPERATURE else value
 
     @field_validator("stop")
     @classmethod
@@ -672,7 +683,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         raw = await _read_body(request, config.max_body_bytes)
         try:
             payload = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # ValueError: malformed JSON (JSONDecodeError), bad UTF-8, an integer past Python's digit limit;
+        # RecursionError: nesting deeper than the interpreter's stack (a body of a few thousand "[").
+        except (ValueError, RecursionError) as exc:
             raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")

@@ -70,6 +70,16 @@ def completion(content: str | None, refusal: str | None = None) -> httpx.Respons
     )
 
 
+def reply(body: object) -> httpx.Response:
+    """A 200 whose JSON body is ``body``, whatever its shape."""
+    return httpx.Response(200, json=body)
+
+
+def json_bytes(content: bytes) -> httpx.Response:
+    """A 200 declared as JSON whose body is ``content`` as is."""
+    return httpx.Response(200, content=content, headers={"content-type": "application/json"})
+
+
 def verdict_json(winner: str) -> str:
     return json.dumps({"winner": winner, "reason": "because"})
 
@@ -143,6 +153,7 @@ def game(number: int, winner: str | None) -> GameResult:
         ('```json\n{"winner": "tie", "reason": "same"}\n```', "tie"),
         ('```\n{"winner": "A", "reason": "x"}\n```\n', "A"),
         ('{"winner": "B"}', "B"),
+        ('{"winner": "A", "reason": "x", "notes": {"reason": "inner keys", "winner": "in any order"}}', "A"),
     ],
 )
 def test_parse_accepts_json_object_bare_or_fenced(text: str, winner: str) -> None:
@@ -165,7 +176,13 @@ def test_parse_accepts_json_object_bare_or_fenced(text: str, winner: str) -> Non
         '{"winner": null}',
         '["A"]',
         "I'm sorry, but I can't help with that.",
+        '{"reason": "the reason before the verdict", "winner": "A"}',
+        '{"winner": "A", "reason": "x", "winner": "B"}',
+        '{"winner": "A", "reason": {"not": "a string"}}',
+        "[" * 100_000,
+        '{"winner": "A", "n": ' + "1" * 5_000 + "}",
     ],
+    ids=lambda text: repr(text)[:40],
 )
 def test_parse_rejects_anything_but_a_verdict_object(text: str | None) -> None:
     with pytest.raises(JudgeAnswerError):
@@ -264,6 +281,20 @@ def test_fenced_json_answer_is_accepted() -> None:
         pytest.param(lambda _r: completion("I'm sorry, but I can't help with that."), id="refusal-prose"),
         pytest.param(lambda _r: completion('{"winner": "both", "reason": "x"}'), id="invalid-winner"),
         pytest.param(lambda _r: httpx.Response(200, text="<html>gateway</html>"), id="not-a-completion"),
+        pytest.param(lambda _r: completion('{"reason": "x", "winner": "A"}'), id="reason-first"),
+        pytest.param(lambda _r: completion("[" * 100_000), id="deeply-nested-answer"),
+        # 200 replies of the wrong shape: the openai client hands them over unvalidated
+        pytest.param(lambda _r: reply({"choices": "x"}), id="choices-not-a-list"),
+        pytest.param(lambda _r: reply({"choices": []}), id="no-choices"),
+        pytest.param(lambda _r: reply({"choices": [None]}), id="null-choice"),
+        pytest.param(lambda _r: reply({"choices": [{"message": None}]}), id="null-message"),
+        pytest.param(lambda _r: reply({"choices": [{"message": {"content": {"winner": "A"}}}]}), id="object-content"),
+        pytest.param(lambda _r: reply({"choices": [{"message": {"content": ["A"]}}]}), id="list-content"),
+        pytest.param(lambda _r: reply([1, 2]), id="json-array"),
+        # bodies declared as JSON that the client's json.loads cannot decode
+        pytest.param(lambda _r: json_bytes(b'{"choices": [{"message": '), id="truncated-json"),
+        pytest.param(lambda _r: json_bytes(b'{"choices": "\xff"}'), id="not-utf8"),
+        pytest.param(lambda _r: json_bytes(b"[" * 100_000), id="deeply-nested-body"),
     ],
 )
 def test_unusable_answers_are_errors_after_all_retries(respond: Handler) -> None:
@@ -347,10 +378,14 @@ def test_given_client_is_used_without_its_own_retries_and_with_config_timeout() 
         http_client=httpx.Client(transport=httpx.MockTransport(handler)),
     )
 
-    judge_pairs([item()], make_config(retries=1, timeout_s=7.5), client_with_retries)
+    results = judge_pairs([item()], make_config(retries=1, timeout_s=7.5), client_with_retries)
 
     assert len(handler.requests) == 4  # 2 games x (1 + 1 retry), none of the client's 5
     assert handler.requests[0].extensions["timeout"]["read"] == 7.5
+    # an endpoint that never answers decides nothing: an error, never a tie
+    assert results[0].verdict == "error"
+    assert all(g.winner is None and g.error.startswith("InternalServerError") for g in results[0].games)
+    assert (summarize_judgements(results).errors, summarize_judgements(results).ties) == (1, 0)
 
 
 def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
@@ -457,6 +492,8 @@ def test_summary_counts_and_markdown() -> None:
     assert "80.0%" in markdown
     assert "| e1 | game 2: APITimeoutError: Request timed out. |" in markdown
     assert "judge-test" in markdown and "tags-v1" in markdown
+    assert "source study's numbers, not ours: on 100 CNN/DailyMail articles" in markdown
+    assert "86 ties, the other 14 split 9-5" in markdown
 
 
 def test_summary_of_nothing_has_no_rate() -> None:

@@ -102,11 +102,13 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
     assert [(g["doc_id"], g["game"], g["mode_a"], g["mode_b"]) for g in stored] == [
         ("doc-a", 1, "sidecar", "standalone"), ("doc-a", 2, "standalone", "sidecar"),
         ("doc-b", 1, "sidecar", "standalone"), ("doc-b", 2, "standalone", "sidecar")]
-    # an answer came back but is no verdict: kept raw, no winner, and it counts as judged
-    assert all(g["raw_answer"] is not None and g["winner"] is None and g["error"] is None for g in stored)
+    # an answer came back but is no verdict: kept raw with its parse error, no winner, and it counts as judged
+    assert all(g["raw_answer"] is not None and g["winner"] is None and g["error"].startswith("JudgeAnswerError")
+               for g in stored)
     assert db.judged_doc_ids(RUN, "tiny", "tags-v1") == {"doc-a", "doc-b"}
-    verdicts = db.query("SELECT doc_id, verdict FROM judgements WHERE run_id = ? ORDER BY doc_id", [RUN])
-    assert verdicts == [{"doc_id": "doc-a", "verdict": None}, {"doc_id": "doc-b", "verdict": None}]
+    verdicts = db.query("SELECT doc_id, verdict, errors FROM judgements WHERE run_id = ? ORDER BY doc_id", [RUN])
+    assert verdicts == [{"doc_id": "doc-a", "verdict": None, "errors": 2},
+                        {"doc_id": "doc-b", "verdict": None, "errors": 2}]
     report = artifacts(state.state_details.flow_run_id)["judge-run-judge-1"]
     assert "| error | 2 |" in report and "| skipped (missing tags) | 1 |" in report
     assert "Order consistency" in report and "doc-a" in report
@@ -131,8 +133,9 @@ def test_key_from_a_secret_block_reaches_the_endpoint_and_never_the_logs(prefect
                       db_path=str(db.path), return_state=True)
     summary = state.result()
     assert summary.errors == 2
-    # with a wrong key the server answers 401 and no raw answer is stored
-    assert all(g["raw_answer"] is not None and g["error"] is None for g in games(db))
+    # the key from the block is accepted (a wrong one would be a 401 with no raw answer): the tiny pair's random
+    # answers are stored raw, each with its parse error
+    assert all(g["raw_answer"] is not None and g["error"].startswith("JudgeAnswerError") for g in games(db))
     messages = logs(state.state_details.flow_run_id)
     assert any("documents to judge" in m for m in messages)
     assert not any(KEY in m for m in messages)

@@ -13,14 +13,17 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import openai
 import pytest
+import torch
 import uvicorn
 from typer.testing import CliRunner
 
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+from sidecar.acceptance import warp
 from sidecar.cli import app as cli_app
 from sidecar.server import ServerConfig, TextStream, _free_port, create_app, full_text, running_server
 
@@ -216,6 +219,14 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, None),
+    # outside int64, OpenAI's bound (2**64 and below -2**63 would also fail torch's generator in the worker)
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 2**64}, "seed"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 2**63}, "seed"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": -(2**63) - 1}, "seed"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    # what json.loads raises besides JSONDecodeError: RecursionError, and ValueError past the int digit limit
+    pytest.param(b'{"model": "tiny", "messages": ' + b"[" * 50_000, None, id="deeply-nested"),
+    pytest.param(b'{"model": "tiny", "seed": ' + b"1" * 5_000 + b"}", None, id="huge-integer"),
 ])
 def test_malformed_requests_are_400(base_url: str, body: bytes | dict, param: str | None) -> None:
     response = post(base_url, body)
@@ -243,6 +254,46 @@ def test_bad_sidecar_specs_are_400(client: openai.OpenAI, sidecars: object, mess
         client.chat.completions.create(model="tiny", messages=messages or [{"role": "user", "content": "doc"}],
                                        extra_body={"sidecars": sidecars})
     assert info.value.body["param"] == param
+
+
+def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
+    # Greedy requests share a batch whatever their seed, so a seed the worker cannot use would fail them all.
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 4,
+            "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(post, base_url, body | {"seed": 2**64})
+        good = pool.submit(post, base_url, body | {"seed": 7})
+    assert bad.result().status_code == 400 and bad.result().json()["error"]["param"] == "seed"
+    assert good.result().status_code == 200, good.result().text
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
+def test_int64_seeds_at_the_bounds_sample_with_sidecars(base_url: str, seed: int) -> None:
+    # the sidecar phase seeds its generator with seed + 1
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4,
+            "temperature": 0.8, "seed": seed, "sidecars": [TAGS_SPEC]}
+    response = post(base_url, body)
+    assert response.status_code == 200, response.text
+    assert "hashtags" in response.json()["sidecars"]
+
+
+@pytest.mark.parametrize("sampling", [{"top_p": 1e-300}, {"top_p": 5e-324}, {"temperature": 1e-300},
+                                      {"temperature": 1e-300, "top_p": 1e-300}])
+@pytest.mark.parametrize("sidecars", [None, [TAGS_SPEC]])
+def test_vanishing_top_p_and_temperature_still_sample(base_url: str, sampling: dict, sidecars: list | None) -> None:
+    # float32 rounds such values to 0: every token used to leave the nucleus, or logits / temperature overflowed
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 6,
+            "temperature": 1.0, "seed": 3} | sampling | ({"sidecars": sidecars} if sidecars else {})
+    response = post(base_url, body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_warp_keeps_the_most_likely_token_however_small_top_p() -> None:
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(0))
+    argmax = torch.nn.functional.one_hot(logits.argmax(-1), 50).float()
+    for top_p in (1e-300, 1e-9):  # 1e-300 is 0 in float32; 1e-9 is not, and keeps only the top token anyway
+        assert torch.equal(warp(logits, 1.0, top_p), argmax)
 
 
 def test_stop_with_sidecars_is_refused(client: openai.OpenAI) -> None:
@@ -293,11 +344,16 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(base_url: str, cl
     assert after["failed_batches"] == 0
 
 
-def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
+def load_bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     spec = importlib.util.spec_from_file_location("server_load", BENCH)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "server_load", bench)  # its dataclasses look their module up
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
 
     async def run() -> dict:
         load = bench.LoadClient(base_url, "tiny", KEY, max_tokens=16)
@@ -314,6 +370,20 @@ def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
     assert not any(status.startswith("5") for status in report["status_counts"]), report["status_counts"]
     assert report["server"]["failed_batches"] == 0
     assert report["latency_ok_s"]["p50"] <= report["latency_ok_s"]["p99"]
+
+
+def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
+
+    def run(wrong: int = 0) -> dict:
+        return {"wrong": [{"kind": "greedy", "status": 200}] * wrong, "server": {"failed_batches": 0}}
+
+    assert bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": 2.9}) == []
+    assert bench.problems({"batched": run()}) == []  # an external server: nothing to compare with
+    assert len(bench.problems({"batched": run(wrong=1), "unbatched": run(), "speedup_ok_per_s": 2.9})) == 1
+    for speedup in (1.0, 0.6):
+        [problem] = bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": speedup})
+        assert "did not raise valid requests per second" in problem
 
 
 # -- failures inside the worker, on an in-process server whose engine breaks --
