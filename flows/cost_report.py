@@ -2,7 +2,8 @@
 
 The report files (markdown, HTML, PNG plots) go next to the database, under ``cost_report/<run or
 all-runs>/``; the cost lines go into the ``cost_estimates`` table; the markdown and the lines are
-published as Prefect artifacts.
+published as Prefect artifacts, and the HTML page and each plot as a link artifact to its file (the
+markdown's images are relative links, which the Prefect UI cannot resolve).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from sidecar.pipeline import throughput_rows
 from sidecar.report import write_cost_report
 from storage import CostRecord, Database
 
@@ -35,17 +35,21 @@ def cost_report(db_path: str = "data/sidecar.duckdb", run_id: str | None = None)
     """Cost report for one run's measurements, or for every run's when ``run_id`` is not given."""
     logger = get_run_logger()
     db = Database(db_path)
-    measurements = throughput_rows(db, run_id)
-    out_dir = report_dir(db_path, run_id)
-    report = write_cost_report(measurements, out_dir)
+    measurements = db.throughput(run_id)
+    out_dir = report_dir(db_path, run_id).resolve()
+    report = write_cost_report(measurements, out_dir, acceptance=db.request_acceptance(run_id))
     records = [CostRecord(**row) for row in report.cost_rows]
     db.write_costs(records)
     scope = f"run {run_id}" if run_id else "all runs"
     files = "\n".join(f"- `{path}`" for path in report.paths)
-    create_markdown_artifact(f"{report.markdown}\n## Files\n\n{files}\n", key="cost-report",
+    create_markdown_artifact(f"{report.markdown}\n## Files\n\nOn the machine that ran this flow (the link "
+                             f"artifacts point to them):\n\n{files}\n", key="cost-report",
                              description=f"Cost report, {scope}")
     if report.cost_rows:
         create_table_artifact(report.cost_rows, key="cost-report-lines", description=f"Cost lines, {scope}")
+    for name, path in {"html": report.html_path, **report.plot_paths}.items():
+        create_link_artifact(path.as_uri(), link_text=path.name, key=f"cost-report-{name.replace('_', '-')}",
+                             description=f"Cost report {name.replace('_', ' ')}, {scope}")
     logger.info("cost report for %s: %d measurement rows, %d cost lines, files in %s", scope, len(measurements),
                 len(records), out_dir)
     return CostReportResult(out_dir, len(measurements), len(records), report.paths)

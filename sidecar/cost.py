@@ -19,7 +19,10 @@ Python API::
     get_gpu(name, catalog) -> GPU                        # raises UnknownGPUError listing the known names
     ModelFacts.from_config(config, dtype_bytes=2)        # counts parameters from a HF config's shapes
     ModelFacts.from_config_file(path, dtype_bytes=2)     # a config.json (or the folder holding it)
+    draft_config(pair) -> PretrainedConfig               # a run's pair's draft config, no weights loaded
+    default_dtype(device) -> (name, bytes)               # the dtype load_pair gives a pair on a device
     TagTokens(document, summary, ...).mean_context(mode) # KV entries a tagging step reads, per request
+    TagTokens.from_measured(main_prompt, summary, tags)  # from a run's mean token counts per request
     Workload.from_model(facts, tokens, name) / STUDY_WORKLOAD   # weights + KV bytes per request per mode
     project(workload, gpu, batches) -> list[ProjectionRow]           # one row per mode x batch
     roofline_table(workload, bandwidth_bytes_s, batches, usd_per_hour=None) -> list[RooflineRow]
@@ -210,6 +213,36 @@ class ModelFacts:
         return cls.from_config(AutoConfig.from_pretrained(str(config_path)), dtype_bytes)
 
 
+def draft_config(pair: str) -> PretrainedConfig:
+    """The draft model's config of a pair named as ``load_pair`` takes it (a run's ``pair``), without its weights.
+
+    Only what is on this machine is read: a fetched offline pair, a local path or the Hugging Face cache.
+    Raises :class:`CostInputError` saying why when the config is not there.
+    """
+    # deferred: sidecar.models imports torch and transformers, which take seconds
+    from transformers import AutoConfig
+
+    from sidecar.models import pair_model_ids, tiny_pair
+
+    if pair == "tiny":
+        # The tiny pair has no files: its models are built from a config with random weights, in milliseconds.
+        return tiny_pair().draft.config
+    try:
+        _, draft = pair_model_ids(pair)
+        return AutoConfig.from_pretrained(draft, local_files_only=True)
+    except (OSError, ValueError) as exc:  # OSError: no such path, not cached; PairError: unknown, not fetched
+        raise CostInputError(f"the config of pair {pair!r}'s draft is not on this machine: {exc}") from exc
+
+
+def default_dtype(device: str) -> tuple[str, int]:
+    """Name and bytes per element of the dtype ``load_pair`` gives a pair on ``device`` when none is asked
+    for, which is how the nightly flow loads it."""
+    from sidecar.models import default_device_dtype
+
+    _, dtype = default_device_dtype(device, None)
+    return str(dtype).removeprefix("torch."), dtype.itemsize
+
+
 # -- workloads ---------------------------------------------------------------------------------------------
 
 
@@ -236,6 +269,17 @@ class TagTokens:
                 raise CostInputError(f"{name} tokens must not be negative, got {value}")
         if self.tags < 1:
             raise CostInputError("tags must be at least 1 token")
+
+    @classmethod
+    def from_measured(cls, main_prompt: float, summary: float, tags: float) -> TagTokens:
+        """From a run's mean counts per request: the main task's prompt as the target sees it (system,
+        document and instruction), the summary and the tags. The document is that prompt less the template
+        estimates, which, like the hashtag instruction, keep their defaults."""
+        return cls(
+            document=max(0, round(main_prompt) - cls.system - cls.instruction),
+            summary=round(summary),
+            tags=max(1, round(tags)),
+        )
 
     def mean_context(self, mode: Mode) -> float:
         """KV entries per request that a tagging decode step reads, averaged over the tag tokens."""
@@ -294,7 +338,7 @@ class Workload:
 
 
 STUDY_WORKLOAD = Workload(
-    name="study: Qwen2.5-7B/1.5B",
+    name="source study shapes: Qwen2.5-7B/1.5B",
     weight_bytes_per_step=3.09 * GB,
     kv_bytes_per_request={"sidecar_attended": 18 * MB, "sidecar": 3.7 * MB, "standalone": 3 * MB},
     description=(

@@ -26,7 +26,7 @@ import typer
 from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
 from sidecar.prompts import encode
 from sidecar.tasks import SidecarTask
-from storage import Database, Document, OutputRecord, RejectedDocument, RequestStats
+from storage import RESULTS_TABLE_SQL, Database, Document, OutputRecord, RejectedDocument, RequestStats
 
 SIDECAR_MODES = ("sidecar", "sidecar_attended")
 DEFAULT_MODES = ("sidecar", "standalone")
@@ -35,15 +35,6 @@ OOM_REASON = "oom"
 # CUDA OOM messages run to a paragraph of allocator advice; the stored error keeps the start.
 MAX_ERROR_CHARS = 500
 
-# Read from the public views (storage/migrations); shown verbatim by `sidecar demo`.
-RESULTS_SQL = (
-    "SELECT doc_id, title, summary, sidecar_tags, standalone_tags, attended_tags\n"
-    "FROM results\n"
-    "WHERE run_id = ?\n"
-    "ORDER BY doc_id"
-)
-THROUGHPUT_SQL = "SELECT * FROM throughput ORDER BY run_id, mode, phase"
-THROUGHPUT_RUN_SQL = "SELECT * FROM throughput WHERE run_id = ? ORDER BY mode, phase"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -307,16 +298,6 @@ class PendingCommit:
         return done
 
 
-def results_rows(db: Database, run_id: str) -> list[dict[str, Any]]:
-    """The run's rows of the ``results`` view, as :data:`RESULTS_SQL` selects them."""
-    return db.query(RESULTS_SQL, [run_id])
-
-
-def throughput_rows(db: Database, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Rows of the ``throughput`` view: one run's, or every run's."""
-    return db.query(THROUGHPUT_RUN_SQL, [run_id]) if run_id else db.query(THROUGHPUT_SQL)
-
-
 @dataclass
 class RunCounts:
     """What a run did, for the summary artifact and the command line."""
@@ -485,7 +466,7 @@ def print_results(db: Database, run_id: str) -> None:
     from rich.syntax import Syntax
     from rich.table import Table
 
-    rows = results_rows(db, run_id)
+    rows = db.results_table(run_id)
     table = Table(title=f"results of run {run_id}", show_lines=True)
     for name in ("doc_id", "title", "summary", "sidecar_tags", "standalone_tags"):
         table.add_column(name, overflow="fold")
@@ -496,4 +477,4 @@ def print_results(db: Database, run_id: str) -> None:
     console = Console()
     console.print(table)
     console.print(f"-- {len(rows)} rows from {db.path}, with ? = {run_id!r}")
-    console.print(Syntax(RESULTS_SQL, "sql"))
+    console.print(Syntax(RESULTS_TABLE_SQL, "sql"))

@@ -1,6 +1,6 @@
 """The cost report: measured sidecar vs standalone tagging, roofline projections, calibration and plots.
 
-Plain data in, files out. The Prefect flow reads the storage views and publishes what this writes::
+Plain data in, files out. The Prefect flow reads storage and publishes what this writes::
 
     from sidecar.report import write_cost_report
 
@@ -8,8 +8,9 @@ Plain data in, files out. The Prefect flow reads the storage views and publishes
         measurements,            # rows of the storage `throughput` view: list of dicts (see below)
         out_dir,                 # created if missing
         catalog=None,            # dict[str, cost.GPU]; default: sidecar/data/gpus.json
-        workload=None,           # cost.Workload the projections use; default: cost.STUDY_WORKLOAD
-        acceptance_rates=None,   # {mode: [per-request acceptance]} for the histogram (see below)
+        acceptance=(),           # rows of Database.request_acceptance(): per-request acceptance to plot
+        draft_config=cost.draft_config,    # pair name -> its draft's config (raises CostInputError if absent)
+        study_workload=cost.STUDY_WORKLOAD,  # the extra projection with the source study's shapes
         batches=cost.DEFAULT_BATCHES,
         reference_batch=None,    # batch size of the $ plot; default: the most common measured one, else 32
     )
@@ -21,14 +22,18 @@ Plain data in, files out. The Prefect flow reads the storage views and publishes
 
 Measurement rows need ``gpu_type``, ``mode`` (sidecar | sidecar_attended | standalone), ``phase`` and
 ``batch_size``; they may carry ``pair``, ``run_id``, ``tokens_per_s`` (whole batch), ``ms_per_step``,
-``acceptance_rate``, ``tokens`` or ``new_tokens``, ``seconds`` or ``wall_s``, ``requests``, ``batches`` and
-``mean_kv_bytes`` - the throughput view's columns are accepted as they come. Phase ``main`` is the
-speculative summary; every other phase, and every ``standalone`` row, is tagging work, which is what the
-costs compare. Without ``ms_per_step`` a row's step time is derived from its wall time, tokens and mean
-batch occupancy, so it includes the tagging prefill.
+``acceptance_rate``, ``tokens`` or ``new_tokens``, ``seconds`` or ``wall_s``, ``requests``, ``batches``,
+``mean_kv_bytes``, ``prompt_tokens``, ``prefill_s``, ``decode_s`` and ``longest_row_tokens`` - the
+throughput view's columns are accepted as they come. Phase ``main`` is the speculative summary; every
+other phase, and every ``standalone`` row, is tagging work, which is what the costs compare. Without
+``ms_per_step`` a tagging row's step time is its decode time over the decode steps of its batches' longest
+rows (prefill excluded); a row with neither has no step time.
 
-``acceptance_rates`` should hold per-request acceptance (accepted / drafted of the main phase, per mode);
-without it the histogram falls back to the rows' own acceptance_rate, one value per run and mode.
+Each measured pair is projected from its draft's config (``draft_config``) in the dtype ``load_pair`` gives
+it on a CUDA device, with the measured mean prompt, summary and tag tokens per request; measured step
+times are calibrated against that projection only. A pair whose config is not on this machine (or rows
+without a pair) gets no projection and no calibration, and the report says why. The study workload is
+projected on every catalog GPU as well, labelled as such.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from __future__ import annotations
 import base64
 import html
 import math
+import statistics
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from matplotlib.figure import Figure
 
@@ -55,14 +61,21 @@ from sidecar.cost import (
     CostInputError,
     MeasuredStep,
     Mode,
+    ModelFacts,
     ProjectionRow,
+    TagTokens,
     Workload,
     calibrate,
+    default_dtype,
+    draft_config,
     find_gpu,
     load_catalog,
     project,
     usd_per_million_tokens,
 )
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 MAIN_PHASE = "main"
 DEFAULT_REFERENCE_BATCH = 32
@@ -103,6 +116,10 @@ class Measurement:
     requests: float | None = None
     batches: float | None = None
     mean_kv_bytes: float | None = None
+    prompt_tokens: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    longest_row_tokens: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Measurement:
@@ -133,6 +150,10 @@ class Measurement:
             requests=requests,
             batches=batches,
             mean_kv_bytes=_number(row.get("mean_kv_bytes")),
+            prompt_tokens=_number(row.get("prompt_tokens")),
+            prefill_s=_number(row.get("prefill_s")),
+            decode_s=_number(row.get("decode_s")),
+            longest_row_tokens=_number(row.get("longest_row_tokens")),
         )
 
     @property
@@ -148,13 +169,17 @@ class Measurement:
 
     @property
     def step_ms(self) -> float | None:
-        """Milliseconds per draft decode step (tagging rows: one token per request per step)."""
+        """Milliseconds per draft decode step of a tagging row, prefill excluded.
+
+        A batch steps until its longest row finishes, and draft-only decoding takes each row's first token
+        from the prefill forward: a batch whose longest row made n tokens ran n - 1 decode steps.
+        """
         if self.ms_per_step:
             return self.ms_per_step
-        if self.tokens and self.seconds and self.requests and self.batches:
-            steps = self.tokens / (self.requests / self.batches)  # tokens / mean batch occupancy
-            return self.seconds * 1000 / steps
-        return MeasuredStep(self.gpu_type, self.mode, self.batch_size, tokens_per_s=self.tokens_per_s).step_ms
+        if self.decode_s is None or not self.longest_row_tokens or not self.batches:
+            return None
+        steps = self.longest_row_tokens - self.batches
+        return self.decode_s * 1000 / steps if steps > 0 else None
 
 
 def _pooled_throughput(rows: Sequence[Measurement]) -> float | None:
@@ -168,6 +193,13 @@ def _pooled_throughput(rows: Sequence[Measurement]) -> float | None:
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+def _per_batch(seconds: Sequence[float | None], batch_count: float) -> float | None:
+    """Seconds per batch from rows' total seconds, when every row has them."""
+    if not batch_count or any(s is None for s in seconds):
+        return None
+    return sum(s or 0 for s in seconds) / batch_count
 
 
 GroupKey = tuple[str, str, Mode, int]  # gpu_type, pair, mode, batch_size
@@ -186,6 +218,7 @@ class MeasuredGroup:
     tag_tokens_per_s: float | None
     tag_ms_per_step: float | None
     tag_seconds_per_batch: float | None
+    tag_prefill_s_per_batch: float | None
     kv_bytes_per_request: float | None
     summary_tokens_per_s: float | None
     acceptance_rate: float | None
@@ -211,11 +244,8 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[MeasuredGrou
                 tag_rows=tuple(tag),
                 tag_tokens_per_s=_pooled_throughput(tag),
                 tag_ms_per_step=_mean([r.step_ms for r in tag]),
-                tag_seconds_per_batch=(
-                    sum(r.seconds or 0 for r in tag) / batch_count
-                    if batch_count and all(r.seconds is not None for r in tag)
-                    else None
-                ),
+                tag_seconds_per_batch=_per_batch([r.seconds for r in tag], batch_count),
+                tag_prefill_s_per_batch=_per_batch([r.prefill_s for r in tag], batch_count),
                 kv_bytes_per_request=_mean([r.mean_kv_bytes for r in tag]),
                 summary_tokens_per_s=_pooled_throughput(main),
                 acceptance_rate=_mean([r.acceptance_rate for r in main]),
@@ -312,6 +342,63 @@ def _projected_verdict(workload: Workload, gpu: GPU, batch: int) -> Verdict | No
     return Verdict(
         gpu.name, workload.name, "projected", (batch,), rates["sidecar"], rates["standalone"], gpu.usd_per_hour
     )
+
+
+# -- projections of the measured pairs ---------------------------------------------------------------------
+
+DraftConfig = Callable[[str], "PretrainedConfig"]
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One workload on every catalog GPU; ``pair`` is the measured pair it models, None for the study's."""
+
+    workload: Workload
+    rows: dict[str, list[ProjectionRow]]  # by catalog GPU name
+    pair: str | None = None
+
+    def row(self, gpu_name: str, mode: Mode, batch: int) -> ProjectionRow | None:
+        return next((r for r in self.rows.get(gpu_name, ()) if r.mode == mode and r.batch == batch), None)
+
+
+def _measured_tag_tokens(rows: Sequence[Measurement]) -> TagTokens | None:
+    """Mean token counts per request: the main phase's prompt and summary, and the tags of every mode."""
+    main = [r for r in rows if not r.is_tagging and r.requests and r.prompt_tokens is not None and r.tokens]
+    tag = [r for r in rows if r.is_tagging and r.requests and r.tokens]
+    if not main or not tag:
+        return None
+    main_requests = sum(r.requests or 0 for r in main)
+    return TagTokens.from_measured(
+        main_prompt=sum((r.prompt_tokens or 0) * (r.requests or 0) for r in main) / main_requests,
+        summary=sum(r.tokens or 0 for r in main) / main_requests,
+        tags=sum(r.tokens or 0 for r in tag) / sum(r.requests or 0 for r in tag),
+    )
+
+
+def _pair_workloads(
+    measurements: Sequence[Measurement], draft_config: DraftConfig
+) -> tuple[dict[str, Workload], list[str]]:
+    """A workload per measured pair, and why the measurements that have none have none."""
+    by_pair: dict[str, list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        by_pair[m.pair].append(m)
+    unnamed = by_pair.pop("", [])
+    missing = [f"rows without a pair (on {', '.join(sorted({m.gpu_type for m in unnamed}))})"] if unnamed else []
+    # The catalog's GPUs are CUDA devices: a pair is projected in the dtype load_pair gives it there.
+    dtype, dtype_bytes = default_dtype("cuda")
+    workloads = {}
+    for pair, rows in sorted(by_pair.items()):
+        tokens = _measured_tag_tokens(rows)
+        if tokens is None:
+            missing.append(f"{pair}: no main-phase prompt and summary tokens with tag tokens were measured")
+            continue
+        try:
+            facts = ModelFacts.from_config(draft_config(pair), dtype_bytes)
+        except CostInputError as exc:
+            missing.append(f"{pair}: {exc}")
+            continue
+        workloads[pair] = Workload.from_model(facts, tokens, name=f"{pair} ({dtype})")
+    return workloads, missing
 
 
 # -- document blocks, rendered to markdown and to HTML -----------------------------------------------------
@@ -419,18 +506,18 @@ def _fmt_usd(value: float | None) -> str:
 
 def _plot_step_times(
     path: Path,
-    projections: Mapping[str, Sequence[ProjectionRow]],
+    panels: Mapping[str, Projection | None],
     groups: Sequence[MeasuredGroup],
     panel_of: Mapping[str, str],
 ) -> None:
-    """One panel per catalog GPU, then one per measured device that is not in the catalog."""
-    panels = [*projections, *(p for p in dict.fromkeys(panel_of.values()) if p not in projections)]
+    """One panel per catalog GPU with its projection, then one per measured device outside the catalog."""
     columns = min(4, len(panels))
     fig = Figure(figsize=(3.6 * columns, 3.0 * math.ceil(len(panels) / columns)), layout="constrained")
     axes = fig.subplots(math.ceil(len(panels) / columns), columns, squeeze=False).ravel()
-    for ax, panel in zip(axes, panels, strict=False):
+    for ax, (panel, projection) in zip(axes, panels.items(), strict=False):
+        projected = [] if projection is None else projection.rows[panel]
         for mode in MODES:
-            line = [r for r in projections.get(panel, ()) if r.mode == mode]
+            line = [r for r in projected if r.mode == mode]
             if line:
                 ax.plot(
                     [r.batch for r in line],
@@ -450,13 +537,13 @@ def _plot_step_times(
                     label=f"measured: {MODE_LABELS[mode]}",
                 )
         ax.set_xscale("log", base=2)
-        ticks = sorted(
-            {r.batch for r in projections.get(panel, ())}
-            | {g.batch_size for g in groups if panel_of[g.gpu_type] == panel}
-        )
+        ticks = sorted({r.batch for r in projected} | {g.batch_size for g in groups if panel_of[g.gpu_type] == panel})
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
-        ax.set_title(panel if panel in projections else f"{panel} (measured only)", fontsize=9)
+        ax.set_title(
+            f"{panel} (measured only)" if projection is None else f"{panel}\nprojected: {projection.workload.name}",
+            fontsize=8,
+        )
         ax.set_xlabel("batch size")
         ax.set_ylabel("ms per decode step")
         ax.set_ylim(bottom=0)
@@ -474,20 +561,17 @@ def _plot_step_times(
 
 def _plot_usd(
     path: Path,
-    projections: Mapping[str, Sequence[ProjectionRow]],
+    projection: Projection,
     reference_batch: int,
     groups: Sequence[MeasuredGroup],
     catalog: Mapping[str, GPU],
 ) -> None:
     """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU."""
-    gpus = list(projections)
+    gpus = list(projection.rows)
     series: list[tuple[str, str, str | None, list[float | None]]] = []
     for mode in MODES:
         values = [
-            next(
-                (r.usd_per_million_tokens for r in projections[g] if r.mode == mode and r.batch == reference_batch),
-                None,
-            )
+            None if (row := projection.row(g, mode, reference_batch)) is None else row.usd_per_million_tokens
             for g in gpus
         ]
         if any(v is not None for v in values):
@@ -530,30 +614,50 @@ def _plot_usd(
             )
     ax.set_xticks(range(len(gpus)), gpus)
     ax.set_ylabel("$ per 1M tag tokens")
-    ax.set_title(f"Tagging cost per GPU type at batch {reference_batch} (hatched: measured)")
+    ax.set_title(
+        f"Tagging cost per GPU type at batch {reference_batch} (hatched: measured)\n"
+        f"projected: {projection.workload.name}",
+        fontsize=10,
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
 
 
-def _plot_acceptance(path: Path, rates: Mapping[str, Sequence[float]], per_request: bool) -> None:
-    fig = Figure(figsize=(7, 4), layout="constrained")
+AcceptanceKey = tuple[str, str, Mode]  # gpu_type, pair, mode
+
+
+def _acceptance_by_key(rows: Sequence[Mapping[str, Any]]) -> dict[AcceptanceKey, list[float]]:
+    """Per-request acceptance rates per GPU type, pair and mode, in the report's order."""
+    rates: dict[AcceptanceKey, list[float]] = defaultdict(list)
+    for row in rows:
+        rate, mode = _number(row.get("acceptance_rate")), row.get("mode")
+        if rate is not None and mode in MODES:
+            rates[(str(row.get("gpu_type") or "unknown device"), str(row.get("pair") or ""), mode)].append(rate)
+    return {key: rates[key] for key in sorted(rates, key=lambda k: (k[0], k[1], MODES.index(k[2])))}
+
+
+def _plot_acceptance(path: Path, rates: Mapping[AcceptanceKey, Sequence[float]]) -> None:
+    """A box per GPU type, pair and mode over its requests, with every request drawn as a point."""
+    fig = Figure(figsize=(max(7.0, 1.6 * len(rates)), 4.5), layout="constrained")
     ax = fig.subplots()
-    bins = [i / 20 for i in range(21)]
-    plotted = False
-    for mode, values in rates.items():
-        if values:
-            label = f"{MODE_LABELS.get(mode, mode)} (n={len(values)})"
-            ax.hist(values, bins=bins, alpha=0.55, color=MODE_COLOURS.get(mode, "tab:gray"), label=label)
-            plotted = True
-    if plotted:
-        ax.legend(fontsize=8)
+    if rates:
+        values = list(rates.values())
+        boxes = ax.boxplot(values, widths=0.5, showfliers=False, patch_artist=True)
+        for box, (_, _, mode) in zip(boxes["boxes"], rates, strict=True):
+            box.set(facecolor=MODE_COLOURS[mode], alpha=0.35)
+        for position, ((_, _, mode), points) in enumerate(rates.items(), start=1):
+            # spread the points evenly across the box, so equal rates stay visible as a row of points
+            offsets = [0.3 * (i / (len(points) - 1) - 0.5) if len(points) > 1 else 0.0 for i in range(len(points))]
+            ax.scatter([position + o for o in offsets], sorted(points), s=10, color=MODE_COLOURS[mode], zorder=3)
+        labels = [f"{gpu}\n{pair}\n{mode} (n={len(points)})" for (gpu, pair, mode), points in rates.items()]
+        ax.set_xticks(range(1, len(rates) + 1), labels, fontsize=7)
     else:
         ax.text(0.5, 0.5, "no acceptance measurements", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("accepted / drafted tokens")
-    ax.set_ylabel("requests" if per_request else "runs")
-    ax.set_title("Acceptance of draft tokens in the main (summary) phase" + ("" if per_request else ", per run"))
+    ax.set_ylim(-0.03, 1.03)  # rates of exactly 0 or 1 are common: keep their points off the frame
+    ax.set_ylabel("accepted / drafted tokens, per request")
+    ax.set_title("Acceptance of draft tokens in the main (summary) phase, per request")
+    ax.grid(axis="y", alpha=0.3)
     fig.savefig(path, dpi=110)
 
 
@@ -587,10 +691,12 @@ class _ReportData:
     measurements: list[Measurement]
     groups: list[MeasuredGroup]
     verdicts: list[Verdict]
-    projections: dict[str, list[ProjectionRow]]
-    calibration: list[CalibrationRow]
+    projections: list[Projection]  # the measured pairs', then the study's
+    pair_projections: dict[str, Projection]
+    unprojected: list[str]  # why measurements have no projection of their own pair
+    calibration: list[tuple[Projection, CalibrationRow]]
+    acceptance: dict[AcceptanceKey, list[float]]
     uncatalogued: list[str]
-    workload: Workload
     catalog: Mapping[str, GPU]
     batches: list[int]
     reference_batch: int
@@ -600,26 +706,20 @@ class _ReportData:
         gpu = find_gpu(gpu_type, self.catalog)
         return None if gpu is None else gpu.usd_per_hour
 
-    def projected(self, gpu_name: str, mode: Mode, batch: int) -> ProjectionRow | None:
-        return next(
-            (r for r in self.projections.get(gpu_name, ()) if r.mode == mode and r.batch == batch),
-            None,
-        )
-
 
 def write_cost_report(
     measurements: Sequence[Mapping[str, Any]],
     out_dir: Path,
     *,
     catalog: Mapping[str, GPU] | None = None,
-    workload: Workload | None = None,
-    acceptance_rates: Mapping[str, Sequence[float]] | None = None,
+    acceptance: Sequence[Mapping[str, Any]] = (),
+    draft_config: DraftConfig = draft_config,
+    study_workload: Workload = STUDY_WORKLOAD,
     batches: Sequence[int] = DEFAULT_BATCHES,
     reference_batch: int | None = None,
 ) -> CostReport:
     """Write cost_report.md, cost_report.html and three PNG plots to ``out_dir``; see the module docstring."""
     catalog = load_catalog() if catalog is None else catalog
-    workload = STUDY_WORKLOAD if workload is None else workload
     rows = [Measurement.from_row(row) for row in measurements]
     groups = group_measurements(rows)
     tag_groups = [g for g in groups if g.tag_rows]
@@ -630,53 +730,63 @@ def write_cost_report(
     if reference_batch < 1:
         raise CostInputError(f"reference_batch must be positive, got {reference_batch}")
     all_batches = sorted(set(batches) | {reference_batch})
-    projections = {gpu.name: project(workload, gpu, all_batches) for gpu in catalog.values()}
+
+    def projection(workload: Workload, pair: str | None = None) -> Projection:
+        return Projection(workload, {gpu.name: project(workload, gpu, all_batches) for gpu in catalog.values()}, pair)
+
+    workloads, unprojected = _pair_workloads(rows, draft_config)
+    pair_projections = {pair: projection(workload, pair) for pair, workload in workloads.items()}
+    projections = [*pair_projections.values(), projection(study_workload)]
 
     measured_verdicts = _measured_verdicts(groups, catalog)
     # A catalog GPU type with a measured verdict needs no projected one.
     measured_catalog_names = {gpu.name for v in measured_verdicts if (gpu := find_gpu(v.gpu_type, catalog)) is not None}
     projected_verdicts = [
         v
+        for p in projections
         for gpu in catalog.values()
-        if gpu.name not in measured_catalog_names and (v := _projected_verdict(workload, gpu, reference_batch))
+        if gpu.name not in measured_catalog_names and (v := _projected_verdict(p.workload, gpu, reference_batch))
     ]
+    # Each measured step against the projection of its own pair: another model's projection says nothing.
+    calibration = []
+    for g in tag_groups:
+        if (own := pair_projections.get(g.pair)) is not None:
+            step = MeasuredStep(g.gpu_type, g.mode, g.batch_size, ms_per_step=g.tag_ms_per_step)
+            calibration += [(own, row) for row in calibrate([step], own.workload, catalog)]
     panel_of = {g.gpu_type: (gpu.name if (gpu := find_gpu(g.gpu_type, catalog)) else g.gpu_type) for g in groups}
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plot_paths = {
-        "step_time": out_dir / "step_time_vs_batch.png",
-        "usd_per_mtok": out_dir / "usd_per_million_tag_tokens.png",
-        "acceptance": out_dir / "acceptance_histogram.png",
-    }
-    _plot_step_times(plot_paths["step_time"], projections, groups, panel_of)
-    _plot_usd(plot_paths["usd_per_mtok"], projections, reference_batch, groups, catalog)
-    per_request = acceptance_rates is not None
-    if acceptance_rates is None:
-        acceptance_rates = {
-            mode: [
-                r.acceptance_rate for r in rows if r.mode == mode and not r.is_tagging and r.acceptance_rate is not None
-            ]
-            for mode in MODES
-        }
-    _plot_acceptance(plot_paths["acceptance"], acceptance_rates, per_request)
+    uncatalogued = sorted({t for t in panel_of if find_gpu(t, catalog) is None})
+    # A measured GPU type's panel shows the projection of the pair measured there; the others the first one.
+    measured_panels: dict[str, Projection] = {}
+    for g in groups:
+        if (own := pair_projections.get(g.pair)) is not None:
+            measured_panels.setdefault(panel_of[g.gpu_type], own)
+    panels: dict[str, Projection | None] = {gpu: measured_panels.get(gpu, projections[0]) for gpu in catalog}
+    panels |= {name: None for name in uncatalogued}
 
     data = _ReportData(
         measurements=rows,
         groups=groups,
         verdicts=measured_verdicts + projected_verdicts,
         projections=projections,
-        calibration=calibrate(
-            (MeasuredStep(g.gpu_type, g.mode, g.batch_size, ms_per_step=g.tag_ms_per_step) for g in tag_groups),
-            workload,
-            catalog,
-        ),
-        uncatalogued=sorted({t for t in panel_of if find_gpu(t, catalog) is None}),
-        workload=workload,
+        pair_projections=pair_projections,
+        unprojected=unprojected,
+        calibration=calibration,
+        acceptance=_acceptance_by_key(acceptance),
+        uncatalogued=uncatalogued,
         catalog=catalog,
         batches=all_batches,
         reference_batch=reference_batch,
-        plot_paths=plot_paths,
+        plot_paths={
+            "step_time": out_dir / "step_time_vs_batch.png",
+            "usd_per_mtok": out_dir / "usd_per_million_tag_tokens.png",
+            "acceptance": out_dir / "acceptance_per_request.png",
+        },
     )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _plot_step_times(data.plot_paths["step_time"], panels, groups, panel_of)
+    _plot_usd(data.plot_paths["usd_per_mtok"], projections[0], reference_batch, groups, catalog)
+    _plot_acceptance(data.plot_paths["acceptance"], data.acceptance)
+
     blocks = _report_blocks(data)
     markdown = _markdown(blocks)
     markdown_path = out_dir / "cost_report.md"
@@ -687,7 +797,7 @@ def write_cost_report(
         markdown=markdown,
         markdown_path=markdown_path,
         html_path=html_path,
-        plot_paths=plot_paths,
+        plot_paths=data.plot_paths,
         cost_rows=_cost_rows(data),
         verdicts=data.verdicts,
     )
@@ -715,12 +825,13 @@ def _cost_rows(data: _ReportData) -> list[dict[str, Any]]:
                 "note": f"tagging phase, {len(g.run_ids)} run(s) pooled",
             }
         )
-    for projection in data.projections.values():
-        for r in projection:
-            rows.append(
+    for projection in data.projections:
+        modelled = "the source study's shapes" if projection.pair is None else "the measured pair"
+        for gpu_rows in projection.rows.values():
+            rows += [
                 {
                     "gpu_type": r.gpu_type,
-                    "pair": data.workload.name,
+                    "pair": projection.workload.name,
                     "mode": r.mode,
                     "batch_size": r.batch,
                     "tokens_per_s": r.tokens_per_s,
@@ -729,9 +840,10 @@ def _cost_rows(data: _ReportData) -> list[dict[str, Any]]:
                     "usd_per_mtok": r.usd_per_million_tokens,
                     "source": "projected",
                     "run_id": None,
-                    "note": "bandwidth roofline, tagging decode steps only",
+                    "note": f"bandwidth roofline of {modelled}, tagging decode steps only",
                 }
-            )
+                for r in gpu_rows
+            ]
     return rows
 
 
@@ -747,8 +859,8 @@ def _report_blocks(data: _ReportData) -> list[_Block]:
         _Bullets(
             (
                 "Prefill. A standalone tagger prefills its prompt and the whole summary; the sidecar prefills only "
-                "its instruction. Prefill is compute-bound at these lengths and is not projected; measured "
-                "tagging times include it.",
+                "its instruction. Prefill is compute-bound at these lengths and is not projected; measured tag "
+                "tok/s and $ include it (see tag prefill s/batch), measured ms/step does not.",
                 "Deployment. A standalone tagger is a deployment of its own, paid for even when tag traffic is low "
                 "or bursty, and the summary has to be shipped to it; the sidecar reuses the draft already "
                 "resident next to the target. Projections price busy GPU-seconds only.",
@@ -761,7 +873,7 @@ def _report_blocks(data: _ReportData) -> list[_Block]:
         _Heading("Plots"),
         _Image(data.plot_paths["step_time"], "decode step time vs batch size, document attended vs evicted"),
         _Image(data.plot_paths["usd_per_mtok"], "$ per 1M tag tokens, sidecar vs standalone, per GPU type"),
-        _Image(data.plot_paths["acceptance"], "acceptance of drafted tokens, histogram"),
+        _Image(data.plot_paths["acceptance"], "acceptance of drafted tokens per request, per GPU type, pair and mode"),
     ]
 
 
@@ -781,11 +893,23 @@ def _introduction(data: _ReportData) -> str:
         )
     else:
         text += "Nothing was measured for this report: every figure below is a projection. "
-    text += (
-        f"Projected: a memory-bandwidth roofline for the {len(data.catalog)} GPU types of the catalog, using "
-        f"{data.workload.description}."
+    text += f"Projected: a memory-bandwidth roofline on the {len(data.catalog)} GPU types of the catalog for " + (
+        "; ".join(f"{p.workload.name} ({p.workload.description})" for p in data.projections) + ". "
     )
-    return text
+    if data.pair_projections:
+        text += (
+            "A measured pair is projected from its draft's config, in the dtype it is loaded in on a GPU, with "
+            "the measured mean prompt, summary and tag tokens per request (the document is the main prompt "
+            "less an estimate of the chat template and instruction); the source study's shapes are an extra "
+            "projection, not derived from the measurements. "
+        )
+    if data.unprojected:
+        text += (
+            "No projection of the measured pair, so no calibration, for: "
+            + "; ".join(data.unprojected)
+            + ". Their GPU types are projected with the source study's shapes only, which model another pair. "
+        )
+    return text.rstrip()
 
 
 def _saving_cell(verdict: Verdict) -> str:
@@ -799,7 +923,7 @@ def _verdict_section(data: _ReportData) -> list[_Block]:
         _Paragraph(
             "Is a sidecar tag token cheaper than one from a standalone deployment of the same draft model? "
             "Measured verdicts pool the batch sizes measured in both modes; GPU types without measurements "
-            f"get a projection at batch {data.reference_batch}."
+            f"get a projection at batch {data.reference_batch} for each projected workload (pair column)."
         ),
     ]
     if data.verdicts:
@@ -835,9 +959,10 @@ def _verdict_section(data: _ReportData) -> list[_Block]:
         measured = [v for v in data.verdicts if v.basis == "measured"]
         if measured:
             blocks.append(_Bullets(tuple(v.sentence for v in measured)))
-        projected = [v for v in data.verdicts if v.basis == "projected"]
-        if projected:
-            blocks.append(_Paragraph(_projected_summary(projected, data.workload)))
+        for projection in data.projections:
+            projected = [v for v in data.verdicts if v.basis == "projected" and v.pair == projection.workload.name]
+            if projected:
+                blocks.append(_Paragraph(_projected_summary(projected, projection.workload)))
     else:
         blocks.append(
             _Paragraph("No verdict: nothing was measured in both modes and the projection has no standalone KV.")
@@ -862,8 +987,9 @@ def _projected_summary(verdicts: Sequence[Verdict], workload: Workload) -> str:
     spread = f"{abs(low):.1f}%" if low == high else f"{min(map(abs, savings)):.1f}-{max(map(abs, savings)):.1f}%"
     direction = "less" if low >= 0 else "more" if high <= 0 else "more or less"
     text = (
-        f"Projected GPU types ({', '.join(v.gpu_type for v in verdicts)}), batch {verdicts[0].batch_sizes[0]}, "
-        f"decode steps only: a sidecar tag token costs {spread} {direction} than a standalone tagger's."
+        f"Projected with {workload.name} on {', '.join(v.gpu_type for v in verdicts)}, batch "
+        f"{verdicts[0].batch_sizes[0]}, decode steps only: a sidecar tag token costs {spread} {direction} than a "
+        "standalone tagger's."
     )
     kv = workload.kv_bytes_per_request
     if high < 0:
@@ -894,6 +1020,7 @@ def _measured_section(data: _ReportData) -> list[_Block]:
                 _fmt(g.tag_tokens_per_s),
                 _fmt(g.tag_ms_per_step),
                 _fmt(g.tag_seconds_per_batch),
+                _fmt(g.tag_prefill_s_per_batch),
                 _fmt(None if g.kv_bytes_per_request is None else g.kv_bytes_per_request / MB),
                 _fmt(g.summary_tokens_per_s),
                 _fmt(g.acceptance_rate),
@@ -911,6 +1038,7 @@ def _measured_section(data: _ReportData) -> list[_Block]:
                 "tag tok/s",
                 "tag ms/step",
                 "tag s/batch",
+                "tag prefill s/batch",
                 "KV MB/request",
                 "summary tok/s",
                 "acceptance",
@@ -919,12 +1047,34 @@ def _measured_section(data: _ReportData) -> list[_Block]:
             tuple(table_rows),
         ),
         _Paragraph(
-            "Tag tok/s is every tag token of a batch over the batch's tagging wall time; ms/step is that wall "
-            "time per decode step (so it includes the tagging prefill unless the rows carried ms_per_step); "
-            "summary tok/s and acceptance (accepted / drafted) come from the speculative main phase. "
-            "$ uses the catalog price of the GPU type; devices outside the catalog have none."
+            "Tag tok/s is every tag token of a batch over the batch's tagging wall time, prefill included; "
+            "ms/step is the batches' decode time per decode step, prefill excluded: a batch steps until its "
+            "longest row is done, and the first tag token comes from the prefill, so a batch whose longest row "
+            "made n tokens took n - 1 steps. Prefill s/batch is the tagging prefill (the standalone tagger's "
+            "whole prompt, the sidecar's instruction). Summary tok/s and acceptance (accepted / drafted) come "
+            "from the speculative main phase. $ uses the catalog price of the GPU type; devices outside the "
+            "catalog have none."
         ),
     ]
+    if data.acceptance:
+        blocks += [
+            _Paragraph("Acceptance per request in the main phase (requests that drafted), as plotted below:"),
+            _Table(
+                ("GPU type", "pair", "mode", "requests", "min", "median", "max"),
+                tuple(
+                    (
+                        gpu,
+                        pair,
+                        mode,
+                        str(len(rates)),
+                        _fmt(min(rates)),
+                        _fmt(statistics.median(rates)),
+                        _fmt(max(rates)),
+                    )
+                    for (gpu, pair, mode), rates in data.acceptance.items()
+                ),
+            ),
+        ]
     eviction = _eviction_rows(data)
     if eviction:
         blocks += [
@@ -952,12 +1102,11 @@ def _eviction_rows(data: _ReportData) -> list[tuple[str, ...]]:
         attended = by_key.get((gpu_type, pair, "sidecar_attended", batch))
         if mode != "sidecar" or attended is None or not evicted.tag_ms_per_step or not attended.tag_ms_per_step:
             continue
-        gpu = find_gpu(gpu_type, data.catalog)
+        own = data.pair_projections.get(pair)
         projected = None
-        if gpu is not None and {"sidecar", "sidecar_attended"} <= set(data.workload.kv_bytes_per_request):
-            full = data.workload.step_bytes("sidecar_attended", batch)
-            masked = data.workload.step_bytes("sidecar", batch)
-            projected = (full / masked - 1) * 100
+        if own is not None and find_gpu(gpu_type, data.catalog) is not None:
+            full = own.workload.step_bytes("sidecar_attended", batch)
+            projected = (full / own.workload.step_bytes("sidecar", batch) - 1) * 100
         rows.append(
             (
                 gpu_type,
@@ -973,52 +1122,66 @@ def _eviction_rows(data: _ReportData) -> list[tuple[str, ...]]:
 
 
 def _projection_section(data: _ReportData) -> list[_Block]:
-    rows = []
-    for gpu in data.catalog.values():
-        for batch in _table_batches(data.batches):
-            by_mode = {mode: data.projected(gpu.name, mode, batch) for mode in MODES}
-            attended, evicted, alone = by_mode["sidecar_attended"], by_mode["sidecar"], by_mode["standalone"]
-            speedup = (
-                (attended.ms_per_step / evicted.ms_per_step - 1) * 100 if attended is not None and evicted else None
-            )
-            rows.append(
-                (
-                    gpu.name,
-                    f"{gpu.bandwidth_gb_s:,.0f}",
-                    f"{gpu.usd_per_hour:.2f}",
-                    str(batch),
-                    *(_fmt(None if row is None else row.ms_per_step) for row in (attended, evicted, alone)),
-                    _fmt(speedup),
-                    *(_fmt_usd(None if row is None else row.usd_per_million_tokens) for row in (evicted, alone)),
-                )
-            )
-    kv = ", ".join(f"{mode} {kv / MB:.2f} MB" for mode, kv in data.workload.kv_bytes_per_request.items())
-    return [
+    blocks: list[_Block] = [
         _Heading("What was projected"),
         _Paragraph(
             "A tagging decode step is memory-bandwidth bound: it reads the draft's weights once and each "
             "request's KV cache once, so bytes per step = weights + batch x KV per request, time = bytes / "
             "bandwidth, tokens/s = batch / time and $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6. "
-            f"Weights read per step: {data.workload.weight_bytes_per_step / GB:.2f} GB; KV per request: {kv}. "
             "Bandwidth and rent come from the GPU catalog (sidecar/data/gpus.json, with a source per entry). "
             "The full grid of batch sizes is in the cost rows and the plots."
         ),
-        _Table(
-            (
-                "GPU",
-                "GB/s",
-                "$/GPU-hour",
-                "batch",
-                "attended ms/step",
-                "evicted ms/step",
-                "standalone ms/step",
-                "eviction speedup %",
-                "sidecar $/1M tag tok",
-                "standalone $/1M tag tok",
-            ),
-            tuple(rows),
-        ),
     ]
+    for projection in data.projections:
+        workload = projection.workload
+        kv = ", ".join(f"{mode} {kv / MB:.3g} MB" for mode, kv in workload.kv_bytes_per_request.items())
+        source = (
+            "Not derived from the measurements"
+            if projection.pair is None
+            else f"The measured pair {projection.pair}, from its draft's config and the measured token counts"
+        )
+        rows = []
+        for gpu in data.catalog.values():
+            for batch in _table_batches(data.batches):
+                by_mode = {mode: projection.row(gpu.name, mode, batch) for mode in MODES}
+                attended, evicted, alone = by_mode["sidecar_attended"], by_mode["sidecar"], by_mode["standalone"]
+                speedup = (
+                    (attended.ms_per_step / evicted.ms_per_step - 1) * 100 if attended is not None and evicted else None
+                )
+                rows.append(
+                    (
+                        gpu.name,
+                        f"{gpu.bandwidth_gb_s:,.0f}",
+                        f"{gpu.usd_per_hour:.2f}",
+                        str(batch),
+                        *(_fmt(None if row is None else row.ms_per_step) for row in (attended, evicted, alone)),
+                        _fmt(speedup),
+                        *(_fmt_usd(None if row is None else row.usd_per_million_tokens) for row in (evicted, alone)),
+                    )
+                )
+        blocks += [
+            _Heading(workload.name, 3),
+            _Paragraph(
+                f"{source}: {workload.description}. Weights read per step: "
+                f"{workload.weight_bytes_per_step / GB:.3g} GB; KV per request: {kv}."
+            ),
+            _Table(
+                (
+                    "GPU",
+                    "GB/s",
+                    "$/GPU-hour",
+                    "batch",
+                    "attended ms/step",
+                    "evicted ms/step",
+                    "standalone ms/step",
+                    "eviction speedup %",
+                    "sidecar $/1M tag tok",
+                    "standalone $/1M tag tok",
+                ),
+                tuple(rows),
+            ),
+        ]
+    return blocks
 
 
 def _calibration_section(data: _ReportData) -> list[_Block]:
@@ -1029,6 +1192,7 @@ def _calibration_section(data: _ReportData) -> list[_Block]:
                 (
                     "GPU type",
                     "catalog GPU",
+                    "projected as",
                     "mode",
                     "batch",
                     "measured ms/step",
@@ -1039,22 +1203,33 @@ def _calibration_section(data: _ReportData) -> list[_Block]:
                     (
                         c.gpu_type,
                         c.catalog_gpu,
+                        projection.workload.name,
                         c.mode,
                         str(c.batch),
                         _fmt(c.measured_ms_per_step),
                         _fmt(c.projected_ms_per_step),
                         f"{c.measured_over_projected:.2f}",
                     )
-                    for c in data.calibration
+                    for projection, c in data.calibration
                 ),
             ),
             _Paragraph(
-                "Above 1 the measured step is slower than the bandwidth roofline. The ratio means something only "
-                "when the projected workload (weights, dtype, token counts above) is the measured pair's."
+                "Each measured decode step is divided by the projection of its own pair (draft config, GPU dtype, "
+                "measured token counts) on the catalog's figures for its GPU type. Above 1 the measured step is "
+                "slower than the bandwidth roofline."
             ),
         ]
     else:
-        blocks.append(_Paragraph("No tagging step was measured on a catalogued GPU, so nothing is calibrated."))
+        blocks.append(
+            _Paragraph(
+                "Nothing is calibrated: no decode step was measured on a catalogued GPU with a projection of its "
+                "own pair."
+            )
+        )
+    if data.unprojected:
+        blocks.append(
+            _Paragraph(f"Not calibrated, for want of a projection of their pair: {'; '.join(data.unprojected)}.")
+        )
     if data.uncatalogued:
         blocks.append(
             _Paragraph(

@@ -1,7 +1,7 @@
 """DuckDB storage for sidecar runs; all of the project's SQL lives in this package (see README.md)."""
 
 from storage.connection import RetryPolicy
-from storage.database import DEFAULT_DB_PATH, Database, current_code_version, default_db_path
+from storage.database import DEFAULT_DB_PATH, RESULTS_TABLE_SQL, Database, current_code_version, default_db_path
 from storage.errors import (
     DatabaseLockedError,
     InputSchemaError,
@@ -22,6 +22,7 @@ from storage.records import (
 __all__ = [
     "DEFAULT_DB_PATH",
     "MODES",
+    "RESULTS_TABLE_SQL",
     "CostRecord",
     "Database",
     "DatabaseLockedError",

@@ -31,6 +31,13 @@ from storage.records import (
 from storage.writer import TableWrite, write_tables
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
+# One run's rows of the ``results`` view as `sidecar demo` shows them, and prints, as an example query.
+RESULTS_TABLE_SQL = (
+    "SELECT doc_id, title, summary, sidecar_tags, standalone_tags, attended_tags\n"
+    "FROM results\n"
+    "WHERE run_id = ?\n"
+    "ORDER BY doc_id"
+)
 DB_PATH_ENV = "SIDECAR_DB"
 
 _DOCUMENTS_SCHEMA = pa.schema([
@@ -270,11 +277,11 @@ class Database:
                      self.retry, check=_require_run(run_id))
 
     def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents whose two games are both stored without an error (failed calls are retried;
-        answers that could not be parsed count as judged, asking again would give the same)."""
+        """Documents whose two games both got an answer: without an error, or with a raw answer that could
+        not be parsed (asking again would give the same). Games that failed without an answer are retried."""
         rows = self.query(
             "SELECT doc_id FROM judgement_games WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
-            "AND error IS NULL GROUP BY doc_id HAVING count(DISTINCT game) = 2",
+            "AND (error IS NULL OR raw_answer IS NOT NULL) GROUP BY doc_id HAVING count(DISTINCT game) = 2",
             [run_id, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}
@@ -314,3 +321,26 @@ class Database:
         if run_id is None:
             return self.query("SELECT * FROM results ORDER BY run_id, doc_id")
         return self.query("SELECT * FROM results WHERE run_id = ? ORDER BY doc_id", [run_id])
+
+    def results_table(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's rows of the ``results`` view, as :data:`RESULTS_TABLE_SQL` selects them."""
+        return self.query(RESULTS_TABLE_SQL, [run_id])
+
+    def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Rows of the ``throughput`` view: one run's, or every run's."""
+        if run_id is None:
+            return self.query("SELECT * FROM throughput ORDER BY run_id, mode, phase")
+        return self.query("SELECT * FROM throughput WHERE run_id = ? ORDER BY mode, phase", [run_id])
+
+    def request_acceptance(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Accepted / drafted per request of the speculative main phase (all runs, or one), with the run's
+        ``pair`` and ``gpu_type``; requests that drafted nothing (gamma 0 throughout) have no rate and are left
+        out. Columns: run_id, pair, gpu_type, mode, doc_id, drafted, accepted, acceptance_rate."""
+        return self.query(
+            "SELECT s.run_id, r.pair, r.gpu_type, s.mode, s.doc_id, s.drafted, s.accepted, "
+            "s.accepted / s.drafted AS acceptance_rate "
+            "FROM request_stats AS s JOIN runs AS r ON r.run_id = s.run_id "
+            "WHERE s.phase = 'main' AND s.drafted > 0 AND ($run_id IS NULL OR s.run_id = $run_id) "
+            "ORDER BY s.run_id, s.mode, s.doc_id",
+            {"run_id": run_id},
+        )

@@ -25,6 +25,8 @@ from sidecar.cost import (
     UnknownGPUError,
     Workload,
     calibrate,
+    default_dtype,
+    draft_config,
     find_gpu,
     get_gpu,
     load_catalog,
@@ -135,6 +137,40 @@ def test_facts_from_a_saved_config_file(tmp_path: Path) -> None:
     assert from_folder == from_file == ModelFacts.from_config(Qwen2Config(**QWEN_0_5B))
     with pytest.raises(CostInputError, match="no model config"):
         ModelFacts.from_config_file(tmp_path / "missing")
+
+
+def test_draft_config_of_the_tiny_pair_is_its_draft_without_files() -> None:
+    from sidecar.models import tiny_pair
+
+    facts = ModelFacts.from_config(draft_config("tiny"))
+    assert facts.parameters == tiny_pair().draft.num_parameters()
+
+
+def test_draft_config_of_a_spec_reads_only_the_drafts_config(tmp_path: Path) -> None:
+    Qwen2Config(**QWEN_0_5B).save_pretrained(tmp_path / "draft")  # a config.json and no weights
+    config = draft_config(f"{tmp_path / 'target'},{tmp_path / 'draft'}")
+    assert ModelFacts.from_config(config) == ModelFacts.from_config(Qwen2Config(**QWEN_0_5B))
+
+
+@pytest.mark.parametrize(
+    "pair", ["no-such-pair", "/nowhere/target,/nowhere/draft"], ids=["unknown name", "missing path"]
+)
+def test_draft_config_that_is_not_here_says_so(pair: str) -> None:
+    with pytest.raises(CostInputError, match="not on this machine"):
+        draft_config(pair)
+
+
+def test_default_dtype_is_what_load_pair_picks_per_device() -> None:
+    assert default_dtype("cuda") == ("bfloat16", 2)
+    assert default_dtype("cpu") == ("float32", 4)
+
+
+def test_tag_tokens_from_measured_counts_keep_the_template_estimates() -> None:
+    # the target's prompt is system + document + instruction: the document is what the template leaves
+    tokens = TagTokens.from_measured(main_prompt=722.75, summary=87.75, tags=27.6)
+    assert (tokens.document, tokens.summary, tokens.tags) == (723 - 14 - 21, 88, 28)
+    assert (tokens.system, tokens.instruction, tokens.sidecar_instruction) == (14, 21, 25)
+    assert TagTokens.from_measured(main_prompt=10, summary=5, tags=0.2).document == 0
 
 
 def test_catalog_entries_are_complete_and_positive() -> None:

@@ -98,6 +98,11 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     assert all(r["title"] and r["summary"] and r["run_status"] == "completed" for r in results)
     stored = db.get_run(counts.run_id)
     assert stored["params"]["pair"] == "tiny" and stored["modes"] == ["sidecar", "sidecar_attended", "standalone"]
+    import torch
+
+    from sidecar.models import device_name
+
+    assert stored["gpu_type"] == device_name(torch.device(stored["device"])), "the GPU type the cost report prices"
     # two batches per mode and phase, each its own batch in the throughput view
     throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
     assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),
@@ -116,6 +121,16 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     out_dir = Path(run.db_path).parent / "cost_report" / counts.run_id
     for name in ("cost_report.md", "cost_report.html", "step_time_vs_batch.png"):
         assert (out_dir / name).stat().st_size > 0
+    # ... and published its artifacts (from its own flow run, a subflow of this one; the keys are shared by
+    # every run's report, the description names the run)
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = {"cost-report", "cost-report-lines", "cost-report-html", "cost-report-step-time",
+            "cost-report-usd-per-mtok", "cost-report-acceptance"}
+    with get_client(sync_client=True) as client:
+        published = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=sorted(keys))))
+    assert {a.key for a in published if counts.run_id in (a.description or "")} == keys
 
 
 def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from sidecar.pipeline import (
     BatchSettings,
     is_out_of_memory,
     plan_batches,
-    results_rows,
     run_batch,
     run_modes,
     split_by_context,
@@ -130,7 +129,7 @@ def test_records_land_in_the_results_view(engine: SidecarEngine, tmp_path: Path)
     docs = documents(3)
     db.record_documents("r", docs, [])
     store_outcomes(db, "r", [run_batch(engine, docs, settings(*modes))])
-    rows = results_rows(db, "r")
+    rows = db.results_table("r")
     assert [row["doc_id"] for row in rows] == ["doc-0", "doc-1", "doc-2"]
     assert [row["title"] for row in rows] == ["Title 0", "Title 1", "Title 2"]
     assert db.done_doc_ids("r", list(modes)) == {"doc-0", "doc-1", "doc-2"}

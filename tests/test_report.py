@@ -2,17 +2,49 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import pytest
+from transformers import Qwen2Config
 
-from sidecar.cost import DEFAULT_BATCHES, STUDY_WORKLOAD, CostInputError, load_catalog
+from sidecar.cost import (
+    DEFAULT_BATCHES,
+    STUDY_WORKLOAD,
+    CostInputError,
+    ModelFacts,
+    TagTokens,
+    Workload,
+    load_catalog,
+)
 from sidecar.report import Measurement, group_measurements, write_cost_report
 from storage import Database
 from storage.records import CostRecord, OutputRecord, RequestStats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The draft of the rows' pair, qwen2.5-7b: Qwen2.5-1.5B-Instruct's published shapes.
+DRAFT_CONFIG = Qwen2Config(
+    hidden_size=1536,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    intermediate_size=8960,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+PAIR_WORKLOAD = "qwen2.5-7b (bfloat16)"  # projected in the dtype load_pair gives the pair on a GPU
+STUDY = "source study shapes: Qwen2.5-7B/1.5B"
+
+
+def drafts(pair: str) -> Qwen2Config:
+    """draft_config as it answers on a machine that has the rows' pair and nothing else."""
+    if pair != "qwen2.5-7b":
+        raise CostInputError(f"the config of pair {pair!r}'s draft is not on this machine")
+    return DRAFT_CONFIG
 
 
 def row(gpu_type: str, mode: str, phase: str, batch: int, tokens: float, seconds: float, **extra) -> dict:
@@ -35,13 +67,21 @@ def row(gpu_type: str, mode: str, phase: str, batch: int, tokens: float, seconds
 
 def h200_rows(batch: int = 32) -> list[dict]:
     # Sidecar: 1000 tag tokens in 1.0 s; standalone: the same tokens in 1.25 s, i.e. 20% dearer per token.
+    # Each batch's longest row made 32 tag tokens: 31 decode steps, 20 ms each evicted, 22 ms attended.
+    main = {"prompt_tokens": 635.0}  # the target's prompt per request: template, document, instruction
     return [
-        row("NVIDIA H200", "sidecar", "main", batch, 4000, 2.0, acceptance_rate=0.75),
-        row("NVIDIA H200", "sidecar", "sidecar", batch, 1000, 1.0),
-        row("NVIDIA H200", "sidecar_attended", "main", batch, 4000, 2.0, acceptance_rate=0.74),
-        row("NVIDIA H200", "sidecar_attended", "sidecar", batch, 1000, 1.1),
-        row("NVIDIA H200", "standalone", "sidecar", batch, 1000, 1.25),
+        row("NVIDIA H200", "sidecar", "main", batch, 4000, 2.0, acceptance_rate=0.75, **main),
+        row("NVIDIA H200", "sidecar", "sidecar", batch, 1000, 1.0, decode_s=0.62, longest_row_tokens=32),
+        row("NVIDIA H200", "sidecar_attended", "main", batch, 4000, 2.0, acceptance_rate=0.74, **main),
+        row("NVIDIA H200", "sidecar_attended", "sidecar", batch, 1000, 1.1, decode_s=0.682, longest_row_tokens=32),
+        row("NVIDIA H200", "standalone", "sidecar", batch, 1000, 1.25, decode_s=0.62, longest_row_tokens=32),
     ]
+
+
+def h200_workload(batch: int = 32) -> Workload:
+    """The projection h200_rows(batch) must get: the pair's draft with the rows' tokens per request."""
+    tokens = TagTokens.from_measured(main_prompt=635, summary=4000 / batch, tags=1000 / batch)
+    return Workload.from_model(ModelFacts.from_config(DRAFT_CONFIG, dtype_bytes=2), tokens, PAIR_WORKLOAD)
 
 
 def section(markdown: str, heading: str) -> str:
@@ -55,14 +95,24 @@ def test_rows_accept_the_view_columns_and_the_plain_names() -> None:
          "seconds": 0.8, "requests": 16, "batches": 2}
     )  # fmt: skip
     assert from_view.tokens == plain.tokens == 320 and from_view.seconds == plain.seconds == 0.8
-    # 16 requests in 2 batches: 8 per step, so 320 tokens took 40 steps of 20 ms.
-    assert from_view.step_ms == pytest.approx(20.0)
     assert from_view.throughput == pytest.approx(400.0)
+    # Wall time holds the prefill: without decode times there is no step time rather than a wrong one.
+    assert from_view.step_ms is None and plain.step_ms is None
     given = Measurement.from_row({**row("T4", "standalone", "sidecar", 4, 10, 1.0), "ms_per_step": 7.5})
     assert given.step_ms == 7.5 and given.is_tagging
     assert not Measurement.from_row(row("T4", "sidecar", "main", 4, 10, 1.0)).is_tagging
     # A standalone tagger has no main task: whatever phase its stats carry, they are tagging work.
     assert Measurement.from_row(row("T4", "standalone", "main", 4, 10, 1.0)).is_tagging
+
+
+def test_step_time_is_decode_time_over_the_steps_of_each_batchs_longest_row() -> None:
+    # 4 rows made 10, 20, 30 and 40 tokens (100 in all) in one batch: after its prefill, which gave every row
+    # its first token, the batch stepped 39 times (not 100 / 4 = 25) in 0.78 s; the 0.22 s prefill is no step.
+    one = row("NVIDIA H200", "standalone", "sidecar", 4, 100, 1.0, prefill_s=0.22, decode_s=0.78, longest_row_tokens=40)
+    assert Measurement.from_row(one).step_ms == pytest.approx(780 / 39)
+    # two such batches: 78 steps in 1.56 s
+    two = one | {"requests": 8, "batches": 2, "new_tokens": 200, "decode_s": 1.56, "longest_row_tokens": 80}
+    assert Measurement.from_row(two).step_ms == pytest.approx(1560 / 78)
 
 
 def test_bad_rows_are_refused_with_the_reason() -> None:
@@ -125,23 +175,63 @@ def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:
 
 
 def test_eviction_speedup_measured_next_to_projected(tmp_path: Path) -> None:
-    report = write_cost_report(h200_rows(batch=64), tmp_path)
+    report = write_cost_report(h200_rows(batch=64), tmp_path, draft_config=drafts)
     measured = section(report.markdown, "What was measured")
-    full = STUDY_WORKLOAD.step_bytes("sidecar_attended", 64)
-    masked = STUDY_WORKLOAD.step_bytes("sidecar", 64)
-    # Attended 1.1 s vs evicted 1.0 s for the same steps: 10% measured.
-    # 1000 tokens from 64 requests in one batch: 15.6 steps, 70.4 ms attended vs 64 ms evicted.
-    assert f"| NVIDIA H200 | qwen2.5-7b | 64 | 70.4 | 64 | 10 | {(full / masked - 1) * 100:.3g} |" in measured
+    workload = h200_workload(batch=64)
+    projected = (workload.step_bytes("sidecar_attended", 64) / workload.step_bytes("sidecar", 64) - 1) * 100
+    # 31 decode steps in 0.682 s attended and 0.62 s evicted: 22 vs 20 ms, 10% measured.
+    assert f"| NVIDIA H200 | qwen2.5-7b | 64 | 22 | 20 | 10 | {projected:.3g} |" in measured
 
 
-def test_calibration_compares_measured_with_projected_steps(tmp_path: Path) -> None:
+def test_calibration_projects_the_measured_pair_not_the_study(tmp_path: Path) -> None:
     h200 = load_catalog()["H200"]
-    projected_ms = STUDY_WORKLOAD.step_seconds("sidecar", 16, h200.bandwidth_bytes_s) * 1000
-    rows = [row("NVIDIA H200", "sidecar", "sidecar", 16, 512, 1.0, ms_per_step=2.5 * projected_ms)]
-    report = write_cost_report(rows, tmp_path)
+    report = write_cost_report(h200_rows(batch=16), tmp_path, draft_config=drafts)
+    workload = h200_workload(batch=16)
+    assert workload.kv_bytes_per_request != STUDY_WORKLOAD.kv_bytes_per_request  # the rows' own token counts
     calibration = section(report.markdown, "Calibration: measured ÷ projected")
-    assert "| NVIDIA H200 | H200 | sidecar | 16 |" in calibration
-    assert calibration.split("| NVIDIA H200 | H200 | sidecar | 16 |")[1].split("\n")[0].endswith("| 2.50 |")
+    for mode, measured_ms in (("sidecar", 20.0), ("sidecar_attended", 22.0), ("standalone", 20.0)):
+        projected_ms = workload.step_seconds(mode, 16, h200.bandwidth_bytes_s) * 1000
+        line = f"| NVIDIA H200 | H200 | {PAIR_WORKLOAD} | {mode} | 16 | {measured_ms:.3g} | {projected_ms:.3g} |"
+        assert line in calibration
+        assert calibration.split(line)[1].split("\n")[0] == f" {measured_ms / projected_ms:.2f} |"
+    assert STUDY not in calibration
+    # The study's shapes stay, labelled, as an extra projection on every GPU type.
+    assert f"### {STUDY}" in section(report.markdown, "What was projected")
+    projected_pairs = {r["pair"] for r in report.cost_rows if r["source"] == "projected"}
+    assert projected_pairs == {PAIR_WORKLOAD, STUDY}
+    assert {v.pair for v in report.verdicts if v.basis == "projected"} == {PAIR_WORKLOAD, STUDY}
+
+
+def test_a_pair_whose_config_is_not_here_is_reported_and_not_calibrated(tmp_path: Path) -> None:
+    def nothing_here(pair: str) -> Qwen2Config:
+        raise CostInputError(f"the config of pair {pair!r}'s draft is not on this machine: not fetched")
+
+    report = write_cost_report(h200_rows(), tmp_path, draft_config=nothing_here)
+    reason = "qwen2.5-7b: the config of pair 'qwen2.5-7b''s draft is not on this machine: not fetched"
+    assert f"No projection of the measured pair, so no calibration, for: {reason}." in report.markdown
+    calibration = section(report.markdown, "Calibration: measured ÷ projected")
+    assert "Nothing is calibrated" in calibration
+    assert f"Not calibrated, for want of a projection of their pair: {reason}." in calibration
+    assert {r["pair"] for r in report.cost_rows if r["source"] == "projected"} == {STUDY}
+    assert [v.basis for v in report.verdicts].count("measured") == 1  # measuring still counts
+
+
+def test_acceptance_is_a_distribution_over_requests(tmp_path: Path) -> None:
+    def request(mode: str, rate: float, gpu_type: str = "NVIDIA H200") -> dict[str, Any]:
+        return {"run_id": "run-1", "pair": "qwen2.5-7b", "gpu_type": gpu_type, "mode": mode, "doc_id": "d",
+                "drafted": 8, "accepted": round(8 * rate), "acceptance_rate": rate}  # fmt: skip
+
+    acceptance = [request("sidecar", r) for r in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    acceptance += [request("sidecar_attended", 0.5), request("sidecar", 0.5, gpu_type="Tesla T4")]
+    report = write_cost_report(h200_rows(), tmp_path, acceptance=acceptance)
+    measured = section(report.markdown, "What was measured")
+    assert "| GPU type | pair | mode | requests | min | median | max |" in measured
+    assert "| NVIDIA H200 | qwen2.5-7b | sidecar | 5 | 0 | 0.5 | 1 |" in measured
+    assert "| NVIDIA H200 | qwen2.5-7b | sidecar_attended | 1 | 0.5 | 0.5 | 0.5 |" in measured
+    assert "| Tesla T4 | qwen2.5-7b | sidecar | 1 | 0.5 | 0.5 | 0.5 |" in measured
+    assert report.plot_paths["acceptance"].read_bytes().startswith(PNG_MAGIC)
+    # the rows' own acceptance_rate is one value per run, not a distribution: it is not what is plotted
+    assert "requests | min" not in write_cost_report(h200_rows(), tmp_path / "none").markdown
 
 
 def test_a_device_outside_the_catalog_is_reported_as_measured_only(tmp_path: Path) -> None:
@@ -162,27 +252,71 @@ def test_a_gpu_measured_in_one_mode_only_is_named_as_not_compared(tmp_path: Path
     assert "T4" in {v.gpu_type for v in report.verdicts if v.basis == "projected"}
 
 
-def test_report_is_fed_by_the_throughput_view_and_fills_the_costs_table(tmp_path: Path) -> None:
-    db = Database(tmp_path / "sidecar.duckdb")
-    db.start_run("run-1", {}, pair="qwen2.5-7b", device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
+def stored_run(path: Path, pair: str) -> Database:
+    """A database holding one run of two documents in a batch of 2, tagged as a sidecar and standalone."""
+    db = Database(path)
+    db.start_run("run-1", {}, pair=pair, device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
                  code_version="test", modes=("sidecar", "standalone"))  # fmt: skip
 
-    def output(doc: str, mode: str, tag_seconds: float) -> OutputRecord:
-        stats = [RequestStats("sidecar", new_tokens=16, wall_s=tag_seconds, kv_bytes=4_000_000, batch_size=2)]
+    def output(doc: str, mode: str, tag_seconds: float, accepted: int) -> OutputRecord:
+        # after a shared 0.1 s prefill, d1 tags with 16 tokens and d2 finishes 0.05 s earlier with 12
+        tags, early = (16, 0.0) if doc == "d1" else (12, 0.05)
+        stats = [RequestStats("sidecar", new_tokens=tags, prefill_s=0.1, decode_s=tag_seconds - 0.1 - early,
+                              wall_s=tag_seconds - early, kv_bytes=4_000_000, batch_size=2)]  # fmt: skip
         if mode == "sidecar":
-            stats.append(RequestStats("main", new_tokens=64, drafted=80, accepted=60, target_forwards=20,
-                                      wall_s=2.0, batch_size=2))  # fmt: skip
+            stats.append(RequestStats("main", new_tokens=64, drafted=80, accepted=accepted, target_forwards=20,
+                                      prompt_tokens=500, wall_s=2.0, batch_size=2))  # fmt: skip
         return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
                             tags=["#a"], batch_id=0, stats=stats)  # fmt: skip
 
-    db.write_batch("run-1", [output(d, m, s) for d in ("d1", "d2") for m, s in (("sidecar", 0.4), ("standalone", 0.5))])
-    report = write_cost_report(db.query("SELECT * FROM throughput"), tmp_path / "report")
+    db.write_batch("run-1", [output(d, m, s, a) for d, a in (("d1", 60), ("d2", 20))
+                             for m, s in (("sidecar", 0.4), ("standalone", 0.5))])  # fmt: skip
+    return db
+
+
+def test_report_is_fed_by_storage_and_fills_the_costs_table(tmp_path: Path) -> None:
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b")
+    report = write_cost_report(db.query("SELECT * FROM throughput"), tmp_path / "report", draft_config=drafts,
+                               acceptance=db.request_acceptance("run-1"))  # fmt: skip
 
     [verdict] = [v for v in report.verdicts if v.basis == "measured"]
-    assert (verdict.sidecar_tokens_per_s, verdict.standalone_tokens_per_s) == pytest.approx((80.0, 64.0))
+    # 28 tag tokens per batch over its longest row's wall time
+    assert (verdict.sidecar_tokens_per_s, verdict.standalone_tokens_per_s) == pytest.approx((70.0, 56.0))
+    # the batch decoded until d1's 16th token: 15 steps after the prefill, in 0.3 s and 0.4 s
+    step_ms = {r["mode"]: r["ms_per_step"] for r in report.cost_rows if r["source"] == "measured"}
+    assert step_ms == pytest.approx({"sidecar": 300 / 15, "standalone": 400 / 15})
+    assert "| NVIDIA H200 | qwen2.5-7b | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in report.markdown
     db.write_costs([CostRecord(**r) for r in report.cost_rows])
-    stored = db.query("SELECT source, count(*) AS n FROM cost_estimates GROUP BY source ORDER BY source")
+    stored = db.query("SELECT source, pair, count(*) AS n FROM cost_estimates GROUP BY ALL ORDER BY source, pair")
+    per_projection = len(load_catalog()) * 3 * len(DEFAULT_BATCHES)
     assert stored == [
-        {"source": "measured", "n": 2},
-        {"source": "projected", "n": len(load_catalog()) * 3 * len(DEFAULT_BATCHES)},
+        {"source": "measured", "pair": "qwen2.5-7b", "n": 2},
+        {"source": "projected", "pair": PAIR_WORKLOAD, "n": per_projection},
+        {"source": "projected", "pair": STUDY, "n": per_projection},
     ]
+
+
+def test_the_flow_links_each_file_by_its_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flows.cost_report as flow_module
+
+    stored_run(tmp_path / "sidecar.duckdb", pair="tiny")
+    published: dict[str, dict[str, Any]] = {"markdown": {}, "table": {}, "link": {}}  # kind -> key -> content
+    for kind in published:
+        monkeypatch.setattr(flow_module, f"create_{kind}_artifact",
+                            lambda content, key, kind=kind, **_: published[kind].__setitem__(key, content))  # fmt: skip
+    monkeypatch.setattr(flow_module, "get_run_logger", lambda: logging.getLogger("cost-report"))
+    monkeypatch.chdir(tmp_path)  # a relative database path, as the flow's default is
+    result = flow_module.cost_report.fn(db_path="sidecar.duckdb", run_id="run-1")
+
+    links = published["link"]
+    assert set(links) == {"cost-report-html", "cost-report-step-time", "cost-report-usd-per-mtok",
+                          "cost-report-acceptance"}  # fmt: skip
+    linked = {Path(url2pathname(urlparse(uri).path)) for uri in links.values()}
+    assert linked == {p for p in result.files if p.suffix in (".html", ".png")}
+    assert all(p.is_absolute() and p.is_relative_to(tmp_path.resolve()) and p.is_file() for p in linked)
+    markdown = published["markdown"]["cost-report"]
+    assert all(f"- `{p}`" in markdown for p in result.files)
+    assert set(published["table"]) == {"cost-report-lines"}
+    # the tiny pair needs no files to be projected, so its measured steps are calibrated
+    assert "| NVIDIA H200 | H200 | tiny (bfloat16) | sidecar | 2 |" in markdown
+    assert "| NVIDIA H200 | tiny | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in markdown  # acceptance per request

@@ -248,12 +248,51 @@ def test_throughput_uses_batch_wall_time_and_shared_counters(db: Database) -> No
     assert row["tokens_per_target_forward"] == pytest.approx(3.0)
 
 
+def test_throughput_has_each_batchs_decode_time_and_longest_row(db: Database) -> None:
+    start(db, batch_size=2)
+
+    def stats(tokens: int, prompt: int, prefill: float, decode: float) -> list[RequestStats]:
+        return [RequestStats("sidecar", new_tokens=tokens, prompt_tokens=prompt, prefill_s=prefill, decode_s=decode,
+                             wall_s=prefill + decode, batch_size=2)]
+
+    # batch 0: rows of 10 and 20 tokens sharing a 0.2 s prefill, the longer decoding 2.0 s; batch 1: one row
+    db.write_batch("run-1", [output("d1", "standalone", ["#a"], 0, stats(10, 100, 0.2, 1.0)),
+                             output("d2", "standalone", ["#a"], 0, stats(20, 200, 0.2, 2.0)),
+                             output("d3", "standalone", ["#a"], 1, stats(30, 300, 0.5, 3.0))])
+    [row] = db.query("SELECT * FROM throughput WHERE mode = 'standalone'")
+    assert row["longest_row_tokens"] == 20 + 30
+    assert row["decode_s"] == pytest.approx(2.0 + 3.0)
+    assert row["prefill_s"] == pytest.approx(0.2 + 0.5)
+    assert row["prompt_tokens"] == pytest.approx(200.0)
+    assert row["wall_s"] == pytest.approx(2.2 + 3.5)
+
+
+def test_request_acceptance_is_per_request_of_the_main_phase(db: Database) -> None:
+    start(db, gpu_type="NVIDIA H200")
+    start(db, run_id="run-2")
+
+    def main(drafted: int, accepted: int) -> list[RequestStats]:
+        return [RequestStats("main", new_tokens=12, drafted=drafted, accepted=accepted, target_forwards=4),
+                RequestStats("sidecar", new_tokens=6, drafted=0)]
+
+    db.write_batch("run-1", [output("d1", "sidecar", stats=main(8, 6)), output("d2", "sidecar", stats=main(4, 1)),
+                             output("d3", "sidecar", stats=main(0, 0))])  # gamma 0 throughout: no rate
+    db.write_batch("run-2", [output("d1", "sidecar", stats=main(10, 10))])
+    rows = db.request_acceptance("run-1")
+    assert [(r["doc_id"], r["acceptance_rate"]) for r in rows] == [("d1", 0.75), ("d2", 0.25)]
+    assert {(r["gpu_type"], r["pair"], r["mode"]) for r in rows} == {("NVIDIA H200", "tiny", "sidecar")}
+    assert [(r["run_id"], r["doc_id"]) for r in db.request_acceptance()] == [
+        ("run-1", "d1"), ("run-1", "d2"), ("run-2", "d1")]
+    assert db.request_acceptance("no-such-run") == []
+
+
 def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     start(db)
 
     def game(doc: str, number: int, winner: str | None, error: str | None = None) -> JudgementRecord:
         first, second = ("sidecar", "standalone") if number == 1 else ("standalone", "sidecar")
-        return JudgementRecord(doc, "judge-x", "v1", number, first, second, "raw", winner, error)
+        # a failed call has no answer; an answer that could not be parsed keeps its raw text
+        return JudgementRecord(doc, "judge-x", "v1", number, first, second, None if error else "raw", winner, error)
 
     db.write_judgements("run-1", [
         game("agree", 1, "standalone"), game("agree", 2, "standalone"),
