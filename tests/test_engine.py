@@ -294,6 +294,12 @@ def test_draft_pays_prices_the_draft_prefill():
     # once the draft's own prefill was timed, that rate replaces the prior
     controller.observe_prefill("draft", 4000, 0.4)
     assert controller.draft_pays(8, 4000, 64, 0.3)
+    # plain: 64 steps of 0.66 s = 42 s; speculating: 23.4 s of decoding plus the draft's prefill. A forecast
+    # that saves only ~7% is not worth the certain prefill; one that saves ~20% is.
+    controller.observe_prefill("draft", 4000, 16.0)
+    assert not controller.draft_pays(8, 4000, 64, 0.3)
+    controller.observe_prefill("draft", 4000, 10.0)
+    assert controller.draft_pays(8, 4000, 64, 0.3)
 
 
 def test_int8_draft_keeps_output_identical():
