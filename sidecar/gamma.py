@@ -21,7 +21,6 @@ batch decodes plainly and the draft never runs.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -36,23 +35,34 @@ MIN_PREDICTED_SAVING = 0.1
 
 
 class LinearCost:
-    """Least-squares fit of seconds = a + b * tokens over the most recent observations."""
+    """Least-squares fit of seconds = a + b * tokens over the forward sizes seen, one point per size: the
+    recent mean of its timings.
 
-    def __init__(self, window: int = 32) -> None:
-        self.points: deque[tuple[float, float]] = deque(maxlen=window)
+    One point per size, not a window of raw timings: once the controller settles on plain decoding every
+    new timing is a one-token step, and a window would forget what wider forwards cost. With one size
+    left the slope reads 0, and a verify of 40 tokens at batch 8 looks as cheap as one step.
+    """
+
+    def __init__(self, max_sizes: int = 16, decay: float = 0.7) -> None:
+        self.decay = decay
+        self.max_sizes = max_sizes
+        self.means: dict[float, float] = {}  # insertion order is recency: the oldest size is dropped first
 
     def add(self, tokens: int, seconds: float) -> None:
-        self.points.append((float(tokens), seconds))
+        previous = self.means.pop(float(tokens), None)
+        self.means[float(tokens)] = seconds if previous is None else self.decay * previous + (1 - self.decay) * seconds
+        if len(self.means) > self.max_sizes:
+            del self.means[next(iter(self.means))]
 
     def distinct_sizes(self) -> int:
-        return len({x for x, _ in self.points})
+        return len(self.means)
 
     def predict(self, tokens: int) -> float:
-        xs = [x for x, _ in self.points]
-        ys = [y for _, y in self.points]
-        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-        var = sum((x - mean_x) ** 2 for x in xs)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self.points) / var if var else 0.0
+        points = list(self.means.items())
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        var = sum((x - mean_x) ** 2 for x, _ in points)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
         slope = max(slope, 0.0)  # more tokens never make a forward cheaper
         intercept = max(mean_y - slope * mean_x, 0.0)
         return intercept + slope * tokens

@@ -277,6 +277,17 @@ def test_draft_prefill_is_skipped_when_speculation_cannot_repay_it(tiny, monkeyp
         handle.remove()
 
 
+def test_cost_fit_remembers_wide_forwards_after_many_plain_steps():
+    from sidecar.gamma import LinearCost
+
+    cost = LinearCost()
+    for tokens in (1, 3, 5):
+        cost.add(tokens, 0.2 + 0.02 * tokens)
+    for _ in range(100):  # the controller settled on plain decoding: only one-token steps are timed now
+        cost.add(1, 0.22)
+    assert cost.predict(40) == pytest.approx(0.2 + 0.02 * 40, rel=0.01)
+
+
 def test_draft_pays_prices_the_draft_prefill():
     from sidecar.gamma import GammaController
 
