@@ -1,14 +1,15 @@
 """Faster fp32 Linear layers on CPU: the matmul kernel is chosen by how many tokens a forward carries.
 
-Measured on the 1.5B target (2-core Xeon, fp32, context 400), one forward in ms:
+One forward of the 1.5B target over 400 cached positions, ms (`python -m bench.kernels`, 2-core Xeon,
+fp32; bench/results/kernels_cpu.md):
 
-    tokens (batch x query)   1     2     3     5     8     16
-    default matmul (MKL)     313   360   365   638   998   990
-    oneDNN, packed weight    335   505   525   529   579   834
+    rows x new positions     1x1   1x2   1x3   1x5   8x1   16x1
+    default matmul (MKL)     202   232   275   544   605   685
+    oneDNN, packed weight    268   368   374   360   404   508
 
 The default kernel is best for one to three tokens (decode steps at batch 1, short verifies) and falls
 off a cliff above; oneDNN's packed weights run wider forwards (a verify of gamma+1 = 5 positions, any
-batch of 5 or more rows) at close to one-step cost. So each Linear keeps both copies of its weight and
+batch of several rows) at close to one-step cost. So each Linear keeps both copies of its weight and
 dispatches per call; both give the same argmax.
 """
 
