@@ -2,7 +2,7 @@
 
     python -m bench.engine           # standard (`make bench`): 4 articles at batch 1, batch 8, 64 new tokens
     python -m bench.engine --full    # issue #2's sizes: 8 articles, batches 8 and 32, fixed-gamma row too
-    python -m bench.engine --quick   # 1 short article, batch 4, 32 new tokens, no int8 draft
+    python -m bench.engine --quick   # 1 short article, batch 2, 16 new tokens, no int8 draft
 
 Ratios are measured side by side in one process on the same prompts (the target's summary prompt over
 real news articles), so the machine's speed cancels out. HF generate runs on the same loaded models,
@@ -105,7 +105,7 @@ def kv_bytes_per_row(pair: ModelPair, tokens: int) -> dict:
 
 
 SIZES = {
-    "quick": {"articles": 1, "chars": 800, "max_new_tokens": 32, "batches": "4", "fixed_gamma": False,
+    "quick": {"articles": 1, "chars": 800, "max_new_tokens": 16, "batches": "2", "fixed_gamma": False,
               "int8_draft": False},
     "standard": {"articles": 4, "chars": 1500, "max_new_tokens": 64, "batches": "8", "fixed_gamma": False,
                  "int8_draft": True},

@@ -1,7 +1,7 @@
 """CPU kernel benchmark: one forward of each model per shape, default fp32 matmul vs oneDNN packed weights.
 
     python -m bench.kernels            # standard and --full: context 400, 5 timed forwards per cell
-    python -m bench.kernels --quick    # 2 timed forwards per cell
+    python -m bench.kernels --quick    # 1 timed forward per cell
 
 The table behind ``sidecar.cpu_kernels``: ``DispatchLinear`` keeps both copies of every Linear weight and
 picks the kernel by how many tokens (rows x positions) a forward carries. Each cell is the median wall
@@ -32,7 +32,7 @@ from sidecar.speculative import forward
 
 # (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch
 SHAPES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1)]
-SIZES = {"quick": {"repeats": 2}, "standard": {"repeats": 5}, "full": {"repeats": 5}}
+SIZES = {"quick": {"repeats": 1}, "standard": {"repeats": 5}, "full": {"repeats": 5}}
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Run every benchmark, refresh bench/results/ and the README's benchmark tables.
 
     python -m bench.run_all            # standard sizes (`make bench`): about 30 minutes on a 2-core CPU
-    python -m bench.run_all --quick    # small sizes (`make bench-quick`): about 5 minutes
+    python -m bench.run_all --quick    # small sizes (`make bench-quick`): under 5 minutes
     python -m bench.run_all --full     # the sizes the issues specify (`make bench-full`): over an hour
 
 Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json and

@@ -11,7 +11,7 @@ what batching buys. Exits non-zero on a wrong answer, a failed batch, or batchin
 valid requests per second.
 
     .venv/bin/python -m bench.server_load            # 64 clients, 30 s per server
-    .venv/bin/python -m bench.server_load --quick    # 16 clients, 8 s per server
+    .venv/bin/python -m bench.server_load --quick    # 16 clients, 5 s per server
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ MIX = {"greedy": 0.45, "stream": 0.2, "sidecar": 0.1, "sampled": 0.1, "bad_json"
 CHECKED = ("greedy", "stream", "sidecar")
 INVALID = ("bad_json", "unknown_model", "over_context", "bad_sidecar")
 SIZES = {
-    "quick": {"concurrency": 16, "duration": 8.0},
+    "quick": {"concurrency": 16, "duration": 5.0},
     "standard": {"concurrency": 64, "duration": 30.0},
     "full": {"concurrency": 64, "duration": 30.0},
 }
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="model id to ask for; default the pair name")
     parser.add_argument("--api-key-env", default="SIDECAR_API_KEY", help="env variable holding the key, if any")
     parser.add_argument("--concurrency", type=int, help="concurrent clients (quick 16, else 64)")
-    parser.add_argument("--duration", type=float, help="seconds of load per server (quick 8, else 30)")
+    parser.add_argument("--duration", type=float, help="seconds of load per server (quick 5, else 30)")
     parser.add_argument("--max-batch", type=int, default=16, help="--max-batch of the batched server")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=32)

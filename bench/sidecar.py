@@ -2,7 +2,7 @@
 
     python -m bench.sidecar           # standard (`make bench`): 6 articles, batches 1,16,64, 20 forced runs
     python -m bench.sidecar --full    # 20 articles, 64-token summaries, batches 1,16,64,128, 60 forced runs
-    python -m bench.sidecar --quick   # 2 articles, 32-token summaries, batches 1,8, 4 forced runs
+    python -m bench.sidecar --quick   # 2 articles cut to 800 chars, 16-token summaries, batches 1,8, 2 forced runs
 
 1. Acceptance parity: teacher-forced alpha = mean over summary positions of sum_v min(p_v, q_v), target p
    on the bare prompt, draft q on (a) the bare prompt, (b) the compound prompt with the sidecar
@@ -177,9 +177,9 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
 
 
 SIZES = {
-    "quick": {"articles": 2, "max_new_tokens": 32, "batches": "1,8", "forced_runs": 4},
-    "standard": {"articles": 6, "max_new_tokens": 64, "batches": "1,16,64", "forced_runs": 20},
-    "full": {"articles": 20, "max_new_tokens": 64, "batches": "1,16,64,128", "forced_runs": 60},
+    "quick": {"articles": 2, "chars": 800, "max_new_tokens": 16, "batches": "1,8", "forced_runs": 2},
+    "standard": {"articles": 6, "chars": 3000, "max_new_tokens": 64, "batches": "1,16,64", "forced_runs": 20},
+    "full": {"articles": 20, "chars": 3000, "max_new_tokens": 64, "batches": "1,16,64,128", "forced_runs": 60},
 }
 
 
@@ -187,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="qwen-coder-small")
     parser.add_argument("--articles", type=int)
-    parser.add_argument("--chars", type=int, default=3000, help="the source study cut articles to 3,000 characters")
+    parser.add_argument("--chars", type=int, help="the source study cut articles to 3,000 characters")
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--batches")
     parser.add_argument("--forced-runs", type=int)
