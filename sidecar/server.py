@@ -5,13 +5,14 @@ Endpoints:
 - ``GET /health``: liveness, no key needed.
 - ``GET /v1/models``: the one served model.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
-  ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and anything
-  below ``MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the target alone), ``top_p`` (the
-  most likely token always stays in the nucleus), ``seed`` (int64, as OpenAI), ``stop``, ``stream`` (SSE
-  chunks) and ``stream_options.include_usage``. Extension: ``sidecars``, a list of ``{name, instruction,
-  max_tokens, attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system
-  message -> system, the one user message -> document) and the response has a top-level ``sidecars``
-  object ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming).
+  ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
+  anything below ``sidecar.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
+  target alone), ``top_p`` (the most likely token always stays in the nucleus), ``seed`` (int64, as
+  OpenAI), ``stop``, ``stream`` (SSE chunks) and ``stream_options.include_usage``. Extension:
+  ``sidecars``, a list of ``{name, instruction, max_tokens, attend_document, parser}``; the request then
+  runs through :class:`SidecarEngine` (system message -> system, the one user message -> document) and
+  the response has a top-level ``sidecars`` object ``{name: {text, parsed, parse_error, finish_reason,
+  usage}}`` (in the last chunk when streaming).
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
 - ``GET /stats``: batching statistics (batch-size histogram, queue depth) and the server's RSS.
 
@@ -63,9 +64,6 @@ from sidecar.tasks import SidecarTask
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
-# Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
-# at 1e-5, logits 0.001 apart already differ by a factor of e^100, so lower temperatures are decoded greedily.
-MIN_SAMPLING_TEMPERATURE = 1e-5
 API_KEY_ENV = "SIDECAR_API_KEY"
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -167,11 +165,6 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Any] | None = None
     logprobs: bool = False
     sidecars: list[dict[str, Any]] | None = Field(None, max_length=16)
-
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_below_min(cls, value: float) -> float:
-        return 0.0 if value < MIN_SAMPLING_TEMPERATURE else value
 
     @field_validator("stop")
     @classmethod

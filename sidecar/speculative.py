@@ -71,6 +71,11 @@ class DecodeRow:
     draft_hidden: list[tuple[int, int]] = field(default_factory=list)
 
 
+# Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
+# at 1e-5, logits 0.001 apart already differ by a factor of e^100, so lower temperatures are decoded greedily.
+MIN_SAMPLING_TEMPERATURE = 1e-5
+
+
 @dataclass
 class Sampling:
     temperature: float = 0.0
@@ -79,7 +84,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
 # Called when a row finishes, before it leaves the batch: (row index, output, draft cache, slot of the

@@ -37,6 +37,14 @@ def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive):
         assert out.finish_reason in {"eos", "length"}
 
 
+def test_a_vanishing_temperature_decodes_greedily(tiny):
+    # logits / 1e-300 overflow float32 to inf and sampling would get NaN
+    prompts = random_prompts(tiny, [7, 19], seed=5)
+    decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=False)
+    outputs = decoder.generate(prompts, max_new_tokens=12, temperature=1e-300, seed=1)
+    assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 12) for p in prompts]
+
+
 def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny):
     prompts = random_prompts(tiny, [6, 19, 11, 4], seed=7)
     limits = [1, 7, 33, 20]
