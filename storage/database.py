@@ -117,7 +117,7 @@ def _documents_write(run_id: str, docs: Sequence[Document], rejects: Sequence[Re
     ]
     row_indexes = [row["row_index"] for row in rows]
     if len(set(row_indexes)) != len(row_indexes):
-        raise ValueError("record_documents got two entries for one input row (row_index)")
+        raise ValueError("two documents or rejects for one input row (row_index)")
     return TableWrite("documents", _table(rows, _DOCUMENTS_SCHEMA))
 
 
