@@ -109,10 +109,15 @@ def apply_profile(args: argparse.Namespace, sizes: dict[str, dict]) -> None:
             setattr(args, key, value)
 
 
+def profile_suffix(profile: str) -> str:
+    """How result names of a size are marked: nothing for standard, ``_quick`` / ``_full`` otherwise."""
+    return "" if profile == "standard" else f"_{profile}"
+
+
 def result_name(benchmark: str, device: torch.device, pair: str, profile: str) -> str:
     """engine_cpu, engine_gpu_quick, sidecar_cpu_full, sidecar_cpu_tiny ...: runs on other pairs or at other
     sizes never overwrite the standard ones."""
     name = f"{benchmark}_{'gpu' if device.type == 'cuda' else 'cpu'}"
     if pair != "qwen-coder-small":
         name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", pair).strip("-")[:40]
-    return name + ("" if profile == "standard" else f"_{profile}")
+    return name + profile_suffix(profile)

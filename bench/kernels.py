@@ -24,7 +24,14 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from bench.common import add_profile_arguments, apply_profile, environment, markdown_table, write_results
+from bench.common import (
+    add_profile_arguments,
+    apply_profile,
+    environment,
+    markdown_table,
+    profile_suffix,
+    write_results,
+)
 from sidecar import cpu_kernels, load_pair
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import load_model, pair_model_ids
@@ -93,7 +100,7 @@ def main() -> None:
     markdown = (f"One forward, ms (median of {args.repeats}), pair `{args.pair}` on {env['device']} ({env['dtype']}, "
                 f"{env['threads']} threads), context {args.context}; columns are rows x new positions.\n\n{table}")
     payload = {"environment": env, "args": vars(args), "shapes": SHAPES, "rows": rows}
-    write_results("kernels_cpu" + ("" if args.profile == "standard" else f"_{args.profile}"), payload, markdown)
+    write_results("kernels_cpu" + profile_suffix(args.profile), payload, markdown)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     environment,
     markdown_table,
     news_documents,
+    profile_suffix,
     write_results,
 )
 from flows.nightly import NightlyParams, nightly  # noqa: E402
@@ -157,8 +158,7 @@ def main() -> None:
         f"{best['duckdb_s']:.2f} s are DuckDB ({best['commits']} commit(s) for {best['batches']} batches). The goal "
         f"holds for runs whose model time reaches {(best['prefect_s'] + best['duckdb_s']) / GOAL:.0f} s or "
         f"more.\n\n{table}")
-    write_results("orchestration_overhead" + ("" if args.profile == "standard" else f"_{args.profile}"), payload,
-                  markdown)
+    write_results("orchestration_overhead" + profile_suffix(args.profile), payload, markdown)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from bench.common import REPO, RESULTS, add_profile_arguments
+from bench.common import REPO, RESULTS, add_profile_arguments, profile_suffix
 
 # (README key, module, result name without the profile suffix); CPU-only benchmarks say so in their name
 BENCHMARKS = [
@@ -51,7 +51,7 @@ def main() -> None:
               # the kernel choice exists on CPU only
               and not (device == "gpu" and b[0] == "kernels")]
     # GPU tables go under their own README keys, never over the CPU ones
-    suffix = ("" if device == "cpu" else "_gpu") + ("" if args.profile == "standard" else f"_{args.profile}")
+    suffix = ("" if device == "cpu" else "_gpu") + profile_suffix(args.profile)
     failed, timings = [], []
     started = time.perf_counter()
     for key, module, result in chosen:
@@ -63,7 +63,7 @@ def main() -> None:
         if returncode != 0:
             failed.append(key)
             continue
-        md = RESULTS / f"{result.format(device=device)}{'' if args.profile == 'standard' else '_' + args.profile}.md"
+        md = RESULTS / f"{result.format(device=device)}{profile_suffix(args.profile)}.md"
         if args.profile != "quick" and md.exists() and splice_readme(key + suffix, md.read_text()):
             print(f"README table '{key + suffix}' refreshed from {md.name}")
     print(f"== {args.profile} benchmarks: {', '.join(timings)}; {(time.perf_counter() - started) / 60:.1f} min in all")

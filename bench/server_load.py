@@ -295,7 +295,7 @@ def problems(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: bench is not an installed package, and tests load this module by file path
     # for its load client; only running the benchmark (python -m bench.server_load) needs bench importable.
-    from bench.common import add_profile_arguments, apply_profile, write_results
+    from bench.common import add_profile_arguments, apply_profile, profile_suffix, write_results
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="tiny", help="pair the started server loads")
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         report["speedup_ok_per_s"] = batched["ok_per_s"] / max(unbatched["ok_per_s"], 1e-9)
     found = problems(report)
     report["problems"] = found
-    name = "server_load" + ("" if args.profile == "standard" else f"_{args.profile}")
+    name = "server_load" + profile_suffix(args.profile)
     write_results(name, report, to_markdown(report, shlex.join(["python", "-m", "bench.server_load", *argv])))
     for problem in found:
         print(f"FAILED: {problem}", file=sys.stderr)
