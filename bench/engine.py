@@ -188,7 +188,7 @@ def main() -> None:
     summary_rows = [{
         "setting": "batch 1", "baseline": "HF plain generate",
         "decode_ratio": decode_tps["engine"] / decode_tps["plain"],
-        "decode_ratio_fixed_gamma": decode_tps.get("engine_fixed", 0.0) / decode_tps["plain"] or None,
+        "decode_ratio_fixed_gamma": decode_tps["engine_fixed"] / decode_tps["plain"] if args.fixed_gamma else None,
         "e2e_ratio": e2e_tps["engine"] / e2e_tps["plain"],
         "engine_tps": e2e_tps["engine"], "baseline_tps": e2e_tps["plain"],
         "identical": all(r[f"{name}_identical"] for r in single for name, _ in engines),
