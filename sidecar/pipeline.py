@@ -372,28 +372,46 @@ def _cell(text: str) -> str:
 pipeline_app = typer.Typer()
 
 
-def _use_embedded_prefect() -> None:
-    # Without PREFECT_API_URL, Prefect starts an embedded API for the run; on a busy two-core machine it
-    # needs more than its default 20 s to come up. Analytics stay off: the machine may have no network.
+@contextlib.contextmanager
+def embedded_prefect() -> Iterator[None]:
+    """Settings for flows run in this process, as ``sidecar nightly`` runs them.
+
+    Without ``PREFECT_API_URL``, Prefect starts an embedded API for the run; on a busy two-core machine it
+    needs more than its default 20 s to come up. Analytics stay off: the machine may have no network.
+
+    On that embedded API, flow run heartbeats are off. They exist so that a server's automations can mark
+    a silent run crashed, but the embedded API stops with this process, so nobody watches them; and
+    Prefect stops the heartbeat thread by waiting for its 1 s sleep, 0-1 s per flow run, at random
+    (bench/orchestration_overhead.py). A crashed run is recovered by rerunning it, which resumes from
+    DuckDB. With ``PREFECT_API_URL`` set (a real server, or a worker's runs) heartbeats stay as configured.
+    """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
-    _use_embedded_prefect()
-    from pydantic import ValidationError
+    # entered before Prefect is imported: its settings read the environment once
+    with embedded_prefect():
+        from pydantic import ValidationError
 
-    from flows.nightly import NightlyParams, nightly
-    from sidecar.errors import PairError
-    from storage import InputSchemaError
+        from flows.nightly import NightlyParams, nightly
+        from sidecar.errors import PairError
+        from storage import InputSchemaError
 
-    values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
-    try:
-        params = NightlyParams(**values)
-        counts = nightly(params)
-    except (ValidationError, InputSchemaError, FileNotFoundError, PairError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+        values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
+        try:
+            params = NightlyParams(**values)
+            counts = nightly(params)
+        except (ValidationError, InputSchemaError, FileNotFoundError, PairError) as exc:
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from exc
     return counts, Database(params.db_path)
 
 

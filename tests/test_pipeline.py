@@ -12,6 +12,7 @@ from sidecar.models import tiny_pair
 from sidecar.pipeline import (
     OOM_REASON,
     BatchSettings,
+    embedded_prefect,
     is_out_of_memory,
     plan_batches,
     run_batch,
@@ -228,3 +229,15 @@ def test_batches_are_cut_from_the_whole_list_so_a_resume_repeats_them() -> None:
     assert skipped == 4
     with pytest.raises(ValueError, match="batch_size"):
         plan_batches(docs, 0, set())
+
+
+def test_embedded_prefect_turns_heartbeats_off_only_without_a_server(monkeypatch) -> None:
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    configured = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
+    assert configured is not None  # Prefect's default: heartbeats on
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), embedded_prefect():
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), embedded_prefect():
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == configured
+    assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == configured
