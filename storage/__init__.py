@@ -1,7 +1,14 @@
 """DuckDB storage for sidecar runs; all of the project's SQL lives in this package (see README.md)."""
 
 from storage.connection import RetryPolicy
-from storage.database import DEFAULT_DB_PATH, RESULTS_TABLE_SQL, Database, current_code_version, default_db_path
+from storage.database import (
+    DEFAULT_DB_PATH,
+    RESULTS_TABLE_SQL,
+    Database,
+    RunStart,
+    current_code_version,
+    default_db_path,
+)
 from storage.errors import (
     DatabaseLockedError,
     InputSchemaError,
@@ -33,6 +40,7 @@ __all__ = [
     "RejectedDocument",
     "RequestStats",
     "RetryPolicy",
+    "RunStart",
     "SchemaTooNewError",
     "StorageError",
     "UnknownRunError",

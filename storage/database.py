@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from storage.records import (
     OutputRecord,
     RejectedDocument,
 )
-from storage.writer import TableWrite, write_tables
+from storage.writer import TableWrite, apply_writes, write_tables
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
 # One run's rows of the ``results`` view as `sidecar demo` shows them, and prints, as an example query.
@@ -95,6 +96,85 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What :meth:`Database.begin_run` found: whether the run existed, and its documents that have every
+    mode written (what the run can skip)."""
+
+    resumed: bool
+    done_doc_ids: set[str]
+
+
+@dataclass(frozen=True)
+class _RunRow:
+    """A ``runs`` row to create, checked and encoded before any connection opens."""
+
+    run_id: str
+    params_json: str
+    modes: list[str]
+    code_version: str
+    pair: str
+    device: str | None
+    gpu_type: str | None
+    gamma: int | None
+    batch_size: int | None
+
+    @classmethod
+    def checked(cls, run_id: str, params: dict[str, Any], pair: str, device: str | None, gpu_type: str | None,
+                gamma: int | None, batch_size: int | None, code_version: str | None,
+                modes: Sequence[str]) -> _RunRow:
+        unknown = sorted(set(modes) - set(MODES))
+        if not modes or unknown:
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
+        return cls(run_id, json.dumps(params, sort_keys=True, default=str), list(dict.fromkeys(modes)),
+                   code_version if code_version is not None else current_code_version(), pair, device,
+                   gpu_type, gamma, batch_size)
+
+
+def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> bool:
+    exists = bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run.run_id]).fetchall())
+    if exists:
+        con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL "
+                    "WHERE run_id = ?", [run.run_id])
+    else:
+        con.execute(
+            "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
+            "gamma, batch_size) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run.run_id, run.params_json, run.modes, run.code_version, run.pair, run.device, run.gpu_type,
+             run.gamma, run.batch_size],
+        )
+    return exists
+
+
+def _check_finish_status(status: str) -> None:
+    if status not in ("completed", "failed"):
+        raise ValueError(f"a run finishes as 'completed' or 'failed', not {status!r}")
+
+
+def _finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, error: str | None) -> None:
+    updated = con.execute(
+        "UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
+        "WHERE run_id = ? RETURNING run_id", [status, error, run_id]).fetchall()
+    if not updated:
+        raise UnknownRunError(f"run {run_id!r} does not exist")
+
+
+def _wanted_modes(modes: Sequence[str]) -> list[str]:
+    wanted = list(dict.fromkeys(modes))
+    if not wanted:
+        raise ValueError("done_doc_ids needs at least one mode")
+    return wanted
+
+
+def _done_doc_ids(con: duckdb.DuckDBPyConnection, run_id: str, wanted: list[str]) -> set[str]:
+    rows = con.execute(
+        "SELECT doc_id FROM outputs WHERE run_id = ? AND list_contains(?, mode) "
+        "GROUP BY doc_id HAVING count(DISTINCT mode) = ?",
+        [run_id, wanted, len(wanted)],
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
 def _require_run(run_id: str):
     def check(con: duckdb.DuckDBPyConnection) -> None:
         if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall():
@@ -152,41 +232,33 @@ class Database:
         ``results`` view shows a document once all of them are written. Values in ``params`` that JSON
         cannot hold (paths, enums) are stored as their ``str()``.
         """
-        unknown = sorted(set(modes) - set(MODES))
-        if not modes or unknown:
-            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
-        params_json = json.dumps(params, sort_keys=True, default=str)
-        version = code_version if code_version is not None else current_code_version()
+        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes)
+        return in_transaction(self.path, self.retry, lambda con: _start_run(con, run))
 
-        def work(con: duckdb.DuckDBPyConnection) -> bool:
-            exists = bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall())
-            if exists:
-                con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL "
-                            "WHERE run_id = ?", [run_id])
-            else:
-                con.execute(
-                    "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
-                    "gamma, batch_size) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, params_json, list(dict.fromkeys(modes)), version, pair, device, gpu_type,
-                     gamma, batch_size],
-                )
-            return exists
+    def begin_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
+                  gpu_type: str | None, gamma: int | None, batch_size: int | None, docs: Sequence[Document],
+                  rejects: Sequence[RejectedDocument], modes: Sequence[str] = ("sidecar", "standalone"),
+                  code_version: str | None = None) -> RunStart:
+        """:meth:`start_run`, :meth:`record_documents` and :meth:`done_doc_ids` (for ``modes``) in one
+        transaction.
+
+        Each transaction costs a connection of its own, so a flow starting a run this way pays for one
+        instead of three; and a failure leaves nothing half done: no run without its documents.
+        """
+        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes)
+        documents = _documents_write(run_id, docs, rejects)
+
+        def work(con: duckdb.DuckDBPyConnection) -> RunStart:
+            resumed = _start_run(con, run)
+            apply_writes(con, [documents])
+            return RunStart(resumed, _done_doc_ids(con, run_id, run.modes))
 
         return in_transaction(self.path, self.retry, work)
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
         """Mark a run ``completed`` or ``failed`` (with ``error``) and stamp its finish time."""
-        if status not in ("completed", "failed"):
-            raise ValueError(f"a run finishes as 'completed' or 'failed', not {status!r}")
-
-        def work(con: duckdb.DuckDBPyConnection) -> None:
-            updated = con.execute(
-                "UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
-                "WHERE run_id = ? RETURNING run_id", [status, error, run_id]).fetchall()
-            if not updated:
-                raise UnknownRunError(f"run {run_id!r} does not exist")
-
-        in_transaction(self.path, self.retry, work)
+        _check_finish_status(status)
+        in_transaction(self.path, self.retry, lambda con: _finish_run(con, run_id, status, error))
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The run's row with ``params`` decoded, or None."""
@@ -207,24 +279,21 @@ class Database:
 
     def done_doc_ids(self, run_id: str, modes: list[str]) -> set[str]:
         """Documents of the run that have every one of ``modes`` written (what a resume can skip)."""
-        wanted = list(dict.fromkeys(modes))
-        if not wanted:
-            raise ValueError("done_doc_ids needs at least one mode")
-        rows = self.query(
-            "SELECT doc_id FROM outputs WHERE run_id = ? AND list_contains(?, mode) "
-            "GROUP BY doc_id HAVING count(DISTINCT mode) = ?",
-            [run_id, wanted, len(wanted)],
-        )
-        return {row["doc_id"] for row in rows}
+        wanted = _wanted_modes(modes)
+        return in_transaction(self.path, self.retry, lambda con: _done_doc_ids(con, run_id, wanted),
+                              commit=False)
 
-    def write_batch(self, run_id: str, rows: Sequence[OutputRecord],
-                    rejects: Sequence[RejectedDocument] = ()) -> None:
+    def write_batch(self, run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = (),
+                    finish: str | None = None) -> None:
         """Write the outputs and request stats of a batch, and ``rejects`` (its documents that failed),
-        in one transaction.
+        in one transaction; with ``finish`` (``completed`` or ``failed``) that transaction also finishes
+        the run as :meth:`finish_run` does, so a run's last batch costs no second one.
 
         Rows replace whatever is stored under the same (run_id, doc_id, mode), stats included, so
         writing a batch again after a crash leaves exactly one copy.
         """
+        if finish is not None:
+            _check_finish_status(finish)
         keys = [(r.doc_id, r.mode) for r in rows]
         if len(set(keys)) != len(keys):
             raise ValueError("write_batch got two rows for the same (doc_id, mode)")
@@ -261,7 +330,15 @@ class Database:
         ]
         if rejects:
             writes.append(_documents_write(run_id, [], rejects))
-        write_tables(self.path, writes, self.retry, check=_require_run(run_id))
+        check = _require_run(run_id)
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            check(con)
+            apply_writes(con, writes)
+            if finish is not None:
+                _finish_run(con, run_id, finish, None)
+
+        in_transaction(self.path, self.retry, work)
 
     # -- judgements and costs ------------------------------------------------------------------------
 

@@ -65,6 +65,13 @@ def _replace_rows(con: duckdb.DuckDBPyConnection, write: TableWrite) -> None:
         con.execute(f"INSERT INTO {write.table} BY NAME SELECT * FROM {incoming}")
 
 
+def apply_writes(con: duckdb.DuckDBPyConnection, writes: Sequence[TableWrite]) -> None:
+    """Apply ``writes`` on ``con`` inside the caller's transaction, so that they can share it with other
+    statements (a run's start, its finish); the caller commits or rolls back."""
+    for write in writes:
+        _replace_rows(con, write)
+
+
 def write_tables(path: Path, writes: Sequence[TableWrite], retry: RetryPolicy,
                  check: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> None:
     """Write all ``writes`` in one transaction on a short-lived connection.
@@ -76,7 +83,6 @@ def write_tables(path: Path, writes: Sequence[TableWrite], retry: RetryPolicy,
     def work(con: duckdb.DuckDBPyConnection) -> None:
         if check is not None:
             check(con)
-        for write in writes:
-            _replace_rows(con, write)
+        apply_writes(con, writes)
 
     in_transaction(path, retry, work)

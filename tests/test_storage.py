@@ -16,6 +16,7 @@ from storage import (
     OutputRecord,
     RejectedDocument,
     RequestStats,
+    RunStart,
     SchemaTooNewError,
     UnknownRunError,
 )
@@ -146,6 +147,87 @@ def test_bad_run_arguments_are_refused(db: Database) -> None:
     with pytest.raises(UnknownRunError):
         db.write_batch("no-such-run", [output("d1", "sidecar", ["#a"])])
     assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 0
+
+
+def begin(db: Database, docs: list[Document], rejects: list[RejectedDocument], run_id: str = "run-1") -> RunStart:
+    return db.begin_run(run_id, {"limit": 4}, "tiny", "cpu", "cpu", 4, 2, docs=docs, rejects=rejects,
+                        modes=("sidecar", "standalone"), code_version="test")
+
+
+def test_begin_run_starts_records_and_reads_what_is_done_in_one_go(db: Database) -> None:
+    docs = [Document("d1", "text one", 0, "Title one"), Document("d2", "text two", 1)]
+    rejects = [RejectedDocument("row:2", "null", 2, detail="id is null")]
+    assert begin(db, docs, rejects) == RunStart(resumed=False, done_doc_ids=set())
+    run = db.get_run("run-1")
+    assert (run["status"], run["modes"], run["params"]) == ("running", ["sidecar", "standalone"], {"limit": 4})
+    stored = db.query("SELECT doc_id, status, reject_reason FROM documents ORDER BY row_index")
+    assert [(r["doc_id"], r["status"], r["reject_reason"]) for r in stored] == [
+        ("d1", "ok", None), ("d2", "ok", None), ("row:2", "rejected", "null")]
+
+    # d1 has every mode, d2 only one: a resume skips d1 alone
+    db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone"), output("d2", "sidecar")])
+    db.finish_run("run-1", "failed", error="CUDA out of memory")
+    assert begin(db, docs, rejects) == RunStart(resumed=True, done_doc_ids={"d1"})
+    resumed = db.get_run("run-1")
+    assert (resumed["status"], resumed["error"], resumed["finished_at"]) == ("running", None, None)
+    assert db.query("SELECT count(*) AS n FROM documents")[0]["n"] == 3
+
+
+def test_a_failing_begin_run_leaves_nothing_behind(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.database
+
+    docs = [Document("d1", "text one", 0)]
+    with pytest.raises(ValueError, match="row_index"):
+        begin(db, docs, [RejectedDocument("x", "empty", 0)])
+    assert db.get_run("run-1") is None
+
+    # a failure after the run row and the documents are written inside the transaction undoes both
+    def fail(*_: object) -> set[str]:
+        raise RuntimeError("injected failure while reading the done documents")
+
+    monkeypatch.setattr(storage.database, "_done_doc_ids", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        begin(db, docs, [])
+    assert db.get_run("run-1") is None
+    assert db.query("SELECT count(*) AS n FROM documents")[0]["n"] == 0
+
+    # ... and leaves a resumed run as it was, not running again
+    start(db)
+    db.finish_run("run-1", "failed", error="earlier failure")
+    with pytest.raises(RuntimeError, match="injected"):
+        begin(db, docs, [])
+    run = db.get_run("run-1")
+    assert (run["status"], run["error"]) == ("failed", "earlier failure")
+    assert db.query("SELECT count(*) AS n FROM documents")[0]["n"] == 0
+
+
+def test_write_batch_can_finish_the_run_in_the_same_transaction(db: Database,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.database
+
+    start(db)
+    with pytest.raises(ValueError, match="completed"):
+        db.write_batch("run-1", [output("d1", "sidecar")], finish="done")
+    assert db.query("SELECT count(*) AS n FROM outputs")[0]["n"] == 0
+    assert db.get_run("run-1")["status"] == "running"
+
+    db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")],
+                   [RejectedDocument("d2", "oom", 1)], finish="completed")
+    run = db.get_run("run-1")
+    assert (run["status"], run["error"]) == ("completed", None) and run["finished_at"] is not None
+    assert db.done_doc_ids("run-1", ["sidecar", "standalone"]) == {"d1"}
+    assert db.query("SELECT doc_id, reject_reason FROM documents") == [{"doc_id": "d2", "reject_reason": "oom"}]
+
+    # one transaction: when finishing fails, the batch is not written either
+    def fail(*_: object) -> None:
+        raise RuntimeError("injected failure while finishing the run")
+
+    start(db)
+    monkeypatch.setattr(storage.database, "_finish_run", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        db.write_batch("run-1", [output("d3", "sidecar")], finish="completed")
+    assert db.query("SELECT count(*) AS n FROM outputs WHERE doc_id = 'd3'")[0]["n"] == 0
+    assert db.get_run("run-1")["status"] == "running"
 
 
 # -- idempotent writes ----------------------------------------------------------------------------------
