@@ -200,38 +200,41 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
     pair = engine.pair
     with counts.timed("storage"):
         db = Database(params.db_path)
-        resumed = db.start_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
-                               gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
-                               modes=params.modes)
+        # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state)
+        start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
+                             gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
+                             docs=docs, rejects=rejects, modes=params.modes)
     try:
-        with counts.timed("storage"):
-            db.record_documents(run_id, docs, rejects)
-            done = db.done_doc_ids(run_id, params.modes)
-        batches, counts.skipped_done = plan_batches(docs, params.batch_size, done)
+        batches, counts.skipped_done = plan_batches(docs, params.batch_size, start.done_doc_ids)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
-                    " (resumed)" if resumed else "", len(docs), counts.skipped_done, len(rejects), len(batches))
-        _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
+                    " (resumed)" if start.resumed else "", len(docs), counts.skipped_done, len(rejects),
+                    len(batches))
+        completed = _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
     except BaseException as exc:
         db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    with counts.timed("storage"):
-        db.finish_run(run_id, "completed")
+    if not completed:
+        with counts.timed("storage"):
+            db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
 
 
 def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,
-                 counts: RunCounts, commit_every_s: float) -> None:
+                 counts: RunCounts, commit_every_s: float) -> bool:
+    """Run and commit ``batches``; True when the last commit also marked the run completed (False when
+    there were no batches to run)."""
     total = counts.documents - counts.skipped_done
     progress_id = create_progress_artifact(0.0 if total else 100.0, key="nightly-progress",
                                            description=f"Documents of run {run_id} committed")
     pending = PendingCommit(commit_every_s)
     last_update = time.monotonic()
     committed = 0
+    completed = False
 
-    def commit() -> None:
+    def commit(finish: str | None = None) -> None:
         nonlocal committed
         with counts.timed("storage"):
-            committed += pending.commit(db, run_id)
+            committed += pending.commit(db, run_id, finish)
         counts.commits += 1
 
     try:
@@ -242,7 +245,9 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
             last = number == len(batches)
             if not (last or pending.due()):
                 continue
-            commit()
+            # the run's last outputs and its completion in one transaction: a connection less per run
+            commit("completed" if last else None)
+            completed = last
             if last or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
                 update_progress_artifact(progress_id, 100.0 * committed / total)
                 last_update = time.monotonic()
@@ -250,6 +255,7 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
         # a failing batch must not take the finished ones with it
         if pending.outcomes:
             commit()
+    return completed
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

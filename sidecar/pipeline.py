@@ -259,12 +259,16 @@ def standalone_record(doc: Document, summary: str, output: SidecarOutput, batch_
 # -- storage -------------------------------------------------------------------------------------------------
 
 
-def store_outcomes(db: Database, run_id: str, outcomes: Sequence[BatchOutcome]) -> None:
-    """Outputs of ``outcomes`` and their failed documents (as ``oom`` rejects) in one transaction."""
+def store_outcomes(db: Database, run_id: str, outcomes: Sequence[BatchOutcome], finish: str | None = None) -> None:
+    """Outputs of ``outcomes`` and their failed documents (as ``oom`` rejects) in one transaction; with
+    ``finish``, that transaction also finishes the run with this status (see ``Database.write_batch``)."""
     records = [r for o in outcomes for r in o.records]
     rejects = [f.as_reject() for o in outcomes for f in o.failures]
     if records or rejects:
-        db.write_batch(run_id, records, rejects)
+        db.write_batch(run_id, records, rejects, finish=finish)
+    elif finish is not None:
+        # nothing to write, but the caller relies on the run being finished
+        db.finish_run(run_id, finish)
 
 
 @dataclass
@@ -290,9 +294,10 @@ class PendingCommit:
     def due(self) -> bool:
         return bool(self.outcomes) and time.monotonic() - self.oldest >= self.interval_s
 
-    def commit(self, db: Database, run_id: str) -> int:
-        """Write every pending batch in one transaction; returns the documents it finished."""
-        store_outcomes(db, run_id, self.outcomes)
+    def commit(self, db: Database, run_id: str, finish: str | None = None) -> int:
+        """Write every pending batch in one transaction, finishing the run with status ``finish`` in it if
+        given; returns the documents it finished."""
+        store_outcomes(db, run_id, self.outcomes, finish)
         done = sum(len(o.done_doc_ids) for o in self.outcomes)
         self.outcomes = []
         return done

@@ -11,7 +11,9 @@ from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
 from sidecar.models import tiny_pair
 from sidecar.pipeline import (
     OOM_REASON,
+    BatchOutcome,
     BatchSettings,
+    PendingCommit,
     embedded_prefect,
     is_out_of_memory,
     plan_batches,
@@ -20,7 +22,7 @@ from sidecar.pipeline import (
     split_by_context,
     store_outcomes,
 )
-from storage import Database, Document
+from storage import Database, Document, OutputRecord
 
 MAX_NEW = 12
 TEXTS = [
@@ -134,6 +136,23 @@ def test_records_land_in_the_results_view(engine: SidecarEngine, tmp_path: Path)
     assert [row["doc_id"] for row in rows] == ["doc-0", "doc-1", "doc-2"]
     assert [row["title"] for row in rows] == ["Title 0", "Title 1", "Title 2"]
     assert db.done_doc_ids("r", list(modes)) == {"doc-0", "doc-1", "doc-2"}
+
+
+def test_a_commit_with_finish_finishes_the_run_also_with_nothing_to_write(tmp_path: Path) -> None:
+    db = Database(tmp_path / "sidecar.duckdb")
+    for run_id in ("written", "empty"):
+        db.start_run(run_id, {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=1,
+                     modes=("sidecar",), code_version="test")
+    pending = PendingCommit(interval_s=3600)
+    pending.add(BatchOutcome(records=[OutputRecord("doc-0", "sidecar", "A summary.", "hashtags", "#a", ["#a"])]))
+    assert pending.commit(db, "written", finish="completed") == 1
+    assert db.done_doc_ids("written", ["sidecar"]) == {"doc-0"}
+    assert db.get_run("written")["status"] == "completed"
+
+    # with nothing to write there is no batch transaction to carry the finish: the run is still finished
+    pending.add(BatchOutcome())
+    assert pending.commit(db, "empty", finish="completed") == 0
+    assert db.get_run("empty")["status"] == "completed"
 
 
 # -- the token-level context check --------------------------------------------------------------------------
