@@ -168,7 +168,10 @@ def main() -> None:
             row |= {f"{name}_tokens": len(out.token_ids), f"{name}_prefill_s": out.stats.prefill_seconds,
                     f"{name}_decode_s": out.stats.decode_seconds, f"{name}_wall_s": sw.seconds,
                     f"{name}_identical": out.token_ids == plain["tokens"],
-                    f"{name}_tokens_per_target_forward": out.stats.tokens_per_target_forward}
+                    f"{name}_tokens_per_target_forward": out.stats.tokens_per_target_forward,
+                    f"{name}_draft_forwards": out.stats.draft_forwards,
+                    f"{name}_lookup_drafted": out.stats.lookup_drafted,
+                    f"{name}_lookup_accepted": out.stats.lookup_accepted}
         if not args.skip_assisted:
             assisted = hf_speculative_one(pair, prompt, args.max_new_tokens, assistant_model=pair.draft,
                                           num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant")

@@ -13,6 +13,10 @@ alpha, and picks the gamma in 0..max that maximises expected tokens per second:
 gamma = 0 is plain decoding, still lossless. Until both models have been timed at two sizes it explores:
 one speculative step at the maximum gamma, then one plain step.
 
+Drafts have two sources, each with its own acceptance: the draft model, and prompt lookup
+(``sidecar.lookup``), offered when every row of the batch has a continuation to copy. Lookup drafts cost
+no draft forwards, only the wider verify, so for them cost(g) = t_target(batch * (g + 1)).
+
 Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
 fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
 batch decodes plainly and the draft never runs.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 
@@ -32,6 +37,14 @@ from sidecar.models import synchronize
 # prefill is a certain cost, while the gain is a forecast from costs fitted at other batch sizes and from
 # acceptance measured on other rows (at batch 8 on a CPU, a near-even forecast lost 20% in bench.engine).
 MIN_PREDICTED_SAVING = 0.1
+
+Source = Literal["draft", "lookup"]
+
+
+def fixed_step(max_gamma: int, max_lookup: int) -> tuple[int, Source]:
+    """The step of a fixed gamma: ``max_gamma`` drafts, copied when every row can copy that many (it spares
+    the draft model's forwards); (0, "draft") is a plain step."""
+    return (max_gamma, "lookup") if 0 < max_gamma <= max_lookup else (max_gamma, "draft")
 
 
 class LinearCost:
@@ -68,33 +81,43 @@ class LinearCost:
         return intercept + slope * tokens
 
 
-class GammaController:
-    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7) -> None:
-        self.max_gamma = max_gamma
-        self.adaptive = adaptive
-        self.costs = {"draft": LinearCost(), "target": LinearCost()}
-        # acceptance as a running ratio with a weak prior, decayed so it follows the current batch
+class Acceptance:
+    """Per-position acceptance of one draft source as a running ratio with a weak prior, decayed so that
+    it follows the current batch."""
+
+    def __init__(self, prior_alpha: float) -> None:
         self.accepted = prior_alpha * 4
         self.drafted = 4.0
-        self.decisions: list[int] = []
-        self.prefill_seconds_per_token: dict[str, float] = {}
 
     @property
     def alpha(self) -> float:
         return min(self.accepted / self.drafted, 0.99)
 
-    def observe_acceptance(self, accepted: torch.Tensor, gamma: int) -> None:
-        """Per-position acceptance from one verify: accepted_len counts a geometric run of successes."""
+    def observe(self, accepted: torch.Tensor, gamma: int) -> None:
+        """One verify: accepted_len counts a geometric run of successes out of ``gamma`` drafts."""
         decay = 0.9
-        successes = float(accepted.sum())
-        trials = float(torch.clamp(accepted + 1, max=gamma).sum())
-        self.accepted = decay * self.accepted + successes
-        self.drafted = decay * self.drafted + trials
+        self.accepted = decay * self.accepted + float(accepted.sum())
+        self.drafted = decay * self.drafted + float(torch.clamp(accepted + 1, max=gamma).sum())
 
-    def expected_tokens_per_second(self, gamma: int, batch: int) -> float:
+
+class GammaController:
+    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7) -> None:
+        self.max_gamma = max_gamma
+        self.adaptive = adaptive
+        self.costs = {"draft": LinearCost(), "target": LinearCost()}
+        # copied text is accepted less often than a model's guess until measured otherwise
+        self.acceptance: dict[Source, Acceptance] = {"draft": Acceptance(prior_alpha),
+                                                     "lookup": Acceptance(prior_alpha / 2)}
+        self.decisions: list[tuple[int, Source]] = []
+        self.prefill_seconds_per_token: dict[str, float] = {}
+
+    def observe_acceptance(self, accepted: torch.Tensor, gamma: int, source: Source = "draft") -> None:
+        self.acceptance[source].observe(accepted, gamma)
+
+    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft") -> float:
         target = self.costs["target"].predict(batch * (gamma + 1))
-        draft = self.costs["draft"].predict(batch) if gamma else 0.0
-        alpha = self.alpha
+        draft = self.costs["draft"].predict(batch) if gamma and source == "draft" else 0.0
+        alpha = self.acceptance[source].alpha
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
         return expected / max(gamma * draft + target, 1e-9)
 
@@ -117,18 +140,23 @@ class GammaController:
         plain = new_tokens / self.expected_tokens_per_second(0, batch)
         return speculative <= (1 - MIN_PREDICTED_SAVING) * plain
 
-    def choose(self, batch: int, max_gamma: int | None = None) -> int:
+    def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0) -> tuple[int, Source]:
+        """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
+        tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has."""
         limit = self.max_gamma if max_gamma is None else max_gamma
-        if not self.adaptive or limit == 0:
-            gamma = limit
-        elif self.costs["draft"].distinct_sizes() == 0:
-            gamma = limit  # explore: time the draft and a wide verify
+        options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in range(1, max_lookup + 1)]
+        if not self.adaptive:
+            choice = fixed_step(limit, max_lookup)
+        elif limit and self.costs["draft"].distinct_sizes() == 0:
+            choice = (limit, "draft")  # explore: time the draft and a wide verify
         elif self.costs["target"].distinct_sizes() < 2:
-            gamma = 0  # explore: time a plain step
+            # explore: time a plain step, and a wide one when the draft is not there to time it
+            seen = batch * (max_lookup + 1) in self.costs["target"].means
+            choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
-            gamma = max(range(limit + 1), key=lambda g: self.expected_tokens_per_second(g, batch))
-        self.decisions.append(gamma)
-        return gamma
+            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
+        self.decisions.append(choice)
+        return choice
 
     def timer(self, device: torch.device) -> Callable[[str, int], contextmanager]:
         @contextmanager

@@ -16,8 +16,9 @@ from transformers import PreTrainedModel
 
 from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
 from sidecar.errors import InputError
-from sidecar.gamma import GammaController
+from sidecar.gamma import GammaController, Source, fixed_step
 from sidecar.kv_cache import RowKVCache
+from sidecar.lookup import lookup_continuation
 from sidecar.models import ModelPair, synchronize
 
 TokenCallback = Callable[[int, list[int]], None]
@@ -27,8 +28,10 @@ TokenCallback = Callable[[int, list[int]], None]
 class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
-    drafted: int = 0
+    drafted: int = 0  # by the draft model and by prompt lookup
     accepted: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
     target_forwards: int = 0  # the prefill counts as one: it yields the first token
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
@@ -74,6 +77,10 @@ class DecodeRow:
 # Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
 # at 1e-5, logits 0.001 apart already differ by a factor of e^100, so lower temperatures are decoded greedily.
 MIN_SAMPLING_TEMPERATURE = 1e-5
+# Adaptive drafting stops once no row's latest draft token had at least this draft probability. On the
+# offline pair a teacher-forced replay of 8 news summaries put the stop between 0.7 and 0.9 (1.08x -> 1.15x
+# plain at gamma 2-6, fp32 draft); lower thresholds keep drafting past tokens that mostly fail.
+DRAFT_CONFIDENCE = 0.8
 
 
 @dataclass
@@ -122,12 +129,28 @@ def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor,
 
 
 class SpeculativeDecoder:
-    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True) -> None:
+    """Batched speculative decoding of ``pair``.
+
+    ``gamma`` bounds the tokens drafted per step. ``adaptive`` picks each step's gamma from measured costs
+    and acceptance (down to plain steps) and stops drafting at ``draft_confidence`` (default
+    ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
+    ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.lookup``) when every row
+    of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
+    """
+
+    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
+                 draft_confidence: float | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
         self.pair = pair
         self.gamma = gamma
         self.adaptive = adaptive
+        self.prompt_lookup = prompt_lookup
+        if draft_confidence is None:
+            draft_confidence = DRAFT_CONFIDENCE if adaptive else 0.0
+        if not 0 <= draft_confidence <= 1:
+            raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
+        self.draft_confidence = draft_confidence
         self.target_vocab = pair.target.get_output_embeddings().out_features
         # costs learned in one call carry over to the next: the controller is per decoder
         self.controller = GammaController(gamma, adaptive)
@@ -261,14 +284,15 @@ class SpeculativeDecoder:
                 # gamma shrinks only when every row is near its limit: one row's limit must not cost the others
                 remaining = max(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)
                 limit = min(gamma_max, max(remaining - 1, 0))
-                # adaptive choices follow measured timings; a seeded run keeps gamma fixed so that its random
-                # draws, and so its output, are reproducible
-                if not speculate:
-                    gamma = 0
-                elif sampling.seed is not None:
-                    gamma = limit
+                copied = self._copies(rows, live, new_tokens, limit)
+                max_lookup = min(map(len, copied)) if copied else 0
+                if sampling.seed is not None:
+                    # a seeded run keeps a fixed rule, not timings, so that its random draws are reproducible
+                    gamma, source = fixed_step(limit, max_lookup)
+                    if source == "draft" and not speculate:
+                        gamma = 0
                 else:
-                    gamma = self.controller.choose(len(live), max_gamma=limit)
+                    gamma, source = self.controller.choose(len(live), limit if speculate else 0, max_lookup)
                 if gamma == 0:
                     accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)
                     if speculate:  # the draft did not see the token the target consumed
@@ -276,32 +300,86 @@ class SpeculativeDecoder:
                             draft_backlog[row].append(int(pending[slot]))
                 else:
                     accepted, nxt, drafted = self._speculative_step(
-                        target_cache, draft_cache, live, pending, draft_backlog, gamma, sampling, generator)
+                        target_cache, draft_cache, live, pending, draft_backlog, gamma, source, copied, sampling,
+                        generator)
                 pending = nxt
+                width = drafted.shape[1]
                 accepted_list, drafted_rows = accepted.tolist(), drafted.tolist()
                 for slot, row in enumerate(live):
                     st = stats[row]
                     st.target_forwards += 1
-                    st.draft_forwards += gamma
-                    st.drafted += gamma
+                    st.drafted += width
                     st.accepted += accepted_list[slot]
-                    for k in range(gamma):
+                    if source == "lookup":
+                        st.lookup_drafted += width
+                        st.lookup_accepted += accepted_list[slot]
+                    else:
+                        st.draft_forwards += width
+                    for k in range(width):
                         st.drafted_per_position[k] += 1
                         st.accepted_per_position[k] += int(k < accepted_list[slot])
                 appended = [[*drafted_rows[s][:accepted_list[s]], int(nxt[s])] for s in range(len(live))]
                 self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens)
         return [self._output(new_tokens[i], finish[i], stats[i]) for i in range(n)]
 
-    def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache, live: list[int],
-                          pending: torch.Tensor, draft_backlog: list[list[int]], gamma: int, sampling: Sampling,
-                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        pair, device = self.pair, self.pair.device
-        batch = len(live)
-        timer = self.controller.timer(device)
+    def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache | None, live: list[int],
+                          pending: torch.Tensor, draft_backlog: list[list[int]], gamma: int, source: Source,
+                          copied: list[list[int]], sampling: Sampling, generator: torch.Generator | None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        device = self.pair.device
+        if source == "lookup":
+            drafted = torch.tensor([c[:gamma] for c in copied], dtype=torch.long, device=device)
+            # a copied token is a draft with all its probability on itself: min(1, p/q) is then p(x)
+            draft_probs = None if sampling.greedy else torch.nn.functional.one_hot(
+                drafted, self.target_vocab).float()
+        else:
+            assert draft_cache is not None
+            draft_start = draft_cache.lengths.clone()
+            feed = [draft_backlog[row] + [int(pending[slot])] for slot, row in enumerate(live)]
+            drafted, draft_probs = self._draft(draft_cache, feed, gamma, sampling, generator)
+            for row in live:
+                draft_backlog[row] = []
+        width = drafted.shape[1]
 
-        # draft gamma tokens; the first forward also feeds what the draft cache lacks (its backlog)
-        draft_start = draft_cache.lengths.clone()
-        feed = [draft_backlog[row] + [int(pending[slot])] for slot, row in enumerate(live)]
+        # verify: the target scores pending + the drafts for every row in one forward
+        batch = len(live)
+        with self.controller.timer(device)("target", batch * (width + 1)):
+            verify_ids = torch.cat([pending[:, None], drafted], dim=1)
+            hidden = forward(self.pair.target, target_cache, verify_ids)
+            index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
+            target_logits = logits_at(self.pair.target, hidden, index)
+            if sampling.greedy:
+                accepted, nxt = accept_greedy(drafted, target_logits)
+            else:
+                target_probs = warp(target_logits, sampling.temperature, sampling.top_p)
+                accepted, nxt = accept_sampled(drafted, draft_probs, target_probs, generator)
+            target_cache.commit(accepted + 1)
+
+        if source == "draft":
+            # roll the draft back to pending + accepted drafts; it never fed its last draft token
+            feed_len = torch.tensor([len(f) for f in feed], device=device)
+            draft_cache.rollback(draft_start + feed_len + accepted)
+            all_accepted = (accepted == width).tolist()
+            last_draft = drafted[:, -1].tolist()
+            for slot, row in enumerate(live):
+                if all_accepted[slot]:
+                    draft_backlog[row] = [last_draft[slot]]
+        elif draft_cache is not None:  # the draft saw none of what this step committed but the new token
+            accepted_list, copied_rows = accepted.tolist(), drafted.tolist()
+            for slot, row in enumerate(live):
+                draft_backlog[row] += [int(pending[slot]), *copied_rows[slot][:accepted_list[slot]]]
+        self.controller.observe_acceptance(accepted, width, source)
+        return accepted, nxt, drafted
+
+    def _draft(self, draft_cache: RowKVCache, feed: list[list[int]], gamma: int, sampling: Sampling,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to ``gamma`` draft tokens per row [B, g], and their draft probabilities when sampling. The
+        first forward also feeds what the draft cache lacks. Drafting stops early once no row's latest
+        token reached ``draft_confidence``: its successors would mostly be rejected, and each costs a
+        draft forward plus a wider verify."""
+        pair, device = self.pair, self.pair.device
+        batch = len(feed)
+        timer = self.controller.timer(device)
         draft_tokens, draft_probs = [], []
         for step in range(gamma):
             if step == 0:
@@ -313,39 +391,31 @@ class SpeculativeDecoder:
                 draft_cache.commit(valid)
                 logits = self._align_vocab(logits_at(pair.draft, hidden, (valid - 1)[:, None])[:, 0])
                 if sampling.greedy:
+                    probs = torch.softmax(logits, dim=-1)
                     token = logits.argmax(-1)
                 else:
                     probs = warp(logits, sampling.temperature, sampling.top_p)
                     draft_probs.append(probs)
                     token = sample(probs, generator)
             draft_tokens.append(token)
-        drafted = torch.stack(draft_tokens, dim=1)  # [B, gamma]
+            confidence = probs.gather(1, token[:, None])
+            if bool((confidence < self.draft_confidence).all()):
+                break
+        return torch.stack(draft_tokens, dim=1), torch.stack(draft_probs, 1) if draft_probs else None
+
+    def _copies(self, rows: list[DecodeRow], live: list[int], new_tokens: list[list[int]],
+                limit: int) -> list[list[int]]:
+        """Each live row's prompt-lookup continuation (up to ``limit`` tokens), or [] unless every row has one:
+        a batch verifies one width, and a row without a copy would need the draft model anyway."""
+        if not self.prompt_lookup or limit == 0:
+            return []
+        copied = []
         for row in live:
-            draft_backlog[row] = []
-
-        # verify: the target scores pending + gamma drafts for every row in one forward
-        with timer("target", batch * (gamma + 1)):
-            verify_ids = torch.cat([pending[:, None], drafted], dim=1)
-            hidden = forward(pair.target, target_cache, verify_ids)
-            index = torch.arange(gamma + 1, device=device)[None, :].expand(batch, -1)
-            target_logits = logits_at(pair.target, hidden, index)
-            if sampling.greedy:
-                accepted, nxt = accept_greedy(drafted, target_logits)
-            else:
-                target_probs = warp(target_logits, sampling.temperature, sampling.top_p)
-                accepted, nxt = accept_sampled(drafted, torch.stack(draft_probs, 1), target_probs, generator)
-            target_cache.commit(accepted + 1)
-
-        # roll the draft back to pending + accepted drafts; it never fed its last draft token
-        feed_len = torch.tensor([len(f) for f in feed], device=device)
-        draft_cache.rollback(draft_start + feed_len + accepted)
-        all_accepted = (accepted == gamma).tolist()
-        last_draft = drafted[:, -1].tolist()
-        for slot, row in enumerate(live):
-            if all_accepted[slot]:
-                draft_backlog[row] = [last_draft[slot]]
-        self.controller.observe_acceptance(accepted, gamma)
-        return accepted, nxt, drafted
+            continuation = lookup_continuation(rows[row].target_prompt + new_tokens[row], limit)
+            if not continuation:
+                return []
+            copied.append(continuation)
+        return copied
 
     def _plain_step(self, target_cache: RowKVCache, pending: torch.Tensor, sampling: Sampling,
                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

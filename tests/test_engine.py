@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -80,7 +82,8 @@ def test_stats_are_consistent(tiny):
     for out in outputs:
         st = out.stats
         assert st.new_tokens == len(out.token_ids)
-        assert st.drafted == sum(st.drafted_per_position) == st.draft_forwards
+        assert st.drafted == sum(st.drafted_per_position) == st.draft_forwards + st.lookup_drafted
+        assert st.lookup_accepted <= st.lookup_drafted
         assert st.drafted <= 4 * (st.target_forwards - 1)  # gamma shrinks near the row's token limit
         assert st.accepted == sum(st.accepted_per_position) <= st.drafted
         # acceptance per position can only fall: position k+1 is reached only when k was accepted
@@ -192,8 +195,14 @@ def test_acceptance_rule_sampled_follows_target_exactly(gamma):
     assert (naive - p[0]).abs().sum().item() / 2 > 0.05
 
 
-def test_sampled_engine_follows_target_distribution():
-    """End to end: the second new token goes through draft + acceptance; its law must be the target's."""
+@pytest.mark.parametrize("copying", [False, True])
+def test_sampled_engine_follows_target_distribution(copying, monkeypatch):
+    """End to end: the second new token goes through draft + acceptance; its law must be the target's.
+
+    ``copying``: every draft is a copied token (prompt lookup, forced here), whose draft law is one-hot.
+    """
+    if copying:
+        monkeypatch.setattr("sidecar.speculative.lookup_continuation", lambda context, k, **_: [5] * k)
     pair = tiny_pair(draft_noise=0.5, seed=1)  # a draft that disagrees often
     prompt = random_prompts(pair, [7], seed=5)[0]
     temperature = 1.5
@@ -211,13 +220,16 @@ def test_sampled_engine_follows_target_distribution():
     decoder = SpeculativeDecoder(pair, gamma=2, adaptive=False)
     outs = decoder.generate([prompt] * n, max_new_tokens=3, temperature=temperature, seed=11, batch_size=1000)
     assert sum(o.stats.drafted for o in outs) > 0
+    assert (sum(o.stats.lookup_drafted for o in outs) > 0) == copying
     second = torch.tensor([o.token_ids[1] for o in outs if len(o.token_ids) > 1])
     empirical = torch.bincount(second, minlength=exact.shape[0]).float() / len(second)
     tv_engine = (empirical - exact).abs().sum().item() / 2
     reference = torch.multinomial(exact, len(second), replacement=True, generator=torch.Generator().manual_seed(3))
     tv_reference = (torch.bincount(reference, minlength=exact.shape[0]).float() / len(second) - exact).abs().sum() / 2
     assert tv_engine < 1.5 * float(tv_reference) + 0.02
-    # the check has power: the draft's own distribution is far from the target's
+    # the check has power: the draft's own distribution is far from the target's, and so is always token 5
+    if copying:
+        naive = torch.nn.functional.one_hot(torch.tensor(5), exact.shape[0]).float()
     assert (naive - exact).abs().sum().item() / 2 > tv_engine + 0.05
 
 
@@ -260,7 +272,8 @@ def learned_controller(decoder: SpeculativeDecoder, draft_step_s: float, draft_p
         controller.costs["target"].add(tokens, 0.1 + 0.01 * tokens)
     controller.costs["draft"].add(1, draft_step_s)
     controller.observe_prefill("draft", 100, 100 * draft_prefill_s_per_token)
-    controller.accepted, controller.drafted = 8.0, 10.0  # alpha 0.8
+    draft = controller.acceptance["draft"]
+    draft.accepted, draft.drafted = 8.0, 10.0  # alpha 0.8
 
 
 def test_draft_prefill_is_skipped_when_speculation_cannot_repay_it(tiny, monkeypatch):
@@ -304,7 +317,7 @@ def test_draft_pays_prices_the_draft_prefill():
     for tokens in (8, 16, 40):
         controller.costs["target"].add(tokens, 0.5 + 0.02 * tokens)
     controller.costs["draft"].add(8, 0.05)
-    controller.accepted, controller.drafted = 9.0, 10.0
+    controller.acceptance["draft"].accepted, controller.acceptance["draft"].drafted = 9.0, 10.0
     controller.observe_prefill("target", 4000, 80.0)  # 20 ms per prompt token
     # decode gain over 64 tokens is a few seconds; a draft prefill priced at 0.3 x 80 s cannot repay it
     assert not controller.draft_pays(8, 4000, 64, 0.3)
@@ -344,3 +357,83 @@ def test_sidecar_engine_skips_the_draft_only_without_sidecar_tasks(tiny):
     with_tags = engine.run([SidecarRequest(doc, sidecars=[HASHTAGS])], max_new_tokens=8)[0]
     assert with_tags.main.token_ids == bare.main.token_ids
     assert with_tags.sidecars["hashtags"].stats.new_tokens > 0
+
+
+def reference_copier(pair, prompts, max_new_tokens, seed=0):
+    """A stand-in for prompt lookup that copies the target's own greedy continuation. A third of the time it
+    finds nothing, so that draft-model steps (which must first catch up on the copied tokens) come between
+    copied ones; half of the other copies have a token corrupted, so that copies are accepted in full, in
+    part and not at all."""
+    expected = {tuple(p): target_alone(pair, p, max_new_tokens) for p in prompts}
+    rng = random.Random(seed)
+
+    def copy(context, max_tokens, **_):
+        prompt = next(p for p in expected if tuple(context[: len(p)]) == p)
+        done = len(context) - len(prompt)
+        guess = expected[prompt][done : done + max_tokens]
+        roll = rng.random()
+        if roll < 0.3:
+            return []
+        if guess and roll < 0.65:
+            guess[rng.randrange(len(guess))] = 3
+        return guess
+
+    return expected, copy
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive):
+    prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
+    expected, copy = reference_copier(tiny, prompts, 30)
+    monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)
+    outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive).generate(prompts, max_new_tokens=30,
+                                                                            batch_size=batch_size)
+    assert sum(o.stats.lookup_accepted for o in outputs) > 0
+    assert 0 < sum(o.stats.lookup_accepted for o in outputs) < sum(o.stats.lookup_drafted for o in outputs)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == expected[tuple(prompt)]
+
+
+def test_copied_drafts_leave_the_sidecar_continuation_unchanged(tiny, monkeypatch):
+    """Copied steps skip the draft model; the draft catches up before it drafts again or writes tags."""
+    from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
+
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS]) for doc in
+                ("The council approved a new budget on Tuesday.", "Rain is expected over the weekend in the north.")]
+    engine = SidecarEngine(tiny, gamma=3, adaptive=False)
+    engine.decoder.prompt_lookup = False
+    reference = engine.run(requests, max_new_tokens=20)
+    prompts = [engine.prompts(r)[0].token_ids for r in requests]
+    _, copy = reference_copier(tiny, prompts, 20)
+    monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)
+    engine.decoder.prompt_lookup = True
+    copied = engine.run(requests, max_new_tokens=20)
+    assert sum(r.main.stats.lookup_drafted for r in copied) > 0
+    for want, got in zip(reference, copied, strict=True):
+        assert got.main.token_ids == want.main.token_ids
+        assert {k: s.token_ids for k, s in got.sidecars.items()} == {k: s.token_ids for k, s in want.sidecars.items()}
+
+
+@pytest.mark.parametrize("confidence, widths", [(0.0, {4}), (1.0, {1})])
+def test_drafting_stops_when_the_draft_is_unsure(tiny, confidence, widths):
+    prompts = random_prompts(tiny, [10, 20, 7], seed=4)
+    decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=False, prompt_lookup=False, draft_confidence=confidence)
+    outputs = decoder.generate(prompts, max_new_tokens=20, batch_size=3)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == target_alone(tiny, prompt, 20)
+        reached = [k + 1 for k, n in enumerate(out.stats.drafted_per_position) if n]
+        # no draft token is ever certain (probability 1), so a confidence of 1 stops after one token
+        assert max(reached) in widths
+
+
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    from sidecar.lookup import lookup_continuation
+
+    assert lookup_continuation([1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3], 2) == [8, 5]  # latest occurrence of (2, 3)
+    assert lookup_continuation([7, 2, 3, 4, 1, 2, 3, 6, 9, 1, 2, 3], 3) == [6, 9, 1]  # (1, 2, 3) beats (2, 3)
+    assert lookup_continuation([5, 6, 7, 5, 6], 4) == [7, 5, 6]
+    assert lookup_continuation([1, 2, 3, 4], 3) == []
+    assert lookup_continuation([4, 4], 2) == []  # one repeated token is not enough
+    # 65536 = 0x00010000 and 1 = 0x00000001: their bytes line up with a match straddling two tokens
+    assert lookup_continuation([65536, 1, 0, 256, 9, 1, 0], 1) == [256]
