@@ -6,6 +6,7 @@ each write is one transaction, so readers see a batch entirely or not at all.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -76,8 +77,13 @@ def default_db_path() -> Path:
     return Path(os.environ.get(DB_PATH_ENV, DEFAULT_DB_PATH))
 
 
+@functools.cache
 def current_code_version() -> str:
-    """The git commit of this checkout (``+dirty`` with uncommitted changes), else the package version."""
+    """The git commit of this checkout (``+dirty`` with uncommitted changes), else the package version.
+
+    Asked once per process (two ``git`` calls, ~20 ms a run otherwise): the code a process runs is the
+    code it imported, whatever happens to the checkout afterwards.
+    """
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
