@@ -11,10 +11,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-# The longest suffix tried first: a longer match predicts better, a shorter one matches more often.
+# The longest suffix is tried first: a longer match predicts better, a shorter one matches more often.
+# Down to a single token: on the offline pair at batch 1, copying after 1-token matches decoded 1.24x HF
+# plain against 1.13x with 2-token matches (same process, 4 news summaries); the controller stops
+# copying when copies stop being accepted. Of several matches the latest is taken; the earliest did the
+# same within 2% in a replay of 8 summaries.
 MAX_NGRAM = 3
-# A single repeated token ("the", ",") says little about what follows it.
-MIN_NGRAM = 2
+MIN_NGRAM = 1
 
 
 def lookup_continuation(context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM,

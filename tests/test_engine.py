@@ -434,6 +434,7 @@ def test_lookup_copies_what_followed_the_latest_longest_match():
     assert lookup_continuation([7, 2, 3, 4, 1, 2, 3, 6, 9, 1, 2, 3], 3) == [6, 9, 1]  # (1, 2, 3) beats (2, 3)
     assert lookup_continuation([5, 6, 7, 5, 6], 4) == [7, 5, 6]
     assert lookup_continuation([1, 2, 3, 4], 3) == []
-    assert lookup_continuation([4, 4], 2) == []  # one repeated token is not enough
+    assert lookup_continuation([4, 4], 2) == [4]
+    assert lookup_continuation([4, 5, 4], 2, min_ngram=2) == []  # (5, 4) occurs once
     # 65536 = 0x00010000 and 1 = 0x00000001: their bytes line up with a match straddling two tokens
     assert lookup_continuation([65536, 1, 0, 256, 9, 1, 0], 1) == [256]
