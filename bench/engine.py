@@ -3,6 +3,8 @@
     python -m bench.engine           # standard (`make bench`): 4 articles at batch 1, batch 8, 64 new tokens
     python -m bench.engine --full    # issue #2's sizes: 8 articles, batches 8 and 32, fixed-gamma row too
     python -m bench.engine --quick   # 1 short article, batch 2, 16 new tokens, no int8 draft
+    python -m bench.engine --lookup-ablation --batches "" --skip-assisted --no-int8-draft
+                                     # batch 1 with prompt lookup off / after 2-token matches only
 
 Ratios are measured side by side in one process on the same prompts (the target's summary prompt over
 real news articles), so the machine's speed cancels out. HF generate runs on the same loaded models,
@@ -127,6 +129,9 @@ def main() -> None:
                         help="also time the engine with gamma fixed, draft model only (adaptive is the default)")
     parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction,
                         help="also time the engine with its draft quantized to int8 (CPU)")
+    parser.add_argument("--lookup-ablation", action="store_true",
+                        help="also time the engine without prompt lookup and with 2-token matches only "
+                             "(batch 1; writes engine_*_lookup_ablation results)")
     parser.add_argument("--dtype", default=None)
     add_profile_arguments(parser)
     args = parser.parse_args()
@@ -157,6 +162,10 @@ def main() -> None:
     if int8 is not None:
         engines.append(("engine_int8", SpeculativeDecoder(int8, gamma=args.gamma, adaptive=True)))
         engines[-1][1].generate([warm], max_new_tokens=4)
+    if args.lookup_ablation:  # fp32 variants of the default engine, as cold as it
+        engines.append(("engine_no_lookup", SpeculativeDecoder(pair, gamma=args.gamma, prompt_lookup=False)))
+        engines.append(("engine_ngram2", SpeculativeDecoder(pair, gamma=args.gamma)))
+        engines[-1][1].lookup_min_ngram = 2
     single = []
     for i, prompt in enumerate(prompts[: args.articles]):
         plain = hf_plain_one(pair, prompt, args.max_new_tokens)
@@ -203,6 +212,14 @@ def main() -> None:
                              "e2e_ratio": e2e_tps["engine_int8"] / e2e_tps["plain"],
                              "engine_tps": e2e_tps["engine_int8"], "baseline_tps": e2e_tps["plain"],
                              "identical": all(r["engine_int8_identical"] for r in single)})
+    for name, setting in (("engine_no_lookup", "batch 1, no prompt lookup"),
+                          ("engine_ngram2", "batch 1, copies after 2-token matches only")):
+        if args.lookup_ablation:
+            summary_rows.append({"setting": setting, "baseline": "HF plain generate",
+                                 "decode_ratio": decode_tps[name] / decode_tps["plain"],
+                                 "e2e_ratio": e2e_tps[name] / e2e_tps["plain"], "engine_tps": e2e_tps[name],
+                                 "baseline_tps": e2e_tps["plain"],
+                                 "identical": all(r[f"{name}_identical"] for r in single)})
     if not args.skip_assisted:
         assisted_tps = total("plain_tokens") / total("assisted_wall_s")
         summary_rows.append({"setting": "batch 1", "baseline": "HF assisted generate",
@@ -282,7 +299,8 @@ def main() -> None:
                 f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row "
                 f"{memory['target_kv_bytes'] / 1e6:.1f} MB target + "
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
-    write_results(result_name("engine", pair.device, args.pair, args.profile), payload, markdown)
+    name = result_name("engine", pair.device, args.pair, args.profile)
+    write_results(name + ("_lookup_ablation" if args.lookup_ablation else ""), payload, markdown)
 
 
 if __name__ == "__main__":

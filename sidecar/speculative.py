@@ -18,7 +18,7 @@ from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
 from sidecar.errors import InputError
 from sidecar.gamma import GammaController, Source, fixed_step
 from sidecar.kv_cache import RowKVCache
-from sidecar.lookup import lookup_continuation
+from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
 
 TokenCallback = Callable[[int, list[int]], None]
@@ -146,6 +146,7 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.adaptive = adaptive
         self.prompt_lookup = prompt_lookup
+        self.lookup_min_ngram = MIN_NGRAM
         if draft_confidence is None:
             draft_confidence = DRAFT_CONFIDENCE if adaptive else 0.0
         if not 0 <= draft_confidence <= 1:
@@ -411,7 +412,8 @@ class SpeculativeDecoder:
             return []
         copied = []
         for row in live:
-            continuation = lookup_continuation(rows[row].target_prompt + new_tokens[row], limit)
+            continuation = lookup_continuation(rows[row].target_prompt + new_tokens[row], limit,
+                                               min_ngram=self.lookup_min_ngram)
             if not continuation:
                 return []
             copied.append(continuation)
