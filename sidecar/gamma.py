@@ -38,6 +38,9 @@ from sidecar.models import synchronize
 # acceptance measured on other rows (at batch 8 on a CPU, a near-even forecast lost 20% in bench.engine).
 MIN_PREDICTED_SAVING = 0.1
 
+# After this many plain steps in a row the controller tries a one-token copy when every row has one.
+LOOKUP_PROBE_EVERY = 8
+
 Source = Literal["draft", "lookup"]
 
 
@@ -109,6 +112,7 @@ class GammaController:
         self.acceptance: dict[Source, Acceptance] = {"draft": Acceptance(prior_alpha),
                                                      "lookup": Acceptance(prior_alpha / 2)}
         self.decisions: list[tuple[int, Source]] = []
+        self.plain_run = 0  # plain steps in a row, up to the latest decision
         self.prefill_seconds_per_token: dict[str, float] = {}
 
     def observe_acceptance(self, accepted: torch.Tensor, gamma: int, source: Source = "draft") -> None:
@@ -155,6 +159,12 @@ class GammaController:
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
+            if choice[0] == 0 and max_lookup and self.plain_run >= LOOKUP_PROBE_EVERY:
+                # An option that is never chosen is never timed again, so one unlucky timing or a few
+                # rejected copies would rule copying out for good. A one-token copy is the cheap probe: it
+                # costs a one-position-wider verify, and keeps its accepted token when it succeeds.
+                choice = (1, "lookup")
+        self.plain_run = self.plain_run + 1 if choice[0] == 0 else 0
         self.decisions.append(choice)
         return choice
 

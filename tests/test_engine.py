@@ -438,3 +438,20 @@ def test_lookup_copies_what_followed_the_latest_longest_match():
     assert lookup_continuation([4, 5, 4], 2, min_ngram=2) == []  # (5, 4) occurs once
     # 65536 = 0x00010000 and 1 = 0x00000001: their bytes line up with a match straddling two tokens
     assert lookup_continuation([65536, 1, 0, 256, 9, 1, 0], 1) == [256]
+
+
+def test_controller_probes_copying_after_a_run_of_plain_steps():
+    from sidecar.gamma import LOOKUP_PROBE_EVERY, GammaController
+
+    controller = GammaController(4)
+    for tokens in (1, 2, 3, 5):
+        controller.costs["target"].add(tokens, 0.1 + 0.05 * tokens)
+    controller.costs["draft"].add(1, 0.05)
+    lookup = controller.acceptance["lookup"]
+    lookup.accepted, lookup.drafted = 0.0, 10.0  # every copy so far was rejected: plain looks best
+    choices = [controller.choose(1, max_gamma=0, max_lookup=2) for _ in range(3 * (LOOKUP_PROBE_EVERY + 1))]
+    probes = [i for i, choice in enumerate(choices) if choice == (1, "lookup")]
+    assert probes == [LOOKUP_PROBE_EVERY, 2 * LOOKUP_PROBE_EVERY + 1, 3 * LOOKUP_PROBE_EVERY + 2]
+    assert all(choice == (0, "draft") for i, choice in enumerate(choices) if i not in probes)
+    # nothing to copy: nothing to probe
+    assert {controller.choose(1, max_gamma=0, max_lookup=0) for _ in range(20)} == {(0, "draft")}
