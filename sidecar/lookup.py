@@ -12,9 +12,9 @@ from array import array
 from collections.abc import Sequence
 
 # The longest suffix is tried first: a longer match predicts better, a shorter one matches more often.
-# Down to a single token: on the offline pair at batch 1, copying after 1-token matches decoded 1.22x HF
-# plain against 1.12x with 2-token matches and 1.13x without copying (`python -m bench.engine
-# --lookup-ablation`); the controller stops copying when copies stop being accepted. Of several matches
+# Down to a single token: on the offline pair at batch 1, copying after 1-token matches decoded 1.22-1.24x
+# HF plain in two runs, against 1.04-1.12x with 2-token matches and 0.92-1.13x without copying (`python -m
+# bench.engine --lookup-ablation`); the controller stops copying when copies stop being accepted. Of several matches
 # the latest is taken; the earliest did as well within 2% in a teacher-forced replay of 8 summaries.
 MAX_NGRAM = 3
 MIN_NGRAM = 1
