@@ -44,10 +44,12 @@ LOOKUP_PROBE_EVERY = 8
 Source = Literal["draft", "lookup"]
 
 
-def fixed_step(max_gamma: int, max_lookup: int) -> tuple[int, Source]:
+def fixed_step(max_gamma: int, max_lookup: int, draft_running: bool = True) -> tuple[int, Source]:
     """The step of a fixed gamma: ``max_gamma`` drafts, copied when every row can copy that many (it spares
-    the draft model's forwards); (0, "draft") is a plain step."""
-    return (max_gamma, "lookup") if 0 < max_gamma <= max_lookup else (max_gamma, "draft")
+    the draft model's forwards), else from the draft model when it runs; (0, "draft") is a plain step."""
+    if 0 < max_gamma <= max_lookup:
+        return max_gamma, "lookup"
+    return (max_gamma if draft_running else 0), "draft"
 
 
 class LinearCost:
