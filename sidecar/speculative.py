@@ -289,9 +289,7 @@ class SpeculativeDecoder:
                 max_lookup = min(map(len, copied)) if copied else 0
                 if sampling.seed is not None:
                     # a seeded run keeps a fixed rule, not timings, so that its random draws are reproducible
-                    gamma, source = fixed_step(limit, max_lookup)
-                    if source == "draft" and not speculate:
-                        gamma = 0
+                    gamma, source = fixed_step(limit, max_lookup, draft_running=speculate)
                 else:
                     gamma, source = self.controller.choose(len(live), limit if speculate else 0, max_lookup)
                 if gamma == 0:
@@ -392,16 +390,19 @@ class SpeculativeDecoder:
                 draft_cache.commit(valid)
                 logits = self._align_vocab(logits_at(pair.draft, hidden, (valid - 1)[:, None])[:, 0])
                 if sampling.greedy:
-                    probs = torch.softmax(logits, dim=-1)
                     token = logits.argmax(-1)
                 else:
                     probs = warp(logits, sampling.temperature, sampling.top_p)
                     draft_probs.append(probs)
                     token = sample(probs, generator)
             draft_tokens.append(token)
-            confidence = probs.gather(1, token[:, None])
-            if bool((confidence < self.draft_confidence).all()):
-                break
+            if self.draft_confidence > 0 and step + 1 < gamma:
+                if sampling.greedy:  # the argmax's probability, without a softmax over the vocabulary
+                    confidence = torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
+                else:
+                    confidence = probs.gather(1, token[:, None])[:, 0]
+                if bool((confidence < self.draft_confidence).all()):
+                    break
         return torch.stack(draft_tokens, dim=1), torch.stack(draft_probs, 1) if draft_probs else None
 
     def _copies(self, rows: list[DecodeRow], live: list[int], new_tokens: list[list[int]],
