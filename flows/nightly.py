@@ -209,27 +209,25 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
                     " (resumed)" if start.resumed else "", len(docs), counts.skipped_done, len(rejects),
                     len(batches))
-        completed = _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
+        _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
     except BaseException as exc:
         db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    if not completed:
+    if not batches:  # otherwise the last batch's commit completed the run
         with counts.timed("storage"):
             db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
 
 
 def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,
-                 counts: RunCounts, commit_every_s: float) -> bool:
-    """Run and commit ``batches``; True when the last commit also marked the run completed (False when
-    there were no batches to run)."""
+                 counts: RunCounts, commit_every_s: float) -> None:
+    """Run and commit ``batches``; the last commit also marks the run completed."""
     total = counts.documents - counts.skipped_done
     progress_id = create_progress_artifact(0.0 if total else 100.0, key="nightly-progress",
                                            description=f"Documents of run {run_id} committed")
     pending = PendingCommit(commit_every_s)
     last_update = time.monotonic()
     committed = 0
-    completed = False
 
     def commit(finish: str | None = None) -> None:
         nonlocal committed
@@ -247,7 +245,6 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
                 continue
             # the run's last outputs and its completion in one transaction: a connection less per run
             commit("completed" if last else None)
-            completed = last
             if last or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
                 update_progress_artifact(progress_id, 100.0 * committed / total)
                 last_update = time.monotonic()
@@ -255,7 +252,6 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
         # a failing batch must not take the finished ones with it
         if pending.outcomes:
             commit()
-    return completed
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:
