@@ -3,14 +3,16 @@
     python -m bench.kernels            # standard and --full: context 400, 5 timed forwards per cell
     python -m bench.kernels --quick    # 1 timed forward per cell
 
-The table behind ``sidecar.cpu_kernels``: ``DispatchLinear`` keeps both copies of every Linear weight and
-picks the kernel by how many tokens (rows x positions) a forward carries. Each cell is the median wall
-time of one forward over a KV cache of ``--context`` positions, through the engine's own ``forward``:
+The table behind ``sidecar.cpu_kernels``: ``OneDNNLinear`` keeps every Linear weight in oneDNN's packed
+layout, laid out for ``PACKED_ROWS`` input rows. Each cell is the median wall time of one forward over a KV
+cache of ``--context`` positions, through the engine's own ``forward``:
 
-* target with the default kernel only, oneDNN only, and the dispatch the engine uses;
-* draft in fp32 (dispatch) and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
+* the target with the default matmul, with oneDNN weights packed for 1 row, and packed for
+  ``PACKED_ROWS`` rows (the engine's);
+* the draft with the engine's kernels, and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
 
-On a GPU there is nothing to choose (cuBLAS for every shape); the benchmark is CPU-only.
+Each target variant is a fresh load, since the swap drops the plain weight. On a GPU there is nothing to
+choose (cuBLAS for every shape); the benchmark is CPU-only.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
@@ -37,20 +37,10 @@ from sidecar.kv_cache import RowKVCache
 from sidecar.models import load_model, pair_model_ids
 from sidecar.speculative import forward
 
-# (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch
-SHAPES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1)]
+# (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch, a
+# 128-token prefill
+SHAPES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (1, 128)]
 SIZES = {"quick": {"repeats": 1}, "standard": {"repeats": 5}, "full": {"repeats": 5}}
-
-
-@contextmanager
-def kernel(max_default_tokens: int) -> Iterator[None]:
-    """Route forwards of up to ``max_default_tokens`` tokens to the default kernel, the rest to oneDNN."""
-    saved = cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS
-    cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS = max_default_tokens
-    try:
-        yield
-    finally:
-        cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS = saved
 
 
 def forward_ms(model: PreTrainedModel, rows: int, positions: int, context: int, repeats: int) -> float:
@@ -77,23 +67,39 @@ def main() -> None:
     args = parser.parse_args()
     apply_profile(args, SIZES)
 
-    pair = load_pair(args.pair, device="cpu")
-    int8_draft = cpu_kernels.quantize_int8(load_model(pair_model_ids(args.pair)[1], pair.device, pair.dtype))
+    pair = load_pair(args.pair, device="cpu", fast_cpu_kernels=False)
+    target_id, draft_id = pair_model_ids(args.pair)
+
+    def target(packed_rows: int | None) -> PreTrainedModel:
+        if packed_rows is None:
+            return pair.target
+        model = load_model(target_id, pair.device, pair.dtype)
+        cpu_kernels.use_onednn_linear(model, packed_rows)
+        return model
+
+    def draft(int8: bool) -> PreTrainedModel:
+        model = load_model(draft_id, pair.device, pair.dtype)
+        if int8:
+            return cpu_kernels.quantize_int8(model)
+        cpu_kernels.use_onednn_linear(model)
+        return model
+
     variants = [
-        ("target, default kernel", pair.target, 10**9),
-        ("target, oneDNN", pair.target, 0),
-        ("target, dispatch (engine)", pair.target, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
-        ("draft fp32, dispatch (engine)", pair.draft, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
-        ("draft int8", int8_draft, cpu_kernels.DEFAULT_KERNEL_MAX_TOKENS),
+        ("target, default kernel", lambda: target(None)),
+        ("target, oneDNN packed for 1 row", lambda: target(1)),
+        (f"target, oneDNN packed for {cpu_kernels.PACKED_ROWS} rows (engine)", lambda: target(cpu_kernels.PACKED_ROWS)),
+        ("draft fp32 (engine)", lambda: draft(False)),
+        ("draft int8", lambda: draft(True)),
     ]
     rows = []
-    for name, model, max_default_tokens in variants:
+    for name, build in variants:
+        model = build()
         row = {"model": name}
-        with kernel(max_default_tokens):
-            for batch, positions in SHAPES:
-                row[f"{batch}x{positions}"] = forward_ms(model, batch, positions, args.context, args.repeats)
+        for batch, positions in SHAPES:
+            row[f"{batch}x{positions}"] = forward_ms(model, batch, positions, args.context, args.repeats)
         rows.append(row)
         print(row, flush=True)
+        del model  # one extra model in memory at a time
 
     env = environment(pair.device, pair.dtype)
     table = markdown_table(rows, [("model", "model / kernel"), *((f"{b}x{p}", f"{b}x{p}") for b, p in SHAPES)])

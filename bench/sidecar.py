@@ -37,7 +37,6 @@ from bench.common import (
 )
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.analysis import alpha, scored_logits
-from sidecar.cpu_kernels import DispatchLinear
 from sidecar.kv_cache import RowKVCache
 from sidecar.leakage import document_only_terms, leak_rate, leaked_terms
 from sidecar.speculative import DecodeRow, Sampling, forward, logits_at
@@ -115,17 +114,13 @@ def memory_bandwidth_gbs(device: torch.device) -> float:
 
 
 def bytes_read_per_step(model: torch.nn.Module) -> int:
-    """Weight bytes one decode step reads: every layer's weights, but only one row of the input embedding.
-
-    A CPU ``DispatchLinear`` holds its weight twice (plain and packed) and reads one of them per call.
-    """
+    """Weight bytes one decode step reads: every layer's weights (a CPU ``OneDNNLinear``'s packed buffer),
+    but only one row of the input embedding."""
     total = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             continue
         tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        if isinstance(module, DispatchLinear):
-            tensors = [module.weight, *([module.bias] if module.bias is not None else [])]
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 

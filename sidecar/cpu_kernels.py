@@ -1,16 +1,21 @@
-"""Faster fp32 Linear layers on CPU: the matmul kernel is chosen by how many tokens a forward carries.
+"""Faster fp32 Linear layers on CPU: every weight in oneDNN's packed layout, laid out for 8 rows.
 
-One forward of the 1.5B target over 400 cached positions, ms (`python -m bench.kernels`, 2-core Xeon,
-fp32; bench/results/kernels_cpu.md):
+oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Packed
+for one row, forwards of four or more tokens fall off a cliff; packed for eight, one forward costs about
+the same from 1 to 8 tokens, which is what speculative decoding needs: a verify of gamma+1 positions, or a
+decode step of a batch of rows, streams the weights once like a single-token step. One forward of the 1.5B
+target over 400 cached positions, ms (2-core Xeon, fp32, medians of an interleaved A/B; the machine was
+slower that day than in bench/results/kernels_cpu.md, which `python -m bench.kernels` writes):
 
-    rows x new positions     1x1   1x2   1x3   1x5   8x1   16x1
-    default matmul (MKL)     202   232   275   544   605   685
-    oneDNN, packed weight    268   368   374   360   404   508
+    rows x new positions                 1x1   1x2   1x3   1x5   8x1
+    default matmul up to 3 tokens,
+      oneDNN packed for 1 row above      330   333   350   445   485
+    oneDNN packed for 8 rows             282   337   340   335   380
 
-The default kernel is best for one to three tokens (decode steps at batch 1, short verifies) and falls
-off a cliff above; oneDNN's packed weights run wider forwards (a verify of gamma+1 = 5 positions, any
-batch of several rows) at close to one-step cost. So each Linear keeps both copies of its weight and
-dispatches per call; both give the same argmax.
+The module keeps only the packed weight. The plain one stays memory-mapped from the checkpoint (transformers
+maps the file), is not read again after packing, and so is page cache the kernel can drop; RSS still
+counts its pages while the file is mapped.
+Argmax agrees with the default matmul (the engine's greedy identity tests run through these layers).
 """
 
 from __future__ import annotations
@@ -19,41 +24,42 @@ import warnings
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-# forwards of up to this many tokens use the default kernel (see the table above)
-DEFAULT_KERNEL_MAX_TOKENS = 3
+# the number of input rows oneDNN lays each packed weight out for (see the table above)
+PACKED_ROWS = 8
 
 
-class DispatchLinear(nn.Module):
-    """An inference-only Linear with the plain fp32 weight and oneDNN's packed copy of it."""
+class OneDNNLinear(nn.Module):
+    """An inference-only fp32 Linear whose weight lives in oneDNN's packed layout only."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, packed_rows: int = PACKED_ROWS) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1),
+        self.packed_rows = packed_rows
+        self.bias = linear.bias
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), packed_rows),
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= DEFAULT_KERNEL_MAX_TOKENS * self.in_features:
-            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed_rows={self.packed_rows}"
 
 
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def use_onednn_linear(model: nn.Module) -> int:
-    """Swap every fp32 nn.Linear of ``model`` for a ``DispatchLinear``; returns how many were swapped."""
+def use_onednn_linear(model: nn.Module, packed_rows: int = PACKED_ROWS) -> int:
+    """Swap every fp32 CPU nn.Linear of ``model`` for a ``OneDNNLinear``; returns how many were swapped."""
     if not onednn_available():
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(parent, name, DispatchLinear(child))
+                setattr(parent, name, OneDNNLinear(child, packed_rows))
                 swapped += 1
     return swapped
 
