@@ -38,7 +38,7 @@ from sidecar.models import synchronize
 # acceptance measured on other rows (at batch 8 on a CPU, a near-even forecast lost 20% in bench.engine).
 MIN_PREDICTED_SAVING = 0.1
 
-# After this many plain steps in a row the controller tries a one-token copy when every row has one.
+# After this many plain steps in a row the controller copies when every row has something to copy.
 LOOKUP_PROBE_EVERY = 8
 
 Source = Literal["draft", "lookup"]
@@ -163,9 +163,11 @@ class GammaController:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
             if choice[0] == 0 and max_lookup and self.plain_run >= LOOKUP_PROBE_EVERY:
                 # An option that is never chosen is never timed again, so one unlucky timing or a few
-                # rejected copies would rule copying out for good. A one-token copy is the cheap probe: it
-                # costs a one-position-wider verify, and keeps its accepted token when it succeeds.
-                choice = (1, "lookup")
+                # rejected copies would rule copying out for good. The probe copies all it can: a wide
+                # verify timed once during a stall steepens the cost fit's slope, and only timing that
+                # width again takes it back (one-token probes left it standing, and the engine decoding
+                # plainly, in a replay with noisy timings); its accepted tokens are kept.
+                choice = (max_lookup, "lookup")
         self.plain_run = self.plain_run + 1 if choice[0] == 0 else 0
         self.decisions.append(choice)
         return choice

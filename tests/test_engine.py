@@ -450,7 +450,7 @@ def test_controller_probes_copying_after_a_run_of_plain_steps():
     lookup = controller.acceptance["lookup"]
     lookup.accepted, lookup.drafted = 0.0, 10.0  # every copy so far was rejected: plain looks best
     choices = [controller.choose(1, max_gamma=0, max_lookup=2) for _ in range(3 * (LOOKUP_PROBE_EVERY + 1))]
-    probes = [i for i, choice in enumerate(choices) if choice == (1, "lookup")]
+    probes = [i for i, choice in enumerate(choices) if choice == (2, "lookup")]  # all two copyable tokens
     assert probes == [LOOKUP_PROBE_EVERY, 2 * LOOKUP_PROBE_EVERY + 1, 3 * LOOKUP_PROBE_EVERY + 2]
     assert all(choice == (0, "draft") for i, choice in enumerate(choices) if i not in probes)
     # nothing to copy: nothing to probe
