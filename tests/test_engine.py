@@ -309,6 +309,19 @@ def test_cost_fit_remembers_wide_forwards_after_many_plain_steps():
     assert cost.predict(40) == pytest.approx(0.2 + 0.02 * 40, rel=0.01)
 
 
+def test_cost_fit_replaces_a_size_s_first_timing():
+    from sidecar.gamma import LinearCost
+
+    cost = LinearCost(decay=0.7)
+    cost.add(1, 0.2)
+    cost.add(5, 0.9)  # the first 5-token forward builds its kernels
+    cost.add(5, 0.3)
+    assert cost.means[5.0] == pytest.approx(0.3)
+    cost.add(5, 0.4)  # from the third timing on, timings are blended
+    assert cost.means[5.0] == pytest.approx(0.7 * 0.3 + 0.3 * 0.4)
+    assert cost.predict(3) == pytest.approx(0.2 + (0.33 - 0.2) / 2)
+
+
 def test_draft_pays_prices_the_draft_prefill():
     from sidecar.gamma import GammaController
 
