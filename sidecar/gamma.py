@@ -38,7 +38,8 @@ from sidecar.models import synchronize
 # acceptance measured on other rows (at batch 8 on a CPU, a near-even forecast lost 20% in bench.engine).
 MIN_PREDICTED_SAVING = 0.1
 
-# After this many plain steps in a row the controller copies when every row has something to copy.
+# After this many steps in a row without a copy (plain or from the draft model) the controller copies when
+# every row has something to copy.
 LOOKUP_PROBE_EVERY = 8
 
 Source = Literal["draft", "lookup"]
@@ -128,7 +129,7 @@ class GammaController:
         self.acceptance: dict[Source, Acceptance] = {"draft": Acceptance(prior_alpha),
                                                      "lookup": Acceptance(prior_alpha / 2)}
         self.decisions: list[tuple[int, Source]] = []
-        self.plain_run = 0  # plain steps in a row, up to the latest decision
+        self.steps_without_copy = 0  # plain or draft-model steps in a row, up to the latest decision
         self.prefill_seconds_per_token: dict[str, float] = {}
 
     def observe_acceptance(self, accepted: torch.Tensor, gamma: int, source: Source = "draft") -> None:
@@ -175,14 +176,17 @@ class GammaController:
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
-            if choice[0] == 0 and max_lookup and self.plain_run >= LOOKUP_PROBE_EVERY:
-                # An option that is never chosen is never timed again, so one unlucky timing or a few
-                # rejected copies would rule copying out for good. The probe copies all it can: a wide
-                # verify timed once during a stall steepens the cost fit's slope, and only timing that
-                # width again takes it back (one-token probes left it standing, and the engine decoding
-                # plainly, in a replay with noisy timings); its accepted tokens are kept.
+            copying = choice[0] > 0 and choice[1] == "lookup"
+            if not copying and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
+                # An option never chosen is never timed or measured again, so one unlucky timing, a few
+                # rejected copies, or a draft model that did well early would rule copying out for good
+                # (in bench.engine the controller once kept the fp32 draft for three articles and never
+                # copied: 1.03-1.17x HF plain, where copying had given 1.17-1.40x). The probe copies all
+                # it can: a wide verify timed once during a stall steepens the cost fit's slope, and only
+                # timing that width again takes it back (one-token probes left it standing, and the
+                # engine decoding plainly, in a replay with noisy timings). Accepted tokens are kept.
                 choice = (max_lookup, "lookup")
-        self.plain_run = self.plain_run + 1 if choice[0] == 0 else 0
+        self.steps_without_copy = 0 if choice[0] > 0 and choice[1] == "lookup" else self.steps_without_copy + 1
         self.decisions.append(choice)
         return choice
 

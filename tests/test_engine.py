@@ -453,7 +453,7 @@ def test_lookup_copies_what_followed_the_latest_longest_match():
     assert lookup_continuation([65536, 1, 0, 256, 9, 1, 0], 1) == [256]
 
 
-def test_controller_probes_copying_after_a_run_of_plain_steps():
+def test_controller_probes_copying_after_a_run_of_steps_without_one():
     from sidecar.gamma import LOOKUP_PROBE_EVERY, GammaController
 
     controller = GammaController(4)
@@ -468,3 +468,12 @@ def test_controller_probes_copying_after_a_run_of_plain_steps():
     assert all(choice == (0, "draft") for i, choice in enumerate(choices) if i not in probes)
     # nothing to copy: nothing to probe
     assert {controller.choose(1, max_gamma=0, max_lookup=0) for _ in range(20)} == {(0, "draft")}
+
+    # a draft model that looks better than copying does not rule copying out either
+    controller.costs["draft"].add(1, 0.001)
+    controller.acceptance["draft"].accepted, controller.acceptance["draft"].drafted = 9.0, 10.0
+    controller.steps_without_copy = 0
+    choices = [controller.choose(1, max_gamma=4, max_lookup=2) for _ in range(2 * (LOOKUP_PROBE_EVERY + 1))]
+    assert [i for i, choice in enumerate(choices) if choice[1] == "lookup"] == [LOOKUP_PROBE_EVERY,
+                                                                              2 * LOOKUP_PROBE_EVERY + 1]
+    assert all(choice == (4, "draft") for choice in choices if choice[1] == "draft")
