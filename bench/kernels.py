@@ -11,7 +11,7 @@ cache of ``--context`` positions, through the engine's own ``forward``:
   ``PACKED_ROWS`` rows (the engine's);
 * the draft with the engine's kernels, and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
 
-Each target variant is a fresh load, since the swap drops the plain weight. On a GPU there is nothing to
+Each variant is a fresh load, since the swap drops the plain weight. On a GPU there is nothing to
 choose (cuBLAS for every shape); the benchmark is CPU-only.
 """
 
@@ -32,9 +32,9 @@ from bench.common import (
     profile_suffix,
     write_results,
 )
-from sidecar import cpu_kernels, load_pair
+from sidecar import cpu_kernels
 from sidecar.kv_cache import RowKVCache
-from sidecar.models import load_model, pair_model_ids
+from sidecar.models import default_device_dtype, load_model, pair_model_ids
 from sidecar.speculative import forward
 
 # (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch, a
@@ -67,18 +67,17 @@ def main() -> None:
     args = parser.parse_args()
     apply_profile(args, SIZES)
 
-    pair = load_pair(args.pair, device="cpu", fast_cpu_kernels=False)
+    device, dtype = default_device_dtype("cpu", None)
     target_id, draft_id = pair_model_ids(args.pair)
 
     def target(packed_rows: int | None) -> PreTrainedModel:
-        if packed_rows is None:
-            return pair.target
-        model = load_model(target_id, pair.device, pair.dtype)
-        cpu_kernels.use_onednn_linear(model, packed_rows)
+        model = load_model(target_id, device, dtype)
+        if packed_rows is not None:
+            cpu_kernels.use_onednn_linear(model, packed_rows)
         return model
 
     def draft(int8: bool) -> PreTrainedModel:
-        model = load_model(draft_id, pair.device, pair.dtype)
+        model = load_model(draft_id, device, dtype)
         if int8:
             return cpu_kernels.quantize_int8(model)
         cpu_kernels.use_onednn_linear(model)
@@ -99,9 +98,9 @@ def main() -> None:
             row[f"{batch}x{positions}"] = forward_ms(model, batch, positions, args.context, args.repeats)
         rows.append(row)
         print(row, flush=True)
-        del model  # one extra model in memory at a time
+        del model  # one model in memory at a time
 
-    env = environment(pair.device, pair.dtype)
+    env = environment(device, dtype)
     table = markdown_table(rows, [("model", "model / kernel"), *((f"{b}x{p}", f"{b}x{p}") for b, p in SHAPES)])
     markdown = (f"One forward, ms (median of {args.repeats}), pair `{args.pair}` on {env['device']} ({env['dtype']}, "
                 f"{env['threads']} threads), context {args.context}; columns are rows x new positions.\n\n{table}")

@@ -131,8 +131,9 @@ def main() -> None:
 
         runs = []
         for repeat in range(args.repeats):
+            run_params = params(f"bench-{repeat}")
             # alternating, so that load from other processes falls on both sides alike
-            run = flow_run(params(f"bench-{repeat}"), plain_loop(params(f"bench-{repeat}"), docs))
+            run = flow_run(run_params, plain_loop(run_params, docs))
             assert run["documents"] == len(texts), f"only {run['documents']} of {len(texts)} documents done"
             print(f"repeat {repeat}: {run['overhead_pct']:.1f}% of model time", flush=True)
             runs.append(run)

@@ -1,16 +1,17 @@
 """Faster fp32 Linear layers on CPU: every weight in oneDNN's packed layout, laid out for 8 rows.
 
-oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Packed
-for one row, forwards of four or more tokens fall off a cliff; packed for eight, one forward costs about
-the same from 1 to 8 tokens, which is what speculative decoding needs: a verify of gamma+1 positions, or a
-decode step of a batch of rows, streams the weights once like a single-token step. One forward of the 1.5B
-target over 400 cached positions, ms (2-core Xeon, fp32, medians of an interleaved A/B; the machine was
-slower that day than in bench/results/kernels_cpu.md, which `python -m bench.kernels` writes):
+oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Laid
+out for 8 rows, a verify of gamma+1 positions or a decode step of a batch of rows can stream the weights
+about once. Measured on the 1.5B target, 400 cached positions, ms (`python -m bench.kernels`, 2-core Xeon,
+fp32), two runs on a noisy day:
 
-    rows x new positions                 1x1   1x2   1x3   1x5   8x1
-    default matmul up to 3 tokens,
-      oneDNN packed for 1 row above      330   333   350   445   485
-    oneDNN packed for 8 rows             282   337   340   335   380
+    rows x new positions              1x1   1x5   8x1   1x128
+    run 1  packed for 1 row           311   506   499   1651
+           packed for 8 rows          251   302   353   1721
+    run 2  packed for 1 row           310   428   455   1990
+           packed for 8 rows          309   439   402   2605
+
+Run 1 (and an interleaved A/B) favoured 8 rows; run 2 did not, except at 8x1. See README.
 
 The module keeps only the packed weight. The plain one stays memory-mapped from the checkpoint (transformers
 maps the file), is not read again after packing, and so is page cache the kernel can drop; RSS still

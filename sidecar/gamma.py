@@ -45,6 +45,11 @@ LOOKUP_PROBE_EVERY = 8
 Source = Literal["draft", "lookup"]
 
 
+def is_copy(step: tuple[int, Source]) -> bool:
+    gamma, source = step
+    return gamma > 0 and source == "lookup"
+
+
 def fixed_step(max_gamma: int, max_lookup: int, draft_running: bool = True) -> tuple[int, Source]:
     """The step of a fixed gamma: ``max_gamma`` drafts, copied when every row can copy that many (it spares
     the draft model's forwards), else from the draft model when it runs; (0, "draft") is a plain step."""
@@ -176,8 +181,7 @@ class GammaController:
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
-            copying = choice[0] > 0 and choice[1] == "lookup"
-            if not copying and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
+            if not is_copy(choice) and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
                 # An option never chosen is never timed or measured again, so one unlucky timing, a few
                 # rejected copies, or a draft model that did well early would rule copying out for good
                 # (in bench.engine the controller once kept the fp32 draft for three articles and never
@@ -186,7 +190,7 @@ class GammaController:
                 # timing that width again takes it back (one-token probes left it standing, and the
                 # engine decoding plainly, in a replay with noisy timings). Accepted tokens are kept.
                 choice = (max_lookup, "lookup")
-        self.steps_without_copy = 0 if choice[0] > 0 and choice[1] == "lookup" else self.steps_without_copy + 1
+        self.steps_without_copy = 0 if is_copy(choice) else self.steps_without_copy + 1
         self.decisions.append(choice)
         return choice
 
