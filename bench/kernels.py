@@ -11,7 +11,10 @@ cache of ``--context`` positions, through the engine's own ``forward``:
   ``PACKED_ROWS`` rows (the engine's);
 * the draft with the engine's kernels, and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
 
-Each variant is a fresh load, since the swap drops the plain weight. On a GPU there is nothing to
+Each variant is a load of its own, since the swap drops the plain weight. The variants of one model are
+in memory together and timed in turn, one forward each per round, so that the machine slowing down or
+speeding up between minutes (it does, on a shared 2-core VM) moves them all alike instead of favouring
+whichever ran in the quiet minute. The target's three variants take ~13 GB. On a GPU there is nothing to
 choose (cuBLAS for every shape); the benchmark is CPU-only.
 """
 
@@ -43,19 +46,25 @@ SHAPES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (1, 128)]
 SIZES = {"quick": {"repeats": 1}, "standard": {"repeats": 5}, "full": {"repeats": 5}}
 
 
-def forward_ms(model: PreTrainedModel, rows: int, positions: int, context: int, repeats: int) -> float:
-    """Median ms of one forward of ``rows`` x ``positions`` new tokens over ``context`` cached positions."""
-    cache = RowKVCache(model, rows, context + positions)
-    cache.commit(torch.full((rows,), context))  # only the length matters for the time, not the values
+def interleaved_ms(models: list[PreTrainedModel], rows: int, positions: int, context: int,
+                   repeats: int) -> list[float]:
+    """Median ms of one forward of ``rows`` x ``positions`` new tokens over ``context`` cached positions,
+    for each of ``models``; each round times every model once."""
+    caches = []
+    for model in models:
+        cache = RowKVCache(model, rows, context + positions)
+        cache.commit(torch.full((rows,), context))  # only the length matters for the time, not the values
+        caches.append(cache)
     ids = torch.randint(0, 1000, (rows, positions))
-    times = []
+    times: list[list[float]] = [[] for _ in models]
     with torch.inference_mode():
-        for attempt in range(repeats + 1):  # the first call pays one-off allocations
-            started = time.perf_counter()
-            forward(model, cache, ids)
-            if attempt:
-                times.append(1000 * (time.perf_counter() - started))
-    return statistics.median(times)
+        for attempt in range(repeats + 1):  # the first round pays one-off allocations
+            for model, cache, model_times in zip(models, caches, times, strict=True):
+                started = time.perf_counter()
+                forward(model, cache, ids)
+                if attempt:
+                    model_times.append(1000 * (time.perf_counter() - started))
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -83,26 +92,30 @@ def main() -> None:
         cpu_kernels.use_onednn_linear(model)
         return model
 
-    variants = [
-        ("target, default kernel", lambda: target(None)),
-        ("target, oneDNN packed for 1 row", lambda: target(1)),
-        (f"target, oneDNN packed for {cpu_kernels.PACKED_ROWS} rows (engine)", lambda: target(cpu_kernels.PACKED_ROWS)),
-        ("draft fp32 (engine)", lambda: draft(False)),
-        ("draft int8", lambda: draft(True)),
+    groups = [
+        [("target, default kernel", lambda: target(None)),
+         ("target, oneDNN packed for 1 row", lambda: target(1)),
+         (f"target, oneDNN packed for {cpu_kernels.PACKED_ROWS} rows (engine)",
+          lambda: target(cpu_kernels.PACKED_ROWS))],
+        [("draft fp32 (engine)", lambda: draft(False)),
+         ("draft int8", lambda: draft(True))],
     ]
     rows = []
-    for name, build in variants:
-        model = build()
-        row = {"model": name}
+    for group in groups:
+        models = [build() for _, build in group]
+        group_rows = [{"model": name} for name, _ in group]
         for batch, positions in SHAPES:
-            row[f"{batch}x{positions}"] = forward_ms(model, batch, positions, args.context, args.repeats)
-        rows.append(row)
-        print(row, flush=True)
-        del model  # one model in memory at a time
+            for row, ms in zip(group_rows, interleaved_ms(models, batch, positions, args.context, args.repeats),
+                               strict=True):
+                row[f"{batch}x{positions}"] = ms
+            print(f"{batch}x{positions}", [row[f"{batch}x{positions}"] for row in group_rows], flush=True)
+        rows += group_rows
+        del models  # one model's variants in memory at a time
 
     env = environment(device, dtype)
     table = markdown_table(rows, [("model", "model / kernel"), *((f"{b}x{p}", f"{b}x{p}") for b, p in SHAPES)])
-    markdown = (f"One forward, ms (median of {args.repeats}), pair `{args.pair}` on {env['device']} ({env['dtype']}, "
+    markdown = (f"One forward, ms (median of {args.repeats}, the variants of one model timed in turn), "
+                f"pair `{args.pair}` on {env['device']} ({env['dtype']}, "
                 f"{env['threads']} threads), context {args.context}; columns are rows x new positions.\n\n{table}")
     payload = {"environment": env, "args": vars(args), "shapes": SHAPES, "rows": rows}
     write_results("kernels_cpu" + profile_suffix(args.profile), payload, markdown)

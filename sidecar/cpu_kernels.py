@@ -3,15 +3,15 @@
 oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Laid
 out for 8 rows, a verify of gamma+1 positions or a decode step of a batch of rows can stream the weights
 about once. Measured on the 1.5B target, 400 cached positions, ms (`python -m bench.kernels`, 2-core Xeon,
-fp32), two runs on a noisy day:
+fp32; the variants timed in turn, two runs):
 
-    rows x new positions              1x1   1x5   8x1   1x128
-    run 1  packed for 1 row           311   506   499   1651
-           packed for 8 rows          251   302   353   1721
-    run 2  packed for 1 row           310   428   455   1990
-           packed for 8 rows          309   439   402   2605
-
-Run 1 (and an interleaved A/B) favoured 8 rows; run 2 did not, except at 8x1. See README.
+    rows x new positions              1x1   1x2   1x5   8x1   1x128
+    run 1  default matmul             294   365   656   873   1963
+           packed for 1 row           312   494   509   499   1918
+           packed for 8 rows          300   369   409   430   1773
+    run 2  default matmul             281   328   627   813   1829
+           packed for 1 row           294   434   473   503   1823
+           packed for 8 rows          264   372   408   418   1717
 
 The module keeps only the packed weight. The plain one stays memory-mapped from the checkpoint (transformers
 maps the file), is not read again after packing, and so is page cache the kernel can drop; RSS still
