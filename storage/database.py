@@ -1,7 +1,7 @@
 """The results database: one DuckDB file shared by the flows, the judge, the cost report and the server.
 
-Every method opens its own short-lived connection, so several processes can use one file in turn;
-each write is one transaction, so readers see a batch entirely or not at all.
+Every method runs one short transaction (``storage.connection``), so several processes can use one file
+in turn; each write is one transaction, so readers see a batch entirely or not at all.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ class Database:
         """:meth:`start_run`, :meth:`record_documents` and :meth:`done_doc_ids` (for ``modes``) in one
         transaction.
 
-        Each transaction costs a connection of its own, so a flow starting a run this way pays for one
-        instead of three; and a failure leaves nothing half done: no run without its documents.
+        Each transaction attaches, commits and checkpoints the file, so a flow starting a run this way
+        pays for one instead of three; and a failure leaves nothing half done: no run without its documents.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes)
         documents = _documents_write(run_id, docs, rejects)

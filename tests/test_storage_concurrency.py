@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import duckdb
 import pytest
 
 from storage import Database, DatabaseLockedError, OutputRecord, RequestStats
-from storage.connection import RetryPolicy, parse_lock_holder
+from storage.connection import RetryPolicy, attach_file, parse_lock_holder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST_GIVE_UP = RetryPolicy(attempts=4, first_delay_s=0.01, max_delay_s=0.05)
@@ -76,13 +77,13 @@ def test_lock_message_parsing() -> None:
 def test_writer_retries_then_names_the_process_holding_the_lock(db: Database,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[str] = []
-    real_connect = duckdb.connect
+    real_attach = attach_file
 
-    def counting_connect(*args, **kwargs):
-        attempts.append(str(args[0]))
-        return real_connect(*args, **kwargs)
+    def counting_attach(host, path, alias):
+        attempts.append(path)
+        real_attach(host, path, alias)
 
-    monkeypatch.setattr("storage.connection.duckdb.connect", counting_connect)
+    monkeypatch.setattr("storage.connection.attach_file", counting_attach)
     holder = spawn(HOLD_LOCK_UNTIL_STDIN_CLOSES, str(db.path))
     try:
         wait_ready(holder)
@@ -105,9 +106,8 @@ def test_writer_retries_then_names_the_process_holding_the_lock(db: Database,
 def test_writer_waits_out_a_short_lock(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     patient = Database(db.path, retry=PATIENT)
     attempts: list[str] = []
-    real_connect = duckdb.connect
-    monkeypatch.setattr("storage.connection.duckdb.connect",
-                        lambda *a, **k: attempts.append("try") or real_connect(*a, **k))
+    monkeypatch.setattr("storage.connection.attach_file",
+                        lambda *a: attempts.append("try") or attach_file(*a))
     holder = spawn(HOLD_LOCK_FOR_SECONDS, str(db.path), "0.7")
     try:
         wait_ready(holder)
@@ -189,3 +189,43 @@ def test_a_concurrent_reader_only_ever_sees_whole_batches(db: Database) -> None:
     seen = json.loads(out.strip().splitlines()[-1])
     assert len(set(seen)) > 2, "the reader should have read between batches"
     assert all(n % per_batch == 0 for n in seen), seen
+
+
+def test_threads_of_one_process_share_the_file_and_release_it_when_done(db: Database) -> None:
+    threads, batches = 6, 5
+    failures: list[BaseException] = []
+
+    def write(thread: int) -> None:
+        try:
+            for b in range(batches):
+                doc = f"t{thread}-b{b}"
+                db.write_batch("run-1", [output(doc, "sidecar"), output(doc, "standalone")])
+                db.results("run-1")
+        except BaseException as exc:  # a thread cannot raise into the test: collected, asserted below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=write, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert not failures, failures
+    assert len(db.results("run-1")) == threads * batches
+    # the last transaction detached the file: another process can take the lock at once
+    reader = subprocess.run([sys.executable, "-c", "import sys, duckdb; con = duckdb.connect(sys.argv[1]); "
+                             "print(con.execute('SELECT count(*) FROM outputs').fetchone()[0])", str(db.path)],
+                            capture_output=True, text=True, timeout=60)
+    assert reader.stdout.strip() == str(2 * threads * batches), reader.stderr
+
+
+def test_a_connection_this_process_holds_is_named_as_the_holder(db: Database) -> None:
+    raw = duckdb.connect(str(db.path))
+    try:
+        with pytest.raises(DatabaseLockedError) as caught:
+            db.write_batch("run-1", [output("d1", "sidecar")])
+        assert caught.value.holder_pid == os.getpid()
+        assert "this process" in str(caught.value)
+    finally:
+        raw.close()
+    db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")])
+    assert [r["doc_id"] for r in db.results("run-1")] == ["d1"]
