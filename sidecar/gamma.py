@@ -19,7 +19,9 @@ no draft forwards, only the wider verify, so for them cost(g) = t_target(batch *
 
 Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
 fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
-batch decodes plainly and the draft never runs.
+batch decodes without the draft model (plain steps, and copies where every row has one). The gain is
+counted against that alternative, not against plain decoding alone: where copying beats the draft model
+the draft only helps on the steps without a copy.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class GammaController:
         self.decisions: list[tuple[int, Source]] = []
         self.steps_without_copy = 0  # plain or draft-model steps in a row, up to the latest decision
         self.prefill_seconds_per_token: dict[str, float] = {}
+        # the share of rows that had something to copy, per step (decayed); None until observed
+        self.row_copy_share: float | None = None
+
+    def observe_copies(self, rows_with_copy: int, rows: int) -> None:
+        share = rows_with_copy / rows
+        self.row_copy_share = share if self.row_copy_share is None else 0.9 * self.row_copy_share + 0.1 * share
 
     def observe_acceptance(self, accepted: torch.Tensor, gamma: int, source: Source = "draft") -> None:
         self.acceptance[source].observe(accepted, gamma)
@@ -151,20 +159,27 @@ class GammaController:
         self.prefill_seconds_per_token[model] = seconds / max(tokens, 1)
 
     def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float) -> bool:
-        """Whether prefilling the draft for a batch and speculating beats decoding it plainly.
+        """Whether prefilling the draft for a batch and speculating beats decoding it without the draft.
 
         ``draft_prompt_tokens`` is the batch's total; ``new_tokens`` the most any row may produce. Until
         the draft has been timed, its prefill is priced as the target's scaled by their parameter ratio.
+        A step can copy only when every row has a copy: with a share ``c`` of rows having one, ``c ** batch``
+        of the steps (rows taken as independent; no copy seen yet counts as none).
         """
         explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
         if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
             return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
         rate = self.prefill_seconds_per_token.get("draft",
                                                   self.prefill_seconds_per_token["target"] * draft_size_ratio)
-        best = max(self.expected_tokens_per_second(g, batch) for g in range(1, self.max_gamma + 1))
-        speculative = rate * draft_prompt_tokens + new_tokens / best
-        plain = new_tokens / self.expected_tokens_per_second(0, batch)
-        return speculative <= (1 - MIN_PREDICTED_SAVING) * plain
+        gammas = range(1, self.max_gamma + 1)
+        plain_rate = self.expected_tokens_per_second(0, batch)
+        draft_rate = max(plain_rate, *(self.expected_tokens_per_second(g, batch) for g in gammas))
+        copy_rate = max(self.expected_tokens_per_second(g, batch, "lookup") for g in gammas)
+        copy_steps = (self.row_copy_share or 0.0) ** batch
+        with_draft = copy_steps * max(draft_rate, copy_rate) + (1 - copy_steps) * draft_rate
+        without_draft = copy_steps * max(plain_rate, copy_rate) + (1 - copy_steps) * plain_rate
+        speculative = rate * draft_prompt_tokens + new_tokens / with_draft
+        return speculative <= (1 - MIN_PREDICTED_SAVING) * new_tokens / without_draft
 
     def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0) -> tuple[int, Source]:
         """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's

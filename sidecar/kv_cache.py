@@ -112,6 +112,22 @@ class RowKVCache:
         self.visible = self.visible.index_select(0, rows)
         self.span = self.span.index_select(0, rows)
 
+    def rows_view(self, start: int, stop: int) -> RowKVCache:
+        """Rows ``start:stop`` as a cache that shares this one's buffers, so that a forward on it writes
+        those rows in place. Its ``commit`` moves only its own ``lengths``: copy them back with
+        ``self.lengths[start:stop] = view.lengths``."""
+        view = object.__new__(RowKVCache)
+        view.layers = self.layers
+        view.keys = [k[start:stop] for k in self.keys]
+        view.values = [v[start:stop] for v in self.values]
+        view.lengths = self.lengths[start:stop].clone()
+        view.position_offset = self.position_offset[start:stop]
+        view.visible = self.visible[start:stop]
+        view.span = self.span[start:stop]
+        view._write_index = None
+        view._kv_len = 0
+        return view
+
     def snapshot(self, row: int, columns: torch.Tensor) -> RowSnapshot:
         """Copy row ``row`` reduced to ``columns`` (in order); the rest of the row is evicted.
 

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from sidecar.acceptance import sample, warp
 from sidecar.kv_cache import RowKVCache
-from sidecar.speculative import Sampling, forward, logits_at, pad_rows
+from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget
 
 
 @dataclass
@@ -35,10 +35,8 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
     tokens: list[list[int]] = [[] for _ in feeds]
     live = list(range(len(feeds)))
     with torch.inference_mode():
-        ids, valid = pad_rows(feeds, device)
-        hidden = forward(model, cache, ids)
-        cache.commit(valid)
-        logits = logits_at(model, hidden, (valid - 1)[:, None])[:, 0]
+        last = prefill(model, cache, feeds, prefill_budget(device))
+        logits = logits_at(model, last, torch.zeros(len(feeds), 1, dtype=torch.long, device=device))[:, 0]
         feed_seconds = time.perf_counter() - start
         while True:
             choice = logits.argmax(-1) if sampling.greedy else sample(

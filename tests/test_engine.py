@@ -12,7 +12,7 @@ from sidecar.acceptance import accept_greedy, accept_sampled
 from sidecar.analysis import predicted_target_forwards
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import forward, logits_at
+from sidecar.speculative import forward, logits_at, prefill
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -126,6 +126,40 @@ def test_handbuilt_causal_mask_reproduces_native_logits(tiny):
             for i, p in enumerate(prompts):
                 native = model(torch.tensor([p])).logits[0].float()
                 assert (ours[i, : len(p)] - native).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("budget", [1, 40, 60])
+def test_prefill_in_row_groups_matches_one_forward(tiny, budget):
+    """Rows fed alone (budget 1) or in groups fill the cache and give last-token states as one forward does,
+    hidden spans included; later forwards over the whole batch then agree too."""
+    prompts = random_prompts(tiny, [9, 17, 4, 20, 12], seed=3)
+    spans = [[-1] * len(p) for p in prompts]
+    spans[1][3:8] = [0] * 5
+    spans[3][10:12] = [1] * 2
+    caches, lasts, steps = [], [], []
+    for group_budget in (None, budget):
+        cache = RowKVCache(tiny.target, len(prompts), 32)
+        with torch.inference_mode():
+            lasts.append(prefill(tiny.target, cache, prompts, group_budget, spans))
+            steps.append(forward(tiny.target, cache, torch.tensor([[5], [6], [7], [8], [9]])))
+        caches.append(cache)
+    whole, grouped = caches
+    assert whole.lengths.tolist() == [9, 17, 4, 20, 12]
+    assert torch.equal(grouped.lengths, whole.lengths)
+    assert torch.equal(grouped.visible, whole.visible) and torch.equal(grouped.span, whole.span)
+    for row, n in enumerate(whole.lengths.tolist()):
+        for layer in range(whole.layers):
+            assert torch.allclose(grouped.keys[layer][row, :, :n], whole.keys[layer][row, :, :n], atol=1e-5)
+            assert torch.allclose(grouped.values[layer][row, :, :n], whole.values[layer][row, :, :n], atol=1e-5)
+    assert torch.allclose(lasts[1], lasts[0], atol=1e-5)
+    assert torch.allclose(steps[1], steps[0], atol=1e-5)
+
+
+def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
+    monkeypatch.setattr("sidecar.speculative.CPU_PREFILL_TOKENS", 1)
+    prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
+    outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
+    assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
 
 
 def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
@@ -345,6 +379,36 @@ def test_draft_pays_prices_the_draft_prefill():
     assert not controller.draft_pays(8, 4000, 64, 0.3)
     controller.observe_prefill("draft", 4000, 10.0)
     assert controller.draft_pays(8, 4000, 64, 0.3)
+
+
+def test_draft_pays_counts_copying_as_the_alternative():
+    from sidecar.gamma import GammaController
+
+    controller = GammaController(4)
+    for tokens in (8, 16, 40):
+        controller.costs["target"].add(tokens, 0.5 + 0.02 * tokens)
+    controller.costs["draft"].add(8, 0.05)
+    for source in ("draft", "lookup"):
+        controller.acceptance[source].accepted, controller.acceptance[source].drafted = 9.0, 10.0
+    controller.observe_prefill("target", 4000, 80.0)
+    controller.observe_prefill("draft", 4000, 10.0)
+    assert controller.draft_pays(8, 4000, 2000, 0.3), "no copy seen: the draft repays its prefill"
+    # every row always has a copy, accepted as well as the draft's tokens and without draft forwards: the
+    # draft model would never be chosen, so its prefill is never repaid
+    for _ in range(20):
+        controller.observe_copies(8, 8)
+    assert not controller.draft_pays(8, 4000, 2000, 0.3)
+    # rows with a copy half the time: a step of 8 rows can copy 1/256 of the time, so the draft pays again
+    for _ in range(60):
+        controller.observe_copies(4, 8)
+    assert controller.row_copy_share == pytest.approx(0.5, abs=0.01)
+    assert controller.draft_pays(8, 4000, 2000, 0.3)
+    # at batch 1 half the steps copy: a dearer draft prefill that plain decoding alone would repay (64 tokens
+    # in 33 s plain, 12.5 s with the draft) is not repaid by the draft's gain on the other half of the steps
+    controller.observe_prefill("draft", 4000, 40.0)
+    assert not controller.draft_pays(1, 500, 64, 0.3)
+    controller.row_copy_share = None
+    assert controller.draft_pays(1, 500, 64, 0.3)
 
 
 def test_int8_draft_keeps_output_identical():
