@@ -142,10 +142,11 @@ def prefill_budget(device: torch.device) -> int | None:
 
 
 def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], budget: int | None,
-            spans: list[list[int]] | None = None) -> torch.Tensor:
+            hidden_spans: list[list[tuple[int, int]]] | None = None) -> torch.Tensor:
     """Feed ``rows[i]`` into row ``i`` of ``cache`` and commit it; returns each row's hidden state at its
     last token [B, 1, H]. Consecutive rows share a forward while its padded size stays within ``budget``
-    tokens (one row at least; None: all rows). ``spans`` marks hidden-span tokens as ``forward`` takes them.
+    tokens (one row at least; None: all rows). ``hidden_spans[i]`` lists row ``i``'s hidden spans as
+    (start, stop) token ranges (``DecodeRow.draft_hidden``).
     """
     device = cache.lengths.device
     last: list[torch.Tensor] = []
@@ -158,10 +159,11 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
         part = cache if (start, stop) == (0, len(rows)) else cache.rows_view(start, stop)
         ids, lengths = pad_rows(rows[start:stop], device)
         span_ids = None
-        if spans is not None:
+        if hidden_spans is not None:
             span_ids = torch.full_like(ids, -1)
-            for i, row_spans in enumerate(spans[start:stop]):
-                span_ids[i, : len(row_spans)] = torch.tensor(row_spans, dtype=torch.long)
+            for i, row_spans in enumerate(hidden_spans[start:stop]):
+                for span_id, (s, e) in enumerate(row_spans):
+                    span_ids[i, s:e] = span_id
         hidden = forward(model, part, ids, span_ids)
         part.commit(lengths)
         if part is not cache:
@@ -282,13 +284,7 @@ class SpeculativeDecoder:
             if speculate:
                 t_draft = time.perf_counter()
                 draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
-                spans = []
-                for prompt, row in zip(draft_prompts, rows, strict=True):
-                    row_spans = [-1] * len(prompt)
-                    for span_id, (s, e) in enumerate(row.draft_hidden):
-                        row_spans[s:e] = [span_id] * (e - s)
-                    spans.append(row_spans)
-                prefill(pair.draft, draft_cache, draft_prompts, budget, spans)
+                prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows])
                 synchronize(pair.device)
                 self.controller.observe_prefill("draft", sum(map(len, draft_prompts)), time.perf_counter() - t_draft)
             prefill_seconds = time.perf_counter() - t_start

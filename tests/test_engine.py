@@ -133,9 +133,7 @@ def test_prefill_in_row_groups_matches_one_forward(tiny, budget):
     """Rows fed alone (budget 1) or in groups fill the cache and give last-token states as one forward does,
     hidden spans included; later forwards over the whole batch then agree too."""
     prompts = random_prompts(tiny, [9, 17, 4, 20, 12], seed=3)
-    spans = [[-1] * len(p) for p in prompts]
-    spans[1][3:8] = [0] * 5
-    spans[3][10:12] = [1] * 2
+    spans = [[], [(3, 8)], [], [(2, 4), (10, 12)], []]
     caches, lasts, steps = [], [], []
     for group_budget in (None, budget):
         cache = RowKVCache(tiny.target, len(prompts), 32)
