@@ -18,6 +18,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from sidecar.attention import GROUPED_SDPA
 from sidecar.errors import PairError
 from sidecar.fetch import is_fetched, pair_dir
 
@@ -126,7 +127,7 @@ def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
 
 
 def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_SDPA)
     return model.to(device).eval()
 
 
@@ -197,7 +198,7 @@ def tiny_config(vocab_size: int, layers: int, hidden: int, seed_scale: float = 0
     return Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        initializer_range=seed_scale, tie_word_embeddings=False, attn_implementation="sdpa",
+        initializer_range=seed_scale, tie_word_embeddings=False, attn_implementation=GROUPED_SDPA,
     )
 
 

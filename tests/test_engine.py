@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.acceptance import accept_greedy, accept_sampled
 from sidecar.analysis import predicted_target_forwards
+from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
 from sidecar.speculative import forward, logits_at, prefill
@@ -126,6 +129,29 @@ def test_handbuilt_causal_mask_reproduces_native_logits(tiny):
             for i, p in enumerate(prompts):
                 native = model(torch.tensor([p])).logits[0].float()
                 assert (ours[i, : len(p)] - native).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("query_len", [1, 2, 5])
+def test_grouped_attention_equals_sdpa_over_copied_key_value_heads(query_len):
+    """Folding a group's query heads into the query axis computes what SDPA computes after repeat_kv."""
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    g = torch.Generator().manual_seed(query_len)
+    for kv_len in (query_len, 37):
+        query = torch.randn(4, 6, query_len, 16, generator=g)
+        key, value = torch.randn(2, 4, 2, kv_len, 16, generator=g)
+        allowed = torch.rand(4, 1, query_len, kv_len, generator=g) < 0.7
+        allowed[..., 0] = True
+        additive = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        for mask in (allowed, additive):
+            ours, _ = grouped_sdpa_forward(module, query, key, value, mask, scaling=0.25)
+            reference, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+            assert ours.shape == reference.shape == (4, query_len, 6, 16)
+            assert (ours - reference).abs().max().item() < 1e-5
+
+
+def test_models_attend_through_grouped_attention(tiny):
+    assert tiny.target.config._attn_implementation == GROUPED_SDPA
+    assert tiny.target.config.num_attention_heads > tiny.target.config.num_key_value_heads
 
 
 @pytest.mark.parametrize("budget", [1, 40, 60])
