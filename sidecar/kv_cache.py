@@ -128,6 +128,16 @@ class RowKVCache:
         view._kv_len = 0
         return view
 
+    def copy_prefix(self, source: int, length: int) -> None:
+        """Give every other row row ``source``'s first ``length`` columns, a prompt prefix they share, and
+        make that their length. For rows that hold nothing yet: the columns carry positions 0 .. length - 1."""
+        for buffer in (*self.keys, *self.values):
+            buffer[:, :, :length] = buffer[source, :, :length]
+        self.visible[:, :length] = self.visible[source, :length]
+        self.span[:, :length] = self.span[source, :length]
+        others = torch.arange(self.batch_size, device=self.lengths.device) != source
+        self.lengths = torch.where(others, length, self.lengths)
+
     def snapshot(self, row: int, columns: torch.Tensor) -> RowSnapshot:
         """Copy row ``row`` reduced to ``columns`` (in order); the rest of the row is evicted.
 

@@ -15,7 +15,7 @@ from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import forward, logits_at, prefill
+from sidecar.speculative import forward, logits_at, prefill, shared_prefix_length
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -177,6 +177,48 @@ def test_prefill_in_row_groups_matches_one_forward(tiny, budget):
             assert torch.allclose(grouped.values[layer][row, :, :n], whole.values[layer][row, :, :n], atol=1e-5)
     assert torch.allclose(lasts[1], lasts[0], atol=1e-5)
     assert torch.allclose(steps[1], steps[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [None, 1])
+def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypatch):
+    """Rows that start alike get the first row's prefix columns, and the same cache and last states as
+    rows fed whole; a hidden span ends the shared prefix."""
+    prefix = random_prompts(tiny, [7], seed=5)[0]
+    prompts = [prefix + tail for tail in random_prompts(tiny, [5, 12, 1, 8], seed=6)]
+    spans = [[], [(9, 11)], [], [(6, 8)]]
+    fed_tokens = []
+
+    def counting_forward(model, cache, ids, span=None):
+        fed_tokens[-1] += ids.numel()
+        return forward(model, cache, ids, span)
+
+    monkeypatch.setattr("sidecar.speculative.forward", counting_forward)
+    results = []
+    for share in (False, True):
+        cache = RowKVCache(tiny.target, len(prompts), 32)
+        fed_tokens.append(0)
+        with torch.inference_mode():
+            last = prefill(tiny.target, cache, prompts, budget, spans, share_prefix=share)
+        results.append((cache, last))
+    (whole, whole_last), (shared, shared_last) = results
+    assert torch.equal(shared.lengths, whole.lengths) and whole.lengths.tolist() == [12, 19, 8, 15]
+    assert torch.equal(shared.visible, whole.visible) and torch.equal(shared.span, whole.span)
+    for row, n in enumerate(whole.lengths.tolist()):
+        for layer in range(whole.layers):
+            assert torch.allclose(shared.keys[layer][row, :, :n], whole.keys[layer][row, :, :n], atol=1e-5)
+            assert torch.allclose(shared.values[layer][row, :, :n], whole.values[layer][row, :, :n], atol=1e-5)
+    assert torch.allclose(shared_last, whole_last, atol=1e-5)
+    # the span at column 6 of the last row caps the shared prefix at 6 of the 7 common tokens
+    assert shared_prefix_length(prompts, spans) == 6 and shared_prefix_length(prompts, None) == 7
+    if budget == 1:  # rows fed alone: no padding, so exactly the 3 other rows' shared tokens are saved
+        assert fed_tokens == [sum(map(len, prompts)), sum(map(len, prompts)) - 3 * 6]
+
+
+def test_greedy_identity_with_shared_prompt_prefixes(tiny):
+    prefix = random_prompts(tiny, [9], seed=8)[0]
+    prompts = [prefix + tail for tail in random_prompts(tiny, [3, 14, 1, 6], seed=9)]
+    outputs = SpeculativeDecoder(tiny, gamma=3, adaptive=False).generate(prompts, max_new_tokens=20, batch_size=4)
+    assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 20) for p in prompts]
 
 
 def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
