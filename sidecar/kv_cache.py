@@ -96,10 +96,10 @@ class RowKVCache:
 
     def commit(self, accepted_columns: torch.Tensor) -> None:
         """Keep ``accepted_columns[b]`` of the columns the last forward wrote for each row."""
-        self.lengths = self.lengths + accepted_columns
+        self.lengths += accepted_columns  # in place: a ``rows_view`` moves its parent's rows too
 
     def rollback(self, lengths: torch.Tensor) -> None:
-        self.lengths = torch.minimum(self.lengths, lengths)
+        torch.minimum(self.lengths, lengths, out=self.lengths)
 
     # -- row surgery --
 
@@ -114,13 +114,12 @@ class RowKVCache:
 
     def rows_view(self, start: int, stop: int) -> RowKVCache:
         """Rows ``start:stop`` as a cache that shares this one's buffers, so that a forward on it writes
-        those rows in place. Its ``commit`` moves only its own ``lengths``: copy them back with
-        ``self.lengths[start:stop] = view.lengths``."""
+        those rows in place, and its ``commit`` moves their lengths here too."""
         view = object.__new__(RowKVCache)
         view.layers = self.layers
         view.keys = [k[start:stop] for k in self.keys]
         view.values = [v[start:stop] for v in self.values]
-        view.lengths = self.lengths[start:stop].clone()
+        view.lengths = self.lengths[start:stop]
         view.position_offset = self.position_offset[start:stop]
         view.visible = self.visible[start:stop]
         view.span = self.span[start:stop]
@@ -136,7 +135,7 @@ class RowKVCache:
         self.visible[:, :length] = self.visible[source, :length]
         self.span[:, :length] = self.span[source, :length]
         others = torch.arange(self.batch_size, device=self.lengths.device) != source
-        self.lengths = torch.where(others, length, self.lengths)
+        self.lengths.masked_fill_(others, length)
 
     def snapshot(self, row: int, columns: torch.Tensor) -> RowSnapshot:
         """Copy row ``row`` reduced to ``columns`` (in order); the rest of the row is evicted.

@@ -163,17 +163,16 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
     Into an empty cache, a prefix all rows share (the chat template's system turn: 14 tokens of ~330 on a
     news prompt) is computed once, with the first row, and copied to the others (``share_prefix``).
     """
-    shared = shared_prefix_length(rows, hidden_spans) if share_prefix and len(rows) > 1 else 0
-    if shared and int(cache.lengths.max()) == 0:
-        first = cache.rows_view(0, 1)
-        last = [prefill(model, first, rows[:1], budget, None if hidden_spans is None else hidden_spans[:1])]
-        cache.lengths[:1] = first.lengths
+    can_share = share_prefix and len(rows) > 1 and int(cache.lengths.max()) == 0
+    shared = shared_prefix_length(rows, hidden_spans) if can_share else 0
+    if shared:
+        last = [prefill(model, cache.rows_view(0, 1), rows[:1], budget,
+                        None if hidden_spans is None else hidden_spans[:1])]
         cache.copy_prefix(0, shared)
         rest = cache.rows_view(1, len(rows))
         rest_spans = None if hidden_spans is None else [
             [(start - shared, stop - shared) for start, stop in spans] for spans in hidden_spans[1:]]
         last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False))
-        cache.lengths[1:] = rest.lengths
         return torch.cat(last)
     device = cache.lengths.device
     last: list[torch.Tensor] = []
@@ -193,8 +192,6 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
                     span_ids[i, s:e] = span_id
         hidden = forward(model, part, ids, span_ids)
         part.commit(lengths)
-        if part is not cache:
-            cache.lengths[start:stop] = part.lengths
         last.append(hidden.gather(1, (lengths - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])))
         start = stop
     return torch.cat(last)
