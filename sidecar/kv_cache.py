@@ -103,14 +103,30 @@ class RowKVCache:
 
     # -- row surgery --
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (finished rows stop costing compute)."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
-        self.lengths = self.lengths.index_select(0, rows)
-        self.position_offset = self.position_offset.index_select(0, rows)
-        self.visible = self.visible.index_select(0, rows)
-        self.span = self.span.index_select(0, rows)
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows``: slot ``i`` takes old slot ``rows[i]`` (finished rows stop costing compute).
+
+        In the order ``compaction_order`` gives, rows already in their slot are not copied and the buffers
+        shrink as views: only the rows that fill a finished row's slot move. Copying every row instead cost
+        ~1 s per finished row at batch 32 (56 key/value buffers of 14 MB on the 1.5B target, 2-core Xeon).
+        """
+        kept = len(rows)
+        moves = [(slot, source) for slot, source in enumerate(rows) if slot != source]
+        tensors = [*self.keys, *self.values, self.lengths, self.position_offset, self.visible, self.span]
+        if all(source >= kept for _, source in moves):  # sources lie beyond the kept slots: no overlap
+            if moves:
+                device = self.lengths.device
+                slots = torch.tensor([slot for slot, _ in moves], device=device)
+                sources = torch.tensor([source for _, source in moves], device=device)
+                for tensor in tensors:
+                    tensor[slots] = tensor[sources]
+            tensors = [tensor[:kept] for tensor in tensors]
+        else:
+            index = torch.tensor(rows, device=self.lengths.device)
+            tensors = [tensor.index_select(0, index) for tensor in tensors]
+        layers = self.layers
+        self.keys, self.values = tensors[:layers], tensors[layers : 2 * layers]
+        self.lengths, self.position_offset, self.visible, self.span = tensors[2 * layers :]
 
     def rows_view(self, start: int, stop: int) -> RowKVCache:
         """Rows ``start:stop`` as a cache that shares this one's buffers, so that a forward on it writes
@@ -182,3 +198,12 @@ class RowSnapshot:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def compaction_order(keep: list[int]) -> list[int]:
+    """The kept slots ``keep`` (ascending) in the order ``RowKVCache.select_rows`` copies least: a kept row
+    below ``len(keep)`` stays in its slot, and the kept rows above fill the others."""
+    kept = len(keep)
+    staying = {slot for slot in keep if slot < kept}
+    movers = iter(slot for slot in keep if slot >= kept)
+    return [slot if slot in staying else next(movers) for slot in range(kept)]

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from sidecar.acceptance import sample, warp
-from sidecar.kv_cache import RowKVCache
+from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget
 
 
@@ -54,10 +54,10 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
             if not keep:
                 break
             if len(keep) < len(live):
-                keep_t = torch.tensor(keep, device=device)
-                cache.select_rows(keep_t)
-                choice = choice.index_select(0, keep_t)
-                live = [live[s] for s in keep]
+                order = compaction_order(keep)
+                cache.select_rows(order)
+                choice = choice.index_select(0, torch.tensor(order, device=device))
+                live = [live[s] for s in order]
             hidden = forward(model, cache, choice[:, None])
             cache.commit(torch.ones(len(live), dtype=torch.long, device=device))
             logits = logits_at(model, hidden, torch.zeros(len(live), 1, dtype=torch.long, device=device))[:, 0]

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
 from sidecar.errors import InputError
 from sidecar.gamma import GammaController, Source, fixed_step
-from sidecar.kv_cache import RowKVCache
+from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
 
@@ -338,12 +338,12 @@ class SpeculativeDecoder:
                     keep = [s for s in range(len(live)) if finish[live[s]] is None]
                     if not keep:
                         break
-                    keep_t = torch.tensor(keep, device=device)
-                    target_cache.select_rows(keep_t)
+                    order = compaction_order(keep)
+                    target_cache.select_rows(order)
                     if draft_cache is not None:
-                        draft_cache.select_rows(keep_t)
-                    pending = pending.index_select(0, keep_t)
-                    live = [live[s] for s in keep]
+                        draft_cache.select_rows(order)
+                    pending = pending.index_select(0, torch.tensor(order, device=device))
+                    live = [live[s] for s in order]
 
                 # gamma shrinks only when every row is near its limit: one row's limit must not cost the others
                 remaining = max(rows[r].max_new_tokens - len(new_tokens[r]) for r in live)

@@ -13,7 +13,7 @@ from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.acceptance import accept_greedy, accept_sampled
 from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
-from sidecar.kv_cache import RowKVCache
+from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
 from sidecar.speculative import forward, logits_at, prefill, shared_prefix_length
 
@@ -250,9 +250,8 @@ def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
                 cache.rollback(torch.tensor([10, 14]) + accepted)
             if garbage_row is not None:
                 other = 1 - garbage_row
-                keep = torch.tensor([garbage_row])
-                cache.select_rows(keep)
-                hidden = forward(model, cache, follow[keep])
+                cache.select_rows([garbage_row])
+                hidden = forward(model, cache, follow[[garbage_row]])
                 return logits_at(model, hidden, torch.tensor([[1]]))[0, 0], other
             hidden = forward(model, cache, follow)
             return logits_at(model, hidden, torch.tensor([[1], [1]]))[:, 0], None
@@ -261,6 +260,31 @@ def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
     for row in (0, 1):
         after, _ = next_logits(row)
         assert (after - clean[row]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("keep", [[0, 2, 5], [1, 2, 3, 4, 5], [3], [0, 1, 2]])
+def test_compaction_moves_only_rows_beyond_the_kept_slots(tiny, keep):
+    order = compaction_order(keep)
+    assert sorted(order) == keep
+    assert all(slot == source for slot, source in enumerate(order) if source < len(keep))
+
+
+@pytest.mark.parametrize("rows", [compaction_order([0, 2, 5]), [5, 0, 2], [1, 0]])
+def test_select_rows_equals_picking_rows_in_order(tiny, rows):
+    """In place (sources beyond the kept slots) or not, slot i ends up holding old row rows[i]."""
+    cache = RowKVCache(tiny.target, 6, 16)
+    for buffer in (*cache.keys, *cache.values):
+        buffer.normal_()
+    cache.lengths.copy_(torch.arange(6) + 3)
+    cache.position_offset.copy_(torch.arange(6) * 10)
+    cache.visible[:, 5] = torch.arange(6) % 2 == 0
+    cache.span[:, 7] = torch.arange(6)
+    before = [t.clone() for t in (*cache.keys, *cache.values, cache.lengths, cache.position_offset,
+                                  cache.visible, cache.span)]
+    cache.select_rows(rows)
+    after = (*cache.keys, *cache.values, cache.lengths, cache.position_offset, cache.visible, cache.span)
+    for old, new in zip(before, after, strict=True):
+        assert torch.equal(new, old[rows])
 
 
 def test_acceptance_rule_greedy():
