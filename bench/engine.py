@@ -82,6 +82,12 @@ def hf_speculative_one(pair: ModelPair, prompt: list[int], max_new: int, **specu
     return {"tokens": out[0, len(prompt):].tolist(), "wall_s": sw.seconds}
 
 
+def hf_assisted_one(pair: ModelPair, prompt: list[int], max_new: int, gamma: int) -> dict:
+    """HF assisted generation with the pair's draft proposing a constant ``gamma`` tokens per step."""
+    return hf_speculative_one(pair, prompt, max_new, assistant_model=pair.draft, num_assistant_tokens=gamma,
+                              num_assistant_tokens_schedule="constant")
+
+
 def hf_plain_batched(pair: ModelPair, prompts: list[list[int]], max_new: int) -> dict:
     width = max(map(len, prompts))
     pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else pair.eos_token_ids[0]
@@ -183,8 +189,7 @@ def main() -> None:
                     f"{name}_lookup_drafted": out.stats.lookup_drafted,
                     f"{name}_lookup_accepted": out.stats.lookup_accepted}
         if not args.skip_assisted:
-            assisted = hf_speculative_one(pair, prompt, args.max_new_tokens, assistant_model=pair.draft,
-                                          num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant")
+            assisted = hf_assisted_one(pair, prompt, args.max_new_tokens, args.gamma)
             lookup = hf_speculative_one(pair, prompt, args.max_new_tokens, prompt_lookup_num_tokens=args.gamma)
             row |= {"assisted_wall_s": assisted["wall_s"], "assisted_identical": assisted["tokens"] == plain["tokens"],
                     "lookup_wall_s": lookup["wall_s"], "lookup_identical": lookup["tokens"] == plain["tokens"]}
@@ -239,8 +244,7 @@ def main() -> None:
                      for r in single if "assisted_wall_s" in r]
     if not args.skip_assisted:
         for i in range(len(single), max(batches, default=0)):
-            assisted = hf_speculative_one(pair, prompts[i], args.max_new_tokens, assistant_model=pair.draft,
-                                          num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant")
+            assisted = hf_assisted_one(pair, prompts[i], args.max_new_tokens, args.gamma)
             run = {"article": i, "tokens": len(assisted["tokens"]), "wall_s": assisted["wall_s"],
                    "prefill_s": hf_plain_one(pair, prompts[i], 1)["prefill_s"], "token_ids": assisted["tokens"]}
             assisted_runs.append(run)
