@@ -263,7 +263,7 @@ def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
 
 
 @pytest.mark.parametrize("keep", [[0, 2, 5], [1, 2, 3, 4, 5], [3], [0, 1, 2]])
-def test_compaction_moves_only_rows_beyond_the_kept_slots(tiny, keep):
+def test_compaction_moves_only_rows_beyond_the_kept_slots(keep):
     order = compaction_order(keep)
     assert sorted(order) == keep
     assert all(slot == source for slot, source in enumerate(order) if source < len(keep))
