@@ -33,11 +33,14 @@ corpus: data/news.parquet
 data/news.parquet: $(BIN)/sidecar
 	$(BIN)/sidecar corpus build --out $@
 
-lint: venv
-	$(BIN)/ruff check sidecar storage flows tests bench
+CODE := sidecar storage pipeline server flows cli tests bench
 
-test: models corpus
-	$(BIN)/ruff check sidecar storage flows tests bench
+# ruff, then the layer contracts of pyproject.toml ([tool.importlinter])
+lint: venv
+	$(BIN)/ruff check $(CODE)
+	$(BIN)/lint-imports
+
+test: lint models corpus
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: venv

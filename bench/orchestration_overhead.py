@@ -10,10 +10,10 @@ Goal: Prefect + DuckDB time <= 5% of model time. Two measurements of one workloa
    checking the input and loading the pair (input); Prefect's share is the rest of the flow call's wall
    time, split in two: inside the flow function (task runs, artifacts, logs, the concurrency slot) and
    around it (creating the flow run and its final state).
-2. Against a plain loop: the same batches through ``sidecar.pipeline.run_batch`` without Prefect or
+2. Against a plain loop: the same batches through ``pipeline.run_batch`` without Prefect or
    DuckDB, so that Prefect's API server competing for the CPU shows too.
 
-Flows run as ``sidecar nightly`` runs them, inside ``sidecar.pipeline.embedded_prefect``: on the embedded
+Flows run as ``sidecar nightly`` runs them, inside ``flows.embedded.embedded_prefect``: on the embedded
 API, flow run heartbeats are off (stopping Prefect 3.9's heartbeat thread waits for its 1 s sleep, 0-1 s
 per flow run; a run against a server with heartbeats on pays that on top). Before the timing, an empty
 flow starts the embedded Prefect API and a warm-up nightly run over one batch creates the DuckDB file and
@@ -54,9 +54,10 @@ from bench.common import (  # noqa: E402
     profile_suffix,
     write_results,
 )
+from flows.embedded import embedded_prefect  # noqa: E402
 from flows.nightly import NightlyParams, nightly  # noqa: E402
+from pipeline import plan_batches, run_batch  # noqa: E402
 from sidecar import SidecarEngine, load_pair  # noqa: E402
-from sidecar.pipeline import embedded_prefect, plan_batches, run_batch  # noqa: E402
 from storage import Document  # noqa: E402
 
 GOAL = 0.05

@@ -68,6 +68,16 @@ def store_judgements(db: Database, run_id: str, results: list[JudgeResult], conf
     return len(records)
 
 
+def api_key_from_block(name: str | None) -> SecretStr | None:
+    """The key held by the Prefect ``Secret`` block ``name``; None without a block (the judge client then
+    reads ``SIDECAR_JUDGE_API_KEY`` / ``OPENAI_API_KEY``)."""
+    if not name:
+        return None
+    from prefect.blocks.system import Secret
+
+    return SecretStr(str(Secret.load(name).get()))
+
+
 def _artifact_key(run_id: str) -> str:
     # artifact keys allow lowercase letters, digits and dashes only
     return "judge-" + (re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run")
@@ -95,7 +105,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
         if base_url is None:
             key = secrets.token_urlsafe(32)
             if needs_judge:  # the embedded server loads a model pair: only when there is something to ask
-                from sidecar.server import running_server
+                from server.app import running_server
 
                 logger.info("starting the embedded judge: sidecar serve --pair %s on loopback", judge_pair)
                 url = stack.enter_context(running_server(judge_pair, api_key=key, model_name=model))
@@ -103,7 +113,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
                 url = None
             config = JudgeConfig(base_url=url, api_key=SecretStr(key), **settings)
         else:
-            config = JudgeConfig(base_url=base_url, api_key_secret_block=api_key_secret_block, **settings)
+            config = JudgeConfig(base_url=base_url, api_key=api_key_from_block(api_key_secret_block), **settings)
         results = judge_documents(items, config)
 
     games = store_judgements(db, run_id, results, config)

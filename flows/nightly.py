@@ -27,7 +27,6 @@ import hashlib
 import json
 import time
 from datetime import UTC, datetime
-from typing import Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -37,9 +36,7 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sidecar.engine import SidecarEngine
-from sidecar.models import load_pair
-from sidecar.pipeline import (
+from pipeline import (
     Batch,
     BatchOutcome,
     BatchSettings,
@@ -50,13 +47,15 @@ from sidecar.pipeline import (
     run_batch,
     split_by_context,
 )
+from sidecar.engine import SidecarEngine
+from sidecar.models import load_pair
+from sidecar.modes import Mode
 from sidecar.tasks import HASHTAGS, SidecarTask
 from storage import Database, Document, RejectedDocument
 from storage.parquet import read_documents
 
 # the global concurrency limit a run holds a slot of while its pair is loaded
 GPU_LIMIT = "gpu"
-Mode = Literal["sidecar", "sidecar_attended", "standalone"]
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
 

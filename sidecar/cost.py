@@ -36,9 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING
 
-import typer
+from sidecar.modes import MODES, Mode
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -47,8 +47,6 @@ GB = 1e9
 MB = 1e6
 TB = 1e12
 
-Mode = Literal["sidecar", "sidecar_attended", "standalone"]
-MODES: tuple[Mode, ...] = get_args(Mode)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -511,181 +509,3 @@ def calibrate(measured: Iterable[MeasuredStep], workload: Workload, catalog: Map
         projected = workload.step_seconds(step.mode, step.batch, gpu.bandwidth_bytes_s) * 1000
         rows.append(CalibrationRow(step.gpu_type, gpu.name, step.mode, step.batch, step_ms, projected))
     return rows
-
-
-# -- command line ------------------------------------------------------------------------------------------
-
-cost_app = typer.Typer(no_args_is_help=True, help="Roofline cost projections for the draft's tagging phase.")
-
-
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise CostInputError(f"{name} must be positive, got {value}")
-
-
-def _parse_batches(text: str) -> list[int]:
-    try:
-        batches = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise CostInputError(f"--batches must be comma-separated integers, got {text!r}") from exc
-    _check_batches(batches)
-    return batches
-
-
-def _cli_workload(
-    weights_gb: float | None,
-    kv_full_mb: float | None,
-    kv_masked_mb: float | None,
-    kv_standalone_mb: float | None,
-    pair_config: Path | None,
-    doc_tokens: int | None,
-    summary_tokens: int | None,
-    tag_tokens: int,
-    dtype: str,
-) -> Workload:
-    numbers = {"--weights-gb": weights_gb, "--kv-full-mb": kv_full_mb, "--kv-masked-mb": kv_masked_mb}
-    for name, value in {**numbers, "--kv-standalone-mb": kv_standalone_mb}.items():
-        _positive(name, value)
-    if pair_config is not None:
-        if any(v is not None for v in (*numbers.values(), kv_standalone_mb)):
-            raise CostInputError("give either --pair-config or the --weights-gb/--kv-*-mb numbers, not both")
-        if doc_tokens is None or summary_tokens is None:
-            raise CostInputError("--pair-config needs --doc-tokens and --summary-tokens")
-        if dtype not in DTYPE_BYTES:
-            raise CostInputError(f"unknown --dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-        tokens = TagTokens(document=doc_tokens, summary=summary_tokens, tags=tag_tokens)
-        facts = ModelFacts.from_config_file(pair_config, DTYPE_BYTES[dtype])
-        return Workload.from_model(facts, tokens, name=str(pair_config))
-    if doc_tokens is not None or summary_tokens is not None:
-        raise CostInputError("--doc-tokens and --summary-tokens only apply with --pair-config")
-    if weights_gb is None or kv_full_mb is None or kv_masked_mb is None:
-        missing = [name for name, value in numbers.items() if value is None]
-        raise CostInputError(f"missing {', '.join(missing)} (or give --pair-config)")
-    kv: dict[Mode, float] = {"sidecar_attended": kv_full_mb * MB, "sidecar": kv_masked_mb * MB}
-    if kv_standalone_mb is not None:
-        kv["standalone"] = kv_standalone_mb * MB
-    return Workload("command line", weights_gb * GB, kv, "command-line figures")
-
-
-@cost_app.command("roofline")
-def roofline_command(
-    weights_gb: float | None = typer.Option(None, help="Draft weight bytes read per decode step, GB."),
-    kv_full_mb: float | None = typer.Option(None, help="KV per request with the document attended, MB."),
-    kv_masked_mb: float | None = typer.Option(None, help="KV per request with the document evicted, MB."),
-    kv_standalone_mb: float | None = typer.Option(None, help="KV per request of a standalone tagger, MB."),
-    bandwidth_tbs: float | None = typer.Option(None, help="Memory bandwidth, TB/s (or use --gpu)."),
-    gpu: str | None = typer.Option(None, help="GPU name from the catalog: bandwidth and $/hour from it."),
-    pair_config: Path | None = typer.Option(None, help="Draft model config.json (or its folder)."),
-    doc_tokens: int | None = typer.Option(None, help="Document tokens per request (with --pair-config)."),
-    summary_tokens: int | None = typer.Option(None, help="Summary tokens per request (with --pair-config)."),
-    tag_tokens: int = typer.Option(32, help="Tag tokens generated per request (with --pair-config)."),
-    dtype: str = typer.Option("bf16", help="Weight/KV dtype with --pair-config: bf16, fp16 or fp32."),
-    batches: str = typer.Option(",".join(map(str, DEFAULT_BATCHES)), help="Comma-separated batch sizes."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
-) -> None:
-    """Decode-step bytes, time, tokens/s and $ per 1M tokens: document attended vs evicted."""
-    try:
-        batch_sizes = _parse_batches(batches)
-        _positive("--bandwidth-tbs", bandwidth_tbs)
-        workload = _cli_workload(
-            weights_gb,
-            kv_full_mb,
-            kv_masked_mb,
-            kv_standalone_mb,
-            pair_config,
-            doc_tokens,
-            summary_tokens,
-            tag_tokens,
-            dtype,
-        )
-        if gpu is not None and bandwidth_tbs is None:
-            chosen = get_gpu(gpu, load_catalog())
-            bandwidth, usd_per_hour = chosen.bandwidth_bytes_s, chosen.usd_per_hour
-            hardware = f"{chosen.name} at {bandwidth / TB:g} TB/s, ${usd_per_hour:.2f}/GPU-hour"
-        elif bandwidth_tbs is not None and gpu is None:
-            bandwidth, usd_per_hour = bandwidth_tbs * TB, None
-            hardware = f"{bandwidth_tbs:g} TB/s"
-        else:
-            raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
-        rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour)
-    except CostInputError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
-
-    if as_json:
-        typer.echo(json.dumps([asdict(row) for row in rows], indent=2))
-        return
-    _print_roofline_table(rows, f"{workload.description}; {hardware}")
-
-
-def _print_roofline_table(rows: Sequence[RooflineRow], title: str) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    has_standalone = rows[0].standalone_ms_per_step is not None
-    priced = rows[0].usd_per_million_masked is not None
-    # Step costs and throughput/price go in two tables so each fits an 80-column terminal.
-    step_columns = [
-        ("batch", "batch"),
-        ("GB/step\nattended", "full_gb_per_step"),
-        ("GB/step\nevicted", "masked_gb_per_step"),
-        ("ms/step\nattended", "full_ms_per_step"),
-        ("ms/step\nevicted", "masked_ms_per_step"),
-        *([("ms/step\nstandalone", "standalone_ms_per_step")] if has_standalone else []),
-        ("eviction\nspeedup %", "speedup_pct"),
-    ]
-    rate_columns = [
-        ("batch", "batch"),
-        ("tok/s\nattended", "full_tokens_per_s"),
-        ("tok/s\nevicted", "masked_tokens_per_s"),
-        *([("tok/s\nstandalone", "standalone_tokens_per_s")] if has_standalone else []),
-    ]
-    if priced:
-        rate_columns += [
-            ("$/1M tok\nattended", "usd_per_million_full"),
-            ("$/1M tok\nevicted", "usd_per_million_masked"),
-        ]
-        if has_standalone:
-            rate_columns.append(("$/1M tok\nstandalone", "usd_per_million_standalone"))
-    console = Console()
-    for table_title, columns in (
-        (title, step_columns),
-        ("throughput" + (" and price" if priced else ""), rate_columns),
-    ):
-        table = Table(title=table_title, box=box.SIMPLE)
-        for header, _ in columns:
-            table.add_column(header, justify="right")
-        for row in rows:
-            values = asdict(row)
-            table.add_row(*(_format_number(values[key]) for _, key in columns))
-        console.print(table)
-
-
-def _format_number(value: Any) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}" if value < 1 else f"{value:.2f}"
-
-
-@cost_app.command("gpus")
-def gpus_command(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """The GPU catalog: bandwidth, $/GPU-hour and where each figure comes from."""
-    catalog = load_catalog()
-    if as_json:
-        typer.echo(json.dumps([asdict(gpu) for gpu in catalog.values()], indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="GPU catalog (sidecar/data/gpus.json)")
-    for header in ("GPU", "GB/s", "$/GPU-hour", "source"):
-        table.add_column(header)
-    for gpu in catalog.values():
-        price = f"{gpu.usd_per_hour:.2f}"
-        if gpu.usd_per_hour_quoted:
-            price += f" ({gpu.usd_per_hour_quoted[0]:.2f}-{gpu.usd_per_hour_quoted[1]:.2f})"
-        table.add_row(gpu.name, f"{gpu.bandwidth_gb_s:,.0f}", price, gpu.source)
-    Console().print(table)

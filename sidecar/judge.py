@@ -68,8 +68,6 @@ class JudgeConfig(BaseModel):
     model: str
     base_url: str | None = None
     api_key: SecretStr | None = None
-    # Name of a Prefect ``Secret`` block holding the key; used when ``api_key`` is not given.
-    api_key_secret_block: str | None = None
     concurrency: int = Field(default=4, ge=1)
     # Retries after the first attempt, so a game makes at most ``retries + 1`` calls.
     retries: int = Field(default=3, ge=0)
@@ -87,21 +85,16 @@ class JudgeConfig(BaseModel):
         return version
 
     def resolved_api_key(self) -> SecretStr:
-        """The key to call the judge with: ``api_key``, else the named Prefect Secret block, else the
-        first of ``SIDECAR_JUDGE_API_KEY`` / ``OPENAI_API_KEY`` that is set."""
+        """The key to call the judge with: ``api_key``, else the first of ``SIDECAR_JUDGE_API_KEY`` /
+        ``OPENAI_API_KEY`` that is set. (The judge flow reads a Prefect Secret block into ``api_key``.)"""
         if self.api_key is not None:
             return self.api_key
-        if self.api_key_secret_block:
-            # Imported here so that using the judge without Prefect does not pay for importing it.
-            from prefect.blocks.system import Secret
-
-            return SecretStr(str(Secret.load(self.api_key_secret_block).get()))
         for name in API_KEY_ENV_VARS:
             value = os.environ.get(name)
             if value:
                 return SecretStr(value)
         raise JudgeConfigError(
-            "no judge API key: set api_key, api_key_secret_block or one of "
+            "no judge API key: set api_key (the judge flow: api_key_secret_block) or one of "
             f"{', '.join(API_KEY_ENV_VARS)} (any non-empty value for a server that does not check keys)"
         )
 

@@ -8,8 +8,10 @@ token sequence whether or not sidecars are attached to the draft's prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_SYSTEM = "You are a concise assistant."
 SUMMARIZE_INSTRUCTION = "Summarize the document in 3 bullets. Keep each bullet under 18 words."

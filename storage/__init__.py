@@ -1,5 +1,6 @@
 """DuckDB storage for sidecar runs; all of the project's SQL lives in this package (see README.md)."""
 
+from sidecar.modes import MODES, SIDECAR_MODES
 from storage.connection import RetryPolicy
 from storage.database import (
     DEFAULT_DB_PATH,
@@ -17,7 +18,6 @@ from storage.errors import (
     UnknownRunError,
 )
 from storage.records import (
-    MODES,
     CostRecord,
     Document,
     JudgementRecord,
@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_DB_PATH",
     "MODES",
     "RESULTS_TABLE_SQL",
+    "SIDECAR_MODES",
     "CostRecord",
     "Database",
     "DatabaseLockedError",

@@ -19,11 +19,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from sidecar.modes import MODES
 from storage.connection import RetryPolicy, in_transaction
 from storage.errors import UnknownRunError
 from storage.migrate import migrate
 from storage.records import (
-    MODES,
     CostRecord,
     Document,
     JudgementRecord,

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Mode = Literal["sidecar", "sidecar_attended", "standalone"]
-MODES: tuple[str, ...] = ("sidecar", "sidecar_attended", "standalone")
+from sidecar.modes import Mode
+
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]
 # storage.parquet gives the first five; "over_context" is for the flows, after the engine's token count

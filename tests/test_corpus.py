@@ -126,7 +126,7 @@ def test_limit_must_be_positive(tmp_path: Path) -> None:
 
 
 def test_cli_builds_the_corpus(tmp_path: Path) -> None:
-    from sidecar.cli import app
+    from cli.main import app
 
     out = tmp_path / "cli.parquet"
     result = CliRunner().invoke(app, ["corpus", "build", "--out", str(out), "--limit", "3"])

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from typer.testing import CliRunner
 
-from sidecar.cli import app
+from cli.main import app
 from sidecar.cost import (
     GB,
     MB,

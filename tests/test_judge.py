@@ -526,28 +526,6 @@ def test_api_key_missing_everywhere_is_a_config_error(monkeypatch: pytest.Monkey
         make_judge_client(make_config(api_key=None))
 
 
-def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.blocks.system import Secret
-
-    loaded: list[str] = []
-
-    class LoadedSecret:
-        def get(self) -> str:
-            return "sk-from-block"
-
-    def load(name: str) -> LoadedSecret:
-        loaded.append(name)
-        return LoadedSecret()
-
-    monkeypatch.setattr(Secret, "load", load)
-    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env")
-
-    config = make_config(api_key=None, api_key_secret_block="judge-key")
-
-    assert config.resolved_api_key().get_secret_value() == "sk-from-block"
-    assert loaded == ["judge-key"]
-
-
 def test_api_key_never_appears_in_repr_logs_or_results(caplog: pytest.LogCaptureFixture) -> None:
     # A misbehaving endpoint echoes the key back in errors and in an answer.
     responses = iter(

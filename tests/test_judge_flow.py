@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.server import _free_port, running_server
+from server.app import _free_port, running_server
 from storage import Database, Document, OutputRecord
 
 RUN = "run-Judge_1"
@@ -148,3 +148,26 @@ def test_unknown_run_and_missing_model_fail_the_flow(prefect_api, tmp_path: Path
     assert state.is_failed() and "does not exist" in str(state.message)
     state = judge(RUN, base_url="http://127.0.0.1:9/v1", db_path=str(tmp_path / "empty.duckdb"), return_state=True)
     assert state.is_failed() and "judge_model is required" in str(state.message)
+
+
+def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.blocks.system import Secret
+
+    loaded: list[str] = []
+
+    class LoadedSecret:
+        def get(self) -> str:
+            return "sk-from-block"
+
+    def load(name: str) -> LoadedSecret:
+        loaded.append(name)
+        return LoadedSecret()
+
+    monkeypatch.setattr(Secret, "load", load)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env")
+
+    from flows.judge import api_key_from_block
+
+    assert api_key_from_block("judge-key").get_secret_value() == "sk-from-block"
+    assert api_key_from_block(None) is None
+    assert loaded == ["judge-key"]

@@ -208,7 +208,7 @@ def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Pa
 
 
 def test_demo_prints_the_results_table_and_its_sql(prefect_api, tmp_path: Path) -> None:
-    from sidecar.cli import app
+    from cli.main import app
 
     corpus = write_corpus(tmp_path / "news.parquet", 3)
     db_path = tmp_path / "demo.duckdb"
@@ -350,7 +350,7 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
                                                                    monkeypatch) -> None:
     from flows.judge import judge
     from flows.nightly import nightly
-    from sidecar.server import running_server
+    from server.app import running_server
     from storage import OutputRecord
 
     for name in ("OPENAI_API_KEY", "SIDECAR_JUDGE_API_KEY", "SIDECAR_API_KEY"):

@@ -1,4 +1,4 @@
-"""sidecar.pipeline on the tiny pair: modes to storage records, the token-level context check, OOM bisection."""
+"""pipeline on the tiny pair: modes to storage records, the token-level context check, OOM bisection."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
-from sidecar.models import tiny_pair
-from sidecar.pipeline import (
+from flows.embedded import embedded_prefect
+from pipeline import (
     OOM_REASON,
     BatchOutcome,
     BatchSettings,
     PendingCommit,
-    embedded_prefect,
     is_out_of_memory,
     plan_batches,
     run_batch,
@@ -22,6 +20,8 @@ from sidecar.pipeline import (
     split_by_context,
     store_outcomes,
 )
+from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
+from sidecar.models import tiny_pair
 from storage import Database, Document, OutputRecord
 
 MAX_NEW = 12

@@ -22,10 +22,10 @@ import torch
 import uvicorn
 from typer.testing import CliRunner
 
+from cli.main import app as cli_app
+from server.app import ServerConfig, TextStream, _free_port, create_app, full_text, running_server
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.acceptance import warp
-from sidecar.cli import app as cli_app
-from sidecar.server import ServerConfig, TextStream, _free_port, create_app, full_text, running_server
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536

@@ -49,22 +49,20 @@ from typing import Any, Literal
 import httpx
 import psutil
 import torch
-import typer
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
+from server.config import API_KEY_ENV, DEFAULT_MAX_TOKENS, ServerConfig
 from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
-from sidecar.errors import InputError, PairError
+from sidecar.errors import InputError
 from sidecar.speculative import DecodeRow, GenerationOutput, Sampling
 from sidecar.tasks import SidecarTask
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 256
-API_KEY_ENV = "SIDECAR_API_KEY"
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -190,17 +188,6 @@ class ChatCompletionRequest(BaseModel):
 
 
 # -- configuration and statistics -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    model_name: str
-    api_key: str | None = None
-    max_batch: int = 8
-    batch_wait_ms: float = 5.0
-    max_body_bytes: int = 1 << 20
-    # Requests waiting for the worker; beyond this the server answers 503 instead of queueing forever.
-    max_queue: int = 256
 
 
 @dataclass
@@ -719,29 +706,6 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     uvicorn.run(create_app(engine, config), host=host, port=port, log_level="info")
 
 
-def serve_command(
-    pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, ... or TARGET,DRAFT."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; the default keeps the server on loopback."),
-    port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
-    api_key: str | None = typer.Option(None, envvar=API_KEY_ENV, show_default=False,
-                                       help="Require 'Authorization: Bearer <key>' (prefer the env variable)."),
-    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together."),
-    batch_wait_ms: float = typer.Option(5.0, min=0, help="How long to collect requests into a batch."),
-    gamma: int = typer.Option(4, min=1, help="Most tokens the draft proposes per step."),
-    max_body_bytes: int = typer.Option(1 << 20, min=1024, help="Larger request bodies get 413."),
-    max_queue: int = typer.Option(256, min=1, help="Requests waiting beyond this get 503."),
-    model_name: str | None = typer.Option(None, help="Served model id; default the pair name."),
-) -> None:
-    """Serve the pair over an OpenAI-compatible API (chat completions, streaming, sidecar tasks)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
-              max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name)
-    except (PairError, InputError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -776,7 +740,7 @@ def running_server(pair_name: str = "qwen-coder-small", *, api_key: str | None =
             if model_name:
                 args += ["--model-name", model_name]
             with log_path.open("ab") as log:
-                proc = subprocess.Popen([sys.executable, "-c", "from sidecar.cli import app; app()", *args],
+                proc = subprocess.Popen([sys.executable, "-m", "cli", *args],
                                         stdout=log, stderr=subprocess.STDOUT, env=env)
             stack.callback(_stop, proc)
             if _wait_healthy(proc, port, startup_timeout_s, log_path):

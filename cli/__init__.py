@@ -1,0 +1,1 @@
+"""Entry points: the ``sidecar`` command line (``cli.main:app``), the top layer of the project."""

