@@ -29,3 +29,11 @@ def embedded_prefect() -> Iterator[None]:
         return
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def on_embedded_api() -> bool:
+    """True inside flows that run on the embedded API (no ``PREFECT_API_URL``): it lives and dies with this
+    process, so no other run can share it and a global concurrency limit there guards nothing."""
+    from prefect.settings import PREFECT_API_URL
+
+    return not PREFECT_API_URL.value()

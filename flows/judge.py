@@ -27,6 +27,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from flows.progress import RunProgress
 from sidecar.judge import JudgeConfig, JudgeItem, JudgeResult, JudgeSummary, judge_pairs, summarize_judgements
 from storage import Database, JudgementRecord, UnknownRunError
 
@@ -47,8 +48,10 @@ def pending_documents(db: Database, run_id: str, judge_model: str, prompt_versio
 
 
 @task(name="judge-documents", cache_policy=NO_CACHE)
-def judge_documents(items: list[JudgeItem], config: JudgeConfig) -> list[JudgeResult]:
-    return judge_pairs(items, config)
+def judge_documents(items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
+    with RunProgress(f"{_artifact_key(run_id)}-progress", f"Documents of run {run_id} judged", len(items),
+                     "doc") as progress:
+        return judge_pairs(items, config, on_result=lambda _: progress.advance())
 
 
 @task(name="store-judgements", cache_policy=NO_CACHE)
@@ -114,7 +117,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
             config = JudgeConfig(base_url=url, api_key=SecretStr(key), **settings)
         else:
             config = JudgeConfig(base_url=base_url, api_key=api_key_from_block(api_key_secret_block), **settings)
-        results = judge_documents(items, config)
+        results = judge_documents(items, config, run_id)
 
     games = store_judgements(db, run_id, results, config)
     summary = summarize_judgements(results, config)

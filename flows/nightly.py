@@ -11,6 +11,7 @@ time); create the limit once per Prefect server (without it, runs do not wait)::
 
     prefect gcl create gpu --limit 1
 
+On the embedded API (``sidecar nightly``, no server) no slot is taken: that API belongs to this process.
 The slot is taken once per run rather than per batch through a task tag: each tagged task run asks the
 API for a slot synchronously, which on the SQLite-backed API stalled batches by up to 2 s
 (bench/orchestration_overhead.py), and the models would stay loaded between the batches anyway.
@@ -22,6 +23,7 @@ skipped, so a crash costs at most that much finished work plus the batch that wa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -29,13 +31,15 @@ import time
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flows.embedded import on_embedded_api
+from flows.progress import PhaseBars, RunProgress
 from pipeline import (
     Batch,
     BatchOutcome,
@@ -143,7 +147,11 @@ def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings)
     """Run one batch; the flow commits it."""
     logger = get_run_logger()
     logger.info("batch %d: %d documents (%d finished before)", batch.index, len(batch.docs), batch.skipped)
-    outcome = run_batch(engine, batch.docs, settings)
+    bars = PhaseBars(prefix=f"batch {batch.index}: ", logger=logger)
+    try:
+        outcome = run_batch(engine, batch.docs, settings, on_progress=bars)
+    finally:
+        bars.close()
     for failure in outcome.failures:
         logger.error("document %r failed on its own and is recorded as an error: %s", failure.doc.doc_id,
                      failure.error)
@@ -176,13 +184,21 @@ def _process(params: NightlyParams, run_id: str) -> RunCounts:
         docs, rejects = read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
                                        title_column=params.title_column, max_chars=params.max_chars,
                                        limit=params.limit)
-    get_run_logger().info("run %s: taking a slot of the %r concurrency limit (waits while other runs hold it)",
-                          run_id, GPU_LIMIT)
-    with concurrency(GPU_LIMIT, occupy=1):
+    with _gpu_slot(run_id):
         with counts.timed("input"):
             engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
         _run(engine, params, docs, rejects, counts)
     return counts
+
+
+def _gpu_slot(run_id: str) -> contextlib.AbstractContextManager[object]:
+    """A slot of the ``gpu`` limit on a Prefect server; nothing on the embedded API, where the limit does not
+    exist (Prefect would warn about it) and no other run can see this one."""
+    if on_embedded_api():
+        return contextlib.nullcontext()
+    get_run_logger().info("run %s: taking a slot of the %r concurrency limit (waits while other runs hold it)",
+                          run_id, GPU_LIMIT)
+    return concurrency(GPU_LIMIT, occupy=1)
 
 
 def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rejects: list[RejectedDocument],
@@ -222,35 +238,28 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
                  counts: RunCounts, commit_every_s: float) -> None:
     """Run and commit ``batches``; the last commit also marks the run completed."""
     total = counts.documents - counts.skipped_done
-    progress_id = create_progress_artifact(0.0 if total else 100.0, key="nightly-progress",
-                                           description=f"Documents of run {run_id} committed")
     pending = PendingCommit(commit_every_s)
-    last_update = time.monotonic()
-    committed = 0
+    with RunProgress("nightly-progress", f"Documents of run {run_id} committed", total, "doc",
+                     PROGRESS_INTERVAL_S) as progress:
 
-    def commit(finish: str | None = None) -> None:
-        nonlocal committed
-        with counts.timed("storage"):
-            committed += pending.commit(db, run_id, finish)
-        counts.commits += 1
+        def commit(finish: str | None = None) -> None:
+            with counts.timed("storage"):
+                progress.advance(pending.commit(db, run_id, finish))
+            counts.commits += 1
 
-    try:
-        for number, batch in enumerate(batches, start=1):
-            outcome = run_batch_task(engine, batch, settings)
-            counts.add_outcome(outcome)
-            pending.add(outcome)
-            last = number == len(batches)
-            if not (last or pending.due()):
-                continue
-            # the run's last outputs and its completion in one transaction: a connection less per run
-            commit("completed" if last else None)
-            if last or time.monotonic() - last_update >= PROGRESS_INTERVAL_S:
-                update_progress_artifact(progress_id, 100.0 * committed / total)
-                last_update = time.monotonic()
-    finally:
-        # a failing batch must not take the finished ones with it
-        if pending.outcomes:
-            commit()
+        try:
+            for number, batch in enumerate(batches, start=1):
+                outcome = run_batch_task(engine, batch, settings)
+                counts.add_outcome(outcome)
+                pending.add(outcome)
+                last = number == len(batches)
+                if last or pending.due():
+                    # the run's last outputs and its completion in one transaction: a connection less per run
+                    commit("completed" if last else None)
+        finally:
+            # a failing batch must not take the finished ones with it
+            if pending.outcomes:
+                commit()
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

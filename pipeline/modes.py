@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from pipeline.settings import BatchSettings
 from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
 from sidecar.modes import SIDECAR_MODES
+from sidecar.progress import ProgressCallback
 from storage import Document, OutputRecord, RequestStats
 
 
 def run_modes(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSettings,
-              batch_id: int | None = None) -> list[OutputRecord]:
+              batch_id: int | None = None, on_progress: ProgressCallback | None = None) -> list[OutputRecord]:
     """One engine pass per sidecar mode, then the standalone tagger on the summaries; records per mode.
+    ``on_progress`` hears the engine's phases, named ``"<mode>: <phase>"``.
 
     The two sidecar modes run as separate passes although one pass could carry both tasks: the engine
     decodes all of a pass's sidecar rows in shared chunks, and rows of both modes in one chunk would
@@ -22,19 +24,25 @@ def run_modes(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSe
     records: list[OutputRecord] = []
     sidecar_modes = [m for m in settings.modes if m in SIDECAR_MODES]
     summaries: list[DocumentResult] | None = None
+
+    def progress_of(mode: str) -> ProgressCallback | None:
+        if on_progress is None:
+            return None
+        return lambda phase, done, total: on_progress(f"{mode}: {phase}", done, total)
+
     for mode in sidecar_modes:
         task = settings.mode_task(mode)
         results = engine.run([SidecarRequest(d.text, sidecars=[task]) for d in docs],
-                             max_new_tokens=settings.max_new_tokens, batch_size=size)
+                             max_new_tokens=settings.max_new_tokens, batch_size=size, on_progress=progress_of(mode))
         records += [sidecar_record(d, mode, r, task.name, batch_id) for d, r in zip(docs, results, strict=True)]
         summaries = summaries or results
     if "standalone" in settings.modes:
         if summaries is None:  # standalone only: the summaries still come from the speculative pass
             summaries = engine.run([SidecarRequest(d.text) for d in docs], max_new_tokens=settings.max_new_tokens,
-                                   batch_size=size)
+                                   batch_size=size, on_progress=progress_of("standalone"))
         task = settings.mode_task("standalone")
         texts = [r.main.text for r in summaries]
-        tagged = engine.standalone(texts, [task], batch_size=size)
+        tagged = engine.standalone(texts, [task], batch_size=size, on_progress=progress_of("standalone"))
         records += [standalone_record(d, text, outputs[task.name], batch_id)
                     for d, text, outputs in zip(docs, texts, tagged, strict=True)]
     return records

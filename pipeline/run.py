@@ -10,6 +10,7 @@ from pipeline.memory import is_out_of_memory, release_memory
 from pipeline.modes import run_modes
 from pipeline.settings import BatchSettings
 from sidecar.engine import SidecarEngine
+from sidecar.progress import ProgressCallback
 from storage import Document, OutputRecord, RejectedDocument
 
 # The reject reason of a document that ran out of memory on its own; resuming the run retries it.
@@ -43,7 +44,8 @@ class BatchOutcome:
         return list(dict.fromkeys(r.doc_id for r in self.records))
 
 
-def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSettings) -> BatchOutcome:
+def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSettings,
+              on_progress: ProgressCallback | None = None) -> BatchOutcome:
     """Run ``docs`` in every mode of ``settings``; on OOM split in halves down to single documents.
 
     Each sub-batch that completes gets ``batch_id`` = the ``row_index`` of its first document, which is
@@ -56,7 +58,7 @@ def run_batch(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSe
         started = time.perf_counter()
         error: str | None = None
         try:
-            outcome.records += run_modes(engine, chunk, settings, batch_id=chunk[0].row_index)
+            outcome.records += run_modes(engine, chunk, settings, batch_id=chunk[0].row_index, on_progress=on_progress)
             outcome.sub_batches += 1
         except Exception as exc:
             if not is_out_of_memory(exc):

@@ -1,1 +1,1 @@
-"""The OpenAI-compatible HTTP server over the engine: a user of the library, used by the judge flow and `sidecar serve`."""
+"""The OpenAI-compatible HTTP server over the engine, used by the judge flow and `sidecar serve`."""

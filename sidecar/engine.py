@@ -18,6 +18,7 @@ from sidecar.errors import InputError
 from sidecar.kv_cache import RowKVCache, RowSnapshot
 from sidecar.models import ModelPair
 from sidecar.plain import PlainResult, decode_plain
+from sidecar.progress import SIDECAR_TASKS, STANDALONE, ProgressCallback
 from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, SpannedPrompt, build_prompt, encode
 from sidecar.speculative import (
     DecodeRow,
@@ -107,11 +108,12 @@ class SidecarEngine:
     def run(self, requests: list[SidecarRequest], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
             top_p: float = 1.0, seed: int | None = None, batch_size: int = 8, stop: list[str] | None = None,
             on_tokens: TokenCallback | None = None, sidecar_sampling: Sampling | None = None,
-            ) -> list[DocumentResult]:
+            on_progress: ProgressCallback | None = None) -> list[DocumentResult]:
         """Main outputs by speculative decoding, then every request's sidecar tasks by the draft alone.
 
         ``sidecar_sampling`` decodes the sidecar phase differently from the main output (for example a
         greedy summary with sampled tags); by default both use ``temperature``/``top_p``/``seed``.
+        ``on_progress`` hears each phase's progress (``sidecar.progress``).
         """
         sampling = Sampling(temperature, top_p, seed)
         sidecar_sampling = sidecar_sampling or sampling
@@ -151,7 +153,7 @@ class SidecarEngine:
         # without sidecar tasks nobody needs the draft's cache afterwards, so the decoder may skip the draft
         has_sidecars = any(r.sidecars for r in requests)
         mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens,
-                                    on_finish=on_finish if has_sidecars else None)
+                                    on_finish=on_finish if has_sidecars else None, on_progress=on_progress)
         results = [DocumentResult(main, {}) for main in mains]
         generator = None
         if sidecar_sampling.seed is not None:
@@ -166,6 +168,8 @@ class SidecarEngine:
             for p, out, ctx in zip(chunk, outs, context, strict=True):
                 results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx,
                                                                         len(p.catch_up) + len(p.bridge), len(chunk))
+            if on_progress is not None:
+                on_progress(SIDECAR_TASKS, chunk_start + len(chunk), len(pending))
         return results
 
     def _sidecar_cache(self, chunk: list[_Pending], extra: int) -> RowKVCache:
@@ -196,7 +200,8 @@ class SidecarEngine:
 
     def standalone(self, summaries: list[str], tasks: list[SidecarTask], temperature: float = 0.0,
                    top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
-                   system: str | None = DEFAULT_SYSTEM) -> list[dict[str, SidecarOutput]]:
+                   system: str | None = DEFAULT_SYSTEM, on_progress: ProgressCallback | None = None,
+                   ) -> list[dict[str, SidecarOutput]]:
         """The baseline: the draft model as a separate tagger prompted with only the main output."""
         sampling = Sampling(temperature, top_p, seed)
         generator = torch.Generator(device=self.pair.device).manual_seed(seed + 1) if seed is not None else None
@@ -212,6 +217,8 @@ class SidecarEngine:
                                 [task.max_new_tokens for _, task, _ in chunk], sampling, generator, self.eos)
             for (i, task, prompt), out in zip(chunk, outs, strict=True):
                 results[i][task.name] = self._output(task, out, 0, len(prompt), len(chunk))
+            if on_progress is not None:
+                on_progress(STANDALONE, chunk_start + len(chunk), len(jobs))
         return results
 
     def _output(self, task: SidecarTask, out: PlainResult, context: int, feed: int, batch: int) -> SidecarOutput:

@@ -14,8 +14,8 @@ import os
 import random
 import re
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Literal
 
 import httpx
@@ -399,11 +399,13 @@ def _skip_reason(item: JudgeItem) -> str:
     return "no " + " and no ".join(side for side, tags in sides.items() if not tags) + " tags"
 
 
-def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.OpenAI | None = None) -> list[JudgeResult]:
+def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.OpenAI | None = None,
+                on_result: Callable[[JudgeResult], None] | None = None) -> list[JudgeResult]:
     """Judge every item in two position-swapped games; results come back in the order of ``items``.
 
     Documents run concurrently on at most ``config.concurrency`` threads, one request in flight per
     thread. A given ``client`` is used with ``config.timeout_s`` and its own retries switched off.
+    ``on_result`` hears each document's result as it is done, in the calling thread.
     """
     if client is None:
         client = make_judge_client(config)
@@ -434,7 +436,13 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
         return []
     workers = min(config.concurrency, len(items))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
-        return list(pool.map(judge_one, items))
+        futures = {pool.submit(judge_one, item): index for index, item in enumerate(items)}
+        results: list[JudgeResult | None] = [None] * len(items)
+        for future in as_completed(futures):
+            results[futures[future]] = result = future.result()
+            if on_result is not None:
+                on_result(result)
+    return [r for r in results if r is not None]
 
 
 def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | None = None) -> JudgeSummary:

@@ -20,6 +20,7 @@ from sidecar.gamma import GammaController, Source, fixed_step
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
+from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
 
 TokenCallback = Callable[[int, list[int]], None]
 
@@ -154,11 +155,13 @@ def shared_prefix_length(rows: list[list[int]], hidden_spans: list[list[tuple[in
 
 
 def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], budget: int | None,
-            hidden_spans: list[list[tuple[int, int]]] | None = None, share_prefix: bool = True) -> torch.Tensor:
+            hidden_spans: list[list[tuple[int, int]]] | None = None, share_prefix: bool = True,
+            on_rows: Callable[[int], None] | None = None) -> torch.Tensor:
     """Feed ``rows[i]`` into row ``i`` of ``cache`` and commit it; returns each row's hidden state at its
     last token [B, 1, H]. Consecutive rows share a forward while its padded size stays within ``budget``
     tokens (one row at least; None: all rows). ``hidden_spans[i]`` lists row ``i``'s hidden spans as
-    (start, stop) token ranges (``DecodeRow.draft_hidden``).
+    (start, stop) token ranges (``DecodeRow.draft_hidden``). ``on_rows(k)`` hears after each forward that
+    the first ``k`` rows are in.
 
     Into an empty cache, a prefix all rows share (the chat template's system turn: 14 tokens of ~330 on a
     news prompt) is computed once, with the first row, and copied to the others (``share_prefix``).
@@ -168,11 +171,14 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
     if shared:
         last = [prefill(model, cache.rows_view(0, 1), rows[:1], budget,
                         None if hidden_spans is None else hidden_spans[:1])]
+        if on_rows is not None:
+            on_rows(1)
         cache.copy_prefix(0, shared)
         rest = cache.rows_view(1, len(rows))
         rest_spans = None if hidden_spans is None else [
             [(start - shared, stop - shared) for start, stop in spans] for spans in hidden_spans[1:]]
-        last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False))
+        last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False,
+                            on_rows=None if on_rows is None else lambda k: on_rows(1 + k)))
         return torch.cat(last)
     device = cache.lengths.device
     last: list[torch.Tensor] = []
@@ -193,6 +199,8 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
         hidden = forward(model, part, ids, span_ids)
         part.commit(lengths)
         last.append(hidden.gather(1, (lengths - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])))
+        if on_rows is not None:
+            on_rows(stop)
         start = stop
     return torch.cat(last)
 
@@ -236,7 +244,7 @@ class SpeculativeDecoder:
 
     def decode(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int = 8, stop: list[str] | None = None,
                on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
-               ) -> list[GenerationOutput]:
+               on_progress: ProgressCallback | None = None) -> list[GenerationOutput]:
         self.validate(rows, sampling, batch_size)
         generator = None
         if sampling.seed is not None:
@@ -247,7 +255,8 @@ class SpeculativeDecoder:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             for index, output in zip(chunk, self._decode_batch([rows[i] for i in chunk], chunk, sampling,
-                                                               generator, stop, on_tokens, on_finish),
+                                                               generator, stop, on_tokens, on_finish,
+                                                               on_progress),
                                      strict=True):
                 outputs[index] = output
         return [o for o in outputs if o is not None]
@@ -279,7 +288,8 @@ class SpeculativeDecoder:
 
     def _decode_batch(self, rows: list[DecodeRow], indices: list[int], sampling: Sampling,
                       generator: torch.Generator | None, stop: list[str] | None, on_tokens: TokenCallback | None,
-                      on_finish: FinishCallback | None) -> list[GenerationOutput]:
+                      on_finish: FinishCallback | None, on_progress: ProgressCallback | None = None,
+                      ) -> list[GenerationOutput]:
         pair, device = self.pair, self.pair.device
         t_start = time.perf_counter()
         n = len(rows)
@@ -294,7 +304,9 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # prefill the target; its last prompt position yields the first new token
             budget = prefill_budget(device)
-            last = prefill(pair.target, target_cache, [r.target_prompt for r in rows], budget)
+            report = on_progress or (lambda phase, done, total: None)
+            last = prefill(pair.target, target_cache, [r.target_prompt for r in rows], budget,
+                           on_rows=lambda k: report(TARGET_PREFILL, k, n))
             first_logits = logits_at(pair.target, last, torch.zeros(n, 1, dtype=torch.long, device=device))[:, 0]
             first = self._choose(first_logits, sampling, generator)
             synchronize(pair.device)
@@ -308,7 +320,8 @@ class SpeculativeDecoder:
             if speculate:
                 t_draft = time.perf_counter()
                 draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
-                prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows])
+                prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows],
+                        on_rows=lambda k: report(DRAFT_PREFILL, k, n))
                 synchronize(pair.device)
                 self.controller.observe_prefill("draft", sum(map(len, draft_prompts)), time.perf_counter() - t_draft)
             prefill_seconds = time.perf_counter() - t_start
@@ -323,6 +336,7 @@ class SpeculativeDecoder:
             live = list(range(n))  # slot i of the caches holds row live[i]
             pending = first  # [B] last committed token, not yet in the target cache
             self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens)
+            budget_tokens = sum(r.max_new_tokens for r in rows)
             t_decode = time.perf_counter()
 
             while True:
@@ -336,6 +350,9 @@ class SpeculativeDecoder:
                             on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row]),
                                       draft_cache, slot)
                     keep = [s for s in range(len(live)) if finish[live[s]] is None]
+                    # a finished row's unused limit counts as done, so the phase ends at its total
+                    report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r])
+                                                       for r in (live[s] for s in keep)), budget_tokens)
                     if not keep:
                         break
                     order = compaction_order(keep)
@@ -382,6 +399,8 @@ class SpeculativeDecoder:
                         st.accepted_per_position[k] += int(k < accepted_list[slot])
                 appended = [[*drafted_rows[s][:accepted_list[s]], int(nxt[s])] for s in range(len(live))]
                 self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens)
+                report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r]) for r in live),
+                       budget_tokens)
         return [self._output(new_tokens[i], finish[i], stats[i]) for i in range(n)]
 
     def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache | None, live: list[int],

@@ -415,6 +415,22 @@ class Database:
             return self.query("SELECT * FROM throughput ORDER BY run_id, mode, phase")
         return self.query("SELECT * FROM throughput WHERE run_id = ? ORDER BY mode, phase", [run_id])
 
+    def judge_tally(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's ``judgements`` counted per judge model and prompt version: documents, sidecar ``wins``,
+        ``losses`` (standalone won), ``ties``, ``undecided`` (a game without a parsed winner) and
+        ``consistent`` (both position-swapped games named the same winner)."""
+        return self.query(
+            "SELECT judge_model, prompt_version, count(*) AS documents, "
+            "count(*) FILTER (WHERE verdict = 'sidecar') AS wins, "
+            "count(*) FILTER (WHERE verdict = 'standalone') AS losses, "
+            "count(*) FILTER (WHERE verdict = 'tie') AS ties, "
+            "count(*) FILTER (WHERE verdict IS NULL) AS undecided, "
+            "count(*) FILTER (WHERE consistent) AS consistent "
+            "FROM judgements WHERE run_id = ? "
+            "GROUP BY judge_model, prompt_version ORDER BY judge_model, prompt_version",
+            [run_id],
+        )
+
     def request_acceptance(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Accepted / drafted per request of the speculative main phase (all runs, or one), with the run's
         ``pair`` and ``gpu_type``; requests that drafted nothing (gamma 0 throughout) have no rate and are left

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sidecar", "storage", "pipeline", "server", "flows", "cli")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[dev]')")
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(),
+                                reason="import-linter is not installed (pip install -e '.[dev]')")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:

@@ -203,3 +203,27 @@ def test_parse_hashtags():
     assert parse_hashtags("I cannot help with that request because it is unclear.") is None
     assert HASHTAGS.parse("nothing here at all, really nothing to see")[1] == "no hashtags found"
     assert HASHTAGS.standalone_instruction == "Output 3-5 short hashtags for the summary."
+
+
+def test_progress_reports_every_phase_up_to_its_total_and_changes_nothing(tiny):
+    from sidecar import progress
+
+    engine = SidecarEngine(tiny, gamma=3, adaptive=False)
+    requests = [SidecarRequest(d, sidecars=[HASHTAGS]) for d in DOCS]
+    events: list[tuple[str, int, int]] = []
+    reported = engine.run(requests, max_new_tokens=16, batch_size=3, on_progress=lambda *e: events.append(e))
+    quiet = engine.run(requests, max_new_tokens=16, batch_size=3)
+    assert [r.main.token_ids for r in reported] == [r.main.token_ids for r in quiet]
+    assert [r.sidecars["hashtags"].token_ids for r in reported] == [r.sidecars["hashtags"].token_ids for r in quiet]
+
+    phases = list(dict.fromkeys(phase for phase, _, _ in events))
+    assert phases == [progress.TARGET_PREFILL, progress.DRAFT_PREFILL, progress.DECODE, progress.SIDECAR_TASKS]
+    for phase in phases:
+        seen = [(done, total) for p, done, total in events if p == phase]
+        assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+        assert seen[-1][0] == seen[-1][1] == {progress.DECODE: 3 * 16}.get(phase, len(DOCS))
+
+    standalone: list[tuple[str, int, int]] = []
+    engine.standalone([r.main.text for r in quiet], [HASHTAGS], batch_size=2,
+                      on_progress=lambda *e: standalone.append(e))
+    assert standalone == [(progress.STANDALONE, 2, 3), (progress.STANDALONE, 3, 3)]

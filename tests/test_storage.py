@@ -390,6 +390,9 @@ def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     assert verdicts["agree"]["mode_a"] == "sidecar"
     assert db.judged_doc_ids("run-1", "judge-x", "v1") == {"agree", "disagree"}
     assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
+    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "documents": 4, "wins": 0,
+                                        "losses": 1, "ties": 1, "undecided": 2, "consistent": 1}]
+    assert db.judge_tally("run-2") == []
 
 
 def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:
