@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         report["batched"] = asyncio.run(bench(args.base_url, model, api_key, args))
     else:
-        from server.app import running_server
+        from server.launcher import running_server
 
         runs = [("batched", args.max_batch)]
         if args.compare_unbatched is not False:

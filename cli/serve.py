@@ -24,7 +24,7 @@ def serve_command(
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (chat completions, streaming, sidecar tasks)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from server.app import serve
+    from server.launcher import serve
     from sidecar.errors import InputError, PairError
 
     try:

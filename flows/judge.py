@@ -108,7 +108,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
         if base_url is None:
             key = secrets.token_urlsafe(32)
             if needs_judge:  # the embedded server loads a model pair: only when there is something to ask
-                from server.app import running_server
+                from server.launcher import running_server
 
                 logger.info("starting the embedded judge: sidecar serve --pair %s on loopback", judge_pair)
                 url = stack.enter_context(running_server(judge_pair, api_key=key, model_name=model))

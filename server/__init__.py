@@ -1,1 +1,6 @@
-"""The OpenAI-compatible HTTP server over the engine, used by the judge flow and `sidecar serve`."""
+"""The OpenAI-compatible HTTP server over the engine, used by the judge flow and ``sidecar serve``.
+
+Modules, bottom to top: ``config`` (ServerConfig; imports nothing heavy), ``errors``, ``schema``,
+``stream`` (token ids to text), ``worker`` (the batching thread), ``service`` (requests to jobs, results
+to responses), ``app`` (the FastAPI app), ``launcher`` (``serve`` and ``running_server``).
+"""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.app import _free_port, running_server
+from server.launcher import free_port, running_server
 from storage import Database, Document, OutputRecord
 
 RUN = "run-Judge_1"
@@ -84,7 +84,7 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
 
     # 1. an endpoint that does not answer: every game fails, the flow still completes
     monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
-    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     summary = judge(RUN, judge_model="tiny", base_url=dead, retries=0, db_path=str(db.path))
     assert (summary.total, summary.errors, summary.skipped, summary.judged) == (3, 2, 1, 0)
     stored = games(db)

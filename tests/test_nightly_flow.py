@@ -350,7 +350,7 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
                                                                    monkeypatch) -> None:
     from flows.judge import judge
     from flows.nightly import nightly
-    from server.app import running_server
+    from server.launcher import running_server
     from storage import OutputRecord
 
     for name in ("OPENAI_API_KEY", "SIDECAR_JUDGE_API_KEY", "SIDECAR_API_KEY"):

@@ -23,7 +23,10 @@ import uvicorn
 from typer.testing import CliRunner
 
 from cli.main import app as cli_app
-from server.app import ServerConfig, TextStream, _free_port, create_app, full_text, running_server
+from server.app import create_app
+from server.config import ServerConfig
+from server.launcher import free_port, running_server
+from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.acceptance import warp
 
@@ -391,7 +394,7 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
 
 @contextlib.contextmanager
 def inprocess_server(engine: SidecarEngine, config: ServerConfig) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

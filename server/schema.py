@@ -1,0 +1,102 @@
+"""The chat-completions request as the API accepts it: a validated request is one the server can answer as asked.
+
+Unknown fields are ignored, as other OpenAI-compatible servers do; fields that would silently change the
+answer's meaning (``n`` > 1, ``tools``, ``logprobs``) are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sidecar.tasks import SidecarTask
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # "developer" is OpenAI's newer name for the system role; tools are not supported.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    @property
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
+
+
+class SidecarSpec(BaseModel):
+    """A sidecar task as the API spells it (``max_tokens`` like the main request)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    instruction: str
+    max_tokens: int = 32
+    attend_document: bool = False
+    parser: Literal["hashtags", "text"] = "text"
+
+    def task(self) -> SidecarTask:
+        return SidecarTask(name=self.name, instruction=self.instruction, max_new_tokens=self.max_tokens,
+                           attend_document=self.attend_document, parser=self.parser)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    # Unknown fields (user, metadata, penalties, ...) are ignored like other OpenAI-compatible servers do;
+    # fields that would silently change the answer's meaning are refused below.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # OpenAI's own bound (int64). torch's generators take -2**63 .. 2**64 - 1, so the engine's seed + 1 for the
+    # sidecar phase fits too; a seed outside would fail in the worker, with every request batched alongside.
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    tools: list[Any] | None = None
+    logprobs: bool = False
+    sidecars: list[dict[str, Any]] | None = Field(None, max_length=16)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and (len(stops) > 4 or any(not s for s in stops)):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops or None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
+        if self.n != 1:
+            raise ValueError("n must be 1: one choice per request")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

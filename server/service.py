@@ -1,0 +1,181 @@
+"""Chat requests to worker jobs and worker results to OpenAI-shaped responses.
+
+A request is validated against the model's context and the decoder's bounds before it is queued, so the
+worker sees only jobs it can run; ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.config import DEFAULT_MAX_TOKENS, ServerConfig
+from server.errors import APIError, validation_error
+from server.schema import ChatCompletionRequest, SidecarSpec
+from server.stream import TextStream, full_text
+from server.worker import DONE, BatchWorker, Job
+from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
+from sidecar.errors import InputError
+from sidecar.speculative import DecodeRow, GenerationOutput, Sampling
+
+_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def _usage(prompt: int, completion: int, drafted: int = 0, accepted: int = 0) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "drafted_tokens": drafted, "accepted_tokens": accepted}
+
+
+def _main_usage(main: GenerationOutput) -> dict[str, int]:
+    return _usage(main.stats.prompt_tokens, len(main.token_ids), main.stats.drafted, main.stats.accepted)
+
+
+def _sidecar_json(output: SidecarOutput) -> dict[str, Any]:
+    # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
+    prompt = output.stats.context_tokens + output.stats.feed_tokens
+    return {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
+            "finish_reason": _FINISH_REASONS.get(output.finish_reason, output.finish_reason),
+            "usage": _usage(prompt, output.stats.new_tokens)}
+
+
+class ChatService:
+    """Turns API requests into worker jobs and worker results into API responses."""
+
+    def __init__(self, engine: SidecarEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.worker = BatchWorker(engine, config)
+        # The worker decodes with the pair's tokenizer on its thread; a private copy keeps the event loop's
+        # encoding off that object (HF fast tokenizers are not guaranteed to be safe under concurrent use).
+        self.tokenizer = copy.deepcopy(engine.pair.tokenizer)
+
+    def job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        if req.model != self.config.model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
+                                f"{self.config.model_name!r}", param="model", code="model_not_found")
+        sampling = Sampling(req.temperature, req.top_p, req.seed)
+        future = loop.create_future()
+        tokens: asyncio.Queue | None = asyncio.Queue() if req.stream else None
+        if req.sidecars is not None:
+            request, row = self._sidecar_request(req)
+            max_tokens = self._max_tokens(req, row)
+            job = Job(max_tokens, sampling, loop, future, request=request, tokens=tokens)
+        else:
+            messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
+            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt = self.tokenizer.encode(rendered, add_special_tokens=False)
+            row = DecodeRow(prompt, 1)
+            max_tokens = self._max_tokens(req, row)
+            job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens)
+        row.max_new_tokens = max_tokens
+        try:
+            self.engine.decoder.validate([row], sampling, 1)
+        except InputError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        return job
+
+    def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
+        if req.stop:
+            raise APIError(400, "stop is not supported together with sidecars", param="stop")
+        messages = req.messages
+        system = None
+        if messages[0].template_role == "system":
+            system, messages = messages[0].text, messages[1:]
+        if len(messages) != 1 or messages[0].role != "user":
+            raise APIError(400, "with sidecars, messages must be one user message (the document), optionally "
+                                "after one system message; earlier turns are not supported", param="messages")
+        tasks = []
+        for i, spec in enumerate(req.sidecars or []):
+            try:
+                tasks.append(SidecarSpec.model_validate(spec).task())
+            except ValidationError as exc:
+                raise validation_error(exc, f"sidecars.{i}.", {"max_new_tokens": "max_tokens"}) from None
+        if not tasks:
+            raise APIError(400, "sidecars must list at least one task (or be left out)", param="sidecars")
+        # The document is the user's text as is; the main instruction is empty because it is part of that text.
+        request = SidecarRequest(document=messages[0].text, instruction="", system=system, sidecars=tasks)
+        try:
+            bare, compound = self.engine.prompts(request)
+        except InputError as exc:
+            raise APIError(400, str(exc), param="sidecars" if "sidecar" in str(exc) else "messages") from None
+        hidden = [compound.spans[f"sidecar:{t.name}"] for t in tasks]
+        return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden)
+
+    def _max_tokens(self, req: ChatCompletionRequest, row: DecodeRow) -> int:
+        prompt = max(len(row.target_prompt), len(row.draft_prompt or []))
+        # the decoder's own bound (SpeculativeDecoder.validate): prompt + new tokens + gamma + 1 <= context
+        room = self.engine.pair.max_context - prompt - self.engine.decoder.gamma - 1
+        if room < 1 or (req.limit is not None and req.limit > room):
+            asked = f" plus {req.limit} new tokens" if req.limit is not None else ""
+            raise APIError(400, f"the prompt has {prompt} tokens{asked}, more than the model's context of "
+                                f"{self.engine.pair.max_context} tokens allows (room for {max(room, 0)} new "
+                                "tokens); shorten the messages or lower max_tokens",
+                           param="messages", code="context_length_exceeded")
+        return req.limit if req.limit is not None else min(DEFAULT_MAX_TOKENS, room)
+
+    def completion(self, req: ChatCompletionRequest, job: Job, result: object, completion_id: str,
+                   created: int) -> dict[str, Any]:
+        main, sidecars = self._split(result)
+        text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
+        body: dict[str, Any] = {
+            "id": completion_id, "object": "chat.completion", "created": created, "model": self.config.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                         "logprobs": None, "finish_reason": self._finish(main, stopped)}],
+            "usage": _main_usage(main),
+        }
+        if sidecars is not None:
+            body["sidecars"] = sidecars
+        return body
+
+    async def stream(self, req: ChatCompletionRequest, job: Job, completion_id: str,
+                     created: int) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                    "model": self.config.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+            return _sse(body)
+
+        assert job.tokens is not None
+        text = TextStream(self.tokenizer, job.stop)
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            while (ids := await job.tokens.get()) is not DONE:
+                if piece := text.push(ids):
+                    yield chunk({"content": piece})
+            try:
+                result = job.future.result()
+            except APIError as exc:
+                yield _sse(exc.body())
+                yield b"data: [DONE]\n\n"
+                return
+            main, sidecars = self._split(result)
+            if piece := text.finish():
+                yield chunk({"content": piece})
+            yield chunk({}, self._finish(main, text.stopped), **({"sidecars": sidecars} if sidecars else {}))
+            if req.stream_options is not None and req.stream_options.include_usage:
+                yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                            "model": self.config.model_name, "choices": [], "usage": _main_usage(main)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            # a client that hung up before its batch started is skipped by the worker
+            job.future.cancel()
+
+    @staticmethod
+    def _split(result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
+        if isinstance(result, DocumentResult):
+            return result.main, {name: _sidecar_json(out) for name, out in result.sidecars.items()}
+        assert isinstance(result, GenerationOutput)
+        return result, None
+
+    @staticmethod
+    def _finish(main: GenerationOutput, stopped: bool) -> str:
+        return "stop" if stopped else _FINISH_REASONS[main.finish_reason]
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
