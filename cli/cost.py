@@ -21,7 +21,7 @@ from sidecar.cost import (
     RooflineRow,
     TagTokens,
     Workload,
-    _check_batches,
+    check_batches,
     get_gpu,
     load_catalog,
     roofline_table,
@@ -41,7 +41,7 @@ def _parse_batches(text: str) -> list[int]:
         batches = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
         raise CostInputError(f"--batches must be comma-separated integers, got {text!r}") from exc
-    _check_batches(batches)
+    check_batches(batches)
     return batches
 
 
@@ -193,7 +193,7 @@ def gpus_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="GPU catalog (sidecar/data/gpus.json)")
+    table = Table(title="GPU catalog (sidecar/cost/gpus.json)")
     for header in ("GPU", "GB/s", "$/GPU-hour", "source"):
         table.add_column(header)
     for gpu in catalog.values():

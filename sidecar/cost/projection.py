@@ -1,0 +1,135 @@
+"""Roofline projections of a tagging decode step: bytes, time, tokens/s and $ per 1M tokens per mode and batch.
+
+A decode step at the batch sizes sidecar runs is memory-bandwidth bound: it streams the weights once and
+every request's KV cache once, so
+
+    bytes per step = weight bytes read per step + batch x KV bytes per request
+    seconds per step = bytes per step / bandwidth
+    tokens/s = batch / seconds per step          (one new token per request per step)
+    $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.cost.catalog import GPU, usd_per_million_tokens
+from sidecar.cost.errors import CostInputError
+from sidecar.cost.units import GB
+from sidecar.cost.workload import Workload
+from sidecar.modes import MODES, Mode
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class ProjectionRow:
+    gpu_type: str
+    mode: Mode
+    batch: int
+    gb_per_step: float
+    ms_per_step: float
+    tokens_per_s: float
+    usd_per_gpu_hour: float | None
+    usd_per_million_tokens: float | None
+
+
+def _projection_row(
+    workload: Workload, gpu_type: str, mode: Mode, batch: int, bandwidth_bytes_s: float, usd_per_hour: float | None
+) -> ProjectionRow:
+    seconds = workload.step_seconds(mode, batch, bandwidth_bytes_s)
+    tokens_per_s = batch / seconds
+    return ProjectionRow(
+        gpu_type=gpu_type,
+        mode=mode,
+        batch=batch,
+        gb_per_step=workload.step_bytes(mode, batch) / GB,
+        ms_per_step=seconds * 1000,
+        tokens_per_s=tokens_per_s,
+        usd_per_gpu_hour=usd_per_hour,
+        usd_per_million_tokens=None if usd_per_hour is None else usd_per_million_tokens(usd_per_hour, tokens_per_s),
+    )
+
+
+def check_batches(batches: Sequence[int]) -> None:
+    """Raises :class:`CostInputError` unless ``batches`` is a non-empty list of sizes of at least 1."""
+    if not batches or any(b < 1 for b in batches):
+        raise CostInputError(f"batch sizes must be positive integers, got {list(batches)}")
+
+
+def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCHES) -> list[ProjectionRow]:
+    """One row per mode the workload knows and per batch size, on ``gpu``."""
+    check_batches(batches)
+    return [
+        _projection_row(workload, gpu.name, mode, batch, gpu.bandwidth_bytes_s, gpu.usd_per_hour)
+        for mode in MODES
+        if mode in workload.kv_bytes_per_request
+        for batch in batches
+    ]
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """Document attended (full KV) against evicted (masked KV) at one batch size; standalone if known."""
+
+    batch: int
+    full_gb_per_step: float
+    masked_gb_per_step: float
+    full_ms_per_step: float
+    masked_ms_per_step: float
+    full_tokens_per_s: float
+    masked_tokens_per_s: float
+    speedup_pct: float
+    standalone_gb_per_step: float | None
+    standalone_ms_per_step: float | None
+    standalone_tokens_per_s: float | None
+    usd_per_million_full: float | None
+    usd_per_million_masked: float | None
+    usd_per_million_standalone: float | None
+
+
+def roofline_table(
+    workload: Workload, bandwidth_bytes_s: float, batches: Sequence[int], usd_per_hour: float | None = None
+) -> list[RooflineRow]:
+    if bandwidth_bytes_s <= 0:
+        raise CostInputError("bandwidth must be positive")
+    for mode in ("sidecar", "sidecar_attended"):
+        if mode not in workload.kv_bytes_per_request:
+            raise CostInputError(f"the workload needs KV bytes per request for {mode}")
+    check_batches(batches)
+    rows = []
+    for batch in batches:
+        full, masked = (
+            _projection_row(workload, "", mode, batch, bandwidth_bytes_s, usd_per_hour)
+            for mode in ("sidecar_attended", "sidecar")
+        )
+        alone = (
+            _projection_row(workload, "", "standalone", batch, bandwidth_bytes_s, usd_per_hour)
+            if "standalone" in workload.kv_bytes_per_request
+            else None
+        )
+        alone_values = (
+            (None, None, None, None)
+            if alone is None
+            else (alone.gb_per_step, alone.ms_per_step, alone.tokens_per_s, alone.usd_per_million_tokens)
+        )
+        rows.append(
+            RooflineRow(
+                batch=batch,
+                full_gb_per_step=full.gb_per_step,
+                masked_gb_per_step=masked.gb_per_step,
+                full_ms_per_step=full.ms_per_step,
+                masked_ms_per_step=masked.ms_per_step,
+                full_tokens_per_s=full.tokens_per_s,
+                masked_tokens_per_s=masked.tokens_per_s,
+                speedup_pct=(full.ms_per_step / masked.ms_per_step - 1) * 100,
+                standalone_gb_per_step=alone_values[0],
+                standalone_ms_per_step=alone_values[1],
+                standalone_tokens_per_s=alone_values[2],
+                usd_per_million_full=full.usd_per_million_tokens,
+                usd_per_million_masked=masked.usd_per_million_tokens,
+                usd_per_million_standalone=alone_values[3],
+            )
+        )
+    return rows
