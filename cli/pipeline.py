@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from flows.embedded import embedded_prefect
+from sidecar.modes import MODES
 
 if TYPE_CHECKING:
     from pipeline import RunCounts
@@ -44,7 +45,7 @@ def nightly_command(
     batch_size: int = typer.Option(8, min=1, help="Documents decoded together."),
     gamma: int = typer.Option(4, min=1, help="Draft tokens per target forward (adaptive)."),
     max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
-    modes: str = typer.Option("sidecar,standalone", help="Comma-separated: sidecar, sidecar_attended, standalone."),
+    modes: str = typer.Option("sidecar,standalone", help=f"Comma-separated: {', '.join(MODES)}."),
     id_column: str = typer.Option("id", help="Id column of the corpus."),
     text_column: str = typer.Option("article", help="Text column of the corpus."),
     title_column: str | None = typer.Option(None, help="Optional title column of the corpus."),

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from sidecar.modes import MODES
 from storage.connection import RetryPolicy, in_transaction
@@ -30,7 +29,8 @@ from storage.records import (
     OutputRecord,
     RejectedDocument,
 )
-from storage.writer import TableWrite, apply_writes, write_tables
+from storage.tables import DocumentRow, arrow_table, row
+from storage.writer import TABLE_KEYS, TableWrite, apply_writes, write_tables
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
 # One run's rows of the ``results`` view as `sidecar demo` shows them, and prints, as an example query.
@@ -41,36 +41,6 @@ RESULTS_TABLE_SQL = (
     "ORDER BY doc_id"
 )
 DB_PATH_ENV = "SIDECAR_DB"
-
-_DOCUMENTS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("row_index", pa.int32()), ("doc_id", pa.string()), ("title", pa.string()),
-    ("text", pa.string()), ("n_chars", pa.int32()), ("status", pa.string()),
-    ("reject_reason", pa.string()), ("reject_detail", pa.string()),
-])
-_OUTPUTS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("doc_id", pa.string()), ("mode", pa.string()), ("summary", pa.string()),
-    ("main_tokens", pa.int32()), ("sidecar_name", pa.string()), ("sidecar_text", pa.string()),
-    ("tags", pa.list_(pa.string())), ("parse_error", pa.string()), ("finish_reason", pa.string()),
-    ("sidecar_finish_reason", pa.string()), ("batch_id", pa.int32()),
-])
-_STATS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("doc_id", pa.string()), ("mode", pa.string()), ("phase", pa.string()),
-    ("batch_id", pa.int32()), ("batch_size", pa.int32()), ("drafted", pa.int32()), ("accepted", pa.int32()),
-    ("target_forwards", pa.int32()), ("draft_forwards", pa.int32()), ("new_tokens", pa.int32()),
-    ("prompt_tokens", pa.int32()), ("prefill_s", pa.float64()), ("decode_s", pa.float64()),
-    ("wall_s", pa.float64()), ("kv_bytes", pa.int64()),
-])
-_JUDGEMENTS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("doc_id", pa.string()), ("judge_model", pa.string()),
-    ("prompt_version", pa.string()), ("game", pa.int32()), ("mode_a", pa.string()), ("mode_b", pa.string()),
-    ("raw_answer", pa.string()), ("winner", pa.string()), ("error", pa.string()),
-])
-_COSTS_SCHEMA = pa.schema([
-    ("gpu_type", pa.string()), ("pair", pa.string()), ("mode", pa.string()), ("batch_size", pa.int32()),
-    ("tokens_per_s", pa.float64()), ("ms_per_step", pa.float64()), ("usd_per_gpu_hour", pa.float64()),
-    ("usd_per_mtok", pa.float64()), ("source", pa.string()), ("run_id", pa.string()), ("note", pa.string()),
-])
-
 
 def default_db_path() -> Path:
     """``$SIDECAR_DB`` if set, else ``data/sidecar.duckdb`` under the working directory."""
@@ -96,10 +66,6 @@ def current_code_version() -> str:
         except metadata.PackageNotFoundError:
             return "unknown"
     return f"{sha}+dirty" if dirty else sha
-
-
-def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -190,21 +156,12 @@ def _require_run(run_id: str):
 
 
 def _documents_write(run_id: str, docs: Sequence[Document], rejects: Sequence[RejectedDocument]) -> TableWrite:
-    rows = [
-        {"run_id": run_id, "row_index": d.row_index, "doc_id": d.doc_id, "title": d.title,
-         "text": d.text, "n_chars": len(d.text), "status": "ok", "reject_reason": None,
-         "reject_detail": None}
-        for d in docs
-    ] + [
-        {"run_id": run_id, "row_index": r.row_index, "doc_id": r.doc_id, "title": r.title,
-         "text": r.text, "n_chars": None if r.text is None else len(r.text), "status": "rejected",
-         "reject_reason": r.reason, "reject_detail": r.detail or None}
-        for r in rejects
-    ]
-    row_indexes = [row["row_index"] for row in rows]
+    rows = [row("documents", DocumentRow.usable(d), run_id=run_id) for d in docs]
+    rows += [row("documents", DocumentRow.rejected(r), run_id=run_id) for r in rejects]
+    row_indexes = [r["row_index"] for r in rows]
     if len(set(row_indexes)) != len(row_indexes):
         raise ValueError("two documents or rejects for one input row (row_index)")
-    return TableWrite("documents", _table(rows, _DOCUMENTS_SCHEMA))
+    return TableWrite("documents", arrow_table("documents", rows))
 
 
 def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -311,27 +268,14 @@ class Database:
             phases = [s.phase for s in record.stats]
             if len(set(phases)) != len(phases):
                 raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
-            outputs.append({
-                "run_id": run_id, "doc_id": record.doc_id, "mode": record.mode, "summary": record.summary,
-                "main_tokens": record.main_tokens, "sidecar_name": record.sidecar_name,
-                "sidecar_text": record.sidecar_text, "tags": record.tags, "parse_error": record.parse_error,
-                "finish_reason": record.finish_reason,
-                "sidecar_finish_reason": record.sidecar_finish_reason, "batch_id": record.batch_id,
-            })
-            for s in record.stats:
-                stats.append({
-                    "run_id": run_id, "doc_id": record.doc_id, "mode": record.mode, "phase": s.phase,
-                    "batch_id": record.batch_id, "batch_size": s.batch_size, "drafted": s.drafted,
-                    "accepted": s.accepted, "target_forwards": s.target_forwards,
-                    "draft_forwards": s.draft_forwards, "new_tokens": s.new_tokens,
-                    "prompt_tokens": s.prompt_tokens, "prefill_s": s.prefill_s, "decode_s": s.decode_s,
-                    "wall_s": s.wall_s, "kv_bytes": s.kv_bytes,
-                })
-        outputs_table = _table(outputs, _OUTPUTS_SCHEMA)
+            outputs.append(row("outputs", record, run_id=run_id))
+            stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
+                          batch_id=record.batch_id) for s in record.stats]
+        outputs_table = arrow_table("outputs", outputs)
         writes = [
             TableWrite("outputs", outputs_table),
             # clear the stats of every rewritten request, also of those that now bring fewer phases
-            TableWrite("request_stats", _table(stats, _STATS_SCHEMA),
+            TableWrite("request_stats", arrow_table("request_stats", stats),
                        replace=outputs_table.select(["run_id", "doc_id", "mode"])),
         ]
         if rejects:
@@ -350,13 +294,8 @@ class Database:
 
     def write_judgements(self, run_id: str, rows: Sequence[JudgementRecord]) -> None:
         """Store judge games; a game already stored under the same key is replaced."""
-        records = [
-            {"run_id": run_id, "doc_id": j.doc_id, "judge_model": j.judge_model,
-             "prompt_version": j.prompt_version, "game": j.game, "mode_a": j.mode_a, "mode_b": j.mode_b,
-             "raw_answer": j.raw_answer, "winner": j.winner, "error": j.error}
-            for j in rows
-        ]
-        write_tables(self.path, [TableWrite("judgement_games", _table(records, _JUDGEMENTS_SCHEMA))],
+        records = [row("judgement_games", j, run_id=run_id) for j in rows]
+        write_tables(self.path, [TableWrite("judgement_games", arrow_table("judgement_games", records))],
                      self.retry, check=_require_run(run_id))
 
     def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
@@ -372,18 +311,12 @@ class Database:
     def write_costs(self, rows: Sequence[CostRecord]) -> None:
         """Store cost report lines; a line with the same gpu_type, pair, mode, batch_size, source and
         run_id is replaced."""
-        records = [
-            {"gpu_type": c.gpu_type, "pair": c.pair, "mode": c.mode, "batch_size": c.batch_size,
-             "tokens_per_s": c.tokens_per_s, "ms_per_step": c.ms_per_step,
-             "usd_per_gpu_hour": c.usd_per_gpu_hour, "usd_per_mtok": c.usd_per_mtok, "source": c.source,
-             "run_id": c.run_id, "note": c.note}
-            for c in rows
-        ]
-        keys = [tuple(r[k] for k in ("gpu_type", "pair", "mode", "batch_size", "source", "run_id"))
-                for r in records]
+        records = [row("cost_estimates", c) for c in rows]
+        key_columns = TABLE_KEYS["cost_estimates"]
+        keys = [tuple(r[k] for k in key_columns) for r in records]
         if len(set(keys)) != len(keys):
-            raise ValueError("write_costs got two rows with the same gpu_type/pair/mode/batch_size/source/run_id")
-        write_tables(self.path, [TableWrite("cost_estimates", _table(records, _COSTS_SCHEMA))], self.retry)
+            raise ValueError(f"write_costs got two rows with the same {'/'.join(key_columns)}")
+        write_tables(self.path, [TableWrite("cost_estimates", arrow_table("cost_estimates", records))], self.retry)
 
     # -- reading ---------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Plain records passed between the flows, the Parquet reader and :class:`storage.Database`.
 
 They carry no engine types, so ``storage`` never imports torch; the constructors ``main_phase`` and
-``sidecar_phase`` take the engine's ``stats.as_dict()`` mappings.
+``sidecar_phase`` take the engine's ``stats.as_dict()`` mappings. Their fields are the columns of the
+tables that store them; ``storage.tables`` derives the Arrow schemas from the annotations.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class RequestStats:
     prefill_s: float | None = None
     decode_s: float | None = None
     wall_s: float | None = None
-    kv_bytes: int | None = None
+    # BIGINT in SQL: one request's KV cache can pass the 2 GiB an int32 counts
+    kv_bytes: int | None = field(default=None, metadata={"arrow_type": "int64"})
     batch_size: int | None = None
 
     @classmethod

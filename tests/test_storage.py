@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import duckdb
 import pytest
 
+from sidecar.modes import MODES
 from storage import (
     CostRecord,
     Database,
@@ -22,6 +25,9 @@ from storage import (
 )
 from storage.connection import RetryPolicy
 from storage.migrate import Migration, known_migrations, migrate
+from storage.records import CostSource, Phase, RunStatus
+from storage.tables import SCHEMAS, DocumentStatus
+from storage.writer import TABLE_KEYS
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
           "cost_estimates"}
@@ -106,6 +112,51 @@ def test_pending_migrations_apply_in_order_and_a_failing_one_leaves_nothing(db: 
     # the code without the extra migration now meets a newer database
     with pytest.raises(SchemaTooNewError):
         Database(db.path)
+
+
+# -- the migrated tables match the records ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", sorted(TABLE_KEYS))
+def test_each_written_table_has_the_columns_its_record_derives(db: Database, table: str) -> None:
+    """Migrations stay SQL; the Arrow schema the writer derives from the records must name the same
+    columns, with the types DuckDB gives them and NOT NULL where the annotation admits no None."""
+    derived = SCHEMAS[table]
+    assert set(TABLE_KEYS[table]) <= set(derived.names)
+    with duckdb.connect(str(db.path)) as con:
+        migrated = {name: (dtype, null == "YES", default)
+                    for name, dtype, null, _, default, _ in con.execute(f"DESCRIBE {table}").fetchall()}
+        con.register("derived", derived.empty_table())
+        as_sql = {name: dtype for name, dtype, *_ in con.execute("DESCRIBE derived").fetchall()}
+    # only the database's own columns, filled by their default, are not written
+    unwritten = {name: default for name, (_, _, default) in migrated.items() if name not in derived.names}
+    assert None not in unwritten.values(), f"{table} has columns nothing writes: {unwritten}"
+    assert {name: migrated[name][:2] for name in derived.names if name in migrated} == {
+        f.name: (as_sql[f.name], f.nullable) for f in derived}
+
+
+def check_values(path: Path, table: str, column: str) -> tuple[object, ...]:
+    """The values of the ``column IN (...)`` CHECK constraint on ``table``, as DuckDB reads them back."""
+    with duckdb.connect(str(path)) as con:
+        expressions = [row[0] for row in con.execute(
+            "SELECT expression FROM duckdb_constraints() WHERE table_name = ? AND constraint_type = 'CHECK' "
+            "AND constraint_column_names = [?]", [table, column]).fetchall()]
+    [values] = [m[1] for e in expressions if (m := re.fullmatch(rf'\("?{column}"? IN \((.*)\)\)', e))]
+    return ast.literal_eval(f"({values},)")
+
+
+@pytest.mark.parametrize(("table", "column", "allowed"), [
+    ("outputs", "mode", MODES),
+    ("request_stats", "mode", MODES),
+    ("request_stats", "phase", get_args(Phase)),
+    ("judgement_games", "game", get_args(get_type_hints(JudgementRecord)["game"])),
+    ("cost_estimates", "source", get_args(CostSource)),
+    ("documents", "status", get_args(DocumentStatus)),
+    ("runs", "status", get_args(RunStatus)),
+])
+def test_check_constraints_allow_exactly_the_values_of_the_python_literals(db: Database, table: str, column: str,
+                                                                          allowed: tuple[object, ...]) -> None:
+    assert check_values(db.path, table, column) == allowed
 
 
 # -- runs ----------------------------------------------------------------------------------------------
