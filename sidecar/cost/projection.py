@@ -18,7 +18,7 @@ from sidecar.cost.catalog import GPU, usd_per_million_tokens
 from sidecar.cost.errors import CostInputError
 from sidecar.cost.units import GB
 from sidecar.cost.workload import Workload
-from sidecar.modes import MODES, Mode
+from sidecar.modes import MODES, SIDECAR_MODES, Mode
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -94,7 +94,7 @@ def roofline_table(
 ) -> list[RooflineRow]:
     if bandwidth_bytes_s <= 0:
         raise CostInputError("bandwidth must be positive")
-    for mode in ("sidecar", "sidecar_attended"):
+    for mode in SIDECAR_MODES:
         if mode not in workload.kv_bytes_per_request:
             raise CostInputError(f"the workload needs KV bytes per request for {mode}")
     check_batches(batches)
