@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from cli.demo_report import DemoFindings, render
 from flows.embedded import embedded_prefect
 from sidecar.modes import MODES
 
@@ -89,33 +90,21 @@ def demo_command(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=4,
         max_new_tokens=max_new_tokens, modes="sidecar,standalone", id_column="id", text_column="article",
         title_column=title_column or None, run_id=None, trigger_judge=True, trigger_cost_report=True)
-    print_results(database, counts.run_id)
     typer.echo(f"{counts.done} documents done, {counts.skipped_done} already done, "
-               f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors; "
-               f"{time.perf_counter() - started:.0f} s in all.")
-    if counts.downstream.get("cost-report") == "Completed":
-        from flows.cost_report import report_dir
-
-        typer.echo(f"cost report: {report_dir(db, counts.run_id) / 'cost_report.md'}")
+               f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors.")
+    render(findings(database, counts.run_id, time.perf_counter() - started))
     _echo_downstream(counts)
 
 
-def print_results(db: Database, run_id: str) -> None:
-    from rich.console import Console
-    from rich.syntax import Syntax
-    from rich.table import Table
+def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
+    """What the demo's closing report shows, from the database and the cost report's files."""
+    import json
 
-    from storage import RESULTS_TABLE_SQL
+    from flows.cost_report import report_dir
 
-    rows = db.results_table(run_id)
-    table = Table(title=f"results of run {run_id}", show_lines=True)
-    for name in ("doc_id", "title", "summary", "sidecar_tags", "standalone_tags"):
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(row["doc_id"], row["title"] or "", row["summary"],
-                      *(" ".join(f"#{t}" for t in tags) if tags else "(unparsed)"
-                        for tags in (row["sidecar_tags"], row["standalone_tags"])))
-    console = Console()
-    console.print(table)
-    console.print(f"-- {len(rows)} rows from {db.path}, with ? = {run_id!r}")
-    console.print(Syntax(RESULTS_TABLE_SQL, "sql"))
+    out_dir = report_dir(db.path, run_id)
+    headline = out_dir / "headline.json"
+    html = out_dir / "cost_report.html"
+    return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=db.judge_tally(run_id),
+                        headline=json.loads(headline.read_text()) if headline.exists() else None,
+                        html_path=html if html.exists() else None, seconds=seconds)

@@ -33,7 +33,7 @@ from storage.tables import DocumentRow, arrow_table, row
 from storage.writer import TABLE_KEYS, TableWrite, apply_writes, write_tables
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
-# One run's rows of the ``results`` view as `sidecar demo` shows them, and prints, as an example query.
+# One run's rows of the ``results`` view, as `sidecar demo` shows them.
 RESULTS_TABLE_SQL = (
     "SELECT doc_id, title, summary, sidecar_tags, standalone_tags, attended_tags\n"
     "FROM results\n"

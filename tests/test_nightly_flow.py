@@ -207,19 +207,25 @@ def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Pa
     assert counts.rejected["over_context"] == 1
 
 
-def test_demo_prints_the_results_table_and_its_sql(prefect_api, tmp_path: Path) -> None:
+def test_demo_ends_with_a_report_of_what_it_found_in_80_columns(prefect_api, tmp_path: Path) -> None:
     from cli.main import app
 
     corpus = write_corpus(tmp_path / "news.parquet", 3)
     db_path = tmp_path / "demo.duckdb"
     result = CliRunner().invoke(app, ["demo", "--corpus", str(corpus), "--limit", "2", "--pair", "tiny",
-                                      "--db", str(db_path), "--max-new-tokens", "8"])
+                                      "--db", str(db_path), "--max-new-tokens", "8"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "FROM results" in result.output and "doc-00" in result.output and "doc-01" in result.output
-    assert "Title 1" in result.output and "2 documents done" in result.output
-    # the demo ran the judge and the cost report after the nightly run
+    report = result.output[result.output.index("sidecar demo: run"):]
+    assert max(map(len, report.splitlines())) <= 80, report
+    assert "FROM results" in report and "doc-00" in report and "doc-01" in report
+    assert "Title 1" in report and "2 documents done" in result.output
+    lines = report.splitlines()
+    assert sum(line.startswith("  sidecar ") for line in lines) == 2
+    assert sum(line.startswith("  standalone ") for line in lines) == 2
+    # the demo ran the judge and the cost report after the nightly run, and reports both
     assert "judge: Completed" in result.output and "cost-report: Completed" in result.output
-    assert "cost_report.md" in result.output
+    assert "cost_report.html" in report and "tag tok/s" in report and "MB evicted" in report
+    assert re.search(r"\d+ wins, \d+ ties, \d+ losses of 2; position-consistent \d+/\d+", report)
     db = Database(db_path)
     [run] = db.query("SELECT run_id FROM runs")
     assert len(db.results(run["run_id"])) == 2

@@ -1,0 +1,138 @@
+"""The report ``sidecar demo`` ends with: what the run found, readable in 30 seconds in 80 columns.
+
+Per document a summary head and both tag sets; the cost report's headline (tag tokens per second and
+dollars per million tag tokens, sidecar against standalone, and the KV a request keeps with the
+document evicted or attended); the judge's tally; then where to look further. Every line is cut to the
+console's width (at most ``WIDTH``), never wrapped: a table that wraps a summary one word per line is
+what this replaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+WIDTH = 80
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class DemoFindings:
+    """What the closing report shows, read from the database and the cost report's files."""
+
+    run_id: str
+    db_path: Path
+    rows: list[dict[str, Any]]
+    judge: list[dict[str, Any]]
+    # the cost report's headline.json (sidecar.report.Headline as a dict); None when it was not written
+    headline: dict[str, Any] | None
+    html_path: Path | None
+    seconds: float
+
+
+def summary_head(summary: str) -> str:
+    """The first non-empty line of a summary, without its bullet."""
+    for line in summary.splitlines():
+        line = line.strip().lstrip("-*•").strip()
+        if line:
+            return line
+    return "(empty summary)"
+
+
+def tags_text(tags: list[str] | None) -> str:
+    return " ".join(f"#{t}" for t in tags) if tags else "(no tags parsed)"
+
+
+def _grid(*widths: int | None) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    for width in widths:
+        grid.add_column(width=width, no_wrap=True, overflow="ellipsis")
+    return grid
+
+
+def documents_section(findings: DemoFindings) -> Group:
+    grid = _grid(11, None)
+    for row in findings.rows:
+        grid.add_row(Text(row["doc_id"], style="bold"), Text(row.get("title") or "", style="bold"))
+        grid.add_row(Text("  summary"), summary_head(row["summary"] or ""))
+        grid.add_row(Text("  sidecar", style="cyan"), tags_text(row["sidecar_tags"]))
+        grid.add_row(Text("  standalone", style="magenta"), tags_text(row["standalone_tags"]))
+    return Group(Text(f"{len(findings.rows)} documents: title, summary head, sidecar and standalone tags",
+                      style="bold"), grid)
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"
+
+
+def cost_section(headline: dict[str, Any] | None) -> Group:
+    title = Text("Cost of the tagging phase", style="bold")
+    if headline is None:
+        return Group(title, Text("no cost report headline (the cost-report flow did not complete)"))
+    batches = ", ".join(map(str, headline["batch_sizes"]))
+    title.append(f" ({headline['basis']} on {headline['gpu_type']}, batch {batches})", style="")
+    grid = _grid(12, 10, 16, 22)
+    grid.add_row(*(Text(h, style="dim") for h in ("", "tag tok/s", "$ / 1M tag tok", "KV per request")))
+    kv_evicted, kv_attended = headline.get("kv_evicted_bytes"), headline.get("kv_attended_bytes")
+    grid.add_row("sidecar", _number(headline["sidecar_tokens_per_s"]), _usd(headline["sidecar_usd_per_mtok"]),
+                 f"{_number(kv_evicted and kv_evicted / MB, 2)} MB evicted")
+    grid.add_row("", "", "", f"{_number(kv_attended and kv_attended / MB, 2)} MB attended")
+    grid.add_row("standalone", _number(headline["standalone_tokens_per_s"]),
+                 _usd(headline["standalone_usd_per_mtok"]),
+                 f"{_number(headline.get('kv_standalone_bytes') and headline['kv_standalone_bytes'] / MB, 2)} MB")
+    saving = (1 - headline["standalone_tokens_per_s"] / headline["sidecar_tokens_per_s"]) * 100
+    verdict = f"a sidecar tag token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a standalone one"
+    if kv_evicted and kv_attended:
+        verdict += f"; evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV"
+    if headline["sidecar_usd_per_mtok"] is None:
+        verdict += " (no catalog price for this device: compared in device time)"
+    return Group(title, grid, Text(verdict))
+
+
+def judge_section(judge: list[dict[str, Any]]) -> Group:
+    title = Text("Judge: sidecar vs standalone tags, two position-swapped games each", style="bold")
+    if not judge:
+        return Group(title, Text("nothing judged (the judge flow did not complete, or no document had both tags)"))
+    lines = []
+    for tally in judge:
+        decided = tally["documents"] - tally["undecided"]
+        lines.append(Text(
+            f"{tally['judge_model']}: {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses"
+            f" of {tally['documents']}; position-consistent {tally['consistent']}/{decided}"
+            + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
+    lines.append(Text("A tie is also what a judge says when the two positions disagree.", style="dim"))
+    return Group(title, *lines)
+
+
+def next_steps_section(findings: DemoFindings) -> Group:
+    lines = [Text("Look further", style="bold")]
+    if findings.html_path is not None:
+        lines.append(Text(f"report  {findings.html_path}"))
+    lines += [
+        Text(f"SQL     duckdb {findings.db_path}"),
+        Text(f"        SELECT * FROM results WHERE run_id = '{findings.run_id}';"),
+        Text("        (views: results, throughput, judgements, costs)", style="dim"),
+    ]
+    return Group(*lines)
+
+
+def render(findings: DemoFindings, console: Console | None = None) -> None:
+    """Print the report; at most ``WIDTH`` columns, narrower on a narrower terminal."""
+    console = console or Console()
+    console.width = min(console.width, WIDTH)
+    console.print(Rule(f"sidecar demo: run {findings.run_id}"))
+    for section in (documents_section(findings), cost_section(findings.headline), judge_section(findings.judge),
+                    next_steps_section(findings)):
+        console.print(section)
+        console.print()
+    console.print(Rule(f"{findings.seconds:.0f} s in all"))
