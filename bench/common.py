@@ -51,19 +51,50 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self.start
 
 
-def environment(device: torch.device, dtype: torch.dtype) -> dict:
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+# what a benchmark run writes itself: it does not make the code it measures differ from the commit
+OWN_OUTPUTS = (":(exclude)bench/results", ":(exclude)docs/benchmarks.md")
+
+
+def environment(device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    """Where a result comes from: the commit (``dirty`` when tracked files differ from it), the UTC date,
+    the machine (platform, CPU, GPU) and the torch build. ``device`` is the one measured on, if not the
+    machine's first GPU (else its CPU)."""
     from sidecar.models import device_name
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "device": device_name(device), "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    commit = _git("rev-parse", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", *OWN_OUTPUTS)) if commit else None
+    cpu = device_name(torch.device("cpu"))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    env = {
+        "device": device_name(device) if device is not None else gpu or cpu,
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu, "gpu": gpu,
+        "commit": commit, "dirty": dirty, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if dtype is not None:
+        env["dtype"] = str(dtype).replace("torch.", "")
+    return env
+
+
+def provenance(env: dict) -> str:
+    """The line under each results table: commit, date and machine of ``env`` (older files lack some keys)."""
+    commit = env.get("commit") or "unknown"
+    commit = f"`{commit[:12]}`" + (" with uncommitted changes" if env.get("dirty") else "")
+    date = env.get("date", "unknown date")
+    if date.endswith("Z"):
+        date = date[:-1].replace("T", " ") + " UTC"
+    cpu = env.get("cpu") or env.get("device", "unknown machine")
+    machine = f"{env['gpu']} with {cpu}" if env.get("gpu") else cpu
+    details = ", ".join(x for x in (f"{env['cpus']} CPUs" if env.get("cpus") else "", env.get("platform", "")) if x)
+    torch_version = f", torch {env['torch']}" if env.get("torch") else ""
+    return f"Measured on commit {commit}, {date}, {machine}{f' ({details})' if details else ''}{torch_version}."
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -79,8 +110,12 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 
 
 def write_results(name: str, payload: dict, markdown: str) -> Path:
-    """Write NAME.json and NAME.md under bench/results/ and print the markdown."""
+    """Write NAME.json and NAME.md under bench/results/ and print the markdown. The payload gets the
+    ``environment`` (commit, date, machine) unless it has one, and the markdown its provenance line."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if "environment" not in payload:
+        payload = {"environment": environment(), **payload}
+    markdown = markdown.rstrip() + "\n\n" + provenance(payload["environment"])
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     (RESULTS / f"{name}.md").write_text(markdown + "\n")

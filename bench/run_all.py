@@ -1,12 +1,13 @@
-"""Run every benchmark, refresh bench/results/ and the README's benchmark tables.
+"""Run every benchmark, refresh bench/results/ and the tables of docs/benchmarks.md.
 
     python -m bench.run_all            # standard sizes (`make bench`): about 30 minutes on a 2-core CPU
     python -m bench.run_all --quick    # small sizes (`make bench-quick`): under 5 minutes
     python -m bench.run_all --full     # the sizes the issues specify (`make bench-full`): over an hour
 
 Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json and
-NAME.md (NAME_quick, NAME_full for the other sizes); the README shows the standard and full NAME.md files
-between `<!-- bench:KEY -->` and `<!-- bench:KEY_full -->` markers. Quick results stay in bench/results/.
+NAME.md (NAME_quick, NAME_full for the other sizes), each with a line saying its commit, date and machine;
+docs/benchmarks.md shows the standard and full NAME.md files between `<!-- bench:KEY -->` and
+`<!-- /bench:KEY -->` markers (KEY_full for the full sizes). Quick results stay in bench/results/.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from bench.common import REPO, RESULTS, add_profile_arguments, profile_suffix
 
-# (README key, module, result name without the profile suffix); CPU-only benchmarks say so in their name
+TABLES = REPO / "docs" / "benchmarks.md"
+
+# (docs/benchmarks.md key, module, result name without the profile suffix); CPU-only benchmarks say so in their name
 BENCHMARKS = [
     ("kernels", "bench.kernels", "kernels_cpu"),
     ("engine", "bench.engine", "engine_{device}"),
@@ -31,13 +35,13 @@ BENCHMARKS = [
 ]
 
 
-def splice_readme(key: str, markdown: str) -> bool:
-    readme = REPO / "README.md"
-    text = readme.read_text()
+def splice(key: str, markdown: str, path: Path = TABLES) -> bool:
+    """Put ``markdown`` between the ``bench:KEY`` markers of ``path``; False when it has no such markers."""
+    text = path.read_text()
     pattern = re.compile(rf"(<!-- bench:{key} -->\n).*?(\n<!-- /bench:{key} -->)", re.DOTALL)
     if not pattern.search(text):
         return False
-    readme.write_text(pattern.sub(lambda m: m.group(1) + markdown.strip() + m.group(2), text))
+    path.write_text(pattern.sub(lambda m: m.group(1) + markdown.strip() + m.group(2), text))
     return True
 
 
@@ -50,7 +54,7 @@ def main() -> None:
     chosen = [b for b in BENCHMARKS if (not args.only or b[0] in args.only.split(","))
               # the kernel choice exists on CPU only
               and not (device == "gpu" and b[0] == "kernels")]
-    # GPU tables go under their own README keys, never over the CPU ones
+    # GPU tables go under their own keys, never over the CPU ones
     suffix = ("" if device == "cpu" else "_gpu") + profile_suffix(args.profile)
     failed, timings = [], []
     started = time.perf_counter()
@@ -64,8 +68,8 @@ def main() -> None:
             failed.append(key)
             continue
         md = RESULTS / f"{result.format(device=device)}{profile_suffix(args.profile)}.md"
-        if args.profile != "quick" and md.exists() and splice_readme(key + suffix, md.read_text()):
-            print(f"README table '{key + suffix}' refreshed from {md.name}")
+        if args.profile != "quick" and md.exists() and splice(key + suffix, md.read_text()):
+            print(f"{TABLES.relative_to(REPO)} table '{key + suffix}' refreshed from {md.name}")
     print(f"== {args.profile} benchmarks: {', '.join(timings)}; {(time.perf_counter() - started) / 60:.1f} min in all")
     if failed:
         sys.exit(f"benchmarks failed: {', '.join(failed)}")

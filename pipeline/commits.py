@@ -26,11 +26,10 @@ def store_outcomes(db: Database, run_id: str, outcomes: Sequence[BatchOutcome], 
 class PendingCommit:
     """Finished batches waiting to be committed together.
 
-    A commit costs a DuckDB connection and a transaction, some 50-70 ms on a local disk whatever its
-    size: committing every batch of a fast pair spends a large share of the model's time there
-    (bench/orchestration_overhead.py). Batches are grouped until ``interval_s`` has passed since the
-    oldest one finished, so a crash costs at most that much finished work plus the running batch;
-    ``interval_s=0`` commits every batch.
+    A commit costs a DuckDB transaction (attach, commit, checkpoint, detach) whatever its size: committing
+    every batch of a fast pair spends a large share of the model's time there. Batches are grouped until
+    ``interval_s`` has passed since the oldest one finished, so a crash costs at most that much finished
+    work plus the running batch; ``interval_s=0`` commits every batch.
     """
 
     interval_s: float

@@ -2,16 +2,7 @@
 
 oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Laid
 out for 8 rows, a verify of gamma+1 positions or a decode step of a batch of rows can stream the weights
-about once. Measured on the 1.5B target, 400 cached positions, ms (`python -m bench.kernels`, 2-core Xeon,
-fp32; the variants timed in turn, two runs):
-
-    rows x new positions              1x1   1x2   1x5   8x1   1x128
-    run 1  default matmul             294   365   656   873   1963
-           packed for 1 row           312   494   509   499   1918
-           packed for 8 rows          300   369   409   430   1773
-    run 2  default matmul             281   328   627   813   1829
-           packed for 1 row           294   434   473   503   1823
-           packed for 8 rows          264   372   408   418   1717
+about once (`python -m bench.kernels` times the layouts side by side).
 
 The module keeps only the packed weight. The plain one stays memory-mapped from the checkpoint (transformers
 maps the file), is not read again after packing, and so is page cache the kernel can drop; RSS still
@@ -26,7 +17,7 @@ import warnings
 import torch
 from torch import nn
 
-# the number of input rows oneDNN lays each packed weight out for (see the table above)
+# the number of input rows oneDNN lays each packed weight out for: a verify or an 8-row step streams it once
 PACKED_ROWS = 8
 
 
@@ -68,8 +59,8 @@ def use_onednn_linear(model: nn.Module, packed_rows: int = PACKED_ROWS) -> int:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every Linear (weights int8, activations quantized per call).
 
-    A draft step streams a quarter of the fp32 weight bytes; measured on the 0.5B draft it runs about
-    2.3x faster. Meant for the draft only: the target must stay in the dtype whose output is the reference.
+    A draft step streams a quarter of the fp32 weight bytes, so it runs faster. Meant for the draft only:
+    the target must stay in the dtype whose output is the reference.
     """
     with warnings.catch_warnings():
         # torch.ao eager quantization is deprecated in favour of torchao, but still the CPU int8 path in torch

@@ -37,7 +37,7 @@ from sidecar.models import synchronize
 
 # draft_pays wants speculation to promise at least this share of the plain batch's time back: the draft's
 # prefill is a certain cost, while the gain is a forecast from costs fitted at other batch sizes and from
-# acceptance measured on other rows (at batch 8 on a CPU, a near-even forecast lost 20% in bench.engine).
+# acceptance measured on other rows, so a near-even forecast can as well be a loss.
 MIN_PREDICTED_SAVING = 0.1
 
 # After this many steps in a row without a copy (plain or from the draft model) the controller copies when
@@ -79,8 +79,8 @@ class LinearCost:
         size = float(tokens)
         previous = self.means.pop(size, None)
         # A size's first forward pays one-off costs (oneDNN builds its kernels per shape, a GPU's allocator
-        # grows): the second timing replaces it instead of being blended with it. Blended, a first 5-token
-        # verify timed at 1.6x what the same forward took later kept copies looking dear for several steps.
+        # grows): the second timing replaces it instead of being blended with it, so one slow first timing
+        # does not keep that size looking dear.
         if previous is None:
             self.means[size] = seconds
             self.timed_once.add(size)
@@ -198,12 +198,9 @@ class GammaController:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
             if not is_copy(choice) and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
                 # An option never chosen is never timed or measured again, so one unlucky timing, a few
-                # rejected copies, or a draft model that did well early would rule copying out for good
-                # (in bench.engine the controller once kept the fp32 draft for three articles and never
-                # copied: 1.03-1.17x HF plain, where copying had given 1.17-1.40x). The probe copies all
-                # it can: a wide verify timed once during a stall steepens the cost fit's slope, and only
-                # timing that width again takes it back (one-token probes left it standing, and the
-                # engine decoding plainly, in a replay with noisy timings). Accepted tokens are kept.
+                # rejected copies, or a draft model that did well early would rule copying out for good.
+                # The probe copies all it can: a wide verify timed once during a stall steepens the cost
+                # fit's slope, and only timing that width again takes it back. Accepted tokens are kept.
                 choice = (max_lookup, "lookup")
         self.steps_without_copy = 0 if is_copy(choice) else self.steps_without_copy + 1
         self.decisions.append(choice)

@@ -3,7 +3,7 @@
 A summary repeats names and phrases of its document. When the last few committed tokens also occur
 earlier in the prompt or the output, the tokens that followed them there are a free guess at what comes
 next. The target verifies that guess like any draft, so the output is unchanged; the guess only saves
-draft-model forwards, which on a CPU cost a third of a target step each (bench/kernels.py).
+draft-model forwards.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from array import array
 from collections.abc import Sequence
 
 # The longest suffix is tried first: a longer match predicts better, a shorter one matches more often.
-# Down to a single token: on the offline pair at batch 1, copying after 1-token matches decoded 1.22-1.24x
-# HF plain in two runs, against 1.04-1.12x with 2-token matches and 0.92-1.13x without copying (`python -m
-# bench.engine --lookup-ablation`); the controller stops copying when copies stop being accepted. Of several matches
-# the latest is taken; the earliest did as well within 2% in a teacher-forced replay of 8 summaries.
+# Down to a single token, since the controller stops copying when copies stop being accepted. Of several
+# matches the latest is taken.
 MAX_NGRAM = 3
 MIN_NGRAM = 1
 

@@ -78,9 +78,8 @@ class DecodeRow:
 # Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
 # at 1e-5, logits 0.001 apart already differ by a factor of e^100, so lower temperatures are decoded greedily.
 MIN_SAMPLING_TEMPERATURE = 1e-5
-# Adaptive drafting stops once no row's latest draft token had at least this draft probability. On the
-# offline pair a teacher-forced replay of 8 news summaries put the stop between 0.7 and 0.9 (1.08x -> 1.15x
-# plain at gamma 2-6, fp32 draft); lower thresholds keep drafting past tokens that mostly fail.
+# Adaptive drafting stops once no row's latest draft token had at least this draft probability: the tokens
+# drafted after an unsure one are mostly rejected, and each costs a draft forward and a wider verify.
 DRAFT_CONFIDENCE = 0.8
 
 
@@ -130,9 +129,8 @@ def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor,
 
 
 # A CPU runs a forward's rows one after another, and a forward over many long padded rows costs more per
-# token than the same rows fed one at a time: 8 news prompts of 205-366 tokens took 48-53 s to prefill on
-# the 1.5B target as one forward and 35-38 s row by row (2-core Xeon, fp32), padding being only 14% of it.
-# Short feeds (a few catch-up tokens per row) still share a forward, which reads the weights once for all.
+# token than the same rows fed one at a time, by more than the padding explains. Short feeds (a few
+# catch-up tokens per row) still share a forward, which reads the weights once for all.
 CPU_PREFILL_TOKENS = 256
 
 
