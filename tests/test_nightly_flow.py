@@ -169,10 +169,10 @@ def test_a_failing_batch_keeps_the_finished_ones_and_fails_the_run(prefect_api, 
 
     real_run_batch = flows.nightly.run_batch
 
-    def run_batch(engine, docs, settings):
+    def run_batch(engine, docs, settings, on_progress=None):
         if docs[0].doc_id == "doc-03":
             raise ValueError("injected failure in the third batch")
-        return real_run_batch(engine, docs, settings)
+        return real_run_batch(engine, docs, settings, on_progress)
 
     monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1,
