@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus test test-fast demo bench bench-quick bench-full lint clean
+.PHONY: venv models corpus browser test test-fast demo bench bench-quick bench-full lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,7 +40,15 @@ lint: venv
 	$(BIN)/ruff check $(CODE)
 	$(BIN)/lint-imports
 
-test: lint models corpus
+# Headless Chromium and its driver for tests/test_report_browser.py: installed where we are root with apt-get
+# (CI), left alone elsewhere, where the browser test skips and says why.
+browser:
+	@if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
+		&& command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: lint browser models corpus
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: venv

@@ -149,6 +149,21 @@ def test_report_writes_every_file(tmp_path: Path) -> None:
     assert not re.search(r"(src|href)=\"https?:", page)  # self-contained
 
 
+def test_the_report_leads_with_the_verdict_and_the_usd_plot(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(), tmp_path, draft_config=drafts)
+    headings = re.findall(r"^## (.+)$", report.markdown, flags=re.MULTILINE)
+    assert headings == ["Verdict per GPU type", "What this report compares", "What was measured", "What was projected",
+                        "Calibration: measured ÷ projected", "What the roofline leaves out", "More plots"]  # fmt: skip
+    # the measured verdict, then the $ plot, then the projected verdicts
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    plot = f"]({report.plot_paths['usd_per_mtok'].name})"
+    assert verdicts.index("| measured |") < verdicts.index(plot) < verdicts.index("| projected |")
+    # the HTML page says the same in the same order
+    page = report.html_path.read_text(encoding="utf-8")
+    assert re.findall(r"<h2>(.+?)</h2>", page) == headings
+    assert page.index("<table>") < page.index("<img") < page.index("<h2>What this report compares</h2>")
+
+
 def test_measured_verdict_says_how_much_cheaper_the_sidecar_is(tmp_path: Path) -> None:
     report = write_cost_report(h200_rows(), tmp_path)
     verdicts = section(report.markdown, "Verdict per GPU type")
