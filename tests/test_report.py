@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -176,6 +177,24 @@ def test_measured_verdict_says_how_much_cheaper_the_sidecar_is(tmp_path: Path) -
     # Every other catalog GPU gets a projected verdict; the measured H200 is not projected again.
     projected = {v.gpu_type for v in report.verdicts if v.basis == "projected"}
     assert projected == set(load_catalog()) - {"H200"}
+
+
+def test_the_headline_is_the_measured_verdict_with_the_kv_per_request(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(), tmp_path, draft_config=drafts)
+    headline = report.headline
+    assert (headline.gpu_type, headline.pair, headline.basis, headline.batch_sizes) == (
+        "NVIDIA H200", "qwen2.5-7b", "measured", (32,))
+    assert (headline.sidecar_tokens_per_s, headline.standalone_tokens_per_s) == (1000, 800)
+    assert headline.sidecar_usd_per_mtok == pytest.approx(0.9722, abs=1e-4)
+    assert headline.standalone_usd_per_mtok == pytest.approx(1.2153, abs=1e-4)
+    kv = h200_workload().kv_bytes_per_request
+    assert (headline.kv_evicted_bytes, headline.kv_attended_bytes, headline.kv_standalone_bytes) == (
+        kv["sidecar"], kv["sidecar_attended"], kv["standalone"])
+    assert headline.kv_evicted_bytes < headline.kv_attended_bytes
+    assert json.loads(report.headline_path.read_text()) == json.loads(json.dumps(headline.as_dict()))
+    # nothing measured in both modes: no headline, and the file says so
+    assert write_cost_report([], tmp_path / "empty").headline is None
+    assert json.loads((tmp_path / "empty" / "headline.json").read_text()) is None
 
 
 def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ Plain data in, files out. The Prefect flow reads storage and publishes what this
     report = write_cost_report(
         measurements,            # rows of the storage `throughput` view: list of dicts (see below)
         out_dir,                 # created if missing
-        catalog=None,            # dict[str, cost.GPU]; default: sidecar/data/gpus.json
+        catalog=None,            # dict[str, cost.GPU]; default: sidecar/cost/gpus.json
         acceptance=(),           # rows of Database.request_acceptance(): per-request acceptance to plot
         draft_config=cost.draft_config,    # pair name -> its draft's config (raises CostInputError if absent)
         study_workload=cost.STUDY_WORKLOAD,  # the extra projection with the source study's shapes
@@ -16,6 +16,7 @@ Plain data in, files out. The Prefect flow reads storage and publishes what this
     )
     report.markdown              # the report as markdown (also at report.markdown_path)
     report.markdown_path, report.html_path      # cost_report.md, cost_report.html (PNGs embedded)
+    report.headline, report.headline_path       # the first measured verdict and KV per request; headline.json
     report.plot_paths            # {"step_time": ..., "usd_per_mtok": ..., "acceptance": ...} PNG paths
     report.cost_rows             # dicts with storage.records.CostRecord's fields: rows for `cost_estimates`
     report.verdicts              # list[Verdict], one per GPU type (and pair, when measured)
@@ -43,8 +44,17 @@ data flows: ``measurements`` (rows, pooled), ``projections`` (a roofline workloa
 ``blocks`` (markdown and HTML), ``plots`` and ``write`` (the files and the cost rows).
 """
 
+from sidecar.report.headline import Headline
 from sidecar.report.measurements import MeasuredGroup, Measurement, group_measurements
 from sidecar.report.verdicts import Verdict
 from sidecar.report.write import CostReport, write_cost_report
 
-__all__ = ["CostReport", "MeasuredGroup", "Measurement", "Verdict", "group_measurements", "write_cost_report"]
+__all__ = [
+    "CostReport",
+    "Headline",
+    "MeasuredGroup",
+    "Measurement",
+    "Verdict",
+    "group_measurements",
+    "write_cost_report",
+]

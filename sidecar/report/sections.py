@@ -312,7 +312,7 @@ def _projection_section(data: ReportData) -> list[Block]:
             "A tagging decode step is memory-bandwidth bound: it reads the draft's weights once and each "
             "request's KV cache once, so bytes per step = weights + batch x KV per request, time = bytes / "
             "bandwidth, tokens/s = batch / time and $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6. "
-            "Bandwidth and rent come from the GPU catalog (sidecar/data/gpus.json, with a source per entry). "
+            "Bandwidth and rent come from the GPU catalog (sidecar/cost/gpus.json, with a source per entry). "
             "The full grid of batch sizes is in the cost rows and the plots."
         ),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from sidecar.cost import (
 )
 from sidecar.report.assemble import ReportData, assemble
 from sidecar.report.blocks import render_html, render_markdown
+from sidecar.report.headline import Headline, headline
 from sidecar.report.plots import plot_acceptance, plot_step_times, plot_usd
 from sidecar.report.projections import DraftConfig
 from sidecar.report.sections import report_blocks
@@ -34,10 +36,12 @@ class CostReport:
     plot_paths: dict[str, Path]
     cost_rows: list[dict[str, Any]]
     verdicts: list[Verdict]
+    headline: Headline | None
+    headline_path: Path  # headline.json: the headline as a dict, or null
 
     @property
     def paths(self) -> list[Path]:
-        return [self.markdown_path, self.html_path, *self.plot_paths.values()]
+        return [self.markdown_path, self.html_path, self.headline_path, *self.plot_paths.values()]
 
 
 def write_cost_report(
@@ -51,7 +55,8 @@ def write_cost_report(
     batches: Sequence[int] = DEFAULT_BATCHES,
     reference_batch: int | None = None,
 ) -> CostReport:
-    """Write cost_report.md, cost_report.html and three PNG plots to ``out_dir``; see ``sidecar.report``."""
+    """Write cost_report.md, cost_report.html, headline.json and three PNG plots to ``out_dir``; see
+    ``sidecar.report``."""
     data = assemble(
         measurements,
         out_dir,
@@ -73,6 +78,9 @@ def write_cost_report(
     html_path = out_dir / "cost_report.html"
     markdown_path.write_text(markdown, encoding="utf-8")
     html_path.write_text(render_html(blocks, "Sidecar cost report"), encoding="utf-8")
+    summary = headline(data)
+    headline_path = out_dir / "headline.json"
+    headline_path.write_text(json.dumps(summary.as_dict() if summary else None, indent=2), encoding="utf-8")
     return CostReport(
         markdown=markdown,
         markdown_path=markdown_path,
@@ -80,6 +88,8 @@ def write_cost_report(
         plot_paths=data.plot_paths,
         cost_rows=_cost_rows(data),
         verdicts=data.verdicts,
+        headline=summary,
+        headline_path=headline_path,
     )
 
 
