@@ -15,7 +15,6 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.rule import Rule
-from rich.table import Table
 from rich.text import Text
 
 WIDTH = 80
@@ -49,22 +48,31 @@ def tags_text(tags: list[str] | None) -> str:
     return " ".join(f"#{t}" for t in tags) if tags else "(no tags parsed)"
 
 
-def _grid(*widths: int | None) -> Table:
-    grid = Table.grid(padding=(0, 1))
-    for width in widths:
-        grid.add_column(width=width, no_wrap=True, overflow="ellipsis")
-    return grid
+def line(*cells: tuple[str | Text, int | None], width: int = WIDTH) -> Text:
+    """One line of ``(text, column width)`` cells, each padded to its width; a None width takes what is left.
+    Whatever does not fit is cut with an ellipsis, never wrapped."""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    for text, cell_width in cells:
+        cell = text if isinstance(text, Text) else Text(text)
+        if cell_width is not None:
+            cell.truncate(cell_width, overflow="ellipsis", pad=True)
+        out.append_text(cell)
+        out.append(" ")
+    out.rstrip()
+    out.truncate(width, overflow="ellipsis")
+    return out
 
 
 def documents_section(findings: DemoFindings) -> Group:
-    grid = _grid(11, None)
+    lines = [Text(f"{len(findings.rows)} documents: title, summary head, sidecar and standalone tags", style="bold")]
     for row in findings.rows:
-        grid.add_row(Text(row["doc_id"], style="bold"), Text(row.get("title") or "", style="bold"))
-        grid.add_row(Text("  summary"), summary_head(row["summary"] or ""))
-        grid.add_row(Text("  sidecar", style="cyan"), tags_text(row["sidecar_tags"]))
-        grid.add_row(Text("  standalone", style="magenta"), tags_text(row["standalone_tags"]))
-    return Group(Text(f"{len(findings.rows)} documents: title, summary head, sidecar and standalone tags",
-                      style="bold"), grid)
+        lines += [
+            line((Text(row["doc_id"], style="bold"), 12), (Text(row.get("title") or "", style="bold"), None)),
+            line(("  summary", 12), (summary_head(row["summary"] or ""), None)),
+            line((Text("  sidecar", style="cyan"), 12), (tags_text(row["sidecar_tags"]), None)),
+            line((Text("  standalone", style="magenta"), 12), (tags_text(row["standalone_tags"]), None)),
+        ]
+    return Group(*lines)
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -81,34 +89,41 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
         return Group(title, Text("no cost report headline (the cost-report flow did not complete)"))
     batches = ", ".join(map(str, headline["batch_sizes"]))
     title.append(f" ({headline['basis']} on {headline['gpu_type']}, batch {batches})", style="")
-    grid = _grid(12, 10, 16, 22)
-    grid.add_row(*(Text(h, style="dim") for h in ("", "tag tok/s", "$ / 1M tag tok", "KV per request")))
+    widths = (12, 11, 16, None)
+
+    def row(*texts: str | Text) -> Text:
+        return line(*zip(texts, widths, strict=True))
+
     kv_evicted, kv_attended = headline.get("kv_evicted_bytes"), headline.get("kv_attended_bytes")
-    grid.add_row("sidecar", _number(headline["sidecar_tokens_per_s"]), _usd(headline["sidecar_usd_per_mtok"]),
-                 f"{_number(kv_evicted and kv_evicted / MB, 2)} MB evicted")
-    grid.add_row("", "", "", f"{_number(kv_attended and kv_attended / MB, 2)} MB attended")
-    grid.add_row("standalone", _number(headline["standalone_tokens_per_s"]),
-                 _usd(headline["standalone_usd_per_mtok"]),
-                 f"{_number(headline.get('kv_standalone_bytes') and headline['kv_standalone_bytes'] / MB, 2)} MB")
+    kv_standalone = headline.get("kv_standalone_bytes")
+    rows = [
+        row(*(Text(h, style="dim") for h in ("", "tag tok/s", "$ / 1M tag tok", "KV per request"))),
+        row("sidecar", _number(headline["sidecar_tokens_per_s"]), _usd(headline["sidecar_usd_per_mtok"]),
+            f"{_number(kv_evicted and kv_evicted / MB, 2)} MB evicted"),
+        row("", "", "", f"{_number(kv_attended and kv_attended / MB, 2)} MB attended"),
+        row("standalone", _number(headline["standalone_tokens_per_s"]), _usd(headline["standalone_usd_per_mtok"]),
+            f"{_number(kv_standalone and kv_standalone / MB, 2)} MB"),
+    ]
     saving = (1 - headline["standalone_tokens_per_s"] / headline["sidecar_tokens_per_s"]) * 100
     verdict = f"a sidecar tag token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a standalone one"
     if kv_evicted and kv_attended:
         verdict += f"; evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV"
     if headline["sidecar_usd_per_mtok"] is None:
         verdict += " (no catalog price for this device: compared in device time)"
-    return Group(title, grid, Text(verdict))
+    return Group(title, *rows, Text(verdict))
 
 
 def judge_section(judge: list[dict[str, Any]]) -> Group:
     title = Text("Judge: sidecar vs standalone tags, two position-swapped games each", style="bold")
     if not judge:
-        return Group(title, Text("nothing judged (the judge flow did not complete, or no document had both tags)"))
+        return Group(title, Text("nothing judged: no document had both tag sets parsed, or the judge flow failed"))
     lines = []
     for tally in judge:
         decided = tally["documents"] - tally["undecided"]
+        lines.append(line(("judge", 7), (f"{tally['judge_model']} (prompt {tally['prompt_version']})", None)))
         lines.append(Text(
-            f"{tally['judge_model']}: {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses"
-            f" of {tally['documents']}; position-consistent {tally['consistent']}/{decided}"
+            f"sidecar {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses of {tally['documents']}"
+            f"; position-consistent {tally['consistent']}/{decided}"
             + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
     lines.append(Text("A tie is also what a judge says when the two positions disagree.", style="dim"))
     return Group(title, *lines)

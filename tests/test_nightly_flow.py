@@ -225,7 +225,9 @@ def test_demo_ends_with_a_report_of_what_it_found_in_80_columns(prefect_api, tmp
     # the demo ran the judge and the cost report after the nightly run, and reports both
     assert "judge: Completed" in result.output and "cost-report: Completed" in result.output
     assert "cost_report.html" in report and "tag tok/s" in report and "MB evicted" in report
-    assert re.search(r"\d+ wins, \d+ ties, \d+ losses of 2; position-consistent \d+/\d+", report)
+    # the tiny pair's random tags do not parse, so the judge skips both documents (tests/test_demo_report.py
+    # renders a tally)
+    assert "nothing judged" in report
     db = Database(db_path)
     [run] = db.query("SELECT run_id FROM runs")
     assert len(db.results(run["run_id"])) == 2

@@ -1,0 +1,71 @@
+"""The demo's closing report: every line within 80 columns, nothing wrapped into a column of words, and
+the figures it is given, in the words a person reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from cli.demo_report import WIDTH, DemoFindings, render, summary_head
+
+LONG_SUMMARY = ("- The city council approved a new budget on Tuesday after a long debate about schools, roads, "
+                "parks and the new library downtown\n- Second bullet")
+
+
+def findings(**changes) -> DemoFindings:
+    values = dict(
+        run_id="nightly-20261201-abc", db_path=Path("data/sidecar.duckdb"),
+        rows=[{"doc_id": "a1", "title": "Council budget", "summary": LONG_SUMMARY,
+               "sidecar_tags": ["budget", "council", "schools"], "standalone_tags": None}],
+        judge=[{"judge_model": "qwen-coder-small", "prompt_version": "tags-v1", "documents": 4, "wins": 1,
+                "losses": 0, "ties": 2, "undecided": 1, "consistent": 2}],
+        headline={"gpu_type": "NVIDIA H200", "pair": "qwen2.5-7b", "basis": "measured", "batch_sizes": [32],
+                  "sidecar_tokens_per_s": 1000.0, "standalone_tokens_per_s": 800.0, "usd_per_gpu_hour": 3.5,
+                  "sidecar_usd_per_mtok": 0.9722, "standalone_usd_per_mtok": 1.2153,
+                  "kv_evicted_bytes": 1.3e6, "kv_attended_bytes": 13.8e6, "kv_standalone_bytes": 1.1e6},
+        html_path=Path("data/cost_report/nightly-20261201-abc/cost_report.html"), seconds=412.0)
+    return DemoFindings(**(values | changes))
+
+
+def rendered(report: DemoFindings, width: int = 200) -> list[str]:
+    console = Console(record=True, width=width, color_system=None)
+    render(report, console)
+    return console.export_text().splitlines()
+
+
+def test_every_line_fits_80_columns_and_a_long_summary_is_cut_not_wrapped() -> None:
+    lines = rendered(findings())
+    assert max(map(len, lines)) <= WIDTH
+    [head] = [line for line in lines if line.startswith("  summary")]
+    assert head.startswith("  summary    The city council approved") and head.endswith("…")
+    assert not any("Second bullet" in line for line in lines)
+    assert "  sidecar    #budget #council #schools" in lines
+    assert "  standalone (no tags parsed)" in lines
+
+
+def test_a_narrower_terminal_gets_a_narrower_report() -> None:
+    assert max(map(len, rendered(findings(), width=60))) <= 60
+
+
+def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
+    text = "\n".join(rendered(findings()))
+    assert "measured on NVIDIA H200, batch 32" in text
+    assert "1,000.0" in text and "$0.9722" in text and "$1.2153" in text
+    assert "1.30 MB evicted" in text and "13.80 MB attended" in text
+    # 1000 vs 800 tok/s: a sidecar token costs 20% less; 1.3 of 13.8 MB: eviction frees 91%
+    assert "costs 20% less than a standalone one" in text and "frees 91% of the KV" in text
+    assert "judge   qwen-coder-small (prompt tags-v1)" in text
+    assert "sidecar 1 wins, 2 ties, 0 losses of 4; position-consistent 2/3; 1 undecided" in text
+    assert "SELECT * FROM results WHERE run_id = 'nightly-20261201-abc';" in text
+    assert "cost_report.html" in text and "412 s in all" in text
+
+
+def test_missing_parts_say_why() -> None:
+    text = "\n".join(rendered(findings(headline=None, judge=[], html_path=None)))
+    assert "no cost report headline" in text and "nothing judged" in text and "cost_report.html" not in text
+
+
+def test_summary_head_is_the_first_line_without_its_bullet() -> None:
+    assert summary_head("\n\n* First point\n- second") == "First point"
+    assert summary_head("") == "(empty summary)"
