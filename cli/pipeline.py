@@ -86,6 +86,8 @@ def demo_command(
 ) -> None:
     """Nightly, judge and cost report on a few real news articles, then the results table and its SQL."""
     started = time.perf_counter()
+    typer.secho("The nightly flow, then the judge and the cost report, on a temporary Prefect API in this\n"
+                "process: no server to set up (`sidecar ui` starts one). What they found is reported last.", fg="cyan")
     counts, database = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=4,
         max_new_tokens=max_new_tokens, modes="sidecar,standalone", id_column="id", text_column="article",

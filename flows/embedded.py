@@ -12,7 +12,8 @@ def embedded_prefect() -> Iterator[None]:
     """Settings for flows run in this process, as ``sidecar nightly`` runs them.
 
     Without ``PREFECT_API_URL``, Prefect starts an embedded API for the run; on a busy two-core machine it
-    needs more than its default 20 s to come up. Analytics stay off: the machine may have no network.
+    needs more than its default 20 s to come up. Analytics and the client's telemetry stay off: the
+    machine may have no network, and the telemetry notice would ask a first-time user to act.
 
     On that embedded API, flow run heartbeats are off. They exist so that a server's automations can mark
     a silent run crashed, but the embedded API stops with this process, so nobody watches them; and
@@ -21,6 +22,7 @@ def embedded_prefect() -> Iterator[None]:
     DuckDB. With ``PREFECT_API_URL`` set (a real server, or a worker's runs) heartbeats stay as configured.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the client's telemetry, and its notice on every run
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 

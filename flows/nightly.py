@@ -185,6 +185,7 @@ def _process(params: NightlyParams, run_id: str) -> RunCounts:
                                        title_column=params.title_column, max_chars=params.max_chars,
                                        limit=params.limit)
     with _gpu_slot(run_id):
+        get_run_logger().info("run %s: loading the %s pair", run_id, params.pair)
         with counts.timed("input"):
             engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
         _run(engine, params, docs, rejects, counts)

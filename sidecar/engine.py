@@ -158,6 +158,8 @@ class SidecarEngine:
         generator = None
         if sidecar_sampling.seed is not None:
             generator = torch.Generator(device=self.pair.device).manual_seed(sidecar_sampling.seed + 1)
+        if on_progress is not None and pending:
+            on_progress(SIDECAR_TASKS, 0, len(pending))
         for chunk_start in range(0, len(pending), batch_size):
             chunk = pending[chunk_start : chunk_start + batch_size]
             extra = max(len(p.catch_up) + len(p.bridge) + p.task.max_new_tokens for p in chunk) + 1
@@ -209,6 +211,8 @@ class SidecarEngine:
                 for i, summary in enumerate(summaries) for task in tasks]
         results: list[dict[str, SidecarOutput]] = [{} for _ in summaries]
         jobs.sort(key=lambda job: len(job[2]))
+        if on_progress is not None:
+            on_progress(STANDALONE, 0, len(jobs))
         for chunk_start in range(0, len(jobs), batch_size):
             chunk = jobs[chunk_start : chunk_start + batch_size]
             longest = max(len(prompt) + task.max_new_tokens for _, task, prompt in chunk)

@@ -1,7 +1,8 @@
 """Progress of a long engine call, for a progress bar: ``on_progress(phase, done, total)``.
 
 The engine calls it between forwards with Python counters it already holds, so reporting costs no
-device sync. ``done`` only grows within a phase; a phase ends with ``done == total``.
+device sync. A phase starts with its first report (``done`` 0, or the tokens already committed), ``done``
+only grows within it, and it ends with ``done == total``.
 """
 
 from __future__ import annotations

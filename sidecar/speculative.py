@@ -303,6 +303,7 @@ class SpeculativeDecoder:
             # prefill the target; its last prompt position yields the first new token
             budget = prefill_budget(device)
             report = on_progress or (lambda phase, done, total: None)
+            report(TARGET_PREFILL, 0, n)
             last = prefill(pair.target, target_cache, [r.target_prompt for r in rows], budget,
                            on_rows=lambda k: report(TARGET_PREFILL, k, n))
             first_logits = logits_at(pair.target, last, torch.zeros(n, 1, dtype=torch.long, device=device))[:, 0]
@@ -318,6 +319,7 @@ class SpeculativeDecoder:
             if speculate:
                 t_draft = time.perf_counter()
                 draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
+                report(DRAFT_PREFILL, 0, n)
                 prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows],
                         on_rows=lambda k: report(DRAFT_PREFILL, k, n))
                 synchronize(pair.device)
@@ -335,6 +337,7 @@ class SpeculativeDecoder:
             pending = first  # [B] last committed token, not yet in the target cache
             self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens)
             budget_tokens = sum(r.max_new_tokens for r in rows)
+            report(DECODE, sum(map(len, new_tokens)), budget_tokens)
             t_decode = time.perf_counter()
 
             while True:

@@ -221,9 +221,11 @@ def test_progress_reports_every_phase_up_to_its_total_and_changes_nothing(tiny):
     for phase in phases:
         seen = [(done, total) for p, done, total in events if p == phase]
         assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+        # a bar appears when its phase starts, not after its first forward
+        assert seen[0][0] <= len(DOCS) if phase == progress.DECODE else seen[0][0] == 0
         assert seen[-1][0] == seen[-1][1] == {progress.DECODE: 3 * 16}.get(phase, len(DOCS))
 
     standalone: list[tuple[str, int, int]] = []
     engine.standalone([r.main.text for r in quiet], [HASHTAGS], batch_size=2,
                       on_progress=lambda *e: standalone.append(e))
-    assert standalone == [(progress.STANDALONE, 2, 3), (progress.STANDALONE, 3, 3)]
+    assert standalone == [(progress.STANDALONE, 0, 3), (progress.STANDALONE, 2, 3), (progress.STANDALONE, 3, 3)]
