@@ -35,7 +35,7 @@ def embedded_prefect() -> Iterator[None]:
 
 def on_embedded_api() -> bool:
     """True inside flows that run on the embedded API (no ``PREFECT_API_URL``): it lives and dies with this
-    process, so no other run can share it and a global concurrency limit there guards nothing."""
+    process and no other process's runs use it, so a global concurrency limit there guards nothing."""
     from prefect.settings import PREFECT_API_URL
 
     return not PREFECT_API_URL.value()

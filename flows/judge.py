@@ -49,9 +49,15 @@ def pending_documents(db: Database, run_id: str, judge_model: str, prompt_versio
 
 @task(name="judge-documents", cache_policy=NO_CACHE)
 def judge_documents(items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
+    logger = get_run_logger()
+
+    def judged(result: JudgeResult) -> None:
+        progress.advance()
+        logger.info("document %s judged (%d of %d): %s", result.doc_id, progress.done, progress.total, result.verdict)
+
     with RunProgress(f"{_artifact_key(run_id)}-progress", f"Documents of run {run_id} judged", len(items),
                      "doc") as progress:
-        return judge_pairs(items, config, on_result=lambda _: progress.advance())
+        return judge_pairs(items, config, on_result=judged)
 
 
 @task(name="store-judgements", cache_policy=NO_CACHE)

@@ -11,7 +11,8 @@ time); create the limit once per Prefect server (without it, runs do not wait)::
 
     prefect gcl create gpu --limit 1
 
-On the embedded API (``sidecar nightly``, no server) no slot is taken: that API belongs to this process.
+On the embedded API (``sidecar nightly``, no server) no slot is taken: that API is this process's alone,
+so a limit there would keep no other run out. Two embedded runs on one machine are not kept apart.
 The slot is taken once per run rather than per batch through a task tag: each tagged task run asks the
 API for a slot synchronously, which on the SQLite-backed API stalled batches by up to 2 s
 (bench/orchestration_overhead.py), and the models would stay loaded between the batches anyway.
@@ -194,7 +195,7 @@ def _process(params: NightlyParams, run_id: str) -> RunCounts:
 
 def _gpu_slot(run_id: str) -> contextlib.AbstractContextManager[object]:
     """A slot of the ``gpu`` limit on a Prefect server; nothing on the embedded API, where the limit does not
-    exist (Prefect would warn about it) and no other run can see this one."""
+    exist (Prefect would warn about it) and, if created, would be seen by this process alone."""
     if on_embedded_api():
         return contextlib.nullcontext()
     get_run_logger().info("run %s: taking a slot of the %r concurrency limit (waits while other runs hold it)",
