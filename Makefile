@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus browser test test-fast demo bench bench-quick bench-full lint clean
+.PHONY: venv models corpus browser test test-fast demo ui bench bench-quick bench-full lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -57,6 +57,10 @@ test-fast: venv
 
 demo: models corpus
 	$(BIN)/sidecar demo --corpus data/news.parquet --limit 4 --db data/sidecar.duckdb
+
+# a local Prefect server with its UI, the deployments of prefect.yaml and a worker, until Ctrl-C
+ui: models corpus
+	$(BIN)/sidecar ui
 
 bench: models corpus
 	$(BIN)/python -m bench.run_all

@@ -14,6 +14,7 @@ from cli.generate import generate
 from cli.models import models_app
 from cli.pipeline import pipeline_app
 from cli.serve import serve_command
+from cli.ui import ui_command
 
 app = typer.Typer(no_args_is_help=True, help="Batched speculative decoding with sidecar tasks on the draft model.")
 app.add_typer(models_app, name="models")
@@ -21,4 +22,5 @@ app.add_typer(corpus_app, name="corpus")
 app.command("generate")(generate)
 app.add_typer(cost_app, name="cost")
 app.command("serve")(serve_command)
+app.command("ui")(ui_command)
 app.add_typer(pipeline_app)  # sidecar nightly, sidecar demo

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the Prefect API and UI on the loopback interface only (reach it from elsewhere via an SSH tunnel
 # or a reverse proxy with authentication). Settings come from the environment, see prefect.env.example.
+# SIDECAR_PREFECT: the prefect executable (default: the checkout's .venv); `sidecar ui` passes its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"
-exec .venv/bin/prefect server start --host 127.0.0.1 --port "${PREFECT_PORT:-4200}"
+exec "${SIDECAR_PREFECT:-.venv/bin/prefect}" server start --host 127.0.0.1 --port "${PREFECT_PORT:-4200}"
