@@ -8,11 +8,16 @@ Endpoints:
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
   anything below ``sidecar.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
   target alone), ``top_p`` (the most likely token always stays in the nucleus), ``seed`` (int64, as
-  OpenAI), ``stop``, ``stream`` (SSE chunks) and ``stream_options.include_usage``. Extension:
-  ``sidecars``, a list of ``{name, instruction, max_tokens, attend_document, parser}``; the request then
-  runs through :class:`SidecarEngine` (system message -> system, the one user message -> document) and
-  the response has a top-level ``sidecars`` object ``{name: {text, parsed, parse_error, finish_reason,
-  usage}}`` (in the last chunk when streaming).
+  OpenAI), ``stop``, ``stream`` (SSE chunks), ``stream_options.include_usage``, ``logprobs`` and
+  ``top_logprobs`` (0..20, only with ``logprobs``). Logprobs are OpenAI's ``choices[0].logprobs =
+  {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null}``, one
+  entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
+  whatever the sampling settings (``sidecar.logprobs``); each stream chunk carries the entries of the tokens
+  committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
+  attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system message ->
+  system, the one user message -> document) and the response has a top-level ``sidecars`` object
+  ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
+  ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
 - ``GET /stats``: batching statistics (batch-size histogram, queue depth) and the server's RSS.
 

@@ -1,15 +1,16 @@
 """The chat-completions request as the API accepts it: a validated request is one the server can answer as asked.
 
 Unknown fields are ignored, as other OpenAI-compatible servers do; fields that would silently change the
-answer's meaning (``n`` > 1, ``tools``, ``logprobs``) are refused.
+answer's meaning (``n`` > 1, ``tools``) are refused.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from sidecar.logprobs import MAX_TOP_LOGPROBS
 from sidecar.tasks import SidecarTask
 
 
@@ -76,7 +77,9 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     tools: list[Any] | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
+    # as OpenAI: the most likely alternatives per token, only together with logprobs
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     sidecars: list[dict[str, Any]] | None = Field(None, max_length=16)
 
     @field_validator("stop")
@@ -87,15 +90,25 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops or None
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
         if self.n != 1:
             raise ValueError("n must be 1: one choice per request")
         if self.tools:
             raise ValueError("tools are not supported")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
         return self
+
+    @property
+    def engine_top_logprobs(self) -> int | None:
+        """What the engine collects: None without logprobs, else the alternatives asked for (0 by default)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def limit(self) -> int | None:

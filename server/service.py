@@ -2,6 +2,9 @@
 
 A request is validated against the model's context and the decoder's bounds before it is queued, so the
 worker sees only jobs it can run; ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
+With ``logprobs`` every completion token has an entry (``server.logprobs``), the end-of-turn token too;
+a stream's chunks carry the entries of the tokens committed since the previous chunk, so they add up to
+the non-streamed list even where the text of a token is held back (a partial character, a possible stop).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pydantic import ValidationError
 
 from server.config import DEFAULT_MAX_TOKENS, ServerConfig
 from server.errors import APIError, validation_error
+from server.logprobs import LogprobFormatter
 from server.schema import ChatCompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job
@@ -35,12 +39,15 @@ def _main_usage(main: GenerationOutput) -> dict[str, int]:
     return _usage(main.stats.prompt_tokens, len(main.token_ids), main.stats.drafted, main.stats.accepted)
 
 
-def _sidecar_json(output: SidecarOutput) -> dict[str, Any]:
+def _sidecar_json(output: SidecarOutput, formatter: LogprobFormatter) -> dict[str, Any]:
     # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
     prompt = output.stats.context_tokens + output.stats.feed_tokens
-    return {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
+    body = {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
             "finish_reason": _FINISH_REASONS.get(output.finish_reason, output.finish_reason),
             "usage": _usage(prompt, output.stats.new_tokens)}
+    if output.logprobs is not None:
+        body["logprobs"] = formatter.logprobs(output.logprobs)
+    return body
 
 
 class ChatService:
@@ -53,6 +60,7 @@ class ChatService:
         # The worker decodes with the pair's tokenizer on its thread; a private copy keeps the event loop's
         # encoding off that object (HF fast tokenizers are not guaranteed to be safe under concurrent use).
         self.tokenizer = copy.deepcopy(engine.pair.tokenizer)
+        self.formatter = LogprobFormatter(self.tokenizer)
 
     def job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
         if req.model != self.config.model_name:
@@ -64,14 +72,16 @@ class ChatService:
         if req.sidecars is not None:
             request, row = self._sidecar_request(req)
             max_tokens = self._max_tokens(req, row)
-            job = Job(max_tokens, sampling, loop, future, request=request, tokens=tokens)
+            job = Job(max_tokens, sampling, loop, future, request=request, tokens=tokens,
+                      top_logprobs=req.engine_top_logprobs)
         else:
             messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
             rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             prompt = self.tokenizer.encode(rendered, add_special_tokens=False)
             row = DecodeRow(prompt, 1)
             max_tokens = self._max_tokens(req, row)
-            job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens)
+            job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens,
+                      top_logprobs=req.engine_top_logprobs)
         row.max_new_tokens = max_tokens
         try:
             self.engine.decoder.validate([row], sampling, 1)
@@ -125,7 +135,8 @@ class ChatService:
         body: dict[str, Any] = {
             "id": completion_id, "object": "chat.completion", "created": created, "model": self.config.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": self._finish(main, stopped)}],
+                         "logprobs": self.formatter.logprobs(main.logprobs),
+                         "finish_reason": self._finish(main, stopped)}],
             "usage": _main_usage(main),
         }
         if sidecars is not None:
@@ -134,19 +145,23 @@ class ChatService:
 
     async def stream(self, req: ChatCompletionRequest, job: Job, completion_id: str,
                      created: int) -> AsyncIterator[bytes]:
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None,
+                  **extra: Any) -> bytes:
             body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                     "model": self.config.model_name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra}
             return _sse(body)
 
         assert job.tokens is not None
         text = TextStream(self.tokenizer, job.stop)
         try:
             yield chunk({"role": "assistant", "content": ""})
-            while (ids := await job.tokens.get()) is not DONE:
-                if piece := text.push(ids):
-                    yield chunk({"content": piece})
+            while (item := await job.tokens.get()) is not DONE:
+                ids, entries = item
+                piece = text.push(ids)
+                # a chunk per commit when logprobs were asked for: its entries travel even while its text waits
+                if piece or entries:
+                    yield chunk({"content": piece}, logprobs=self.formatter.logprobs(entries))
             try:
                 result = job.future.result()
             except APIError as exc:
@@ -165,10 +180,9 @@ class ChatService:
             # a client that hung up before its batch started is skipped by the worker
             job.future.cancel()
 
-    @staticmethod
-    def _split(result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
+    def _split(self, result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
         if isinstance(result, DocumentResult):
-            return result.main, {name: _sidecar_json(out) for name, out in result.sidecars.items()}
+            return result.main, {name: _sidecar_json(out, self.formatter) for name, out in result.sidecars.items()}
         assert isinstance(result, GenerationOutput)
         return result, None
 

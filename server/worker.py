@@ -1,8 +1,8 @@
 """The batch worker: one thread owns the models, and only it decodes.
 
 It collects requests for ``batch_wait_ms`` (up to ``max_batch``), groups those that can share a decoding
-call (same sampling settings, same stop strings, with or without sidecars) and runs each group as one
-batch with per-row token limits. Every job it runs is finished exactly once, with a result or an
+call (same sampling settings, same stop strings, with or without sidecars, same logprobs asked) and runs
+each group as one batch with per-row token limits. Every job it runs is finished exactly once, with a result or an
 ``APIError``; a job whose client left before its batch began is skipped.
 """
 
@@ -26,6 +26,7 @@ from server.config import ServerConfig
 from server.errors import APIError
 from sidecar.engine import SidecarEngine, SidecarRequest
 from sidecar.errors import InputError
+from sidecar.logprobs import TokenLogprob
 from sidecar.speculative import Sampling
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class Job:
     prompt: list[int] | None = None
     request: SidecarRequest | None = None
     stop: tuple[str, ...] = ()
-    tokens: asyncio.Queue | None = None  # new token ids while streaming, then DONE
+    tokens: asyncio.Queue | None = None  # (new token ids, their logprobs or None) while streaming, then DONE
+    top_logprobs: int | None = None  # None: no logprobs
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -91,12 +93,12 @@ class Job:
             sampling = (self.sampling.temperature, self.sampling.top_p)
         if self.request is not None:
             # SidecarEngine.run takes one max_new_tokens for all rows and no stop strings.
-            return ("sidecar", sampling, self.max_tokens)
-        return ("plain", sampling, self.stop)
+            return ("sidecar", sampling, self.max_tokens, self.top_logprobs)
+        return ("plain", sampling, self.stop, self.top_logprobs)
 
-    def emit(self, ids: list[int]) -> None:
+    def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         if self.tokens is not None:
-            self.loop.call_soon_threadsafe(self.tokens.put_nowait, ids)
+            self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
 
     def finish(self, result: object = None, error: BaseException | None = None) -> None:
         def resolve() -> None:
@@ -166,10 +168,10 @@ class BatchWorker:
                 self._run(group)
 
     def _run(self, jobs: list[Job]) -> None:
-        sampling = jobs[0].sampling
+        sampling, top_logprobs = jobs[0].sampling, jobs[0].top_logprobs
 
-        def on_tokens(row: int, ids: list[int]) -> None:
-            jobs[row].emit(ids)
+        def on_tokens(row: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
+            jobs[row].emit(ids, logprobs)
 
         try:
             results: Sequence[object]
@@ -177,12 +179,13 @@ class BatchWorker:
                 results = self.engine.run(
                     [job.request for job in jobs if job.request is not None], max_new_tokens=jobs[0].max_tokens,
                     temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                    batch_size=len(jobs), on_tokens=on_tokens)
+                    batch_size=len(jobs), on_tokens=on_tokens, top_logprobs=top_logprobs)
             else:
                 results = self.engine.decoder.generate(
                     [job.prompt for job in jobs if job.prompt is not None], [job.max_tokens for job in jobs],
                     temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                    batch_size=len(jobs), stop=list(jobs[0].stop) or None, on_tokens=on_tokens)
+                    batch_size=len(jobs), stop=list(jobs[0].stop) or None, on_tokens=on_tokens,
+                    top_logprobs=top_logprobs)
         except Exception as exc:
             self.stats.record(len(jobs), ok=False)
             error = self._api_error(exc, len(jobs))

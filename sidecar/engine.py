@@ -16,6 +16,7 @@ import torch
 
 from sidecar.errors import InputError
 from sidecar.kv_cache import RowKVCache, RowSnapshot
+from sidecar.logprobs import TokenLogprob
 from sidecar.models import ModelPair
 from sidecar.plain import PlainResult, decode_plain
 from sidecar.progress import SIDECAR_TASKS, STANDALONE, ProgressCallback
@@ -65,6 +66,7 @@ class SidecarOutput:
     parse_error: str | None
     finish_reason: str
     stats: SidecarStats
+    logprobs: list[TokenLogprob] | None = None  # the draft's, one per token id, when asked for
 
 
 @dataclass
@@ -108,12 +110,14 @@ class SidecarEngine:
     def run(self, requests: list[SidecarRequest], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
             top_p: float = 1.0, seed: int | None = None, batch_size: int = 8, stop: list[str] | None = None,
             on_tokens: TokenCallback | None = None, sidecar_sampling: Sampling | None = None,
-            on_progress: ProgressCallback | None = None) -> list[DocumentResult]:
+            on_progress: ProgressCallback | None = None, top_logprobs: int | None = None) -> list[DocumentResult]:
         """Main outputs by speculative decoding, then every request's sidecar tasks by the draft alone.
 
         ``sidecar_sampling`` decodes the sidecar phase differently from the main output (for example a
         greedy summary with sampled tags); by default both use ``temperature``/``top_p``/``seed``.
-        ``on_progress`` hears each phase's progress (``sidecar.progress``).
+        ``on_progress`` hears each phase's progress (``sidecar.progress``). ``top_logprobs`` (None: off)
+        gives every output its tokens' log-probabilities and that many alternatives (``sidecar.logprobs``):
+        the main output's under the target, each sidecar output's under the draft that wrote it.
         """
         sampling = Sampling(temperature, top_p, seed)
         sidecar_sampling = sidecar_sampling or sampling
@@ -153,7 +157,8 @@ class SidecarEngine:
         # without sidecar tasks nobody needs the draft's cache afterwards, so the decoder may skip the draft
         has_sidecars = any(r.sidecars for r in requests)
         mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens,
-                                    on_finish=on_finish if has_sidecars else None, on_progress=on_progress)
+                                    on_finish=on_finish if has_sidecars else None, on_progress=on_progress,
+                                    top_logprobs=top_logprobs)
         results = [DocumentResult(main, {}) for main in mains]
         generator = None
         if sidecar_sampling.seed is not None:
@@ -166,7 +171,8 @@ class SidecarEngine:
             cache = self._sidecar_cache(chunk, extra)
             context = [int(n) for n in cache.lengths]
             outs = decode_plain(self.pair.draft, cache, [p.bridge for p in chunk],
-                                [p.task.max_new_tokens for p in chunk], sidecar_sampling, generator, self.eos)
+                                [p.task.max_new_tokens for p in chunk], sidecar_sampling, generator, self.eos,
+                                top_logprobs)
             for p, out, ctx in zip(chunk, outs, context, strict=True):
                 results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx,
                                                                         len(p.catch_up) + len(p.bridge), len(chunk))
@@ -233,5 +239,5 @@ class SidecarEngine:
             decode_seconds=out.decode_seconds, seconds=out.feed_seconds + out.decode_seconds, kv_bytes=out.kv_bytes,
             attended_document=task.attend_document, batch_size=batch,
         )
-        return SidecarOutput(task.name, text, out.token_ids, parsed, error, out.finish_reason, stats)
+        return SidecarOutput(task.name, text, out.token_ids, parsed, error, out.finish_reason, stats, out.logprobs)
 

@@ -2,7 +2,8 @@
 
 Each row first feeds its own list of tokens (a whole prompt for a fresh cache, or the tokens a
 sidecar row's cache still lacks plus the task's bridge text), then decodes one token per step until
-end-of-turn or its token limit. Rows leave the batch as they finish.
+end-of-turn or its token limit. Rows leave the batch as they finish. With ``top_logprobs`` each result
+also carries the model's log-probability of each token it emitted (``sidecar.logprobs``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from transformers import PreTrainedModel
 
 from sidecar.acceptance import sample, warp
 from sidecar.kv_cache import RowKVCache, compaction_order
+from sidecar.logprobs import TokenLogprob, token_logprobs
 from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget
 
 
@@ -25,14 +27,17 @@ class PlainResult:
     feed_seconds: float  # the first forward: prefill or catch-up, shared by the batch
     decode_seconds: float
     kv_bytes: int  # KV bytes the row held when it finished: what its last step read
+    logprobs: list[TokenLogprob] | None = None  # one per token id when asked for
 
 
 def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int]], limits: list[int],
-                 sampling: Sampling, generator: torch.Generator | None, eos: set[int]) -> list[PlainResult]:
+                 sampling: Sampling, generator: torch.Generator | None, eos: set[int],
+                 top_logprobs: int | None = None) -> list[PlainResult]:
     device = cache.lengths.device
     start = time.perf_counter()
     results: list[PlainResult | None] = [None] * len(feeds)
     tokens: list[list[int]] = [[] for _ in feeds]
+    logprobs: list[list[TokenLogprob]] | None = None if top_logprobs is None else [[] for _ in feeds]
     live = list(range(len(feeds)))
     with torch.inference_mode():
         last = prefill(model, cache, feeds, prefill_budget(device))
@@ -41,6 +46,10 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
         while True:
             choice = logits.argmax(-1) if sampling.greedy else sample(
                 warp(logits, sampling.temperature, sampling.top_p), generator)
+            if logprobs is not None and top_logprobs is not None:
+                entries = token_logprobs(logits[:, None], choice[:, None], top_logprobs)
+                for slot, row in enumerate(live):
+                    logprobs[row].append(entries[slot][0])
             keep = []
             for slot, (row, token) in enumerate(zip(live, choice.tolist(), strict=True)):
                 tokens[row].append(token)
@@ -50,7 +59,8 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
                 else:
                     results[row] = PlainResult(tokens[row], reason, feed_seconds,
                                                time.perf_counter() - start - feed_seconds,
-                                               int(cache.row_bytes()[slot]))
+                                               int(cache.row_bytes()[slot]),
+                                               None if logprobs is None else logprobs[row])
             if not keep:
                 break
             if len(keep) < len(live):

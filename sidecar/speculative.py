@@ -18,11 +18,13 @@ from sidecar.acceptance import accept_greedy, accept_sampled, sample, warp
 from sidecar.errors import InputError
 from sidecar.gamma import GammaController, Source, fixed_step
 from sidecar.kv_cache import RowKVCache, compaction_order
+from sidecar.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
 
-TokenCallback = Callable[[int, list[int]], None]
+# (row index, tokens just committed, their logprob entries when asked for, else None)
+TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
 
 
 @dataclass
@@ -62,6 +64,8 @@ class GenerationOutput:
     text: str
     finish_reason: str  # "eos" | "stop" | "length"
     stats: GenerationStats
+    # one entry per token id, from the target's logits (``sidecar.logprobs``); None unless asked for
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -211,6 +215,10 @@ class SpeculativeDecoder:
     ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
     ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.lookup``) when every row
     of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
+
+    ``top_logprobs`` (None: off) makes every output carry each token's log-probability under the target
+    and that many top alternatives (``sidecar.logprobs``), read from the logits the prefill, plain step or
+    verify forward computed anyway for the position that committed the token.
     """
 
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
@@ -235,15 +243,20 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
-                 stop: list[str] | None = None, on_tokens: TokenCallback | None = None) -> list[GenerationOutput]:
+                 stop: list[str] | None = None, on_tokens: TokenCallback | None = None,
+                 top_logprobs: int | None = None) -> list[GenerationOutput]:
         limits = [max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         rows = [DecodeRow(list(p), m) for p, m in zip(prompt_ids, limits, strict=True)]
-        return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens)
+        return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens,
+                           top_logprobs=top_logprobs)
 
     def decode(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int = 8, stop: list[str] | None = None,
                on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
-               on_progress: ProgressCallback | None = None) -> list[GenerationOutput]:
+               on_progress: ProgressCallback | None = None, top_logprobs: int | None = None,
+               ) -> list[GenerationOutput]:
         self.validate(rows, sampling, batch_size)
+        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}")
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator(device=self.pair.device).manual_seed(sampling.seed)
@@ -254,7 +267,7 @@ class SpeculativeDecoder:
             chunk = order[start : start + batch_size]
             for index, output in zip(chunk, self._decode_batch([rows[i] for i in chunk], chunk, sampling,
                                                                generator, stop, on_tokens, on_finish,
-                                                               on_progress),
+                                                               on_progress, top_logprobs),
                                      strict=True):
                 outputs[index] = output
         return [o for o in outputs if o is not None]
@@ -287,7 +300,7 @@ class SpeculativeDecoder:
     def _decode_batch(self, rows: list[DecodeRow], indices: list[int], sampling: Sampling,
                       generator: torch.Generator | None, stop: list[str] | None, on_tokens: TokenCallback | None,
                       on_finish: FinishCallback | None, on_progress: ProgressCallback | None = None,
-                      ) -> list[GenerationOutput]:
+                      top_logprobs: int | None = None) -> list[GenerationOutput]:
         pair, device = self.pair, self.pair.device
         t_start = time.perf_counter()
         n = len(rows)
@@ -330,12 +343,16 @@ class SpeculativeDecoder:
                                      drafted_per_position=[0] * gamma_max, accepted_per_position=[0] * gamma_max,
                                      prefill_seconds=prefill_seconds, batch_size=n) for r in rows]
             new_tokens: list[list[int]] = [[] for _ in rows]
+            logprobs: list[list[TokenLogprob]] | None = None if top_logprobs is None else [[] for _ in rows]
             # tokens committed to the output that the draft cache does not hold yet (per live row)
             draft_backlog: list[list[int]] = [[] for _ in rows]
             finish: list[str | None] = [None] * n
             live = list(range(n))  # slot i of the caches holds row live[i]
             pending = first  # [B] last committed token, not yet in the target cache
-            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens)
+            entries = None if top_logprobs is None else token_logprobs(first_logits[:, None], first[:, None],
+                                                                         top_logprobs)
+            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens,
+                         entries, logprobs)
             budget_tokens = sum(r.max_new_tokens for r in rows)
             report(DECODE, sum(map(len, new_tokens)), budget_tokens)
             t_decode = time.perf_counter()
@@ -348,7 +365,8 @@ class SpeculativeDecoder:
                         stats[row].decode_seconds = time.perf_counter() - t_decode
                         stats[row].wall_seconds = time.perf_counter() - t_start
                         if on_finish is not None:
-                            on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row]),
+                            on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row],
+                                                                 None if logprobs is None else logprobs[row]),
                                       draft_cache, slot)
                     keep = [s for s in range(len(live)) if finish[live[s]] is None]
                     # a finished row's unused limit counts as done, so the phase ends at its total
@@ -374,12 +392,12 @@ class SpeculativeDecoder:
                 else:
                     gamma, source = self.controller.choose(len(live), limit if speculate else 0, max_lookup)
                 if gamma == 0:
-                    accepted, nxt, drafted = self._plain_step(target_cache, pending, sampling, generator)
+                    accepted, nxt, drafted, logits = self._plain_step(target_cache, pending, sampling, generator)
                     if speculate:  # the draft did not see the token the target consumed
                         for slot, row in enumerate(live):
                             draft_backlog[row].append(int(pending[slot]))
                 else:
-                    accepted, nxt, drafted = self._speculative_step(
+                    accepted, nxt, drafted, logits = self._speculative_step(
                         target_cache, draft_cache, live, pending, draft_backlog, gamma, source, copied, sampling,
                         generator)
                 pending = nxt
@@ -399,15 +417,22 @@ class SpeculativeDecoder:
                         st.drafted_per_position[k] += 1
                         st.accepted_per_position[k] += int(k < accepted_list[slot])
                 appended = [[*drafted_rows[s][:accepted_list[s]], int(nxt[s])] for s in range(len(live))]
-                self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens)
+                entries = None
+                if top_logprobs is not None:
+                    # the committed tokens: accepted drafts, then the target's own token at the first rejection
+                    chosen = torch.cat([drafted, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
+                    entries = token_logprobs(logits, chosen, top_logprobs)
+                self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens, entries, logprobs)
                 report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r]) for r in live),
                        budget_tokens)
-        return [self._output(new_tokens[i], finish[i], stats[i]) for i in range(n)]
+        return [self._output(new_tokens[i], finish[i], stats[i], None if logprobs is None else logprobs[i])
+                for i in range(n)]
 
     def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache | None, live: list[int],
                           pending: torch.Tensor, draft_backlog: list[list[int]], gamma: int, source: Source,
                           copied: list[list[int]], sampling: Sampling, generator: torch.Generator | None,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft (or copy) then verify; (accepted [B], next token [B], drafted [B, g], target logits [B, g+1, V])."""
         device = self.pair.device
         if source == "lookup":
             drafted = torch.tensor([c[:gamma] for c in copied], dtype=torch.long, device=device)
@@ -451,7 +476,7 @@ class SpeculativeDecoder:
             for slot, row in enumerate(live):
                 draft_backlog[row] += [int(pending[slot]), *copied_rows[slot][:accepted_list[slot]]]
         self.controller.observe_acceptance(accepted, width, source)
-        return accepted, nxt, drafted
+        return accepted, nxt, drafted, target_logits
 
     def _draft(self, draft_cache: RowKVCache, feed: list[list[int]], gamma: int, sampling: Sampling,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -502,17 +527,18 @@ class SpeculativeDecoder:
         return copied if all(copied) else []
 
     def _plain_step(self, target_cache: RowKVCache, pending: torch.Tensor, sampling: Sampling,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One target-only step, chosen when speculation would cost more than it saves at this batch."""
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One target-only step, chosen when speculation would cost more than it saves at this batch; returns
+        what ``_speculative_step`` does, with nothing drafted."""
         batch = pending.shape[0]
         with self.controller.timer(self.pair.device)("target", batch):
             hidden = forward(self.pair.target, target_cache, pending[:, None])
             target_cache.commit(torch.ones(batch, dtype=torch.long, device=pending.device))
             logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long,
-                                                                      device=pending.device))[:, 0]
-            nxt = self._choose(logits, sampling, generator)
+                                                                      device=pending.device))
+            nxt = self._choose(logits[:, 0], sampling, generator)
         zeros = torch.zeros(batch, dtype=torch.long, device=pending.device)
-        return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device)
+        return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device), logits
 
     # -- helpers --
 
@@ -530,8 +556,10 @@ class SpeculativeDecoder:
 
     def _append(self, live: list[int], appended: list[list[int]], new_tokens: list[list[int]],
                 rows: list[DecodeRow], finish: list[str | None], stop: list[str] | None, indices: list[int],
-                on_tokens: TokenCallback | None) -> None:
-        """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit."""
+                on_tokens: TokenCallback | None, entries: list[list[TokenLogprob]] | None = None,
+                logprobs: list[list[TokenLogprob]] | None = None) -> None:
+        """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit; with
+        ``entries`` (per slot, aligned with ``appended``) their logprobs go to ``logprobs`` alike."""
         eos = set(self.pair.eos_token_ids)
         for slot, row in enumerate(live):
             have = new_tokens[row]
@@ -549,10 +577,16 @@ class SpeculativeDecoder:
                         break
             have.extend(cut)
             finish[row] = reason
+            cut_entries = None
+            if entries is not None and logprobs is not None:
+                cut_entries = entries[slot][: len(cut)]
+                logprobs[row].extend(cut_entries)
             if on_tokens is not None and cut:
-                on_tokens(indices[row], cut)
+                on_tokens(indices[row], cut, cut_entries)
 
-    def _output(self, tokens: list[int], reason: str | None, stats: GenerationStats) -> GenerationOutput:
+    def _output(self, tokens: list[int], reason: str | None, stats: GenerationStats,
+                logprobs: list[TokenLogprob] | None = None) -> GenerationOutput:
         text = self.pair.tokenizer.decode(tokens, skip_special_tokens=True)
         stats.new_tokens = len(tokens)
-        return GenerationOutput(list(tokens), text, reason or "length", stats)
+        return GenerationOutput(list(tokens), text, reason or "length", stats,
+                                None if logprobs is None else list(logprobs))

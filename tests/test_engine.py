@@ -15,7 +15,7 @@ from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import forward, logits_at, prefill, shared_prefix_length
+from sidecar.speculative import Sampling, forward, logits_at, prefill, shared_prefix_length
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -111,7 +111,7 @@ def test_streaming_callback_sees_every_token_once(tiny):
     prompts = random_prompts(tiny, [8, 15, 3])
     seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
     outputs = SpeculativeDecoder(tiny, gamma=4).generate(prompts, max_new_tokens=25,
-                                                         on_tokens=lambda i, ids: seen[i].extend(ids))
+                                                         on_tokens=lambda i, ids, _: seen[i].extend(ids))
     assert [seen[i] for i in range(3)] == [o.token_ids for o in outputs]
 
 
@@ -631,3 +631,82 @@ def test_controller_probes_copying_after_a_run_of_steps_without_one():
     assert [i for i, choice in enumerate(choices) if choice[1] == "lookup"] == [LOOKUP_PROBE_EVERY,
                                                                               2 * LOOKUP_PROBE_EVERY + 1]
     assert all(choice == (4, "draft") for choice in choices if choice[1] == "draft")
+
+
+# -- logprobs --
+
+
+def target_log_softmax(pair, prompt, new_tokens):
+    """The target's log-softmax at each new token's position, by one plain forward over prompt + output."""
+    with torch.no_grad():
+        logits = pair.target(torch.tensor([prompt + new_tokens])).logits[0].float()
+    return torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) - 1 + len(new_tokens)]
+
+
+@pytest.mark.parametrize("steps", ["draft", "lookup", "plain"])
+def test_logprobs_are_the_targets_log_softmax_at_each_committed_token(tiny, monkeypatch, steps):
+    prompts = random_prompts(tiny, [6, 15, 9, 22], seed=13)
+    decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=steps == "plain", prompt_lookup=steps == "lookup")
+    if steps == "lookup":
+        monkeypatch.setattr("sidecar.speculative.lookup_continuation", reference_copier(tiny, prompts, 24)[1])
+    if steps == "plain":
+        learned_controller(decoder, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
+    plain = decoder.generate(prompts, max_new_tokens=24, batch_size=3)
+    outputs = decoder.generate(prompts, max_new_tokens=24, batch_size=3, top_logprobs=5)
+    if steps == "plain":
+        assert sum(o.stats.drafted for o in outputs) == 0
+    else:
+        assert sum(o.stats.lookup_accepted if steps == "lookup" else o.stats.accepted for o in outputs) > 0
+    for prompt, without, out in zip(prompts, plain, outputs, strict=True):
+        assert without.logprobs is None and out.token_ids == without.token_ids
+        assert [e.token_id for e in out.logprobs] == out.token_ids
+        reference = target_log_softmax(tiny, prompt, out.token_ids)
+        for entry, row in zip(out.logprobs, reference, strict=True):
+            assert entry.logprob == pytest.approx(row[entry.token_id].item(), abs=1e-4)
+            assert len(entry.top) == 5 and entry.top[0][0] == entry.token_id  # greedy: the argmax leads
+            assert [p for _, p in entry.top] == sorted((p for _, p in entry.top), reverse=True)
+            want = row.topk(5)
+            assert [p for _, p in entry.top] == pytest.approx(want.values.tolist(), abs=1e-4)
+
+
+def test_sampled_logprobs_leave_the_seeded_output_unchanged(tiny):
+    prompts = random_prompts(tiny, [8, 12], seed=2)
+    kwargs = dict(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    plain = SpeculativeDecoder(tiny, gamma=3).generate(prompts, **kwargs)
+    outputs = SpeculativeDecoder(tiny, gamma=3).generate(prompts, **kwargs, top_logprobs=0)
+    for prompt, without, out in zip(prompts, plain, outputs, strict=True):
+        assert out.token_ids == without.token_ids
+        reference = target_log_softmax(tiny, prompt, out.token_ids)
+        # the raw temperature-1 distribution, whatever the sampling warp was
+        assert [e.logprob for e in out.logprobs] == pytest.approx(
+            [row[t].item() for row, t in zip(reference, out.token_ids, strict=True)], abs=1e-4)
+        assert all(e.top == () for e in out.logprobs)
+
+
+def test_streamed_logprobs_are_the_outputs(tiny):
+    prompts = random_prompts(tiny, [8, 15, 3])
+    seen: dict[int, list] = {0: [], 1: [], 2: []}
+    outputs = SpeculativeDecoder(tiny, gamma=4).generate(
+        prompts, max_new_tokens=25, top_logprobs=1, on_tokens=lambda i, ids, entries: seen[i].extend(entries))
+    assert [seen[i] for i in range(3)] == [o.logprobs for o in outputs]
+
+
+def test_plain_decoding_logprobs_are_the_models_log_softmax(tiny):
+    from sidecar.plain import decode_plain
+
+    prompts = random_prompts(tiny, [5, 11], seed=9)
+    cache = RowKVCache(tiny.draft, 2, 40)
+    outs = decode_plain(tiny.draft, cache, prompts, [12, 12], Sampling(), None, set(tiny.eos_token_ids), 2)
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            logits = tiny.draft(torch.tensor([prompt + out.token_ids])).logits[0].float()
+        reference = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+        assert [e.token_id for e in out.logprobs] == out.token_ids
+        for entry, row in zip(out.logprobs, reference, strict=True):
+            assert entry.logprob == pytest.approx(row[entry.token_id].item(), abs=1e-4)
+            assert entry.top[0][0] == entry.token_id and len(entry.top) == 2
+
+
+def test_top_logprobs_outside_openais_bound_is_refused(tiny):
+    with pytest.raises(InputError, match="top_logprobs"):
+        SpeculativeDecoder(tiny).generate([[5, 6]], max_new_tokens=2, top_logprobs=21)

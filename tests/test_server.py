@@ -190,6 +190,63 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
 
 
+def chat_prompt_ids(tiny, prompt: str) -> list[int]:
+    tok = tiny.tokenizer
+    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
+    response = ask(client, PROMPTS[0], max_tokens=20, logprobs=True, top_logprobs=3)
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    local = SpeculativeDecoder(tiny).generate([chat_prompt_ids(tiny, PROMPTS[0])], 20, top_logprobs=3)[0]
+    assert [e.token for e in content] == [tiny.tokenizer.decode([t]) for t in local.token_ids]
+    assert [e.logprob for e in content] == pytest.approx([e.logprob for e in local.logprobs], abs=1e-4)
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token  # greedy: the argmax
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs),
+                                                                 reverse=True)
+    # the bytes spell the text exactly, whatever the tokens' own strings show of a split character
+    special = {tiny.tokenizer.decode([t]) for t in tiny.eos_token_ids}
+    spelled = b"".join(bytes(e.bytes) for e in content if e.token not in special)
+    assert spelled.decode(errors="replace") == response.choices[0].message.content
+
+    text, chunks = ask_streamed(client, PROMPTS[0], max_tokens=20, logprobs=True, top_logprobs=3)
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert text == response.choices[0].message.content
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-4)
+    assert ask(client, PROMPTS[0], max_tokens=20).choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("extra", [{"top_logprobs": 2}, {"logprobs": False, "top_logprobs": 2},
+                                   {"logprobs": True, "top_logprobs": 21}, {"logprobs": True, "top_logprobs": -1}])
+def test_bad_logprobs_are_400(client: openai.OpenAI, extra: dict) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, PROMPTS[0], max_tokens=4, **extra)
+    assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == "top_logprobs"
+
+
+def test_sidecars_with_logprobs(client: openai.OpenAI) -> None:
+    document = "The city council approved a new budget after a long debate about schools and roads."
+    kwargs = dict(max_tokens=12, logprobs=True, top_logprobs=2, extra_body={"sidecars": [TAGS_SPEC]})
+    response = ask(client, document, **kwargs)
+    assert len(response.choices[0].logprobs.content) == response.usage.completion_tokens
+    tags = response.model_extra["sidecars"]["hashtags"]
+    entries = tags["logprobs"]["content"]
+    assert tags["logprobs"]["refusal"] is None and len(entries) == tags["usage"]["completion_tokens"]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in entries)
+    text, chunks = ask_streamed(client, document, **kwargs)
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in response.choices[0].logprobs.content]
+    final = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["sidecars"]["hashtags"]
+    assert len(final["logprobs"]["content"]) == final["usage"]["completion_tokens"] > 0
+    assert "logprobs" not in ask(client, document, max_tokens=12,
+                                 extra_body={"sidecars": [TAGS_SPEC]}).model_extra["sidecars"]["hashtags"]
+
+
 # -- refusals --
 
 

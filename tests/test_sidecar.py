@@ -63,6 +63,26 @@ def test_sidecar_output_does_not_depend_on_gamma_or_batching(tiny):
                 assert result.sidecars[name].token_ids == first.sidecars[name].token_ids
 
 
+def test_sidecar_logprobs_are_the_drafts_and_change_no_output(tiny):
+    """With logprobs on, every output keeps its tokens; each sidecar token has the draft's log-probability,
+    the same whatever gamma and batch the main output was decoded with."""
+    requests = [SidecarRequest(d, sidecars=[HASHTAGS, TITLE]) for d in DOCS]
+    plain = SidecarEngine(tiny, gamma=4, adaptive=False).run(requests, max_new_tokens=14, batch_size=3)
+    runs = [SidecarEngine(tiny, gamma=g, adaptive=False).run(requests, max_new_tokens=14, batch_size=b,
+                                                              top_logprobs=3)
+            for g, b in ((4, 3), (1, 1))]
+    for without, first, other in zip(plain, *runs, strict=True):
+        assert first.main.token_ids == without.main.token_ids
+        assert [e.token_id for e in first.main.logprobs] == first.main.token_ids
+        for name in ("hashtags", "title"):
+            got = first.sidecars[name]
+            assert without.sidecars[name].logprobs is None and got.token_ids == without.sidecars[name].token_ids
+            assert [e.token_id for e in got.logprobs] == got.token_ids
+            assert all(e.top[0][0] == e.token_id and e.logprob <= 0 for e in got.logprobs)
+            assert [e.logprob for e in other.sidecars[name].logprobs] == pytest.approx(
+                [e.logprob for e in got.logprobs], abs=1e-4)
+
+
 def test_greedy_main_with_sampled_sidecars_branching_from_one_state(tiny):
     """The forced-summary setup: one greedy main output, many sampled copies of a task branching from it."""
     from sidecar.speculative import Sampling
