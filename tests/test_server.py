@@ -238,7 +238,7 @@ def test_sidecars_with_logprobs(client: openai.OpenAI) -> None:
     entries = tags["logprobs"]["content"]
     assert tags["logprobs"]["refusal"] is None and len(entries) == tags["usage"]["completion_tokens"]
     assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in entries)
-    text, chunks = ask_streamed(client, document, **kwargs)
+    _text, chunks = ask_streamed(client, document, **kwargs)
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in response.choices[0].logprobs.content]
     final = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["sidecars"]["hashtags"]
