@@ -288,3 +288,24 @@ def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> N
     assert api_key_from_block("judge-key").get_secret_value() == "sk-from-block"
     assert api_key_from_block(None) is None
     assert loaded == ["judge-key"]
+
+
+def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    with letters_endpoint(reads_tags) as url:
+        result = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url,
+                                          "--model", "mock"])
+    assert result.exit_code == 0, result.output
+    assert "Reliable: control accuracy 1.00 over 3 documents" in result.output
+    assert "| sidecar better | 3 |" in result.output
+    assert "Mean preference for the sidecar's tags: 0.800" in result.output
+    assert [q["reliable"] for q in db.judge_quality(TOPICAL)] == [True]
+
+    missing = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url])
+    assert missing.exit_code == 2 and "--model is required" in missing.output
