@@ -598,8 +598,13 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=both_phases),
                              output("d1", "standalone", ["#b"], stats=both_phases[1:]),
                              output("d1", "sidecar_attended", ["#a", "#town"])])
-    db.write_judgements("run-1", [JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "sidecar"),
-                                  JudgementRecord("d1", "j", "v1", 2, "standalone", "sidecar", "B", "sidecar")])
+    db.write_judgements("run-1", [
+        JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "sidecar"),
+        JudgementRecord("d1", "j", "v1", 2, "standalone", "sidecar", "B", "sidecar"),
+        # a judge that passed its control: the examples that read reliable judges have a row
+        JudgementRecord("d1", "j", "v1", 1, "own", "other", "A", "own", kind="control", foil_doc_id="d2"),
+        JudgementRecord("d1", "j", "v1", 2, "other", "own", "B", "own", kind="control", foil_doc_id="d2"),
+    ], JudgeSettingsRecord("j", "v1", "text", threshold=0.75))
     db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
     for sql in examples:
         assert db.query(sql), f"example returned no rows on a populated database:\n{sql}"
