@@ -2,7 +2,8 @@
 
 Per document a summary head and both tag sets; the cost report's headline (tag tokens per second and
 dollars per million tag tokens, sidecar against standalone, and the KV a request keeps with the
-document evicted or attended); the judge's tally; then where to look further. Every line is cut to the
+document evicted or attended); the judge's tally, its controls and whether it is reliable; then where to
+look further. Every line is cut to the
 console's width (at most ``WIDTH``), never wrapped: a table that wraps a summary one word per line is
 what this replaces.
 """
@@ -28,6 +29,8 @@ class DemoFindings:
     run_id: str
     db_path: Path
     rows: list[dict[str, Any]]
+    # per judge model and prompt version: Database.judge_tally's row with the judge_quality row's control
+    # documents, accuracy, position bias, margin and threshold, and ``preference_ci`` (None without one)
     judge: list[dict[str, Any]]
     # the cost report's headline.json (sidecar.report.Headline as a dict); None when it was not written
     headline: dict[str, Any] | None
@@ -113,6 +116,26 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
     return Group(title, *rows, Text(verdict))
 
 
+def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
+    """The mean preference with its interval, the controls, the position bias and, plainly, UNRELIABLE."""
+    lines = []
+    if tally["mean_preference"] is not None:
+        ci = tally["preference_ci"]
+        interval = "" if ci is None else f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
+        margin = "" if tally["margin"] is None else f"; tie within {tally['margin']:.3f} of 0.5"
+        lines.append(line((f"preference for the sidecar {tally['mean_preference']:.3f}{interval}{margin}", None)))
+    accuracy = tally["control_accuracy"]
+    bias = "-" if tally["position_bias"] is None else f"{tally['position_bias']:.2f}"
+    controls = ("no control answered" if accuracy is None
+                else f"accuracy {accuracy:.2f} over {tally['control_documents']} documents")
+    lines.append(line((f"controls: {controls}; position bias {bias} (0.5 = none)", None)))
+    if not tally["reliable"]:
+        threshold = tally["threshold"] if tally["threshold"] is not None else 0.75
+        lines.append(line((Text(f"UNRELIABLE: control accuracy below {threshold:.2f}; the verdicts above "
+                                "measure nothing", style="bold red"), None)))
+    return lines
+
+
 def judge_section(judge: list[dict[str, Any]]) -> Group:
     title = Text("Judge: sidecar vs standalone tags, two position-swapped games each", style="bold")
     if not judge:
@@ -125,7 +148,8 @@ def judge_section(judge: list[dict[str, Any]]) -> Group:
             f"sidecar {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses of {tally['documents']}"
             f"; position-consistent {tally['consistent']}/{decided}"
             + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
-    lines.append(Text("A tie is also what a judge says when the two positions disagree.", style="dim"))
+        lines += _judge_quality_lines(tally)
+    lines.append(Text("Controls: each document's own tags against another's, in both orders.", style="dim"))
     return Group(title, *lines)
 
 
@@ -136,7 +160,7 @@ def next_steps_section(findings: DemoFindings) -> Group:
     lines += [
         Text(f"SQL     duckdb {findings.db_path}"),
         Text(f"        SELECT * FROM results WHERE run_id = '{findings.run_id}';"),
-        Text("        (views: results, throughput, judgements, costs)", style="dim"),
+        Text("        (views: results, throughput, judgements, judge_quality, costs)", style="dim"),
     ]
     return Group(*lines)
 

@@ -11,6 +11,7 @@ import typer
 from cli.corpus import corpus_app
 from cli.cost import cost_app
 from cli.generate import generate
+from cli.judge import judge_command
 from cli.models import models_app
 from cli.pipeline import pipeline_app
 from cli.serve import serve_command
@@ -22,5 +23,6 @@ app.add_typer(corpus_app, name="corpus")
 app.command("generate")(generate)
 app.add_typer(cost_app, name="cost")
 app.command("serve")(serve_command)
+app.command("judge")(judge_command)
 app.command("ui")(ui_command)
 app.add_typer(pipeline_app)  # sidecar nightly, sidecar demo

@@ -103,10 +103,16 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     import json
 
     from flows.cost_report import report_dir
+    from sidecar.judge import bootstrap_ci
 
     out_dir = report_dir(db.path, run_id)
     headline = out_dir / "headline.json"
     html = out_dir / "cost_report.html"
-    return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=db.judge_tally(run_id),
+    quality = {(q["judge_model"], q["prompt_version"]): q for q in db.judge_quality(run_id)}
+    judge = [tally | {key: quality.get((tally["judge_model"], tally["prompt_version"]), {}).get(key)
+                      for key in ("control_documents", "control_accuracy", "position_bias", "margin", "threshold")}
+             | {"preference_ci": bootstrap_ci(tally["preferences"])}
+             for tally in db.judge_tally(run_id)]
+    return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=judge,
                         headline=json.loads(headline.read_text()) if headline.exists() else None,
                         html_path=html if html.exists() else None, seconds=seconds)

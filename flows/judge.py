@@ -2,8 +2,13 @@
 
 Documents come from the run's ``results`` (both modes written); those the same judge model and prompt
 version already judged are skipped, so a rerun asks only for what is missing. Each document is played
-twice with positions swapped (``sidecar.judge``); both games go to DuckDB, where the ``judgements`` view
-derives the verdict, and a markdown artifact summarises wins, ties, losses and errors.
+twice with positions swapped (``sidecar.judge``). The probability mode (prompt ``tags-p1``) is used where
+the endpoint returns log probabilities, probed once per run; otherwise the text mode (``tags-v1``), and
+the artifact says so. Up to ``controls`` documents also get control games (their own tags against
+another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
+a verdict. Every game goes to DuckDB, where the ``judgements`` view derives the verdict and
+``judge_quality`` the control accuracy; below ``threshold`` the run is marked unreliable there and in the
+markdown artifact, which summarises wins, ties, losses, the mean preference and the controls.
 
 The judge is any OpenAI-compatible endpoint (``base_url``). Without one, the flow starts the project's
 own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway key. The key of an
@@ -28,8 +33,18 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from flows.progress import RunProgress
-from sidecar.judge import JudgeConfig, JudgeItem, JudgeResult, JudgeSummary, judge_pairs, summarize_judgements
-from storage import Database, JudgementRecord, UnknownRunError
+from sidecar.judge import (
+    DEFAULT_PROMPT_VERSION,
+    Detection,
+    JudgeConfig,
+    JudgeItem,
+    JudgeResult,
+    JudgeSummary,
+    detect_prompt_version,
+    judge_pairs,
+    summarize_judgements,
+)
+from storage import Database, JudgementRecord, JudgeSettingsRecord, UnknownRunError
 
 DEFAULT_JUDGE_PAIR = "qwen-coder-small"
 
@@ -53,27 +68,39 @@ def judge_documents(items: list[JudgeItem], config: JudgeConfig, run_id: str) ->
 
     def judged(result: JudgeResult) -> None:
         progress.advance()
-        logger.info("document %s judged (%d of %d): %s", result.doc_id, progress.done, progress.total, result.verdict)
+        preference = "" if result.preference is None else f" (preference {result.preference:.3f})"
+        logger.info("document %s judged (%d of %d): %s%s", result.doc_id, progress.done, progress.total,
+                    result.verdict, preference)
 
     with RunProgress(f"{_artifact_key(run_id)}-progress", f"Documents of run {run_id} judged", len(items),
                      "doc") as progress:
         return judge_pairs(items, config, on_result=judged)
 
 
+@task(name="detect-judge-mode", cache_policy=NO_CACHE)
+def detect_mode(items: list[JudgeItem], config: JudgeConfig) -> Detection:
+    """The prompt version this run uses: the probability prompt where the endpoint returns log probabilities."""
+    probe = next((item for item in items if item.sidecar_tags and item.standalone_tags), None)
+    if probe is None:
+        return Detection(config.prompt_version, "Nothing to judge: the endpoint was not asked.")
+    return detect_prompt_version(probe, config)
+
+
 @task(name="store-judgements", cache_policy=NO_CACHE)
 def store_judgements(db: Database, run_id: str, results: list[JudgeResult], config: JudgeConfig) -> int:
-    """Write both games of every judged document (skipped documents have none); returns the games written."""
-    records = []
-    for result in results:
-        for game in result.games:
-            sidecar_first = game.sidecar_position == "A"
-            records.append(JudgementRecord(
-                doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
-                mode_a="sidecar" if sidecar_first else "standalone",
-                mode_b="standalone" if sidecar_first else "sidecar",
-                raw_answer=game.raw_answer, winner=game.winner, error=game.error))
+    """Write every game of every judged document (skipped documents have none), controls included, with the
+    settings the verdicts are read with; returns the games written."""
+    records = [
+        JudgementRecord(
+            doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
+            mode_a=game.sides[0], mode_b=game.sides[1], raw_answer=game.raw_answer, winner=game.winner,
+            error=game.error, kind=game.kind, p_a=game.p_a, p_b=game.p_b,
+            foil_doc_id=result.foil_doc_id if game.kind == "control" else None)
+        for result in results for game in (*result.games, *result.controls)]
     if records:
-        db.write_judgements(run_id, records)
+        db.write_judgements(run_id, records, JudgeSettingsRecord(
+            judge_model=config.model, prompt_version=config.prompt_version, mode=config.mode,
+            threshold=config.threshold, margin_floor=config.margin_floor if config.mode == "probability" else None))
     return len(records)
 
 
@@ -95,9 +122,12 @@ def _artifact_key(run_id: str) -> str:
 @flow(name="judge", flow_run_name="judge-{run_id}")
 def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
           judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
-          retries: int = 2, db_path: str | None = None, prompt_version: str = "tags-v1",
-          timeout_s: float = 600.0) -> JudgeSummary:
-    """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally."""
+          retries: int = 2, db_path: str | None = None, prompt_version: str = DEFAULT_PROMPT_VERSION,
+          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.75) -> JudgeSummary:
+    """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally.
+
+    ``controls`` documents at most get control games; a control accuracy below ``threshold`` marks the
+    run's verdicts unreliable."""
     logger = get_run_logger()
     if base_url is not None and not judge_model:
         raise ValueError("judge_model is required with base_url (the endpoint's model id)")
@@ -109,7 +139,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
     with contextlib.ExitStack() as stack:
         # a CPU-served judge answers in minutes, not seconds: the demo's judge games timed out at 60 s
         settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version,
-                    "timeout_s": timeout_s}
+                    "timeout_s": timeout_s, "controls": controls, "threshold": threshold}
         needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items)
         if base_url is None:
             key = secrets.token_urlsafe(32)
@@ -123,13 +153,18 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
             config = JudgeConfig(base_url=url, api_key=SecretStr(key), **settings)
         else:
             config = JudgeConfig(base_url=base_url, api_key=api_key_from_block(api_key_secret_block), **settings)
+        detection = detect_mode(items, config)
+        logger.info("run %s: %s", run_id, detection.note)
+        if detection.prompt_version != config.prompt_version:
+            config = config.model_copy(update={"prompt_version": detection.prompt_version})
+            items, judged_before = pending_documents(db, run_id, model, config.prompt_version)
         results = judge_documents(items, config, run_id)
 
     games = store_judgements(db, run_id, results, config)
-    summary = summarize_judgements(results, config)
-    logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored",
+    summary = summarize_judgements(results, config, mode_note=detection.note)
+    logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored. %s",
                 run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,
-                games)
+                games, summary.reliability_line())
     note = (f"\nRun `{run_id}`: {summary.total} documents considered now; {judged_before} judged before by this "
             "judge and prompt version were not asked again.\n")
     create_markdown_artifact(summary.to_markdown() + note, key=_artifact_key(run_id),

@@ -26,6 +26,7 @@ from storage.records import (
     CostRecord,
     Document,
     JudgementRecord,
+    JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
 )
@@ -292,18 +293,24 @@ class Database:
 
     # -- judgements and costs ------------------------------------------------------------------------
 
-    def write_judgements(self, run_id: str, rows: Sequence[JudgementRecord]) -> None:
-        """Store judge games; a game already stored under the same key is replaced."""
+    def write_judgements(self, run_id: str, rows: Sequence[JudgementRecord],
+                         settings: JudgeSettingsRecord | None = None) -> None:
+        """Store judge games, and with ``settings`` what their verdicts are read with, in one transaction;
+        a game or settings row already stored under the same key is replaced."""
         records = [row("judgement_games", j, run_id=run_id) for j in rows]
-        write_tables(self.path, [TableWrite("judgement_games", arrow_table("judgement_games", records))],
-                     self.retry, check=_require_run(run_id))
+        writes = [TableWrite("judgement_games", arrow_table("judgement_games", records))]
+        if settings is not None:
+            writes.append(TableWrite("judge_settings",
+                                     arrow_table("judge_settings", [row("judge_settings", settings, run_id=run_id)])))
+        write_tables(self.path, writes, self.retry, check=_require_run(run_id))
 
     def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents whose two games both got an answer: without an error, or with a raw answer that could
+        """Documents whose two main games both got an answer: without an error, or with a raw answer that could
         not be parsed (asking again would give the same). Games that failed without an answer are retried."""
         rows = self.query(
             "SELECT doc_id FROM judgement_games WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
-            "AND (error IS NULL OR raw_answer IS NOT NULL) GROUP BY doc_id HAVING count(DISTINCT game) = 2",
+            "AND kind = 'main' AND (error IS NULL OR raw_answer IS NOT NULL) "
+            "GROUP BY doc_id HAVING count(DISTINCT game) = 2",
             [run_id, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}
@@ -350,19 +357,29 @@ class Database:
 
     def judge_tally(self, run_id: str) -> list[dict[str, Any]]:
         """The run's ``judgements`` counted per judge model and prompt version: documents, sidecar ``wins``,
-        ``losses`` (standalone won), ``ties``, ``undecided`` (a game without a parsed winner) and
-        ``consistent`` (both position-swapped games named the same winner)."""
+        ``losses`` (standalone won), ``ties``, ``undecided`` (a game without a parsed winner), ``consistent``
+        (both position-swapped games named the same winner), ``mean_preference`` and the documents'
+        ``preferences`` (probability mode; NULL and empty in the text mode) and ``reliable``."""
         return self.query(
             "SELECT judge_model, prompt_version, count(*) AS documents, "
             "count(*) FILTER (WHERE verdict = 'sidecar') AS wins, "
             "count(*) FILTER (WHERE verdict = 'standalone') AS losses, "
             "count(*) FILTER (WHERE verdict = 'tie') AS ties, "
             "count(*) FILTER (WHERE verdict IS NULL) AS undecided, "
-            "count(*) FILTER (WHERE consistent) AS consistent "
+            "count(*) FILTER (WHERE consistent) AS consistent, "
+            "avg(preference) AS mean_preference, "
+            "coalesce(list(preference ORDER BY doc_id) FILTER (WHERE preference IS NOT NULL), []) AS preferences, "
+            "bool_and(reliable) AS reliable "
             "FROM judgements WHERE run_id = ? "
             "GROUP BY judge_model, prompt_version ORDER BY judge_model, prompt_version",
             [run_id],
         )
+
+    def judge_quality(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's rows of the ``judge_quality`` view, per judge model and prompt version: control games,
+        documents and accuracy, position bias, calibrated margin, threshold and whether it is reliable."""
+        return self.query("SELECT * FROM judge_quality WHERE run_id = ? ORDER BY judge_model, prompt_version",
+                          [run_id])
 
     def request_acceptance(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Accepted / drafted per request of the speculative main phase (all runs, or one), with the run's

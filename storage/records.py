@@ -19,6 +19,10 @@ Phase = Literal["main", "sidecar"]
 RejectReason = Literal["empty", "null", "duplicate_id", "not_utf8", "too_long", "over_context"]
 RunStatus = Literal["running", "completed", "failed"]
 CostSource = Literal["measured", "projected"]
+# main: sidecar against standalone tags; control: a document's own tags against another's; null: a tag set
+# against itself in reversed order (the migrations hold the same lists as CHECK constraints)
+GameKind = Literal["main", "control", "null"]
+JudgeMode = Literal["probability", "text"]
 
 
 @dataclass(frozen=True)
@@ -124,10 +128,12 @@ class OutputRecord:
 
 @dataclass(frozen=True)
 class JudgementRecord:
-    """One game of a pairwise judgement: the judge saw ``mode_a``'s output first, then ``mode_b``'s.
+    """One game of a pairwise judgement: the judge saw ``mode_a``'s tags first, then ``mode_b``'s.
 
-    Game 2 swaps the positions of game 1. ``winner`` is the winning mode, ``"tie"``, or None when the
-    answer could not be parsed or the call failed (``error``).
+    Game 2 swaps the positions of game 1. ``winner`` is the winning side, ``"tie"``, or None when the
+    answer could not be parsed or the call failed (``error``). In a ``control`` game the sides are
+    ``own`` and ``other`` (the sidecar tags of ``foil_doc_id``), in a ``null`` game ``original`` and
+    ``reversed``. ``p_a`` and ``p_b`` are the probabilities of answering A and B (probability mode only).
     """
 
     doc_id: str
@@ -139,6 +145,22 @@ class JudgementRecord:
     raw_answer: str | None
     winner: str | None
     error: str | None = None
+    kind: GameKind = "main"
+    p_a: float | None = None
+    p_b: float | None = None
+    foil_doc_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JudgeSettingsRecord:
+    """What a judge flow reads its run's verdicts with: the answer ``mode``, the control accuracy
+    ``threshold`` below which they are unreliable, and the least calibrated margin (probability mode)."""
+
+    judge_model: str
+    prompt_version: str
+    mode: JudgeMode
+    threshold: float
+    margin_floor: float | None = None
 
 
 @dataclass(frozen=True)

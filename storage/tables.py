@@ -21,6 +21,7 @@ from storage.records import (
     CostRecord,
     Document,
     JudgementRecord,
+    JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
     RejectReason,
@@ -97,6 +98,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "request_stats": pa.schema([RUN_ID, *record_columns(OutputRecord, only=("doc_id", "mode", "batch_id")),
                                 *record_columns(RequestStats)]),
     "judgement_games": pa.schema([RUN_ID, *record_columns(JudgementRecord)]),
+    "judge_settings": pa.schema([RUN_ID, *record_columns(JudgeSettingsRecord)]),
     "cost_estimates": pa.schema(record_columns(CostRecord)),
 }
 

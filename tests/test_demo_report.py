@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from cli.demo_report import WIDTH, DemoFindings, render, summary_head
@@ -13,13 +14,22 @@ LONG_SUMMARY = ("- The city council approved a new budget on Tuesday after a lon
                 "parks and the new library downtown\n- Second bullet")
 
 
+TEXT_TALLY = {"judge_model": "qwen-coder-small", "prompt_version": "tags-v1", "documents": 4, "wins": 1,
+              "losses": 0, "ties": 2, "undecided": 1, "consistent": 2, "mean_preference": None, "preferences": [],
+              "reliable": False, "control_documents": 4, "control_accuracy": 0.5, "position_bias": 0.875,
+              "margin": None, "threshold": 0.75, "preference_ci": None}
+PROBABILITY_TALLY = TEXT_TALLY | {
+    "prompt_version": "tags-p1", "wins": 0, "ties": 4, "undecided": 0, "consistent": 1, "mean_preference": 0.5125,
+    "preferences": [0.49, 0.51, 0.52, 0.53], "reliable": True, "control_accuracy": 1.0, "position_bias": 0.6213,
+    "margin": 0.031, "preference_ci": (0.4975, 0.5275)}
+
+
 def findings(**changes) -> DemoFindings:
     values = dict(
         run_id="nightly-20261201-abc", db_path=Path("data/sidecar.duckdb"),
         rows=[{"doc_id": "a1", "title": "Council budget", "summary": LONG_SUMMARY,
                "sidecar_tags": ["budget", "council", "schools"], "standalone_tags": None}],
-        judge=[{"judge_model": "qwen-coder-small", "prompt_version": "tags-v1", "documents": 4, "wins": 1,
-                "losses": 0, "ties": 2, "undecided": 1, "consistent": 2}],
+        judge=[TEXT_TALLY],
         headline={"gpu_type": "NVIDIA H200", "pair": "qwen2.5-7b", "basis": "measured", "batch_sizes": [32],
                   "sidecar_tokens_per_s": 1000.0, "standalone_tokens_per_s": 800.0, "usd_per_gpu_hour": 3.5,
                   "sidecar_usd_per_mtok": 0.9722, "standalone_usd_per_mtok": 1.2153,
@@ -61,6 +71,18 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
     assert "cost_report.html" in text and "412 s in all" in text
 
 
+def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliable() -> None:
+    text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY, PROBABILITY_TALLY])))
+    assert max(map(len, lines)) <= WIDTH
+    assert "controls: accuracy 0.50 over 4 documents; position bias 0.88 (0.5 = none)" in text
+    assert "UNRELIABLE: control accuracy below 0.75; the verdicts above measure nothing" in text
+    assert text.count("UNRELIABLE") == 1  # the probability judge passed its controls
+    assert "preference for the sidecar 0.512 (95% CI 0.497-0.527); tie within 0.031 of 0.5" in text
+    assert "controls: accuracy 1.00 over 4 documents; position bias 0.62 (0.5 = none)" in text
+    narrow = rendered(findings(judge=[TEXT_TALLY, PROBABILITY_TALLY]), width=60)
+    assert max(map(len, narrow)) <= 60 and any(line.startswith("UNRELIABLE") for line in narrow)
+
+
 def test_missing_parts_say_why() -> None:
     text = "\n".join(rendered(findings(headline=None, judge=[], html_path=None)))
     assert "no cost report headline" in text and "nothing judged" in text and "cost_report.html" not in text
@@ -69,3 +91,32 @@ def test_missing_parts_say_why() -> None:
 def test_summary_head_is_the_first_line_without_its_bullet() -> None:
     assert summary_head("\n\n* First point\n- second") == "First point"
     assert summary_head("") == "(empty summary)"
+
+
+def test_findings_join_the_tally_with_the_judges_quality_and_interval(tmp_path: Path) -> None:
+    from cli.pipeline import findings as read_findings
+    from storage import Database, JudgementRecord, JudgeSettingsRecord
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("r", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=1)
+
+    def pair(doc: str, kind: str, subject: str, other: str, p1: float, p2: float) -> list[JudgementRecord]:
+        foil = "d0" if kind == "control" else None
+        return [JudgementRecord(doc, "j", "tags-p1", 1, subject, other, "A", subject if p1 > 0.5 else other,
+                                kind=kind, p_a=p1, p_b=1 - p1, foil_doc_id=foil),
+                JudgementRecord(doc, "j", "tags-p1", 2, other, subject, "A", other if p2 > 0.5 else subject,
+                                kind=kind, p_a=p2, p_b=1 - p2, foil_doc_id=foil)]
+
+    games = [*pair("d1", "main", "sidecar", "standalone", 0.9, 0.6), *pair("d2", "main", "sidecar", "standalone",
+                                                                            0.7, 0.8),
+             *pair("d1", "control", "own", "other", 0.9, 0.2), *pair("d1", "null", "original", "reversed", 0.6, 0.5)]
+    db.write_judgements("r", games, JudgeSettingsRecord("j", "tags-p1", "probability", 0.75, 0.02))
+
+    [tally] = read_findings(db, "r", 1.0).judge
+    assert (tally["control_documents"], tally["control_accuracy"], tally["threshold"]) == (1, 1.0, 0.75)
+    assert tally["margin"] == pytest.approx(0.05) and tally["reliable"] is True
+    assert tally["mean_preference"] == pytest.approx((0.65 + 0.45) / 2)
+    low, high = tally["preference_ci"]
+    assert low <= tally["mean_preference"] <= high
+    text = "\n".join(rendered(findings(judge=[tally])))
+    assert "preference for the sidecar 0.550 (95% CI" in text and "UNRELIABLE" not in text

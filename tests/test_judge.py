@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
+import zlib
 from collections.abc import Callable
 
 import httpx
@@ -28,6 +30,7 @@ from sidecar.judge import (
     parse_judge_answer,
     summarize_judgements,
 )
+from sidecar.judge import games as judge_games
 
 BASE_URL = "http://judge.test/v1"
 API_KEY = "sk-test-0123456789abcdef"
@@ -37,7 +40,8 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 
 def make_config(**overrides: object) -> JudgeConfig:
-    # No backoff sleeps in tests; retries=2 keeps attempt counts small but still shows retrying.
+    # No backoff sleeps in tests; retries=2 keeps attempt counts small but still shows retrying. The text mode
+    # without controls unless a test asks for them: the probability mode and the controls have tests of their own.
     values: dict[str, object] = {
         "model": "judge-test",
         "base_url": BASE_URL,
@@ -45,6 +49,8 @@ def make_config(**overrides: object) -> JudgeConfig:
         "retries": 2,
         "backoff_base_s": 0.0,
         "timeout_s": 5.0,
+        "prompt_version": "tags-v1",
+        "controls": 0,
     }
     values.update(overrides)
     return JudgeConfig.model_validate(values)
@@ -398,7 +404,7 @@ def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
 
 def test_backoff_sleeps_between_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(judge.time, "sleep", slept.append)
+    monkeypatch.setattr(judge_games.time, "sleep", slept.append)
     handler = CountingHandler(lambda _r: httpx.Response(503, json={"error": {"message": "busy"}}))
 
     judge_pairs([item()], make_config(retries=3, backoff_base_s=0.5, backoff_max_s=10.0), make_client(handler))
@@ -559,3 +565,253 @@ def test_api_key_never_appears_in_repr_logs_or_results(caplog: pytest.LogCapture
     ]
     for text in exposed:
         assert API_KEY not in text
+
+
+# --- probability mode -------------------------------------------------------------------------------
+
+
+def letters_completion(p_a: float, p_b: float, content: str = "A",
+                       extra: list[tuple[str, float]] = ()) -> httpx.Response:
+    """A completion whose one token has ``A`` and ``B`` (and ``extra``) among its top log probabilities."""
+    top = [{"token": "A", "logprob": math.log(p_a)}, {"token": "B", "logprob": math.log(p_b)}]
+    top += [{"token": token, "logprob": math.log(p)} for token, p in extra]
+    token = {"token": content, "logprob": top[0]["logprob"] if content == "A" else top[1]["logprob"],
+             "top_logprobs": top}
+    body = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": "judge-test",
+            "choices": [{"index": 0, "finish_reason": "length", "logprobs": {"content": [token]},
+                         "message": {"role": "assistant", "content": content}}]}
+    return httpx.Response(200, json=body)
+
+
+def probability_config(**overrides: object) -> JudgeConfig:
+    return make_config(**({"prompt_version": "tags-p1", "controls": 20} | overrides))
+
+
+def topical_items(count: int) -> list[JudgeItem]:
+    """Documents whose summaries name their own sidecar tags, so a judge that reads can tell them apart."""
+    topics = ["budget", "flood", "election", "vaccine", "strike", "harvest"]
+    return [JudgeItem(doc_id=f"doc-{i}", summary=f"- A story about the {topics[i]} and the {topics[i]}s.",
+                      sidecar_tags=[topics[i], f"{topics[i]}s"], standalone_tags=["news", "today"])
+            for i in range(count)]
+
+
+def topical_judge(noise: float = 0.0, first_bias: float = 0.1) -> CountingHandler:
+    """P(A) from how many of each set's tags the summary names, plus a pull towards the first position and
+    ``noise`` that depends on the prompt only (the same prompt always gets the same answer)."""
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        user = json.loads(request.content)["messages"][-1]["content"]
+        summary = user.split("<<<", 1)[1].split(">>>", 1)[0]
+        tags_a, tags_b = shown_tag_sets(request)
+        named = sum(t in summary for t in tags_a) - sum(t in summary for t in tags_b)
+        jitter = (zlib.crc32(user.encode()) % 1000 / 999 - 0.5) * 2 * noise
+        p_a = min(0.99, max(0.01, 0.5 + 0.15 * named + first_bias + jitter))
+        return letters_completion(p_a * 0.9, (1 - p_a) * 0.9)
+
+    return CountingHandler(respond)
+
+
+def test_a_judge_that_always_answers_a_prefers_nothing_and_its_run_is_unreliable() -> None:
+    handler = CountingHandler(lambda _r: letters_completion(math.exp(-1e-4), math.exp(-9.5)))
+    items = topical_items(5)
+
+    results = judge_pairs(items, probability_config(), make_client(handler))
+
+    assert all(r.preference == pytest.approx(0.5) for r in results)
+    assert [r.verdict for r in results] == ["tie"] * 5
+    assert all(r.foil_doc_id is not None and len(r.games_of("control")) == 2 for r in results)
+    summary = summarize_judgements(results, probability_config())
+    assert summary.control_accuracy == pytest.approx(0.5)  # chance
+    assert summary.position_bias == pytest.approx(1.0, abs=1e-3)
+    assert summary.reliable is False
+    assert "UNRELIABLE" in summary.to_markdown() and "measure nothing" in summary.to_markdown()
+    first = json.loads(handler.requests[0].content)
+    assert (first["logprobs"], first["top_logprobs"], first["max_tokens"], first["temperature"]) == (True, 5, 1, 0)
+    assert first["messages"][-1]["content"].endswith("Answer with one letter: A or B")
+
+
+def test_a_judge_that_reads_the_tags_passes_its_controls_and_its_preference_is_debiased() -> None:
+    items = topical_items(6)
+    items[0] = items[0].model_copy(update={"standalone_tags": ["budget", "news"]})  # one tag named: still worse
+
+    results = judge_pairs(items, probability_config(), make_client(topical_judge(first_bias=0.15)))
+
+    summary = summarize_judgements(results, probability_config())
+    assert summary.control_accuracy == 1.0 and summary.control_documents == 6 and summary.reliable
+    assert summary.position_bias > 0.6  # the pull towards A is measured ...
+    # ... and cancelled: the sidecar names two tags, the standalone none (one for doc-0): 0.5 + 0.15 * 2
+    assert [r.preference for r in results] == pytest.approx([0.65] + [0.8] * 5)
+    assert all(r.verdict == "sidecar" for r in results)
+    assert summary.mean_preference == pytest.approx((0.65 + 5 * 0.8) / 6)
+    low, high = summary.preference_ci
+    assert low <= summary.mean_preference <= high
+    assert summary.preference_ci == summarize_judgements(results, probability_config()).preference_ci  # seeded
+    assert "Reliable: control accuracy 1.00 over 6 documents" in summary.to_markdown()
+    # the foils are a derangement of the sample: nobody's own tags, each document's tags used once
+    foils = {r.doc_id: r.foil_doc_id for r in results}
+    assert all(doc != foil for doc, foil in foils.items()) and sorted(foils.values()) == sorted(foils)
+
+
+def test_the_margin_is_calibrated_from_the_null_games_of_the_run() -> None:
+    items = topical_items(6)
+    margins = []
+    for noise in (0.03, 0.2):
+        results = judge_pairs(items, probability_config(), make_client(topical_judge(noise=noise)))
+        summary = summarize_judgements(results, probability_config())
+        nulls = [judge.preference(r.games_of("null")) for r in results]
+        assert len(nulls) == 6 and all(n is not None for n in nulls)
+        assert summary.margin == pytest.approx(max(0.02, *(abs(n - 0.5) for n in nulls)))
+        margins.append(summary.margin)
+    assert margins[0] < margins[1]
+    assert margins[1] > 0.05
+
+
+def test_a_preference_within_the_margin_is_a_tie() -> None:
+    def game(number: int, p_first: float, kind: str = "main") -> GameResult:
+        return GameResult(game=number, kind=kind, sidecar_position="A" if number == 1 else "B", raw_answer="A",
+                          choice="A", winner=None, reason=None, error=None, attempts=1, latency_s=0.0,
+                          p_a=p_first, p_b=1 - p_first)
+
+    slightly = [game(1, 0.56), game(2, 0.5)]  # 0.53
+    assert judge.preference(slightly) == pytest.approx(0.53)
+    assert judge.preference_verdict(slightly, margin=0.05) == "tie"
+    assert judge.preference_verdict(slightly, margin=0.02) == "sidecar"
+    assert judge.preference_verdict([game(1, 0.2), game(2, 0.6)], margin=0.05) == "standalone"
+    assert judge.calibrated_margin([0.5, 0.51, None], floor=0.02) == 0.02
+    assert judge.calibrated_margin([0.44, 0.51], floor=0.02) == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize(("top", "expected"), [
+    ([("A", 0.6), ("B", 0.3)], (0.6, 0.3)),
+    ([(" A", 0.4), ("a", 0.1), (" b", 0.2), ("The", 0.3)], (0.5, 0.2)),
+    ([("A", 0.7), ("Sure", 0.2)], (0.7, 0.0)),
+])
+def test_letter_probabilities_tolerate_spaces_and_case(top: list[tuple[str, float]],
+                                                       expected: tuple[float, float]) -> None:
+    reply = judge.answers.Reply("A", [{token: math.log(p) for token, p in top}])
+    assert judge.letter_probabilities(reply) == pytest.approx(expected)
+
+
+def test_letter_probabilities_read_the_first_position_that_holds_a_letter() -> None:
+    reply = judge.answers.Reply("Answer: B", [{"Answer": math.log(0.9)}, {":": -0.1}, {" B": math.log(0.8)}])
+    assert judge.letter_probabilities(reply) == pytest.approx((0.0, 0.8))
+    with pytest.raises(JudgeAnswerError, match="no answer letter"):
+        judge.letter_probabilities(judge.answers.Reply("x", [{"x": 0.0}]))
+
+
+# --- retries change the request ---------------------------------------------------------------------
+
+
+def request_knobs(request: httpx.Request) -> tuple:
+    body = json.loads(request.content)
+    return tuple(body.get(key) for key in ("max_tokens", "temperature", "seed", "top_logprobs"))
+
+
+def test_text_retries_of_an_unparseable_answer_ask_for_more_tokens_then_sample_with_new_seeds() -> None:
+    handler = always('{"winner": "A", "reas')  # cut mid-JSON, as a small budget cuts it
+
+    results = judge_pairs([item()], make_config(retries=3, max_tokens=100), make_client(handler))
+
+    assert results[0].verdict == "error"
+    first_game = [request_knobs(r) for r in handler.requests[:4]]
+    assert first_game == [(100, 0, None, None), (200, 0, None, None), (200, 0.7, 1, None), (200, 0.7, 2, None)]
+    assert len(set(first_game)) == 4  # no retry repeats a request
+
+
+def test_probability_retries_widen_the_alternatives_then_sample() -> None:
+    no_letter = always("x")  # a reply without log probabilities
+
+    results = judge_pairs([item()], probability_config(retries=2, controls=0), make_client(no_letter))
+
+    assert results[0].verdict == "error" and "no log probabilities" in results[0].games[0].error
+    assert [request_knobs(r) for r in no_letter.requests[:3]] == [(1, 0, None, 5), (8, 0, None, 20), (8, 0.7, 1, 20)]
+
+
+def test_transport_failures_are_asked_again_unchanged() -> None:
+    calls = iter(range(1_000))
+
+    def respond(_request: httpx.Request) -> httpx.Response:
+        if next(calls) == 0:
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        return completion(verdict_json("tie"))
+
+    handler = CountingHandler(respond)
+    judge_pairs([item()], make_config(), make_client(handler))
+    assert request_knobs(handler.requests[0]) == request_knobs(handler.requests[1])
+
+
+# --- which mode a run uses --------------------------------------------------------------------------
+
+
+def test_an_endpoint_with_logprobs_keeps_the_probability_mode() -> None:
+    handler = CountingHandler(lambda _r: letters_completion(0.6, 0.3))
+    detection = judge.detect_prompt_version(item(), probability_config(), make_client(handler))
+    assert detection.prompt_version == "tags-p1" and "Probability mode" in detection.note
+    assert len(handler.requests) == 1
+
+
+@pytest.mark.parametrize("respond", [
+    pytest.param(lambda _r: completion('{"winner": "A"}'), id="no-logprobs-in-the-reply"),
+    pytest.param(lambda _r: httpx.Response(400, json={"error": {"message": "logprobs are not supported"}}),
+                 id="refused-400"),
+    pytest.param(lambda _r: httpx.Response(422, json={"detail": "logprobs are not supported"}), id="refused-422"),
+])
+def test_an_endpoint_without_logprobs_falls_back_to_the_text_mode_and_says_so(respond: Handler) -> None:
+    detection = judge.detect_prompt_version(item(), probability_config(), make_client(CountingHandler(respond)))
+    assert detection.prompt_version == judge.TEXT_FALLBACK == "tags-v1"
+    assert "text mode" in detection.note and "log probabilities" in detection.note
+
+
+def test_a_probe_that_cannot_connect_decides_nothing_and_a_text_prompt_needs_no_probe() -> None:
+    def respond(_request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    handler = CountingHandler(respond)
+    detection = judge.detect_prompt_version(item(), probability_config(retries=1), make_client(handler))
+    assert detection.prompt_version == "tags-p1" and "unconfirmed" in detection.note
+    assert len(handler.requests) == 2
+    silent = CountingHandler(follows_content)
+    assert judge.detect_prompt_version(item(), make_config(), make_client(silent)).prompt_version == "tags-v1"
+    assert silent.requests == []
+
+
+# --- controls and statistics ------------------------------------------------------------------------
+
+
+def test_control_foils_are_a_derangement_that_skips_identical_tags() -> None:
+    docs = [("a", ["x", "y"]), ("b", ["y", "x"]), ("c", ["z"]), ("d", ["w"])]
+    foils = judge.control_foils(docs, limit=20)
+    assert {doc: foil.doc_id for doc, foil in foils.items()} == {"a": "c", "b": "c", "c": "d", "d": "a"}
+    assert set(judge.control_foils(docs, limit=2)) == set()  # a and b have the same set: no control
+    assert judge.control_foils(docs[:1], limit=20) == {}
+    assert judge.null_tags(["x", "y"]) == ["y", "x"] and judge.null_tags(["x"]) is None
+
+
+def test_text_mode_controls_count_both_games_for_the_own_tags() -> None:
+    items = topical_items(3)
+
+    def reads_tags(request: httpx.Request) -> httpx.Response:
+        user = json.loads(request.content)["messages"][-1]["content"]
+        tags_a, tags_b = shown_tag_sets(request)
+        score = sum(t in user.split(">>>")[0] for t in tags_a) - sum(t in user.split(">>>")[0] for t in tags_b)
+        return completion(verdict_json("A" if score > 0 else "B" if score < 0 else "tie"))
+
+    results = judge_pairs(items, make_config(controls=20), make_client(CountingHandler(reads_tags)))
+    summary = summarize_judgements(results, make_config(controls=20))
+    assert (summary.mode, summary.control_documents, summary.control_accuracy, summary.reliable) == (
+        "text", 3, 1.0, True)
+    assert summary.margin is None and all(r.preference is None for r in results)
+    assert not any(r.games_of("null") for r in results)  # null games only calibrate probability verdicts
+
+    always_a = judge_pairs(items, make_config(controls=20), make_client(always(verdict_json("A"))))
+    summary = summarize_judgements(always_a, make_config(controls=20))
+    assert (summary.control_accuracy, summary.position_bias, summary.reliable) == (0.5, 1.0, False)
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean() -> None:
+    values = [0.4, 0.45, 0.5, 0.55, 0.7, 0.52]
+    interval = judge.bootstrap_ci(values, resamples=500, seed=3)
+    assert interval == judge.bootstrap_ci(values, resamples=500, seed=3)
+    assert interval[0] < sum(values) / len(values) < interval[1]
+    assert interval != judge.bootstrap_ci(values, resamples=500, seed=4)
+    assert judge.bootstrap_ci([0.5]) is None

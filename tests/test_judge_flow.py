@@ -1,12 +1,18 @@
-"""The judge flow end to end: a real DuckDB file, an ephemeral Prefect API and `sidecar serve` with the tiny pair.
+"""The judge flow end to end: a real DuckDB file, an ephemeral Prefect API, and as the judge `sidecar serve` with
+the tiny pair or an OpenAI-shaped endpoint mocked on loopback that answers with log probabilities.
 
-The tiny pair's answers are random text, never a JSON verdict, so every judged document is an error; the
-flow must still complete, store both games and publish its artifact.
+The tiny pair's answers are random text, never a verdict, so every judged document is an error; the flow must
+still complete, store every game and publish its artifact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -52,9 +58,11 @@ def db(tmp_path: Path) -> Database:
     return db
 
 
-def games(db: Database) -> list[dict]:
+def games(db: Database, prompt_version: str | None = None) -> list[dict]:
+    """The main games (of one prompt version, or all)."""
     return db.query("SELECT doc_id, game, mode_a, mode_b, raw_answer, winner, error, judge_model "
-                    "FROM judgement_games ORDER BY doc_id, game")
+                    "FROM judgement_games WHERE kind = 'main' AND ($version IS NULL OR prompt_version = $version) "
+                    "ORDER BY doc_id, game", {"version": prompt_version})
 
 
 def artifacts(flow_run_id) -> dict:
@@ -87,36 +95,145 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
     dead = f"http://127.0.0.1:{free_port()}/v1"
     summary = judge(RUN, judge_model="tiny", base_url=dead, retries=0, db_path=str(db.path))
     assert (summary.total, summary.errors, summary.skipped, summary.judged) == (3, 2, 1, 0)
+    # the probe could not tell whether the endpoint has log probabilities: the default prompt stays
+    assert summary.prompt_version == "tags-p1" and "unconfirmed" in summary.mode_note
     stored = games(db)
     assert len(stored) == 4 and all(g["error"] and g["raw_answer"] is None for g in stored)
-    assert db.judged_doc_ids(RUN, "tiny", "tags-v1") == set()
+    assert db.judged_doc_ids(RUN, "tiny", "tags-p1") == set()
+    # controls and null games were asked too, and failed: no control answered, so the run is not reliable
+    kinds = db.query("SELECT kind, count(*) AS n FROM judgement_games GROUP BY kind ORDER BY kind")
+    assert kinds == [{"kind": "control", "n": 4}, {"kind": "main", "n": 4}, {"kind": "null", "n": 4}]
+    assert not summary.reliable and [q["reliable"] for q in db.judge_quality(RUN)] == [False]
 
-    # 2. the embedded default judge (sidecar serve with the tiny pair): the failed documents are asked again
+    # 2. the embedded default judge (sidecar serve with the tiny pair): the failed documents are asked again,
+    # in whichever mode the server offers (the text mode where it refuses log probabilities)
     state = judge(RUN, judge_pair="tiny", retries=0, concurrency=2, db_path=str(db.path), return_state=True)
     assert state.is_completed()
     summary = state.result()
+    version = summary.prompt_version
     assert (summary.total, summary.errors, summary.skipped, summary.judged) == (3, 2, 1, 0)
     assert set(summary.error_docs) == {"doc-a", "doc-b"}
     assert all("JudgeAnswerError" in error for error in summary.error_docs.values())
-    stored = games(db)
+    stored = games(db, version)
     assert [(g["doc_id"], g["game"], g["mode_a"], g["mode_b"]) for g in stored] == [
         ("doc-a", 1, "sidecar", "standalone"), ("doc-a", 2, "standalone", "sidecar"),
         ("doc-b", 1, "sidecar", "standalone"), ("doc-b", 2, "standalone", "sidecar")]
     # an answer came back but is no verdict: kept raw with its parse error, no winner, and it counts as judged
     assert all(g["raw_answer"] is not None and g["winner"] is None and g["error"].startswith("JudgeAnswerError")
                for g in stored)
-    assert db.judged_doc_ids(RUN, "tiny", "tags-v1") == {"doc-a", "doc-b"}
-    verdicts = db.query("SELECT doc_id, verdict, errors FROM judgements WHERE run_id = ? ORDER BY doc_id", [RUN])
-    assert verdicts == [{"doc_id": "doc-a", "verdict": None, "errors": 2},
-                        {"doc_id": "doc-b", "verdict": None, "errors": 2}]
+    assert db.judged_doc_ids(RUN, "tiny", version) == {"doc-a", "doc-b"}
+    verdicts = db.query("SELECT doc_id, verdict, errors, reliable FROM judgements WHERE run_id = ? AND "
+                        "prompt_version = ? ORDER BY doc_id", [RUN, version])
+    assert verdicts == [{"doc_id": "doc-a", "verdict": None, "errors": 2, "reliable": False},
+                        {"doc_id": "doc-b", "verdict": None, "errors": 2, "reliable": False}]
     report = artifacts(state.state_details.flow_run_id)["judge-run-judge-1"]
     assert "| error | 2 |" in report and "| skipped (missing tags) | 1 |" in report
-    assert "Order consistency" in report and "doc-a" in report
+    assert "Order consistency" in report and "doc-a" in report and "UNRELIABLE" in report
+    assert summary.mode_note in report
 
     # 3. a rerun asks only what is missing: nothing but the document without standalone tags
     summary = judge(RUN, judge_pair="tiny", retries=0, db_path=str(db.path))
     assert (summary.total, summary.errors, summary.skipped) == (1, 0, 1)
-    assert len(games(db)) == 4
+    assert len(games(db, version)) == 4
+
+
+def shown(user_message: str) -> tuple[str, list[str], list[str]]:
+    """The summary and the tag sets in positions A and B of a judge prompt."""
+    summary = user_message.split("<<<", 1)[1].split(">>>", 1)[0]
+    lines = dict(line.split(": ", 1) for line in user_message.splitlines() if line.startswith("Tag set "))
+    return summary, json.loads(lines["Tag set A"]), json.loads(lines["Tag set B"])
+
+
+@contextmanager
+def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float]) -> Iterator[str]:
+    """An OpenAI-shaped chat completions endpoint on loopback whose one-token answer carries the top log
+    probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            p = p_a(*shown(request["messages"][-1]["content"]))
+            top = [{"token": "A", "logprob": math.log(p)}, {"token": " B", "logprob": math.log(1 - p)}]
+            body = json.dumps({
+                "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": request["model"],
+                "choices": [{"index": 0, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": "A" if p >= 0.5 else "B"},
+                             "logprobs": {"content": [{**top[0 if p >= 0.5 else 1], "top_logprobs": top}]}}],
+            }).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def reads_tags(summary: str, tags_a: list[str], tags_b: list[str]) -> float:
+    """Prefers the set whose tags the summary names, with a pull towards position A."""
+    named = sum(t in summary for t in tags_a) - sum(t in summary for t in tags_b)
+    return min(0.95, max(0.05, 0.6 + 0.15 * named))
+
+
+TOPICAL = "run-topical"
+
+
+def topical_run(db: Database) -> None:
+    """A run whose summaries name their sidecar's tags, so a judge that reads can tell own tags from others'."""
+    db.start_run(TOPICAL, {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    topics = {"doc-x": ("flood", "river"), "doc-y": ("strike", "union"), "doc-z": ("harvest", "wheat")}
+    db.record_documents(TOPICAL, [Document(d, f"Document {d}.", i) for i, d in enumerate(topics)], [])
+    db.write_batch(TOPICAL, [
+        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", "hashtags", "", tags)
+        for doc_id, (a, b) in topics.items()
+        for mode, tags in (("sidecar", [a, b]), ("standalone", ["news", "today"]))])
+
+
+@pytest.mark.parametrize(("p_a", "reliable"), [
+    pytest.param(lambda *_shown: 0.999, False, id="always-A"),
+    pytest.param(reads_tags, True, id="reads-the-tags"),
+])
+def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch, p_a, reliable: bool) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    with letters_endpoint(p_a) as url:
+        state = judge(TOPICAL, judge_model="mock", base_url=url, retries=0, db_path=str(db.path), return_state=True)
+    summary = state.result()
+    assert (summary.prompt_version, summary.mode, summary.judged) == ("tags-p1", "probability", 3)
+    assert summary.reliable is reliable
+    [quality] = db.judge_quality(TOPICAL)
+    assert (quality["mode"], quality["control_documents"], quality["reliable"]) == ("probability", 3, reliable)
+    assert quality["control_accuracy"] == summary.control_accuracy == (1.0 if reliable else 0.5)
+    assert quality["position_bias"] == pytest.approx(summary.position_bias) and quality["position_bias"] > 0.5
+    assert quality["margin"] == pytest.approx(summary.margin) and quality["margin"] >= 0.02
+    verdicts = db.query("SELECT doc_id, verdict, preference, reliable FROM judgements WHERE run_id = ? "
+                        "ORDER BY doc_id", [TOPICAL])
+    assert [v["doc_id"] for v in verdicts] == ["doc-x", "doc-y", "doc-z"]
+    assert all(v["reliable"] is reliable for v in verdicts)
+    [tally] = db.judge_tally(TOPICAL)
+    assert tally["mean_preference"] == pytest.approx(summary.mean_preference)
+    assert tally["reliable"] is reliable
+    report = artifacts(state.state_details.flow_run_id)["judge-run-topical"]
+    assert "probability mode" in report and "Mean preference" in report
+    assert ("UNRELIABLE" in report) is not reliable
+    if reliable:
+        # both sidecar tags named against none: P(sidecar) 0.9 shown first, 0.7 shown second
+        assert [(v["verdict"], round(v["preference"], 6)) for v in verdicts] == [("sidecar", 0.8)] * 3
+    else:
+        assert all(v["preference"] == pytest.approx(0.5) and v["verdict"] == "tie" for v in verdicts)
 
 
 def test_key_from_a_secret_block_reaches_the_endpoint_and_never_the_logs(prefect_api, db: Database,
@@ -171,3 +288,24 @@ def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> N
     assert api_key_from_block("judge-key").get_secret_value() == "sk-from-block"
     assert api_key_from_block(None) is None
     assert loaded == ["judge-key"]
+
+
+def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    with letters_endpoint(reads_tags) as url:
+        result = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url,
+                                          "--model", "mock"])
+    assert result.exit_code == 0, result.output
+    assert "Reliable: control accuracy 1.00 over 3 documents" in result.output
+    assert "| sidecar better | 3 |" in result.output
+    assert "Mean preference for the sidecar's tags: 0.800" in result.output
+    assert [q["reliable"] for q in db.judge_quality(TOPICAL)] == [True]
+
+    missing = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url])
+    assert missing.exit_code == 2 and "--model is required" in missing.output

@@ -16,6 +16,7 @@ from storage import (
     Database,
     Document,
     JudgementRecord,
+    JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
     RequestStats,
@@ -25,13 +26,13 @@ from storage import (
 )
 from storage.connection import RetryPolicy
 from storage.migrate import Migration, known_migrations, migrate
-from storage.records import CostSource, Phase, RunStatus
+from storage.records import CostSource, GameKind, JudgeMode, Phase, RunStatus
 from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
-          "cost_estimates"}
-VIEWS = {"results", "throughput", "judgements", "costs"}
+          "judge_settings", "cost_estimates"}
+VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "costs"}
 
 
 def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
@@ -150,6 +151,8 @@ def check_values(path: Path, table: str, column: str) -> tuple[object, ...]:
     ("request_stats", "mode", MODES),
     ("request_stats", "phase", get_args(Phase)),
     ("judgement_games", "game", get_args(get_type_hints(JudgementRecord)["game"])),
+    ("judgement_games", "kind", get_args(GameKind)),
+    ("judge_settings", "mode", get_args(JudgeMode)),
     ("cost_estimates", "source", get_args(CostSource)),
     ("documents", "status", get_args(DocumentStatus)),
     ("runs", "status", get_args(RunStatus)),
@@ -441,9 +444,89 @@ def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     assert verdicts["agree"]["mode_a"] == "sidecar"
     assert db.judged_doc_ids("run-1", "judge-x", "v1") == {"agree", "disagree"}
     assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
+    # text-mode games have no preference, and a run without control games is never reliable
     assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "documents": 4, "wins": 0,
-                                        "losses": 1, "ties": 1, "undecided": 2, "consistent": 1}]
+                                        "losses": 1, "ties": 1, "undecided": 2, "consistent": 1,
+                                        "mean_preference": None, "preferences": [], "reliable": False}]
     assert db.judge_tally("run-2") == []
+
+
+def probability_game(doc: str, kind: str, number: int, p_subject_first: float, foil: str | None = None
+                     ) -> JudgementRecord:
+    """A probability-mode game whose subject side is shown first in game 1; ``p_subject_first`` is the
+    probability the judge gives the set shown first."""
+    subject, other = {"main": ("sidecar", "standalone"), "control": ("own", "other"),
+                      "null": ("original", "reversed")}[kind]
+    first, second = (subject, other) if number == 1 else (other, subject)
+    winner = first if p_subject_first > 0.5 else second if p_subject_first < 0.5 else "tie"
+    return JudgementRecord(doc, "judge-p", "p1", number, first, second, "A", winner, kind=kind,
+                           p_a=p_subject_first, p_b=1 - p_subject_first, foil_doc_id=foil)
+
+
+def pair(doc: str, kind: str, first_game: float, second_game: float, foil: str | None = None) -> list[JudgementRecord]:
+    return [probability_game(doc, kind, 1, first_game, foil), probability_game(doc, kind, 2, second_game, foil)]
+
+
+@pytest.mark.parametrize(("own_wins", "reliable"), [(True, True), (False, False)])
+def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_control_quality(
+        db: Database, own_wins: bool, reliable: bool) -> None:
+    start(db)
+    # P(first shown) per game; the subject is first in game 1 and second in game 2, so its preference is
+    # the mean of game 1's p and 1 - game 2's p
+    own = (0.8, 0.4) if own_wins else (0.6, 0.6)  # 0.7 own, or exactly even
+    games = [
+        *pair("d1", "main", 0.9, 0.3),    # preference (0.9 + 0.7) / 2 = 0.8: the sidecar's
+        *pair("d2", "main", 0.6, 0.58),   # 0.51: within the margin, a tie
+        *pair("d3", "main", 0.5, 0.9),    # 0.3: standalone's
+        *pair("d1", "control", *own, foil="d2"), *pair("d2", "control", *own, foil="d3"),
+        *pair("d1", "null", 0.7, 0.6),    # 0.55: the judge's noise is 0.05
+        *pair("d2", "null", 0.5, 0.52),   # 0.49
+    ]
+    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.75, 0.02))
+
+    [quality] = db.judge_quality("run-1")
+    assert quality["margin"] == pytest.approx(0.05)
+    assert (quality["control_games"], quality["control_documents"], quality["null_documents"]) == (4, 2, 2)
+    assert quality["control_accuracy"] == (1.0 if own_wins else 0.5)
+    assert quality["reliable"] is reliable
+    first_shown = [g.p_a for g in games]
+    assert quality["position_bias"] == pytest.approx(sum(first_shown) / len(first_shown))
+    verdicts = {r["doc_id"]: r for r in db.query("SELECT * FROM judgements WHERE run_id = 'run-1'")}
+    assert set(verdicts) == {"d1", "d2", "d3"}  # controls and null games are not documents' verdicts
+    assert {d: (r["verdict"], round(r["preference"], 6)) for d, r in verdicts.items()} == {
+        "d1": ("sidecar", 0.8), "d2": ("tie", 0.51), "d3": ("standalone", 0.3)}
+    assert all(r["reliable"] is reliable for r in verdicts.values())
+    [tally] = db.judge_tally("run-1")
+    assert (tally["wins"], tally["ties"], tally["losses"], tally["reliable"]) == (1, 1, 1, reliable)
+    assert tally["mean_preference"] == pytest.approx((0.8 + 0.51 + 0.3) / 3)
+    assert tally["preferences"] == pytest.approx([0.8, 0.51, 0.3])
+    assert db.judged_doc_ids("run-1", "judge-p", "p1") == {"d1", "d2", "d3"}
+
+
+def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
+    start(db)
+    db.write_judgements("run-1", [*pair("d1", "main", 0.54, 0.5), *pair("d1", "null", 0.5, 0.5)],
+                        JudgeSettingsRecord("judge-p", "p1", "probability", 0.75, 0.05))
+    [quality] = db.judge_quality("run-1")
+    assert quality["margin"] == pytest.approx(0.05)
+    assert quality["control_accuracy"] is None and quality["reliable"] is False
+    assert db.query("SELECT verdict FROM judgements") == [{"verdict": "tie"}]  # 0.52 is within 0.05
+
+
+def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    migrate(path, RetryPolicy(), known_migrations()[:2])
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
+                    "('r', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+        con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, game, mode_a, mode_b, "
+                    "raw_answer, winner) VALUES ('r', 'd', 'j', 'tags-v1', 1, 'sidecar', 'standalone', 'x', 'sidecar'),"
+                    " ('r', 'd', 'j', 'tags-v1', 2, 'standalone', 'sidecar', 'y', 'sidecar')")
+    db = Database(path)
+    assert db.query("SELECT kind, game, p_a FROM judgement_games ORDER BY game") == [
+        {"kind": "main", "game": 1, "p_a": None}, {"kind": "main", "game": 2, "p_a": None}]
+    assert db.query("SELECT verdict, preference, reliable FROM judgements") == [
+        {"verdict": "sidecar", "preference": None, "reliable": False}]
 
 
 def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:
@@ -515,8 +598,13 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=both_phases),
                              output("d1", "standalone", ["#b"], stats=both_phases[1:]),
                              output("d1", "sidecar_attended", ["#a", "#town"])])
-    db.write_judgements("run-1", [JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "sidecar"),
-                                  JudgementRecord("d1", "j", "v1", 2, "standalone", "sidecar", "B", "sidecar")])
+    db.write_judgements("run-1", [
+        JudgementRecord("d1", "j", "v1", 1, "sidecar", "standalone", "A", "sidecar"),
+        JudgementRecord("d1", "j", "v1", 2, "standalone", "sidecar", "B", "sidecar"),
+        # a judge that passed its control: the examples that read reliable judges have a row
+        JudgementRecord("d1", "j", "v1", 1, "own", "other", "A", "own", kind="control", foil_doc_id="d2"),
+        JudgementRecord("d1", "j", "v1", 2, "other", "own", "B", "own", kind="control", foil_doc_id="d2"),
+    ], JudgeSettingsRecord("j", "v1", "text", threshold=0.75))
     db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
     for sql in examples:
         assert db.query(sql), f"example returned no rows on a populated database:\n{sql}"
