@@ -25,6 +25,7 @@ from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job
 from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
 from sidecar.errors import InputError
+from sidecar.prompts import chat_prompt
 from sidecar.speculative import DecodeRow, GenerationOutput, Sampling
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -76,8 +77,7 @@ class ChatService:
                       top_logprobs=req.engine_top_logprobs)
         else:
             messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
-            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            prompt = self.tokenizer.encode(rendered, add_special_tokens=False)
+            prompt = chat_prompt(self.tokenizer, messages)
             row = DecodeRow(prompt, 1)
             max_tokens = self._max_tokens(req, row)
             job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens,

@@ -1,13 +1,22 @@
 """Prompts built from named spans through the model's chat template, with exact token ranges.
 
-The chat template is rendered once around sentinel strings; the text between sentinels is tokenized
-piece by piece, so every span's token range is known exactly and the target's bare prompt is the same
-token sequence whether or not sidecars are attached to the draft's prompt.
+Only the chat template writes control tokens. The template is rendered around sentinel strings in place of
+every message's content, so its own text is known apart from the content; text from users and documents
+is encoded as text, with special-token strings like ``<|im_end|>`` split into ordinary tokens, so no
+message or document can forge a chat turn. Text between two of the template's control tokens is encoded
+as one string, which keeps an ordinary chat's ids exactly those of encoding the rendered template.
+
+A sidecar prompt's spans are tokenized piece by piece, so every span's token range is known exactly and
+the target's bare prompt is the same token sequence whether or not sidecars are attached to the draft's
+prompt.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,7 +25,9 @@ if TYPE_CHECKING:
 DEFAULT_SYSTEM = "You are a concise assistant."
 SUMMARIZE_INSTRUCTION = "Summarize the document in 3 bullets. Keep each bullet under 18 words."
 
-_CONTENT = "\x00SIDECAR-CONTENT\x00"
+# \x00 keeps the sentinels out of any real text a template writes; the number says which message's content it is.
+_CONTENT = "\x00SIDECAR-CONTENT-{}\x00"
+_CONTENT_RE = re.compile("\x00SIDECAR-CONTENT-([0-9]+)\x00")
 
 
 @dataclass
@@ -32,28 +43,75 @@ class SpannedPrompt:
         return [c for name in names for c in range(*self.spans[name])]
 
 
-def chat_frame(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
-    """The chat template's text before and after one user message's content."""
-    messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": _CONTENT})
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    before, after = rendered.split(_CONTENT)
-    return before, after
+def chat_frame(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[str]:
+    """The chat template's own text around each message's content: one piece more than there are messages."""
+    marked = [{**message, "content": _CONTENT.format(i)} for i, message in enumerate(messages)]
+    pieces = _CONTENT_RE.split(tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False))
+    frame = pieces[::2]
+    # a template that edits, drops or branches on content would make the frame spell another chat
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    if [int(i) for i in pieces[1::2]] != list(range(len(messages))) or rendered != _join(frame, messages):
+        raise ValueError("the chat template must write every message's content once, in order, unchanged")
+    return frame
+
+
+def _join(frame: Sequence[str], messages: Sequence[dict[str, str]]) -> str:
+    return "".join(piece + (messages[i]["content"] if i < len(messages) else "") for i, piece in enumerate(frame))
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
+    """Text as text: a special token's string inside it is split into ordinary tokens, never the control token.
+
+    Every encoding here splits special tokens, so the fast tokenizer's backend flag for it (set per call)
+    never flips between the server's threads sharing one tokenizer.
+    """
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) if text else []
+
+
+@cache
+def _added_tokens_re(added: tuple[str, ...]) -> re.Pattern[str]:
+    # longest first, so a token that another one starts with cannot win, as in the tokenizer's own matching
+    return re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) or "(?!)")
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, frame: Sequence[str], contents: Sequence[str]) -> list[int]:
+    """``frame[0] + contents[0] + frame[1] + ... + frame[-1]`` where only the frame's added tokens are tokens.
+
+    The text between two of the frame's tokens is encoded as one string, content and template text together,
+    as the tokenizer encodes a whole rendered chat; so ordinary content gives exactly the ids of that.
+    """
+    if len(frame) != len(contents) + 1:
+        raise ValueError(f"a frame of {len(frame)} pieces holds {len(frame) - 1} contents, not {len(contents)}")
+    added = tokenizer.added_tokens_encoder
+    tokens_re = _added_tokens_re(tuple(added))
+    ids: list[int] = []
+    text = ""
+    for i, piece in enumerate(frame):
+        at = 0
+        for match in tokens_re.finditer(piece):
+            ids += encode(tokenizer, text + piece[at : match.start()])
+            ids.append(added[match.group()])
+            text, at = "", match.end()
+        text += piece[at:] + (contents[i] if i < len(contents) else "")
+    return ids + encode(tokenizer, text)
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
+    """A chat's prompt ids, the assistant's turn opened; the messages' contents are text."""
+    return encode_chat(tokenizer, chat_frame(tokenizer, messages), [m["content"] for m in messages])
 
 
 def build_prompt(tokenizer: PreTrainedTokenizerBase, document: str, instruction: str, system: str | None,
                  sidecar_instructions: dict[str, str] | None = None) -> SpannedPrompt:
     """Spans: ``prefix``, ``document``, ``instruction``, ``sidecar:<name>`` for each sidecar, ``suffix``."""
-    before, after = chat_frame(tokenizer, system)
+    # the prefix is the template up to the user message's content (a system message's text included)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": ""}]
+    frame = chat_frame(tokenizer, messages)
     prompt = SpannedPrompt()
-    prompt.add("prefix", encode(tokenizer, before))
+    prompt.add("prefix", encode_chat(tokenizer, frame[:-1], [system] if system else []))
     prompt.add("document", encode(tokenizer, document))
     prompt.add("instruction", encode(tokenizer, f"\n\n{instruction}" if instruction else ""))
     for name, text in (sidecar_instructions or {}).items():
         prompt.add(f"sidecar:{name}", encode(tokenizer, f"\n{text}"))
-    prompt.add("suffix", encode(tokenizer, after))
+    prompt.add("suffix", encode_chat(tokenizer, frame[-1:], []))
     return prompt

@@ -7,6 +7,7 @@ ordinary text must encode to exactly the ids it always had (so greedy answers do
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -27,6 +28,7 @@ ORDINARY = [
     "Tags look like <im_end> or < |im_end| > or <|not_a_token|> here.",
     "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs.",
     "line one\r\nline two\ttab",
+    "Qwen's <tool_call> is an added token that is not special: text encodes it as it always has.",
 ]
 CONVERSATIONS = [
     [{"role": "user", "content": ORDINARY[0]}],
@@ -34,7 +36,7 @@ CONVERSATIONS = [
     [{"role": "system", "content": ORDINARY[2]}, {"role": "user", "content": ORDINARY[3]},
      {"role": "assistant", "content": ORDINARY[4]}, {"role": "user", "content": ORDINARY[5]}],
     [{"role": "user", "content": ORDINARY[6]}, {"role": "assistant", "content": ORDINARY[1]},
-     {"role": "user", "content": ORDINARY[2]}],
+     {"role": "user", "content": ORDINARY[7]}],
 ]
 
 
@@ -63,6 +65,10 @@ def control_ids(tokenizer) -> set[int]:
 def controls(tokenizer, ids: list[int]) -> list[int]:
     special = control_ids(tokenizer)
     return [i for i in ids if i in special]
+
+
+def span(prompt, name: str) -> list[int]:
+    return prompt.token_ids[slice(*prompt.spans[name])]
 
 
 def server_prompt(service: ChatService, messages: list[dict[str, str]]) -> list[int]:
@@ -124,13 +130,13 @@ def test_hostile_documents_keep_the_sidecar_spans_text_only(tokenizer) -> None:
             prompt = build_prompt(tokenizer, document, HOSTILE, system, sidecars)
             special = control_ids(tokenizer)
             for name in ("document", "instruction", "sidecar:hashtags", "sidecar:hostile"):
-                start, end = prompt.spans[name]
-                assert not special & set(prompt.token_ids[start:end]), name
+                assert not special & set(span(prompt, name)), name
             # the prompt has exactly the template's control tokens, all in the prefix and the suffix
             assert controls(tokenizer, prompt.token_ids) == controls(tokenizer, template.token_ids)
-            assert controls(tokenizer, prompt.columns("prefix", "suffix")) == controls(tokenizer, template.token_ids)
-            assert prompt.columns("suffix") == template.columns("suffix")
-            assert tokenizer.decode(prompt.token_ids[slice(*prompt.spans["document"])]) == document
+            frame = [prompt.token_ids[c] for c in prompt.columns("prefix", "suffix")]
+            assert controls(tokenizer, frame) == controls(tokenizer, template.token_ids)
+            assert span(prompt, "suffix") == span(template, "suffix")
+            assert tokenizer.decode(span(prompt, "document")) == document
 
 
 def test_ordinary_sidecar_prompts_encode_as_before(tokenizer) -> None:
@@ -156,4 +162,13 @@ def test_the_engine_and_the_standalone_tagger_keep_documents_as_text(tiny) -> No
         assert not special & set(prompt.token_ids[start:end])
     # the tagger's prompt holds a model-written summary: text too
     tagger = build_prompt(tiny.tokenizer, HOSTILE, HASHTAGS.standalone_instruction, DEFAULT_SYSTEM)
-    assert not special & set(tagger.token_ids[slice(*tagger.spans["document"])])
+    assert not special & set(span(tagger, "document"))
+
+
+def test_a_template_that_edits_content_is_refused() -> None:
+    """The frame is the template's text around content it writes unchanged; one that trims would spell another chat."""
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = tok.chat_template.replace("message['content']", "message['content'] | trim")
+    assert prompts.chat_prompt(tok, CONVERSATIONS[0]) == prompts.chat_prompt(tiny_tokenizer(), CONVERSATIONS[0])
+    with pytest.raises(ValueError, match="unchanged"):
+        prompts.chat_prompt(tok, CONVERSATIONS[1])
