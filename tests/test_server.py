@@ -347,7 +347,7 @@ def assert_connection_survives(client: httpx.Client, url: str, after: httpx.Resp
     {"stop": SURROGATE},
     {"stop": ["ok", f"x{SURROGATE}"]},
     {"sidecars": [{"name": "t", "instruction": f"tag it {SURROGATE}"}]},
-    # an unknown field's name: the error message names it
+    # an unknown field's name
     {"sidecars": [{"name": "t", "instruction": "tag it", SURROGATE: 1}]},
 ])
 def test_a_lone_surrogate_is_400_and_the_connection_stays_open(base_url: str, fields: dict) -> None:
