@@ -21,6 +21,9 @@ def serve_command(
     max_body_bytes: int = typer.Option(1 << 20, min=1024, help="Larger request bodies get 413."),
     max_queue: int = typer.Option(256, min=1, help="Requests waiting beyond this get 503."),
     model_name: str | None = typer.Option(None, help="Served model id; default the pair name."),
+    insecure: bool = typer.Option(False, "--insecure",
+                                  help="Serve a non-loopback --host without an API key: anyone who reaches the "
+                                       "port can use the model. Without this flag that is refused (exit code 2)."),
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (chat completions, streaming, sidecar tasks)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -29,7 +32,7 @@ def serve_command(
 
     try:
         serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
-              max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name)
+              max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure)
     except (PairError, InputError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.config import ServerConfig
-from server.errors import APIError, validation_error
+from server.errors import APIError, UnexpectedErrors, validation_error
 from server.schema import ChatCompletionRequest
 from server.service import ChatService
 from sidecar.engine import SidecarEngine
@@ -74,6 +74,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    app.add_middleware(UnexpectedErrors)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -83,11 +84,6 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return APIError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None
                         ).response()
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # Starlette re-raises after this handler, so the server logs the traceback; the client gets none.
-        return APIError(500, "internal server error; see the server log", "server_error").response()
 
     async def authenticate(request: Request) -> None:
         if not config.api_key:

@@ -1,20 +1,49 @@
-"""How a server runs: its served model id, auth, batching and request limits."""
+"""How a server runs: its served model id, where it listens, auth, batching and request limits.
+
+A server without a key answers anyone who can reach its port, so a keyless config is refused on any
+address that is not loopback unless ``insecure`` says that this is meant.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
+
+from sidecar.errors import InputError
 
 # the environment variable that holds the key clients must send as ``Authorization: Bearer <key>``
 API_KEY_ENV = "SIDECAR_API_KEY"
 DEFAULT_MAX_TOKENS = 256
 
 
+def is_loopback(host: str) -> bool:
+    """True if every address ``host`` names is a loopback address; a name that does not resolve is not."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(address).is_loopback for address in addresses)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     model_name: str
     api_key: str | None = None
+    host: str = "127.0.0.1"
+    # serve without a key on a non-loopback address: anyone who reaches the port can use the model
+    insecure: bool = False
     max_batch: int = 8
     batch_wait_ms: float = 5.0
     max_body_bytes: int = 1 << 20
     # Requests waiting for the worker; beyond this the server answers 503 instead of queueing forever.
     max_queue: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.api_key and not self.insecure and not is_loopback(self.host):
+            raise InputError(f"refusing to serve on {self.host} without an API key, which would let anyone who "
+                             f"reaches the port use it: set {API_KEY_ENV}, or pass --insecure if that is meant")

@@ -1,14 +1,19 @@
 """The server's errors: every failure a client sees is OpenAI's JSON error object, never a traceback.
 
-``{"error": {"message", "type", "param", "code"}}`` with the HTTP status it was raised with.
+``{"error": {"message", "type", "param", "code"}}`` with the HTTP status it was raised with. An error that
+no handler answered is a 500 of the same shape, and it leaves the client's keep-alive connection open.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -35,3 +40,36 @@ def validation_error(exc: ValidationError, prefix: str = "", rename: dict[str, s
     errors = exc.errors()
     problems = "; ".join(f"{where(e['loc']) or 'body'}: {e['msg']}" for e in errors[:5])
     return APIError(400, f"invalid request: {problems}", param=where(errors[0]["loc"]) or None, code="invalid_value")
+
+
+class UnexpectedErrors:
+    """ASGI middleware: an exception no handler answered is logged and answered as a 500 error object.
+
+    Starlette's last-resort handler re-raises after answering, and uvicorn then closes the connection under
+    the client, whose next request on it fails; here nothing is re-raised. An exception after the response
+    has started cannot be answered any more: it propagates, and the dropped connection tells the client
+    that the body is incomplete.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unexpected error answering %s %s", scope["method"], scope["path"])
+            response = APIError(500, "internal server error; see the server log", "server_error").response()
+            await response(scope, receive, send)

@@ -20,27 +20,34 @@ from pathlib import Path
 
 import httpx
 
-from server.config import API_KEY_ENV, ServerConfig
+from server.config import API_KEY_ENV, ServerConfig, is_loopback
 
 logger = logging.getLogger(__name__)
 
 
 def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
           max_batch: int = 8, batch_wait_ms: float = 5.0, gamma: int = 4, max_body_bytes: int = 1 << 20,
-          max_queue: int = 256, model_name: str | None = None) -> None:
-    """Load the pair, then serve it until interrupted."""
+          max_queue: int = 256, model_name: str | None = None, insecure: bool = False) -> None:
+    """Check the config, load the pair, then serve it until interrupted.
+
+    Without a key, only a loopback ``host`` is served unless ``insecure`` (``ServerConfig`` raises ``InputError``).
+    """
     import uvicorn
 
     from server.app import create_app
     from sidecar.engine import SidecarEngine
     from sidecar.models import load_pair
 
+    # the config first: a refused one fails before minutes of model loading
+    config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, host=host, insecure=insecure,
+                          max_batch=max_batch, batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
+                          max_queue=max_queue)
     pair = load_pair(pair_name)
     engine = SidecarEngine(pair, gamma=gamma)
-    config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, max_batch=max_batch,
-                          batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes, max_queue=max_queue)
     logger.info("serving pair %s as model %r on %s:%d (auth %s)", pair_name, config.model_name, host, port,
                 "on" if config.api_key else "off")
+    if not config.api_key and not is_loopback(host):
+        logger.warning("--insecure: no API key on %s; anyone who reaches port %d can use the model", host, port)
     uvicorn.run(create_app(engine, config), host=host, port=port, log_level="info")
 
 

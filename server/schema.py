@@ -1,11 +1,14 @@
 """The chat-completions request as the API accepts it: a validated request is one the server can answer as asked.
 
 Unknown fields are ignored, as other OpenAI-compatible servers do; fields that would silently change the
-answer's meaning (``n`` > 1, ``tools``) are refused.
+answer's meaning (``n`` > 1, ``tools``) are refused. Every model here is a :class:`RequestModel`: strict, so
+a number or flag must have its JSON type (``true`` is not 1, ``"1"`` is not a number; a whole number is a
+valid float), and every string in it, however nested, is valid Unicode text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -14,14 +17,46 @@ from sidecar.logprobs import MAX_TOP_LOGPROBS
 from sidecar.tasks import SidecarTask
 
 
-class TextPart(BaseModel):
+def _strings(value: object) -> Iterator[str]:
+    """The strings in ``value``, through lists and dicts (keys too); a nested model checks its own."""
+    stack = [value]  # a loop, not recursion: JSON nests deeper than Python's stack
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+
+
+class RequestModel(BaseModel):
+    """A part of a request: strict types, and only valid Unicode in any string of any field."""
+
+    model_config = ConfigDict(strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode(cls, value: object) -> object:
+        # JSON may escape a lone UTF-16 surrogate, which is no character: the tokenizer and UTF-8 cannot take it.
+        for text in _strings(value):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"not valid Unicode text: a lone UTF-16 surrogate at character {exc.start}"
+                                 ) from None
+        return value
+
+
+class TextPart(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestModel):
     model_config = ConfigDict(extra="ignore")
 
     # "developer" is OpenAI's newer name for the system role; tools are not supported.
@@ -38,7 +73,7 @@ class ChatMessage(BaseModel):
         return "system" if self.role == "developer" else self.role
 
 
-class SidecarSpec(BaseModel):
+class SidecarSpec(RequestModel):
     """A sidecar task as the API spells it (``max_tokens`` like the main request)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -54,11 +89,11 @@ class SidecarSpec(BaseModel):
                            attend_document=self.attend_document, parser=self.parser)
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RequestModel):
     # Unknown fields (user, metadata, penalties, ...) are ignored like other OpenAI-compatible servers do;
     # fields that would silently change the answer's meaning are refused below.
     model_config = ConfigDict(extra="ignore")

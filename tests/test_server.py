@@ -24,11 +24,13 @@ from typer.testing import CliRunner
 
 from cli.main import app as cli_app
 from server.app import create_app
-from server.config import ServerConfig
+from server.config import API_KEY_ENV, ServerConfig
 from server.launcher import free_port, running_server
+from server.service import ChatService
 from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.acceptance import warp
+from sidecar.errors import InputError
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -316,6 +318,88 @@ def test_bad_sidecar_specs_are_400(client: openai.OpenAI, sidecars: object, mess
     assert info.value.body["param"] == param
 
 
+HI = [{"role": "user", "content": "hi"}]
+SURROGATE = "\ud800"  # a lone UTF-16 surrogate: valid JSON ("\ud800"), not Unicode text
+
+
+def local_port(response: httpx.Response) -> int:
+    """The client-side port of the connection that carried ``response``: the same port means the same connection."""
+    return response.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
+
+
+def assert_connection_survives(client: httpx.Client, url: str, after: httpx.Response, key: str | None) -> None:
+    """Ten valid requests after ``after`` all succeed, each over the connection that carried ``after``."""
+    port = local_port(after)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for _ in range(10):
+        response = client.post(url + "/chat/completions", headers=headers,
+                                json={"model": "tiny", "messages": HI, "max_tokens": 2, "temperature": 0})
+        assert response.status_code == 200, response.text
+        assert local_port(response) == port, "the server closed the keep-alive connection"
+
+
+@pytest.mark.parametrize("fields", [
+    {"messages": [{"role": "user", "content": f"hi {SURROGATE}"}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]},
+    {"messages": [{"role": "system", "content": SURROGATE}, *HI]},
+    {"messages": [{"role": "user", "content": "hi", "name": SURROGATE}]},
+    {"model": f"tiny{SURROGATE}"},
+    {"stop": SURROGATE},
+    {"stop": ["ok", f"x{SURROGATE}"]},
+    {"sidecars": [{"name": "t", "instruction": f"tag it {SURROGATE}"}]},
+    # an unknown field's name
+    {"sidecars": [{"name": "t", "instruction": "tag it", SURROGATE: 1}]},
+])
+def test_a_lone_surrogate_is_400_and_the_connection_stays_open(base_url: str, fields: dict) -> None:
+    body = {"model": "tiny", "messages": HI, "max_tokens": 2} | fields
+    # one connection: a keep-alive client whose next requests must not find it closed
+    with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=1)) as http:
+        bad = http.post(base_url + "/chat/completions", content=json.dumps(body).encode(),
+                        headers={"content-type": "application/json", "Authorization": f"Bearer {KEY}"})
+        assert bad.status_code == 400, bad.text
+        error = bad.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"].startswith(next(iter(fields)))
+        assert_connection_survives(http, base_url, bad, KEY)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_tokens": "1"}, "max_tokens"),
+    ({"max_tokens": 1.0}, "max_tokens"),
+    ({"max_completion_tokens": True}, "max_completion_tokens"),
+    ({"max_completion_tokens": "1"}, "max_completion_tokens"),
+    ({"n": True}, "n"),
+    ({"n": "1"}, "n"),
+    ({"temperature": True}, "temperature"),
+    ({"temperature": "1"}, "temperature"),
+    ({"top_p": True}, "top_p"),
+    ({"top_p": "1"}, "top_p"),
+    ({"seed": True}, "seed"),
+    ({"seed": "1"}, "seed"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"logprobs": "true"}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": True}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": "1"}, "top_logprobs"),
+    ({"stream": 1}, "stream"),
+    ({"stream": "true"}, "stream"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"sidecars": [TAGS_SPEC | {"max_tokens": True}]}, "sidecars.0.max_tokens"),
+    ({"sidecars": [TAGS_SPEC | {"max_tokens": "8"}]}, "sidecars.0.max_tokens"),
+    ({"sidecars": [TAGS_SPEC | {"attend_document": 1}]}, "sidecars.0.attend_document"),
+])
+def test_numbers_and_flags_of_the_wrong_json_type_are_400(base_url: str, fields: dict, param: str) -> None:
+    response = post(base_url, {"model": "tiny", "messages": HI, "max_tokens": 2} | fields)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+def test_whole_numbers_are_valid_floats(base_url: str) -> None:
+    response = post(base_url, {"model": "tiny", "messages": HI, "max_tokens": 2, "temperature": 1, "top_p": 1,
+                               "seed": 5})
+    assert response.status_code == 200, response.text
+
+
 def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
     # Greedy requests share a batch whatever their seed, so a seed the worker cannot use would fail them all.
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 4,
@@ -489,9 +573,64 @@ def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) 
         assert ask(client, "hi", max_tokens=4).choices[0].message.content is not None
 
 
+def test_an_unexpected_error_is_a_500_and_the_connection_stays_open(tiny, monkeypatch, caplog) -> None:
+    engine = SidecarEngine(tiny)
+    secret = "internal detail 0xfeedface"
+    job = ChatService.job
+
+    def broken(self: ChatService, req: object, loop: object) -> object:
+        if req.messages[0].text == "break":
+            raise RuntimeError(secret)
+        return job(self, req, loop)
+
+    monkeypatch.setattr(ChatService, "job", broken)
+    with (inprocess_server(engine, ServerConfig(model_name="tiny")) as url, caplog.at_level(logging.ERROR),
+          httpx.Client(timeout=60, limits=httpx.Limits(max_connections=1)) as http):
+        failed = http.post(url + "/chat/completions",
+                           json={"model": "tiny", "messages": [{"role": "user", "content": "break"}]})
+        assert failed.status_code == 500
+        assert failed.json()["error"]["type"] == "server_error" and secret not in failed.text
+        assert_connection_survives(http, url, failed, key=None)
+        assert any(r.exc_info and secret in str(r.exc_info[1]) for r in caplog.records), "logged server-side"
+
+
 def test_serve_refuses_an_unknown_pair() -> None:
     result = CliRunner().invoke(cli_app, ["serve", "--pair", "no-such-pair"])
     assert result.exit_code == 2 and "unknown pair" in result.output
+
+
+@pytest.mark.parametrize(("host", "api_key", "insecure", "refused"), [
+    ("0.0.0.0", None, False, True),
+    ("0.0.0.0", "", False, True),
+    ("::", None, False, True),
+    ("192.0.2.7", None, False, True),
+    ("0.0.0.0", KEY, False, False),
+    ("0.0.0.0", None, True, False),
+    ("127.0.0.1", None, False, False),
+    ("127.0.0.2", None, False, False),
+    ("::1", None, False, False),
+    ("localhost", None, False, False),
+])
+def test_config_refuses_a_keyless_server_off_loopback(host: str, api_key: str | None, insecure: bool,
+                                                      refused: bool) -> None:
+    if refused:
+        with pytest.raises(InputError, match="--insecure"):
+            ServerConfig(model_name="tiny", host=host, api_key=api_key, insecure=insecure)
+    else:
+        assert ServerConfig(model_name="tiny", host=host, api_key=api_key, insecure=insecure).host == host
+
+
+def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -> None:
+    bound: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: bound.append(host))
+    serve = ["serve", "--pair", "tiny", "--host", "0.0.0.0"]
+    refused = CliRunner().invoke(cli_app, serve, env={API_KEY_ENV: ""})
+    assert refused.exit_code == 2 and bound == []
+    [line] = refused.output.strip().splitlines()
+    assert line.startswith("error: ") and "--insecure" in line and API_KEY_ENV in line
+    assert CliRunner().invoke(cli_app, [*serve, "--insecure"], env={API_KEY_ENV: ""}).exit_code == 0
+    assert CliRunner().invoke(cli_app, serve, env={API_KEY_ENV: KEY}).exit_code == 0
+    assert bound == ["0.0.0.0", "0.0.0.0"]
 
 
 def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
