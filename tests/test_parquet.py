@@ -42,7 +42,7 @@ def test_each_bad_row_gets_its_reason_and_good_rows_survive() -> None:
     for index, (row_id, article, _title, expected_reason) in enumerate(bad.ROWS):
         doc_id, reason = by_row[index]
         assert reason == expected_reason, f"row {index} ({row_id!r})"
-        assert doc_id == (row_id if row_id is not None else f"row:{index}")
+        assert doc_id == row_id  # a null id stays None, no made-up name
         if expected_reason is None:
             [document] = [d for d in documents if d.row_index == index]
             assert document.text == article.decode("utf-8")  # kept byte for byte, NUL included

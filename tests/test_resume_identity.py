@@ -110,7 +110,7 @@ def test_other_decisive_settings_are_refused(finished, override: dict[str, Any],
 
 
 def test_the_same_run_resumes_and_may_grow_or_change_what_is_not_decisive(finished, tmp_path: Path) -> None:
-    db, first = finished
+    db, _ = finished
     # batch size, device, the corpus's path and the recorded params do not decide the outputs
     copied = corpus(tmp_path / "copy.parquet", ["a", "b", "c"])
     start = begin(db, copied, batch_size=8, device="cpu:1", params={"note": "retry"}, modes=("standalone", "sidecar"))
