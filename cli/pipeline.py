@@ -25,13 +25,13 @@ def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
 
         from flows.nightly import NightlyParams, nightly
         from sidecar.errors import PairError
-        from storage import Database, InputSchemaError
+        from storage import Database, InputSchemaError, RunMismatchError
 
         values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
         try:
             params = NightlyParams(**values)
             counts = nightly(params)
-        except (ValidationError, InputSchemaError, FileNotFoundError, PairError) as exc:
+        except (ValidationError, InputSchemaError, FileNotFoundError, PairError, RunMismatchError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(2) from exc
     return counts, Database(params.db_path)

@@ -19,7 +19,10 @@ API for a slot synchronously, which on the SQLite-backed API stalled batches by 
 
 Finished batches are committed to DuckDB together, one transaction at least every ``commit_every_s``
 seconds (0: every batch), and a run whose ``run_id`` already exists resumes: committed documents are
-skipped, so a crash costs at most that much finished work plus the batch that was running.
+skipped, so a crash costs at most that much finished work plus the batch that was running. A resume must
+be the same run (the same corpus rows and decisive settings, :meth:`NightlyParams.resume_identity`);
+anything else under an existing ``run_id`` is refused with ``storage.RunMismatchError`` before a row is
+written.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from pipeline import (
 from sidecar.engine import SidecarEngine
 from sidecar.models import load_pair
 from sidecar.modes import Mode
+from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks import HASHTAGS, SidecarTask
 from storage import Database, Document, RejectedDocument
 from storage.parquet import read_documents
@@ -63,6 +67,11 @@ from storage.parquet import read_documents
 GPU_LIMIT = "gpu"
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
+# Fields that change where, how fast or when the outputs are made, not what they are.
+NOT_DECISIVE = frozenset({"batch_size", "db_path", "run_id", "commit_every_s", "trigger_judge", "trigger_cost_report"})
+# Decisive fields a resume proves otherwise: the corpus by its stored rows (ids, titles and texts; a larger
+# limit may extend a run), and pair, gamma and modes by the run's own columns (storage.resume).
+PROVEN_BY_STORAGE = frozenset({"corpus", "limit", "pair", "gamma", "modes"})
 
 
 class NightlyParams(BaseModel):
@@ -115,15 +124,24 @@ class NightlyParams(BaseModel):
     def settings(self) -> BatchSettings:
         return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens)
 
+    def decisive(self) -> dict[str, object]:
+        """The fields that decide what a run computes: all but :data:`NOT_DECISIVE`."""
+        return self.model_dump(mode="json", exclude=set(NOT_DECISIVE))
+
+    def resume_identity(self) -> dict[str, object]:
+        """What a resume of the run must repeat besides what storage checks itself
+        (:data:`PROVEN_BY_STORAGE`): the id, text and title columns and ``max_chars`` (which rows are
+        usable), ``max_new_tokens`` and the sidecar task (the outputs), and the prompts the pipeline
+        wraps every document in, which live in code (a changed instruction is another run)."""
+        fields = {k: v for k, v in self.decisive().items() if k not in PROVEN_BY_STORAGE}
+        return fields | {"instruction": SUMMARIZE_INSTRUCTION, "system": DEFAULT_SYSTEM}
+
     def resolved_run_id(self, day: datetime) -> str:
-        """``run_id``, else ``nightly-YYYYMMDD-<hash of what decides the outputs>``: a rerun of the same
-        night with the same parameters gets the same id and resumes."""
+        """``run_id``, else ``nightly-YYYYMMDD-<hash of the decisive fields>``: a rerun of the same night
+        with the same parameters gets the same id and resumes."""
         if self.run_id:
             return self.run_id
-        # batch size, database, commits and triggers change where and how fast, not what is computed
-        decisive = self.model_dump(mode="json", exclude={"batch_size", "db_path", "run_id", "commit_every_s",
-                                                         "trigger_judge", "trigger_cost_report"})
-        digest = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(json.dumps(self.decisive(), sort_keys=True).encode()).hexdigest()[:10]
         return f"nightly-{day:%Y%m%d}-{digest}"
 
 
@@ -217,10 +235,11 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
     pair = engine.pair
     with counts.timed("storage"):
         db = Database(params.db_path)
-        # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state)
+        # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state), and
+        # a start that is no resume of the existing run_id (other corpus or settings) is refused unwritten
         start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
                              gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
-                             docs=docs, rejects=rejects, modes=params.modes)
+                             docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity())
     try:
         batches, counts.skipped_done = plan_batches(docs, params.batch_size, start.done_doc_ids)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,

@@ -13,6 +13,7 @@ from storage.database import (
 from storage.errors import (
     DatabaseLockedError,
     InputSchemaError,
+    RunMismatchError,
     SchemaTooNewError,
     StorageError,
     UnknownRunError,
@@ -43,6 +44,7 @@ __all__ = [
     "RejectedDocument",
     "RequestStats",
     "RetryPolicy",
+    "RunMismatchError",
     "RunStart",
     "SchemaTooNewError",
     "StorageError",

@@ -10,7 +10,7 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +30,7 @@ from storage.records import (
     OutputRecord,
     RejectedDocument,
 )
+from storage.resume import RUN_COLUMNS, canonical_identity, check_same_documents, check_same_run, check_unique_ids
 from storage.tables import DocumentRow, arrow_table, row
 from storage.writer import TABLE_KEYS, TableWrite, apply_writes, write_tables
 
@@ -91,30 +92,36 @@ class _RunRow:
     gpu_type: str | None
     gamma: int | None
     batch_size: int | None
+    identity_json: str | None
 
     @classmethod
     def checked(cls, run_id: str, params: dict[str, Any], pair: str, device: str | None, gpu_type: str | None,
                 gamma: int | None, batch_size: int | None, code_version: str | None,
-                modes: Sequence[str]) -> _RunRow:
+                modes: Sequence[str], identity: Mapping[str, Any] | None) -> _RunRow:
         unknown = sorted(set(modes) - set(MODES))
         if not modes or unknown:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
         return cls(run_id, json.dumps(params, sort_keys=True, default=str), list(dict.fromkeys(modes)),
                    code_version if code_version is not None else current_code_version(), pair, device,
-                   gpu_type, gamma, batch_size)
+                   gpu_type, gamma, batch_size, canonical_identity(identity))
+
+    @property
+    def columns(self) -> dict[str, Any]:
+        """The values of the ``runs`` columns a resume must repeat (``storage.resume``)."""
+        return {name: getattr(self, name) for name in RUN_COLUMNS}
 
 
 def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> bool:
-    exists = bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run.run_id]).fetchall())
+    exists = check_same_run(con, run.run_id, run.columns, run.identity_json)
     if exists:
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL "
                     "WHERE run_id = ?", [run.run_id])
     else:
         con.execute(
             "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
-            "gamma, batch_size) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+            "gamma, batch_size, identity) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run.run_id, run.params_json, run.modes, run.code_version, run.pair, run.device, run.gpu_type,
-             run.gamma, run.batch_size],
+             run.gamma, run.batch_size, run.identity_json],
         )
     return exists
 
@@ -162,7 +169,24 @@ def _documents_write(run_id: str, docs: Sequence[Document], rejects: Sequence[Re
     row_indexes = [r["row_index"] for r in rows]
     if len(set(row_indexes)) != len(row_indexes):
         raise ValueError("two documents or rejects for one input row (row_index)")
+    first_row: dict[str, int] = {}
+    for doc in docs:
+        # a usable document's id keys its outputs
+        if not doc.doc_id.strip():
+            raise ValueError(f"row {doc.row_index}: a usable document needs a non-blank id, got {doc.doc_id!r}")
+        if doc.doc_id in first_row:
+            raise ValueError(f"two usable documents with the id {doc.doc_id!r}, on rows {first_row[doc.doc_id]} "
+                             f"and {doc.row_index}; a document id must be unique in its run")
+        first_row[doc.doc_id] = doc.row_index
     return TableWrite("documents", arrow_table("documents", rows))
+
+
+def _write_documents(con: duckdb.DuckDBPyConnection, run_id: str, write: TableWrite, whole_input: bool) -> None:
+    """Write a run's ``documents`` rows unless they would replace a stored row by another document (or, with
+    ``whole_input``, leave stored rows out) or give two usable rows one id (``storage.resume``)."""
+    check_same_documents(con, run_id, write.rows, whole_input)
+    apply_writes(con, [write])
+    check_unique_ids(con, run_id)
 
 
 def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -187,34 +211,42 @@ class Database:
 
     def start_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None,
-                  code_version: str | None = None,
-                  modes: Sequence[str] = ("sidecar", "standalone")) -> bool:
+                  code_version: str | None = None, modes: Sequence[str] = ("sidecar", "standalone"),
+                  identity: Mapping[str, Any] | None = None) -> bool:
         """Create run ``run_id`` with status ``running``; returns True when it already existed.
 
         Starting an existing run (a resume) only sets it running again and clears its finish time and
-        error; its parameters and outputs stay. ``modes`` are the modes each document gets: the
-        ``results`` view shows a document once all of them are written. Values in ``params`` that JSON
-        cannot hold (paths, enums) are stored as their ``str()``.
+        error; its parameters and outputs stay. A resume must repeat the run's ``pair``, ``gpu_type``,
+        ``gamma``, the set of ``modes`` and ``identity`` (what else the caller says decides the outputs);
+        otherwise it raises :class:`RunMismatchError` and changes nothing (``storage.resume``). ``modes``
+        are the modes each document gets: the ``results`` view shows a document once all of them are
+        written. Values in ``params`` and ``identity`` that JSON cannot hold (paths, enums) are stored as
+        their ``str()``.
         """
-        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes)
+        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
+                              identity)
         return in_transaction(self.path, self.retry, lambda con: _start_run(con, run))
 
     def begin_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None, docs: Sequence[Document],
                   rejects: Sequence[RejectedDocument], modes: Sequence[str] = ("sidecar", "standalone"),
-                  code_version: str | None = None) -> RunStart:
+                  code_version: str | None = None, identity: Mapping[str, Any] | None = None) -> RunStart:
         """:meth:`start_run`, :meth:`record_documents` and :meth:`done_doc_ids` (for ``modes``) in one
         transaction.
 
-        Each transaction attaches, commits and checkpoints the file, so a flow starting a run this way
-        pays for one instead of three; and a failure leaves nothing half done: no run without its documents.
+        ``docs`` and ``rejects`` are the whole input: a resume must bring every input row the run stored,
+        each with the same id, title and text (more rows may follow), or it raises
+        :class:`RunMismatchError` and nothing is written. Each transaction attaches, commits and
+        checkpoints the file, so a flow starting a run this way pays for one instead of three; and a
+        failure leaves nothing half done: no run without its documents.
         """
-        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes)
+        run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
+                              identity)
         documents = _documents_write(run_id, docs, rejects)
 
         def work(con: duckdb.DuckDBPyConnection) -> RunStart:
             resumed = _start_run(con, run)
-            apply_writes(con, [documents])
+            _write_documents(con, run_id, documents, whole_input=True)
             return RunStart(resumed, _done_doc_ids(con, run_id, run.modes))
 
         return in_transaction(self.path, self.retry, work)
@@ -238,8 +270,17 @@ class Database:
     def record_documents(self, run_id: str, docs: Sequence[Document],
                          rejects: Sequence[RejectedDocument]) -> None:
         """Store the run's input rows, usable and rejected; rows already stored for the same input row
-        (``row_index``) are replaced, so recording again on resume adds nothing twice."""
-        write_tables(self.path, [_documents_write(run_id, docs, rejects)], self.retry, check=_require_run(run_id))
+        (``row_index``) are replaced, so recording again on resume adds nothing twice. A row may only be
+        replaced by the same document (id, title and text), else :class:`RunMismatchError`; two usable
+        rows with one id are a ``ValueError``. Either way nothing is written."""
+        documents = _documents_write(run_id, docs, rejects)
+        check = _require_run(run_id)
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            check(con)
+            _write_documents(con, run_id, documents, whole_input=False)
+
+        in_transaction(self.path, self.retry, work)
 
     def done_doc_ids(self, run_id: str, modes: list[str]) -> set[str]:
         """Documents of the run that have every one of ``modes`` written (what a resume can skip)."""
@@ -279,13 +320,14 @@ class Database:
             TableWrite("request_stats", arrow_table("request_stats", stats),
                        replace=outputs_table.select(["run_id", "doc_id", "mode"])),
         ]
-        if rejects:
-            writes.append(_documents_write(run_id, [], rejects))
+        documents = _documents_write(run_id, [], rejects) if rejects else None
         check = _require_run(run_id)
 
         def work(con: duckdb.DuckDBPyConnection) -> None:
             check(con)
             apply_writes(con, writes)
+            if documents is not None:
+                _write_documents(con, run_id, documents, whole_input=False)
             if finish is not None:
                 _finish_run(con, run_id, finish, None)
 

@@ -45,5 +45,10 @@ class UnknownRunError(StorageError):
     """A write names a run that ``start_run`` never created."""
 
 
+class RunMismatchError(StorageError):
+    """A start under an existing run id that is not a resume of that run: other decisive settings, or
+    input rows that differ from or leave out the ones the run stored. Nothing was written."""
+
+
 class InputSchemaError(ValueError):
     """An input file lacks the columns it was asked to read."""

@@ -62,10 +62,13 @@ def read_documents(path: str | Path, id_column: str = "id", text_column: str = "
     """Read documents and rejects from ``path``.
 
     Rejects and their reasons: ``null`` (id or text is null), ``not_utf8`` (binary cell that is not
-    UTF-8), ``duplicate_id`` (an earlier row had the id; the first row keeps its own verdict),
-    ``empty`` (nothing but whitespace), ``too_long`` (more than ``max_chars`` characters). Texts are
-    kept exactly as stored. ``limit`` stops reading once that many usable documents were found; the
-    rejects met on the way are returned too.
+    UTF-8), ``empty`` (id or text is empty or nothing but whitespace), ``duplicate_id`` (an earlier row
+    had the id; the first row keeps its own verdict), ``too_long`` (more than ``max_chars`` characters).
+    The detail names the column. A document's id is the key of its outputs, so only a non-blank id that
+    no earlier row has makes a row usable. A reject keeps the id as read; when there is none (null or not
+    UTF-8) its ``doc_id`` is None rather than a made-up name that a real id could also have, and the row
+    is known by its ``row_index``. Ids and texts are kept exactly as stored. ``limit`` stops reading once
+    that many usable documents were found; the rejects met on the way are returned too.
     """
     path = Path(path)
     if not path.exists():
@@ -100,6 +103,8 @@ def read_documents(path: str | Path, id_column: str = "id", text_column: str = "
                 reason, detail = "null", f"{id_column} is null"
             elif doc_id is None:
                 reason, detail = "not_utf8", f"{id_column} bytes are not UTF-8"
+            elif not doc_id.strip():
+                reason, detail = "empty", f"{id_column} is empty or whitespace"
             elif doc_id in seen_ids:
                 reason, detail = "duplicate_id", f"an earlier row has {id_column} {doc_id!r}"
             elif raw_text is None:
@@ -115,8 +120,7 @@ def read_documents(path: str | Path, id_column: str = "id", text_column: str = "
             if reason is None:
                 documents.append(Document(doc_id=doc_id, text=text, row_index=row_index, title=title))
             else:
-                rejects.append(RejectedDocument(
-                    doc_id=doc_id if doc_id is not None else f"row:{row_index}", reason=reason,
-                    row_index=row_index, detail=detail, title=title, text=text))
+                rejects.append(RejectedDocument(doc_id=doc_id, reason=reason, row_index=row_index, detail=detail,
+                                                title=title, text=text))
             row_index += 1
     return documents, rejects

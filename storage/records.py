@@ -27,7 +27,9 @@ JudgeMode = Literal["probability", "text"]
 
 @dataclass(frozen=True)
 class Document:
-    """One usable input document; ``row_index`` is its row in the input file."""
+    """One usable input document; ``row_index`` is its row in the input file. ``doc_id`` keys the
+    document's outputs, so it is never empty or whitespace and unique among a run's usable documents
+    (``storage.parquet`` rejects other rows, ``Database`` refuses to store them)."""
 
     doc_id: str
     text: str
@@ -37,9 +39,10 @@ class Document:
 
 @dataclass(frozen=True)
 class RejectedDocument:
-    """An input row that will not be run, with why. ``doc_id`` is ``row:<n>`` when the id was null."""
+    """An input row that will not be run, with why. ``doc_id`` is None when the id was null: the row is
+    known by ``row_index``, and no made-up id can collide with a real one."""
 
-    doc_id: str
+    doc_id: str | None
     reason: RejectReason
     row_index: int
     detail: str = ""

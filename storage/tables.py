@@ -37,7 +37,7 @@ class DocumentRow:
     """One input row of a run as the ``documents`` table stores it: usable (``ok``) or rejected, with why."""
 
     row_index: int
-    doc_id: str
+    doc_id: str | None  # None only for a rejected row whose id was null
     title: str | None
     text: str | None
     n_chars: int | None

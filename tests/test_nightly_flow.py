@@ -155,6 +155,30 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     assert [(c["n"], c["keys"]) for c in counts] == [(4, 4), (14, 14)]
 
 
+def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_written(prefect_api,
+                                                                                   tmp_path: Path) -> None:
+    from flows.nightly import nightly
+    from storage import RunMismatchError
+
+    first = nightly(params(tmp_path, write_corpus(tmp_path / "news.parquet", 3), run_id="taken"))
+    assert first.done == 3
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"id": ["x-0", "x-1"], "article": [SENTENCES[1], SENTENCES[2]]}), other)
+    db = Database(tmp_path / "sidecar.duckdb")
+
+    def stored() -> list[object]:
+        return [db.query(f"SELECT * FROM {table} ORDER BY ALL")
+                for table in ("runs", "documents", "outputs", "request_stats")]
+
+    before = stored()
+    with pytest.raises(RunMismatchError, match="row 0 is 'doc-00' there and 'x-0' here"):
+        nightly(params(tmp_path, other, run_id="taken"))
+    with pytest.raises(RunMismatchError, match="max_new_tokens 12 \\(this start: 8\\)"):
+        nightly(params(tmp_path, tmp_path / "news.parquet", run_id="taken", max_new_tokens=8))
+    assert stored() == before
+    assert db.get_run("taken")["status"] == "completed"
+
+
 def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | None]]:
     spec = importlib.util.spec_from_file_location("make_bad_corpus", BAD_CORPUS.parent / "make_bad_corpus.py")
     module = importlib.util.module_from_spec(spec)
@@ -191,8 +215,8 @@ def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Pa
 
     # no character limit: the huge row is caught by the token count instead
     counts = nightly(params(tmp_path, BAD_CORPUS, title_column="title", max_chars=None))
-    expected = [(doc_id or f"row:{i}", "over_context" if reason == "too_long" else reason)
-                for i, (doc_id, _, _, reason) in enumerate(bad_corpus_rows())]
+    expected = [(doc_id, "over_context" if reason == "too_long" else reason)
+                for doc_id, _, _, reason in bad_corpus_rows()]
     db = Database(tmp_path / "sidecar.duckdb")
     rows = db.query("SELECT row_index, doc_id, reject_reason, reject_detail FROM documents WHERE run_id = ? "
                     "ORDER BY row_index", [counts.run_id])

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage import Database, InputSchemaError
+from storage import Database, Document, InputSchemaError
 from storage.parquet import read_documents
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -42,7 +42,7 @@ def test_each_bad_row_gets_its_reason_and_good_rows_survive() -> None:
     for index, (row_id, article, _title, expected_reason) in enumerate(bad.ROWS):
         doc_id, reason = by_row[index]
         assert reason == expected_reason, f"row {index} ({row_id!r})"
-        assert doc_id == (row_id if row_id is not None else f"row:{index}")
+        assert doc_id == row_id  # a null id stays None, no made-up name
         if expected_reason is None:
             [document] = [d for d in documents if d.row_index == index]
             assert document.text == article.decode("utf-8")  # kept byte for byte, NUL included
@@ -125,3 +125,32 @@ def test_documents_and_rejects_are_stored_with_their_reasons(tmp_path: Path) -> 
                     ["run-bad"])
     assert [r["reject_reason"] for r in rows] == [reason for *_, reason in bad.ROWS]
     assert [r["status"] for r in rows] == ["ok" if reason is None else "rejected" for *_, reason in bad.ROWS]
+
+
+def test_empty_and_whitespace_ids_are_rejected_and_a_null_id_collides_with_no_real_id(tmp_path: Path) -> None:
+    path = tmp_path / "ids.parquet"
+    # row 3's null id was once stored as the placeholder "row:3", the real id of row 4
+    pq.write_table(pa.table({"id": ["good", "", " \t\u00a0", None, "row:3"],
+                             "article": ["Text one.", "Text two.", "Text three.", "Text four.", "Text five."]}), path)
+    documents, rejects = read_documents(path)
+    assert [(d.row_index, d.doc_id) for d in documents] == [(0, "good"), (4, "row:3")]
+    assert [(r.row_index, r.doc_id, r.reason) for r in rejects] == [
+        (1, "", "empty"), (2, " \t\u00a0", "empty"), (3, None, "null")]
+    assert [r.detail for r in rejects] == ["id is empty or whitespace", "id is empty or whitespace", "id is null"]
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.begin_run("run-ids", {}, "tiny", "cpu", "cpu", 4, 2, docs=documents, rejects=rejects, code_version="test")
+    stored = db.query("SELECT row_index, doc_id, status FROM documents ORDER BY row_index")
+    assert [(r["row_index"], r["doc_id"], r["status"]) for r in stored] == [
+        (0, "good", "ok"), (1, "", "rejected"), (2, " \t\u00a0", "rejected"), (3, None, "rejected"),
+        (4, "row:3", "ok")]
+    assert db.query("SELECT count(*) AS n FROM documents WHERE doc_id = 'row:3'")[0]["n"] == 1
+
+
+def test_the_database_refuses_usable_documents_with_blank_or_repeated_ids(tmp_path: Path) -> None:
+    db = Database(tmp_path / "sidecar.duckdb")
+    for docs, match in [([Document(" ", "Some text.", 0)], "row 0.*id"),
+                        ([Document("a", "One.", 0), Document("a", "Two.", 1)], "'a'.*rows 0 and 1")]:
+        with pytest.raises(ValueError, match=match):
+            db.begin_run("run-ids", {}, "tiny", "cpu", "cpu", 4, 2, docs=docs, rejects=[], code_version="test")
+    assert db.get_run("run-ids") is None
