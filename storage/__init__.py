@@ -12,6 +12,7 @@ from storage.database import (
 )
 from storage.errors import (
     DatabaseLockedError,
+    DatabaseOpenError,
     InputSchemaError,
     SchemaTooNewError,
     StorageError,
@@ -35,6 +36,7 @@ __all__ = [
     "CostRecord",
     "Database",
     "DatabaseLockedError",
+    "DatabaseOpenError",
     "Document",
     "InputSchemaError",
     "JudgeSettingsRecord",
