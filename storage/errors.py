@@ -38,6 +38,9 @@ class DatabaseOpenError(StorageError):
     def __str__(self) -> str:
         return f"cannot open database {self.path}: {self.problem}"
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
     @classmethod
     def explaining(cls, path: Path, cause: Exception) -> DatabaseOpenError:
         """The error for ``cause`` (an OSError, or DuckDB's error) raised while opening ``path``."""
