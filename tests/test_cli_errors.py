@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from storage import Database, DatabaseLockedError, InputSchemaError, SchemaTooNewError
+from storage import Database, DatabaseLockedError, InputSchemaError, SchemaTooNewError, UnknownRunError
 
 REPO = Path(__file__).resolve().parents[1]
 READ_ONLY_DB = Path("/sys/sidecar-test.duckdb")
@@ -77,8 +77,8 @@ def test_exit_codes_of_user_errors() -> None:
     assert exit_code(DatabaseOpenError(Path("x"), "it is a directory")) == 3
     assert exit_code(SchemaTooNewError(Path("x"), 9, 3)) == 3
     assert exit_code(DatabaseLockedError(Path("x"), 1, "python", 10, 5.0, "locked")) == 4
-    for error in (InputSchemaError("no column"), PairError("unknown pair"), InputError("empty"),
-                  CostInputError("negative"), FileNotFoundError("missing.parquet")):
+    for error in (InputSchemaError("no column"), UnknownRunError("no run"), PairError("unknown pair"),
+                  InputError("empty"), CostInputError("negative"), FileNotFoundError("missing.parquet")):
         assert exit_code(error) == 2, error
     # a bug is not the user's error: it keeps its traceback and Python's exit code 1
     assert exit_code(KeyError("oops")) is None and exit_code(RuntimeError("oops")) is None
@@ -159,6 +159,13 @@ def test_judge_on_an_unusable_database_exits_3_with_one_line(prefect_api, tmp_pa
     done = sidecar(["judge", "--run-id", "r", "--db", str(db), "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
                    prefect_api, tmp_path)
     assert_one_error_line(done, 3, str(db), problem)
+
+
+@pytest.mark.slow
+def test_judge_of_an_unknown_run_exits_2_with_one_line(prefect_api, tmp_path: Path) -> None:
+    done = sidecar(["judge", "--run-id", "no-such-run", "--db", str(tmp_path / "sidecar.duckdb"), "--base-url",
+                    "http://127.0.0.1:9/v1", "--model", "m"], prefect_api, tmp_path)
+    assert_one_error_line(done, 2, "'no-such-run' does not exist")
 
 
 @pytest.mark.slow
