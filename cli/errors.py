@@ -9,8 +9,8 @@ never catches it to print and exit. Exit codes:
 1     the work ran but did not complete (the judge flow, or a flow after ``nightly``, ended failed),
       or an unexpected error: a bug, printed with its traceback
 2     bad input or usage: an unknown option or a bad value (typer's own usage errors), a missing input
-      file, an input without the columns asked for, an unknown model pair, bad cost-model inputs, a
-      model fetch that failed
+      file, an input without the columns asked for, a ``--run-id`` that names no run, an unknown model
+      pair, bad cost-model inputs, a model fetch that failed
 3     the database cannot be used: ``--db`` is a directory, not a DuckDB file, under a regular file or
       where nothing may be written, or it has a newer schema than this sidecar knows
 4     the database is busy: another process held its lock through every retry; a later retry can work
@@ -39,6 +39,7 @@ USER_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("storage.errors", "DatabaseOpenError", EXIT_DATABASE_UNUSABLE),
     ("storage.errors", "SchemaTooNewError", EXIT_DATABASE_UNUSABLE),
     ("storage.errors", "InputSchemaError", EXIT_BAD_INPUT),
+    ("storage.errors", "UnknownRunError", EXIT_BAD_INPUT),
     ("sidecar.errors", "InputError", EXIT_BAD_INPUT),
     ("sidecar.errors", "PairError", EXIT_BAD_INPUT),
     ("sidecar.cost.errors", "CostInputError", EXIT_BAD_INPUT),
