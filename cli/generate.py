@@ -44,20 +44,16 @@ def generate(
     from rich.console import Console
     from rich.table import Table
 
-    from sidecar import HASHTAGS, InputError, PairError, SidecarEngine, SidecarRequest, load_pair
+    from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 
     texts = [t[:max_chars] for t in read_inputs(input_path, column, limit)]
     if not texts:
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
-    try:
-        engine = SidecarEngine(load_pair(pair, draft_int8=draft_int8), gamma=gamma)
-        requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
-        results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                             batch_size=batch_size)
-    except (InputError, PairError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+    engine = SidecarEngine(load_pair(pair, draft_int8=draft_int8), gamma=gamma)
+    requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
+    results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                         batch_size=batch_size)
     if as_json:
         for result in results:
             typer.echo(json.dumps({"text": result.main.text, "finish_reason": result.main.finish_reason,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from cli.errors import exit_code
 from flows.embedded import embedded_prefect
 
 
@@ -33,6 +34,9 @@ def judge_command(
         state = judge(run_id=run_id, judge_model=model, base_url=base_url, judge_pair=judge_pair, db_path=db,
                       controls=controls, threshold=threshold, return_state=True)
         if not state.is_completed():
+            failure = state.result(raise_on_failure=False)
+            if isinstance(failure, Exception) and exit_code(failure) is not None:
+                raise failure  # a user's error (a bad --db ...): its own line and exit code
             typer.secho(f"error: the judge flow ended {state.name}: {state.message}", fg="red", err=True)
             raise typer.Exit(1)
         summary = state.result()

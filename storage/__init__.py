@@ -12,6 +12,7 @@ from storage.database import (
 )
 from storage.errors import (
     DatabaseLockedError,
+    DatabaseOpenError,
     InputSchemaError,
     RunMismatchError,
     SchemaTooNewError,
@@ -36,6 +37,7 @@ __all__ = [
     "CostRecord",
     "Database",
     "DatabaseLockedError",
+    "DatabaseOpenError",
     "Document",
     "InputSchemaError",
     "JudgeSettingsRecord",

@@ -20,7 +20,7 @@ import duckdb
 
 from sidecar.modes import MODES
 from storage.connection import RetryPolicy, in_transaction
-from storage.errors import UnknownRunError
+from storage.errors import DatabaseOpenError, UnknownRunError
 from storage.migrate import migrate
 from storage.records import (
     CostRecord,
@@ -197,6 +197,9 @@ def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 class Database:
     """Handle on one results database file; creates and migrates it on construction.
 
+    A path that cannot hold a database (a directory, a file that is not DuckDB, a location that cannot be
+    written) raises :class:`DatabaseOpenError` here.
+
     The handle holds no connection, only the path: it is cheap, picklable and safe to share between
     threads and processes.
     """
@@ -204,8 +207,12 @@ class Database:
     def __init__(self, path: str | Path | None = None, retry: RetryPolicy | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         self.retry = retry or RetryPolicy()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.schema_version = migrate(self.path, self.retry)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.schema_version = migrate(self.path, self.retry)
+        except (OSError, duckdb.IOException) as exc:
+            # what the file system or DuckDB refused; a lock held elsewhere is DatabaseLockedError instead
+            raise DatabaseOpenError.explaining(self.path, exc) from exc
 
     # -- runs ---------------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -20,6 +21,48 @@ class SchemaTooNewError(StorageError):
             f"database {path} has schema version {db_version}, but this sidecar only knows migrations up "
             f"to {code_version}; upgrade sidecar or use another --db file (it was not modified)"
         )
+
+
+class DatabaseOpenError(StorageError):
+    """The database file cannot be opened or created: what is at the path, or where it is, is unusable.
+
+    ``problem`` says what is wrong in a few words; the message names the path. The arguments are kept as
+    the exception's ``args``, so it pickles (Prefect stores a failed flow's exception).
+    """
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(path, problem)
+        self.path = path
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"cannot open database {self.path}: {self.problem}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    @classmethod
+    def explaining(cls, path: Path, cause: Exception) -> DatabaseOpenError:
+        """The error for ``cause`` (an OSError, or DuckDB's error) raised while opening ``path``."""
+        return cls(path, _open_problem(path, cause))
+
+
+def _open_problem(path: Path, cause: Exception) -> str:
+    if path.is_dir():
+        return "it is a directory, not a database file"
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return f"{blocking} is a file, not a directory, so nothing can be created under it"
+    message = str(cause)
+    if "not a valid DuckDB database" in message:
+        return "the file exists but is not a DuckDB database"
+    if isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{cause.strerror.lower()} (the file or its directory cannot be written)"
+    for reason in ("Permission denied", "Read-only file system"):
+        if reason in message:
+            return f"{reason.lower()} (the file or its directory cannot be written)"
+    # DuckDB's own words for the rest (a newer storage format, a damaged file ...), without its class prefix
+    return message.removeprefix("IO Error: ")
 
 
 class DatabaseLockedError(StorageError):

@@ -815,3 +815,34 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_mean() -> None:
     assert interval[0] < sum(values) / len(values) < interval[1]
     assert interval != judge.bootstrap_ci(values, resamples=500, seed=4)
     assert judge.bootstrap_ci([0.5]) is None
+
+
+HOSTILE_ANSWER_CHARS = 5 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param("x" * HOSTILE_ANSWER_CHARS, id="garbage"),
+        pytest.param(json.dumps({"winner": "A", "reason": "r" * HOSTILE_ANSWER_CHARS}), id="verdict-with-huge-reason"),
+    ],
+)
+def test_a_hostile_endpoints_huge_answers_are_stored_cut_and_say_so(answer: str, tmp_path) -> None:
+    from flows.judge import store_judgements
+    from storage import Database
+
+    config = make_config(retries=0)
+    results = judge_pairs([item()], config, make_client(always(answer)))
+    assert all(g.reason is None or len(g.reason) < 20_000 for g in results[0].games)
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("run", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=1)
+    store_judgements.fn(db, "run", results, config)
+
+    stored = [row["raw_answer"] for row in db.query("SELECT raw_answer FROM judgement_games ORDER BY game")]
+    assert len(stored) == 2
+    for raw in stored:
+        assert len(raw) < 20_000  # a few KB of the 5 MB
+        kept = judge_games.MAX_ANSWER_CHARS
+        assert raw[:kept] == answer[:kept]
+        # the stored text says it was cut, and how long the answer was
+        assert "cut" in raw[kept:] and f"{len(answer):,}" in raw[kept:]

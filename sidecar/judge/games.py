@@ -26,6 +26,10 @@ logger = logging.getLogger("sidecar.judge")
 REDACTED = "**********"
 # Stored error texts are for humans reading an artifact; a whole HTML error page is not.
 MAX_ERROR_CHARS = 500
+# What is kept of an answer and its reason: a verdict fits in a few hundred characters, while an endpoint
+# that ignores max_tokens can send megabytes per game. A longer text keeps its start and says it was cut.
+MAX_ANSWER_CHARS = 4000
+CUT_MARKER = " [cut: {total:,} characters in all, the first {kept:,} kept]"
 SAMPLING_TEMPERATURE = 0.7
 PROBE_TOP_LOGPROBS = 5
 RETRY_TOP_LOGPROBS = 20  # the most the OpenAI API returns
@@ -47,6 +51,7 @@ class GameResult(BaseModel):
     game: Literal[1, 2]
     # where the kind's subject side (the sidecar's tags, a document's own tags, the original order) was shown
     sidecar_position: Literal["A", "B"]
+    # the endpoint's answer, secrets redacted, cut to MAX_ANSWER_CHARS (see ``capped``); so is the reason
     raw_answer: str | None
     choice: Choice | None
     # ``choice`` translated from a position to the side that held it
@@ -121,6 +126,13 @@ def is_retryable(exc: Exception) -> bool:
     return False
 
 
+def capped(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
+    """``text``, or its first ``limit`` characters followed by ``CUT_MARKER``."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + CUT_MARKER.format(total=len(text), kept=limit)
+
+
 class Redactor:
     """Removes known secrets from text before it is logged or stored: endpoints can echo the key."""
 
@@ -158,7 +170,7 @@ def play_game(doc_id: str, summary: str, kind: GameKind, game: Literal[1, 2],
                 reason = None
             else:
                 answer = parse_judge_answer(raw_answer)
-                choice, reason, p_a, p_b = answer.winner, redact(answer.reason), None, None
+                choice, reason, p_a, p_b = answer.winner, capped(redact(answer.reason)), None, None
         except (openai.OpenAIError, JudgeAnswerError) as exc:
             error = redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
             will_retry = is_retryable(exc) and attempt < max_attempts
@@ -170,10 +182,10 @@ def play_game(doc_id: str, summary: str, kind: GameKind, game: Literal[1, 2],
                 continue
             return GameResult(
                 game=game, kind=kind, sidecar_position=sidecar_position,
-                raw_answer=None if raw_answer is None else redact(raw_answer), choice=None, winner=None,
+                raw_answer=None if raw_answer is None else capped(redact(raw_answer)), choice=None, winner=None,
                 reason=None, error=error, attempts=attempt, latency_s=time.perf_counter() - started)
         winner: Winner = "tie" if choice == "tie" else subject if choice == sidecar_position else other
         return GameResult(
-            game=game, kind=kind, sidecar_position=sidecar_position, raw_answer=redact(raw_answer), choice=choice,
-            winner=winner, reason=reason, error=None, attempts=attempt, latency_s=time.perf_counter() - started,
-            p_a=p_a, p_b=p_b)
+            game=game, kind=kind, sidecar_position=sidecar_position, raw_answer=capped(redact(raw_answer)),
+            choice=choice, winner=winner, reason=reason, error=None, attempts=attempt,
+            latency_s=time.perf_counter() - started, p_a=p_a, p_b=p_b)

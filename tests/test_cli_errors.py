@@ -1,0 +1,176 @@
+"""A user's error ends the ``sidecar`` command with one ``error:`` line, no traceback, and its documented exit code.
+
+The database cases run the real command in a subprocess, as a user or a scheduler runs it: a ``--db`` that is a
+directory, a file that is not DuckDB, a path under a regular file, and a location nobody may write (``/sys``,
+which refuses new files to root too; the tests run as root, so a chmod-ed directory would prove nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from storage import Database, DatabaseLockedError, InputSchemaError, SchemaTooNewError, UnknownRunError
+
+REPO = Path(__file__).resolve().parents[1]
+READ_ONLY_DB = Path("/sys/sidecar-test.duckdb")
+
+
+def _read_only_location() -> Path:
+    try:
+        READ_ONLY_DB.open("xb").close()
+    except OSError:
+        return READ_ONLY_DB
+    READ_ONLY_DB.unlink()
+    pytest.skip(f"{READ_ONLY_DB.parent} is writable here")
+
+
+def unusable_db(kind: str, tmp_path: Path) -> tuple[Path, str]:
+    """A --db path of the given kind, and what the error line must say about it."""
+    if kind == "directory":
+        path = tmp_path / "results.duckdb"
+        path.mkdir()
+        return path, "is a directory"
+    if kind == "not-duckdb":
+        path = tmp_path / "notes.duckdb"
+        path.write_text("these are my notes, not a database\n")
+        return path, "not a DuckDB database"
+    if kind == "under-a-file":
+        (tmp_path / "plain-file").write_text("x")
+        return tmp_path / "plain-file" / "sidecar.duckdb", "is a file, not a directory"
+    if kind == "read-only":
+        return _read_only_location(), "permission denied"
+    raise AssertionError(kind)
+
+
+KINDS = ["directory", "not-duckdb", "under-a-file", "read-only"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_database_open_errors_name_the_path_and_what_is_wrong(kind: str, tmp_path: Path) -> None:
+    from storage import DatabaseOpenError
+
+    path, problem = unusable_db(kind, tmp_path)
+    with pytest.raises(DatabaseOpenError) as raised:
+        Database(path)
+    message = str(raised.value)
+    assert str(path) in message and problem.lower() in message.lower(), message
+    assert "\n" not in message
+    assert raised.value.path == path
+
+
+def test_exit_codes_of_user_errors() -> None:
+    from cli.errors import EXIT_BAD_INPUT, EXIT_DATABASE_BUSY, EXIT_DATABASE_UNUSABLE, exit_code
+    from sidecar.cost import CostInputError
+    from sidecar.errors import InputError, PairError
+    from storage import DatabaseOpenError
+
+    assert (EXIT_BAD_INPUT, EXIT_DATABASE_UNUSABLE, EXIT_DATABASE_BUSY) == (2, 3, 4)
+    assert exit_code(DatabaseOpenError(Path("x"), "it is a directory")) == 3
+    assert exit_code(SchemaTooNewError(Path("x"), 9, 3)) == 3
+    assert exit_code(DatabaseLockedError(Path("x"), 1, "python", 10, 5.0, "locked")) == 4
+    for error in (InputSchemaError("no column"), UnknownRunError("no run"), PairError("unknown pair"),
+                  InputError("empty"), CostInputError("negative"), FileNotFoundError("missing.parquet")):
+        assert exit_code(error) == 2, error
+    # a bug is not the user's error: it keeps its traceback and Python's exit code 1
+    assert exit_code(KeyError("oops")) is None and exit_code(RuntimeError("oops")) is None
+
+
+def test_usage_errors_exit_2() -> None:
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["nightly", "--no-such-option"])
+    assert result.exit_code == 2, result.output
+
+
+# -- the real command, in a subprocess -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One ephemeral Prefect API for the module's subprocesses (each would otherwise start one of its own)."""
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
+            prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "news.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "article": ["The council met on Tuesday.", "Prices rose again."],
+                             "title": ["Council", "Prices"]}), path)
+    return path
+
+
+def sidecar(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=os.environ | env | {"PYTHONPATH": str(REPO), "COLUMNS": "200"})
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == code, output
+    assert "Traceback" not in output
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    for fragment in fragments:
+        assert fragment.lower() in errors[0].lower(), output
+
+
+def nightly_args(corpus: Path, db: Path) -> list[str]:
+    return ["nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db), "--max-new-tokens", "4",
+            "--no-judge", "--no-cost-report"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_nightly_on_an_unusable_database_exits_3_with_one_line(kind: str, prefect_api, corpus: Path,
+                                                               tmp_path: Path) -> None:
+    db, problem = unusable_db(kind, tmp_path)
+    assert_one_error_line(sidecar(nightly_args(corpus, db), prefect_api, tmp_path), 3, str(db), problem)
+
+
+@pytest.mark.slow
+def test_nightly_on_a_missing_corpus_exits_2_with_one_line(prefect_api, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.parquet"
+    done = sidecar(nightly_args(missing, tmp_path / "sidecar.duckdb"), prefect_api, tmp_path)
+    assert_one_error_line(done, 2, str(missing), "does not exist")
+
+
+@pytest.mark.slow
+def test_judge_on_an_unusable_database_exits_3_with_one_line(prefect_api, tmp_path: Path) -> None:
+    db, problem = unusable_db("not-duckdb", tmp_path)
+    # the database is opened before the endpoint is asked anything: this one does not exist
+    done = sidecar(["judge", "--run-id", "r", "--db", str(db), "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+                   prefect_api, tmp_path)
+    assert_one_error_line(done, 3, str(db), problem)
+
+
+@pytest.mark.slow
+def test_judge_of_an_unknown_run_exits_2_with_one_line(prefect_api, tmp_path: Path) -> None:
+    done = sidecar(["judge", "--run-id", "no-such-run", "--db", str(tmp_path / "sidecar.duckdb"), "--base-url",
+                    "http://127.0.0.1:9/v1", "--model", "m"], prefect_api, tmp_path)
+    assert_one_error_line(done, 2, "'no-such-run' does not exist")
+
+
+@pytest.mark.slow
+def test_demo_on_an_unusable_database_exits_3_with_one_line(prefect_api, corpus: Path, tmp_path: Path) -> None:
+    db, problem = unusable_db("directory", tmp_path)
+    done = sidecar(["demo", "--corpus", str(corpus), "--pair", "tiny", "--limit", "2", "--db", str(db),
+                    "--max-new-tokens", "4"], prefect_api, tmp_path)
+    assert_one_error_line(done, 3, str(db), problem)
