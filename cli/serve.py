@@ -28,11 +28,7 @@ def serve_command(
     """Serve the pair over an OpenAI-compatible API (chat completions, streaming, sidecar tasks)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from server.launcher import serve
-    from sidecar.errors import InputError, PairError
 
-    try:
-        serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
-              max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure)
-    except (PairError, InputError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from exc
+    # an unknown pair or a refused keyless host raises its own error, which cli.errors turns into one line
+    serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
+          max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure)
