@@ -22,6 +22,7 @@ from sidecar.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
+from sidecar.stops import TokenStops
 
 # (row index, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
@@ -347,11 +348,13 @@ class SpeculativeDecoder:
             # tokens committed to the output that the draft cache does not hold yet (per live row)
             draft_backlog: list[list[int]] = [[] for _ in rows]
             finish: list[str | None] = [None] * n
+            # per row: where its text reaches a stop string, decoding only what each step added
+            stops = [TokenStops(pair.tokenizer, stop) for _ in rows] if stop else None
             live = list(range(n))  # slot i of the caches holds row live[i]
             pending = first  # [B] last committed token, not yet in the target cache
             entries = None if top_logprobs is None else token_logprobs(first_logits[:, None], first[:, None],
                                                                          top_logprobs)
-            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens,
+            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stops, indices, on_tokens,
                          entries, logprobs)
             budget_tokens = sum(r.max_new_tokens for r in rows)
             report(DECODE, sum(map(len, new_tokens)), budget_tokens)
@@ -422,7 +425,7 @@ class SpeculativeDecoder:
                     # the committed tokens: accepted drafts, then the target's own token at the first rejection
                     chosen = torch.cat([drafted, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
                     entries = token_logprobs(logits, chosen, top_logprobs)
-                self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens, entries, logprobs)
+                self._append(live, appended, new_tokens, rows, finish, stops, indices, on_tokens, entries, logprobs)
                 report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r]) for r in live),
                        budget_tokens)
         return [self._output(new_tokens[i], finish[i], stats[i], None if logprobs is None else logprobs[i])
@@ -555,7 +558,7 @@ class SpeculativeDecoder:
         return sample(warp(logits, sampling.temperature, sampling.top_p), generator)
 
     def _append(self, live: list[int], appended: list[list[int]], new_tokens: list[list[int]],
-                rows: list[DecodeRow], finish: list[str | None], stop: list[str] | None, indices: list[int],
+                rows: list[DecodeRow], finish: list[str | None], stops: list[TokenStops] | None, indices: list[int],
                 on_tokens: TokenCallback | None, entries: list[list[TokenLogprob]] | None = None,
                 logprobs: list[list[TokenLogprob]] | None = None) -> None:
         """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit; with
@@ -570,11 +573,10 @@ class SpeculativeDecoder:
                 if token in eos:
                     cut, reason = cut[: k + 1], "eos"
                     break
-            if stop and reason != "eos":
-                for k in range(len(cut)):
-                    if any(s in self.pair.tokenizer.decode(have + cut[: k + 1]) for s in stop):
-                        cut, reason = cut[: k + 1], "stop"
-                        break
+            if stops is not None and reason != "eos":
+                k = stops[row].first(cut)
+                if k is not None:
+                    cut, reason = cut[: k + 1], "stop"
             have.extend(cut)
             finish[row] = reason
             cut_entries = None
