@@ -26,6 +26,8 @@ from sidecar.stops import TokenStops
 
 # (row index, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
+# (row index) -> whether nobody waits for the row any more; asked once per decoding step, on the host
+CancelCheck = Callable[[int], bool]
 
 
 @dataclass
@@ -63,7 +65,7 @@ class GenerationStats:
 class GenerationOutput:
     token_ids: list[int]
     text: str
-    finish_reason: str  # "eos" | "stop" | "length"
+    finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
     stats: GenerationStats
     # one entry per token id, from the target's logits (``sidecar.logprobs``); None unless asked for
     logprobs: list[TokenLogprob] | None = None
@@ -99,9 +101,9 @@ class Sampling:
         return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
-# Called when a row finishes, before it leaves the batch: (row index, output, draft cache, slot of the
-# row in that cache). The draft cache holds the draft prompt plus a prefix of the row's new tokens;
-# the sidecar engine continues from there.
+# Called when a row finishes, before it leaves the batch (a cancelled row leaves without it): (row index,
+# output, draft cache, slot of the row in that cache). The draft cache holds the draft prompt plus a prefix
+# of the row's new tokens; the sidecar engine continues from there.
 FinishCallback = Callable[[int, GenerationOutput, RowKVCache, int], None]
 
 
@@ -245,16 +247,19 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
                  stop: list[str] | None = None, on_tokens: TokenCallback | None = None,
-                 top_logprobs: int | None = None) -> list[GenerationOutput]:
+                 top_logprobs: int | None = None, cancelled: CancelCheck | None = None) -> list[GenerationOutput]:
         limits = [max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         rows = [DecodeRow(list(p), m) for p, m in zip(prompt_ids, limits, strict=True)]
         return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens,
-                           top_logprobs=top_logprobs)
+                           top_logprobs=top_logprobs, cancelled=cancelled)
 
     def decode(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int = 8, stop: list[str] | None = None,
                on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
                on_progress: ProgressCallback | None = None, top_logprobs: int | None = None,
-               ) -> list[GenerationOutput]:
+               cancelled: CancelCheck | None = None) -> list[GenerationOutput]:
+        """Decode ``rows`` in chunks of ``batch_size``; a row that ``cancelled`` reports between two steps
+        leaves its batch at once with what it has (finish reason "cancelled", no ``on_finish``), and the
+        other rows go on as if it had finished."""
         self.validate(rows, sampling, batch_size)
         if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise InputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}")
@@ -268,7 +273,7 @@ class SpeculativeDecoder:
             chunk = order[start : start + batch_size]
             for index, output in zip(chunk, self._decode_batch([rows[i] for i in chunk], chunk, sampling,
                                                                generator, stop, on_tokens, on_finish,
-                                                               on_progress, top_logprobs),
+                                                               on_progress, top_logprobs, cancelled),
                                      strict=True):
                 outputs[index] = output
         return [o for o in outputs if o is not None]
@@ -301,7 +306,8 @@ class SpeculativeDecoder:
     def _decode_batch(self, rows: list[DecodeRow], indices: list[int], sampling: Sampling,
                       generator: torch.Generator | None, stop: list[str] | None, on_tokens: TokenCallback | None,
                       on_finish: FinishCallback | None, on_progress: ProgressCallback | None = None,
-                      top_logprobs: int | None = None) -> list[GenerationOutput]:
+                      top_logprobs: int | None = None, cancelled: CancelCheck | None = None,
+                      ) -> list[GenerationOutput]:
         pair, device = self.pair, self.pair.device
         t_start = time.perf_counter()
         n = len(rows)
@@ -361,13 +367,17 @@ class SpeculativeDecoder:
             t_decode = time.perf_counter()
 
             while True:
+                if cancelled is not None:
+                    for row in live:
+                        if finish[row] is None and cancelled(indices[row]):
+                            finish[row] = "cancelled"
                 done = [slot for slot, row in enumerate(live) if finish[row] is not None]
                 if done:
                     for slot in done:
                         row = live[slot]
                         stats[row].decode_seconds = time.perf_counter() - t_decode
                         stats[row].wall_seconds = time.perf_counter() - t_start
-                        if on_finish is not None:
+                        if on_finish is not None and finish[row] != "cancelled":
                             on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row],
                                                                  None if logprobs is None else logprobs[row]),
                                       draft_cache, slot)
