@@ -195,3 +195,23 @@ def test_health_answers_while_a_request_with_the_largest_stop_strings_streams(ti
                 assert httpx.get(url + "/health", timeout=30).status_code == 200
                 latencies.append(time.perf_counter() - started)
     assert latencies and max(latencies) < 2.0, latencies  # generous on a loaded machine; milliseconds when idle
+
+
+def test_no_tokenizer_work_runs_on_the_event_loop(tiny_server, monkeypatch) -> None:
+    url, app, loop_thread = tiny_server
+    tokenizer = app.state.service.tokenizer
+    threads: list[str] = []
+    for name in ("encode", "decode", "apply_chat_template", "convert_ids_to_tokens"):
+        method = getattr(tokenizer, name)
+
+        def recording(*args: object, _method=method, **kwargs: object) -> object:
+            threads.append(threading.current_thread().name)
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(tokenizer, name, recording)
+    body = chat("Prices rose 3.5 percent in 2017.", max_tokens=24, stop=["zz"], logprobs=True, top_logprobs=2)
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body | {"stream": True}, timeout=60) as response:
+        assert response.status_code == 200 and list(response.iter_lines())
+    assert threads, "the service tokenizes and detokenizes with its own tokenizer"
+    assert loop_thread.name not in threads, "tokenizer work ran on the event loop"
