@@ -8,7 +8,8 @@ Endpoints:
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
   anything below ``sidecar.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
   target alone), ``top_p`` (the most likely token always stays in the nucleus), ``seed`` (int64, as
-  OpenAI), ``stop``, ``stream`` (SSE chunks), ``stream_options.include_usage``, ``logprobs`` and
+  OpenAI), ``stop`` (up to ``sidecar.stops.MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS``
+  characters), ``stream`` (SSE chunks), ``stream_options.include_usage``, ``logprobs`` and
   ``top_logprobs`` (0..20, only with ``logprobs``). Logprobs are OpenAI's ``choices[0].logprobs =
   {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null}``, one
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
@@ -19,9 +20,11 @@ Endpoints:
   ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
-- ``GET /stats``: batching statistics (batch-size histogram, queue depth) and the server's RSS.
+- ``GET /stats``: batching statistics (batch-size histogram, queue depth), the requests whose client left
+  while they decoded (``cancelled_requests``, ``cancelled_tokens``) and the server's RSS.
 
-Requests run in dynamic batches on one worker thread (``server.worker``). Errors are OpenAI-style JSON
+Requests run in dynamic batches on one worker thread (``server.worker``); a client that disconnects
+cancels its request, which leaves its batch at the next decoding step. Errors are OpenAI-style JSON
 ``{"error": {"message", "type", "param", "code"}}``; tracebacks stay in the server log.
 """
 
@@ -61,6 +64,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (after the body, the ASGI server's next message)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     service = ChatService(engine, config)
 
@@ -71,6 +80,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(service.worker.stop)
+            service.close()
 
     app = FastAPI(title="sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -126,14 +136,12 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
             req = ChatCompletionRequest.model_validate(payload)
         except ValidationError as exc:
             raise validation_error(exc) from None
-        job = service.job(req, asyncio.get_running_loop())
-        service.worker.submit(job)
+        job = await service.submit(req)
         completion_id, created = f"chatcmpl-{job.id}", int(time.time())
         if req.stream:
             return StreamingResponse(service.stream(req, job, completion_id, created),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        result = await job.future
-        return JSONResponse(service.completion(req, job, result, completion_id, created))
+        return JSONResponse(await service.answer(req, job, completion_id, created, _disconnected(request)))
 
     app.include_router(api)
     return app

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from sidecar.logprobs import MAX_TOP_LOGPROBS
+from sidecar.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from sidecar.tasks import SidecarTask
 
 
@@ -121,8 +122,10 @@ class ChatCompletionRequest(RequestModel):
     @classmethod
     def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
         stops = [value] if isinstance(value, str) else value
-        if stops is not None and (len(stops) > 4 or any(not s for s in stops)):
-            raise ValueError("stop takes up to 4 non-empty strings")
+        if stops is not None and (len(stops) > MAX_STOP_STRINGS or any(not s for s in stops)):
+            raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings")
+        if stops is not None and any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"each stop string may have at most {MAX_STOP_CHARS} characters")
         return stops or None
 
     @field_validator("top_logprobs")

@@ -5,6 +5,10 @@ worker sees only jobs it can run; ``usage`` also counts ``drafted_tokens`` and `
 With ``logprobs`` every completion token has an entry (``server.logprobs``), the end-of-turn token too;
 a stream's chunks carry the entries of the tokens committed since the previous chunk, so they add up to
 the non-streamed list even where the text of a token is held back (a partial character, a possible stop).
+
+Tokenizing prompts and turning tokens into text run on one text thread, never on the event loop, so a
+large request cannot stall other clients or ``/health``. A client that goes away cancels its job: the
+worker skips it or drops it from its batch at the next decoding step.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -29,6 +34,7 @@ from sidecar.prompts import chat_prompt
 from sidecar.speculative import DecodeRow, GenerationOutput, Sampling
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+T = TypeVar("T")
 
 
 def _usage(prompt: int, completion: int, drafted: int = 0, accepted: int = 0) -> dict[str, int]:
@@ -58,10 +64,39 @@ class ChatService:
         self.engine = engine
         self.config = config
         self.worker = BatchWorker(engine, config)
-        # The worker decodes with the pair's tokenizer on its thread; a private copy keeps the event loop's
-        # encoding off that object (HF fast tokenizers are not guaranteed to be safe under concurrent use).
+        # The worker decodes with the pair's tokenizer on its thread; a private copy, used only on the one
+        # text thread, keeps this side's work off that object (HF fast tokenizers are not guaranteed to be
+        # safe under concurrent use) and off the event loop.
         self.tokenizer = copy.deepcopy(engine.pair.tokenizer)
         self.formatter = LogprobFormatter(self.tokenizer)
+        self._text_thread = ThreadPoolExecutor(1, thread_name_prefix="sidecar-text")
+
+    def close(self) -> None:
+        self._text_thread.shutdown(wait=True, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._text_thread, fn, *args)
+
+    async def submit(self, req: ChatCompletionRequest) -> Job:
+        """Tokenize and validate ``req`` on the text thread and queue it for the worker."""
+        job = await self._off_loop(self.job, req, asyncio.get_running_loop())
+        self.worker.submit(job)
+        return job
+
+    async def answer(self, req: ChatCompletionRequest, job: Job, completion_id: str, created: int,
+                     disconnected: Awaitable[None]) -> dict[str, Any]:
+        """The non-streamed response, unless ``disconnected`` (the client leaving) completes first: then the
+        job is cancelled and a 499 answers nobody."""
+        gone = asyncio.ensure_future(disconnected)
+        try:
+            await asyncio.wait([job.future, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not job.future.done():  # the client has gone, or the server is stopping
+                job.cancel()
+        if job.future.cancelled():
+            raise APIError(499, "the client closed the connection", code="client_closed_request")
+        return await self._off_loop(self.completion, req, job, job.future.result(), completion_id, created)
 
     def job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
         if req.model != self.config.model_name:
@@ -156,20 +191,23 @@ class ChatService:
         text = TextStream(self.tokenizer, job.stop)
         try:
             yield chunk({"role": "assistant", "content": ""})
-            while (item := await job.tokens.get()) is not DONE:
-                ids, entries = item
-                piece = text.push(ids)
-                # a chunk per commit when logprobs were asked for: its entries travel even while its text waits
-                if piece or entries:
-                    yield chunk({"content": piece}, logprobs=self.formatter.logprobs(entries))
+            done = False
+            while not done:
+                # every commit waiting is turned into text in one trip to the text thread
+                items = [await job.tokens.get()]
+                while not job.tokens.empty():
+                    items.append(job.tokens.get_nowait())
+                done = items[-1] is DONE
+                for piece, logprobs in await self._off_loop(self._pieces, text, items[:-1] if done else items):
+                    yield chunk({"content": piece}, logprobs=logprobs)
             try:
                 result = job.future.result()
             except APIError as exc:
                 yield _sse(exc.body())
                 yield b"data: [DONE]\n\n"
                 return
-            main, sidecars = self._split(result)
-            if piece := text.finish():
+            main, sidecars = await self._off_loop(self._split, result)
+            if piece := await self._off_loop(text.finish):
                 yield chunk({"content": piece})
             yield chunk({}, self._finish(main, text.stopped), **({"sidecars": sidecars} if sidecars else {}))
             if req.stream_options is not None and req.stream_options.include_usage:
@@ -177,8 +215,18 @@ class ChatService:
                             "model": self.config.model_name, "choices": [], "usage": _main_usage(main)})
             yield b"data: [DONE]\n\n"
         finally:
-            # a client that hung up before its batch started is skipped by the worker
-            job.future.cancel()
+            if not job.future.done():  # the client hung up: the worker skips the job or drops it at the next step
+                job.cancel()
+
+    def _pieces(self, text: TextStream, commits: list[tuple[list[int], Any]]) -> list[tuple[str, Any]]:
+        """(text released, logprobs JSON) per commit that has either: a chunk per commit when logprobs were
+        asked for, so its entries travel even while its text waits."""
+        pieces = []
+        for ids, entries in commits:
+            piece = text.push(ids)
+            if piece or entries:
+                pieces.append((piece, self.formatter.logprobs(entries)))
+        return pieces
 
     def _split(self, result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
         if isinstance(result, DocumentResult):

@@ -6,62 +6,50 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from sidecar.detokenize import IncrementalDecoder
+from sidecar.stops import StopMatcher
+
 
 class TextStream:
     """Text of a growing list of token ids, released only at whole characters and never past a stop string.
 
-    Decoding looks back only to where the previous release ended (which is a clean character boundary),
-    so a step costs O(new tokens). The whole answer fed at once gives exactly the tokenizer's decode;
-    streaming releases prefixes of that same text.
+    A push costs O(new tokens + new characters) whatever the length of the answer so far or of the stop
+    strings: ids are decoded from the last whole character on (``sidecar.detokenize``), and stop strings
+    are searched in the new text only, which also says how much to hold back (``sidecar.stops``). The
+    whole answer fed at once gives exactly the tokenizer's decode; streaming releases prefixes of it.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
-        self.tokenizer = tokenizer
-        self.stop = tuple(stop)
-        self.ids: list[int] = []
-        self.text = ""  # decoded so far, up to a clean boundary
-        self.sent = 0  # characters of self.text released
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+        self.matcher = StopMatcher(stop)
         self.stopped = False
-        self._prefix = 0  # ids[_prefix:_read] decode to the tail of self.text
-        self._read = 0
+        self._unsent = ""  # settled text not released yet: what may still be the start of a stop string
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _advance(self, final: bool) -> None:
-        before = self._decode(self.ids[self._prefix : self._read])
-        after = self._decode(self.ids[self._prefix :])
-        # A trailing U+FFFD is an incomplete multi-byte character: wait for its next token.
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            self.text += after[len(before) :]
-            self._prefix, self._read = self._read, len(self.ids)
-
-    def _release(self, final: bool) -> str:
-        end = len(self.text)
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            end, self.stopped = min(hits), True
-        elif not final:
-            # hold back a tail that may grow into a stop string
-            end -= max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-        end = max(end, self.sent)
-        chunk, self.sent = self.text[self.sent : end], end
+    def _release(self, tail: str, final: bool) -> str:
+        new = self.decoder.settle(tail, final)
+        start, states = self.matcher.search(new)
+        sent = self.matcher.length - len(self._unsent)  # characters released so far
+        self._unsent += new
+        if start is not None:
+            self.stopped = True
+            end = max(start, sent)
+        else:
+            self.matcher.feed(new, states)
+            end = max(self.matcher.length - (0 if final else self.matcher.held), sent)
+        chunk, self._unsent = self._unsent[: end - sent], self._unsent[end - sent :]
         return chunk
 
     def push(self, ids: list[int]) -> str:
         """Add new ids; returns newly releasable text (possibly empty)."""
         if self.stopped:
             return ""
-        self.ids.extend(ids)
-        self._advance(final=False)
-        return self._release(final=False)
+        return self._release(self.decoder.push(ids), final=False)
 
     def finish(self) -> str:
         """The rest of the text once the ids are complete."""
         if self.stopped:
             return ""
-        self._advance(final=True)
-        return self._release(final=True)
+        return self._release(self.decoder.push([]), final=True)
 
 
 def full_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], stop: Sequence[str]) -> tuple[str, bool]:

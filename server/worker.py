@@ -3,7 +3,8 @@
 It collects requests for ``batch_wait_ms`` (up to ``max_batch``), groups those that can share a decoding
 call (same sampling settings, same stop strings, with or without sidecars, same logprobs asked) and runs
 each group as one batch with per-row token limits. Every job it runs is finished exactly once, with a result or an
-``APIError``; a job whose client left before its batch began is skipped.
+``APIError``; a job whose client left before its batch began is skipped, and one whose client leaves while it
+decodes leaves its batch at the next step (``SpeculativeDecoder.decode``'s ``cancelled``) and gets no sidecars.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import torch
 
 from server.config import ServerConfig
 from server.errors import APIError
-from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.engine import DocumentResult, SidecarEngine, SidecarRequest
 from sidecar.errors import InputError
 from sidecar.logprobs import TokenLogprob
-from sidecar.speculative import Sampling
+from sidecar.speculative import GenerationOutput, Sampling
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +42,19 @@ class BatchStats:
     batches: int = 0
     failed_batches: int = 0
     sizes: Counter[int] = field(default_factory=Counter)
+    # requests whose client left while they decoded, and the tokens decoded for them until they left
+    cancelled_requests: int = 0
+    cancelled_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, size: int, ok: bool) -> None:
+    def record(self, size: int, ok: bool, cancelled_tokens: Sequence[int] = ()) -> None:
         with self.lock:
             self.requests += size
             self.batches += 1
             self.failed_batches += int(not ok)
             self.sizes[size] += 1
+            self.cancelled_requests += len(cancelled_tokens)
+            self.cancelled_tokens += sum(cancelled_tokens)
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -59,6 +65,8 @@ class BatchStats:
                 "batch_sizes": {str(size): count for size, count in sorted(self.sizes.items())},
                 "max_batch_size": max(self.sizes, default=0),
                 "mean_batch_size": self.requests / self.batches if self.batches else 0.0,
+                "cancelled_requests": self.cancelled_requests,
+                "cancelled_tokens": self.cancelled_tokens,
                 "uptime_s": time.time() - self.started,
             }
 
@@ -80,6 +88,8 @@ class Job:
     tokens: asyncio.Queue | None = None  # (new token ids, their logprobs or None) while streaming, then DONE
     top_logprobs: int | None = None  # None: no logprobs
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # set from the event loop once the client has gone; the worker reads it between decoding steps
+    gone: threading.Event = field(default_factory=threading.Event)
 
     @property
     def key(self) -> tuple:
@@ -95,6 +105,11 @@ class Job:
             # SidecarEngine.run takes one max_new_tokens for all rows and no stop strings.
             return ("sidecar", sampling, self.max_tokens, self.top_logprobs)
         return ("plain", sampling, self.stop, self.top_logprobs)
+
+    def cancel(self) -> None:
+        """The client has gone (called on the event loop): skip the job, or stop decoding it."""
+        self.gone.set()
+        self.future.cancel()
 
     def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         if self.tokens is not None:
@@ -162,7 +177,7 @@ class BatchWorker:
             groups: dict[tuple, list[Job]] = {}
             for job in jobs:
                 # a client that went away before its batch started costs nothing
-                if not job.future.cancelled():
+                if not job.gone.is_set():
                     groups.setdefault(job.key, []).append(job)
             for group in groups.values():
                 self._run(group)
@@ -173,26 +188,31 @@ class BatchWorker:
         def on_tokens(row: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
             jobs[row].emit(ids, logprobs)
 
+        def cancelled(row: int) -> bool:
+            return jobs[row].gone.is_set()
+
         try:
-            results: Sequence[object]
+            results: Sequence[DocumentResult | GenerationOutput]
             if jobs[0].request is not None:
                 results = self.engine.run(
                     [job.request for job in jobs if job.request is not None], max_new_tokens=jobs[0].max_tokens,
                     temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                    batch_size=len(jobs), on_tokens=on_tokens, top_logprobs=top_logprobs)
+                    batch_size=len(jobs), on_tokens=on_tokens, top_logprobs=top_logprobs, cancelled=cancelled)
             else:
                 results = self.engine.decoder.generate(
                     [job.prompt for job in jobs if job.prompt is not None], [job.max_tokens for job in jobs],
                     temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
                     batch_size=len(jobs), stop=list(jobs[0].stop) or None, on_tokens=on_tokens,
-                    top_logprobs=top_logprobs)
+                    top_logprobs=top_logprobs, cancelled=cancelled)
         except Exception as exc:
             self.stats.record(len(jobs), ok=False)
             error = self._api_error(exc, len(jobs))
             for job in jobs:
                 job.finish(error=error)
             return
-        self.stats.record(len(jobs), ok=True)
+        mains = [result.main if isinstance(result, DocumentResult) else result for result in results]
+        self.stats.record(len(jobs), ok=True, cancelled_tokens=[len(main.token_ids) for main in mains
+                                                               if main.finish_reason == "cancelled"])
         for job, result in zip(jobs, results, strict=True):
             job.finish(result)
 

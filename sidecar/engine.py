@@ -22,6 +22,7 @@ from sidecar.plain import PlainResult, decode_plain
 from sidecar.progress import SIDECAR_TASKS, STANDALONE, ProgressCallback
 from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, SpannedPrompt, build_prompt, encode
 from sidecar.speculative import (
+    CancelCheck,
     DecodeRow,
     GenerationOutput,
     Sampling,
@@ -110,7 +111,8 @@ class SidecarEngine:
     def run(self, requests: list[SidecarRequest], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
             top_p: float = 1.0, seed: int | None = None, batch_size: int = 8, stop: list[str] | None = None,
             on_tokens: TokenCallback | None = None, sidecar_sampling: Sampling | None = None,
-            on_progress: ProgressCallback | None = None, top_logprobs: int | None = None) -> list[DocumentResult]:
+            on_progress: ProgressCallback | None = None, top_logprobs: int | None = None,
+            cancelled: CancelCheck | None = None) -> list[DocumentResult]:
         """Main outputs by speculative decoding, then every request's sidecar tasks by the draft alone.
 
         ``sidecar_sampling`` decodes the sidecar phase differently from the main output (for example a
@@ -118,6 +120,7 @@ class SidecarEngine:
         ``on_progress`` hears each phase's progress (``sidecar.progress``). ``top_logprobs`` (None: off)
         gives every output its tokens' log-probabilities and that many alternatives (``sidecar.logprobs``):
         the main output's under the target, each sidecar output's under the draft that wrote it.
+        A request that ``cancelled`` reports leaves the main batch at the next step and gets no sidecars.
         """
         sampling = Sampling(temperature, top_p, seed)
         sidecar_sampling = sidecar_sampling or sampling
@@ -158,7 +161,7 @@ class SidecarEngine:
         has_sidecars = any(r.sidecars for r in requests)
         mains = self.decoder.decode(rows, sampling, batch_size, stop=stop, on_tokens=on_tokens,
                                     on_finish=on_finish if has_sidecars else None, on_progress=on_progress,
-                                    top_logprobs=top_logprobs)
+                                    top_logprobs=top_logprobs, cancelled=cancelled)
         results = [DocumentResult(main, {}) for main in mains]
         generator = None
         if sidecar_sampling.seed is not None:
@@ -166,19 +169,26 @@ class SidecarEngine:
         if on_progress is not None and pending:
             on_progress(SIDECAR_TASKS, 0, len(pending))
         for chunk_start in range(0, len(pending), batch_size):
-            chunk = pending[chunk_start : chunk_start + batch_size]
-            extra = max(len(p.catch_up) + len(p.bridge) + p.task.max_new_tokens for p in chunk) + 1
-            cache = self._sidecar_cache(chunk, extra)
-            context = [int(n) for n in cache.lengths]
-            outs = decode_plain(self.pair.draft, cache, [p.bridge for p in chunk],
-                                [p.task.max_new_tokens for p in chunk], sidecar_sampling, generator, self.eos,
-                                top_logprobs)
-            for p, out, ctx in zip(chunk, outs, context, strict=True):
-                results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx,
-                                                                        len(p.catch_up) + len(p.bridge), len(chunk))
+            chunk_end = min(chunk_start + batch_size, len(pending))
+            # a request whose client has gone gets no sidecars
+            chunk = [p for p in pending[chunk_start:chunk_end] if cancelled is None or not cancelled(p.request)]
+            if chunk:
+                self._decode_sidecars(chunk, results, sidecar_sampling, generator, top_logprobs)
             if on_progress is not None:
-                on_progress(SIDECAR_TASKS, chunk_start + len(chunk), len(pending))
+                on_progress(SIDECAR_TASKS, chunk_end, len(pending))
         return results
+
+    def _decode_sidecars(self, chunk: list[_Pending], results: list[DocumentResult], sampling: Sampling,
+                         generator: torch.Generator | None, top_logprobs: int | None) -> None:
+        """Decode one batch of sidecar rows with the draft alone; each output goes to its request's result."""
+        extra = max(len(p.catch_up) + len(p.bridge) + p.task.max_new_tokens for p in chunk) + 1
+        cache = self._sidecar_cache(chunk, extra)
+        context = [int(n) for n in cache.lengths]
+        outs = decode_plain(self.pair.draft, cache, [p.bridge for p in chunk], [p.task.max_new_tokens for p in chunk],
+                            sampling, generator, self.eos, top_logprobs)
+        for p, out, ctx in zip(chunk, outs, context, strict=True):
+            results[p.request].sidecars[p.task.name] = self._output(p.task, out, ctx, len(p.catch_up) + len(p.bridge),
+                                                                    len(chunk))
 
     def _sidecar_cache(self, chunk: list[_Pending], extra: int) -> RowKVCache:
         """The batch cache a chunk of sidecar rows decodes from: caught up, document evicted, instruction shown.

@@ -22,9 +22,12 @@ from sidecar.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair, synchronize
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
+from sidecar.stops import TokenStops
 
 # (row index, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
+# (row index) -> whether nobody waits for the row any more; asked once per decoding step, on the host
+CancelCheck = Callable[[int], bool]
 
 
 @dataclass
@@ -62,7 +65,7 @@ class GenerationStats:
 class GenerationOutput:
     token_ids: list[int]
     text: str
-    finish_reason: str  # "eos" | "stop" | "length"
+    finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
     stats: GenerationStats
     # one entry per token id, from the target's logits (``sidecar.logprobs``); None unless asked for
     logprobs: list[TokenLogprob] | None = None
@@ -98,9 +101,9 @@ class Sampling:
         return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
-# Called when a row finishes, before it leaves the batch: (row index, output, draft cache, slot of the
-# row in that cache). The draft cache holds the draft prompt plus a prefix of the row's new tokens;
-# the sidecar engine continues from there.
+# Called when a row finishes, before it leaves the batch (a cancelled row leaves without it): (row index,
+# output, draft cache, slot of the row in that cache). The draft cache holds the draft prompt plus a prefix
+# of the row's new tokens; the sidecar engine continues from there.
 FinishCallback = Callable[[int, GenerationOutput, RowKVCache, int], None]
 
 
@@ -244,16 +247,19 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
                  stop: list[str] | None = None, on_tokens: TokenCallback | None = None,
-                 top_logprobs: int | None = None) -> list[GenerationOutput]:
+                 top_logprobs: int | None = None, cancelled: CancelCheck | None = None) -> list[GenerationOutput]:
         limits = [max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         rows = [DecodeRow(list(p), m) for p, m in zip(prompt_ids, limits, strict=True)]
         return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens,
-                           top_logprobs=top_logprobs)
+                           top_logprobs=top_logprobs, cancelled=cancelled)
 
     def decode(self, rows: list[DecodeRow], sampling: Sampling, batch_size: int = 8, stop: list[str] | None = None,
                on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
                on_progress: ProgressCallback | None = None, top_logprobs: int | None = None,
-               ) -> list[GenerationOutput]:
+               cancelled: CancelCheck | None = None) -> list[GenerationOutput]:
+        """Decode ``rows`` in chunks of ``batch_size``; a row that ``cancelled`` reports between two steps
+        leaves its batch at once with what it has (finish reason "cancelled", no ``on_finish``), and the
+        other rows go on as if it had finished."""
         self.validate(rows, sampling, batch_size)
         if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise InputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}")
@@ -267,7 +273,7 @@ class SpeculativeDecoder:
             chunk = order[start : start + batch_size]
             for index, output in zip(chunk, self._decode_batch([rows[i] for i in chunk], chunk, sampling,
                                                                generator, stop, on_tokens, on_finish,
-                                                               on_progress, top_logprobs),
+                                                               on_progress, top_logprobs, cancelled),
                                      strict=True):
                 outputs[index] = output
         return [o for o in outputs if o is not None]
@@ -300,7 +306,8 @@ class SpeculativeDecoder:
     def _decode_batch(self, rows: list[DecodeRow], indices: list[int], sampling: Sampling,
                       generator: torch.Generator | None, stop: list[str] | None, on_tokens: TokenCallback | None,
                       on_finish: FinishCallback | None, on_progress: ProgressCallback | None = None,
-                      top_logprobs: int | None = None) -> list[GenerationOutput]:
+                      top_logprobs: int | None = None, cancelled: CancelCheck | None = None,
+                      ) -> list[GenerationOutput]:
         pair, device = self.pair, self.pair.device
         t_start = time.perf_counter()
         n = len(rows)
@@ -347,24 +354,30 @@ class SpeculativeDecoder:
             # tokens committed to the output that the draft cache does not hold yet (per live row)
             draft_backlog: list[list[int]] = [[] for _ in rows]
             finish: list[str | None] = [None] * n
+            # per row: where its text reaches a stop string, decoding only what each step added
+            stops = [TokenStops(pair.tokenizer, stop) for _ in rows] if stop else None
             live = list(range(n))  # slot i of the caches holds row live[i]
             pending = first  # [B] last committed token, not yet in the target cache
             entries = None if top_logprobs is None else token_logprobs(first_logits[:, None], first[:, None],
                                                                          top_logprobs)
-            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stop, indices, on_tokens,
+            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stops, indices, on_tokens,
                          entries, logprobs)
             budget_tokens = sum(r.max_new_tokens for r in rows)
             report(DECODE, sum(map(len, new_tokens)), budget_tokens)
             t_decode = time.perf_counter()
 
             while True:
+                if cancelled is not None:
+                    for row in live:
+                        if finish[row] is None and cancelled(indices[row]):
+                            finish[row] = "cancelled"
                 done = [slot for slot, row in enumerate(live) if finish[row] is not None]
                 if done:
                     for slot in done:
                         row = live[slot]
                         stats[row].decode_seconds = time.perf_counter() - t_decode
                         stats[row].wall_seconds = time.perf_counter() - t_start
-                        if on_finish is not None:
+                        if on_finish is not None and finish[row] != "cancelled":
                             on_finish(indices[row], self._output(new_tokens[row], finish[row], stats[row],
                                                                  None if logprobs is None else logprobs[row]),
                                       draft_cache, slot)
@@ -422,7 +435,7 @@ class SpeculativeDecoder:
                     # the committed tokens: accepted drafts, then the target's own token at the first rejection
                     chosen = torch.cat([drafted, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
                     entries = token_logprobs(logits, chosen, top_logprobs)
-                self._append(live, appended, new_tokens, rows, finish, stop, indices, on_tokens, entries, logprobs)
+                self._append(live, appended, new_tokens, rows, finish, stops, indices, on_tokens, entries, logprobs)
                 report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r]) for r in live),
                        budget_tokens)
         return [self._output(new_tokens[i], finish[i], stats[i], None if logprobs is None else logprobs[i])
@@ -555,7 +568,7 @@ class SpeculativeDecoder:
         return sample(warp(logits, sampling.temperature, sampling.top_p), generator)
 
     def _append(self, live: list[int], appended: list[list[int]], new_tokens: list[list[int]],
-                rows: list[DecodeRow], finish: list[str | None], stop: list[str] | None, indices: list[int],
+                rows: list[DecodeRow], finish: list[str | None], stops: list[TokenStops] | None, indices: list[int],
                 on_tokens: TokenCallback | None, entries: list[list[TokenLogprob]] | None = None,
                 logprobs: list[list[TokenLogprob]] | None = None) -> None:
         """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit; with
@@ -570,11 +583,10 @@ class SpeculativeDecoder:
                 if token in eos:
                     cut, reason = cut[: k + 1], "eos"
                     break
-            if stop and reason != "eos":
-                for k in range(len(cut)):
-                    if any(s in self.pair.tokenizer.decode(have + cut[: k + 1]) for s in stop):
-                        cut, reason = cut[: k + 1], "stop"
-                        break
+            if stops is not None and reason != "eos":
+                k = stops[row].first(cut)
+                if k is not None:
+                    cut, reason = cut[: k + 1], "stop"
             have.extend(cut)
             finish[row] = reason
             cut_entries = None
