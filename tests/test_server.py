@@ -20,12 +20,13 @@ import openai
 import pytest
 import torch
 import uvicorn
+from serving import serving
 from typer.testing import CliRunner
 
 from cli.main import app as cli_app
 from server.app import create_app
 from server.config import API_KEY_ENV, ServerConfig
-from server.launcher import free_port, running_server
+from server.launcher import running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
@@ -535,20 +536,8 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
 
 @contextlib.contextmanager
 def inprocess_server(engine: SidecarEngine, config: ServerConfig) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "in-process server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serving(create_app(engine, config)) as (url, _):
+        yield f"{url}/v1"
 
 
 def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) -> None:
