@@ -13,6 +13,7 @@ from storage.database import (
 from storage.errors import (
     DatabaseLockedError,
     InputSchemaError,
+    LockHeldError,
     SchemaTooNewError,
     StorageError,
     UnknownRunError,
@@ -39,6 +40,7 @@ __all__ = [
     "InputSchemaError",
     "JudgeSettingsRecord",
     "JudgementRecord",
+    "LockHeldError",
     "OutputRecord",
     "RejectedDocument",
     "RequestStats",
