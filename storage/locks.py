@@ -54,7 +54,8 @@ def read_holder(path: Path) -> LockHolder:
 
 
 def _this_process() -> dict[str, object]:
-    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else sys.executable
+    # the command line as ps shows it, interpreter first (sys.orig_argv keeps "-m cli" where argv has a path)
+    command = " ".join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
     return {"pid": os.getpid(), "host": socket.gethostname(), "process": command[:200],
             "since": datetime.now(UTC).isoformat(timespec="seconds")}
 
