@@ -14,7 +14,8 @@ never catches it to print and exit. Exit codes:
       fetch that failed
 3     the database cannot be used: ``--db`` is a directory, not a DuckDB file, under a regular file or
       where nothing may be written, or it has a newer schema than this sidecar knows
-4     the database is busy: another process held its lock through every retry; a later retry can work
+4     busy: another process held the database's lock through every retry (``--lock-wait-s``), runs this
+      run id (``--run-wait-s``) or holds the accelerator (``--device-wait-s``); a later retry can work
 ====  ============================================================================================
 """
 
@@ -30,13 +31,14 @@ from typer.core import TyperGroup
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DATABASE_UNUSABLE = 3
-EXIT_DATABASE_BUSY = 4
+EXIT_BUSY = 4
 
 # (defining module, class, exit code): the first match wins, so a subclass comes before its base. Classes
 # are named, not imported, so that ``import cli.main`` loads no DuckDB or pydantic: an exception of a class
 # whose module was never imported cannot have been raised.
 USER_ERRORS: tuple[tuple[str, str, int], ...] = (
-    ("storage.errors", "DatabaseLockedError", EXIT_DATABASE_BUSY),
+    ("storage.errors", "DatabaseLockedError", EXIT_BUSY),
+    ("storage.errors", "LockHeldError", EXIT_BUSY),
     ("storage.errors", "DatabaseOpenError", EXIT_DATABASE_UNUSABLE),
     ("storage.errors", "SchemaTooNewError", EXIT_DATABASE_UNUSABLE),
     ("storage.errors", "RunMismatchError", EXIT_BAD_INPUT),

@@ -47,6 +47,12 @@ def nightly_command(
     run_id: str | None = typer.Option(None, help="Resume or name a run (default: from parameters and date)."),
     commit_every: float = typer.Option(10.0, min=0, help="Commit finished batches at least this often, in "
                                        "seconds (0: every batch)."),
+    lock_wait_s: float = typer.Option(600.0, min=0, help="How long each database write waits while another "
+                                      "process (a notebook, the judge) holds the file."),
+    run_wait_s: float = typer.Option(0.0, min=0, help="How long to wait while another process runs the same "
+                                     "run id (0: refuse, exit code 4)."),
+    device_wait_s: float | None = typer.Option(None, min=0, help="How long to wait while another run holds the "
+                                               "accelerator (default: as long as it takes; 0: refuse, exit 4)."),
     judge: bool = typer.Option(True, help="Run the judge flow afterwards."),
     cost_report: bool = typer.Option(True, help="Run the cost-report flow afterwards."),
 ) -> None:
@@ -54,8 +60,8 @@ def nightly_command(
     counts, _ = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=gamma,
         max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
-        title_column=title_column, run_id=run_id, commit_every_s=commit_every, trigger_judge=judge,
-        trigger_cost_report=cost_report)
+        title_column=title_column, run_id=run_id, commit_every_s=commit_every, lock_wait_s=lock_wait_s,
+        run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge, trigger_cost_report=cost_report)
     typer.echo(counts.markdown())
     _echo_downstream(counts)
 

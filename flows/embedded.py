@@ -13,22 +13,30 @@ def embedded_prefect() -> Iterator[None]:
 
     Without ``PREFECT_API_URL``, Prefect starts an embedded API for the run; on a busy two-core machine it
     needs more than its default 20 s to come up. Analytics and the client's telemetry stay off: the
-    machine may have no network, and the telemetry notice would ask a first-time user to act.
+    machine may have no network, and the telemetry notice would ask a first-time user to act. The
+    ``storage`` loggers go to Prefect's handlers too (the run's log, the console).
 
     On that embedded API, flow run heartbeats are off. They exist so that a server's automations can mark
     a silent run crashed, but the embedded API stops with this process, so nobody watches them; and
     Prefect stops the heartbeat thread by waiting for its 1 s sleep, 0-1 s per flow run, at random
     (bench/orchestration_overhead.py). A crashed run is recovered by rerunning it, which resumes from
     DuckDB. With ``PREFECT_API_URL`` set (a real server, or a worker's runs) heartbeats stay as configured.
+
+    The embedded API server ends with this process, however it ends (``flows.embedded_server``).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")  # the client's telemetry, and its notice on every run
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # storage says there whom a run waits for (a process holding the database file or a run's lock)
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "storage")
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     if PREFECT_API_URL.value():
         yield
         return
+    from flows.embedded_server import tether_embedded_server
+
+    tether_embedded_server()
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

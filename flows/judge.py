@@ -11,7 +11,8 @@ a verdict. Every game goes to DuckDB, where the ``judgements`` view derives the 
 markdown artifact, which summarises wins, ties, losses, the mean preference and the controls.
 
 The judge is any OpenAI-compatible endpoint (``base_url``). Without one, the flow starts the project's
-own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway key. The key of an
+own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway key, holding the
+accelerator while it runs as a nightly run does (``flows.accelerator``). The key of an
 external endpoint comes from the Prefect Secret block ``api_key_secret_block``, else from
 ``SIDECAR_JUDGE_API_KEY`` / ``OPENAI_API_KEY``; it is never a parameter and never logged.
 
@@ -32,6 +33,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from flows.accelerator import holding_accelerator
 from flows.progress import RunProgress
 from sidecar.judge import (
     DEFAULT_PROMPT_VERSION,
@@ -123,11 +125,13 @@ def _artifact_key(run_id: str) -> str:
 def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
           judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
           retries: int = 2, db_path: str | None = None, prompt_version: str = DEFAULT_PROMPT_VERSION,
-          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.75) -> JudgeSummary:
+          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.75,
+          device_wait_s: float | None = None) -> JudgeSummary:
     """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally.
 
     ``controls`` documents at most get control games; a control accuracy below ``threshold`` marks the
-    run's verdicts unreliable."""
+    run's verdicts unreliable. A locally served judge holds the accelerator as a nightly run does
+    (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it takes)."""
     logger = get_run_logger()
     if base_url is not None and not judge_model:
         raise ValueError("judge_model is required with base_url (the endpoint's model id)")
@@ -146,6 +150,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
             if needs_judge:  # the embedded server loads a model pair: only when there is something to ask
                 from server.launcher import running_server
 
+                stack.enter_context(holding_accelerator(f"judge of run {run_id}", device_wait_s))
                 logger.info("starting the embedded judge: sidecar serve --pair %s on loopback", judge_pair)
                 url = stack.enter_context(running_server(judge_pair, api_key=key, model_name=model))
             else:

@@ -5,29 +5,29 @@ pair served on loopback as the judge) and ``cost-report`` afterwards, as subflow
 (``prefect.yaml``) it leaves that to the deployments' triggers, which pass the run id on: it is the name
 of the flow run.
 
-Batches are Prefect tasks. From loading the pair until its last batch, a run holds one slot of the global
-concurrency limit ``gpu``, so two runs never share an accelerator unknowingly (neither its memory nor its
-time); create the limit once per Prefect server (without it, runs do not wait)::
+Batches are Prefect tasks. From loading the pair until its last batch, a run holds its accelerator
+(``flows.accelerator``: the device's OS lock, and on a Prefect server a slot of the ``gpu`` limit), so two
+runs never share an accelerator unknowingly (neither its memory nor its time), on the embedded API too; a
+run waits for it up to ``device_wait_s`` (default: as long as it takes). It is taken once per run rather
+than per batch: a task tag would ask the API for a slot per task run, which on the SQLite-backed API
+stalled batches by up to 2 s (bench/orchestration_overhead.py), and the models stay loaded between the
+batches anyway.
 
-    prefect gcl create gpu --limit 1
-
-On the embedded API (``sidecar nightly``, no server) no slot is taken: that API is this process's alone,
-so a limit there would keep no other run out. Two embedded runs on one machine are not kept apart.
-The slot is taken once per run rather than per batch through a task tag: each tagged task run asks the
-API for a slot synchronously, which on the SQLite-backed API stalled batches by up to 2 s
-(bench/orchestration_overhead.py), and the models would stay loaded between the batches anyway.
+One process at a time runs a run id of a database: a second one refuses with ``storage.LockHeldError``,
+naming the first one's PID and host, or waits up to ``run_wait_s`` for it and then resumes its run.
 
 Finished batches are committed to DuckDB together, one transaction at least every ``commit_every_s``
 seconds (0: every batch), and a run whose ``run_id`` already exists resumes: committed documents are
 skipped, so a crash costs at most that much finished work plus the batch that was running. A resume must
 be the same run (the same corpus rows and decisive settings, :meth:`NightlyParams.resume_identity`);
 anything else under an existing ``run_id`` is refused with ``storage.RunMismatchError`` before a row is
-written.
+written. Every transaction waits up to ``lock_wait_s`` while another process (a notebook, the
+judge) holds the file, logging who does; a run that gives up keeps its finished batches and its failure
+beside the database, and the next open of the file commits them (``Database.defer_batch``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import json
@@ -37,12 +37,11 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from flows.embedded import on_embedded_api
+from flows.accelerator import holding_accelerator
 from flows.progress import PhaseBars, RunProgress
 from pipeline import (
     Batch,
@@ -60,15 +59,15 @@ from sidecar.models import load_pair
 from sidecar.modes import Mode
 from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks import HASHTAGS, SidecarTask
-from storage import Database, Document, RejectedDocument
+from storage import Database, DatabaseLockedError, Document, RejectedDocument, RetryPolicy
+from storage.locks import LockHolder
 from storage.parquet import read_documents
 
-# the global concurrency limit a run holds a slot of while its pair is loaded
-GPU_LIMIT = "gpu"
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
 # Fields that change where, how fast or when the outputs are made, not what they are.
-NOT_DECISIVE = frozenset({"batch_size", "db_path", "run_id", "commit_every_s", "trigger_judge", "trigger_cost_report"})
+NOT_DECISIVE = frozenset({"batch_size", "db_path", "run_id", "commit_every_s", "trigger_judge", "trigger_cost_report",
+                          "lock_wait_s", "run_wait_s", "device_wait_s"})
 # Decisive fields a resume proves otherwise: the corpus by its stored rows (ids, titles and texts; a larger
 # limit may extend a run), and pair, gamma and modes by the run's own columns (storage.resume).
 PROVEN_BY_STORAGE = frozenset({"corpus", "limit", "pair", "gamma", "modes"})
@@ -99,6 +98,18 @@ class NightlyParams(BaseModel):
     modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
                               description="sidecar (document evicted), sidecar_attended, standalone.")
     db_path: str = Field("data/sidecar.duckdb", description="The results database.")
+    lock_wait_s: float = Field(
+        600.0, ge=0, le=86_400,
+        description="How long each database transaction waits while another process (a notebook, the judge) "
+                    "holds the file before the run gives up; finished batches are then kept beside the file "
+                    "for its next open to commit.")
+    run_wait_s: float = Field(
+        0.0, ge=0, le=86_400,
+        description="How long to wait while another process runs the same run id (0: refuse at once); then "
+                    "this run resumes it.")
+    device_wait_s: float | None = Field(
+        None, ge=0, description="How long to wait while another run holds the accelerator (None: as long "
+                                "as it takes; 0: refuse at once).")
     run_id: str | None = Field(
         None, min_length=1, max_length=200,
         description="Resume or name a run; default: derived from these parameters and the scheduled date.")
@@ -199,30 +210,30 @@ def _from_deployment() -> bool:
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
     counts = RunCounts(run_id)
-    with counts.timed("input"):
-        docs, rejects = read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
-                                       title_column=params.title_column, max_chars=params.max_chars,
-                                       limit=params.limit)
-    with _gpu_slot(run_id):
-        get_run_logger().info("run %s: loading the %s pair", run_id, params.pair)
+    logger = get_run_logger()
+
+    def waiting(holder: LockHolder, waited_s: float) -> None:
+        logger.warning("run %s is being run by %s; waited %.0f s, waiting up to %.0f s", run_id,
+                       holder.describe(), waited_s, params.run_wait_s)
+
+    with counts.timed("storage"):
+        db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
+    # before anything slow: a second process of the run refuses (or waits) at once
+    with db.running(run_id, wait_s=params.run_wait_s, on_wait=waiting):
         with counts.timed("input"):
-            engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
-        _run(engine, params, docs, rejects, counts)
+            docs, rejects = read_documents(params.corpus, id_column=params.id_column,
+                                           text_column=params.text_column, title_column=params.title_column,
+                                           max_chars=params.max_chars, limit=params.limit)
+        with holding_accelerator(f"run {run_id}", params.device_wait_s):
+            logger.info("run %s: loading the %s pair", run_id, params.pair)
+            with counts.timed("input"):
+                engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+            _run(engine, params, db, docs, rejects, counts)
     return counts
 
 
-def _gpu_slot(run_id: str) -> contextlib.AbstractContextManager[object]:
-    """A slot of the ``gpu`` limit on a Prefect server; nothing on the embedded API, where the limit does not
-    exist (Prefect would warn about it) and, if created, would be seen by this process alone."""
-    if on_embedded_api():
-        return contextlib.nullcontext()
-    get_run_logger().info("run %s: taking a slot of the %r concurrency limit (waits while other runs hold it)",
-                          run_id, GPU_LIMIT)
-    return concurrency(GPU_LIMIT, occupy=1)
-
-
-def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rejects: list[RejectedDocument],
-         counts: RunCounts) -> None:
+def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[Document],
+         rejects: list[RejectedDocument], counts: RunCounts) -> None:
     logger = get_run_logger()
     settings = params.settings()
     run_id = counts.run_id
@@ -234,20 +245,20 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
 
     pair = engine.pair
     with counts.timed("storage"):
-        db = Database(params.db_path)
         # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state), and
         # a start that is no resume of the existing run_id (other corpus or settings) is refused unwritten
         start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
                              gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
                              docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity())
+    pending = PendingCommit(params.commit_every_s)
     try:
         batches, counts.skipped_done = plan_batches(docs, params.batch_size, start.done_doc_ids)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
                     " (resumed)" if start.resumed else "", len(docs), counts.skipped_done, len(rejects),
                     len(batches))
-        _run_batches(engine, batches, settings, db, run_id, counts, params.commit_every_s)
+        _run_batches(engine, batches, settings, db, counts, pending)
     except BaseException as exc:
-        db.finish_run(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        _fail(db, run_id, pending, exc)
         raise
     if not batches:  # otherwise the last batch's commit completed the run
         with counts.timed("storage"):
@@ -255,11 +266,27 @@ def _run(engine: SidecarEngine, params: NightlyParams, docs: list[Document], rej
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
 
 
-def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database, run_id: str,
-                 counts: RunCounts, commit_every_s: float) -> None:
-    """Run and commit ``batches``; the last commit also marks the run completed."""
+def _fail(db: Database, run_id: str, pending: PendingCommit, exc: BaseException) -> None:
+    """Commit the finished batches and mark the run failed, in one transaction; when the database stays
+    locked, keep both beside it for its next open instead (waiting once more would only double the wait)."""
+    error = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, DatabaseLockedError):
+        try:
+            pending.commit(db, run_id, "failed", error)
+            return
+        except DatabaseLockedError as locked:
+            error += f"; then {locked}"
+    pending.defer(db, run_id, "failed", error)
+    get_run_logger().error("run %s: the database stays locked; its finished batches and this failure are kept "
+                           "beside it for the next open to commit", run_id)
+
+
+def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database,
+                 counts: RunCounts, pending: PendingCommit) -> None:
+    """Run and commit ``batches``; the last commit also marks the run completed. On failure the batches not
+    yet committed are left in ``pending``."""
+    run_id = counts.run_id
     total = counts.documents - counts.skipped_done
-    pending = PendingCommit(commit_every_s)
     with RunProgress("nightly-progress", f"Documents of run {run_id} committed", total, "doc",
                      PROGRESS_INTERVAL_S) as progress:
 
@@ -268,19 +295,14 @@ def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSet
                 progress.advance(pending.commit(db, run_id, finish))
             counts.commits += 1
 
-        try:
-            for number, batch in enumerate(batches, start=1):
-                outcome = run_batch_task(engine, batch, settings)
-                counts.add_outcome(outcome)
-                pending.add(outcome)
-                last = number == len(batches)
-                if last or pending.due():
-                    # the run's last outputs and its completion in one transaction: a connection less per run
-                    commit("completed" if last else None)
-        finally:
-            # a failing batch must not take the finished ones with it
-            if pending.outcomes:
-                commit()
+        for number, batch in enumerate(batches, start=1):
+            outcome = run_batch_task(engine, batch, settings)
+            counts.add_outcome(outcome)
+            pending.add(outcome)
+            last = number == len(batches)
+            if last or pending.due():
+                # the run's last outputs and its completion in one transaction: a connection less per run
+                commit("completed" if last else None)
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:
@@ -292,7 +314,8 @@ def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> No
     logger = get_run_logger()
     if params.trigger_judge:
         # no base_url: the judge flow serves this run's pair on loopback for the comparison
-        state = judge(run_id=run_id, db_path=params.db_path, judge_pair=params.pair, return_state=True)
+        state = judge(run_id=run_id, db_path=params.db_path, judge_pair=params.pair,
+                      device_wait_s=params.device_wait_s, return_state=True)
         counts.downstream["judge"] = state.name
     if params.trigger_cost_report:
         state = cost_report(db_path=params.db_path, run_id=run_id, return_state=True)

@@ -7,19 +7,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeline.run import BatchOutcome
-from storage import Database
+from storage import Database, OutputRecord, RejectedDocument
 
 
-def store_outcomes(db: Database, run_id: str, outcomes: Sequence[BatchOutcome], finish: str | None = None) -> None:
+def _rows(outcomes: Sequence[BatchOutcome]) -> tuple[list[OutputRecord], list[RejectedDocument]]:
+    return [r for o in outcomes for r in o.records], [f.as_reject() for o in outcomes for f in o.failures]
+
+
+def store_outcomes(db: Database, run_id: str, outcomes: Sequence[BatchOutcome], finish: str | None = None,
+                   error: str | None = None) -> None:
     """Outputs of ``outcomes`` and their failed documents (as ``oom`` rejects) in one transaction; with
     ``finish``, that transaction also finishes the run with this status (see ``Database.write_batch``)."""
-    records = [r for o in outcomes for r in o.records]
-    rejects = [f.as_reject() for o in outcomes for f in o.failures]
+    records, rejects = _rows(outcomes)
     if records or rejects:
-        db.write_batch(run_id, records, rejects, finish=finish)
+        db.write_batch(run_id, records, rejects, finish=finish, error=error)
     elif finish is not None:
         # nothing to write, but the caller relies on the run being finished
-        db.finish_run(run_id, finish)
+        db.finish_run(run_id, finish, error)
 
 
 @dataclass
@@ -44,10 +48,18 @@ class PendingCommit:
     def due(self) -> bool:
         return bool(self.outcomes) and time.monotonic() - self.oldest >= self.interval_s
 
-    def commit(self, db: Database, run_id: str, finish: str | None = None) -> int:
-        """Write every pending batch in one transaction, finishing the run with status ``finish`` in it if
-        given; returns the documents it finished."""
-        store_outcomes(db, run_id, self.outcomes, finish)
+    def commit(self, db: Database, run_id: str, finish: str | None = None, error: str | None = None) -> int:
+        """Write every pending batch in one transaction, finishing the run with status ``finish`` (and
+        ``error``) in it if given; returns the documents it finished. A failed commit keeps the batches
+        pending."""
+        store_outcomes(db, run_id, self.outcomes, finish, error)
         done = sum(len(o.done_doc_ids) for o in self.outcomes)
         self.outcomes = []
         return done
+
+    def defer(self, db: Database, run_id: str, finish: str | None = None, error: str | None = None) -> None:
+        """Keep every pending batch, and the run's finish, beside the database for its next open to commit
+        (``Database.defer_batch``): for when another process holds the file longer than the run waits."""
+        records, rejects = _rows(self.outcomes)
+        db.defer_batch(run_id, records, rejects, finish=finish, error=error)
+        self.outcomes = []

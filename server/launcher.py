@@ -1,6 +1,7 @@
 """Running the server: ``serve`` in this process, ``running_server`` as ``python -m cli serve`` in a child.
 
-A child started by ``running_server`` is stopped when its context exits, however it exits. Model code and
+A child started by ``running_server`` is stopped when its context exits, however it exits, and when this
+process ends, ``kill -9`` included (``sidecar.tether``). Model code and
 the web framework load only inside ``serve``, so a caller that only starts a child stays light.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from server.config import API_KEY_ENV, ServerConfig, is_loopback
+from sidecar.tether import Tether, tether
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def running_server(pair_name: str = "qwen-coder-small", *, api_key: str | None =
             with log_path.open("ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "cli", *args],
                                         stdout=log, stderr=subprocess.STDOUT, env=env)
-            stack.callback(_stop, proc)
+            stack.callback(_stop, proc, tether(proc.pid))
             if _wait_healthy(proc, port, startup_timeout_s, log_path):
                 break
             if "address already in use" not in _log_tail(log_path).lower() or attempt == 2:
@@ -109,7 +111,7 @@ def _wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float, log_path:
     raise TimeoutError(f"sidecar serve did not become healthy within {timeout_s:.0f}s:\n{_log_tail(log_path)}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, watcher: Tether) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # uvicorn finishes open requests, then exits
         try:
@@ -117,3 +119,4 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    watcher.release()

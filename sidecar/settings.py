@@ -11,7 +11,16 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIDECAR_")
 
     home: Path = Path.home() / ".cache" / "sidecar"
+    # where runs take the lock of the accelerator they use; processes that share a device must share
+    # this folder (default: ``home``/locks, per user)
+    lock_dir: Path | None = None
 
 
 def sidecar_home() -> Path:
     return Settings().home
+
+
+def lock_dir() -> Path:
+    """``$SIDECAR_LOCK_DIR``, else ``locks`` under the sidecar home."""
+    settings = Settings()
+    return settings.lock_dir or settings.home / "locks"

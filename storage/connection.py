@@ -3,7 +3,9 @@ process holds the file lock.
 
 DuckDB lets one process at a time open a database file for writing and reports the holder in the
 error ("Conflicting lock is held in /usr/bin/python3 (PID 4242)"). Keeping every transaction short lets
-a flow, the server and the judge share one file; the retry covers the moments they overlap.
+a flow, the server and the judge share one file; the retry covers the moments they overlap, and a
+patient policy (``RetryPolicy(wait_s=...)``) waits out a reader that keeps the file open for minutes,
+logging who holds it while it waits.
 
 Files are attached to one in-memory DuckDB per process rather than opened with ``duckdb.connect(path)``:
 every ``connect`` builds a database instance with its own catalog of built-in functions (20-30 ms of
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import random
 import re
@@ -29,8 +32,13 @@ from typing import TypeVar
 import duckdb
 
 from storage.errors import DatabaseLockedError
+from storage.locks import REPORT_EVERY_S, LockHolder
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+# A patient writer says whom it waits for once the wait is longer than the usual overlap of two writers.
+FIRST_REPORT_S = 5.0
 
 _LOCK_CONFLICT = "Could not set lock on file"
 # the file is open through another DuckDB instance of this very process (a raw duckdb.connect)
@@ -40,11 +48,16 @@ _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<process>.+?) \(PID (
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter: delays first_delay_s, 2x, 4x ... capped at max_delay_s."""
+    """Exponential backoff with jitter: delays first_delay_s, 2x, 4x ... capped at max_delay_s.
+
+    A locked file is tried ``attempts`` times, or with ``wait_s`` for that many seconds however many
+    attempts it takes. ``attempts`` also bounds the reruns of a transaction that met a write conflict.
+    """
 
     attempts: int = 10
     first_delay_s: float = 0.05
     max_delay_s: float = 2.0
+    wait_s: float | None = None
 
     def delay(self, attempt: int) -> float:
         """The pause after failed attempt number ``attempt`` (0-based)."""
@@ -52,11 +65,11 @@ class RetryPolicy:
         # jitter keeps two waiting processes from retrying in lockstep
         return capped * random.uniform(0.5, 1.0)
 
-
-@dataclass(frozen=True)
-class LockHolder:
-    pid: int | None
-    process: str | None
+    def gives_up(self, attempt: int, waited_s: float) -> bool:
+        """Whether to stop after failed attempt number ``attempt`` (0-based), ``waited_s`` after the first."""
+        if self.wait_s is None:
+            return attempt + 1 >= self.attempts
+        return waited_s >= self.wait_s
 
 
 def parse_lock_holder(message: str) -> LockHolder:
@@ -147,22 +160,28 @@ def attached(path: Path, retry: RetryPolicy) -> Iterator[duckdb.DuckDBPyConnecti
     host = _process_host()
     key = str(path.resolve())
     started = time.monotonic()
-    last_error: duckdb.Error | None = None
-    for attempt in range(retry.attempts):
+    next_report = FIRST_REPORT_S
+    attempt = 0
+    while True:
         try:
             alias = host.try_attach(key)
             break
         except duckdb.Error as exc:
             if not is_lock_conflict(exc):
                 raise
-            last_error = exc
-            if attempt + 1 < retry.attempts:
-                time.sleep(retry.delay(attempt))
-    else:
-        assert last_error is not None
-        holder = parse_lock_holder(str(last_error))
-        raise DatabaseLockedError(path, holder.pid, holder.process, retry.attempts,
-                                  time.monotonic() - started, str(last_error)) from last_error
+            waited = time.monotonic() - started
+            holder = parse_lock_holder(str(exc))
+            if retry.gives_up(attempt, waited):
+                raise DatabaseLockedError(path, holder.pid, holder.process, attempt + 1, waited, str(exc)) from exc
+            if retry.wait_s is not None and waited >= next_report:
+                next_report = waited + REPORT_EVERY_S
+                logger.warning("database %s is locked by %s; waited %.0f s, waiting up to %.0f s", path,
+                               holder.describe(), waited, retry.wait_s)
+            delay = retry.delay(attempt)
+            if retry.wait_s is not None:
+                delay = min(delay, max(0.0, retry.wait_s - waited))
+            time.sleep(delay)
+            attempt += 1
     try:
         with host.cursor() as con:
             con.execute(f"USE {alias}")

@@ -2,15 +2,22 @@
 
 Every method runs one short transaction (``storage.connection``), so several processes can use one file
 in turn; each write is one transaction, so readers see a batch entirely or not at all.
+
+Next to the file, in ``<file>.runs/``, live the lock a process holds while it runs a run (one process per
+run id at a time) and the writes a run could not commit while another process held the file
+(``storage.deferred``); opening the database commits those of runs nobody is running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
+import logging
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -19,8 +26,10 @@ from typing import Any
 import duckdb
 
 from sidecar.modes import MODES
+from storage import deferred
 from storage.connection import RetryPolicy, in_transaction
-from storage.errors import DatabaseOpenError, UnknownRunError
+from storage.errors import DatabaseOpenError, LockHeldError, UnknownRunError
+from storage.locks import LockHolder, exclusive
 from storage.migrate import migrate
 from storage.records import (
     CostRecord,
@@ -43,6 +52,7 @@ RESULTS_TABLE_SQL = (
     "ORDER BY doc_id"
 )
 DB_PATH_ENV = "SIDECAR_DB"
+logger = logging.getLogger(__name__)
 
 def default_db_path() -> Path:
     """``$SIDECAR_DB`` if set, else ``data/sidecar.duckdb`` under the working directory."""
@@ -131,6 +141,17 @@ def _check_finish_status(status: str) -> None:
         raise ValueError(f"a run finishes as 'completed' or 'failed', not {status!r}")
 
 
+def _finish_deferred_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, error: str | None) -> None:
+    # a run resumed since the write was deferred is not finished by it
+    con.execute("UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
+                "WHERE run_id = ? AND status = 'running'", [status, error, run_id])
+
+
+def _run_key(run_id: str) -> str:
+    # run ids are arbitrary text; file names get a digest
+    return "run-" + hashlib.sha256(run_id.encode()).hexdigest()[:20]
+
+
 def _finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, error: str | None) -> None:
     updated = con.execute(
         "UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
@@ -189,6 +210,41 @@ def _write_documents(con: duckdb.DuckDBPyConnection, run_id: str, write: TableWr
     check_unique_ids(con, run_id)
 
 
+def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument]) -> list[TableWrite]:
+    keys = [(r.doc_id, r.mode) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError("write_batch got two rows for the same (doc_id, mode)")
+    outputs: list[dict[str, Any]] = []
+    stats: list[dict[str, Any]] = []
+    for record in rows:
+        if record.mode not in MODES:
+            raise ValueError(f"unknown mode {record.mode!r}; modes are {MODES}")
+        phases = [s.phase for s in record.stats]
+        if len(set(phases)) != len(phases):
+            raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
+        outputs.append(row("outputs", record, run_id=run_id))
+        stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
+                      batch_id=record.batch_id) for s in record.stats]
+    outputs_table = arrow_table("outputs", outputs)
+    writes = [
+        TableWrite("outputs", outputs_table),
+        # clear the stats of every rewritten request, also of those that now bring fewer phases
+        TableWrite("request_stats", arrow_table("request_stats", stats),
+                   replace=outputs_table.select(["run_id", "doc_id", "mode"])),
+    ]
+    if rejects:
+        writes.append(_documents_write(run_id, [], rejects))
+    return writes
+
+
+def _apply_run_writes(con: duckdb.DuckDBPyConnection, run_id: str, writes: Sequence[TableWrite]) -> None:
+    """Apply a run's writes; its ``documents`` rows go through the same-run checks of :func:`_write_documents`."""
+    apply_writes(con, [w for w in writes if w.table != "documents"])
+    for write in writes:
+        if write.table == "documents":
+            _write_documents(con, run_id, write, whole_input=False)
+
+
 def _rows_as_dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     names = [column[0] for column in cursor.description or []]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -213,6 +269,66 @@ class Database:
         except (OSError, duckdb.IOException) as exc:
             # what the file system or DuckDB refused; a lock held elsewhere is DatabaseLockedError instead
             raise DatabaseOpenError.explaining(self.path, exc) from exc
+        self._commit_deferred()
+
+    # -- one process per run, and what a run could not commit --------------------------------------------
+
+    @property
+    def runs_dir(self) -> Path:
+        """``<file>.runs`` beside the database file: run locks and deferred writes."""
+        return self.path.parent / f"{self.path.name}.runs"
+
+    def run_lock_path(self, run_id: str) -> Path:
+        return self.runs_dir / f"{_run_key(run_id)}.lock"
+
+    @contextlib.contextmanager
+    def running(self, run_id: str, wait_s: float | None = 0.0,
+                on_wait: Callable[[LockHolder, float], None] | None = None) -> Iterator[None]:
+        """Hold run ``run_id`` of this database for the body: another process holding it makes this one
+        wait up to ``wait_s`` seconds (None: as long as it takes; 0: refuse at once) and then raise
+        :class:`LockHeldError`, naming its PID and host. The lock goes with the process, however it ends.
+
+        Writes an earlier process of the run had to defer are committed first.
+        """
+        with exclusive(self.run_lock_path(run_id), f"run {run_id!r} of {self.path}", wait_s, on_wait):
+            for path in deferred.pending(self.runs_dir, _run_key(run_id)):
+                self._commit(deferred.load(path))
+            yield
+
+    def defer_batch(self, run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = (),
+                    finish: str | None = None, error: str | None = None) -> Path:
+        """What :meth:`write_batch` would write, kept beside the file instead, for when another process holds
+        it: the next open of the database (or of the run, :meth:`running`) commits it, unless the run is
+        being run then. Returns the folder it is kept in."""
+        if finish is not None:
+            _check_finish_status(finish)
+        kept = deferred.save(self.runs_dir, _run_key(run_id), run_id, _batch_writes(run_id, rows, rejects),
+                             finish, error)
+        logger.warning("run %s: %d outputs%s kept in %s for the next open of %s to commit", run_id, len(rows),
+                       f" and its finish ({finish})" if finish else "", kept, self.path)
+        return kept
+
+    def _commit_deferred(self) -> None:
+        """Commit the deferred writes of every run no process is running now."""
+        for path in deferred.pending(self.runs_dir):
+            write = deferred.load(path)
+            try:
+                with exclusive(self.run_lock_path(write.run_id), f"run {write.run_id!r}", wait_s=0):
+                    self._commit(write)
+            except LockHeldError:
+                continue  # its run is running again: that process commits it
+
+    def _commit(self, write: deferred.DeferredWrite) -> None:
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [write.run_id]).fetchall():
+                return  # nothing to attach the writes to
+            _apply_run_writes(con, write.run_id, write.writes)
+            if write.status is not None:
+                _finish_deferred_run(con, write.run_id, write.status, write.error)
+
+        in_transaction(self.path, self.retry, work)
+        deferred.remove(write)
+        logger.info("run %s: committed the writes deferred in %s", write.run_id, write.path)
 
     # -- runs ---------------------------------------------------------------------------------------
 
@@ -296,47 +412,24 @@ class Database:
                               commit=False)
 
     def write_batch(self, run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = (),
-                    finish: str | None = None) -> None:
+                    finish: str | None = None, error: str | None = None) -> None:
         """Write the outputs and request stats of a batch, and ``rejects`` (its documents that failed),
-        in one transaction; with ``finish`` (``completed`` or ``failed``) that transaction also finishes
-        the run as :meth:`finish_run` does, so a run's last batch costs no second one.
+        in one transaction; with ``finish`` (``completed`` or ``failed``, with ``error``) that transaction
+        also finishes the run as :meth:`finish_run` does, so a run's last batch costs no second one.
 
         Rows replace whatever is stored under the same (run_id, doc_id, mode), stats included, so
         writing a batch again after a crash leaves exactly one copy.
         """
         if finish is not None:
             _check_finish_status(finish)
-        keys = [(r.doc_id, r.mode) for r in rows]
-        if len(set(keys)) != len(keys):
-            raise ValueError("write_batch got two rows for the same (doc_id, mode)")
-        outputs: list[dict[str, Any]] = []
-        stats: list[dict[str, Any]] = []
-        for record in rows:
-            if record.mode not in MODES:
-                raise ValueError(f"unknown mode {record.mode!r}; modes are {MODES}")
-            phases = [s.phase for s in record.stats]
-            if len(set(phases)) != len(phases):
-                raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
-            outputs.append(row("outputs", record, run_id=run_id))
-            stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
-                          batch_id=record.batch_id) for s in record.stats]
-        outputs_table = arrow_table("outputs", outputs)
-        writes = [
-            TableWrite("outputs", outputs_table),
-            # clear the stats of every rewritten request, also of those that now bring fewer phases
-            TableWrite("request_stats", arrow_table("request_stats", stats),
-                       replace=outputs_table.select(["run_id", "doc_id", "mode"])),
-        ]
-        documents = _documents_write(run_id, [], rejects) if rejects else None
+        writes = _batch_writes(run_id, rows, rejects)
         check = _require_run(run_id)
 
         def work(con: duckdb.DuckDBPyConnection) -> None:
             check(con)
-            apply_writes(con, writes)
-            if documents is not None:
-                _write_documents(con, run_id, documents, whole_input=False)
+            _apply_run_writes(con, run_id, writes)
             if finish is not None:
-                _finish_run(con, run_id, finish, None)
+                _finish_run(con, run_id, finish, error)
 
         in_transaction(self.path, self.retry, work)
 

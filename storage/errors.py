@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storage.locks import LockHolder
 
 
 class StorageError(RuntimeError):
@@ -82,6 +86,18 @@ class DatabaseLockedError(StorageError):
             f"{waited_s:.1f} s. Stop that process or point this one at another database file. "
             f"DuckDB said: {duckdb_message}"
         )
+
+
+class LockHeldError(StorageError):
+    """Another process holds a lock (a run, a device) that this one was told not to wait for any longer."""
+
+    def __init__(self, path: Path, what: str, holder: LockHolder, waited_s: float) -> None:
+        self.path = path
+        self.what = what
+        self.holder = holder
+        self.waited_s = waited_s
+        waited = "refused at once" if waited_s < 0.05 else f"gave up after waiting {waited_s:.0f} s"
+        super().__init__(f"{what} is held by {holder.describe()}; {waited} (lock file {path})")
 
 
 class UnknownRunError(StorageError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs
+os.environ.setdefault("SIDECAR_LOCK_DIR", tempfile.mkdtemp(prefix="sidecar-test-locks-"))
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 REPO = Path(__file__).resolve().parents[1]

@@ -68,16 +68,19 @@ def test_database_open_errors_name_the_path_and_what_is_wrong(kind: str, tmp_pat
 
 
 def test_exit_codes_of_user_errors() -> None:
-    from cli.errors import EXIT_BAD_INPUT, EXIT_DATABASE_BUSY, EXIT_DATABASE_UNUSABLE, exit_code
+    from cli.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_DATABASE_UNUSABLE, exit_code
     from sidecar.cost import CostInputError
     from sidecar.errors import InputError, PairError
-    from storage import DatabaseOpenError
+    from storage import DatabaseOpenError, LockHeldError, RunMismatchError
+    from storage.locks import LockHolder
 
-    assert (EXIT_BAD_INPUT, EXIT_DATABASE_UNUSABLE, EXIT_DATABASE_BUSY) == (2, 3, 4)
+    assert (EXIT_BAD_INPUT, EXIT_DATABASE_UNUSABLE, EXIT_BUSY) == (2, 3, 4)
     assert exit_code(DatabaseOpenError(Path("x"), "it is a directory")) == 3
     assert exit_code(SchemaTooNewError(Path("x"), 9, 3)) == 3
     assert exit_code(DatabaseLockedError(Path("x"), 1, "python", 10, 5.0, "locked")) == 4
+    assert exit_code(LockHeldError(Path("x.lock"), "run 'r'", LockHolder(1, "python"), 0.0)) == 4
     for error in (InputSchemaError("no column"), UnknownRunError("no run"), PairError("unknown pair"),
+                  RunMismatchError("another corpus"),
                   InputError("empty"), CostInputError("negative"), FileNotFoundError("missing.parquet")):
         assert exit_code(error) == 2, error
     # a bug is not the user's error: it keeps its traceback and Python's exit code 1

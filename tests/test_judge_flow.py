@@ -309,3 +309,34 @@ def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
 
     missing = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url])
     assert missing.exit_code == 2 and "--model is required" in missing.output
+
+
+HOLD_ACCELERATOR = """
+import sys
+from flows.accelerator import accelerator_lock
+from sidecar.devices import accelerator_id
+from storage.locks import exclusive
+with exclusive(accelerator_lock(accelerator_id()), "accelerator", wait_s=0):
+    print("ready", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_locally_served_judge_holds_the_accelerator_like_a_run(prefect_api, db: Database) -> None:
+    import subprocess
+    import sys
+
+    from flows.judge import judge
+    from storage import LockHeldError
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ACCELERATOR], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        state = judge(RUN, judge_pair="tiny", retries=0, db_path=str(db.path), device_wait_s=0, return_state=True)
+        assert state.is_failed()
+        with pytest.raises(LockHeldError, match=f"accelerator .* is held by PID {holder.pid} on "):
+            state.result()
+    finally:
+        holder.communicate("done\n", timeout=60)
+    assert games(db) == [], "the judge asked nothing while it could not have the accelerator"

@@ -7,11 +7,13 @@ test's subprocesses talk to it too.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -263,7 +265,8 @@ def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Pat
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.sync import concurrency
 
-    from flows.nightly import GPU_LIMIT, nightly
+    from flows.accelerator import GPU_LIMIT
+    from flows.nightly import nightly
 
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 2), run_id="waits")
     db = Database(run.db_path)
@@ -374,7 +377,9 @@ def everything_duckdb_stored(db_path: Path) -> str:
     with duckdb.connect(str(db_path), read_only=True) as con:
         tables = [row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
         dump = [repr(con.execute(f'SELECT * FROM "{table}"').fetchall()) for table in tables]
-    raw = b"".join(path.read_bytes() for path in db_path.parent.glob(db_path.name + "*"))
+    # the file, its WAL, and what lies beside it (run locks, deferred writes)
+    files = [f for p in db_path.parent.glob(db_path.name + "*") for f in ([p] if p.is_file() else p.rglob("*"))]
+    raw = b"".join(path.read_bytes() for path in files if path.is_file())
     return "\n".join(dump) + raw.decode("latin-1")
 
 
@@ -416,3 +421,155 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
     for where, text in (("Prefect logs, artifacts and runs", prefect_text), ("DuckDB", duckdb_text),
                         ("cost report", report_files)):
         assert PLANTED_KEY not in text, f"the planted key leaked into {where}"
+
+
+def blocking_first_batch(monkeypatch, release: threading.Event, started: threading.Event) -> None:
+    """Make the in-process run's first batch wait for ``release``; ``started`` is set once it waits."""
+    import flows.nightly
+
+    real_run_batch = flows.nightly.run_batch
+
+    def run_batch(engine, docs, settings, on_progress=None):
+        if docs[0].row_index == 0:
+            started.set()
+            assert release.wait(600), "the test never released the first batch"
+        return real_run_batch(engine, docs, settings, on_progress)
+
+    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
+
+
+def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_api, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    from flows.nightly import nightly
+
+    corpus = write_corpus(tmp_path / "news.parquet", 4)
+    run = params(tmp_path, corpus, run_id="twice", batch_size=2, commit_every_s=0)
+    release, started = threading.Event(), threading.Event()
+    blocking_first_batch(monkeypatch, release, started)
+    finished: dict[str, object] = {}
+    first = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
+    first.start()
+    try:
+        assert started.wait(300), "the first run never started its first batch"
+        # the same run id from another process, as a second `sidecar nightly` started by hand or by cron
+        second = subprocess.run(
+            [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", run.db_path,
+             "--batch-size", "2", "--max-new-tokens", "12", "--run-id", "twice", "--no-judge", "--no-cost-report"],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+            env=os.environ | prefect_api | {"PYTHONPATH": str(REPO)})
+    finally:
+        release.set()
+        first.join(timeout=600)
+    assert second.returncode == 4, second.stdout + second.stderr  # busy: a later retry can work
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, second.stderr
+    assert "run 'twice'" in errors[0] and f"PID {os.getpid()} on " in errors[0], errors[0]
+    assert finished["counts"].done == 4
+    db = Database(run.db_path)
+    assert db.query("SELECT count(*) AS n FROM outputs WHERE run_id = 'twice'")[0]["n"] == 8
+    assert db.get_run("twice")["status"] == "completed"
+
+
+HOLD_READ_ONLY = """
+    import sys, duckdb
+    con = duckdb.connect(sys.argv[1], read_only=True)
+    print("ready", flush=True)
+    sys.stdin.readline() if sys.argv[2] == "stdin" else __import__("time").sleep(float(sys.argv[2]))
+"""
+
+
+def hold_file_during_second_batch(monkeypatch, db_path: str, hold: str) -> list[subprocess.Popen[str]]:
+    """From the run's second batch on, a notebook-like process holds a read-only connection on the database
+    (for ``hold`` seconds, or until its stdin gets a line)."""
+    import flows.nightly
+
+    real_run_batch = flows.nightly.run_batch
+    readers: list[subprocess.Popen[str]] = []
+
+    def run_batch(engine, docs, settings, on_progress=None):
+        if docs[0].row_index == 2 and not readers:
+            reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_READ_ONLY), db_path, hold],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            readers.append(reader)
+            assert reader.stdout.readline().strip() == "ready"
+        return real_run_batch(engine, docs, settings, on_progress)
+
+    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
+    return readers
+
+
+def test_a_reader_holding_the_database_for_12_s_only_delays_the_run(prefect_api, tmp_path: Path, monkeypatch,
+                                                                   caplog) -> None:
+    from flows.nightly import nightly
+
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="notebook", batch_size=2,
+                 commit_every_s=0)
+    readers = hold_file_during_second_batch(monkeypatch, run.db_path, "12")
+    with caplog.at_level(logging.WARNING, logger="storage.connection"):
+        counts = nightly(run)
+    [reader] = readers
+    assert reader.wait(timeout=60) == 0
+    assert (counts.done, counts.commits) == (6, 3)
+    assert Database(run.db_path).get_run("notebook")["status"] == "completed"
+    assert any(f"PID {reader.pid}" in r.getMessage() for r in caplog.records), "the wait names the reader"
+
+
+def test_a_run_that_gives_up_on_a_locked_database_keeps_its_batches_for_the_next_open(prefect_api, tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    from flows.nightly import nightly
+
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="gives-up", batch_size=2,
+                 commit_every_s=0, lock_wait_s=2)
+    readers = hold_file_during_second_batch(monkeypatch, run.db_path, "stdin")
+    state = nightly(run, return_state=True)
+    [reader] = readers
+    assert state.is_failed() and reader.poll() is None
+    reader.communicate("done\n", timeout=60)
+    db = Database(run.db_path)  # the next open
+    stored = db.get_run("gives-up")
+    assert stored["status"] == "failed" and "DatabaseLockedError" in stored["error"], stored
+    assert f"PID {reader.pid}" in stored["error"]
+    # every batch that finished is there: the first one committed, the second kept while the file was locked
+    assert db.done_doc_ids("gives-up", ["sidecar", "standalone"]) == {f"doc-{i:02d}" for i in range(4)}
+
+
+HOLD_ACCELERATOR = """
+    import sys
+    from flows.accelerator import accelerator_lock
+    from sidecar.devices import accelerator_id
+    from storage.locks import exclusive
+    with exclusive(accelerator_lock(accelerator_id()), "accelerator", wait_s=0):
+        print("ready", flush=True)
+        sys.stdin.readline()
+"""
+
+
+def test_embedded_runs_take_turns_on_the_accelerator(prefect_api, tmp_path: Path, monkeypatch) -> None:
+    from flows.nightly import nightly
+    from storage import LockHeldError
+
+    # as on the embedded API, where Prefect's `gpu` limit does not exist
+    monkeypatch.setattr("flows.accelerator.on_embedded_api", lambda: True)
+    corpus = write_corpus(tmp_path / "news.parquet", 2)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_ACCELERATOR)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        refused = nightly(params(tmp_path, corpus, run_id="refused", device_wait_s=0), return_state=True)
+        assert refused.is_failed()
+        with pytest.raises(LockHeldError, match=f"PID {holder.pid} on "):
+            refused.result()
+        finished: dict[str, object] = {}
+        waiting = threading.Thread(target=lambda: finished.update(
+            counts=nightly(params(tmp_path, corpus, run_id="waits-for-device"))))
+        waiting.start()
+        time.sleep(5)
+        db = Database(tmp_path / "sidecar.duckdb")
+        assert waiting.is_alive() and db.get_run("waits-for-device") is None, "the run shared the accelerator"
+        released = datetime.now(UTC)
+    finally:
+        holder.communicate("done\n", timeout=60)
+    waiting.join(timeout=600)
+    assert finished["counts"].done == 2
+    assert db.get_run("waits-for-device")["created_at"] >= released
+    assert db.get_run("refused") is None

@@ -7,8 +7,10 @@ between processes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from storage import Database, DatabaseLockedError, OutputRecord, RequestStats
+from storage import Database, DatabaseLockedError, LockHeldError, OutputRecord, RequestStats
 from storage.connection import RetryPolicy, attach_file, parse_lock_holder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -229,3 +231,91 @@ def test_a_connection_this_process_holds_is_named_as_the_holder(db: Database) ->
         raw.close()
     db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")])
     assert [r["doc_id"] for r in db.results("run-1")] == ["d1"]
+
+
+HOLD_RUN_UNTIL_STDIN_CLOSES = """
+    import sys
+    from storage import Database
+    with Database(sys.argv[1]).running(sys.argv[2]):
+        print("ready", flush=True)
+        sys.stdin.read()
+"""
+
+
+def test_a_run_held_by_another_process_is_refused_naming_it_until_that_process_dies(db: Database) -> None:
+    holder = spawn(HOLD_RUN_UNTIL_STDIN_CLOSES, str(db.path), "run-1")
+    try:
+        wait_ready(holder)
+        with pytest.raises(LockHeldError) as refused, db.running("run-1"):
+            pytest.fail("two processes ran run-1 at once")
+        assert refused.value.holder.pid == holder.pid and refused.value.holder.host == socket.gethostname()
+        assert f"PID {holder.pid} on {socket.gethostname()}" in str(refused.value) and "refused" in str(refused.value)
+        started = time.monotonic()
+        heard: list[int | None] = []
+        with pytest.raises(LockHeldError, match="gave up after waiting"), \
+                db.running("run-1", wait_s=0.6, on_wait=lambda h, _: heard.append(h.pid)):
+            pytest.fail("two processes ran run-1 at once")
+        assert time.monotonic() - started >= 0.6 and heard and set(heard) == {holder.pid}
+        with db.running("another run"):  # one lock per run id
+            pass
+        os.kill(holder.pid, signal.SIGKILL)  # no chance to let go: the kernel drops the lock
+        holder.wait(timeout=30)
+        with db.running("run-1", wait_s=10):
+            assert db.get_run("run-1")["status"] == "running"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.communicate(timeout=30)
+
+
+HOLD_READ_ONLY_FOR_SECONDS = """
+    import sys, time, duckdb
+    con = duckdb.connect(sys.argv[1], read_only=True)
+    print("ready", flush=True)
+    time.sleep(float(sys.argv[2]))
+    con.close()
+"""
+
+
+def test_a_patient_writer_waits_out_a_reader_and_logs_who_holds_the_file(db: Database, caplog) -> None:
+    patient = Database(db.path, retry=RetryPolicy(wait_s=60))
+    reader = spawn(HOLD_READ_ONLY_FOR_SECONDS, str(db.path), "7")
+    try:
+        wait_ready(reader)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="storage.connection"):
+            patient.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")])
+        assert time.monotonic() - started > 5, "the reader should have kept the writer waiting"
+    finally:
+        reader.communicate(timeout=30)
+    assert reader.returncode == 0
+    assert [r["doc_id"] for r in patient.results("run-1")] == ["d1"]
+    assert any(f"PID {reader.pid}" in record.getMessage() for record in caplog.records), caplog.text
+
+
+def test_writes_deferred_past_a_locked_file_are_committed_by_the_next_open(db: Database) -> None:
+    db.write_batch("run-1", [output("d0", "sidecar"), output("d0", "standalone")])
+    runner = spawn(HOLD_RUN_UNTIL_STDIN_CLOSES, str(db.path), "run-1")
+    try:
+        wait_ready(runner)
+        holder = spawn(HOLD_LOCK_UNTIL_STDIN_CLOSES, str(db.path))
+        try:
+            wait_ready(holder)
+            with pytest.raises(DatabaseLockedError):
+                db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")])
+            # what a run that gave up on the lock does, as its last act
+            db.defer_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone")], finish="failed",
+                           error="DatabaseLockedError: locked by a notebook")
+        finally:
+            holder.communicate(timeout=30)
+        # while a process holds the run, another one's open leaves its writes alone
+        assert [r["doc_id"] for r in Database(db.path).results("run-1")] == ["d0"]
+    finally:
+        runner.communicate(timeout=30)
+    reopened = Database(db.path)
+    assert [r["doc_id"] for r in reopened.results("run-1")] == ["d0", "d1"]
+    run = reopened.get_run("run-1")
+    assert run["status"] == "failed" and "locked by a notebook" in run["error"] and run["finished_at"]
+    assert not list(reopened.runs_dir.glob("*.pending")), "a deferred write is committed once"
+    reopened.start_run("run-1", {}, "tiny", "cpu", "cpu", 4, 2, code_version="test")  # a resume
+    assert Database(db.path).get_run("run-1")["status"] == "running"

@@ -1,0 +1,61 @@
+"""One run at a time on an accelerator: its OS lock on this machine, and on a Prefect server a slot of
+the global concurrency limit ``gpu``.
+
+The lock is a file per physical device (``sidecar.devices.accelerator_id``: a CUDA device, or ``cpu``) in
+``$SIDECAR_LOCK_DIR`` (default ``~/.cache/sidecar/locks``); the kernel drops it when its process ends,
+however it ends. It keeps runs on one machine apart also on the embedded API, where the ``gpu`` limit
+does not exist and, created, would be seen by this process alone. The ``gpu`` limit keeps apart the runs
+of a Prefect server's workers on several machines; create it once per server (without it, runs do not
+wait for each other there)::
+
+    prefect gcl create gpu --limit 1
+
+The slot is taken first, so a run waiting for it holds no device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from prefect import get_run_logger
+from prefect.concurrency.sync import concurrency
+
+from flows.embedded import on_embedded_api
+from sidecar.devices import accelerator_id
+from sidecar.settings import lock_dir
+from storage.locks import LockHolder, exclusive
+
+# the global concurrency limit a run holds a slot of while its pair is loaded
+GPU_LIMIT = "gpu"
+
+
+def accelerator_lock(device: str) -> Path:
+    """The lock file of accelerator ``device`` (an ``accelerator_id``)."""
+    return lock_dir() / f"accelerator-{device}.lock"
+
+
+@contextlib.contextmanager
+def holding_accelerator(what: str, wait_s: float | None) -> Iterator[str]:
+    """Hold the accelerator a pair loaded here would use, for ``what`` (a run, a judge); yields its id.
+
+    Another process holding the device makes this one wait up to ``wait_s`` seconds (None: as long as it
+    takes; 0: refuse at once), logging who holds it, then raise ``storage.LockHeldError``.
+    """
+    logger = get_run_logger()
+    device = accelerator_id()
+    with contextlib.ExitStack() as stack:
+        if not on_embedded_api():
+            logger.info("%s: taking a slot of the %r concurrency limit (waits while other runs hold it)", what,
+                        GPU_LIMIT)
+            stack.enter_context(concurrency(GPU_LIMIT, occupy=1))
+
+        def waiting(holder: LockHolder, waited_s: float) -> None:
+            limit = "as long as it takes" if wait_s is None else f"up to {wait_s:.0f} s"
+            logger.warning("%s: accelerator %s is in use by %s; waited %.0f s, waiting %s", what, device,
+                           holder.describe(), waited_s, limit)
+
+        stack.enter_context(exclusive(accelerator_lock(device), f"accelerator {device}", wait_s, waiting))
+        logger.info("%s: holding accelerator %s", what, device)
+        yield device
