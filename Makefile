@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus browser test test-fast demo ui bench bench-quick bench-full lint clean
+.PHONY: venv models corpus browser test test-fast demo ui bench bench-quick bench-full gpu-check lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -70,6 +70,10 @@ bench-quick: models corpus
 
 bench-full: models corpus
 	$(BIN)/python -m bench.run_all --full
+
+# on a GPU: identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check.py)
+gpu-check: models corpus
+	$(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf $(VENV) .prefect data/*.duckdb

@@ -18,6 +18,7 @@ from sidecar.models import synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+NEWS = REPO / "data" / "news.parquet"  # `make corpus` builds it
 
 
 def news_documents(count: int, max_chars: int) -> list[str]:
@@ -26,10 +27,9 @@ def news_documents(count: int, max_chars: int) -> list[str]:
 
     from sidecar.corpus import build_news_corpus
 
-    path = REPO / "data" / "news.parquet"
-    if not path.exists():
-        build_news_corpus(path)
-    articles = pq.read_table(path, columns=["article"]).column("article").to_pylist()
+    if not NEWS.exists():
+        build_news_corpus(NEWS)
+    articles = pq.read_table(NEWS, columns=["article"]).column("article").to_pylist()
     return [a[:max_chars] for a in articles[:count]]
 
 
