@@ -1,4 +1,4 @@
-"""The prepared GPU check (bench/gpu_check.py) runs its whole code path on the tiny pair on CPU, so it cannot rot."""
+"""The prepared GPU check (bench/gpu_check/) runs its whole code path on the tiny pair on CPU, so it cannot rot."""
 
 from __future__ import annotations
 
@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-common = pytest.importorskip("bench.common")
-gpu_check = pytest.importorskip("bench.gpu_check")
+pytest.importorskip("bench.gpu_check")
+
+from bench import common
+from bench.gpu_check.check import NO_CUDA, Check
+from bench.gpu_check.deadline import Deadline
+from bench.gpu_check.identity import first_divergence, identity
+from bench.gpu_check.main import main, parse_args, result_file_name
+from bench.gpu_check.markdown import pair_markdown
+from bench.gpu_check.pairs import BUILTIN_TEXTS, DEFAULT_PAIRS, load_check_pair, local_model_dir
+from bench.gpu_check.parts import PARTS, errors
+from bench.gpu_check.syncs import SyncCounter
+from bench.gpu_check.throughput import throughput
 
 QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick"]
 
@@ -22,24 +32,24 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def check() -> gpu_check.Check:
+def check() -> Check:
     from sidecar.engine import SidecarEngine, SidecarRequest
     from sidecar.speculative import SpeculativeDecoder
 
-    args = gpu_check.parse_args(QUICK_TINY_CPU)
-    pair = gpu_check.load_check_pair("tiny", "tiny", "cpu", torch.float32)
+    args = parse_args(QUICK_TINY_CPU)
+    pair = load_check_pair("tiny", "tiny", "cpu", torch.float32)
     engine = SidecarEngine(pair)
-    prompts = [engine.prompts(SidecarRequest(t))[0].token_ids for t in gpu_check.BUILTIN_TEXTS[:2]]
-    return gpu_check.Check(pair, prompts, SpeculativeDecoder(pair), args)
+    prompts = [engine.prompts(SidecarRequest(t))[0].token_ids for t in BUILTIN_TEXTS[:2]]
+    return Check(pair, prompts, SpeculativeDecoder(pair), args)
 
 
 def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path) -> None:
-    payload = gpu_check.main(QUICK_TINY_CPU)
-    assert gpu_check.errors(payload) == []
+    payload = main(QUICK_TINY_CPU)
+    assert errors(payload) == []
     [tiny] = payload["pairs"]
     # fp32 on the tiny pair (peaked logits): the engine is token-identical to HF generate on the target
     assert tiny["identity"]["rows"] == 2 and tiny["identity"]["match_rate"] == 1.0
-    assert tiny["syncs"]["skipped"] == gpu_check.NO_CUDA and tiny["memory"]["skipped"] == gpu_check.NO_CUDA
+    assert tiny["syncs"]["skipped"] == NO_CUDA and tiny["memory"]["skipped"] == NO_CUDA
     assert tiny["sdpa"]["aten_ops"] and tiny["sdpa"]["backends_alone"]["MATH"] == "works"
     rows = tiny["throughput"]["rows"]
     assert [r["batch"] for r in rows] == [1, 2]
@@ -54,12 +64,12 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
 
 
 def test_a_spent_budget_skips_what_is_left_and_says_so(results: Path) -> None:
-    payload = gpu_check.main([*QUICK_TINY_CPU, "--budget-s", "0"])
+    payload = main([*QUICK_TINY_CPU, "--budget-s", "0"])
     assert payload["pairs"] == [] and payload["absent"] == {"tiny": "deadline reached"}
     assert "`tiny`: skipped, deadline reached." in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
-class AfterFirstRun(gpu_check.Deadline):
+class AfterFirstRun(Deadline):
     """A deadline that any run estimated to take time misses: the first run of each method, never the next."""
 
     def __init__(self) -> None:
@@ -70,7 +80,7 @@ class AfterFirstRun(gpu_check.Deadline):
 
 
 def test_throughput_skips_a_run_its_smaller_run_says_would_end_past_the_deadline(check) -> None:
-    result = gpu_check.throughput(check, AfterFirstRun())
+    result = throughput(check, AfterFirstRun())
     first, second = result["rows"]
     assert first["hf_plain_tps"] > 0 and first["engine_static_tps"] > 0
     assert second == {"batch": 2, "hf_plain": "skipped: estimated past the deadline",
@@ -79,17 +89,17 @@ def test_throughput_skips_a_run_its_smaller_run_says_would_end_past_the_deadline
 
 
 def test_deadline_shares_and_reasons() -> None:
-    assert gpu_check.Deadline.after(-1).skip_reason() == "skipped: deadline reached"
-    assert "estimated" in gpu_check.Deadline.after(10).skip_reason(60)
-    assert gpu_check.Deadline.after(60).skip_reason(1) is None
-    assert 29 < gpu_check.Deadline.after(60).share(0.5).left() <= 30
+    assert Deadline.after(-1).skip_reason() == "skipped: deadline reached"
+    assert "estimated" in Deadline.after(10).skip_reason(60)
+    assert Deadline.after(60).skip_reason(1) is None
+    assert 29 < Deadline.after(60).share(0.5).left() <= 30
 
 
 def test_first_divergence_counts_a_length_difference() -> None:
-    assert gpu_check.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert gpu_check.first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert gpu_check.first_divergence([1, 2, 3], [1, 2]) == 2
-    assert gpu_check.first_divergence([1], [1, 2]) == 1
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2
+    assert first_divergence([1], [1, 2]) == 1
 
 
 def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(check, monkeypatch) -> None:
@@ -104,7 +114,7 @@ def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(che
 
     monkeypatch.setattr(check.decoder, "generate", second_best_at_3)
     with torch.inference_mode():
-        result = gpu_check.identity(check, gpu_check.Deadline.after(60))
+        result = identity(check, Deadline.after(60))
     first, second = (r["hf_tokens"] for r in result["per_row"])
     assert first > 3, "the tiny target must write more than 3 tokens here for this test to mean anything"
     assert result["rows_identical"] == 1 and result["match_rate"] == 0.5
@@ -122,7 +132,7 @@ def test_syncs_are_counted_by_source_line(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     cuda = torch.device("cuda")
-    with pytest.warns(UserWarning, match="something else"), gpu_check.SyncCounter() as counter:
+    with pytest.warns(UserWarning, match="something else"), SyncCounter() as counter:
         for _ in range(3):
             warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
@@ -136,11 +146,11 @@ def test_syncs_are_counted_by_source_line(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, monkeypatch) -> None:
-    monkeypatch.setattr(gpu_check, "is_fetched", lambda name: False)
-    monkeypatch.setattr(gpu_check, "local_model_dir", lambda model_id: None)
-    monkeypatch.setattr(gpu_check, "PARTS", [part for part in gpu_check.PARTS if part[0] == "identity"])
-    payload = gpu_check.main(["--device", "cpu", "--quick", "--budget-s", "120"])
-    assert set(payload["absent"]) == set(gpu_check.DEFAULT_PAIRS)
+    monkeypatch.setattr("bench.gpu_check.pairs.is_fetched", lambda name: False)
+    monkeypatch.setattr("bench.gpu_check.pairs.local_model_dir", lambda model_id: None)
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [part for part in PARTS if part[0] == "identity"])
+    payload = main(["--device", "cpu", "--quick", "--budget-s", "120"])
+    assert set(payload["absent"]) == set(DEFAULT_PAIRS)
     assert "not fetched" in payload["absent"]["qwen-coder-small"] and "not on disk" in payload["absent"]["qwen2.5-7b"]
     assert [p["pair"] for p in payload["pairs"]] == ["tiny"] and "tiny random pair ran instead" in payload["fallback"]
     assert payload["pairs"][0]["identity"]["match_rate"] == 1.0
@@ -148,44 +158,44 @@ def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, 
 
 
 def test_a_local_model_is_found_only_with_its_config_and_every_weight_file(tmp_path: Path) -> None:
-    assert gpu_check.local_model_dir("no-such-org/no-such-model") is None
+    assert local_model_dir("no-such-org/no-such-model") is None
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "one.safetensors",
                                                                                    "b": "two.safetensors"}}))
     (model / "one.safetensors").write_bytes(b"")
-    assert gpu_check.local_model_dir(str(model)) is None
+    assert local_model_dir(str(model)) is None
     (model / "two.safetensors").write_bytes(b"")
-    assert gpu_check.local_model_dir(str(model)) == model
+    assert local_model_dir(str(model)) == model
 
 
 def test_result_names() -> None:
-    assert gpu_check.result_file_name(gpu_check.parse_args([]), torch.device("cuda"), True) == "gpu_check"
-    args = gpu_check.parse_args(QUICK_TINY_CPU)
-    assert gpu_check.result_file_name(args, torch.device("cpu"), False) == "gpu_check_cpu_tiny_quick"
+    assert result_file_name(parse_args([]), torch.device("cuda"), True) == "gpu_check"
+    args = parse_args(QUICK_TINY_CPU)
+    assert result_file_name(args, torch.device("cpu"), False) == "gpu_check_cpu_tiny_quick"
 
 
 def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run(results, monkeypatch) -> None:
     def broken(check, deadline):
         raise RuntimeError("kernel exploded")
 
-    identity = next(part for part in gpu_check.PARTS if part[0] == "identity")
-    monkeypatch.setattr(gpu_check, "PARTS", [("broken", broken, 0.5), identity])
-    payload = gpu_check.main(QUICK_TINY_CPU)
+    identity = next(part for part in PARTS if part[0] == "identity")
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [("broken", broken, 0.5), identity])
+    payload = main(QUICK_TINY_CPU)
     [tiny] = payload["pairs"]
     assert tiny["broken"]["error"].startswith("RuntimeError: kernel exploded (at tests/test_gpu_check.py:")
     assert tiny["identity"]["match_rate"] == 1.0
-    assert gpu_check.errors(payload) == [f"tiny broken: {tiny['broken']['error']}"]
+    assert errors(payload) == [f"tiny broken: {tiny['broken']['error']}"]
 
 
 def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     def unloadable(*args):
         raise OSError("no weights")
 
-    monkeypatch.setattr(gpu_check, "load_check_pair", unloadable)
-    payload = gpu_check.main(QUICK_TINY_CPU)
-    [error] = gpu_check.errors(payload)
+    monkeypatch.setattr("bench.gpu_check.check.load_check_pair", unloadable)
+    payload = main(QUICK_TINY_CPU)
+    [error] = errors(payload)
     assert error.startswith("tiny: OSError: no weights (at tests/test_gpu_check.py:")
     assert "Could not be loaded" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
@@ -196,8 +206,8 @@ def test_the_cuda_parts_bookkeeping_runs_on_cpu_with_the_cuda_calls_faked(check,
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
-    monkeypatch.setattr(gpu_check.Check, "cuda", property(lambda self: True))
-    parts = {name: run(check, gpu_check.Deadline.after(60)) for name, run, _ in gpu_check.PARTS
+    monkeypatch.setattr(Check, "cuda", property(lambda self: True))
+    parts = {name: run(check, Deadline.after(60)) for name, run, _ in PARTS
              if name in ("syncs", "memory", "throughput")}  # the CUDA-only ones, and the one with a peak column
     runs = parts["syncs"]["runs"]
     assert [r["batch"] for r in runs] == [1, 2]
@@ -210,7 +220,7 @@ def test_the_cuda_parts_bookkeeping_runs_on_cpu_with_the_cuda_calls_faked(check,
     assert row["engine_static_peak_gb"] == 3.0 and row["hf_plain_peak_gb"] == 3.0
     header = {"pair": "tiny", "dtype": "bfloat16", "device": "cuda:0", "load_s": 1.0, "prompts": "built-in texts",
               "mean_prompt_tokens": 300.0}
-    md = gpu_check.pair_markdown(header | parts)
+    md = pair_markdown(header | parts)
     assert "| batch | syncs | target forwards |" in md and "| 1 | 0 |" in md
     assert "Peak memory at batch 2 (8 new tokens, `torch.cuda.max_memory_allocated`): engine 3.0 GB" in md
     assert "| peak GB |" in md

@@ -1,0 +1,25 @@
+"""One prepared GPU check: identity, synchronisations, SDPA kernels, peak memory and tokens/s, within a deadline.
+
+    python -m bench.gpu_check                                 # `make gpu-check`: on a GPU, bf16, at most 8 minutes
+    python -m bench.gpu_check --pair tiny --device cpu --quick    # the same code path on the tiny random pair
+
+For each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
+neither on disk the tiny pair runs and the report says so) it runs these parts, in this order:
+
+1. identity: the engine's greedy output at one batch against HF ``generate`` on the target alone, one prompt
+   at a time. bf16 rounding differs between batch shapes, so a near-tie can flip: every divergence is listed
+   with its position and the target's top-2 logit gap there, and the match rate is what it is.
+2. syncs (CUDA): device-to-host synchronisations of one decode, counted from the warnings of
+   ``torch.cuda.set_sync_debug_mode("warn")`` plus explicit ``torch.cuda.synchronize`` calls, per target
+   forward and by source line, next to HF generate's per step.
+3. sdpa: the attention kernels one engine decode runs (profiler), and which SDPA backends alone can run it.
+4. memory (CUDA): ``torch.cuda.max_memory_allocated`` of the engine and of HF generate at the largest batch.
+5. throughput: tokens/s of HF plain (batched), HF assisted (``assistant_model=``, batch 1 only) and the
+   engine under each of ``ENGINE_SCHEDULES`` at each batch size.
+
+A global deadline (``--budget-s``) bounds the whole check: each pair gets an equal share of what is left, each
+part a share of its pair's time, and a measurement that would not end in time is skipped and says so. A
+measurement in progress is never interrupted, so the check can overrun by at most one of them.
+Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.
+Writes bench/results/gpu_check.json and .md (other devices, pairs and sizes get suffixed names).
+"""

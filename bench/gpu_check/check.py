@@ -1,0 +1,77 @@
+"""One pair loaded, prompted and warmed up (``Check``): what every part measures, and ``prepare``, which builds it.
+
+``Check`` times the engine and HF generate the same way for every part, with the peak memory of each run on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bench.common import Stopwatch
+from bench.engine import hf_plain_batched, hf_plain_one
+from bench.gpu_check.pairs import documents, load_check_pair
+from bench.gpu_check.schedules import ENGINE_SCHEDULES
+from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.models import ModelPair
+from sidecar.speculative import SpeculativeDecoder
+
+NO_CUDA = "skipped: no CUDA"  # what a CUDA-only part says on another device
+
+
+@dataclass
+class Check:
+    """One loaded pair, its prompts, its engine and the command line's sizes."""
+
+    pair: ModelPair
+    prompts: list[list[int]]
+    decoder: SpeculativeDecoder
+    args: argparse.Namespace
+
+    @property
+    def cuda(self) -> bool:
+        return self.pair.device.type == "cuda"
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.pair.device)
+            torch.cuda.reset_peak_memory_stats(self.pair.device)
+
+    def peak_gb(self) -> float | None:
+        return torch.cuda.max_memory_allocated(self.pair.device) / 2**30 if self.cuda else None
+
+    def timed_engine(self, prompts: list[list[int]], batch: int, schedule: str = "static") -> dict:
+        self.reset_peak()
+        with Stopwatch(self.pair.device) as sw:
+            outs = ENGINE_SCHEDULES[schedule](self.decoder, prompts, self.args.max_new_tokens, batch)
+        return {"outs": outs, "tokens": sum(len(o.token_ids) for o in outs), "seconds": sw.seconds,
+                "peak_gb": self.peak_gb()}
+
+    def timed_hf_plain(self, prompts: list[list[int]]) -> dict:
+        self.reset_peak()
+        hf = hf_plain_batched(self.pair, prompts, self.args.max_new_tokens)
+        return {"rows": hf["tokens"], "tokens": sum(map(len, hf["tokens"])), "seconds": hf["wall_s"],
+                "peak_gb": self.peak_gb()}
+
+
+def prepare(name: str, spec: str, args: argparse.Namespace) -> tuple[Check, dict]:
+    """Load the pair, build its prompts and warm it up; the report's header for the pair."""
+    began = time.monotonic()
+    pair = load_check_pair(name, spec, args.device, args.dtype)
+    loaded = time.monotonic() - began
+    engine = SidecarEngine(pair)
+    texts, source = documents(max(args.identity_prompts, args.assisted_documents,
+                                  *(int(b) for b in args.batches.split(",")),
+                                  *(int(b) for b in args.sync_batches.split(","))), args.chars)
+    prompts = [engine.prompts(SidecarRequest(t))[0].token_ids for t in texts]
+    check = Check(pair, prompts, SpeculativeDecoder(pair, gamma=args.gamma), args)
+    # first calls pay one-off allocation and kernel selection costs
+    warm = prompts[0][:64]
+    hf_plain_one(pair, warm, 4)
+    check.decoder.generate([warm, warm], max_new_tokens=4, batch_size=2)
+    return check, {"pair": name, "loaded_from": spec, "load_s": loaded, "device": str(pair.device),
+                   "dtype": str(pair.dtype).replace("torch.", ""), "prompts": source,
+                   "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)}

@@ -1,0 +1,92 @@
+"""The command line: ``parse_args`` with its sizes per profile, ``main``, which checks every pair within one global
+deadline and writes the results, and ``result_file_name``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+
+import torch
+
+from bench.common import add_profile_arguments, apply_profile, environment, profile_suffix, write_results
+from bench.gpu_check import __doc__ as OVERVIEW
+from bench.gpu_check.deadline import Deadline
+from bench.gpu_check.markdown import markdown
+from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
+from bench.gpu_check.parts import check_pair
+from sidecar.models import NAMED_PAIRS, default_device_dtype
+
+SIZES = {
+    "quick": {"identity_prompts": 2, "batches": "1,2", "max_new_tokens": 8, "chars": 400, "assisted_documents": 1,
+              "sync_batches": "1,2"},
+    "standard": {"identity_prompts": 8, "batches": "1,8,32,64", "max_new_tokens": 64, "chars": 1500,
+                 "assisted_documents": 4, "sync_batches": "1,8,32"},
+    "full": {"identity_prompts": 16, "batches": "1,8,32,64,128", "max_new_tokens": 128, "chars": 1500,
+             "assisted_documents": 8, "sync_batches": "1,8,32,64"},
+}
+
+
+def result_file_name(args: argparse.Namespace, device: torch.device, default_pairs: bool) -> str:
+    """gpu_check on a GPU with the default pairs at standard sizes; gpu_check_cpu_tiny_quick and so on otherwise."""
+    name = "gpu_check" + ("" if device.type == "cuda" else f"_{device.type}")
+    if not default_pairs:
+        name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", "+".join(args.pair)).strip("-")[:40]
+    return name + profile_suffix(args.profile)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # the package is run as `python -m bench.gpu_check`: argparse would call it __main__.py
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=OVERVIEW,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", action="append",
+                        help="a pair to check (repeatable): tiny, qwen-coder-small, "
+                             f"{', '.join(NAMED_PAIRS)} or TARGET,DRAFT; default: {', '.join(DEFAULT_PAIRS)} where "
+                             "on disk, else the tiny pair")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    parser.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="global deadline in seconds (default 8 min)")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--identity-prompts", type=int)
+    parser.add_argument("--batches", help="comma-separated batch sizes for throughput; the largest for memory")
+    parser.add_argument("--sync-batches", help="comma-separated batch sizes for the sync count")
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--chars", type=int, help="cut each document to this many characters")
+    parser.add_argument("--assisted-documents", type=int, help="prompts HF assisted generation decodes, one by one")
+    add_profile_arguments(parser)
+    args = parser.parse_args(argv)
+    apply_profile(args, SIZES)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a lent GPU machine has no network: use what is on disk
+    started = time.monotonic()
+    deadline = Deadline.after(args.budget_s)
+    device, dtype = default_device_dtype(args.device, args.dtype)
+    args.device, args.dtype = str(device), dtype
+    default_pairs = args.pair is None
+    names = list(DEFAULT_PAIRS) if default_pairs else args.pair
+    resolved = {name: resolve_pair(name) for name in names}
+    present = [(name, spec) for name, (spec, _) in resolved.items() if spec is not None]
+    absent = {name: where for name, (spec, where) in resolved.items() if spec is None}
+    fallback = None
+    if default_pairs and not present:
+        present = [("tiny", "tiny")]
+        fallback = ("No real pair is on disk, so the tiny random pair ran instead: its identity, syncs and code "
+                    "paths are real, its speeds and kernel choices (at its tiny shapes) say nothing about real models.")
+    pairs = []
+    for i, (name, spec) in enumerate(present):
+        if reason := deadline.skip_reason():
+            absent[name] = reason.removeprefix("skipped: ")
+            continue
+        # each pair gets an equal share of what is left; what one leaves unused goes to the next
+        pairs.append(check_pair(name, spec, args, deadline.share(1 / (len(present) - i))))
+    payload = {"environment": environment(device, dtype),
+               "args": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(args).items()},
+               "absent": absent, "fallback": fallback, "pairs": pairs, "seconds": time.monotonic() - started}
+    write_results(result_file_name(args, device, default_pairs), payload, markdown(payload))
+    return payload

@@ -1,0 +1,99 @@
+"""The check's report in markdown: a header, then per pair its load line and one paragraph or table per part.
+
+A part that was skipped or raised says so in one line; the others go through their renderer in ``RENDERERS``.
+"""
+
+from __future__ import annotations
+
+from bench.common import markdown_table
+from bench.gpu_check import parts
+
+
+def identity_markdown(ident: dict, r: dict) -> str:
+    lines = [f"Identity (engine at batch {ident['batch']} vs HF `generate` on the target alone, batch 1, greedy): "
+             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['tokens_before_divergence']:.1%} of "
+             f"reference tokens before the first divergence. Reduced precision rounds differently at different "
+             f"batch shapes, so where the target's top-2 gap is small a flip is rounding, not a bug; a large gap "
+             f"would be one."]
+    if ident["divergences"]:
+        lines.append("\n" + markdown_table(ident["divergences"], [
+            ("prompt", "prompt"), ("position", "first divergence"), ("hf_token", "HF token"),
+            ("engine_token", "engine token"), ("top2_gap", "target top-2 logit gap"),
+            ("engine_token_rank", "engine token's rank")]))
+    return "\n".join(lines)
+
+
+def syncs_markdown(result: dict, r: dict) -> str:
+    runs = [x | {"where": ", ".join(f"{k} ×{v}" for k, v in list(x.get("top_sites", {}).items())[:3])}
+            for x in result["runs"]]
+    return ("Device-to-host synchronisations of one decode (`torch.cuda.set_sync_debug_mode(\"warn\")` and "
+            "`torch.cuda.synchronize` calls), budget: one per target forward plus one per draft forward:\n\n"
+            + markdown_table(runs, [
+                ("batch", "batch"), ("syncs", "syncs"), ("target_forwards", "target forwards"),
+                ("draft_forwards", "draft forwards"), ("syncs_per_target_forward", "per target forward"),
+                ("within_budget", "within budget"), ("hf_plain_syncs_per_step", "HF plain per step"),
+                ("where", "top sources"), *([("skipped", "skipped")] if any("skipped" in x for x in runs) else [])]))
+
+
+def sdpa_markdown(s: dict, r: dict) -> str:
+    ops = ", ".join(f"`{k}` ×{v}" for k, v in s["aten_ops"].items()) or "none seen"
+    kernels = ", ".join(f"`{k}`" for k in s["cuda_kernels"]) or "–"
+    alone = "; ".join(f"{k}: {v}" for k, v in s["backends_alone"].items())
+    return f"SDPA ({s['attn_implementation']}): ops {ops}; attention kernels {kernels}. Each backend alone: {alone}."
+
+
+def memory_markdown(m: dict, r: dict) -> str:
+    def gb(key: str) -> str:
+        return f"{m[key]:.1f} GB" if key in m else m.get(key.removesuffix("_peak_gb"), "–")
+
+    return (f"Peak memory at batch {m['batch']} ({m['max_new_tokens']} new tokens, `torch.cuda.max_memory_allocated`): "
+            f"engine {gb('engine_static_peak_gb')}, HF plain {gb('hf_plain_peak_gb')}; weights "
+            f"{m['weights_gb']:.1f} GB.")
+
+
+def throughput_markdown(t: dict, r: dict) -> str:
+    columns = [("batch", "batch"), ("hf_plain_tps", "HF plain tok/s"), ("hf_assisted_tps", "HF assisted tok/s")]
+    for schedule in t["schedules"]:
+        key = f"engine_{schedule}"
+        columns += [(f"{key}_tps", f"engine {schedule} tok/s"), (f"{key}_vs_hf_plain", "vs HF plain"),
+                    (f"{key}_rows_identical_to_hf_plain", "rows = HF plain"),
+                    *([(f"{key}_peak_gb", "peak GB")] if r["device"].startswith("cuda") else [])]
+    # the string values of a row are the reasons its measurements were skipped
+    notes = [f"{k} at batch {row['batch']}: {v}" for row in t["rows"] for k, v in row.items() if isinstance(v, str)]
+    if "stopped" in t["hf_assisted_one_at_a_time"]:
+        notes.append(f"HF assisted: {t['hf_assisted_one_at_a_time']['stopped']}")
+    text = ("Tokens/s end to end (prefill included); HF assisted runs one prompt at a time, so it has a batch-1 "
+            "figure only:\n\n" + markdown_table(t["rows"], columns))
+    return text + ("\n\n" + "; ".join(notes) + "." if notes else "")
+
+
+RENDERERS = {"identity": identity_markdown, "syncs": syncs_markdown, "sdpa": sdpa_markdown,
+             "memory": memory_markdown, "throughput": throughput_markdown}
+
+
+def pair_markdown(r: dict) -> str:
+    if "error" in r:
+        return f"### `{r['pair']}`\n\nCould not be loaded and warmed up: {r['error']}."
+    lines = [f"### `{r['pair']}` ({r['dtype']} on {r['device']}, loaded in {r['load_s']:.0f} s; prompts: "
+             f"{r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
+    for part, _, _ in parts.PARTS:  # the module's list, not a copy: the parts check_pair ran, in its order
+        value = r.get(part)
+        if value is None:
+            continue
+        if "skipped" in value or "error" in value:
+            lines.append(f"\n{part}: {value.get('skipped') or 'error: ' + value['error']}.")
+        elif part in RENDERERS:
+            lines.append("\n" + RENDERERS[part](value, r))
+    return "\n".join(lines)
+
+
+def markdown(payload: dict) -> str:
+    env = payload["environment"]
+    lines = [f"GPU check on {env['device']} ({payload['args']['profile']} sizes, {payload['args']['max_new_tokens']} "
+             f"new tokens, budget {payload['args']['budget_s']:.0f} s, took {payload['seconds']:.0f} s)."]
+    for name, reason in payload["absent"].items():
+        lines.append(f"\n`{name}`: skipped, {reason}.")
+    if payload.get("fallback"):
+        lines.append(f"\n{payload['fallback']}")
+    lines += ["\n" + pair_markdown(r) for r in payload["pairs"]]
+    return "\n".join(lines)
