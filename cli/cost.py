@@ -16,6 +16,7 @@ from sidecar.cost import (
     GB,
     MB,
     TB,
+    TERA,
     CostInputError,
     ModelFacts,
     RooflineRow,
@@ -87,7 +88,10 @@ def roofline_command(
     kv_masked_mb: float | None = typer.Option(None, help="KV per request with the document evicted, MB."),
     kv_standalone_mb: float | None = typer.Option(None, help="KV per request of a standalone tagger, MB."),
     bandwidth_tbs: float | None = typer.Option(None, help="Memory bandwidth, TB/s (or use --gpu)."),
-    gpu: str | None = typer.Option(None, help="GPU name from the catalog: bandwidth and $/hour from it."),
+    tflops: float | None = typer.Option(
+        None, help="Peak dense 16-bit TFLOP/s, with --bandwidth-tbs: prices the prefill (--gpu has its own)."
+    ),
+    gpu: str | None = typer.Option(None, help="GPU name from the catalog: bandwidth, TFLOP/s and $/hour from it."),
     pair_config: Path | None = typer.Option(None, help="Draft model config.json (or its folder)."),
     doc_tokens: int | None = typer.Option(None, help="Document tokens per request (with --pair-config)."),
     summary_tokens: int | None = typer.Option(None, help="Summary tokens per request (with --pair-config)."),
@@ -96,9 +100,11 @@ def roofline_command(
     batches: str = typer.Option(",".join(map(str, DEFAULT_BATCHES)), help="Comma-separated batch sizes."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
 ) -> None:
-    """Decode-step bytes, time, tokens/s and $ per 1M tokens: document attended vs evicted."""
+    """Decode-step bytes, time, tokens/s and $ per 1M tokens, document attended vs evicted; with --pair-config,
+    each batch's tagging prefill and decode side by side."""
     batch_sizes = _parse_batches(batches)
     _positive("--bandwidth-tbs", bandwidth_tbs)
+    _positive("--tflops", tflops)
     workload = _cli_workload(
         weights_gb,
         kv_full_mb,
@@ -111,23 +117,33 @@ def roofline_command(
         dtype,
     )
     if gpu is not None and bandwidth_tbs is None:
+        if tflops is not None:
+            raise CostInputError("--tflops goes with --bandwidth-tbs; --gpu takes its TFLOP/s from the catalog")
         chosen = get_gpu(gpu, load_catalog())
-        bandwidth, usd_per_hour = chosen.bandwidth_bytes_s, chosen.usd_per_hour
-        hardware = f"{chosen.name} at {bandwidth / TB:g} TB/s, ${usd_per_hour:.2f}/GPU-hour"
+        bandwidth, flops_s, usd_per_hour = chosen.bandwidth_bytes_s, chosen.flops_s, chosen.usd_per_hour
+        hardware = (
+            f"{chosen.name} at {bandwidth / TB:g} TB/s and {chosen.dense_tflops:g} dense {chosen.tflops_dtype} "
+            f"TFLOP/s, ${usd_per_hour:.2f}/GPU-hour"
+        )
     elif bandwidth_tbs is not None and gpu is None:
-        bandwidth, usd_per_hour = bandwidth_tbs * TB, None
-        hardware = f"{bandwidth_tbs:g} TB/s"
+        bandwidth, flops_s, usd_per_hour = bandwidth_tbs * TB, None if tflops is None else tflops * TERA, None
+        hardware = f"{bandwidth_tbs:g} TB/s" + ("" if tflops is None else f" and {tflops:g} TFLOP/s")
     else:
         raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
-    rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour)
+    rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour, flops_s)
 
     if as_json:
         typer.echo(json.dumps([asdict(row) for row in rows], indent=2))
         return
-    _print_roofline_table(rows, f"{workload.description}; {hardware}")
+    unpriced = None
+    if not workload.prices_compute:
+        unpriced = "no prefill: it needs the draft's shape and token counts (--pair-config)"
+    elif flops_s is None:
+        unpriced = "no prefill: it needs a FLOP/s peak (--tflops, or --gpu)"
+    _print_roofline_table(rows, f"{workload.description}; {hardware}", unpriced)
 
 
-def _print_roofline_table(rows: Sequence[RooflineRow], title: str) -> None:
+def _print_roofline_table(rows: Sequence[RooflineRow], title: str, unpriced: str | None) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -160,7 +176,7 @@ def _print_roofline_table(rows: Sequence[RooflineRow], title: str) -> None:
     console = Console()
     for table_title, columns in (
         (title, step_columns),
-        ("throughput" + (" and price" if priced else ""), rate_columns),
+        ("decode throughput" + (" and price" if priced else ""), rate_columns),
     ):
         table = Table(title=table_title, box=box.SIMPLE)
         for header, _ in columns:
@@ -169,6 +185,25 @@ def _print_roofline_table(rows: Sequence[RooflineRow], title: str) -> None:
             values = asdict(row)
             table.add_row(*(_format_number(values[key]) for _, key in columns))
         console.print(table)
+    if unpriced is not None:
+        console.print(f"tagging phase per batch: {unpriced}")
+        return
+    # One cell per mode: the batch's tagging prefill next to its decode steps.
+    modes = [("attended", "full"), ("evicted", "masked"), *([("standalone", "standalone")] if has_standalone else [])]
+    table = Table(title="tagging phase per batch, ms: prefill + decode steps (projection)", box=box.SIMPLE)
+    for header in ("batch", *(f"{label}\nprefill + decode" for label, _ in modes)):
+        table.add_column(header, justify="right")
+    if has_standalone:
+        table.add_column("evicted saves\n% vs standalone", justify="right")
+    for row in rows:
+        values = asdict(row)
+        cells = [
+            f"{_format_number(values[f'{key}_prefill_ms'])} + {_format_number(values[f'{key}_decode_ms'])}"
+            for _, key in modes
+        ]
+        saving = [_format_number(row.sidecar_saving_pct)] if has_standalone else []
+        table.add_row(str(row.batch), *cells, *saving)
+    console.print(table)
 
 
 def _format_number(value: Any) -> str:
@@ -181,7 +216,7 @@ def _format_number(value: Any) -> str:
 
 @cost_app.command("gpus")
 def gpus_command(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """The GPU catalog: bandwidth, $/GPU-hour and where each figure comes from."""
+    """The GPU catalog: bandwidth, peak dense TFLOP/s, $/GPU-hour and where each figure comes from."""
     catalog = load_catalog()
     if as_json:
         typer.echo(json.dumps([asdict(gpu) for gpu in catalog.values()], indent=2))
@@ -190,11 +225,12 @@ def gpus_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     from rich.table import Table
 
     table = Table(title="GPU catalog (sidecar/cost/gpus.json)")
-    for header in ("GPU", "GB/s", "$/GPU-hour", "source"):
+    for header in ("GPU", "GB/s", "dense TFLOP/s", "$/GPU-hour", "source"):
         table.add_column(header)
     for gpu in catalog.values():
         price = f"{gpu.usd_per_hour:.2f}"
         if gpu.usd_per_hour_quoted:
             price += f" ({gpu.usd_per_hour_quoted[0]:.2f}-{gpu.usd_per_hour_quoted[1]:.2f})"
-        table.add_row(gpu.name, f"{gpu.bandwidth_gb_s:,.0f}", price, gpu.source)
+        tflops = f"{gpu.dense_tflops:,.0f} {gpu.tflops_dtype}"
+        table.add_row(gpu.name, f"{gpu.bandwidth_gb_s:,.0f}", tflops, price, gpu.source)
     Console().print(table)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from typer.testing import CliRunner
 
@@ -18,18 +19,24 @@ from sidecar.cost import (
     MODES,
     STUDY_WORKLOAD,
     TB,
+    TERA,
     CostInputError,
     MeasuredStep,
     ModelFacts,
+    Peaks,
     TagTokens,
     UnknownGPUError,
     Workload,
     calibrate,
+    decode_step_seconds,
     default_dtype,
     draft_config,
     find_gpu,
+    forward_bytes,
+    forward_flops,
     get_gpu,
     load_catalog,
+    prefill_seconds,
     project,
     roofline_table,
     usd_per_million_tokens,
@@ -182,6 +189,20 @@ def test_catalog_entries_are_complete_and_positive() -> None:
     assert catalog["H200"].usd_per_hour_quoted == (2.5, 7.0)
 
 
+def test_catalog_compute_peaks_are_dense_figures_with_a_source() -> None:
+    catalog = load_catalog()
+    for gpu in catalog.values():
+        assert gpu.dense_tflops > 0 and gpu.tflops_dtype in ("bf16", "fp16")
+        assert "Compute:" in gpu.source
+        assert gpu.flops_s == gpu.dense_tflops * TERA
+    # Datasheets star their sparse figures, twice the dense ones: 1,979 for an H100 SXM or H200, 624 for an A100.
+    assert catalog["H100 SXM"].dense_tflops == catalog["H200"].dense_tflops == 989
+    assert catalog["A100-40GB"].dense_tflops == catalog["A100-80GB"].dense_tflops == 312
+    assert (catalog["L4"].dense_tflops, catalog["T4"].tflops_dtype) == (121, "fp16")  # Turing has no bf16 cores
+    # The H200 NVL has the H200's bandwidth but a lower compute peak: another part.
+    assert find_gpu("NVIDIA H200 NVL", catalog) is None
+
+
 def test_gpus_are_found_by_catalog_name_or_device_name() -> None:
     catalog = load_catalog()
     assert find_gpu("h100 sxm", catalog) is catalog["H100 SXM"]
@@ -202,6 +223,120 @@ def test_tag_tokens_order_the_modes() -> None:
     assert standalone == tokens.system + 70 + tokens.sidecar_instruction + (tokens.tags - 1) / 2
     with pytest.raises(CostInputError):
         TagTokens(document=-1, summary=70)
+
+
+def _counted_flops(model: torch.nn.Module, **inputs: object) -> int:
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(**inputs)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_forward_flops_match_torchs_count_of_a_real_forward(tied: bool) -> None:
+    # A small Qwen2 with eager attention, so that every FLOP is a matmul torch's counter sees.
+    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=96, vocab_size=300, tie_word_embeddings=tied,
+                         attn_implementation="eager")  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config).eval()
+    facts = ModelFacts.from_config(config)
+    batch, prompt = 3, 7
+    ids = torch.randint(0, 300, (batch, prompt))
+    # A prefill whose LM head runs at the last position only, as the engine's does.
+    counted = _counted_flops(model, input_ids=ids, logits_to_keep=1)
+    # Eager attention also scores the masked future keys: the causal formula leaves those out.
+    masked_pairs = prompt * prompt - prompt * (prompt + 1) / 2
+    masked_flops = 4 * facts.layers * facts.attention_width * batch * masked_pairs
+    assert counted == forward_flops(facts, batch, prompt, 0) + masked_flops
+    # A decode step over the prompt's cache: one new token attends the prompt and itself, nothing is masked.
+    with torch.inference_mode():
+        cache = model(input_ids=ids, use_cache=True).cache
+    counted = _counted_flops(model, input_ids=ids[:, :1], cache=cache, use_cache=True)
+    assert counted == forward_flops(facts, batch, 1, prompt)
+
+
+def test_a_forward_is_compute_bound_or_bandwidth_bound_whichever_is_longer() -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    h100 = load_catalog()["H100 SXM"]
+
+    def regimes(batch: int, tokens: int, context: int) -> tuple[float, float]:
+        return (forward_flops(facts, batch, tokens, context) / h100.flops_s,
+                forward_bytes(facts, batch, tokens, context) / h100.bandwidth_bytes_s)  # fmt: skip
+
+    # A few short prompts stay bandwidth-bound: the weights are read once whatever the batch.
+    compute, memory = regimes(1, 4, 0)
+    assert compute < memory and prefill_seconds(facts, h100, 1, 4) == memory
+    # A batch of 100-token prompts is compute-bound.
+    compute, memory = regimes(64, 100, 0)
+    assert compute > 5 * memory and prefill_seconds(facts, h100, 64, 100) == compute
+    # Decode steps at the batch sizes sidecar runs are bandwidth-bound, and a decode step is a one-token forward.
+    compute, memory = regimes(128, 1, 600)
+    assert compute < memory and decode_step_seconds(facts, h100, 128, 600) == memory
+    assert decode_step_seconds(facts, h100, 8, 300) == prefill_seconds(facts, h100, 8, 1, 300)
+    # FLOPs of a long prompt are about 2 x parameters x tokens.
+    assert forward_flops(facts, 1, 2000, 0) == pytest.approx(2 * facts.parameters * 2000, rel=0.2)
+    with pytest.raises(CostInputError):
+        forward_flops(facts, 0, 1, 0)
+    # A device outside the catalog is given by its two peaks.
+    peaks = Peaks(h100.bandwidth_bytes_s, h100.flops_s)
+    assert prefill_seconds(facts, peaks, 64, 100) == prefill_seconds(facts, h100, 64, 100)
+    with pytest.raises(CostInputError):
+        Peaks(3.35 * TB, 0)
+
+
+def test_prefilling_a_summary_costs_about_as_much_as_its_tag_decode_on_an_h100() -> None:
+    # The issue's estimate: a 1.5B draft on an H100 at batch 64 prefills a ~100-token summary for about the price
+    # of decoding its ~28 tag tokens. From the catalog's figures and the draft's shapes alone:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    h100 = load_catalog()["H100 SXM"]
+    tokens = TagTokens(document=600, summary=100, tags=28)
+    standalone = Workload.from_model(facts, tokens, "1.5B").tagging_time("standalone", 64, h100)
+    assert 0.3 < standalone.prefill_s / standalone.decode_s < 3
+    # The same from the two primitives a trace replay calls.
+    prompt, _ = tokens.prefill("standalone")
+    prefill = prefill_seconds(facts, h100, 64, prompt)
+    decode = sum(decode_step_seconds(facts, h100, 64, prompt + i) for i in range(tokens.tags - 1))
+    assert 0.3 < prefill / decode < 3
+    assert standalone.prefill_s == prefill
+
+
+def test_the_sidecar_feeds_a_few_tokens_where_the_standalone_prefills_its_prompt() -> None:
+    tokens = TagTokens(document=600, summary=70, sidecar_feed=3)
+    assert tokens.prefill("standalone") == (tokens.system + 70 + tokens.sidecar_instruction, 0)
+    assert tokens.prefill("sidecar") == (3, tokens.prompt("sidecar") - 3)
+    assert tokens.prefill("sidecar_attended") == (3, tokens.prompt("sidecar") - 3 + 600)
+    assert tokens.mean_context("sidecar") == tokens.prompt("sidecar") + (tokens.tags - 1) / 2
+    with pytest.raises(CostInputError, match="sidecar_feed"):
+        TagTokens(document=0, summary=0, system=0, instruction=0, sidecar_instruction=0, sidecar_feed=1)
+
+
+def test_the_tagging_phase_is_a_prefill_then_a_decode_step_per_further_tag() -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    a100 = load_catalog()["A100-80GB"]
+    tokens = TagTokens(document=600, summary=70)
+    workload = Workload.from_model(facts, tokens, "1.5B")
+    rows = {r.mode: r for r in project(workload, a100, [64])}
+    for mode, row in rows.items():
+        time = workload.tagging_time(mode, 64, a100)
+        assert row.prefill_ms == pytest.approx(time.prefill_s * 1000)
+        assert row.decode_ms == pytest.approx((tokens.tags - 1) * row.ms_per_step)
+        assert row.tag_tokens_per_s == pytest.approx(64 * tokens.tags / time.seconds)
+        assert row.usd_per_million_tag_tokens == pytest.approx(usd_per_million_tokens(2.5, row.tag_tokens_per_s))
+    # The standalone prefills its whole prompt; a sidecar feeds a few tokens, attended or not.
+    assert rows["standalone"].prefill_ms > 5 * rows["sidecar_attended"].prefill_ms > 5 * rows["sidecar"].prefill_ms
+    # Evicting the document takes its KV entries off every decode step.
+    assert rows["sidecar_attended"].decode_ms > 1.2 * rows["sidecar"].decode_ms
+    # Prefill included, an evicted sidecar tag token is cheaper than a standalone one here.
+    assert rows["sidecar"].tag_tokens_per_s > rows["standalone"].tag_tokens_per_s
+    # Without the draft's shape nothing but the decode step is priced.
+    bare = project(Workload("bytes", 3.09 * GB, {"sidecar": 3.7 * MB}, ""), a100, [64])[0]
+    assert (bare.prefill_ms, bare.tag_tokens_per_s, bare.usd_per_million_tag_tokens) == (None, None, None)
+
+
+def test_the_study_workload_prices_flops_from_the_study_drafts_shapes() -> None:
+    assert STUDY_WORKLOAD.facts == ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    # Its token counts give its KV figures at 28 KiB per token.
+    for mode, kv_bytes in STUDY_WORKLOAD.kv_bytes_per_request.items():
+        assert STUDY_WORKLOAD.tokens.mean_context(mode) * 28 * 1024 == pytest.approx(kv_bytes, rel=0.03)
 
 
 def test_step_bytes_add_the_batch_kv_to_the_weights() -> None:
@@ -321,6 +456,41 @@ def test_cli_prints_a_table_without_json() -> None:
     assert "eviction" in result.stdout and "51.36" in result.stdout
 
 
+def test_cli_shows_prefill_and_decode_with_a_pair_config(tmp_path: Path) -> None:
+    Qwen2Config(**QWEN_1_5B).save_pretrained(tmp_path)
+    args = ["cost", "roofline", "--pair-config", str(tmp_path), "--doc-tokens", "600", "--summary-tokens", "100",
+            "--tag-tokens", "28", "--batches", "1,64"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--gpu", "H100 SXM", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    workload = Workload.from_model(ModelFacts.from_config(Qwen2Config(**QWEN_1_5B)),
+                                   TagTokens(document=600, summary=100, tags=28), "x")  # fmt: skip
+    time = workload.tagging_time("standalone", 64, load_catalog()["H100 SXM"])
+    assert rows[1]["standalone_prefill_ms"] == pytest.approx(time.prefill_s * 1000)
+    assert rows[1]["standalone_decode_ms"] == pytest.approx(time.decode_s * 1000)
+    assert rows[1]["masked_prefill_ms"] < rows[1]["standalone_prefill_ms"] / 5
+    assert rows[1]["sidecar_saving_pct"] > 0
+    # At batch 1 both prefills only stream the weights: the sidecar saves next to nothing.
+    assert abs(rows[0]["sidecar_saving_pct"]) < 1
+    # A device outside the catalog prices the prefill with --tflops, the same as the catalog entry.
+    custom = runner.invoke(app, [*args, "--bandwidth-tbs", "3.35", "--tflops", "989", "--json"])
+    assert json.loads(custom.stdout)[1]["standalone_prefill_ms"] == pytest.approx(rows[1]["standalone_prefill_ms"])
+    table = runner.invoke(app, [*args, "--gpu", "H100 SXM"])
+    assert "prefill + decode" in table.stdout
+    assert f"{rows[1]['standalone_prefill_ms']:.2f} + {rows[1]['standalone_decode_ms']:.2f}" in table.stdout
+
+
+def test_cli_without_a_shape_or_flops_prices_no_prefill(tmp_path: Path) -> None:
+    result = runner.invoke(app, EXAMPLE)
+    assert {r["standalone_prefill_ms"] for r in json.loads(result.stdout)} == {None}
+    assert "--pair-config" in runner.invoke(app, EXAMPLE[:-1]).stdout
+    Qwen2Config(**QWEN_1_5B).save_pretrained(tmp_path)
+    args = ["cost", "roofline", "--pair-config", str(tmp_path), "--doc-tokens", "600", "--summary-tokens", "100"]
+    result = runner.invoke(app, [*args, "--bandwidth-tbs", "2", "--json"])
+    assert {r["masked_prefill_ms"] for r in json.loads(result.stdout)} == {None}
+    assert "--tflops" in runner.invoke(app, [*args, "--bandwidth-tbs", "2"]).stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -331,6 +501,8 @@ def test_cli_prints_a_table_without_json() -> None:
         (["--bandwidth-tbs", "2", "--batches", "0,4"], "batch sizes must be positive"),
         (["--bandwidth-tbs", "2", "--batches", "one"], "comma-separated integers"),
         (["--bandwidth-tbs", "2", "--pair-config", "x"], "either --pair-config or"),
+        (["--bandwidth-tbs", "2", "--tflops", "0"], "--tflops must be positive"),
+        (["--gpu", "T4", "--tflops", "65"], "--tflops goes with --bandwidth-tbs"),
     ],
 )
 def test_cli_errors_say_what_is_wrong(args: list[str], message: str) -> None:

@@ -23,6 +23,7 @@ from sidecar.cost import (
     load_catalog,
 )
 from sidecar.report import Measurement, group_measurements, write_cost_report
+from sidecar.report.blocks import fmt, fmt_usd
 from storage import Database
 from storage.records import CostRecord, OutputRecord, RequestStats
 
@@ -201,11 +202,60 @@ def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:
     report = write_cost_report([], tmp_path)
     assert "Nothing was measured" in report.markdown
     assert {v.gpu_type for v in report.verdicts} == set(load_catalog())
-    # Evicted, the sidecar still reads its main prompt's KV (3.7 vs 3.0 MB): per step it cannot beat standalone.
-    assert all(v.sidecar_saving_pct < 0 for v in report.verdicts)
-    assert "costs 0.7% more than a standalone tagger's" in section(report.markdown, "Verdict per GPU type")
+    # Evicted, the sidecar still reads its main prompt's KV (3.7 vs 3.0 MB): per step it cannot beat standalone,
+    # but it skips the standalone's prefill of the summary, which at batch 32 weighs more on every catalog GPU.
+    assert all(v.sidecar_split.decode_s > v.standalone_split.decode_s for v in report.verdicts)
+    assert all(v.sidecar_saving_pct > 0 for v in report.verdicts)
+    assert "prefill and decode: a sidecar tag token costs" in section(report.markdown, "Verdict per GPU type")
     assert {r["source"] for r in report.cost_rows} == {"projected"}
     assert len(report.cost_rows) == len(load_catalog()) * 3 * len(DEFAULT_BATCHES)
+
+
+def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_path: Path) -> None:
+    report = write_cost_report([], tmp_path, reference_batch=64)
+    [h100] = [v for v in report.verdicts if v.gpu_type == "H100 SXM"]
+    # The standalone tagger's summary prefill is the cost a sidecar avoids: priced, it is cheaper.
+    assert h100.sidecar_saving_pct > 5
+    # At batch 64 that prefill costs about as much per request as the tag tokens' decode steps.
+    alone, sidecar = h100.standalone_split, h100.sidecar_split
+    assert 0.3 < alone.prefill_s / alone.decode_s < 3
+    assert sidecar.prefill_s < alone.prefill_s / 5
+    # The rates are the whole tagging phase's: a batch's tag tokens over its prefill and decode steps.
+    tags = STUDY_WORKLOAD.tokens.tags
+    assert h100.standalone_tokens_per_s == pytest.approx(tags / (alone.prefill_s + alone.decode_s))
+    assert h100.sidecar_tokens_per_s == pytest.approx(tags / (sidecar.prefill_s + sidecar.decode_s))
+    # The verdicts show them side by side, in ms per request.
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    assert "| sidecar prefill ms | sidecar decode ms | standalone prefill ms | standalone decode ms |" in verdicts
+    cells = " | ".join(fmt(seconds * 1000) for s in (sidecar, alone) for seconds in (s.prefill_s, s.decode_s))
+    assert f"| H100 SXM | {STUDY} | projected | 64 | {cells} |" in verdicts
+    assert f"| {fmt_usd(h100.standalone_usd_per_mtok)} | {h100.sidecar_saving_pct:.1f}% cheaper |" in verdicts
+    # The cost rows of the projection count the prefill too.
+    row = next(r for r in report.cost_rows if r["gpu_type"] == "H100 SXM" and r["mode"] == "standalone"
+               and r["batch_size"] == 64)  # fmt: skip
+    assert row["tokens_per_s"] == pytest.approx(h100.standalone_tokens_per_s)
+    assert "prefill and decode" in row["note"]
+
+
+def test_a_measured_verdict_splits_prefill_and_decode_where_both_were_measured(tmp_path: Path) -> None:
+    rows = [
+        row("NVIDIA H200", "sidecar", "sidecar", 32, 1000, 1.0, prefill_s=0.05, decode_s=0.95),
+        row("NVIDIA H200", "standalone", "sidecar", 32, 1000, 1.25, prefill_s=0.3, decode_s=0.95),
+    ]
+    [verdict] = [v for v in write_cost_report(rows, tmp_path).verdicts if v.basis == "measured"]
+    assert (verdict.sidecar_split.prefill_s, verdict.sidecar_split.decode_s) == pytest.approx((0.05 / 32, 0.95 / 32))
+    assert verdict.standalone_split.prefill_s == pytest.approx(0.3 / 32)
+    # without prefill times there is no split to show
+    [verdict] = [v for v in write_cost_report(h200_rows(), tmp_path / "none").verdicts if v.basis == "measured"]
+    assert verdict.sidecar_split is None and verdict.standalone_split is None
+
+
+def test_a_workload_without_a_shape_is_projected_on_decode_steps_only(tmp_path: Path) -> None:
+    bare = Workload("bytes only", STUDY_WORKLOAD.weight_bytes_per_step, STUDY_WORKLOAD.kv_bytes_per_request, "")
+    report = write_cost_report([], tmp_path, study_workload=bare)
+    assert all(not v.prefill_priced and v.sidecar_split is None for v in report.verdicts)
+    assert "costs 0.7% more than a standalone tagger's" in section(report.markdown, "Verdict per GPU type")
+    assert "decode steps only" in report.verdicts[0].sentence
 
 
 def test_eviction_speedup_measured_next_to_projected(tmp_path: Path) -> None:

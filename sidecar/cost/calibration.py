@@ -1,5 +1,5 @@
 """Measured ÷ projected tagging-step time per catalogued GPU, mode and batch: how far a real run is from the
-bandwidth roofline."""
+roofline."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class CalibrationRow:
 
     @property
     def measured_over_projected(self) -> float:
-        """Above 1: slower than the bandwidth roofline (the usual case)."""
+        """Above 1: slower than the roofline (the usual case)."""
         return self.measured_ms_per_step / self.projected_ms_per_step
 
 
@@ -54,6 +54,6 @@ def calibrate(measured: Iterable[MeasuredStep], workload: Workload, catalog: Map
         step_ms = step.step_ms
         if gpu is None or step_ms is None or step.mode not in workload.kv_bytes_per_request:
             continue
-        projected = workload.step_seconds(step.mode, step.batch, gpu.bandwidth_bytes_s) * 1000
+        projected = workload.step_seconds(step.mode, step.batch, gpu.bandwidth_bytes_s, gpu.flops_s) * 1000
         rows.append(CalibrationRow(step.gpu_type, gpu.name, step.mode, step.batch, step_ms, projected))
     return rows

@@ -1,6 +1,8 @@
-"""The GPU catalog: memory bandwidth and hourly rent per GPU type, from ``sidecar/cost/gpus.json``.
+"""The GPU catalog: memory bandwidth, peak dense compute and hourly rent per GPU type, from
+``sidecar/cost/gpus.json``.
 
-Every entry has a positive bandwidth and price (``load_catalog`` refuses others) and names its source.
+Every entry has a positive bandwidth, compute peak and price (``load_catalog`` refuses others) and names the
+source of each. The compute peak is the dense one: datasheets' figures "with sparsity" are twice as high.
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ from importlib import resources
 from pathlib import Path
 
 from sidecar.cost.errors import CostInputError, UnknownGPUError
-from sidecar.cost.units import GB
+from sidecar.cost.units import GB, TERA
 
 
 @dataclass(frozen=True)
 class GPU:
+    """One GPU type. ``dense_tflops`` is its peak dense tensor-core TFLOP/s for 16-bit matmuls, in
+    ``tflops_dtype`` (bf16, or fp16 on a part without bf16 tensor cores)."""
+
     name: str
     bandwidth_gb_s: float
+    dense_tflops: float
+    tflops_dtype: str
     usd_per_hour: float
     source: str
     device_names: tuple[str, ...] = ()
@@ -27,6 +34,10 @@ class GPU:
     @property
     def bandwidth_bytes_s(self) -> float:
         return self.bandwidth_gb_s * GB
+
+    @property
+    def flops_s(self) -> float:
+        return self.dense_tflops * TERA
 
 
 def load_catalog(path: Path | None = None) -> dict[str, GPU]:
@@ -41,13 +52,15 @@ def load_catalog(path: Path | None = None) -> dict[str, GPU]:
         gpu = GPU(
             name=entry["name"],
             bandwidth_gb_s=float(entry["bandwidth_gb_s"]),
+            dense_tflops=float(entry["dense_tflops"]),
+            tflops_dtype=entry["tflops_dtype"],
             usd_per_hour=float(entry["usd_per_hour"]),
             source=entry["source"],
             device_names=tuple(entry.get("device_names", ())),
             usd_per_hour_quoted=(float(quoted[0]), float(quoted[1])) if quoted else None,
         )
-        if gpu.bandwidth_gb_s <= 0 or gpu.usd_per_hour <= 0:
-            raise CostInputError(f"catalog entry {gpu.name!r}: bandwidth and price must be positive")
+        if gpu.bandwidth_gb_s <= 0 or gpu.dense_tflops <= 0 or gpu.usd_per_hour <= 0:
+            raise CostInputError(f"catalog entry {gpu.name!r}: bandwidth, TFLOPs and price must be positive")
         catalog[gpu.name] = gpu
     return catalog
 

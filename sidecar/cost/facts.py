@@ -1,5 +1,5 @@
 """Sizes of a decoder-only draft model, counted from its config's shapes: parameters, weight bytes a decode
-step streams, and KV bytes per token.
+step streams, KV bytes per token, and the shapes a forward's FLOPs are counted from (see ``roofline``).
 
 Only architectures whose parameter count is modelled exactly (Qwen2, Llama, without sliding-window attention)
 are accepted; others raise :class:`CostInputError` rather than give a wrong count.
@@ -31,7 +31,12 @@ def _attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """Sizes of one decoder-only model, counted from its config's shapes."""
+    """Sizes of one decoder-only model, counted from its config's shapes.
+
+    ``layer_matmul_parameters`` are the weights of every layer's linear maps (q, k, v, o, gate, up, down),
+    without biases and norms; ``lm_head_parameters`` the LM head's (vocab x hidden, tied or not);
+    ``attention_width`` is heads x head dim, the width of the queries.
+    """
 
     model_type: str
     parameters: int
@@ -39,6 +44,10 @@ class ModelFacts:
     tied_embeddings: bool
     kv_bytes_per_token: int
     dtype_bytes: int
+    layers: int
+    attention_width: int
+    layer_matmul_parameters: int
+    lm_head_parameters: int
 
     @property
     def weight_bytes(self) -> int:
@@ -75,10 +84,10 @@ class ModelFacts:
 
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         qkv_bias, o_bias = _attention_biases(config)
-        attention = hidden * (q_width + 2 * kv_width) + q_width * hidden
-        attention += qkv_bias * (q_width + 2 * kv_width) + o_bias * hidden
-        mlp = 3 * hidden * intermediate  # gate, up, down
-        mlp += bool(getattr(config, "mlp_bias", False)) * (2 * intermediate + hidden)
+        attention_matmul = hidden * (q_width + 2 * kv_width) + q_width * hidden
+        attention = attention_matmul + qkv_bias * (q_width + 2 * kv_width) + o_bias * hidden
+        mlp_matmul = 3 * hidden * intermediate  # gate, up, down
+        mlp = mlp_matmul + bool(getattr(config, "mlp_bias", False)) * (2 * intermediate + hidden)
         norms = 2 * hidden  # RMSNorm before attention and before the MLP
         embedding = config.vocab_size * hidden
         lm_head = 0 if tied else config.vocab_size * hidden
@@ -90,6 +99,10 @@ class ModelFacts:
             tied_embeddings=tied,
             kv_bytes_per_token=2 * layers * kv_heads * head_dim * dtype_bytes,  # K and V
             dtype_bytes=dtype_bytes,
+            layers=layers,
+            attention_width=q_width,
+            layer_matmul_parameters=layers * (attention_matmul + mlp_matmul),
+            lm_head_parameters=config.vocab_size * hidden,
         )
 
     @classmethod

@@ -1,12 +1,19 @@
-"""Roofline projections of a tagging decode step: bytes, time, tokens/s and $ per 1M tokens per mode and batch.
+"""Roofline projections of the tagging phase: bytes, time, tokens/s and $ per 1M tokens per mode and batch.
 
 A decode step at the batch sizes sidecar runs is memory-bandwidth bound: it streams the weights once and
 every request's KV cache once, so
 
     bytes per step = weight bytes read per step + batch x KV bytes per request
-    seconds per step = bytes per step / bandwidth
+    seconds per step = bytes per step / bandwidth   (or FLOPs / peak FLOP/s, if longer: see ``roofline``)
     tokens/s = batch / seconds per step          (one new token per request per step)
     $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6
+
+With the draft's shape and token counts the whole tagging phase is priced too: a prefill forward (the
+standalone tagger's whole prompt, the sidecar's few fed tokens), then ``tags - 1`` decode steps, so
+
+    tag tokens/s = batch x tags / (prefill seconds + (tags - 1) x seconds per step)
+
+which is what a measured tag tok/s counts (prefill included).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 
 from sidecar.cost.catalog import GPU, usd_per_million_tokens
 from sidecar.cost.errors import CostInputError
+from sidecar.cost.roofline import Peaks
 from sidecar.cost.units import GB
 from sidecar.cost.workload import Workload
 from sidecar.modes import MODES, SIDECAR_MODES, Mode
@@ -25,6 +33,11 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class ProjectionRow:
+    """One mode at one batch size. ``ms_per_step``, ``tokens_per_s`` and ``usd_per_million_tokens`` are of
+    decode steps; ``prefill_ms`` and ``decode_ms`` are one batch's tagging prefill and its ``tags - 1``
+    decode steps, and ``tag_tokens_per_s``/``usd_per_million_tag_tokens`` the whole tagging phase's
+    (None where the workload has no shape to price FLOPs, or the device no FLOP/s)."""
+
     gpu_type: str
     mode: Mode
     batch: int
@@ -33,13 +46,31 @@ class ProjectionRow:
     tokens_per_s: float
     usd_per_gpu_hour: float | None
     usd_per_million_tokens: float | None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    tag_tokens_per_s: float | None = None
+    usd_per_million_tag_tokens: float | None = None
+
+
+def _usd(usd_per_hour: float | None, tokens_per_s: float | None) -> float | None:
+    return None if usd_per_hour is None or tokens_per_s is None else usd_per_million_tokens(usd_per_hour, tokens_per_s)
 
 
 def _projection_row(
-    workload: Workload, gpu_type: str, mode: Mode, batch: int, bandwidth_bytes_s: float, usd_per_hour: float | None
+    workload: Workload,
+    gpu_type: str,
+    mode: Mode,
+    batch: int,
+    bandwidth_bytes_s: float,
+    flops_s: float | None,
+    usd_per_hour: float | None,
 ) -> ProjectionRow:
-    seconds = workload.step_seconds(mode, batch, bandwidth_bytes_s)
+    seconds = workload.step_seconds(mode, batch, bandwidth_bytes_s, flops_s)
     tokens_per_s = batch / seconds
+    tagging = None if flops_s is None else workload.tagging_time(mode, batch, Peaks(bandwidth_bytes_s, flops_s))
+    tag_tokens_per_s = None
+    if tagging is not None and workload.tokens is not None:
+        tag_tokens_per_s = batch * workload.tokens.tags / tagging.seconds
     return ProjectionRow(
         gpu_type=gpu_type,
         mode=mode,
@@ -48,7 +79,11 @@ def _projection_row(
         ms_per_step=seconds * 1000,
         tokens_per_s=tokens_per_s,
         usd_per_gpu_hour=usd_per_hour,
-        usd_per_million_tokens=None if usd_per_hour is None else usd_per_million_tokens(usd_per_hour, tokens_per_s),
+        usd_per_million_tokens=_usd(usd_per_hour, tokens_per_s),
+        prefill_ms=None if tagging is None else tagging.prefill_s * 1000,
+        decode_ms=None if tagging is None else tagging.decode_s * 1000,
+        tag_tokens_per_s=tag_tokens_per_s,
+        usd_per_million_tag_tokens=_usd(usd_per_hour, tag_tokens_per_s),
     )
 
 
@@ -62,7 +97,7 @@ def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCH
     """One row per mode the workload knows and per batch size, on ``gpu``."""
     check_batches(batches)
     return [
-        _projection_row(workload, gpu.name, mode, batch, gpu.bandwidth_bytes_s, gpu.usd_per_hour)
+        _projection_row(workload, gpu.name, mode, batch, gpu.bandwidth_bytes_s, gpu.flops_s, gpu.usd_per_hour)
         for mode in MODES
         if mode in workload.kv_bytes_per_request
         for batch in batches
@@ -71,7 +106,12 @@ def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCH
 
 @dataclass(frozen=True)
 class RooflineRow:
-    """Document attended (full KV) against evicted (masked KV) at one batch size; standalone if known."""
+    """Document attended (full KV) against evicted (masked KV) at one batch size; standalone if known.
+
+    The ``*_prefill_ms`` and ``*_decode_ms`` fields are one batch's tagging prefill and its decode steps, and
+    ``sidecar_saving_pct`` how much less the evicted sidecar's tagging phase takes than the standalone
+    tagger's, both included; None without the draft's shape and token counts or without a FLOP/s peak.
+    """
 
     batch: int
     full_gb_per_step: float
@@ -87,13 +127,27 @@ class RooflineRow:
     usd_per_million_full: float | None
     usd_per_million_masked: float | None
     usd_per_million_standalone: float | None
+    full_prefill_ms: float | None = None
+    masked_prefill_ms: float | None = None
+    standalone_prefill_ms: float | None = None
+    full_decode_ms: float | None = None
+    masked_decode_ms: float | None = None
+    standalone_decode_ms: float | None = None
+    sidecar_saving_pct: float | None = None
 
 
 def roofline_table(
-    workload: Workload, bandwidth_bytes_s: float, batches: Sequence[int], usd_per_hour: float | None = None
+    workload: Workload,
+    bandwidth_bytes_s: float,
+    batches: Sequence[int],
+    usd_per_hour: float | None = None,
+    flops_s: float | None = None,
 ) -> list[RooflineRow]:
+    """One row per batch size on a device of ``bandwidth_bytes_s`` (and ``flops_s``, which prices the prefill)."""
     if bandwidth_bytes_s <= 0:
         raise CostInputError("bandwidth must be positive")
+    if flops_s is not None and flops_s <= 0:
+        raise CostInputError("FLOP/s must be positive")
     for mode in SIDECAR_MODES:
         if mode not in workload.kv_bytes_per_request:
             raise CostInputError(f"the workload needs KV bytes per request for {mode}")
@@ -101,14 +155,17 @@ def roofline_table(
     rows = []
     for batch in batches:
         full, masked = (
-            _projection_row(workload, "", mode, batch, bandwidth_bytes_s, usd_per_hour)
+            _projection_row(workload, "", mode, batch, bandwidth_bytes_s, flops_s, usd_per_hour)
             for mode in ("sidecar_attended", "sidecar")
         )
         alone = (
-            _projection_row(workload, "", "standalone", batch, bandwidth_bytes_s, usd_per_hour)
+            _projection_row(workload, "", "standalone", batch, bandwidth_bytes_s, flops_s, usd_per_hour)
             if "standalone" in workload.kv_bytes_per_request
             else None
         )
+        saving = None
+        if alone is not None and alone.tag_tokens_per_s and masked.tag_tokens_per_s:
+            saving = (1 - alone.tag_tokens_per_s / masked.tag_tokens_per_s) * 100
         alone_values = (
             (None, None, None, None)
             if alone is None
@@ -130,6 +187,13 @@ def roofline_table(
                 usd_per_million_full=full.usd_per_million_tokens,
                 usd_per_million_masked=masked.usd_per_million_tokens,
                 usd_per_million_standalone=alone_values[3],
+                full_prefill_ms=full.prefill_ms,
+                masked_prefill_ms=masked.prefill_ms,
+                standalone_prefill_ms=None if alone is None else alone.prefill_ms,
+                full_decode_ms=full.decode_ms,
+                masked_decode_ms=masked.decode_ms,
+                standalone_decode_ms=None if alone is None else alone.decode_ms,
+                sidecar_saving_pct=saving,
             )
         )
     return rows

@@ -19,7 +19,8 @@ Plain data in, files out. The Prefect flow reads storage and publishes what this
     report.headline, report.headline_path       # the first measured verdict and KV per request; headline.json
     report.plot_paths            # {"step_time": ..., "usd_per_mtok": ..., "acceptance": ...} PNG paths
     report.cost_rows             # dicts with storage.records.CostRecord's fields: rows for `cost_estimates`
-    report.verdicts              # list[Verdict], one per GPU type (and pair, when measured)
+    report.verdicts              # list[Verdict], one per GPU type (and pair, when measured), each with its
+                                 # prefill and decode seconds per request (sidecar_split, standalone_split)
 
 Measurement rows need ``gpu_type``, ``mode`` (sidecar | sidecar_attended | standalone), ``phase`` and
 ``batch_size``; they may carry ``pair``, ``run_id``, ``tokens_per_s`` (whole batch), ``ms_per_step``,
@@ -37,8 +38,10 @@ without a pair) gets no projection and no calibration, and the report says why. 
 projected on every catalog GPU as well, labelled as such.
 
 The report opens with the verdict: the measured verdicts, the $ per 1M tag tokens plot, then the projected
-verdicts; how they were reached (what was measured and projected, the calibration, what the roofline leaves
-out) follows. Modules, in the order the
+verdicts and every verdict's prefill and decode per request side by side; how they were reached (what was
+measured and projected, the calibration, what the roofline leaves out) follows. A projected verdict prices
+the whole tagging phase on the roofline of ``sidecar.cost``: the standalone tagger's prompt prefill and the
+sidecar's few fed tokens, then the decode steps. Modules, in the order the
 data flows: ``measurements`` (rows, pooled), ``projections`` (a roofline workload per measured pair),
 ``verdicts``, ``assemble`` (all figures, before any text), ``sections`` (the report as document blocks),
 ``blocks`` (markdown and HTML), ``plots`` and ``write`` (the files and the cost rows).

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from sidecar.cost import GPU, find_gpu, usd_per_million_tokens
 from sidecar.modes import MODES
 from sidecar.report.measurements import AcceptanceKey, MeasuredGroup
-from sidecar.report.projections import Projection
+from sidecar.report.projections import Projection, tag_usd_per_million
 
 MODE_LABELS: dict[str, str] = {
     "sidecar": "sidecar, document evicted",
@@ -88,12 +88,13 @@ def plot_usd(
     groups: Sequence[MeasuredGroup],
     catalog: Mapping[str, GPU],
 ) -> None:
-    """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU."""
+    """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU, over
+    the tagging phase, prefill included (a projection without the draft's shape: decode steps only)."""
     gpus = list(projection.rows)
     series: list[tuple[str, str, str | None, list[float | None]]] = []
     for mode in MODES:
         values = [
-            None if (row := projection.row(g, mode, reference_batch)) is None else row.usd_per_million_tokens
+            None if (row := projection.row(g, mode, reference_batch)) is None else tag_usd_per_million(row)
             for g in gpus
         ]
         if any(v is not None for v in values):

@@ -2,7 +2,9 @@
 
 Each measured pair is projected from its draft's config in the dtype ``load_pair`` gives it on a CUDA
 device, with the measured mean prompt, summary and tag tokens per request. A pair whose config is not on
-this machine, or rows without a pair, get no workload, and the reason is kept for the report.
+this machine, or rows without a pair, get no workload, and the reason is kept for the report. The report
+prices a tag token over the whole tagging phase, prefill included, wherever the workload can price the
+prefill (``tag_tokens_per_s``), as a measured tag tok/s counts it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ class Projection:
 
     def row(self, gpu_name: str, mode: Mode, batch: int) -> ProjectionRow | None:
         return next((r for r in self.rows.get(gpu_name, ()) if r.mode == mode and r.batch == batch), None)
+
+
+def tag_tokens_per_s(row: ProjectionRow) -> float:
+    """Tag tokens/s over the tagging phase, prefill included, where priced; else over decode steps."""
+    return row.tokens_per_s if row.tag_tokens_per_s is None else row.tag_tokens_per_s
+
+
+def tag_usd_per_million(row: ProjectionRow) -> float | None:
+    """$ per 1M tag tokens at :func:`tag_tokens_per_s`; None without a price."""
+    return row.usd_per_million_tokens if row.tag_tokens_per_s is None else row.usd_per_million_tag_tokens
 
 
 def _measured_tag_tokens(rows: Sequence[Measurement]) -> TagTokens | None:

@@ -13,7 +13,8 @@ from sidecar.cost import GB, MB, Workload, find_gpu, usd_per_million_tokens
 from sidecar.modes import MODES
 from sidecar.report.assemble import ReportData
 from sidecar.report.blocks import Block, Bullets, Heading, Image, Paragraph, Table, fmt, fmt_usd
-from sidecar.report.verdicts import Verdict
+from sidecar.report.projections import tag_usd_per_million
+from sidecar.report.verdicts import PhaseSplit, Verdict
 
 
 def report_blocks(data: ReportData) -> list[Block]:
@@ -28,14 +29,15 @@ def report_blocks(data: ReportData) -> list[Block]:
         Heading("What the roofline leaves out"),
         Bullets(
             (
-                "Prefill. A standalone tagger prefills its prompt and the whole summary; the sidecar prefills only "
-                "its instruction. Prefill is compute-bound at these lengths and is not projected; measured tag "
-                "tok/s and $ include it (see tag prefill s/batch), measured ms/step does not.",
+                "Kernel efficiency. Each forward is priced at the GPU's peak dense 16-bit TFLOP/s or its peak "
+                "bandwidth, whichever binds; real kernels reach a fraction of both, and kernel launches and "
+                "framework time come on top. The calibration ratios show how far measured steps are from the "
+                "roofline. The T4's peak is fp16's: it has no bf16 tensor cores, so a bf16 draft runs far below it.",
                 "Deployment. A standalone tagger is a deployment of its own, paid for even when tag traffic is low "
                 "or bursty, and the summary has to be shipped to it; the sidecar reuses the draft already "
                 "resident next to the target. Projections price busy GPU-seconds only.",
-                "Overheads. Compute, kernel launches and framework time come on top of the memory traffic; the "
-                "calibration ratios show how far measured steps are from the roofline.",
+                "Step times leave the prefill out: ms/step, measured and projected, is decode steps only, while "
+                "tag tok/s and $, measured and projected, include it (see tag prefill s/batch).",
                 "KV per request is averaged over one request's tag tokens; requests that finish early leave the "
                 "batch and make later steps cheaper.",
             )
@@ -62,8 +64,10 @@ def _introduction(data: ReportData) -> str:
         )
     else:
         text += "Nothing was measured for this report: every figure in it is a projection. "
-    text += f"Projected: a memory-bandwidth roofline on the {len(data.catalog)} GPU types of the catalog for " + (
-        "; ".join(f"{p.workload.name} ({p.workload.description})" for p in data.projections) + ". "
+    workloads = "; ".join(f"{p.workload.name} ({p.workload.description})" for p in data.projections)
+    text += (
+        f"Projected: a roofline (peak bandwidth and peak dense compute) on the {len(data.catalog)} GPU types of "
+        f"the catalog for {workloads}. "
     )
     if data.pair_projections:
         text += (
@@ -116,6 +120,29 @@ def _verdict_table(verdicts: Sequence[Verdict]) -> Table:
     )
 
 
+def _split_table(verdicts: Sequence[Verdict]) -> Table:
+    """Each verdict's tagging phase per request, prefill next to decode, in milliseconds."""
+
+    def ms(split: PhaseSplit | None) -> tuple[str, str]:
+        return ("–", "–") if split is None else (fmt(split.prefill_s * 1000), fmt(split.decode_s * 1000))
+
+    headers = ("sidecar prefill ms", "sidecar decode ms", "standalone prefill ms", "standalone decode ms")
+    return Table(
+        ("GPU type", "pair", "basis", "batch", *headers),
+        tuple(
+            (
+                v.gpu_type,
+                v.pair,
+                v.basis,
+                ", ".join(map(str, v.batch_sizes)),
+                *ms(v.sidecar_split),
+                *ms(v.standalone_split),
+            )
+            for v in verdicts
+        ),
+    )
+
+
 def _verdict_section(data: ReportData) -> list[Block]:
     """The measured verdicts, the $ plot, then the projected ones: the first screen holds the answer and its picture.
 
@@ -145,6 +172,16 @@ def _verdict_section(data: ReportData) -> list[Block]:
         of_workload = [v for v in projected if v.pair == projection.workload.name]
         if of_workload:
             blocks.append(Paragraph(_projected_summary(of_workload, projection.workload)))
+    split = [v for v in data.verdicts if v.sidecar_split is not None or v.standalone_split is not None]
+    if split:
+        blocks += [
+            Paragraph(
+                "Prefill and decode per request, side by side: the prefill forward that yields the first tag "
+                "token (the standalone tagger's whole prompt, the sidecar's few fed tokens), then the decode steps "
+                "of the further tag tokens. Measured where the runs timed both; projected on the roofline."
+            ),
+            _split_table(split),
+        ]
     blocks.append(
         Paragraph(
             "Measured verdicts pool the batch sizes measured in both modes; GPU types without measurements "
@@ -165,25 +202,49 @@ def _verdict_section(data: ReportData) -> list[Block]:
 
 
 def _projected_summary(verdicts: Sequence[Verdict], workload: Workload) -> str:
-    """One paragraph for all projected verdicts: on a roofline the ratio does not depend on bandwidth."""
+    """One paragraph for all projected verdicts of one workload: how much cheaper, and what the prefill weighs."""
     savings = [round(v.sidecar_saving_pct, 1) for v in verdicts]
     low, high = min(savings), max(savings)
     spread = f"{abs(low):.1f}%" if low == high else f"{min(map(abs, savings)):.1f}-{max(map(abs, savings)):.1f}%"
     direction = "less" if low >= 0 else "more" if high <= 0 else "more or less"
+    priced = all(v.prefill_priced for v in verdicts)
     text = (
         f"Projected with {workload.name} on {', '.join(v.gpu_type for v in verdicts)}, batch "
-        f"{verdicts[0].batch_sizes[0]}, decode steps only: a sidecar tag token costs {spread} {direction} than a "
-        "standalone tagger's."
+        f"{verdicts[0].batch_sizes[0]}, {'prefill and decode' if priced else 'decode steps only'}: a sidecar tag "
+        f"token costs {spread} {direction} than a standalone tagger's."
     )
+    standalone_share = _prefill_share([v.standalone_split for v in verdicts])
+    sidecar_share = _prefill_share([v.sidecar_split for v in verdicts])
+    if priced and standalone_share and sidecar_share and workload.tokens is not None:
+        prompt, _ = workload.tokens.prefill("standalone")
+        feed, cached = workload.tokens.prefill("sidecar")
+        text += (
+            f" The standalone tagger prefills its {prompt}-token prompt (template, summary, tag instruction): "
+            f"{standalone_share} of its tagging time. The sidecar feeds {feed} tokens into the cache it kept "
+            f"({cached} entries, document evicted): {sidecar_share} of its own."
+        )
     kv = workload.kv_bytes_per_request
     if high < 0:
         text += (
             f" With the document evicted, the sidecar still reads its main prompt's KV entries "
             f"({kv['sidecar'] / MB:.2f} vs {kv['standalone'] / MB:.2f} MB per request), so per decode step it cannot "
-            "beat a standalone tagger; what it saves is what the roofline leaves out (see below): "
-            "the standalone's summary prefill and its separate deployment."
+            "beat a standalone tagger"
+        )
+        text += (
+            "; here the prefill it saves does not make up for that."
+            if priced
+            else "; what it saves is what this projection leaves out: the standalone's summary prefill (the "
+            "workload has no model shape to price it) and its separate deployment."
         )
     return text
+
+
+def _prefill_share(splits: Sequence[PhaseSplit | None]) -> str | None:
+    """The prefill's share of the tagging time, as a percentage or a range of them; None if any is unknown."""
+    if not splits or any(s is None for s in splits):
+        return None
+    shares = [round(s.prefill_s / (s.prefill_s + s.decode_s) * 100) for s in splits if s is not None]
+    return f"{shares[0]}%" if min(shares) == max(shares) else f"{min(shares)}-{max(shares)}%"
 
 
 def _measured_section(data: ReportData) -> list[Block]:
@@ -309,11 +370,17 @@ def _projection_section(data: ReportData) -> list[Block]:
     blocks: list[Block] = [
         Heading("What was projected"),
         Paragraph(
-            "A tagging decode step is memory-bandwidth bound: it reads the draft's weights once and each "
-            "request's KV cache once, so bytes per step = weights + batch x KV per request, time = bytes / "
-            "bandwidth, tokens/s = batch / time and $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6. "
-            "Bandwidth and rent come from the GPU catalog (sidecar/cost/gpus.json, with a source per entry). "
-            "The full grid of batch sizes is in the cost rows and the plots."
+            "A roofline: each forward takes the longer of its bytes over the GPU's peak bandwidth and its FLOPs "
+            "over its peak dense 16-bit TFLOP/s. A tagging decode step is memory-bandwidth bound: it reads the "
+            "draft's weights once and each request's KV cache once, so bytes per step = weights + batch x KV per "
+            "request and time = bytes / bandwidth. The tagging phase starts with a prefill forward that yields "
+            "the first tag token: the standalone tagger's whole prompt, compute-bound at batch (FLOPs = 2 x "
+            "weights x tokens + 4 x layers x query width x tokens x keys attended, per request), against the "
+            "sidecar's few fed tokens into the cache it kept. Tag tokens/s = batch x tags / (prefill + (tags - 1) "
+            "decode steps), the way a measured tag tok/s counts them, and $ per 1M tag tokens = $/GPU-hour / 3600 "
+            "/ tag tokens/s x 1e6. Bandwidth, TFLOP/s and rent come from the GPU catalog (sidecar/cost/gpus.json, "
+            "with a source per entry). These are projections, not measurements. The full grid of batch sizes is "
+            "in the cost rows and the plots."
         ),
     ]
     for projection in data.projections:
@@ -336,11 +403,13 @@ def _projection_section(data: ReportData) -> list[Block]:
                     (
                         gpu.name,
                         f"{gpu.bandwidth_gb_s:,.0f}",
+                        f"{gpu.dense_tflops:,.0f}",
                         f"{gpu.usd_per_hour:.2f}",
                         str(batch),
                         *(fmt(None if row is None else row.ms_per_step) for row in (attended, evicted, alone)),
                         fmt(speedup),
-                        *(fmt_usd(None if row is None else row.usd_per_million_tokens) for row in (evicted, alone)),
+                        *(fmt(None if row is None else row.prefill_ms) for row in (evicted, alone)),
+                        *(fmt_usd(None if row is None else tag_usd_per_million(row)) for row in (evicted, alone)),
                     )
                 )
         blocks += [
@@ -348,17 +417,25 @@ def _projection_section(data: ReportData) -> list[Block]:
             Paragraph(
                 f"{source}: {workload.description}. Weights read per step: "
                 f"{workload.weight_bytes_per_step / GB:.3g} GB; KV per request: {kv}."
+                + (
+                    ""
+                    if workload.prices_compute
+                    else " Without the draft's shape the prefill is not priced: $ counts decode steps only."
+                )
             ),
             Table(
                 (
                     "GPU",
                     "GB/s",
+                    "dense TFLOP/s",
                     "$/GPU-hour",
                     "batch",
                     "attended ms/step",
                     "evicted ms/step",
                     "standalone ms/step",
                     "eviction speedup %",
+                    "evicted prefill ms",
+                    "standalone prefill ms",
                     "sidecar $/1M tag tok",
                     "standalone $/1M tag tok",
                 ),

@@ -1,7 +1,9 @@
 """Verdicts: is a sidecar tag token cheaper than a standalone tagger's, per GPU type (and pair)?
 
 A measured verdict pools the batch sizes measured in both modes; a projected one reads the roofline at one
-batch size.
+batch size. Both count the tagging phase whole: the prefill that yields the first tag token (the standalone
+tagger's whole prompt, the sidecar's few fed tokens), then the decode steps; each verdict carries the two
+per request, side by side, where they are known.
 """
 
 from __future__ import annotations
@@ -11,14 +13,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sidecar.cost import GPU, Workload, find_gpu, project, usd_per_million_tokens
+from sidecar.cost import GPU, ProjectionRow, Workload, find_gpu, project, usd_per_million_tokens
 from sidecar.modes import Mode
-from sidecar.report.measurements import MeasuredGroup, pooled_throughput
+from sidecar.report.measurements import MeasuredGroup, Measurement, pooled_throughput
+from sidecar.report.projections import tag_tokens_per_s
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Seconds per request of the tagging phase: the prefill forward, and the decode steps after it."""
+
+    prefill_s: float
+    decode_s: float
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Sidecar (document evicted) against a standalone tagger on one GPU type."""
+    """Sidecar (document evicted) against a standalone tagger on one GPU type.
+
+    ``prefill_priced`` says whether the rates include the tagging prefill; a projection of a workload
+    without the draft's shape prices decode steps only. ``sidecar_split``/``standalone_split`` are the
+    prefill and decode seconds per request, where measured or projected.
+    """
 
     gpu_type: str
     pair: str
@@ -27,6 +43,9 @@ class Verdict:
     sidecar_tokens_per_s: float
     standalone_tokens_per_s: float
     usd_per_gpu_hour: float | None
+    prefill_priced: bool = True
+    sidecar_split: PhaseSplit | None = None
+    standalone_split: PhaseSplit | None = None
 
     @property
     def sidecar_saving_pct(self) -> float:
@@ -62,7 +81,16 @@ class Verdict:
         batches = ("batch " if len(self.batch_sizes) == 1 else "batches ") + ", ".join(map(str, self.batch_sizes))
         if self.basis == "measured":
             return f"{self.gpu_type}: measured at {batches}, a sidecar tag token {comparison}."
-        return f"{self.gpu_type}: projected at {batches}, decode steps only, a sidecar tag token {comparison}."
+        counted = "prefill and decode" if self.prefill_priced else "decode steps only"
+        return f"{self.gpu_type}: projected at {batches}, {counted}, a sidecar tag token {comparison}."
+
+
+def _measured_split(rows: Sequence[Measurement]) -> PhaseSplit | None:
+    """Prefill and decode seconds per request, when every row measured both and its requests."""
+    if not rows or any(r.prefill_s is None or r.decode_s is None or not r.requests for r in rows):
+        return None
+    requests = sum(r.requests or 0 for r in rows)
+    return PhaseSplit(sum(r.prefill_s or 0 for r in rows) / requests, sum(r.decode_s or 0 for r in rows) / requests)
 
 
 def measured_verdicts(groups: Sequence[MeasuredGroup], catalog: Mapping[str, GPU]) -> list[Verdict]:
@@ -75,8 +103,9 @@ def measured_verdicts(groups: Sequence[MeasuredGroup], catalog: Mapping[str, GPU
         common = sorted(set(modes["sidecar"]) & set(modes["standalone"]))
         if not common:
             continue
-        sidecar = pooled_throughput([r for b in common for r in modes["sidecar"][b].tag_rows])
-        standalone = pooled_throughput([r for b in common for r in modes["standalone"][b].tag_rows])
+        sidecar_rows = [r for b in common for r in modes["sidecar"][b].tag_rows]
+        standalone_rows = [r for b in common for r in modes["standalone"][b].tag_rows]
+        sidecar, standalone = pooled_throughput(sidecar_rows), pooled_throughput(standalone_rows)
         if not sidecar or not standalone:
             continue
         gpu = find_gpu(gpu_type, catalog)
@@ -89,15 +118,35 @@ def measured_verdicts(groups: Sequence[MeasuredGroup], catalog: Mapping[str, GPU
                 sidecar,
                 standalone,
                 None if gpu is None else gpu.usd_per_hour,
+                sidecar_split=_measured_split(sidecar_rows),
+                standalone_split=_measured_split(standalone_rows),
             )
         )
     return verdicts
 
 
+def _projected_split(row: ProjectionRow) -> PhaseSplit | None:
+    if row.prefill_ms is None or row.decode_ms is None:
+        return None
+    return PhaseSplit(row.prefill_ms / 1000 / row.batch, row.decode_ms / 1000 / row.batch)
+
+
 def projected_verdict(workload: Workload, gpu: GPU, batch: int) -> Verdict | None:
+    """The roofline's verdict at ``batch``: the whole tagging phase where the workload has the draft's shape
+    and token counts, else its decode steps only."""
     if not {"sidecar", "standalone"} <= set(workload.kv_bytes_per_request):
         return None
-    rates = {row.mode: row.tokens_per_s for row in project(workload, gpu, [batch])}
+    rows = {row.mode: row for row in project(workload, gpu, [batch])}
+    sidecar, standalone = rows["sidecar"], rows["standalone"]
     return Verdict(
-        gpu.name, workload.name, "projected", (batch,), rates["sidecar"], rates["standalone"], gpu.usd_per_hour
+        gpu.name,
+        workload.name,
+        "projected",
+        (batch,),
+        tag_tokens_per_s(sidecar),
+        tag_tokens_per_s(standalone),
+        gpu.usd_per_hour,
+        prefill_priced=sidecar.tag_tokens_per_s is not None,
+        sidecar_split=_projected_split(sidecar),
+        standalone_split=_projected_split(standalone),
     )

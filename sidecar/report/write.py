@@ -21,7 +21,7 @@ from sidecar.report.assemble import ReportData, assemble
 from sidecar.report.blocks import render_html, render_markdown
 from sidecar.report.headline import Headline, headline
 from sidecar.report.plots import plot_acceptance, plot_step_times, plot_usd
-from sidecar.report.projections import DraftConfig
+from sidecar.report.projections import DraftConfig, tag_tokens_per_s, tag_usd_per_million
 from sidecar.report.sections import report_blocks
 from sidecar.report.verdicts import Verdict
 
@@ -124,13 +124,14 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                     "pair": projection.workload.name,
                     "mode": r.mode,
                     "batch_size": r.batch,
-                    "tokens_per_s": r.tokens_per_s,
+                    "tokens_per_s": tag_tokens_per_s(r),
                     "ms_per_step": r.ms_per_step,
                     "usd_per_gpu_hour": r.usd_per_gpu_hour,
-                    "usd_per_mtok": r.usd_per_million_tokens,
+                    "usd_per_mtok": tag_usd_per_million(r),
                     "source": "projected",
                     "run_id": None,
-                    "note": f"bandwidth roofline of {modelled}, tagging decode steps only",
+                    "note": f"roofline of {modelled}, tagging phase: "
+                    + ("prefill and decode steps" if r.tag_tokens_per_s is not None else "decode steps only"),
                 }
                 for r in gpu_rows
             ]
