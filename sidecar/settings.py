@@ -11,6 +11,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIDECAR_")
 
     home: Path = Path.home() / ".cache" / "sidecar"
+    # prefill every batch in one forward, as on an accelerator, instead of the CPU's groups of rows
+    one_prefill_forward: bool = False
 
 
 def sidecar_home() -> Path:
