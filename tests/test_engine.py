@@ -16,7 +16,7 @@ from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import Sampling, forward, logits_at, prefill, shared_prefix_length
+from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget, shared_prefix_length
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -32,7 +32,7 @@ def target_alone(pair, prompt, max_new_tokens):
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive):
+def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 3, 25, 8, 40, 2, 14], seed=batch_size)
     decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive)
     outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
@@ -51,7 +51,7 @@ def test_a_vanishing_temperature_decodes_greedily(tiny):
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 12) for p in prompts]
 
 
-def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny):
+def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny, prefill_forwards):
     prompts = random_prompts(tiny, [6, 19, 11, 4], seed=7)
     limits = [1, 7, 33, 20]
     for gamma in (1, 2, 6):
@@ -250,7 +250,7 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
         assert fed_tokens == [sum(map(len, prompts)), sum(map(len, prompts)) - 3 * 6]
 
 
-def test_greedy_identity_with_shared_prompt_prefixes(tiny):
+def test_greedy_identity_with_shared_prompt_prefixes(tiny, prefill_forwards):
     prefix = random_prompts(tiny, [9], seed=8)[0]
     prompts = [prefix + tail for tail in random_prompts(tiny, [3, 14, 1, 6], seed=9)]
     outputs = SpeculativeDecoder(tiny, gamma=3, adaptive=False).generate(prompts, max_new_tokens=20, batch_size=4)
@@ -262,6 +262,27 @@ def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
+
+
+@pytest.mark.parametrize("one_forward", [False, True])
+def test_one_prefill_forward_is_forced_by_the_setting(tiny, monkeypatch, one_forward):
+    """``SIDECAR_ONE_PREFILL_FORWARD`` makes a CPU prefill a batch in one forward, as an accelerator does;
+    without it the rows go in groups of ``CPU_PREFILL_TOKENS`` padded tokens."""
+    if one_forward:
+        monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
+    else:
+        monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
+    prompts = random_prompts(tiny, [40] * 8, seed=4)  # 320 padded tokens: two groups on a CPU
+    calls = []
+    handle = tiny.target.base_model.register_forward_hook(lambda module, args, kwargs, out: calls.append(1),
+                                                          with_kwargs=True)
+    try:
+        cache = RowKVCache(tiny.target, len(prompts), 48)
+        with torch.inference_mode():
+            prefill(tiny.target, cache, prompts, prefill_budget(tiny.device))
+    finally:
+        handle.remove()
+    assert len(calls) == (1 if one_forward else 2)
 
 
 def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
@@ -356,7 +377,7 @@ def test_acceptance_rule_sampled_follows_target_exactly(gamma):
 
 
 @pytest.mark.parametrize("copying", [False, True])
-def test_sampled_engine_follows_target_distribution(copying, monkeypatch):
+def test_sampled_engine_follows_target_distribution(copying, monkeypatch, prefill_forwards):
     """End to end: the second new token goes through draft + acceptance; its law must be the target's.
 
     ``copying``: every draft is a copied token (prompt lookup, forced here), whose draft law is one-hot.
@@ -586,7 +607,7 @@ def reference_copier(pair, prompts, max_new_tokens, seed=0):
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive):
+def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
     expected, copy = reference_copier(tiny, prompts, 30)
     monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)
