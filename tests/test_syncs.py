@@ -23,6 +23,7 @@ import torch
 
 from sidecar import models, plain, speculative
 from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.gamma import DeviceTimer
 from sidecar.speculative import SpeculativeDecoder
 from sidecar.syncs import SyncCounter
 from sidecar.tasks import HASHTAGS
@@ -133,3 +134,44 @@ def test_the_counter_counts_every_kind_of_wait() -> None:
     assert kinds == sorted(["__int__", "__float__", "__bool__", "__index__", "tolist", "item", "cpu", "numpy",
                             "__getitem__[bool]", "tensor(device=)", "synchronize"])
     assert all(site.startswith("tests/test_syncs.py:") for site in syncs.sites)
+
+
+def test_gpu_forward_timings_are_read_once_done_without_waiting(monkeypatch) -> None:
+    """On a GPU the timer brackets work with CUDA events and reads them only once they have completed
+    (``query``), oldest first: it never waits for the device."""
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.done, self.at = False, len(recorded)
+
+        def record(self) -> None:
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            assert self.done and end.done, "reading an unfinished event waits or fails"
+            return 1000.0 * (end.at - self.at)
+
+        def synchronize(self) -> None:
+            raise AssertionError("the timer waited for the device")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    timer = DeviceTimer(torch.device("cuda"))
+    heard: list[float] = []
+    for _ in range(2):
+        with timer(heard.append):
+            pass
+    timer.collect()
+    assert heard == []  # nothing has run yet
+    recorded[0].done = recorded[1].done = True
+    timer.collect()
+    assert heard == [1.0]
+    for event in recorded:
+        event.done = True
+    timer.collect()
+    assert heard == [1.0, 1.0]
