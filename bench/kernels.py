@@ -53,7 +53,7 @@ def interleaved_ms(models: list[PreTrainedModel], rows: int, positions: int, con
     caches = []
     for model in models:
         cache = RowKVCache(model, rows, context + positions)
-        cache.commit(torch.full((rows,), context))  # only the length matters for the time, not the values
+        cache.commit(context)  # only the length matters for the time, not the values
         caches.append(cache)
     ids = torch.randint(0, 1000, (rows, positions))
     times: list[list[float]] = [[] for _ in models]

@@ -134,7 +134,7 @@ def step_time(engine: SidecarEngine, snapshot, batch: int, steps: int) -> float:
         for _ in range(steps):
             with Stopwatch(engine.pair.device) as sw:
                 h = forward(draft, cache, token)
-                cache.commit(torch.ones(batch, dtype=torch.long, device=token.device))
+                cache.commit(1)
                 logits_at(draft, h, torch.zeros(batch, 1, dtype=torch.long, device=token.device))
             times.append(sw.seconds)
     return statistics.median(times[1:])
@@ -149,8 +149,7 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
         main_cols = list(range(len(compound.token_ids), int(cache.lengths[slot])))
         for name, spans in (("evicted", ["prefix", "instruction", "sidecar:hashtags", "suffix"]),
                             ("attended", ["prefix", "document", "instruction", "sidecar:hashtags", "suffix"])):
-            cols = torch.tensor(compound.columns(*spans) + main_cols, device=cache.lengths.device)
-            snapshots[name] = cache.snapshot(slot, cols)
+            snapshots[name] = cache.snapshot(slot, compound.columns(*spans) + main_cols)
 
     bare, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
     engine.decoder.decode([DecodeRow(bare.token_ids, 48, compound.token_ids, [compound.spans["sidecar:hashtags"]])],

@@ -149,7 +149,7 @@ class SidecarEngine:
                 # the document stays in the snapshot until the catch-up below has been fed
                 keep = ["prefix", "document", "instruction", f"sidecar:{task.name}", "suffix"]
                 columns = compound.columns(*keep) + main_columns
-                snapshot = cache.snapshot(slot, torch.tensor(columns, device=cache.lengths.device))
+                snapshot = cache.snapshot(slot, columns)
                 start = len(compound.columns(*keep[:3]))
                 pending.append(_Pending(
                     index, task, snapshot, main[covered:],
@@ -209,7 +209,7 @@ class SidecarEngine:
             for row, p in enumerate(chunk):
                 evicted = range(0) if p.task.attend_document else p.document
                 columns = [c for c in range(int(cache.lengths[row])) if c not in evicted]
-                kept.append(cache.snapshot(row, torch.tensor(columns, device=cache.lengths.device)))
+                kept.append(cache.snapshot(row, columns))
             cache = RowKVCache.from_snapshots(draft, kept, extra)
         for row, p in enumerate(chunk):
             shift = 0 if p.task.attend_document else len(p.document)

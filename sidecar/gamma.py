@@ -27,13 +27,12 @@ the draft only helps on the steps without a copy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
 import torch
-
-from sidecar.models import synchronize
 
 # draft_pays wants speculation to promise at least this share of the plain batch's time back: the draft's
 # prefill is a certain cost, while the gain is a forecast from costs fitted at other batch sizes and from
@@ -120,11 +119,45 @@ class Acceptance:
     def alpha(self) -> float:
         return min(self.accepted / self.drafted, 0.99)
 
-    def observe(self, accepted: torch.Tensor, gamma: int) -> None:
-        """One verify: accepted_len counts a geometric run of successes out of ``gamma`` drafts."""
+    def observe(self, accepted: Sequence[int], gamma: int) -> None:
+        """One verify: each row's accepted count is a geometric run of successes out of ``gamma`` drafts."""
         decay = 0.9
-        self.accepted = decay * self.accepted + float(accepted.sum())
-        self.drafted = decay * self.drafted + float(torch.clamp(accepted + 1, max=gamma).sum())
+        self.accepted = decay * self.accepted + sum(accepted)
+        self.drafted = decay * self.drafted + sum(min(a + 1, gamma) for a in accepted)
+
+
+class DeviceTimer:
+    """Times work queued on a device without waiting for it.
+
+    On a CPU an op has run when it returns, so the wall clock around it is its time. A GPU runs behind the
+    host: a wall clock would need a synchronize, which stalls it. There, CUDA events bracket the work and
+    their time is read once a later event has completed (``Event.query`` does not wait), which the loop's
+    next read of the device ensures: in effect one step late.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._queued: deque[tuple[torch.cuda.Event, torch.cuda.Event, Callable[[float], None]]] = deque()
+
+    @contextmanager
+    def __call__(self, on_seconds: Callable[[float], None]) -> Iterator[None]:
+        """Time the work queued inside; ``on_seconds`` hears its duration, now or at a later ``collect``."""
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            yield
+            on_seconds(time.perf_counter() - start)
+            return
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start_event.record()
+        yield
+        end_event.record()
+        self._queued.append((start_event, end_event, on_seconds))
+
+    def collect(self) -> None:
+        """Deliver the timings of work that has finished, oldest first."""
+        while self._queued and self._queued[0][1].query():
+            start_event, end_event, on_seconds = self._queued.popleft()
+            on_seconds(start_event.elapsed_time(end_event) / 1000)
 
 
 class GammaController:
@@ -140,12 +173,13 @@ class GammaController:
         self.prefill_seconds_per_token: dict[str, float] = {}
         # the share of rows that had something to copy, per step (decayed); None until observed
         self.row_copy_share: float | None = None
+        self._timers: dict[torch.device, DeviceTimer] = {}
 
     def observe_copies(self, rows_with_copy: int, rows: int) -> None:
         share = rows_with_copy / rows
         self.row_copy_share = share if self.row_copy_share is None else 0.9 * self.row_copy_share + 0.1 * share
 
-    def observe_acceptance(self, accepted: torch.Tensor, gamma: int, source: Source = "draft") -> None:
+    def observe_acceptance(self, accepted: Sequence[int], gamma: int, source: Source = "draft") -> None:
         self.acceptance[source].observe(accepted, gamma)
 
     def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft") -> float:
@@ -166,6 +200,7 @@ class GammaController:
         A step can copy only when every row has a copy: with a share ``c`` of rows having one, ``c ** batch``
         of the steps (rows taken as independent; no copy seen yet counts as none).
         """
+        self.collect_timings()
         explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
         if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
             return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
@@ -184,6 +219,7 @@ class GammaController:
     def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0) -> tuple[int, Source]:
         """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
         tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has."""
+        self.collect_timings()
         limit = self.max_gamma if max_gamma is None else max_gamma
         options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in range(1, max_lookup + 1)]
         if not self.adaptive:
@@ -206,12 +242,16 @@ class GammaController:
         self.decisions.append(choice)
         return choice
 
-    def timer(self, device: torch.device) -> Callable[[str, int], contextmanager]:
-        @contextmanager
-        def timed(model: str, tokens: int) -> Iterator[None]:
-            start = time.perf_counter()
-            yield
-            synchronize(device)
-            self.costs[model].add(tokens, time.perf_counter() - start)
+    def timer(self, device: torch.device) -> DeviceTimer:
+        """The timer of work on ``device``, whose timings reach this controller by ``collect_timings``."""
+        if device not in self._timers:
+            self._timers[device] = DeviceTimer(device)
+        return self._timers[device]
 
-        return timed
+    def forward_cost(self, model: str, tokens: int) -> Callable[[float], None]:
+        """What hears the time of one forward of ``model`` over ``tokens`` tokens (for ``timer``)."""
+        return lambda seconds: self.costs[model].add(tokens, seconds)
+
+    def collect_timings(self) -> None:
+        for timer in self._timers.values():
+            timer.collect()

@@ -14,25 +14,34 @@ each query may see.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from sidecar.transfers import to_device
+
 
 class RowKVCache:
+    """``lengths`` and ``position_offset`` live on the host (numpy, one int per row): every forward needs
+    the longest row to size its mask, and reading that from the device would wait for the device. The
+    caller commits the host values it has anyway (the accepted counts come back with the tokens)."""
+
     def __init__(self, model: PreTrainedModel, batch_size: int, capacity: int) -> None:
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (batch_size, config.num_key_value_heads, capacity, head_dim)
         param = next(model.parameters())
+        self.device = param.device
         self.layers = config.num_hidden_layers
         self.keys = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(self.layers)]
         self.values = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(self.layers)]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=param.device)
+        self.lengths = np.zeros(batch_size, dtype=np.int64)
         # rotary position of column 0 minus 0: positions advance with lengths, plus a per-row offset
         # that grows when columns are evicted, so later tokens keep their original positions.
-        self.position_offset = torch.zeros(batch_size, dtype=torch.long, device=param.device)
+        self.position_offset = np.zeros(batch_size, dtype=np.int64)
         self.visible = torch.ones(batch_size, capacity, dtype=torch.bool, device=param.device)
         self.span = torch.full((batch_size, capacity), -1, dtype=torch.long, device=param.device)
         self._write_index: torch.Tensor | None = None
@@ -50,7 +59,7 @@ class RowKVCache:
         k = self.keys[0]
         return 2 * self.layers * k.shape[1] * k.shape[3] * k.element_size()
 
-    def row_bytes(self) -> torch.Tensor:
+    def row_bytes(self) -> np.ndarray:
         """KV bytes each row actually holds (filled columns), as read by one decode step."""
         return self.lengths * self.bytes_per_column()
 
@@ -64,16 +73,19 @@ class RowKVCache:
         tokens): such columns are hidden from every later query but tokens of the same span see each
         other, so a hidden instruction's own keys are computed exactly as if it were visible.
         """
-        if int(self.lengths.max()) + query_len > self.capacity:
+        longest = int(self.lengths.max())
+        if longest + query_len > self.capacity:
             raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
-        device = self.lengths.device
-        steps = torch.arange(query_len, device=device)
-        self._write_index = self.lengths[:, None] + steps[None, :]  # [B, q]
+        write = self.lengths[:, None] + np.arange(query_len)  # [B, q], on the host
+        # one copy for both: the write columns and their rotary positions
+        self._write_index, positions = to_device(np.stack([write, write + self.position_offset[:, None]]),
+                                                 self.device)
+        self._kv_len = longest + query_len
+        device = self.device
         if query_span is None:
             query_span = torch.full_like(self._write_index, -1)
         self.span.scatter_(1, self._write_index, query_span)
         self.visible.scatter_(1, self._write_index, query_span < 0)
-        self._kv_len = int(self._write_index.max()) + 1
         columns = torch.arange(self._kv_len, device=device)
         causal = columns[None, None, :] <= self._write_index[:, :, None]  # [B, q, kv]
         span = self.span[:, None, : self._kv_len]
@@ -81,7 +93,6 @@ class RowKVCache:
         allowed = causal & (self.visible[:, None, : self._kv_len] | same_span)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = self._write_index + self.position_offset[:, None]
         return positions, mask[:, None]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -94,12 +105,13 @@ class RowKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max())
 
-    def commit(self, accepted_columns: torch.Tensor) -> None:
-        """Keep ``accepted_columns[b]`` of the columns the last forward wrote for each row."""
-        self.lengths += accepted_columns  # in place: a ``rows_view`` moves its parent's rows too
+    def commit(self, accepted_columns: int | Sequence[int] | np.ndarray) -> None:
+        """Keep ``accepted_columns[b]`` (host ints; one int for every row) of the columns the last forward
+        wrote for each row."""
+        self.lengths += np.asarray(accepted_columns, dtype=np.int64)  # in place: a ``rows_view`` moves its parent's too
 
-    def rollback(self, lengths: torch.Tensor) -> None:
-        torch.minimum(self.lengths, lengths, out=self.lengths)
+    def rollback(self, lengths: Sequence[int] | np.ndarray) -> None:
+        np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
 
     # -- row surgery --
 
@@ -111,26 +123,26 @@ class RowKVCache:
         at every compaction. The finished rows' memory is freed when the batch's cache is."""
         kept = len(rows)
         moves = [(slot, source) for slot, source in enumerate(rows) if slot != source]
-        tensors = [*self.keys, *self.values, self.lengths, self.position_offset, self.visible, self.span]
+        tensors = [*self.keys, *self.values, self.visible, self.span]
         if all(source >= kept for _, source in moves):  # sources lie beyond the kept slots: no overlap
             if moves:
-                device = self.lengths.device
-                slots = torch.tensor([slot for slot, _ in moves], device=device)
-                sources = torch.tensor([source for _, source in moves], device=device)
+                slots, sources = to_device(list(zip(*moves, strict=True)), self.device)
                 for tensor in tensors:
                     tensor[slots] = tensor[sources]
             tensors = [tensor[:kept] for tensor in tensors]
         else:
-            index = torch.tensor(rows, device=self.lengths.device)
+            index = to_device(rows, self.device)
             tensors = [tensor.index_select(0, index) for tensor in tensors]
         layers = self.layers
         self.keys, self.values = tensors[:layers], tensors[layers : 2 * layers]
-        self.lengths, self.position_offset, self.visible, self.span = tensors[2 * layers :]
+        self.visible, self.span = tensors[2 * layers :]
+        self.lengths, self.position_offset = self.lengths[rows], self.position_offset[rows]
 
     def rows_view(self, start: int, stop: int) -> RowKVCache:
         """Rows ``start:stop`` as a cache that shares this one's buffers, so that a forward on it writes
         those rows in place, and its ``commit`` moves their lengths here too."""
         view = object.__new__(RowKVCache)
+        view.device = self.device
         view.layers = self.layers
         view.keys = [k[start:stop] for k in self.keys]
         view.values = [v[start:stop] for v in self.values]
@@ -149,19 +161,19 @@ class RowKVCache:
             buffer[:, :, :length] = buffer[source, :, :length]
         self.visible[:, :length] = self.visible[source, :length]
         self.span[:, :length] = self.span[source, :length]
-        others = torch.arange(self.batch_size, device=self.lengths.device) != source
-        self.lengths.masked_fill_(others, length)
+        self.lengths[np.arange(self.batch_size) != source] = length
 
-    def snapshot(self, row: int, columns: torch.Tensor) -> RowSnapshot:
-        """Copy row ``row`` reduced to ``columns`` (in order); the rest of the row is evicted.
+    def snapshot(self, row: int, columns: Sequence[int]) -> RowSnapshot:
+        """Copy row ``row`` reduced to ``columns`` (ascending); the rest of the row is evicted.
 
         Kept keys already carry their rotary positions, so a row whose document was evicted attends
         exactly as if the document were only masked.
         """
+        index = to_device(columns, self.device)
         return RowSnapshot(
-            keys=[k[row, :, columns].clone() for k in self.keys],
-            values=[v[row, :, columns].clone() for v in self.values],
-            visible=self.visible[row, columns].clone(),
+            keys=[k[row, :, index].clone() for k in self.keys],
+            values=[v[row, :, index].clone() for v in self.values],
+            visible=self.visible[row, index].clone(),
             next_position=int(columns[-1]) + int(self.position_offset[row]) + 1,
         )
 

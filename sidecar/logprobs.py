@@ -31,13 +31,11 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list
     """Entries for ``chosen`` [B, k] under ``logits`` [B, k, V] (position j's logits chose token j), each with
     the ``top`` most likely alternatives; one host transfer for the whole batch."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    picked = logp.gather(-1, chosen[..., None])[..., 0].tolist()
-    ids = chosen.tolist()
-    if top > 0:
-        values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)
-        alternatives = [[tuple(zip(i, v, strict=True)) for i, v in zip(row_i, row_v, strict=True)]
-                        for row_i, row_v in zip(indices.tolist(), values.tolist(), strict=True)]
-    else:
-        alternatives = [[()] * len(row) for row in ids]
-    return [[TokenLogprob(t, p, a) for t, p, a in zip(row_t, row_p, row_a, strict=True)]
-            for row_t, row_p, row_a in zip(ids, picked, alternatives, strict=True)]
+    picked = logp.gather(-1, chosen[..., None])
+    top = min(top, logp.shape[-1])
+    values, indices = logp.topk(top, dim=-1) if top > 0 else (logp[..., :0], chosen[..., None][..., :0])
+    # ids and float32 logprobs both fit a float64 exactly: one tensor, one transfer
+    packed = torch.cat([chosen[..., None].double(), picked.double(), indices.double(), values.double()], -1).tolist()
+    return [[TokenLogprob(int(entry[0]), entry[1],
+                          tuple(zip(map(int, entry[2 : 2 + top]), entry[2 + top :], strict=True)))
+             for entry in row] for row in packed]

@@ -18,6 +18,7 @@ from sidecar.acceptance import sample, warp
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.logprobs import TokenLogprob, token_logprobs
 from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget
+from sidecar.transfers import to_device
 
 
 @dataclass
@@ -33,7 +34,7 @@ class PlainResult:
 def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int]], limits: list[int],
                  sampling: Sampling, generator: torch.Generator | None, eos: set[int],
                  top_logprobs: int | None = None) -> list[PlainResult]:
-    device = cache.lengths.device
+    device = cache.device
     start = time.perf_counter()
     results: list[PlainResult | None] = [None] * len(feeds)
     tokens: list[list[int]] = [[] for _ in feeds]
@@ -42,16 +43,19 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
     with torch.inference_mode():
         last = prefill(model, cache, feeds, prefill_budget(device))
         logits = logits_at(model, last, torch.zeros(len(feeds), 1, dtype=torch.long, device=device))[:, 0]
-        feed_seconds = time.perf_counter() - start
+        feed_seconds = None
         while True:
             choice = logits.argmax(-1) if sampling.greedy else sample(
                 warp(logits, sampling.temperature, sampling.top_p), generator)
+            chosen = choice.tolist()  # the one read of the device per forward
+            if feed_seconds is None:  # the read waited for the feed
+                feed_seconds = time.perf_counter() - start
             if logprobs is not None and top_logprobs is not None:
                 entries = token_logprobs(logits[:, None], choice[:, None], top_logprobs)
                 for slot, row in enumerate(live):
                     logprobs[row].append(entries[slot][0])
             keep = []
-            for slot, (row, token) in enumerate(zip(live, choice.tolist(), strict=True)):
+            for slot, (row, token) in enumerate(zip(live, chosen, strict=True)):
                 tokens[row].append(token)
                 reason = "eos" if token in eos else "length" if len(tokens[row]) >= limits[row] else None
                 if reason is None:
@@ -66,9 +70,9 @@ def decode_plain(model: PreTrainedModel, cache: RowKVCache, feeds: list[list[int
             if len(keep) < len(live):
                 order = compaction_order(keep)
                 cache.select_rows(order)
-                choice = choice.index_select(0, torch.tensor(order, device=device))
+                choice = choice.index_select(0, to_device(order, device))
                 live = [live[s] for s in order]
             hidden = forward(model, cache, choice[:, None])
-            cache.commit(torch.ones(len(live), dtype=torch.long, device=device))
+            cache.commit(1)
             logits = logits_at(model, hidden, torch.zeros(len(live), 1, dtype=torch.long, device=device))[:, 0]
     return [r for r in results if r is not None]

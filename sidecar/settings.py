@@ -14,6 +14,8 @@ class Settings(BaseSettings):
     # where runs take the lock of the accelerator they use; processes that share a device must share
     # this folder (default: ``home``/locks, per user)
     lock_dir: Path | None = None
+    # prefill every batch in one forward, as on an accelerator, instead of the CPU's groups of rows
+    one_prefill_forward: bool = False
 
 
 def sidecar_home() -> Path:

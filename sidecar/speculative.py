@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -20,9 +21,11 @@ from sidecar.gamma import GammaController, Source, fixed_step
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
-from sidecar.models import ModelPair, synchronize
+from sidecar.models import ModelPair
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
+from sidecar.settings import Settings
 from sidecar.stops import TokenStops
+from sidecar.transfers import to_device
 
 # (row index, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
@@ -42,7 +45,8 @@ class GenerationStats:
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    # Rows of one batch share forwards, so these are the batch's wall-clock phases up to this row's end.
+    # Rows of one batch share forwards, so these are the batch's wall-clock phases up to this row's end. The
+    # loop does not wait for the draft's prefill, so on a GPU part of it may show in decode_seconds.
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -80,6 +84,25 @@ class DecodeRow:
     draft_prompt: list[int] | None = None
     # (start, end) column ranges of the draft prompt hidden from the draft during decoding
     draft_hidden: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One decoding step's outcome: on the device for the next forward, and its host copy for the loop."""
+
+    accepted_ids: torch.Tensor  # [B] drafts kept per row
+    next_ids: torch.Tensor  # [B] the target's token after them
+    drafted_ids: torch.Tensor  # [B, g]
+    logits: torch.Tensor  # [B, g + 1, V] the target's, for logprobs
+    accepted: list[int]
+    next: list[int]
+    drafted: list[list[int]]
+
+    @classmethod
+    def read(cls, accepted: torch.Tensor, nxt: torch.Tensor, drafted: torch.Tensor, logits: torch.Tensor) -> Step:
+        """The step with its host copy, read in one transfer: the loop's one wait per target forward."""
+        rows = torch.cat([accepted[:, None], nxt[:, None], drafted], dim=1).tolist()
+        return cls(accepted, nxt, drafted, logits, [r[0] for r in rows], [r[1] for r in rows], [r[2:] for r in rows])
 
 
 # Dividing float32 logits by a temperature near 1e-38 overflows to inf and sampling gets NaN; far above that,
@@ -126,13 +149,18 @@ def logits_at(model: PreTrainedModel, hidden: torch.Tensor, index: torch.Tensor)
     return model.get_output_embeddings()(picked).float()
 
 
-def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists into [B, q]; returns (ids, valid lengths)."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
+def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Right-pad token lists into [B, q] on ``device``; returns (ids, valid lengths on the host)."""
+    lengths = [len(r) for r in rows]
+    ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)
     for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return ids.to(device), torch.tensor([len(r) for r in rows], device=device)
+        ids[i, : len(r)] = r
+    return to_device(ids, device), lengths
+
+
+def last_columns(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """Index [B, 1] of each row's last valid column, for ``logits_at`` or a gather."""
+    return to_device([[n - 1] for n in lengths], device)
 
 
 # A CPU runs a forward's rows one after another, and a forward over many long padded rows costs more per
@@ -142,9 +170,10 @@ CPU_PREFILL_TOKENS = 256
 
 
 def prefill_budget(device: torch.device) -> int | None:
-    """Padded tokens per prefill forward: ``CPU_PREFILL_TOKENS`` on a CPU, unbounded (None) on an
-    accelerator, which runs a batch's rows in parallel."""
-    return CPU_PREFILL_TOKENS if device.type == "cpu" else None
+    """Padded tokens per prefill forward: ``CPU_PREFILL_TOKENS`` on a CPU, unbounded (None: one forward for
+    all rows) on an accelerator, which runs a batch's rows in parallel, or wherever
+    ``SIDECAR_ONE_PREFILL_FORWARD`` is set (so that CPU tests run the accelerator's path too)."""
+    return CPU_PREFILL_TOKENS if device.type == "cpu" and not Settings().one_prefill_forward else None
 
 
 def shared_prefix_length(rows: list[list[int]], hidden_spans: list[list[tuple[int, int]]] | None) -> int:
@@ -185,7 +214,7 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
         last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False,
                             on_rows=None if on_rows is None else lambda k: on_rows(1 + k)))
         return torch.cat(last)
-    device = cache.lengths.device
+    device = cache.device
     last: list[torch.Tensor] = []
     start = 0
     while start < len(rows):
@@ -197,13 +226,15 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
         ids, lengths = pad_rows(rows[start:stop], device)
         span_ids = None
         if hidden_spans is not None:
-            span_ids = torch.full_like(ids, -1)
+            spans = np.full(tuple(ids.shape), -1, dtype=np.int64)
             for i, row_spans in enumerate(hidden_spans[start:stop]):
                 for span_id, (s, e) in enumerate(row_spans):
-                    span_ids[i, s:e] = span_id
+                    spans[i, s:e] = span_id
+            span_ids = to_device(spans, device)
         hidden = forward(model, part, ids, span_ids)
         part.commit(lengths)
-        last.append(hidden.gather(1, (lengths - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])))
+        index = last_columns(lengths, device)[:, :, None].expand(-1, 1, hidden.shape[-1])
+        last.append(hidden.gather(1, index))
         if on_rows is not None:
             on_rows(stop)
         start = stop
@@ -308,6 +339,9 @@ class SpeculativeDecoder:
                       on_finish: FinishCallback | None, on_progress: ProgressCallback | None = None,
                       top_logprobs: int | None = None, cancelled: CancelCheck | None = None,
                       ) -> list[GenerationOutput]:
+        """The loop. It reads the device once per target forward (``Step``: accepted counts, next tokens and
+        drafts in one transfer) and, when drafting may stop early, once per draft forward; everything else
+        it decides from host copies, so a GPU never waits on a per-row or per-length read."""
         pair, device = self.pair, self.pair.device
         t_start = time.perf_counter()
         n = len(rows)
@@ -318,6 +352,7 @@ class SpeculativeDecoder:
         margin = max_new + 2 * gamma_max + 4
         target_cache = RowKVCache(pair.target, n, longest[0] + margin)
         draft_cache: RowKVCache | None = None
+        timer = self.controller.timer(device)
 
         with torch.inference_mode():
             # prefill the target; its last prompt position yields the first new token
@@ -328,7 +363,7 @@ class SpeculativeDecoder:
                            on_rows=lambda k: report(TARGET_PREFILL, k, n))
             first_logits = logits_at(pair.target, last, torch.zeros(n, 1, dtype=torch.long, device=device))[:, 0]
             first = self._choose(first_logits, sampling, generator)
-            synchronize(pair.device)
+            pending_tokens = first.tolist()  # waits for the prefill, so the clock below has timed it
             self.controller.observe_prefill("target", sum(len(r.target_prompt) for r in rows),
                                             time.perf_counter() - t_start)
 
@@ -337,13 +372,12 @@ class SpeculativeDecoder:
                          or self.controller.draft_pays(n, sum(map(len, draft_prompts)), max_new,
                                                        pair.draft_size_ratio))
             if speculate:
-                t_draft = time.perf_counter()
                 draft_cache = RowKVCache(pair.draft, n, longest[1] + margin)
                 report(DRAFT_PREFILL, 0, n)
-                prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows],
-                        on_rows=lambda k: report(DRAFT_PREFILL, k, n))
-                synchronize(pair.device)
-                self.controller.observe_prefill("draft", sum(map(len, draft_prompts)), time.perf_counter() - t_draft)
+                draft_tokens = sum(map(len, draft_prompts))
+                with timer(lambda seconds: self.controller.observe_prefill("draft", draft_tokens, seconds)):
+                    prefill(pair.draft, draft_cache, draft_prompts, budget, [r.draft_hidden for r in rows],
+                            on_rows=lambda k: report(DRAFT_PREFILL, k, n))
             prefill_seconds = time.perf_counter() - t_start
 
             stats = [GenerationStats(prompt_tokens=len(r.target_prompt), target_forwards=1,
@@ -357,10 +391,11 @@ class SpeculativeDecoder:
             # per row: where its text reaches a stop string, decoding only what each step added
             stops = [TokenStops(pair.tokenizer, stop) for _ in rows] if stop else None
             live = list(range(n))  # slot i of the caches holds row live[i]
-            pending = first  # [B] last committed token, not yet in the target cache
+            # [B] last committed token, not yet in the target cache; pending_tokens is its host copy
+            pending = first
             entries = None if top_logprobs is None else token_logprobs(first_logits[:, None], first[:, None],
                                                                          top_logprobs)
-            self._append(live, [[t] for t in first.tolist()], new_tokens, rows, finish, stops, indices, on_tokens,
+            self._append(live, [[t] for t in pending_tokens], new_tokens, rows, finish, stops, indices, on_tokens,
                          entries, logprobs)
             budget_tokens = sum(r.max_new_tokens for r in rows)
             report(DECODE, sum(map(len, new_tokens)), budget_tokens)
@@ -391,7 +426,8 @@ class SpeculativeDecoder:
                     target_cache.select_rows(order)
                     if draft_cache is not None:
                         draft_cache.select_rows(order)
-                    pending = pending.index_select(0, torch.tensor(order, device=device))
+                    pending = pending.index_select(0, to_device(order, device))
+                    pending_tokens = [pending_tokens[s] for s in order]
                     live = [live[s] for s in order]
 
                 # gamma shrinks only when every row is near its limit: one row's limit must not cost the others
@@ -405,36 +441,35 @@ class SpeculativeDecoder:
                 else:
                     gamma, source = self.controller.choose(len(live), limit if speculate else 0, max_lookup)
                 if gamma == 0:
-                    accepted, nxt, drafted, logits = self._plain_step(target_cache, pending, sampling, generator)
+                    step = self._plain_step(target_cache, pending, sampling, generator)
                     if speculate:  # the draft did not see the token the target consumed
                         for slot, row in enumerate(live):
-                            draft_backlog[row].append(int(pending[slot]))
+                            draft_backlog[row].append(pending_tokens[slot])
                 else:
-                    accepted, nxt, drafted, logits = self._speculative_step(
-                        target_cache, draft_cache, live, pending, draft_backlog, gamma, source, copied, sampling,
-                        generator)
-                pending = nxt
-                width = drafted.shape[1]
-                accepted_list, drafted_rows = accepted.tolist(), drafted.tolist()
+                    step = self._speculative_step(target_cache, draft_cache, live, pending, pending_tokens,
+                                                  draft_backlog, gamma, source, copied, sampling, generator)
+                pending, pending_tokens = step.next_ids, step.next
+                width = step.drafted_ids.shape[1]
                 for slot, row in enumerate(live):
                     st = stats[row]
                     st.target_forwards += 1
                     st.drafted += width
-                    st.accepted += accepted_list[slot]
+                    st.accepted += step.accepted[slot]
                     if source == "lookup":
                         st.lookup_drafted += width
-                        st.lookup_accepted += accepted_list[slot]
+                        st.lookup_accepted += step.accepted[slot]
                     else:
                         st.draft_forwards += width
                     for k in range(width):
                         st.drafted_per_position[k] += 1
-                        st.accepted_per_position[k] += int(k < accepted_list[slot])
-                appended = [[*drafted_rows[s][:accepted_list[s]], int(nxt[s])] for s in range(len(live))]
+                        st.accepted_per_position[k] += int(k < step.accepted[slot])
+                appended = [[*step.drafted[s][: step.accepted[s]], step.next[s]] for s in range(len(live))]
                 entries = None
                 if top_logprobs is not None:
                     # the committed tokens: accepted drafts, then the target's own token at the first rejection
-                    chosen = torch.cat([drafted, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
-                    entries = token_logprobs(logits, chosen, top_logprobs)
+                    chosen = torch.cat([step.drafted_ids, step.next_ids[:, None]], 1).scatter(
+                        1, step.accepted_ids[:, None], step.next_ids[:, None])
+                    entries = token_logprobs(step.logits, chosen, top_logprobs)
                 self._append(live, appended, new_tokens, rows, finish, stops, indices, on_tokens, entries, logprobs)
                 report(DECODE, budget_tokens - sum(rows[r].max_new_tokens - len(new_tokens[r]) for r in live),
                        budget_tokens)
@@ -442,20 +477,21 @@ class SpeculativeDecoder:
                 for i in range(n)]
 
     def _speculative_step(self, target_cache: RowKVCache, draft_cache: RowKVCache | None, live: list[int],
-                          pending: torch.Tensor, draft_backlog: list[list[int]], gamma: int, source: Source,
-                          copied: list[list[int]], sampling: Sampling, generator: torch.Generator | None,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft (or copy) then verify; (accepted [B], next token [B], drafted [B, g], target logits [B, g+1, V])."""
+                          pending: torch.Tensor, pending_tokens: list[int], draft_backlog: list[list[int]],
+                          gamma: int, source: Source, copied: list[list[int]], sampling: Sampling,
+                          generator: torch.Generator | None) -> Step:
+        """Draft (or copy) then verify."""
         device = self.pair.device
+        timer = self.controller.timer(device)
         if source == "lookup":
-            drafted = torch.tensor([c[:gamma] for c in copied], dtype=torch.long, device=device)
+            drafted = to_device([c[:gamma] for c in copied], device)
             # a copied token is a draft with all its probability on itself: min(1, p/q) is then p(x)
             draft_probs = None if sampling.greedy else torch.nn.functional.one_hot(
                 drafted, self.target_vocab).float()
         else:
             assert draft_cache is not None
-            draft_start = draft_cache.lengths.clone()
-            feed = [draft_backlog[row] + [int(pending[slot])] for slot, row in enumerate(live)]
+            draft_start = draft_cache.lengths.copy()
+            feed = [draft_backlog[row] + [pending_tokens[slot]] for slot, row in enumerate(live)]
             drafted, draft_probs = self._draft(draft_cache, feed, gamma, sampling, generator)
             for row in live:
                 draft_backlog[row] = []
@@ -463,7 +499,7 @@ class SpeculativeDecoder:
 
         # verify: the target scores pending + the drafts for every row in one forward
         batch = len(live)
-        with self.controller.timer(device)("target", batch * (width + 1)):
+        with timer(self.controller.forward_cost("target", batch * (width + 1))):
             verify_ids = torch.cat([pending[:, None], drafted], dim=1)
             hidden = forward(self.pair.target, target_cache, verify_ids)
             index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
@@ -473,30 +509,27 @@ class SpeculativeDecoder:
             else:
                 target_probs = warp(target_logits, sampling.temperature, sampling.top_p)
                 accepted, nxt = accept_sampled(drafted, draft_probs, target_probs, generator)
-            target_cache.commit(accepted + 1)
+        step = Step.read(accepted, nxt, drafted, target_logits)
+        target_cache.commit([a + 1 for a in step.accepted])
 
         if source == "draft":
             # roll the draft back to pending + accepted drafts; it never fed its last draft token
-            feed_len = torch.tensor([len(f) for f in feed], device=device)
-            draft_cache.rollback(draft_start + feed_len + accepted)
-            all_accepted = (accepted == width).tolist()
-            last_draft = drafted[:, -1].tolist()
+            draft_cache.rollback(draft_start + np.array([len(f) for f in feed]) + np.array(step.accepted))
             for slot, row in enumerate(live):
-                if all_accepted[slot]:
-                    draft_backlog[row] = [last_draft[slot]]
+                if step.accepted[slot] == width:
+                    draft_backlog[row] = [step.drafted[slot][-1]]
         elif draft_cache is not None:  # the draft saw none of what this step committed but the new token
-            accepted_list, copied_rows = accepted.tolist(), drafted.tolist()
             for slot, row in enumerate(live):
-                draft_backlog[row] += [int(pending[slot]), *copied_rows[slot][:accepted_list[slot]]]
-        self.controller.observe_acceptance(accepted, width, source)
-        return accepted, nxt, drafted, target_logits
+                draft_backlog[row] += [pending_tokens[slot], *step.drafted[slot][: step.accepted[slot]]]
+        self.controller.observe_acceptance(step.accepted, width, source)
+        return step
 
     def _draft(self, draft_cache: RowKVCache, feed: list[list[int]], gamma: int, sampling: Sampling,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Up to ``gamma`` draft tokens per row [B, g], and their draft probabilities when sampling. The
         first forward also feeds what the draft cache lacks. Drafting stops early once no row's latest
         token reached ``draft_confidence``: its successors would mostly be rejected, and each costs a
-        draft forward plus a wider verify."""
+        draft forward plus a wider verify. That test is the one read of the device per draft forward."""
         pair, device = self.pair, self.pair.device
         batch = len(feed)
         timer = self.controller.timer(device)
@@ -504,12 +537,14 @@ class SpeculativeDecoder:
         for step in range(gamma):
             if step == 0:
                 ids, valid = pad_rows(feed, device)
+                index = last_columns(valid, device)
             else:
-                ids, valid = draft_tokens[-1][:, None], torch.ones(batch, dtype=torch.long, device=device)
-            with timer("draft", batch * ids.shape[1]):
+                ids, valid = draft_tokens[-1][:, None], 1
+                index = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            with timer(self.controller.forward_cost("draft", batch * ids.shape[1])):
                 hidden = forward(pair.draft, draft_cache, ids)
                 draft_cache.commit(valid)
-                logits = self._align_vocab(logits_at(pair.draft, hidden, (valid - 1)[:, None])[:, 0])
+                logits = self._align_vocab(logits_at(pair.draft, hidden, index)[:, 0])
                 if sampling.greedy:
                     token = logits.argmax(-1)
                 else:
@@ -540,18 +575,18 @@ class SpeculativeDecoder:
         return copied if all(copied) else []
 
     def _plain_step(self, target_cache: RowKVCache, pending: torch.Tensor, sampling: Sampling,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    generator: torch.Generator | None) -> Step:
         """One target-only step, chosen when speculation would cost more than it saves at this batch; returns
         what ``_speculative_step`` does, with nothing drafted."""
         batch = pending.shape[0]
-        with self.controller.timer(self.pair.device)("target", batch):
+        device = pending.device
+        with self.controller.timer(device)(self.controller.forward_cost("target", batch)):
             hidden = forward(self.pair.target, target_cache, pending[:, None])
-            target_cache.commit(torch.ones(batch, dtype=torch.long, device=pending.device))
-            logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long,
-                                                                      device=pending.device))
+            logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long, device=device))
             nxt = self._choose(logits[:, 0], sampling, generator)
-        zeros = torch.zeros(batch, dtype=torch.long, device=pending.device)
-        return zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=pending.device), logits
+        target_cache.commit(1)
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        return Step.read(zeros, nxt, torch.zeros(batch, 0, dtype=torch.long, device=device), logits)
 
     # -- helpers --
 

@@ -26,6 +26,19 @@ def tiny():
     return tiny_pair()
 
 
+@pytest.fixture(params=["row groups", "one forward"])
+def prefill_forwards(request, monkeypatch) -> str:
+    """Both prefill paths: rows in groups of a few padded tokens per forward (a CPU's path, in groups small
+    enough that the tests' short prompts split), and one forward for the whole batch (an accelerator's
+    path, forced on a CPU by ``SIDECAR_ONE_PREFILL_FORWARD``)."""
+    if request.param == "one forward":
+        monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
+    else:
+        monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
+        monkeypatch.setattr("sidecar.speculative.CPU_PREFILL_TOKENS", 32)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def real_pair():
     """The real Qwen2.5-Coder 1.5B/0.5B pair; `make test` fetches it first, so a missing pair fails."""

@@ -43,7 +43,7 @@ class CancelAfter:
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_a_cancelled_row_leaves_and_the_others_are_unchanged(tiny, adaptive: bool) -> None:
+def test_a_cancelled_row_leaves_and_the_others_are_unchanged(tiny, adaptive: bool, prefill_forwards) -> None:
     prompts = [chat_ids(tiny, d) for d in DOCS]
     alone = SpeculativeDecoder(tiny, gamma=3, adaptive=adaptive).generate(prompts, max_new_tokens=40)
     cancel = CancelAfter(row=1, tokens=5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import types
 
+import numpy as np
 import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -15,7 +16,7 @@ from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import Sampling, forward, logits_at, prefill, shared_prefix_length
+from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget, shared_prefix_length
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -31,7 +32,7 @@ def target_alone(pair, prompt, max_new_tokens):
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive):
+def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 3, 25, 8, 40, 2, 14], seed=batch_size)
     decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive)
     outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
@@ -50,7 +51,7 @@ def test_a_vanishing_temperature_decodes_greedily(tiny):
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 12) for p in prompts]
 
 
-def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny):
+def test_greedy_identity_with_gamma_sweep_and_per_row_limits(tiny, prefill_forwards):
     prompts = random_prompts(tiny, [6, 19, 11, 4], seed=7)
     limits = [1, 7, 33, 20]
     for gamma in (1, 2, 6):
@@ -131,22 +132,57 @@ def test_handbuilt_causal_mask_reproduces_native_logits(tiny):
                 assert (ours[i, : len(p)] - native).abs().max().item() < 1e-4
 
 
+def grouped_attention_inputs(query_len: int, kv_len: int, seed: int):
+    """Query [4, 6, q, 16] over key/value [4, 2, kv, 16] (groups of 3), and a random mask of each kind."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(4, 6, query_len, 16, generator=g)
+    key, value = torch.randn(2, 4, 2, kv_len, 16, generator=g)
+    allowed = torch.rand(4, 1, query_len, kv_len, generator=g) < 0.7
+    allowed[..., 0] = True
+    additive = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return query, key, value, (allowed, additive)
+
+
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("query_len", [1, 2, 5])
-def test_grouped_attention_equals_sdpa_over_copied_key_value_heads(query_len):
-    """Folding a group's query heads into the query axis computes what SDPA computes after repeat_kv."""
+def test_grouped_attention_equals_sdpa_over_copied_key_value_heads(query_len, fused, monkeypatch):
+    """Attending to shared key/value heads in place, in one fused call or one call per position in the group,
+    computes what SDPA computes after repeat_kv."""
+    monkeypatch.setattr("sidecar.attention.fused_grouped_kernel", lambda *inputs: fused)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
-    g = torch.Generator().manual_seed(query_len)
     for kv_len in (query_len, 37):
-        query = torch.randn(4, 6, query_len, 16, generator=g)
-        key, value = torch.randn(2, 4, 2, kv_len, 16, generator=g)
-        allowed = torch.rand(4, 1, query_len, kv_len, generator=g) < 0.7
-        allowed[..., 0] = True
-        additive = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
-        for mask in (allowed, additive):
+        query, key, value, masks = grouped_attention_inputs(query_len, kv_len, seed=query_len)
+        for mask in masks:
             ours, _ = grouped_sdpa_forward(module, query, key, value, mask, scaling=0.25)
             reference, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
             assert ours.shape == reference.shape == (4, query_len, 6, 16)
             assert (ours - reference).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_grouped_attention_hands_sdpa_the_mask_itself(fused, monkeypatch):
+    """The [B, 1, q, kv] mask reaches SDPA as it is, broadcast over the heads: no copy per head of a group
+    (for a 7B prefill at batch 64 and 2,000 tokens that copy was 3.6 GB per layer)."""
+    monkeypatch.setattr("sidecar.attention.fused_grouped_kernel", lambda *inputs: fused)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen = []
+
+    def recording_sdpa(query, key, value, attn_mask=None, **kwargs):
+        seen.append((attn_mask, key))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    query, key, value, masks = grouped_attention_inputs(5, 37, seed=1)
+    for mask in masks:
+        seen.clear()
+        grouped_sdpa_forward(module, query, key, value, mask, scaling=0.25)
+        assert seen
+        for passed, passed_key in seen:
+            assert passed.shape == mask.shape
+            assert passed.untyped_storage().data_ptr() == mask.untyped_storage().data_ptr()
+            assert passed.untyped_storage().nbytes() == mask.numel() * mask.element_size()
+            assert passed_key.untyped_storage().data_ptr() == key.untyped_storage().data_ptr()
 
 
 def test_models_attend_through_grouped_attention(tiny):
@@ -169,7 +205,7 @@ def test_prefill_in_row_groups_matches_one_forward(tiny, budget):
         caches.append(cache)
     whole, grouped = caches
     assert whole.lengths.tolist() == [9, 17, 4, 20, 12]
-    assert torch.equal(grouped.lengths, whole.lengths)
+    assert grouped.lengths.tolist() == whole.lengths.tolist()
     assert torch.equal(grouped.visible, whole.visible) and torch.equal(grouped.span, whole.span)
     for row, n in enumerate(whole.lengths.tolist()):
         for layer in range(whole.layers):
@@ -201,7 +237,7 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
             last = prefill(tiny.target, cache, prompts, budget, spans, share_prefix=share)
         results.append((cache, last))
     (whole, whole_last), (shared, shared_last) = results
-    assert torch.equal(shared.lengths, whole.lengths) and whole.lengths.tolist() == [12, 19, 8, 15]
+    assert shared.lengths.tolist() == whole.lengths.tolist() == [12, 19, 8, 15]
     assert torch.equal(shared.visible, whole.visible) and torch.equal(shared.span, whole.span)
     for row, n in enumerate(whole.lengths.tolist()):
         for layer in range(whole.layers):
@@ -214,7 +250,7 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
         assert fed_tokens == [sum(map(len, prompts)), sum(map(len, prompts)) - 3 * 6]
 
 
-def test_greedy_identity_with_shared_prompt_prefixes(tiny):
+def test_greedy_identity_with_shared_prompt_prefixes(tiny, prefill_forwards):
     prefix = random_prompts(tiny, [9], seed=8)[0]
     prompts = [prefix + tail for tail in random_prompts(tiny, [3, 14, 1, 6], seed=9)]
     outputs = SpeculativeDecoder(tiny, gamma=3, adaptive=False).generate(prompts, max_new_tokens=20, batch_size=4)
@@ -226,6 +262,27 @@ def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
+
+
+@pytest.mark.parametrize("one_forward", [False, True])
+def test_one_prefill_forward_is_forced_by_the_setting(tiny, monkeypatch, one_forward):
+    """``SIDECAR_ONE_PREFILL_FORWARD`` makes a CPU prefill a batch in one forward, as an accelerator does;
+    without it the rows go in groups of ``CPU_PREFILL_TOKENS`` padded tokens."""
+    if one_forward:
+        monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
+    else:
+        monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
+    prompts = random_prompts(tiny, [40] * 8, seed=4)  # 320 padded tokens: two groups on a CPU
+    calls = []
+    handle = tiny.target.base_model.register_forward_hook(lambda module, args, kwargs, out: calls.append(1),
+                                                          with_kwargs=True)
+    try:
+        cache = RowKVCache(tiny.target, len(prompts), 48)
+        with torch.inference_mode():
+            prefill(tiny.target, cache, prompts, prefill_budget(tiny.device))
+    finally:
+        handle.remove()
+    assert len(calls) == (1 if one_forward else 2)
 
 
 def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
@@ -275,16 +332,16 @@ def test_select_rows_equals_picking_rows_in_order(tiny, rows):
     cache = RowKVCache(tiny.target, 6, 16)
     for buffer in (*cache.keys, *cache.values):
         buffer.normal_()
-    cache.lengths.copy_(torch.arange(6) + 3)
-    cache.position_offset.copy_(torch.arange(6) * 10)
+    cache.lengths[:] = np.arange(6) + 3
+    cache.position_offset[:] = np.arange(6) * 10
     cache.visible[:, 5] = torch.arange(6) % 2 == 0
     cache.span[:, 7] = torch.arange(6)
-    before = [t.clone() for t in (*cache.keys, *cache.values, cache.lengths, cache.position_offset,
-                                  cache.visible, cache.span)]
+    before = [torch.as_tensor(t).clone() for t in (*cache.keys, *cache.values, cache.lengths, cache.position_offset,
+                                                   cache.visible, cache.span)]
     cache.select_rows(rows)
     after = (*cache.keys, *cache.values, cache.lengths, cache.position_offset, cache.visible, cache.span)
     for old, new in zip(before, after, strict=True):
-        assert torch.equal(new, old[rows])
+        assert torch.equal(torch.as_tensor(new), old[rows])
 
 
 def test_acceptance_rule_greedy():
@@ -320,7 +377,7 @@ def test_acceptance_rule_sampled_follows_target_exactly(gamma):
 
 
 @pytest.mark.parametrize("copying", [False, True])
-def test_sampled_engine_follows_target_distribution(copying, monkeypatch):
+def test_sampled_engine_follows_target_distribution(copying, monkeypatch, prefill_forwards):
     """End to end: the second new token goes through draft + acceptance; its law must be the target's.
 
     ``copying``: every draft is a copied token (prompt lookup, forced here), whose draft law is one-hot.
@@ -550,7 +607,7 @@ def reference_copier(pair, prompts, max_new_tokens, seed=0):
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive):
+def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
     expected, copy = reference_copier(tiny, prompts, 30)
     monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)

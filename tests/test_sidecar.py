@@ -20,7 +20,7 @@ HASHTAGS_ATTENDED = SidecarTask(name="hashtags_attended", instruction=HASHTAGS.i
                                 max_new_tokens=20, attend_document=True, parser="hashtags")
 
 
-def test_target_output_is_identical_with_or_without_sidecars(tiny):
+def test_target_output_is_identical_with_or_without_sidecars(tiny, prefill_forwards):
     engine = SidecarEngine(tiny, gamma=3, adaptive=False)
     with_sidecars = engine.run([SidecarRequest(d, sidecars=[HASHTAGS, TITLE]) for d in DOCS], max_new_tokens=24,
                                batch_size=3)
@@ -33,7 +33,7 @@ def test_target_output_is_identical_with_or_without_sidecars(tiny):
         assert result.main.token_ids == native
 
 
-def test_multiple_sidecars_batched_equal_each_request_alone(tiny):
+def test_multiple_sidecars_batched_equal_each_request_alone(tiny, prefill_forwards):
     """Rows finish at different steps (different documents, some hit max tokens); the batched sidecar
     phase gives every (request, task) the same output as running that request by itself."""
     engine = SidecarEngine(tiny, gamma=4, adaptive=False)
@@ -50,7 +50,7 @@ def test_multiple_sidecars_batched_equal_each_request_alone(tiny):
             assert len(result.sidecars[task.name].token_ids) <= task.max_new_tokens
 
 
-def test_sidecar_output_does_not_depend_on_gamma_or_batching(tiny):
+def test_sidecar_output_does_not_depend_on_gamma_or_batching(tiny, prefill_forwards):
     """How many main-output tokens the draft cache lacks at the end depends on gamma, plain steps and the
     batch; the sidecar must come out the same whatever they were."""
     requests = [SidecarRequest(d, sidecars=[HASHTAGS, TITLE]) for d in DOCS]

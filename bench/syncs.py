@@ -1,0 +1,106 @@
+"""Host-device synchronisations per decoding step, counted on the tiny pair (``sidecar.syncs``).
+
+    python -m bench.syncs          # batch 1, 8 and 32; writes bench/results/syncs.json and syncs.md
+
+A GPU idles at every synchronisation until the host has queued the next kernels, so a loop that syncs
+once per row or once per draft token stalls more the larger the batch. The count does not depend on the
+machine or on the weights' values beyond how many tokens each step accepts, which is why the tiny random
+pair on a CPU measures it: each row of the table decodes ``--batch`` random prompts for ``--new-tokens``
+tokens with prompt lookup on and gamma 4: fixed (every step drafts 4), fixed with early stopping at draft
+confidence ``DRAFT_CONFIDENCE`` (which reads the device once per draft forward), or adaptive (the
+controller's choice of step, with that early stopping). ``steps`` are the batch's decoding steps after the
+prefill; target and draft forwards count every forward of the decode, prefill forwards apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import ExitStack
+from unittest import mock
+
+import torch
+
+from bench.common import environment, markdown_table, write_results
+from sidecar import speculative
+from sidecar.models import tiny_pair
+from sidecar.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
+from sidecar.syncs import SyncCounter
+
+BATCHES = (1, 8, 32)
+MODES = {
+    "fixed": dict(adaptive=False),
+    "fixed, early stop": dict(adaptive=False, draft_confidence=DRAFT_CONFIDENCE),
+    "adaptive": dict(adaptive=True),
+}
+
+
+class ForwardCount:
+    """Forwards of one model, told apart by whether a prefill was running."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.prefill = self.decode = 0
+        self.in_prefill = 0
+        self.handle = model.base_model.register_forward_hook(self._hook)
+
+    def _hook(self, *args) -> None:
+        if self.in_prefill:
+            self.prefill += 1
+        else:
+            self.decode += 1
+
+
+def measure(pair, batch: int, mode: str, new_tokens: int, seed: int = 0) -> dict:
+    """One decode of ``batch`` random prompts: its syncs, decoding steps and forwards."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 40, (batch,), generator=g).tolist()
+    prompts = [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
+    decoder = SpeculativeDecoder(pair, gamma=4, **MODES[mode])
+    counts = [ForwardCount(pair.target), ForwardCount(pair.draft)]
+    original = speculative.prefill
+
+    def counted_prefill(*args, **kwargs):
+        for c in counts:
+            c.in_prefill += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for c in counts:
+                c.in_prefill -= 1
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(speculative, "prefill", counted_prefill))
+        syncs = stack.enter_context(SyncCounter())
+        outputs = decoder.generate(prompts, max_new_tokens=new_tokens, batch_size=batch)
+    for c in counts:
+        c.handle.remove()
+    steps = max(o.stats.target_forwards for o in outputs) - 1  # the prefill counts as one
+    target, draft = counts
+    return {
+        "batch": batch, "mode": mode, "steps": steps,
+        "target_forwards": target.decode, "draft_forwards": draft.decode,
+        "prefill_forwards": target.prefill + draft.prefill, "syncs": syncs.total,
+        "syncs_per_step": syncs.total / max(steps, 1),
+        "budget": target.decode + draft.decode + 1,
+        "top_sites": syncs.sites.most_common(8),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
+    args = parser.parse_args()
+    pair = tiny_pair()
+    rows = [measure(pair, batch, mode, args.new_tokens) for mode in MODES for batch in args.batch]
+    table = markdown_table(rows, [
+        ("mode", "mode"), ("batch", "batch"), ("steps", "steps"), ("target_forwards", "target forwards"),
+        ("draft_forwards", "draft forwards"), ("syncs", "syncs"), ("syncs_per_step", "syncs per step"),
+        ("budget", "budget (forwards + 1)")])
+    heading = (f"Host-device synchronisations of one decode, tiny pair, {args.new_tokens} new tokens per row, "
+               "gamma 4, prompt lookup on (`python -m bench.syncs`):")
+    write_results("syncs", {"environment": environment(pair.device), "new_tokens": args.new_tokens, "rows": rows},
+                  heading + "\n\n" + table)
+
+
+if __name__ == "__main__":
+    main()

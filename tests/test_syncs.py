@@ -1,0 +1,181 @@
+"""A decode waits for the device at most once per forward, whatever the batch size (``sidecar.syncs``).
+
+The budget: syncs <= decode target forwards + decode draft forwards + 1 per prefilled batch.
+
+* A target forward (verify or plain step) is read back once: accepted counts, next tokens and drafts
+  in one transfer.
+* A draft forward is read back at most once: when drafting may stop early, whether any row's token
+  was confident.
+* A prefill's forwards read nothing; the batch's first token is one transfer.
+
+Nothing else may wait: no per-row reads, no lengths read back for the masks, no timer that
+synchronizes. Asking for logprobs adds one transfer per forward that commits tokens (their entries).
+The count runs on the CPU, where the same calls are made as on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from unittest import mock
+
+import pytest
+import torch
+
+from sidecar import models, plain, speculative
+from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.gamma import DeviceTimer
+from sidecar.speculative import SpeculativeDecoder
+from sidecar.syncs import SyncCounter
+from sidecar.tasks import HASHTAGS
+
+
+def random_prompts(pair, batch: int, seed: int, every_token: bool = False) -> list[list[int]]:
+    """Random prompts; with ``every_token`` each holds every ordinary token once, so that prompt lookup
+    finds a continuation to copy whatever token a row has just produced."""
+    g = torch.Generator().manual_seed(seed)
+    if every_token:
+        return [(torch.randperm(len(pair.tokenizer) - 3, generator=g) + 3).tolist() for _ in range(batch)]
+    lengths = torch.randint(4, 30, (batch,), generator=g).tolist()
+    return [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
+
+
+class Forwards:
+    """Forwards of the target and the draft made outside a prefill."""
+
+    def __init__(self, pair) -> None:
+        self.decode = {"target": 0, "draft": 0}
+        self.prefills = 0
+        self._depth = 0
+        self._handles = [model.base_model.register_forward_hook(self._hook(name))
+                         for name, model in (("target", pair.target), ("draft", pair.draft))]
+
+    def _hook(self, name: str) -> Callable:
+        def hook(*args) -> None:
+            if not self._depth:
+                self.decode[name] += 1
+        return hook
+
+    def wrap(self, prefill: Callable) -> Callable:
+        def counted(*args, **kwargs):
+            self.prefills += not self._depth
+            self._depth += 1
+            try:
+                return prefill(*args, **kwargs)
+            finally:
+                self._depth -= 1
+        return counted
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def count(pair, run: Callable[[], object]) -> tuple[SyncCounter, Forwards, object]:
+    forwards = Forwards(pair)
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(speculative, "prefill", forwards.wrap(speculative.prefill)))
+        stack.enter_context(mock.patch.object(plain, "prefill", forwards.wrap(plain.prefill)))
+        syncs = stack.enter_context(SyncCounter())
+        result = run()
+    forwards.remove()
+    return syncs, forwards, result
+
+
+def assert_within_budget(syncs: SyncCounter, forwards: Forwards, token_prefills: int, logprobs: bool = False) -> None:
+    budget = forwards.decode["target"] + forwards.decode["draft"] + token_prefills
+    if logprobs:
+        budget += forwards.decode["target"] + token_prefills
+    assert syncs.total <= budget, (
+        f"{syncs.total} syncs for {forwards.decode} decode forwards and {token_prefills} prefilled batches "
+        f"(budget {budget}); by call site:\n{syncs.report()}")
+
+
+MODES = {
+    "fixed": dict(decoder=dict(adaptive=False)),
+    "fixed, early stop": dict(decoder=dict(adaptive=False, draft_confidence=0.5)),
+    "adaptive": dict(decoder=dict(adaptive=True)),
+    "sampled": dict(decoder=dict(adaptive=False, draft_confidence=0.5), generate=dict(temperature=0.9, seed=3)),
+    "copying": dict(decoder=dict(adaptive=False), every_token=True),
+    "logprobs": dict(decoder=dict(adaptive=False), generate=dict(top_logprobs=2)),
+}
+
+
+@pytest.mark.parametrize("batch", [1, 8, 32])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_decode_syncs_at_most_once_per_forward(tiny, mode: str, batch: int) -> None:
+    config = MODES[mode]
+    prompts = random_prompts(tiny, batch, seed=batch, every_token=config.get("every_token", False))
+    decoder = SpeculativeDecoder(tiny, gamma=4, **config["decoder"])
+    syncs, forwards, outputs = count(tiny, lambda: decoder.generate(
+        prompts, max_new_tokens=24, batch_size=batch, **config.get("generate", {})))
+    # the paths each mode is for ran
+    if mode == "copying":
+        assert sum(o.stats.lookup_drafted for o in outputs) > 0
+    elif not decoder.adaptive:
+        assert forwards.prefills == 2 and forwards.decode["draft"] > 0
+    assert_within_budget(syncs, forwards, token_prefills=1, logprobs="top_logprobs" in config.get("generate", {}))
+
+
+def test_sidecar_tasks_sync_at_most_once_per_forward(tiny) -> None:
+    engine = SidecarEngine(tiny, gamma=3, adaptive=False)
+    requests = [SidecarRequest(document=f"document number {i} " * (2 + i % 3), sidecars=[HASHTAGS]) for i in range(8)]
+    syncs, forwards, _ = count(tiny, lambda: engine.run(requests, max_new_tokens=16, batch_size=8))
+    # the main batch's prefill and the sidecar batch's feed each yield a first token
+    assert_within_budget(syncs, forwards, token_prefills=2)
+
+
+def test_the_counter_counts_every_kind_of_wait() -> None:
+    t = torch.arange(4)
+    with SyncCounter() as syncs:
+        int(t[0]), float(t[1]), bool(t[2]), [0, 1, 2, 3][t[3]]
+        t.tolist(), t[0].item(), t.cpu(), t.numpy()
+        t[t > 1]
+        torch.tensor([1, 2], device=t.device)
+        models.synchronize(torch.device("cpu"))  # on a GPU a synchronize: counted on a CPU too
+        torch.zeros(3) + t[:3]  # stays on the device: not counted
+    kinds = sorted(site.rsplit(" ", 1)[1] for site in syncs.sites.elements())
+    assert kinds == sorted(["__int__", "__float__", "__bool__", "__index__", "tolist", "item", "cpu", "numpy",
+                            "__getitem__[bool]", "tensor(device=)", "synchronize"])
+    assert all(site.startswith("tests/test_syncs.py:") for site in syncs.sites)
+
+
+def test_gpu_forward_timings_are_read_once_done_without_waiting(monkeypatch) -> None:
+    """On a GPU the timer brackets work with CUDA events and reads them only once they have completed
+    (``query``), oldest first: it never waits for the device."""
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.done, self.at = False, len(recorded)
+
+        def record(self) -> None:
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            assert self.done and end.done, "reading an unfinished event waits or fails"
+            return 1000.0 * (end.at - self.at)
+
+        def synchronize(self) -> None:
+            raise AssertionError("the timer waited for the device")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    timer = DeviceTimer(torch.device("cuda"))
+    heard: list[float] = []
+    for _ in range(2):
+        with timer(heard.append):
+            pass
+    timer.collect()
+    assert heard == []  # nothing has run yet
+    recorded[0].done = recorded[1].done = True
+    timer.collect()
+    assert heard == [1.0]
+    for event in recorded:
+        event.done = True
+    timer.collect()
+    assert heard == [1.0, 1.0]
