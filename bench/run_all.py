@@ -32,6 +32,7 @@ BENCHMARKS = [
     ("sidecar", "bench.sidecar", "sidecar_{device}"),
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),
+    ("syncs", "bench.syncs", "syncs"),
 ]
 
 

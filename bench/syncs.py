@@ -20,7 +20,7 @@ from unittest import mock
 
 import torch
 
-from bench.common import environment, markdown_table, write_results
+from bench.common import add_profile_arguments, environment, markdown_table, profile_suffix, write_results
 from sidecar import speculative
 from sidecar.models import tiny_pair
 from sidecar.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
@@ -89,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
+    # counts do not depend on the machine's speed, so every profile measures the same sizes under its own name
+    add_profile_arguments(parser)
     args = parser.parse_args()
     pair = tiny_pair()
     rows = [measure(pair, batch, mode, args.new_tokens) for mode in MODES for batch in args.batch]
@@ -98,7 +100,8 @@ def main() -> None:
         ("budget", "budget (forwards + 1)")])
     heading = (f"Host-device synchronisations of one decode, tiny pair, {args.new_tokens} new tokens per row, "
                "gamma 4, prompt lookup on (`python -m bench.syncs`):")
-    write_results("syncs", {"environment": environment(pair.device), "new_tokens": args.new_tokens, "rows": rows},
+    payload = {"environment": environment(pair.device), "new_tokens": args.new_tokens, "rows": rows}
+    write_results("syncs" + profile_suffix(args.profile), payload,
                   heading + "\n\n" + table)
 
 
