@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,18 @@ def news_articles() -> list[str]:
         build_news_corpus(path)
     table = pq.read_table(path, columns=["article"])
     return [a[:1500] for a in table.column("article").to_pylist()[:8]]
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """An ephemeral Prefect API for a test module; yields the environment a subprocess needs to use it."""
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
+            prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}

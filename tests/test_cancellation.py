@@ -69,8 +69,8 @@ def test_a_cancelled_request_gets_no_sidecars_and_the_others_are_unchanged(tiny)
         assert results[i].sidecars["hashtags"].token_ids == alone[i].sidecars["hashtags"].token_ids
 
 
-def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) -> None:
-    engine = SidecarEngine(tiny)
+def recorded_batches(engine: SidecarEngine, monkeypatch: pytest.MonkeyPatch) -> list[list[GenerationOutput]]:
+    """The outputs of every batch the engine's decoder generates from now on, in order."""
     generate, batches = engine.decoder.generate, []
 
     def recording(*args: object, **kwargs: object) -> list[GenerationOutput]:
@@ -78,6 +78,12 @@ def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) ->
         return batches[-1]
 
     monkeypatch.setattr(engine.decoder, "generate", recording)
+    return batches
+
+
+def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) -> None:
+    engine = SidecarEngine(tiny)
+    batches = recorded_batches(engine, monkeypatch)
     dropped_prompt, kept_prompt, limit = DOCS[0], DOCS[1], 1000
     # a wide batch window, so that both requests reliably share one batch
     app = create_app(engine, ServerConfig(model_name="tiny", batch_wait_ms=1000))
@@ -108,13 +114,7 @@ def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) ->
 
 def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
-    generate, batches = engine.decoder.generate, []
-
-    def recording(*args: object, **kwargs: object) -> list[GenerationOutput]:
-        batches.append(generate(*args, **kwargs))
-        return batches[-1]
-
-    monkeypatch.setattr(engine.decoder, "generate", recording)
+    batches = recorded_batches(engine, monkeypatch)
     limit = 1000
     with serving(create_app(engine, ServerConfig(model_name="tiny"))) as (url, _):
         endpoint = url + "/v1/chat/completions"

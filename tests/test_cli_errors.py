@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -95,21 +94,6 @@ def test_usage_errors_exit_2() -> None:
 
 
 # -- the real command, in a subprocess -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """One ephemeral Prefect API for the module's subprocesses (each would otherwise start one of its own)."""
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
-            prefect_test_harness(server_startup_timeout=120):
-        from prefect.settings import PREFECT_API_URL
-
-        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
 @pytest.fixture

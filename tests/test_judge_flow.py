@@ -31,17 +31,6 @@ DOCS = {
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
-            prefect_test_harness(server_startup_timeout=None):  # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-        yield
-
-
 @pytest.fixture
 def db(tmp_path: Path) -> Database:
     db = Database(tmp_path / "sidecar.duckdb")

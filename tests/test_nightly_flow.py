@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,21 +46,6 @@ def write_corpus(path: Path, n: int) -> Path:
     pq.write_table(pa.table({"id": [f"doc-{i:02d}" for i in range(n)], "article": texts,
                              "title": [f"Title {i}" for i in range(n)]}), path)
     return path
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """An ephemeral Prefect API for this module; yields the environment a subprocess needs to use it."""
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
-            prefect_test_harness(server_startup_timeout=120):
-        from prefect.settings import PREFECT_API_URL
-
-        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
 def params(tmp_path: Path, corpus: Path, **overrides):
