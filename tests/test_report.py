@@ -22,6 +22,7 @@ from sidecar.cost import (
     Workload,
     load_catalog,
 )
+from sidecar.cost.workload import QWEN2_5_1_5B_CONFIG
 from sidecar.report import Measurement, group_measurements, write_cost_report
 from sidecar.report.blocks import fmt, fmt_usd
 from storage import Database
@@ -29,15 +30,7 @@ from storage.records import CostRecord, OutputRecord, RequestStats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The draft of the rows' pair, qwen2.5-7b: Qwen2.5-1.5B-Instruct's published shapes.
-DRAFT_CONFIG = Qwen2Config(
-    hidden_size=1536,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    intermediate_size=8960,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
+DRAFT_CONFIG = Qwen2Config(**QWEN2_5_1_5B_CONFIG)
 PAIR_WORKLOAD = "qwen2.5-7b (bfloat16)"  # projected in the dtype load_pair gives the pair on a GPU
 STUDY = "source study shapes: Qwen2.5-7B/1.5B"
 

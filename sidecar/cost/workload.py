@@ -172,18 +172,16 @@ class Workload:
 
 
 # Qwen2.5-1.5B-Instruct's published config (the study's draft): its shapes price the study's FLOPs.
-QWEN2_5_1_5B = ModelFacts.from_config(
-    SimpleNamespace(
-        model_type="qwen2",
-        hidden_size=1536,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        intermediate_size=8960,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    )
-)
+QWEN2_5_1_5B_CONFIG = {
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "intermediate_size": 8960,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+QWEN2_5_1_5B = ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **QWEN2_5_1_5B_CONFIG))
 # Token counts that give the study's KV figures at the draft's 28 KiB per token (3.0, 3.6 and 18.0 MB).
 STUDY_TOKENS = TagTokens(document=502, summary=51)
 
