@@ -36,9 +36,9 @@ from bench.common import (
     write_results,
 )
 from sidecar import cpu_kernels
+from sidecar.forward import forward
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import default_device_dtype, load_model, pair_model_ids
-from sidecar.speculative import forward
 
 # (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch, a
 # 128-token prefill

@@ -37,9 +37,11 @@ from bench.common import (
 )
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.analysis import alpha, scored_logits
+from sidecar.forward import forward, logits_at
 from sidecar.kv_cache import RowKVCache
 from sidecar.leakage import document_only_terms, leak_rate, leaked_terms
-from sidecar.speculative import DecodeRow, Sampling, forward, logits_at
+from sidecar.rows import DecodeRow
+from sidecar.sampling import Sampling
 
 ATTENDED = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
 
@@ -152,8 +154,8 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
             snapshots[name] = cache.snapshot(slot, compound.columns(*spans) + main_cols)
 
     bare, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
-    engine.decoder.decode([DecodeRow(bare.token_ids, 48, compound.token_ids, [compound.spans["sidecar:hashtags"]])],
-                          Sampling(), on_finish=keep)
+    engine.decoder.decode([DecodeRow(bare.token_ids, 48, compound.token_ids, [compound.spans["sidecar:hashtags"]],
+                                     keep_draft=True)], Sampling(), on_finish=keep)
     weights = bytes_read_per_step(engine.pair.draft)
     bandwidth = memory_bandwidth_gbs(engine.pair.device)
     rows = []

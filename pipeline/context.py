@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.settings import BatchSettings
-from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.engine import SidecarEngine
 from sidecar.modes import SIDECAR_MODES
 from sidecar.prompts import encode
+from sidecar.sidecar_rows import SidecarRequest
 from storage import Document, RejectedDocument
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.settings import BatchSettings
-from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
+from sidecar.engine import SidecarEngine
 from sidecar.modes import SIDECAR_MODES
 from sidecar.progress import ProgressCallback
+from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest
 from storage import Document, OutputRecord, RequestStats
 
 

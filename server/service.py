@@ -28,10 +28,12 @@ from server.logprobs import LogprobFormatter
 from server.schema import ChatCompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job
-from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest
+from sidecar.engine import SidecarEngine
 from sidecar.errors import InputError
 from sidecar.prompts import chat_prompt
-from sidecar.speculative import DecodeRow, GenerationOutput, Sampling
+from sidecar.rows import DecodeRow, GenerationOutput
+from sidecar.sampling import Sampling
+from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 T = TypeVar("T")
@@ -118,8 +120,9 @@ class ChatService:
             job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens,
                       top_logprobs=req.engine_top_logprobs)
         row.max_new_tokens = max_tokens
+        row.sampling = sampling
         try:
-            self.engine.decoder.validate([row], sampling, 1)
+            self.engine.decoder.validate([row], 1)
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         return job

@@ -25,10 +25,12 @@ import torch
 
 from server.config import ServerConfig
 from server.errors import APIError
-from sidecar.engine import DocumentResult, SidecarEngine, SidecarRequest
+from sidecar.engine import SidecarEngine
 from sidecar.errors import InputError
 from sidecar.logprobs import TokenLogprob
-from sidecar.speculative import GenerationOutput, Sampling
+from sidecar.rows import GenerationOutput
+from sidecar.sampling import Sampling
+from sidecar.sidecar_rows import DocumentResult, SidecarRequest
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sidecar.engine import DocumentResult, SidecarEngine, SidecarOutput, SidecarRequest, SidecarStats
+    from sidecar.engine import SidecarEngine
     from sidecar.errors import InputError, PairError
     from sidecar.models import ModelPair, load_pair
     from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
-    from sidecar.speculative import GenerationOutput, GenerationStats, SpeculativeDecoder
+    from sidecar.rows import GenerationOutput, GenerationStats
+    from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
+    from sidecar.speculative import SpeculativeDecoder
     from sidecar.tasks import HASHTAGS, SidecarTask, parse_hashtags
 
 _EXPORTS = {

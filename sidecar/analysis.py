@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from sidecar.forward import forward, logits_at
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import ModelPair
-from sidecar.speculative import forward, logits_at
 
 
 def scored_logits(model: PreTrainedModel, prompt: list[int], output: list[int],

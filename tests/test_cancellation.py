@@ -13,7 +13,7 @@ from server.app import create_app
 from server.config import ServerConfig
 from server.stream import full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
-from sidecar.speculative import GenerationOutput
+from sidecar.rows import GenerationOutput
 
 DOCS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",

@@ -14,9 +14,10 @@ from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.acceptance import accept_greedy, accept_sampled
 from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
+from sidecar.forward import forward, logits_at, prefill, prefill_budget, shared_prefix_length
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.speculative import Sampling, forward, logits_at, prefill, prefill_budget, shared_prefix_length
+from sidecar.sampling import Sampling
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -228,7 +229,7 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
         fed_tokens[-1] += ids.numel()
         return forward(model, cache, ids, span)
 
-    monkeypatch.setattr("sidecar.speculative.forward", counting_forward)
+    monkeypatch.setattr("sidecar.forward.forward", counting_forward)
     results = []
     for share in (False, True):
         cache = RowKVCache(tiny.target, len(prompts), 32)
@@ -258,7 +259,7 @@ def test_greedy_identity_with_shared_prompt_prefixes(tiny, prefill_forwards):
 
 
 def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
-    monkeypatch.setattr("sidecar.speculative.CPU_PREFILL_TOKENS", 1)
+    monkeypatch.setattr("sidecar.forward.CPU_PREFILL_TOKENS", 1)
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
@@ -367,7 +368,8 @@ def test_acceptance_rule_sampled_follows_target_exactly(gamma):
     draft_probs = q.expand(rows, -1, -1).contiguous()
     target_probs = p.expand(rows, -1, -1).contiguous()
     drafted = torch.multinomial(q, rows, replacement=True, generator=g).T.contiguous()  # [rows, gamma]
-    accepted, nxt = accept_sampled(drafted, draft_probs, target_probs, g)
+    u_accept, u_next = torch.rand(rows, gamma, generator=g), torch.rand(rows, gamma + 1, generator=g)
+    accepted, nxt = accept_sampled(drafted, draft_probs, target_probs, u_accept, u_next)
     first = torch.where(accepted > 0, drafted[:, 0], nxt)
     empirical = torch.bincount(first, minlength=vocab).float() / rows
     assert (empirical - p[0]).abs().sum().item() / 2 < 0.01
@@ -398,7 +400,8 @@ def test_sampled_engine_follows_target_distribution(copying, monkeypatch, prefil
                                    / temperature, -1)
         naive = torch.nn.functional.pad((p1[:, None] * q2_given_1).sum(0), (0, exact.shape[0] - q2_given_1.shape[1]))
     n = 3000
-    decoder = SpeculativeDecoder(pair, gamma=2, adaptive=False)
+    # a seeded row copies whenever its own text offers a copy: without copying, lookup is off
+    decoder = SpeculativeDecoder(pair, gamma=2, adaptive=False, prompt_lookup=copying)
     outs = decoder.generate([prompt] * n, max_new_tokens=3, temperature=temperature, seed=11, batch_size=1000)
     assert sum(o.stats.drafted for o in outs) > 0
     assert (sum(o.stats.lookup_drafted for o in outs) > 0) == copying

@@ -33,7 +33,8 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="module")
 def check() -> Check:
-    from sidecar.engine import SidecarEngine, SidecarRequest
+    from sidecar.engine import SidecarEngine
+    from sidecar.sidecar_rows import SidecarRequest
     from sidecar.speculative import SpeculativeDecoder
 
     args = parse_args(QUICK_TINY_CPU)

@@ -611,8 +611,8 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
 
 
 def test_request_stats_read_the_engine_stats_dicts() -> None:
-    from sidecar.engine import SidecarStats
-    from sidecar.speculative import GenerationStats
+    from sidecar.rows import GenerationStats
+    from sidecar.sidecar_rows import SidecarStats
 
     main = RequestStats.main_phase(GenerationStats(
         prompt_tokens=400, new_tokens=64, drafted=80, accepted=58, target_forwards=20, draft_forwards=80,

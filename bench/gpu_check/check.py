@@ -15,8 +15,9 @@ from bench.common import Stopwatch
 from bench.engine import hf_plain_batched, hf_plain_one
 from bench.gpu_check.pairs import documents, load_check_pair
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
-from sidecar.engine import SidecarEngine, SidecarRequest
+from sidecar.engine import SidecarEngine
 from sidecar.models import ModelPair
+from sidecar.sidecar_rows import SidecarRequest
 from sidecar.speculative import SpeculativeDecoder
 
 NO_CUDA = "skipped: no CUDA"  # what a CUDA-only part says on another device

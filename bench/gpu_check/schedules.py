@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.speculative import GenerationOutput, SpeculativeDecoder
+from sidecar.rows import GenerationOutput
+from sidecar.speculative import SpeculativeDecoder
 
 
 def static_batches(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,
