@@ -16,6 +16,7 @@ run, then the next batch.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +27,7 @@ from sidecar.plain import PlainBatch, PlainResult, PlainRow
 from sidecar.progress import SIDECAR_TASKS, ProgressCallback
 from sidecar.prompts import SpannedPrompt, encode
 from sidecar.randomness import row_key
-from sidecar.rows import CancelCheck, GenerationOutput, TokenCallback
+from sidecar.rows import CancelCheck, DecodeRow, GenerationOutput, TokenCallback
 from sidecar.sampling import Sampling
 from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarRow, SidecarStats
 from sidecar.tasks import SidecarTask
@@ -47,7 +48,8 @@ class SidecarBatch:
         self.mains = engine.decoder.batch(max_batch, schedule, on_tokens=on_tokens, on_finish=self._on_finish,
                                           on_progress=on_progress, cancelled=cancelled, expected_rows=expected)
         self.sidecars = PlainBatch(self.pair.draft, max_batch, set(self.pair.eos_token_ids))
-        self.requests: dict[int, tuple[SidecarRequest, SpannedPrompt]] = {}
+        # per index: the request and its compound prompt (None for a plain row)
+        self.requests: dict[int, tuple[SidecarRequest, SpannedPrompt] | None] = {}
         self.waiting: deque[SidecarRow] = deque()
         self.partial: dict[int, tuple[DocumentResult, set[str]]] = {}  # results waiting for these sidecars
         # per sidecar row in the batch: (its row, context columns when it joined, its group's size)
@@ -77,6 +79,12 @@ class SidecarBatch:
         self.requests[index] = (request, self.engine.prompts(request)[1])
         self.mains.add(index, row)
 
+    def add_row(self, index: int, row: DecodeRow) -> None:
+        """Queue a plain row (a chat prompt, no sidecars) to decode in the same main batch."""
+        self.engine.decoder.validate([row], self.mains.max_batch, first_index=index)
+        self.requests[index] = None
+        self.mains.add(index, replace(row, keep_draft=False))
+
     def close(self) -> None:
         self.mains.close()
 
@@ -99,7 +107,9 @@ class SidecarBatch:
 
     def _on_finish(self, index: int, output: GenerationOutput, cache: RowKVCache, slot: int) -> None:
         """Snapshot the finished row's draft cache once per sidecar task (called before the row leaves)."""
-        request, compound = self.requests[index]
+        entry = self.requests[index]
+        assert entry is not None, "a plain row keeps no draft"
+        request, compound = entry
         eos = set(self.pair.eos_token_ids)
         main = output.token_ids[:-1] if output.token_ids and output.token_ids[-1] in eos else output.token_ids
         covered = min(int(cache.lengths[slot]) - len(compound.token_ids), len(main))
@@ -118,12 +128,12 @@ class SidecarBatch:
             self.sidecar_rows += 1
 
     def _main_done(self, index: int, main: GenerationOutput) -> list[tuple[int, DocumentResult]]:
-        request, _ = self.requests[index]
+        entry = self.requests[index]
         result = DocumentResult(main, {})
-        if main.finish_reason == "cancelled" or not request.sidecars:
+        if main.finish_reason == "cancelled" or entry is None or not entry[0].sidecars:
             del self.requests[index]
             return [(index, result)]
-        self.partial[index] = (result, {t.name for t in request.sidecars})
+        self.partial[index] = (result, {t.name for t in entry[0].sidecars})
         return []
 
     # -- sidecar outputs --

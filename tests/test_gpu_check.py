@@ -85,7 +85,8 @@ def test_throughput_skips_a_run_its_smaller_run_says_would_end_past_the_deadline
     first, second = result["rows"]
     assert first["hf_plain_tps"] > 0 and first["engine_static_tps"] > 0
     assert second == {"batch": 2, "hf_plain": "skipped: estimated past the deadline",
-                      "engine_static": "skipped: estimated past the deadline"}
+                      "engine_static": "skipped: estimated past the deadline",
+                      "engine_continuous": "skipped: estimated past the deadline"}
     assert result["hf_assisted_one_at_a_time"]["documents"] == 1  # quick: one prompt
 
 

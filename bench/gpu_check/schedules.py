@@ -14,9 +14,15 @@ from sidecar.speculative import SpeculativeDecoder
 
 def static_batches(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,
                    batch: int) -> list[GenerationOutput]:
-    """Today's schedule: fixed chunks of ``batch`` prompts, each decoded until its last row finishes."""
-    return decoder.generate(prompts, max_new_tokens=max_new, batch_size=batch)
+    """Fixed chunks of ``batch`` prompts, each decoded until its last row finishes."""
+    return decoder.generate(prompts, max_new_tokens=max_new, batch_size=batch, schedule="static")
+
+
+def continuous_batch(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,
+                     batch: int) -> list[GenerationOutput]:
+    """Up to ``batch`` rows at a time, a waiting prompt joining as soon as a row finishes."""
+    return decoder.generate(prompts, max_new_tokens=max_new, batch_size=batch, schedule="continuous")
 
 
 EngineSchedule = Callable[[SpeculativeDecoder, list[list[int]], int, int], list[GenerationOutput]]
-ENGINE_SCHEDULES: dict[str, EngineSchedule] = {"static": static_batches}
+ENGINE_SCHEDULES: dict[str, EngineSchedule] = {"static": static_batches, "continuous": continuous_batch}
