@@ -83,11 +83,13 @@ class SecondsPerToken:
 class PrefillPlanner:
     """The padded-token budget of each prefill forward on one model, learned from timed forwards.
 
+    ``candidates``: the budgets to choose from (default: ``CANDIDATES``, read when the planner is made).
     ``learn``: None learns on a CPU and pins None on an accelerator; True or False decide for any device.
     """
 
-    def __init__(self, device: torch.device, candidates: Sequence[int | None] = CANDIDATES,
+    def __init__(self, device: torch.device, candidates: Sequence[int | None] | None = None,
                  learn: bool | None = None, probe_every: int = PROBE_EVERY) -> None:
+        candidates = CANDIDATES if candidates is None else candidates
         finite = sorted({c for c in candidates if c is not None})
         if not candidates or any(c < 1 for c in finite):
             raise ValueError(f"candidate budgets must be positive token counts or None, got {candidates!r}")

@@ -144,9 +144,11 @@ def test_the_setting_forces_one_forward_on_a_cpu(monkeypatch):
     assert PrefillPlanner(CPU, learn=True).budget() is None
 
 
-def test_one_candidate_pins_the_budget():
+def test_one_candidate_pins_the_budget(monkeypatch):
     planner = PrefillPlanner(CPU, candidates=(1,))
     assert {planner.budget() for _ in range(5)} == {1}
+    monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (32,))  # how tests pin the budget a decoder uses
+    assert PrefillPlanner(CPU).budget() == 32
     with pytest.raises(ValueError):
         PrefillPlanner(CPU, candidates=(0, None))
 
