@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sidecar.forward import logits_at, prefill, prefill_budget
+from sidecar.forward import logits_at, prefill
 from sidecar.logprobs import TokenLogprob, token_logprobs
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
 from sidecar.randomness import row_key
@@ -151,11 +151,12 @@ class DecodeBatch:
         t_start = time.perf_counter()
         self.target_pool = self._pool(self.target_pool, pair.target, max(
             row_columns(len(r.target_prompt), r.max_new_tokens, gamma) for r in rows))
-        budget = prefill_budget(device)
         expected = max(self.expected_rows or 0, self.admitted + count)
         self.report(TARGET_PREFILL, self.admitted, expected)
-        last = prefill(pair.target, self.target_pool.admit(count), [r.target_prompt for r in rows], budget,
-                       on_rows=lambda k: self.report(TARGET_PREFILL, self.admitted + k, expected))
+        last = prefill(pair.target, self.target_pool.admit(count), [r.target_prompt for r in rows],
+                       decoder.prefill_plans["target"].budget(),
+                       on_rows=lambda k: self.report(TARGET_PREFILL, self.admitted + k, expected),
+                       time_forward=decoder.prefill_timing("target"))
         first_logits = logits_at(pair.target, last, torch.zeros(count, 1, dtype=torch.long, device=device))[:, 0]
         keys = [row_key(r.sampling.seed) if not r.sampling.greedy else 0 for r in rows]
         sampling = RowSampling([r.sampling for r in rows], keys, [0] * count, device)
@@ -182,8 +183,10 @@ class DecodeBatch:
                 draft_tokens = sum(map(len, draft_prompts))
                 with decoder.controller.timer(device)(
                         lambda seconds: decoder.controller.observe_prefill("draft", draft_tokens, seconds)):
-                    prefill(pair.draft, draft_view, draft_prompts, budget, [r.draft_hidden for r in rows],
-                            on_rows=lambda k: self.report(DRAFT_PREFILL, self.admitted + k, expected))
+                    prefill(pair.draft, draft_view, draft_prompts, decoder.prefill_plans["draft"].budget(),
+                            [r.draft_hidden for r in rows],
+                            on_rows=lambda k: self.report(DRAFT_PREFILL, self.admitted + k, expected),
+                            time_forward=decoder.prefill_timing("draft"))
         prefill_seconds = time.perf_counter() - t_start
         self.trace.events.append(PrefillRecord(count, [len(r.target_prompt) for r in rows],
                                                [len(p) for p in draft_prompts] if speculate else []))

@@ -140,7 +140,7 @@ class SidecarEngine:
         jobs.sort(key=lambda job: len(job[2]))
         draw = plain_rows([task.max_new_tokens for _, task, _ in jobs], sampling, seed, stream=1)
         results: list[dict[str, SidecarOutput]] = [{} for _ in summaries]
-        batch = PlainBatch(self.pair.draft, batch_size, self.eos)
+        batch = PlainBatch(self.pair.draft, batch_size, self.eos, self.decoder.prefill_plans["draft"])
         joined: dict[int, int] = {}  # job -> its group's size
         report = on_progress or (lambda phase, done, total: None)
         report(STANDALONE, 0, len(jobs))

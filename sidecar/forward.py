@@ -1,20 +1,21 @@
 """One forward of a model over a ``RowKVCache``, and prefill: feeding whole prompts into a cache's rows.
 
 ``forward`` builds positions and the mask from the cache's host lengths and runs the decoder stack;
-``prefill`` groups rows into forwards within a padded-token budget and computes a prompt prefix all rows
-share once.
+``prefill`` groups rows into forwards within a padded-token budget (chosen at run time by
+``sidecar.prefill_plan``) and computes a prompt prefix all rows share once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from sidecar.kv_cache import RowKVCache
-from sidecar.settings import Settings
+from sidecar.prefill_plan import group_rows
 from sidecar.transfers import to_device
 
 
@@ -51,17 +52,8 @@ def last_columns(lengths: list[int], device: torch.device) -> torch.Tensor:
     return to_device([[n - 1] for n in lengths], device)
 
 
-# A CPU runs a forward's rows one after another, and a forward over many long padded rows costs more per
-# token than the same rows fed one at a time, by more than the padding explains. Short feeds (a few
-# catch-up tokens per row) still share a forward, which reads the weights once for all.
-CPU_PREFILL_TOKENS = 256
-
-
-def prefill_budget(device: torch.device) -> int | None:
-    """Padded tokens per prefill forward: ``CPU_PREFILL_TOKENS`` on a CPU, unbounded (None: one forward for
-    all rows) on an accelerator, which runs a batch's rows in parallel, or wherever
-    ``SIDECAR_ONE_PREFILL_FORWARD`` is set (so that CPU tests run the accelerator's path too)."""
-    return CPU_PREFILL_TOKENS if device.type == "cpu" and not Settings().one_prefill_forward else None
+# (padded tokens, real tokens) -> a context that times one prefill forward (``sidecar.prefill_plan``)
+TimeForward = Callable[[int, int], AbstractContextManager]
 
 
 def shared_prefix_length(rows: list[list[int]], hidden_spans: list[list[tuple[int, int]]] | None) -> int:
@@ -78,12 +70,12 @@ def shared_prefix_length(rows: list[list[int]], hidden_spans: list[list[tuple[in
 
 def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], budget: int | None,
             hidden_spans: list[list[tuple[int, int]]] | None = None, share_prefix: bool = True,
-            on_rows: Callable[[int], None] | None = None) -> torch.Tensor:
+            on_rows: Callable[[int], None] | None = None, time_forward: TimeForward | None = None) -> torch.Tensor:
     """Feed ``rows[i]`` into row ``i`` of ``cache`` and commit it; returns each row's hidden state at its
     last token [B, 1, H]. Consecutive rows share a forward while its padded size stays within ``budget``
-    tokens (one row at least; None: all rows). ``hidden_spans[i]`` lists row ``i``'s hidden spans as
-    (start, stop) token ranges (``DecodeRow.draft_hidden``). ``on_rows(k)`` hears after each forward that
-    the first ``k`` rows are in.
+    tokens (``group_rows``; a ``PrefillPlanner`` chooses it). ``hidden_spans[i]`` lists row ``i``'s hidden
+    spans as (start, stop) token ranges (``DecodeRow.draft_hidden``). ``on_rows(k)`` hears after each
+    forward that the first ``k`` rows are in; ``time_forward`` times each forward.
 
     Into an empty cache, a prefix all rows share (the chat template's system turn: 14 tokens of ~330 on a
     news prompt) is computed once, with the first row, and copied to the others (``share_prefix``).
@@ -92,7 +84,7 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
     shared = shared_prefix_length(rows, hidden_spans) if can_share else 0
     if shared:
         last = [prefill(model, cache.rows_view(0, 1), rows[:1], budget,
-                        None if hidden_spans is None else hidden_spans[:1])]
+                        None if hidden_spans is None else hidden_spans[:1], time_forward=time_forward)]
         if on_rows is not None:
             on_rows(1)
         cache.copy_prefix(0, shared)
@@ -100,18 +92,14 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
         rest_spans = None if hidden_spans is None else [
             [(start - shared, stop - shared) for start, stop in spans] for spans in hidden_spans[1:]]
         last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False,
-                            on_rows=None if on_rows is None else lambda k: on_rows(1 + k)))
+                            on_rows=None if on_rows is None else lambda k: on_rows(1 + k), time_forward=time_forward))
         return torch.cat(last)
     device = cache.device
     last: list[torch.Tensor] = []
-    start = 0
-    while start < len(rows):
-        stop, width = start + 1, len(rows[start])
-        while stop < len(rows) and (budget is None or (stop + 1 - start) * max(width, len(rows[stop])) <= budget):
-            width = max(width, len(rows[stop]))
-            stop += 1
+    lengths = [len(r) for r in rows]
+    for start, stop in group_rows(lengths, budget):
         part = cache if (start, stop) == (0, len(rows)) else cache.rows_view(start, stop)
-        ids, lengths = pad_rows(rows[start:stop], device)
+        ids, valid = pad_rows(rows[start:stop], device)
         span_ids = None
         if hidden_spans is not None:
             spans = np.full(tuple(ids.shape), -1, dtype=np.int64)
@@ -119,13 +107,13 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
                 for span_id, (s, e) in enumerate(row_spans):
                     spans[i, s:e] = span_id
             span_ids = to_device(spans, device)
-        hidden = forward(model, part, ids, span_ids)
-        part.commit(lengths)
-        index = last_columns(lengths, device)[:, :, None].expand(-1, 1, hidden.shape[-1])
+        with nullcontext() if time_forward is None else time_forward(ids.numel(), sum(valid)):
+            hidden = forward(model, part, ids, span_ids)
+        part.commit(valid)
+        index = last_columns(valid, device)[:, :, None].expand(-1, 1, hidden.shape[-1])
         last.append(hidden.gather(1, index))
         if on_rows is not None:
             on_rows(stop)
-        start = stop
     return torch.cat(last)
 
 

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from sidecar.forward import forward, logits_at, prefill, prefill_budget
+from sidecar.forward import forward, logits_at, prefill
+from sidecar.gamma import DeviceTimer
 from sidecar.kv_cache import RowKVCache
 from sidecar.logprobs import TokenLogprob, token_logprobs
+from sidecar.prefill_plan import PrefillPlanner
 from sidecar.randomness import row_key
 from sidecar.sampling import RowSampling, Sampling
 from sidecar.slots import SlotPool
@@ -55,11 +57,14 @@ class PlainRow:
 class PlainBatch:
     """Invariant: entry ``i`` of ``rows`` and of ``pending`` and slot ``i`` of ``pool`` hold the same row."""
 
-    def __init__(self, model: PreTrainedModel, max_batch: int, eos: set[int]) -> None:
+    def __init__(self, model: PreTrainedModel, max_batch: int, eos: set[int],
+                 prefill_plan: PrefillPlanner | None = None) -> None:
         self.model = model
         self.max_batch = max_batch
         self.eos = eos
         self.device = next(model.parameters()).device
+        self.prefill_plan = prefill_plan or PrefillPlanner(self.device)
+        self.timer = DeviceTimer(self.device)
         self.pool: SlotPool | None = None
         self.rows: list[PlainRow] = []
         self.pending = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] last token, not yet fed
@@ -81,7 +86,10 @@ class PlainBatch:
         assert len(rows) <= self.free, "admit beyond the batch"
         start = time.perf_counter()
         with torch.inference_mode():
-            last = prefill(self.model, cache, feeds, prefill_budget(self.device))
+            self.timer.collect()
+            plan = self.prefill_plan
+            last = prefill(self.model, cache, feeds, plan.budget(), time_forward=lambda padded, real: self.timer(
+                lambda seconds: plan.observe(padded, real, seconds)))
             logits = logits_at(self.model, last, torch.zeros(len(rows), 1, dtype=torch.long, device=self.device))
             choice = self._choose(rows, logits[:, 0])
             chosen = choice.tolist()  # the one read of the device per admitted group: it times the feed

@@ -47,7 +47,8 @@ class SidecarBatch:
         self.report = on_progress or (lambda phase, done, total: None)
         self.mains = engine.decoder.batch(max_batch, schedule, on_tokens=on_tokens, on_finish=self._on_finish,
                                           on_progress=on_progress, cancelled=cancelled, expected_rows=expected)
-        self.sidecars = PlainBatch(self.pair.draft, max_batch, set(self.pair.eos_token_ids))
+        self.sidecars = PlainBatch(self.pair.draft, max_batch, set(self.pair.eos_token_ids),
+                                   engine.decoder.prefill_plans["draft"])
         # per index: the request and its compound prompt (None for a plain row)
         self.requests: dict[int, tuple[SidecarRequest, SpannedPrompt] | None] = {}
         self.waiting: deque[SidecarRow] = deque()

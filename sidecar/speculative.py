@@ -19,12 +19,13 @@ import torch
 from sidecar.acceptance import accept_greedy, accept_sampled, sample_with
 from sidecar.batch import SCHEDULES, DecodeBatch, RowState
 from sidecar.errors import InputError
-from sidecar.forward import forward, last_columns, logits_at, pad_rows
+from sidecar.forward import TimeForward, forward, last_columns, logits_at, pad_rows
 from sidecar.gamma import GammaController, Source
 from sidecar.kv_cache import RowKVCache
 from sidecar.logprobs import MAX_TOP_LOGPROBS
 from sidecar.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.models import ModelPair
+from sidecar.prefill_plan import PrefillPlanner
 from sidecar.progress import ProgressCallback
 from sidecar.randomness import ACCEPT, DRAFT, NEXT
 from sidecar.rows import CancelCheck, DecodeRow, FinishCallback, GenerationOutput, TokenCallback
@@ -104,8 +105,14 @@ class SpeculativeDecoder:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.draft_confidence = draft_confidence
         self.target_vocab = pair.target.get_output_embeddings().out_features
-        # costs learned in one call carry over to the next: the controller is per decoder
+        # costs learned in one call carry over to the next: the controller and the planners are per decoder
         self.controller = GammaController(gamma, adaptive)
+        self.prefill_plans = {"target": PrefillPlanner(pair.device), "draft": PrefillPlanner(pair.device)}
+
+    def prefill_timing(self, model: str) -> TimeForward:
+        """What times each prefill forward of ``model`` for its planner (on a GPU read a step late)."""
+        plan, timer = self.prefill_plans[model], self.controller.timer(self.pair.device)
+        return lambda padded, real: timer(lambda seconds: plan.observe(padded, real, seconds))
 
     # -- public API --
 

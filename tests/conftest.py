@@ -36,7 +36,7 @@ def prefill_forwards(request, monkeypatch) -> str:
         monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
     else:
         monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
-        monkeypatch.setattr("sidecar.forward.CPU_PREFILL_TOKENS", 32)
+        monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (32,))
     return request.param
 
 

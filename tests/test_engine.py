@@ -14,9 +14,10 @@ from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.acceptance import accept_greedy, accept_sampled
 from sidecar.analysis import predicted_target_forwards
 from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
-from sidecar.forward import forward, logits_at, prefill, prefill_budget, shared_prefix_length
+from sidecar.forward import forward, logits_at, prefill, shared_prefix_length
 from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
+from sidecar.prefill_plan import PrefillPlanner
 from sidecar.sampling import Sampling
 
 
@@ -259,7 +260,7 @@ def test_greedy_identity_with_shared_prompt_prefixes(tiny, prefill_forwards):
 
 
 def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
-    monkeypatch.setattr("sidecar.forward.CPU_PREFILL_TOKENS", 1)
+    monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (1,))
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
@@ -268,7 +269,7 @@ def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
 @pytest.mark.parametrize("one_forward", [False, True])
 def test_one_prefill_forward_is_forced_by_the_setting(tiny, monkeypatch, one_forward):
     """``SIDECAR_ONE_PREFILL_FORWARD`` makes a CPU prefill a batch in one forward, as an accelerator does;
-    without it the rows go in groups of ``CPU_PREFILL_TOKENS`` padded tokens."""
+    without it the rows go in groups of the planner's budget (pinned here to 256 padded tokens)."""
     if one_forward:
         monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
     else:
@@ -280,7 +281,7 @@ def test_one_prefill_forward_is_forced_by_the_setting(tiny, monkeypatch, one_for
     try:
         cache = RowKVCache(tiny.target, len(prompts), 48)
         with torch.inference_mode():
-            prefill(tiny.target, cache, prompts, prefill_budget(tiny.device))
+            prefill(tiny.target, cache, prompts, PrefillPlanner(tiny.device, candidates=(256,)).budget())
     finally:
         handle.remove()
     assert len(calls) == (1 if one_forward else 2)

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
+from sidecar.forward import forward, prefill
 from sidecar.kv_cache import RowKVCache
 from sidecar.prefill_plan import CANDIDATES, EXPLORE_TRIES, PROBE_EVERY, PrefillPlanner, SecondsPerToken, group_rows
-from sidecar.speculative import forward, prefill
 
 CPU = torch.device("cpu")
 
@@ -154,7 +154,7 @@ def test_one_candidate_pins_the_budget(monkeypatch):
 
 
 def test_prefill_feeds_the_forwards_group_rows_plans(tiny, monkeypatch):
-    """``group_rows`` is the grouping ``sidecar.speculative.prefill`` runs, so a caller can count padded and
+    """``group_rows`` is the grouping ``sidecar.forward.prefill`` runs, so a caller can count padded and
     real tokens per forward from it."""
     prompts = random_prompts(tiny, [9, 17, 4, 20, 12, 30, 2], seed=3)
     shapes = []
@@ -163,7 +163,7 @@ def test_prefill_feeds_the_forwards_group_rows_plans(tiny, monkeypatch):
         shapes.append(tuple(ids.shape))
         return forward(model, cache, ids, span)
 
-    monkeypatch.setattr("sidecar.speculative.forward", recording_forward)
+    monkeypatch.setattr("sidecar.forward.forward", recording_forward)
     lengths = [len(p) for p in prompts]
     for budget in (1, 40, 64, None):
         shapes.clear()
@@ -192,7 +192,7 @@ def test_budgets_from_the_planner_give_what_one_forward_gives(tiny, monkeypatch)
         return cache, last
 
     whole, whole_last = prefilled(None)
-    monkeypatch.setattr("sidecar.speculative.forward", timed_forward)
+    monkeypatch.setattr("sidecar.forward.forward", timed_forward)
     used = set()
     for _ in range(len(CANDIDATES) + 2):
         budget = planner.budget()
