@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -36,7 +37,42 @@ from sidecar.transfers import to_device
 if TYPE_CHECKING:
     from sidecar.speculative import SpeculativeDecoder
 
+Item = TypeVar("Item", contravariant=True)
+Result = TypeVar("Result", covariant=True)
+
 SCHEDULES = ("continuous", "static")
+
+
+class RunningBatch(Protocol[Item, Result]):
+    """What ``stream_through`` drives: ``DecodeBatch`` and ``SidecarBatch``."""
+
+    @property
+    def busy(self) -> bool: ...
+    def wants_rows(self) -> bool: ...
+    def add(self, index: int, item: Item) -> None: ...
+    def close(self) -> None: ...
+    def step(self) -> list[tuple[int, Result]]: ...
+
+
+def stream_through(batch: RunningBatch[Item, Result], items: Iterable[Item],
+                   indices: list[int] | None = None) -> Iterator[tuple[int, Result]]:
+    """Feed ``items`` to ``batch`` as it has room and yield (index, result) as each finishes; an item's index is
+    its place in ``items`` (or ``indices[place]``). Items are read only when a slot is free for them, so a
+    long or endless stream holds no more than the batch's slots in memory."""
+    source = iter(items)
+    exhausted, place = False, 0
+    while True:
+        while not exhausted and batch.wants_rows():
+            item = next(source, None)
+            if item is None:
+                exhausted = True
+                batch.close()
+                break
+            batch.add(place if indices is None else indices[place], item)
+            place += 1
+        if not batch.busy:
+            return
+        yield from batch.step()
 
 
 @dataclass
@@ -106,7 +142,8 @@ class DecodeBatch:
         return len(self.waiting) < self.max_batch - len(self.rows)
 
     def add(self, index: int, row: DecodeRow) -> None:
-        """Queue ``row`` (validated by the decoder) to join at the next step with a free slot."""
+        """Queue ``row`` to join at the next step with a free slot; bad input raises ``InputError``."""
+        self.decoder.validate([row], self.max_batch, first_index=index)
         self.waiting.append((index, row))
 
     def close(self) -> None:

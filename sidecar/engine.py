@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from sidecar.batch import stream_through
 from sidecar.errors import InputError
 from sidecar.kv_cache import RowKVCache
 from sidecar.models import ModelPair
@@ -87,25 +88,11 @@ class SidecarEngine:
                on_tokens: TokenCallback | None = None, on_progress: ProgressCallback | None = None,
                cancelled: CancelCheck | None = None, indices: list[int] | None = None,
                expected: int | None = None) -> Iterator[tuple[int, DocumentResult]]:
-        """Run requests as they come: (index, result) as each request's main output and sidecars are done,
-        the index being its place in ``requests`` (or ``indices[place]``). A request is read from the
-        iterator only when the main batch has a slot for it."""
+        """Run requests as they come: (index, result) as each request's main output and sidecars are done
+        (``sidecar.batch.stream_through``); a request is read only when the main batch has a slot for it."""
         batch = self.batch(max_batch, schedule, on_tokens=on_tokens, on_progress=on_progress, cancelled=cancelled,
                            expected=expected)
-        source = iter(requests)
-        exhausted, place = False, 0
-        while True:
-            while not exhausted and batch.wants_requests():
-                request = next(source, None)
-                if request is None:
-                    exhausted = True
-                    batch.close()
-                    break
-                batch.add(place if indices is None else indices[place], request)
-                place += 1
-            if not batch.busy:
-                return
-            yield from batch.step()
+        return stream_through(batch, requests, indices)
 
     def batch(self, max_batch: int = 8, schedule: str = "continuous", **options: Any) -> SidecarBatch:
         """An empty running batch of sidecar requests to ``add`` to and ``step`` (the server's loop)."""

@@ -68,7 +68,7 @@ class SidecarBatch:
     def trace(self):
         return self.mains.trace
 
-    def wants_requests(self) -> bool:
+    def wants_rows(self) -> bool:
         if self.schedule == "static" and (self.waiting or self.sidecars.busy):
             return False
         return self.mains.wants_rows()
@@ -76,15 +76,13 @@ class SidecarBatch:
     def add(self, index: int, request: SidecarRequest) -> None:
         """Queue ``request`` (its decoding fields set, or the defaults apply); bad input raises ``InputError``."""
         row = self.engine.decode_row(index, request)
-        self.engine.decoder.validate([row], self.mains.max_batch, first_index=index)
-        self.requests[index] = (request, self.engine.prompts(request)[1])
         self.mains.add(index, row)
+        self.requests[index] = (request, self.engine.prompts(request)[1])
 
     def add_row(self, index: int, row: DecodeRow) -> None:
         """Queue a plain row (a chat prompt, no sidecars) to decode in the same main batch."""
-        self.engine.decoder.validate([row], self.mains.max_batch, first_index=index)
-        self.requests[index] = None
         self.mains.add(index, replace(row, keep_draft=False))
+        self.requests[index] = None
 
     def close(self) -> None:
         self.mains.close()

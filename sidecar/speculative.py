@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from sidecar.acceptance import accept_greedy, accept_sampled, sample_with
-from sidecar.batch import SCHEDULES, DecodeBatch, RowState
+from sidecar.batch import SCHEDULES, DecodeBatch, RowState, stream_through
 from sidecar.errors import InputError
 from sidecar.forward import TimeForward, forward, last_columns, logits_at, pad_rows
 from sidecar.gamma import GammaController, Source
@@ -152,27 +152,10 @@ class SpeculativeDecoder:
                on_progress: ProgressCallback | None = None, cancelled: CancelCheck | None = None,
                expected_rows: int | None = None, indices: list[int] | None = None,
                ) -> Iterator[tuple[int, GenerationOutput]]:
-        """Decode rows as they come: (index, output) as each row finishes, the index being the row's place in
-        ``rows`` (or ``indices[place]``). Rows are read from the iterator only when a slot is free for
-        them, so a long or endless stream holds no more than ``max_batch`` rows in memory at a time."""
+        """Decode rows as they come: (index, output) as each row finishes (``sidecar.batch.stream_through``)."""
         batch = self.batch(max_batch, schedule, on_tokens=on_tokens, on_finish=on_finish,
                            on_progress=on_progress, cancelled=cancelled, expected_rows=expected_rows)
-        source = iter(rows)
-        exhausted = False
-        place = 0
-        while True:
-            while not exhausted and batch.wants_rows():
-                row = next(source, None)
-                if row is None:
-                    exhausted = True
-                    batch.close()
-                    break
-                self.validate([row], max_batch, first_index=place)
-                batch.add(place if indices is None else indices[place], row)
-                place += 1
-            if not batch.busy:
-                return
-            yield from batch.step()
+        return stream_through(batch, rows, indices)
 
     def batch(self, max_batch: int = 8, schedule: str = "continuous", **callbacks: Any) -> DecodeBatch:
         """An empty running batch to ``add`` rows to and ``step`` (the server's admit-then-step loop)."""

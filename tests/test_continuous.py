@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from decoding import random_prompts, target_alone
 
 from sidecar.engine import SidecarEngine
 from sidecar.errors import InputError
@@ -25,21 +26,6 @@ from sidecar.sidecar_rows import SidecarRequest
 from sidecar.slots import SlotPool
 from sidecar.speculative import SpeculativeDecoder
 from sidecar.tasks import HASHTAGS
-
-
-def random_prompts(pair, lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
-
-
-def target_alone(pair, prompt, max_new_tokens):
-    out = pair.target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                               eos_token_id=pair.eos_token_ids, pad_token_id=0)
-    tokens = out[0, len(prompt):].tolist()
-    for k, token in enumerate(tokens):
-        if token in pair.eos_token_ids:
-            return tokens[: k + 1]
-    return tokens
 
 
 def arrive_at_random(decoder: SpeculativeDecoder, rows: list[DecodeRow], max_batch: int, seed: int,

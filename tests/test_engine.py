@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from decoding import random_prompts, target_alone
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sidecar import InputError, PairError, SpeculativeDecoder
@@ -19,17 +20,6 @@ from sidecar.kv_cache import RowKVCache, compaction_order
 from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
 from sidecar.prefill_plan import PrefillPlanner
 from sidecar.sampling import Sampling
-
-
-def random_prompts(pair, lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
-
-
-def target_alone(pair, prompt, max_new_tokens):
-    out = pair.target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                               eos_token_id=pair.eos_token_ids, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])

@@ -10,18 +10,13 @@ import time
 
 import pytest
 import torch
+from decoding import random_prompts
 
 from sidecar.forward import forward, prefill
 from sidecar.kv_cache import RowKVCache
 from sidecar.prefill_plan import CANDIDATES, EXPLORE_TRIES, PROBE_EVERY, PrefillPlanner, SecondsPerToken, group_rows
 
 CPU = torch.device("cpu")
-
-
-def random_prompts(pair, lengths, seed=0):
-    """Random token ids from 3 up, so a 0 in a padded forward is padding."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
 
 
 def batches(count: int, rows: int = 64, seed: int = 0) -> list[list[int]]:

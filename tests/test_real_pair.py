@@ -56,3 +56,35 @@ def test_sidecar_hashtags_on_real_news(real_pair, prompts_and_references, news_a
         assert tags.stats.kv_bytes < result.sidecars["hashtags_attended"].stats.kv_bytes
     standalone = engine.standalone([r.main.text for r in results], [HASHTAGS], batch_size=2)
     assert all(s["hashtags"].token_ids for s in standalone)
+
+
+def test_rows_joining_a_running_batch_decode_as_alone_on_real_news(real_pair, prompts_and_references):
+    """Continuous batching on the real pair: rows join at random steps with mixed limits, a stop string, and
+    greedy and seeded sampled rows side by side; each decodes what it decodes alone (greedy: the target's)."""
+    import random
+
+    from sidecar.rows import DecodeRow
+    from sidecar.sampling import Sampling
+
+    prompts, references = prompts_and_references
+    limits = [NEW_TOKENS, 12, 30, NEW_TOKENS, 20, 40]
+    samplings = [Sampling(), Sampling(), Sampling(0.8, 0.95, seed=7), Sampling(), Sampling(0.7, seed=8), Sampling()]
+    rows = [DecodeRow(p, limit, sampling=s) for p, limit, s in zip(prompts, limits, samplings, strict=False)]
+    text = real_pair.tokenizer.decode(references[3][:NEW_TOKENS], skip_special_tokens=True)
+    rows[3].stop = [text[len(text) // 2 : len(text) // 2 + 3]]
+    alone = SpeculativeDecoder(real_pair, gamma=4)
+    expected = [alone.decode([row], batch_size=1)[0] for row in rows]
+    rng = random.Random(1)
+    batch = SpeculativeDecoder(real_pair, gamma=4).batch(3)
+    waiting, outputs, joined = list(enumerate(rows)), {}, 0
+    while waiting or batch.busy:
+        if waiting and rng.random() < 0.4:
+            joined += bool(batch.rows)
+            batch.add(*waiting.pop(0))
+        outputs.update(batch.step())
+    assert joined >= 2
+    for i, (row, ref) in enumerate(zip(rows, expected, strict=True)):
+        assert outputs[i].token_ids == ref.token_ids
+        if row.sampling.greedy and not row.stop:
+            assert ref.token_ids == references[i][: row.max_new_tokens]
+    assert expected[3].finish_reason == "stop"
