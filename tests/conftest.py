@@ -15,7 +15,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs
 os.environ.setdefault("SIDECAR_LOCK_DIR", tempfile.mkdtemp(prefix="sidecar-test-locks-"))
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# The tiny pair's forwards are a few small matmuls: one thread does them as fast as two, and on a busy machine
+# two threads that wait for each other at every op take many times longer. The processes tests start inherit
+# it; the real pair's tests get two (``pytest_runtest_setup``).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REAL_PAIR_THREADS = min(2, os.cpu_count() or 1)
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,6 +65,12 @@ def news_articles() -> list[str]:
         build_news_corpus(path)
     table = pq.read_table(path, columns=["article"])
     return [a[:1500] for a in table.column("article").to_pylist()[:8]]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """One torch thread for a test, two for a test of the real pair, set before the fixtures it sets up."""
+    torch.set_num_threads(REAL_PAIR_THREADS if item.get_closest_marker("real") else 1)
 
 
 @pytest.fixture(scope="module")
