@@ -15,7 +15,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs
 os.environ.setdefault("SIDECAR_LOCK_DIR", tempfile.mkdtemp(prefix="sidecar-test-locks-"))
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# The tiny pair's forwards are a few small matmuls: one thread does them as fast as two, and on a busy machine
+# two threads that wait for each other at every op take many times longer. The processes tests start inherit
+# it; the real pair's tests get two (``pytest_runtest_setup``).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REAL_PAIR_THREADS = min(2, os.cpu_count() or 1)
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,16 +67,57 @@ def news_articles() -> list[str]:
     return [a[:1500] for a in table.column("article").to_pylist()[:8]]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """One torch thread for a test, two for a test of the real pair, set before the fixtures it sets up."""
+    torch.set_num_threads(REAL_PAIR_THREADS if item.get_closest_marker("real") else 1)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One ephemeral Prefect API server (uvicorn in a subprocess, a temporary SQLite database) for the
+    session, as ``prefect_test_harness`` starts one; starting it takes 10-30 s, so the modules share it."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import (
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
+
+    from server.launcher import free_port
+
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                                     PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{home}/prefect.db"}):
+        server = SubprocessASGIServer(port=free_port())  # a port of its own: not the default ephemeral server
+        server.start(timeout=120)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """An ephemeral Prefect API for a test module; yields the environment a subprocess needs to use it."""
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The session's Prefect API for a test module, with the module's own PREFECT_HOME; yields the environment
+    a subprocess needs to use it.
+
+    As in ``prefect_test_harness``, the settings are also the process-global ones while the module runs, so
+    that flows run in threads (which start without the test's context) use this API instead of starting an
+    embedded one. Modules share the API's records: tests find theirs by flow run id, run id or key.
+    """
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
     home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False}), \
-            prefect_test_harness(server_startup_timeout=120):
-        from prefect.settings import PREFECT_API_URL
-
-        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(home),
+    with temporary_settings(updates={PREFECT_HOME: home, PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                                     PREFECT_API_URL: prefect_server.api_url}), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefect.context, "GLOBAL_SETTINGS_CONTEXT", prefect.context.get_settings_context())
+        patch.setitem(SubprocessASGIServer._instances, None, prefect_server)
+        yield {"PREFECT_API_URL": prefect_server.api_url, "PREFECT_HOME": str(home),
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        # what the module's flows logged and emitted reaches the API before its settings go
+        APILogWorker.drain_all()
+        EventsWorker.drain_all()

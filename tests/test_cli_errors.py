@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,13 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 READ_ONLY_DB = Path("/sys/sidecar-test.duckdb")
 
 
-def _read_only_location() -> Path:
+def _read_only_location_is_writable() -> bool:
     try:
         READ_ONLY_DB.open("xb").close()
     except OSError:
-        return READ_ONLY_DB
+        return False
     READ_ONLY_DB.unlink()
-    pytest.skip(f"{READ_ONLY_DB.parent} is writable here")
+    return True
+
+
+def _read_only_location() -> Path:
+    if _read_only_location_is_writable():
+        pytest.skip(f"{READ_ONLY_DB.parent} is writable here")
+    return READ_ONLY_DB
 
 
 def unusable_db(kind: str, tmp_path: Path) -> tuple[Path, str]:
@@ -96,9 +104,7 @@ def test_usage_errors_exit_2() -> None:
 # -- the real command, in a subprocess -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    path = tmp_path / "news.parquet"
+def write_corpus(path: Path) -> Path:
     pq.write_table(pa.table({"id": ["a", "b"], "article": ["The council met on Tuesday.", "Prices rose again."],
                              "title": ["Council", "Prices"]}), path)
     return path
@@ -124,40 +130,87 @@ def nightly_args(corpus: Path, db: Path) -> list[str]:
             "--no-judge", "--no-cost-report"]
 
 
+@dataclass(frozen=True)
+class Command:
+    """A ``sidecar`` command of a test below, the directory it runs in, and what its one error line must say."""
+
+    args: list[str]
+    cwd: Path
+    fragments: tuple[str, ...]
+
+
+def commands(tmp: pytest.TempPathFactory) -> dict[str, Command]:
+    """The commands of the tests below, by name."""
+    found: dict[str, Command] = {}
+    for kind in KINDS:
+        if kind == "read-only" and _read_only_location_is_writable():
+            continue  # its test skips
+        where = tmp.mktemp(f"nightly-{kind}")
+        db, problem = unusable_db(kind, where)
+        found[f"nightly-{kind}"] = Command(nightly_args(write_corpus(where / "news.parquet"), db), where,
+                                           (str(db), problem))
+    where = tmp.mktemp("nightly-missing-corpus")
+    missing = where / "missing.parquet"
+    found["nightly-missing-corpus"] = Command(nightly_args(missing, where / "sidecar.duckdb"), where,
+                                              (str(missing), "does not exist"))
+    # the database is opened before the endpoint is asked anything: this one does not exist
+    where = tmp.mktemp("judge-not-duckdb")
+    db, problem = unusable_db("not-duckdb", where)
+    found["judge-not-duckdb"] = Command(["judge", "--run-id", "r", "--db", str(db), "--base-url",
+                                         "http://127.0.0.1:9/v1", "--model", "m"], where, (str(db), problem))
+    where = tmp.mktemp("judge-unknown-run")
+    found["judge-unknown-run"] = Command(["judge", "--run-id", "no-such-run", "--db", str(where / "sidecar.duckdb"),
+                                          "--base-url", "http://127.0.0.1:9/v1", "--model", "m"], where,
+                                         ("'no-such-run' does not exist",))
+    where = tmp.mktemp("demo-directory")
+    db, problem = unusable_db("directory", where)
+    found["demo-directory"] = Command(["demo", "--corpus", str(write_corpus(where / "news.parquet")), "--pair", "tiny",
+                                       "--limit", "2", "--db", str(db), "--max-new-tokens", "4"], where,
+                                      (str(db), problem))
+    return found
+
+
+Ran = dict[str, tuple[subprocess.CompletedProcess[str], Command]]
+
+
+@pytest.fixture(scope="module")
+def ran(prefect_api, tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """Every command of the tests below, one per core at a time: each spends seconds of CPU importing torch,
+    transformers and Prefect before its error (8 commands, about 70 s of CPU in all)."""
+    todo = commands(tmp_path_factory)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        running = {name: pool.submit(sidecar, command.args, prefect_api, command.cwd) for name, command in todo.items()}
+    return {name: (future.result(), todo[name]) for name, future in running.items()}
+
+
+def assert_ran_with_one_error_line(ran: Ran, name: str, code: int) -> None:
+    if name not in ran:
+        pytest.skip(f"{READ_ONLY_DB.parent} is writable here")
+    done, command = ran[name]
+    assert_one_error_line(done, code, *command.fragments)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_nightly_on_an_unusable_database_exits_3_with_one_line(kind: str, prefect_api, corpus: Path,
-                                                               tmp_path: Path) -> None:
-    db, problem = unusable_db(kind, tmp_path)
-    assert_one_error_line(sidecar(nightly_args(corpus, db), prefect_api, tmp_path), 3, str(db), problem)
+def test_nightly_on_an_unusable_database_exits_3_with_one_line(kind: str, ran: Ran) -> None:
+    assert_ran_with_one_error_line(ran, f"nightly-{kind}", 3)
 
 
 @pytest.mark.slow
-def test_nightly_on_a_missing_corpus_exits_2_with_one_line(prefect_api, tmp_path: Path) -> None:
-    missing = tmp_path / "missing.parquet"
-    done = sidecar(nightly_args(missing, tmp_path / "sidecar.duckdb"), prefect_api, tmp_path)
-    assert_one_error_line(done, 2, str(missing), "does not exist")
+def test_nightly_on_a_missing_corpus_exits_2_with_one_line(ran: Ran) -> None:
+    assert_ran_with_one_error_line(ran, "nightly-missing-corpus", 2)
 
 
 @pytest.mark.slow
-def test_judge_on_an_unusable_database_exits_3_with_one_line(prefect_api, tmp_path: Path) -> None:
-    db, problem = unusable_db("not-duckdb", tmp_path)
-    # the database is opened before the endpoint is asked anything: this one does not exist
-    done = sidecar(["judge", "--run-id", "r", "--db", str(db), "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
-                   prefect_api, tmp_path)
-    assert_one_error_line(done, 3, str(db), problem)
+def test_judge_on_an_unusable_database_exits_3_with_one_line(ran: Ran) -> None:
+    assert_ran_with_one_error_line(ran, "judge-not-duckdb", 3)
 
 
 @pytest.mark.slow
-def test_judge_of_an_unknown_run_exits_2_with_one_line(prefect_api, tmp_path: Path) -> None:
-    done = sidecar(["judge", "--run-id", "no-such-run", "--db", str(tmp_path / "sidecar.duckdb"), "--base-url",
-                    "http://127.0.0.1:9/v1", "--model", "m"], prefect_api, tmp_path)
-    assert_one_error_line(done, 2, "'no-such-run' does not exist")
+def test_judge_of_an_unknown_run_exits_2_with_one_line(ran: Ran) -> None:
+    assert_ran_with_one_error_line(ran, "judge-unknown-run", 2)
 
 
 @pytest.mark.slow
-def test_demo_on_an_unusable_database_exits_3_with_one_line(prefect_api, corpus: Path, tmp_path: Path) -> None:
-    db, problem = unusable_db("directory", tmp_path)
-    done = sidecar(["demo", "--corpus", str(corpus), "--pair", "tiny", "--limit", "2", "--db", str(db),
-                    "--max-new-tokens", "4"], prefect_api, tmp_path)
-    assert_one_error_line(done, 3, str(db), problem)
+def test_demo_on_an_unusable_database_exits_3_with_one_line(ran: Ran) -> None:
+    assert_ran_with_one_error_line(ran, "demo-directory", 3)

@@ -147,9 +147,10 @@ def test_a_nightly_deployment_run_triggers_judge_then_cost_report(deployed: dict
         "Officials said the plan would add jobs at the plant in the north of the state."]}), corpus)
     db_path = tmp_path / "sidecar.duckdb"
     worker_log = (tmp_path / "worker.log").open("wb")
+    # the worker polls every 2 s instead of 10: each of the three flow runs starts sooner
     worker = subprocess.Popen([str(PREFECT), "worker", "start", "--pool", "sidecar-pool", "--type", "process"],
-                              env=deployed, cwd=tmp_path, stdout=worker_log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+                              env=deployed | {"PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=tmp_path, stdout=worker_log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with api_client(deployed) as api:
             nightly = api.read_deployment_by_name("nightly/nightly")

@@ -300,12 +300,13 @@ def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
     assert missing.exit_code == 2 and "--model is required" in missing.output
 
 
+# Another process holds the lock file of this machine's accelerator (the path from flows.accelerator, given as
+# argv[1]); the lock alone needs neither torch nor Prefect, which take seconds to import.
 HOLD_ACCELERATOR = """
 import sys
-from flows.accelerator import accelerator_lock
-from sidecar.devices import accelerator_id
+from pathlib import Path
 from storage.locks import exclusive
-with exclusive(accelerator_lock(accelerator_id()), "accelerator", wait_s=0):
+with exclusive(Path(sys.argv[1]), "accelerator", wait_s=0):
     print("ready", flush=True)
     sys.stdin.readline()
 """
@@ -315,11 +316,14 @@ def test_a_locally_served_judge_holds_the_accelerator_like_a_run(prefect_api, db
     import subprocess
     import sys
 
+    from flows.accelerator import accelerator_lock
     from flows.judge import judge
+    from sidecar.devices import accelerator_id
     from storage import LockHeldError
 
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_ACCELERATOR], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ACCELERATOR, str(accelerator_lock(accelerator_id()))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
     try:
         assert holder.stdout.readline().strip() == "ready"
         state = judge(RUN, judge_pair="tiny", retries=0, db_path=str(db.path), device_wait_s=0, return_state=True)

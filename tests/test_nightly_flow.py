@@ -517,25 +517,29 @@ def test_a_run_that_gives_up_on_a_locked_database_keeps_its_batches_for_the_next
     assert db.done_doc_ids("gives-up", ["sidecar", "standalone"]) == {f"doc-{i:02d}" for i in range(4)}
 
 
+# Another process holds the lock file of this machine's accelerator (the path from flows.accelerator, given as
+# argv[1]); the lock alone needs neither torch nor Prefect, which take seconds to import.
 HOLD_ACCELERATOR = """
     import sys
-    from flows.accelerator import accelerator_lock
-    from sidecar.devices import accelerator_id
+    from pathlib import Path
     from storage.locks import exclusive
-    with exclusive(accelerator_lock(accelerator_id()), "accelerator", wait_s=0):
+    with exclusive(Path(sys.argv[1]), "accelerator", wait_s=0):
         print("ready", flush=True)
         sys.stdin.readline()
 """
 
 
 def test_embedded_runs_take_turns_on_the_accelerator(prefect_api, tmp_path: Path, monkeypatch) -> None:
+    from flows.accelerator import accelerator_lock
     from flows.nightly import nightly
+    from sidecar.devices import accelerator_id
     from storage import LockHeldError
 
     # as on the embedded API, where Prefect's `gpu` limit does not exist
     monkeypatch.setattr("flows.accelerator.on_embedded_api", lambda: True)
     corpus = write_corpus(tmp_path / "news.parquet", 2)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_ACCELERATOR)], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_ACCELERATOR),
+                               str(accelerator_lock(accelerator_id()))], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "ready"
