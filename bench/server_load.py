@@ -7,7 +7,7 @@ greedy main answer under load must equal its reference; invalid requests must ge
 latency, throughput, status counts and the server's RSS before and after in bench/results/server_load.json
 and .md (``_quick`` / ``_full`` for the other sizes). With ``--compare-unbatched`` (the default when it
 starts the server) the same load also runs against a server with ``--max-batch 1``, so the report shows
-what batching buys. Exits non-zero on a wrong answer, a failed batch, or batching that does not raise the
+what batching buys. Exits non-zero on a wrong answer, a failed step, or batching that does not raise the
 valid requests per second.
 
     .venv/bin/python -m bench.server_load            # 64 clients, 30 s per server
@@ -210,10 +210,10 @@ def summarize(outcomes: list[Outcome], wall_s: float, before: dict[str, Any], af
               concurrency: int) -> dict[str, Any]:
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency_s for o in ok]
-    sizes_before = Counter({int(k): v for k, v in before["batch_sizes"].items()})
-    sizes_after = Counter({int(k): v for k, v in after["batch_sizes"].items()})
+    sizes_before = Counter({int(k): v for k, v in before["step_sizes"].items()})
+    sizes_after = Counter({int(k): v for k, v in after["step_sizes"].items()})
     sizes = sizes_after - sizes_before
-    batches = sum(sizes.values())
+    steps = sum(sizes.values())
     return {
         "concurrency": concurrency,
         "wall_s": wall_s,
@@ -227,9 +227,10 @@ def summarize(outcomes: list[Outcome], wall_s: float, before: dict[str, Any], af
         "throughput": {"requests_per_s": len(outcomes) / wall_s, "ok_per_s": len(ok) / wall_s,
                        "completion_tokens_per_s": sum(o.completion_tokens for o in ok) / wall_s},
         "server": {"rss_before_bytes": before["rss_bytes"], "rss_after_bytes": after["rss_bytes"],
-                   "batches": batches, "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
-                   "mean_batch_size": sum(k * v for k, v in sizes.items()) / batches if batches else 0.0,
-                   "failed_batches": after["failed_batches"] - before["failed_batches"]},
+                   # decoding steps, and how many requests each worked on
+                   "steps": steps, "step_sizes": {str(k): v for k, v in sorted(sizes.items())},
+                   "mean_step_size": sum(k * v for k, v in sizes.items()) / steps if steps else 0.0,
+                   "failed_steps": after["failed_steps"] - before["failed_steps"]},
     }
 
 
@@ -258,7 +259,7 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
     """The results table, one row per server, with what the run found above it."""
     config = report["config"]
     labels = {"batched": f"`{config['base_url']}`" if config["base_url"] else
-              f"dynamic batching (max batch {config['max_batch']})", "unbatched": "one at a time (max batch 1)"}
+              f"continuous batching (max batch {config['max_batch']})", "unbatched": "one at a time (max batch 1)"}
     runs = {name: report[name] for name in labels if name in report}
     text = (f"Pair `{config['model'] or config['pair']}` on {report['batched']['server']['device']}, "
             f"{config['concurrency']} concurrent clients for {config['duration']:.0f} s per server "
@@ -283,12 +284,12 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
 
 def problems(report: dict[str, Any]) -> list[str]:
     """Why the run fails, if it does."""
-    found = [f"{name}: {len(report[name]['wrong'])} wrong answer(s), {report[name]['server']['failed_batches']} "
-             "failed batch(es)" for name in ("batched", "unbatched")
-             if name in report and (report[name]["wrong"] or report[name]["server"]["failed_batches"])]
+    found = [f"{name}: {len(report[name]['wrong'])} wrong answer(s), {report[name]['server']['failed_steps']} "
+             "failed step(s)" for name in ("batched", "unbatched")
+             if name in report and (report[name]["wrong"] or report[name]["server"]["failed_steps"])]
     speedup = report.get("speedup_ok_per_s")
     if speedup is not None and speedup <= 1:
-        found.append(f"dynamic batching did not raise valid requests per second over one at a time ({speedup:.2f}×)")
+        found.append(f"batching did not raise valid requests per second over one at a time ({speedup:.2f}×)")
     return found
 
 

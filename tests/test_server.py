@@ -32,6 +32,7 @@ from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.acceptance import warp
 from sidecar.errors import InputError
+from sidecar.sidecar_batch import SidecarBatch
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -484,9 +485,9 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(base_url: str, cl
             zip(PROMPTS, [24, 8, 40, 16, 32, 12, 24, 8, 40, 16], strict=True)))
     assert together == [alone[p] for p in PROMPTS]
     after = stats(base_url)
-    sizes = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
+    sizes = {int(k): v - before["step_sizes"].get(k, 0) for k, v in after["step_sizes"].items()}
     assert max(size for size, count in sizes.items() if count > 0) > 1, after
-    assert after["failed_batches"] == 0
+    assert after["failed_steps"] == 0
 
 
 def load_bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -513,7 +514,7 @@ def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
     assert report["requests"] > 8 and report["ok"] > 0
     assert report["wrong"] == [], report
     assert not any(status.startswith("5") for status in report["status_counts"]), report["status_counts"]
-    assert report["server"]["failed_batches"] == 0
+    assert report["server"]["failed_steps"] == 0
     assert report["latency_ok_s"]["p50"] <= report["latency_ok_s"]["p99"]
 
 
@@ -521,7 +522,7 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
     bench = load_bench(monkeypatch)
 
     def run(wrong: int = 0) -> dict:
-        return {"wrong": [{"kind": "greedy", "status": 200}] * wrong, "server": {"failed_batches": 0}}
+        return {"wrong": [{"kind": "greedy", "status": 200}] * wrong, "server": {"failed_steps": 0}}
 
     assert bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": 2.9}) == []
     assert bench.problems({"batched": run()}) == []  # an external server: nothing to compare with
@@ -547,7 +548,7 @@ def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError(secret)
 
-    monkeypatch.setattr(engine.decoder, "generate", broken)
+    monkeypatch.setattr(SidecarBatch, "step", broken)
     with inprocess_server(engine, ServerConfig(model_name="tiny")) as url, caplog.at_level(logging.ERROR):
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
@@ -624,15 +625,15 @@ def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -
 
 def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
-    generate = engine.decoder.generate
+    step = SidecarBatch.step
     entered, release = threading.Event(), threading.Event()
 
-    def blocked(*args: object, **kwargs: object) -> object:
+    def blocked(batch: SidecarBatch) -> object:
         entered.set()
         release.wait(30)
-        return generate(*args, **kwargs)
+        return step(batch)
 
-    monkeypatch.setattr(engine.decoder, "generate", blocked)
+    monkeypatch.setattr(SidecarBatch, "step", blocked)
     config = ServerConfig(model_name="tiny", max_batch=1, batch_wait_ms=0, max_queue=1)
     with inprocess_server(engine, config) as url, ThreadPoolExecutor(2) as pool:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
