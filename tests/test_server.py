@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.util
@@ -530,6 +531,29 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
     for speedup in (1.0, 0.6):
         [problem] = bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": speedup})
         assert "did not raise valid requests per second" in problem
+
+
+def test_mixed_load_run_is_correct_and_answers_short_requests_sooner(base_url: str, monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
+    args = argparse.Namespace(prompts=4, long_tokens=32, short_tokens=4, concurrency=4, duration=4.0, seed=0)
+    run = asyncio.run(bench.bench_mixed(base_url, "tiny", KEY, args))
+    assert run["wrong"] == [] and run["short"]["ok"] > 0 and run["long"]["ok"] > 0, run
+    assert run["long"]["mean_completion_tokens"] == 32 and run["short"]["mean_completion_tokens"] <= 4
+    assert bench.mixed_problems({"runs": {"this checkout": run}}) == [], run
+
+
+def test_mixed_load_run_fails_on_wrong_answers_and_on_short_requests_no_sooner_done(monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
+
+    def run(short_p50: float, wrong: int = 0) -> dict:
+        return {"wrong": [{"kind": "short", "status": 200}] * wrong, "short": {"latency_ok_s": {"p50": short_p50}},
+                "long": {"latency_ok_s": {"p50": 2.0}}}
+
+    assert bench.mixed_problems({"runs": {"new": run(0.5), "old": run(3.0)}}) == []
+    [problem] = bench.mixed_problems({"runs": {"new": run(2.5), "old": run(0.5)}})
+    assert "short requests did not finish sooner" in problem
+    [problem] = bench.mixed_problems({"runs": {"new": run(0.5), "old": run(0.5, wrong=2)}})
+    assert problem.startswith("old: 2 wrong")
 
 
 # -- failures inside the worker, on an in-process server whose engine breaks --
