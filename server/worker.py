@@ -125,7 +125,8 @@ class Job:
 
     def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         if self.tokens is not None:
-            self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is reading the stream
+                self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
 
     def finish(self, result: object = None, error: BaseException | None = None) -> None:
         def resolve() -> None:
@@ -216,10 +217,9 @@ class BatchWorker:
                 batch.add(index, job.work)
             else:
                 batch.add_row(index, job.work)
-        except InputError as exc:  # requests are validated before queueing, so this is rare
-            logger.warning("request refused by the engine: %s", exc)
+        except Exception as exc:  # requests are validated before queueing, so this is rare
             self.stats.record_refused()
-            job.finish(error=APIError(400, str(exc)))
+            job.finish(error=self._api_error(exc, "a request joining the batch"))
             return False
         self._jobs[index] = job
         return True
@@ -234,7 +234,7 @@ class BatchWorker:
             jobs = list(self._jobs.values())
             self._jobs.clear()
             self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
-            error = self._api_error(exc, len(jobs))
+            error = self._api_error(exc, f"a step over {len(jobs)} requests")
             for job in jobs:
                 job.finish(error=error)
             return self._batch()
@@ -257,12 +257,13 @@ class BatchWorker:
                                           code="shutting_down"))
 
     @staticmethod
-    def _api_error(exc: Exception, jobs: int) -> APIError:
+    def _api_error(exc: Exception, what: str) -> APIError:
+        """The answer to the jobs that ``exc`` failed, ``what`` saying where in the log."""
         if isinstance(exc, InputError):
-            logger.warning("a step over %d requests refused by the engine: %s", jobs, exc)
+            logger.warning("%s refused by the engine: %s", what, exc)
             return APIError(400, str(exc))
         if isinstance(exc, torch.OutOfMemoryError):
-            logger.error("a step over %d requests ran out of memory", jobs)
+            logger.error("%s ran out of memory", what)
             return APIError(503, "out of memory; retry with fewer tokens", "server_error", code="out_of_memory")
-        logger.exception("a step over %d requests failed", jobs)
+        logger.exception("%s failed", what)
         return APIError(500, "internal error while generating; see the server log", "server_error")

@@ -55,7 +55,7 @@ TAGS_SPEC = {"name": "hashtags", "instruction": HASHTAGS.instruction, "max_token
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    # A wide batch window so that concurrent test requests reliably land in one batch.
+    # A wide admission window, so that concurrent test requests reliably join the idle batch together.
     with running_server("tiny", api_key=KEY, max_batch=8, batch_wait_ms=50,
                         extra_args=["--max-body-bytes", str(MAX_BODY)], startup_timeout_s=300) as url:
         yield url
@@ -416,7 +416,7 @@ def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
 def test_int64_seeds_at_the_bounds_sample_with_sidecars(base_url: str, seed: int) -> None:
-    # the sidecar phase seeds its generator with seed + 1
+    # the sidecar rows draw from streams of their own under the request's seed (sidecar.randomness.row_key)
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4,
             "temperature": 0.8, "seed": seed, "sidecars": [TAGS_SPEC]}
     response = post(base_url, body)

@@ -56,9 +56,9 @@ async def submit(service: ChatService, body: dict) -> tuple[ChatCompletionReques
 
 
 async def answer(service: ChatService, body: dict) -> dict:
-    """The non-streamed response body to ``body``."""
+    """The non-streamed response body to ``body``; a worker that never answers fails the test."""
     req, job = await submit(service, body)
-    return service.completion(req, job, await job.future, "chatcmpl-test", 0)
+    return service.completion(req, job, await asyncio.wait_for(job.future, 300), "chatcmpl-test", 0)
 
 
 async def answers(service: ChatService, bodies: list[dict]) -> list[dict]:
@@ -176,6 +176,27 @@ def test_a_step_that_raises_fails_its_batch_and_the_worker_goes_on(engine: Sidec
     assert (stats["failed_steps"], stats["failed_requests"], stats["requests"]) == (1, 2, 3)
 
 
+def test_a_request_the_batch_refuses_fails_alone(engine: SidecarEngine, monkeypatch) -> None:
+    add_row = SidecarBatch.add_row
+
+    def refusing(batch: SidecarBatch, index: int, row: object) -> None:
+        if row.max_new_tokens == 3:
+            raise InputError("refused")
+        add_row(batch, index, row)
+
+    monkeypatch.setattr(SidecarBatch, "add_row", refusing)
+    with started(engine, batch_wait_ms=500) as service:
+        async def run() -> list[BaseException | dict]:
+            return await asyncio.gather(answer(service, chat(LONG, max_tokens=3)),
+                                        answer(service, chat(SHORT, max_tokens=4)), return_exceptions=True)
+
+        refused, served = asyncio.run(run())
+        stats = service.worker.stats.snapshot()
+    assert isinstance(refused, APIError) and refused.status == 400
+    assert served["choices"][0]["finish_reason"] in ("stop", "length")
+    assert (stats["requests"], stats["failed_requests"], stats["failed_steps"]) == (2, 1, 0)
+
+
 def test_a_request_whose_client_left_before_it_joined_costs_nothing(engine: SidecarEngine, monkeypatch) -> None:
     entered, release = blocking_steps(monkeypatch)
     joined: list[int] = []
@@ -214,7 +235,8 @@ def test_stopping_finishes_the_batch_and_refuses_what_queued_after(engine: Sidec
                 await asyncio.sleep(0.01)
             jobs.append((await submit(service, chat(SHORT, max_tokens=4)))[1])  # after the sentinel
             release.set()
-            results = await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
+            results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True),
+                                             300)
             await asyncio.to_thread(stopping.join)
             return results
 
