@@ -7,11 +7,18 @@ greedy main answer under load must equal its reference; invalid requests must ge
 latency, throughput, status counts and the server's RSS before and after in bench/results/server_load.json
 and .md (``_quick`` / ``_full`` for the other sizes). With ``--compare-unbatched`` (the default when it
 starts the server) the same load also runs against a server with ``--max-batch 1``, so the report shows
-what batching buys. Exits non-zero on a wrong answer, a failed batch, or batching that does not raise the
+what batching buys. Exits non-zero on a wrong answer, a failed step, or batching that does not raise the
 valid requests per second.
+
+``--mixed`` runs another workload instead: half the clients ask for long greedy answers (``--long-tokens``,
+128), half for short ones (``--short-tokens``, 8), their arrivals interleaved, every answer checked against
+its reference; it reports the latency of each kind in bench/results/server_load_mixed.json and .md. A short
+request must not wait for the long ones decoding when it arrives. ``--compare-checkout DIR`` runs the same
+load against the server of another checkout too (a git worktree of an older commit), in the same process.
 
     .venv/bin/python -m bench.server_load            # 64 clients, 30 s per server
     .venv/bin/python -m bench.server_load --quick    # 16 clients, 5 s per server
+    .venv/bin/python -m bench.server_load --mixed --compare-checkout /tmp/old   # 8 clients, 60 s per server
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import os
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,6 +61,12 @@ SIZES = {
     "quick": {"concurrency": 16, "duration": 5.0},
     "standard": {"concurrency": 64, "duration": 30.0},
     "full": {"concurrency": 64, "duration": 30.0},
+}
+# the mixed workload: a long answer takes seconds on the tiny pair, so fewer clients and longer runs
+MIXED_SIZES = {
+    "quick": {"concurrency": 4, "duration": 20.0},
+    "standard": {"concurrency": 8, "duration": 60.0},
+    "full": {"concurrency": 16, "duration": 120.0},
 }
 
 
@@ -210,10 +225,10 @@ def summarize(outcomes: list[Outcome], wall_s: float, before: dict[str, Any], af
               concurrency: int) -> dict[str, Any]:
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency_s for o in ok]
-    sizes_before = Counter({int(k): v for k, v in before["batch_sizes"].items()})
-    sizes_after = Counter({int(k): v for k, v in after["batch_sizes"].items()})
+    sizes_before = Counter({int(k): v for k, v in before["step_sizes"].items()})
+    sizes_after = Counter({int(k): v for k, v in after["step_sizes"].items()})
     sizes = sizes_after - sizes_before
-    batches = sum(sizes.values())
+    steps = sum(sizes.values())
     return {
         "concurrency": concurrency,
         "wall_s": wall_s,
@@ -227,10 +242,82 @@ def summarize(outcomes: list[Outcome], wall_s: float, before: dict[str, Any], af
         "throughput": {"requests_per_s": len(outcomes) / wall_s, "ok_per_s": len(ok) / wall_s,
                        "completion_tokens_per_s": sum(o.completion_tokens for o in ok) / wall_s},
         "server": {"rss_before_bytes": before["rss_bytes"], "rss_after_bytes": after["rss_bytes"],
-                   "batches": batches, "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
-                   "mean_batch_size": sum(k * v for k, v in sizes.items()) / batches if batches else 0.0,
-                   "failed_batches": after["failed_batches"] - before["failed_batches"]},
+                   # decoding steps, and how many requests each worked on
+                   "steps": steps, "step_sizes": {str(k): v for k, v in sorted(sizes.items())},
+                   "mean_step_size": sum(k * v for k, v in sizes.items()) / steps if steps else 0.0,
+                   "failed_steps": after["failed_steps"] - before["failed_steps"]},
     }
+
+
+async def greedy_references(client: LoadClient, pool: list[str]) -> dict[str, tuple[str, int]]:
+    """Each prompt's greedy answer asked alone, with its completion tokens."""
+    answers = {}
+    for prompt in pool:
+        status, text, tokens = await client.answer("greedy", prompt)
+        if status != 200 or text is None:
+            raise RuntimeError(f"reference request failed with {status}")
+        answers[prompt] = (text, tokens)
+    return answers
+
+
+async def run_mixed(long: LoadClient, short: LoadClient, long_refs: dict[str, str], short_refs: dict[str, str],
+                    concurrency: int, duration_s: float, seed: int = 0) -> dict[str, Any]:
+    """Clients 0, 2, 4, ... ask ``long`` for answers to ``long_refs``' prompts, the others ``short`` for
+    ``short_refs``'; starts are staggered over the first tenth of the run so that arrivals interleave."""
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + duration_s
+
+    async def one_client(index: int) -> None:
+        kind, client, refs = ("long", long, long_refs) if index % 2 == 0 else ("short", short, short_refs)
+        rng = random.Random(seed * 1000 + index)
+        await asyncio.sleep(index * duration_s / 10 / concurrency)
+        while time.monotonic() < deadline:
+            prompt = rng.choice(list(refs))
+            started = time.perf_counter()
+            try:
+                status, text, tokens = await client.answer("greedy", prompt)
+            except httpx.HTTPError as exc:
+                outcomes.append(Outcome(kind, type(exc).__name__, time.perf_counter() - started))
+                continue
+            outcomes.append(Outcome(kind, status, time.perf_counter() - started, tokens,
+                                    status == 200 and text == refs[prompt]))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one_client(i) for i in range(concurrency)))
+    wall = time.perf_counter() - started
+    by_kind = {}
+    for kind in ("short", "long"):
+        ok = [o for o in outcomes if o.kind == kind and o.status == 200]
+        latencies = [o.latency_s for o in ok]
+        by_kind[kind] = {"requests": sum(o.kind == kind for o in outcomes), "ok": len(ok),
+                         "mean_completion_tokens": statistics.fmean([o.completion_tokens for o in ok]) if ok else 0.0,
+                         "latency_ok_s": {"p50": _percentile(latencies, 50), "p99": _percentile(latencies, 99),
+                                          "max": max(latencies, default=None)}}
+    return {"concurrency": concurrency, "wall_s": wall, "requests": len(outcomes),
+            "status_counts": dict(Counter(str(o.status) for o in outcomes)),
+            "wrong": [{"kind": o.kind, "status": o.status} for o in outcomes if not o.correct],
+            "completion_tokens_per_s": sum(o.completion_tokens for o in outcomes if o.status == 200) / wall,
+            **by_kind}
+
+
+async def bench_mixed(base_url: str, model: str, api_key: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    long = LoadClient(base_url, model, api_key, args.long_tokens)
+    short = LoadClient(base_url, model, api_key, args.short_tokens)
+    try:
+        device = (await long.health())["device"]
+        pool = prompts(args.prompts)
+        # long requests use the prompts whose answer runs to the limit, so that every one of them is long
+        long_refs = {p: text for p, (text, tokens) in (await greedy_references(long, pool)).items()
+                     if tokens == args.long_tokens}
+        if not long_refs:
+            raise RuntimeError(f"no prompt of the pool has a greedy answer of {args.long_tokens} tokens")
+        short_refs = {p: text for p, (text, _) in (await greedy_references(short, pool)).items()}
+        summary = await run_mixed(long, short, long_refs, short_refs, args.concurrency, args.duration, args.seed)
+    finally:
+        await long.aclose()
+        await short.aclose()
+    summary["device"] = device
+    return summary
 
 
 async def bench(base_url: str, model: str, api_key: str | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -258,7 +345,7 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
     """The results table, one row per server, with what the run found above it."""
     config = report["config"]
     labels = {"batched": f"`{config['base_url']}`" if config["base_url"] else
-              f"dynamic batching (max batch {config['max_batch']})", "unbatched": "one at a time (max batch 1)"}
+              f"continuous batching (max batch {config['max_batch']})", "unbatched": "one at a time (max batch 1)"}
     runs = {name: report[name] for name in labels if name in report}
     text = (f"Pair `{config['model'] or config['pair']}` on {report['batched']['server']['device']}, "
             f"{config['concurrency']} concurrent clients for {config['duration']:.0f} s per server "
@@ -281,14 +368,52 @@ def to_markdown(report: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
+def mixed_markdown(report: dict[str, Any], command: str) -> str:
+    """The mixed workload's table: latency of short and long requests, one row per server."""
+    config = report["config"]
+    runs = report["runs"]
+    first = next(iter(runs.values()))
+    text = (f"Pair `{config['model'] or config['pair']}` on {first['device']}, {config['concurrency']} clients for "
+            f"{config['duration']:.0f} s per server (max batch {config['max_batch']}), half asking for "
+            f"{config['long_tokens']}-token greedy answers and half for {config['short_tokens']}-token ones, their "
+            "arrivals interleaved; every answer checked against the same request sent alone.")
+    if len(runs) == 2:
+        (label, run), (base_label, base) = runs.items()
+        ratio = base["short"]["latency_ok_s"]["p50"] / max(run["short"]["latency_ok_s"]["p50"], 1e-9)
+        text += f" Short requests' p50 latency: {ratio:.1f}× lower on {label} than on {base_label}."
+    text += f" Command: `{command}`."
+    lines = [text, "", "| server | short requests | short p50 / p99 s | long requests | long p50 / p99 s | "
+             "long tokens (mean) | wrong answers | completion tokens/s |", "|---|---|---|---|---|---|---|---|"]
+    for label, run in runs.items():
+        short, long = run["short"], run["long"]
+        lines.append(f"| {label} | {short['ok']} | {_latency(short['latency_ok_s']['p50'])} / "
+                     f"{_latency(short['latency_ok_s']['p99'])} | {long['ok']} | "
+                     f"{_latency(long['latency_ok_s']['p50'])} / {_latency(long['latency_ok_s']['p99'])} | "
+                     f"{long['mean_completion_tokens']:.0f} | {len(run['wrong'])} | "
+                     f"{run['completion_tokens_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def mixed_problems(report: dict[str, Any]) -> list[str]:
+    """Why a mixed run fails: a wrong or failed answer anywhere, or short requests no sooner done than long
+    ones on the server of this checkout (the first run)."""
+    found = [f"{label}: {len(run['wrong'])} wrong or failed answer(s)" for label, run in report["runs"].items()
+             if run["wrong"]]
+    run = next(iter(report["runs"].values()))
+    short, long = run["short"]["latency_ok_s"]["p50"], run["long"]["latency_ok_s"]["p50"]
+    if short is None or long is None or short >= long:
+        found.append(f"short requests did not finish sooner than long ones (p50 {short} s vs {long} s)")
+    return found
+
+
 def problems(report: dict[str, Any]) -> list[str]:
     """Why the run fails, if it does."""
-    found = [f"{name}: {len(report[name]['wrong'])} wrong answer(s), {report[name]['server']['failed_batches']} "
-             "failed batch(es)" for name in ("batched", "unbatched")
-             if name in report and (report[name]["wrong"] or report[name]["server"]["failed_batches"])]
+    found = [f"{name}: {len(report[name]['wrong'])} wrong answer(s), {report[name]['server']['failed_steps']} "
+             "failed step(s)" for name in ("batched", "unbatched")
+             if name in report and (report[name]["wrong"] or report[name]["server"]["failed_steps"])]
     speedup = report.get("speedup_ok_per_s")
     if speedup is not None and speedup <= 1:
-        found.append(f"dynamic batching did not raise valid requests per second over one at a time ({speedup:.2f}×)")
+        found.append(f"batching did not raise valid requests per second over one at a time ({speedup:.2f}×)")
     return found
 
 
@@ -311,12 +436,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare-unbatched", action=argparse.BooleanOptionalAction, default=None,
                         help="also run against a --max-batch 1 server (default: on when starting servers)")
+    parser.add_argument("--mixed", action="store_true", help="the long/short workload instead of the request mix")
+    parser.add_argument("--long-tokens", type=int, default=128, help="--mixed: max_tokens of the long requests")
+    parser.add_argument("--short-tokens", type=int, default=8, help="--mixed: max_tokens of the short requests")
+    parser.add_argument("--compare-checkout", type=Path,
+                        help="--mixed: also run the load against the server of this checkout (e.g. a git worktree)")
     add_profile_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    apply_profile(args, SIZES)
+    apply_profile(args, MIXED_SIZES if args.mixed else SIZES)
     api_key = os.environ.get(args.api_key_env) or None
     model = args.model or args.pair
+    command = shlex.join(["python", "-m", "bench.server_load", *argv])
+    if args.mixed:
+        return mixed_main(args, model, api_key, command)
     report: dict[str, Any] = {"config": vars(args), "mix": MIX}
 
     if args.base_url:
@@ -339,7 +472,38 @@ def main(argv: list[str] | None = None) -> int:
     found = problems(report)
     report["problems"] = found
     name = "server_load" + profile_suffix(args.profile)
-    write_results(name, report, to_markdown(report, shlex.join(["python", "-m", "bench.server_load", *argv])))
+    write_results(name, report, to_markdown(report, command))
+    for problem in found:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if found else 0
+
+
+def _commit(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip()[:12] or "unknown commit"
+
+
+def mixed_main(args: argparse.Namespace, model: str, api_key: str | None, command: str) -> int:
+    from bench.common import profile_suffix, write_results
+
+    config = vars(args) | {"compare_checkout": str(args.compare_checkout) if args.compare_checkout else None}
+    report: dict[str, Any] = {"config": config, "runs": {}}
+    if args.base_url:
+        report["runs"][f"`{args.base_url}`"] = asyncio.run(bench_mixed(args.base_url, model, api_key, args))
+    else:
+        from server.launcher import running_server
+
+        servers = [("this checkout", None)]
+        if args.compare_checkout is not None:
+            servers.append((f"`{args.compare_checkout}` at `{_commit(args.compare_checkout)}`", args.compare_checkout))
+        for label, checkout in servers:
+            with running_server(args.pair, api_key=api_key, max_batch=args.max_batch,
+                                batch_wait_ms=args.batch_wait_ms, checkout=checkout) as url:
+                print(f"{label}: server up at {url}; {args.duration:.0f}s of mixed load", file=sys.stderr)
+                report["runs"][label] = asyncio.run(bench_mixed(url, model, api_key, args))
+    found = mixed_problems(report)
+    report["problems"] = found
+    write_results("server_load_mixed" + profile_suffix(args.profile), report, mixed_markdown(report, command))
     for problem in found:
         print(f"FAILED: {problem}", file=sys.stderr)
     return 1 if found else 0

@@ -15,8 +15,9 @@ def serve_command(
     port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
     api_key: str | None = typer.Option(None, envvar=API_KEY_ENV, show_default=False,
                                        help="Require 'Authorization: Bearer <key>' (prefer the env variable)."),
-    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together."),
-    batch_wait_ms: float = typer.Option(5.0, min=0, help="How long to collect requests into a batch."),
+    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together; others join as slots free."),
+    batch_wait_ms: float = typer.Option(5.0, min=0, help="How long the first request to an idle server waits "
+                                                         "for others to share its prefill."),
     gamma: int = typer.Option(4, min=1, help="Most tokens the draft proposes per step."),
     max_body_bytes: int = typer.Option(1 << 20, min=1024, help="Larger request bodies get 413."),
     max_queue: int = typer.Option(256, min=1, help="Requests waiting beyond this get 503."),

@@ -20,11 +20,14 @@ Endpoints:
   ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
-- ``GET /stats``: batching statistics (batch-size histogram, queue depth), the requests whose client left
-  while they decoded (``cancelled_requests``, ``cancelled_tokens``) and the server's RSS.
+- ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
+  worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
+  the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``) and the
+  server's RSS.
 
-Requests run in dynamic batches on one worker thread (``server.worker``); a client that disconnects
-cancels its request, which leaves its batch at the next decoding step. Errors are OpenAI-style JSON
+Requests run in one continuous batch on one worker thread (``server.worker``): each joins at the first
+step with a free slot and leaves when it is done, whatever the others' settings; a client that disconnects
+cancels its request, which leaves the batch at the next decoding step. Errors are OpenAI-style JSON
 ``{"error": {"message", "type", "param", "code"}}``; tracebacks stay in the server log.
 """
 

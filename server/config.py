@@ -37,7 +37,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     # serve without a key on a non-loopback address: anyone who reaches the port can use the model
     insecure: bool = False
+    # Requests decoded together: the running batch's slots. A request joins at the first step with a free slot.
     max_batch: int = 8
+    # How long the first request to reach an idle worker waits for others to share its prefill; a running
+    # batch never waits, new requests join it at its next step.
     batch_wait_ms: float = 5.0
     max_body_bytes: int = 1 << 20
     # Requests waiting for the worker; beyond this the server answers 503 instead of queueing forever.

@@ -67,15 +67,19 @@ def _log_tail(path: Path, chars: int = 3000) -> str:
 def running_server(pair_name: str = "qwen-coder-small", *, api_key: str | None = None,
                    model_name: str | None = None, max_batch: int = 8, batch_wait_ms: float = 5.0, gamma: int = 4,
                    extra_args: Sequence[str] = (), startup_timeout_s: float = 600.0,
-                   log_path: Path | None = None) -> Iterator[str]:
+                   log_path: Path | None = None, checkout: Path | None = None) -> Iterator[str]:
     """Run ``sidecar serve`` in a subprocess on a free loopback port; yields its OpenAI base URL (``.../v1``).
 
     The key travels in the environment, not on the command line where ``ps`` would show it. The server's
-    output goes to ``log_path`` (a temporary file by default). The server is stopped on exit.
+    output goes to ``log_path`` (a temporary file by default). The server is stopped on exit. ``checkout``
+    runs the server of another checkout of this repository instead (a benchmark's baseline, say): the child
+    works in that directory, with it on ``PYTHONPATH``.
     """
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     if api_key:
         env[API_KEY_ENV] = api_key
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
     with contextlib.ExitStack() as stack:
         if log_path is None:
             log_path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sidecar-serve-"))) / "server.log"
@@ -87,8 +91,8 @@ def running_server(pair_name: str = "qwen-coder-small", *, api_key: str | None =
             if model_name:
                 args += ["--model-name", model_name]
             with log_path.open("ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "cli", *args],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+                proc = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, cwd=checkout)
             stack.callback(_stop, proc, tether(proc.pid))
             if _wait_healthy(proc, port, startup_timeout_s, log_path):
                 break

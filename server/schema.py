@@ -105,8 +105,7 @@ class ChatCompletionRequest(RequestModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    # OpenAI's own bound (int64). torch's generators take -2**63 .. 2**64 - 1, so the engine's seed + 1 for the
-    # sidecar phase fits too; a seed outside would fail in the worker, with every request batched alongside.
+    # OpenAI's own bound (int64).
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool = False

@@ -18,6 +18,7 @@ import copy
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -101,31 +102,28 @@ class ChatService:
         return await self._off_loop(self.completion, req, job, job.future.result(), completion_id, created)
 
     def job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        """``req`` as the worker's job, its decoding fields set and checked as the engine will check them."""
         if req.model != self.config.model_name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
                                 f"{self.config.model_name!r}", param="model", code="model_not_found")
         sampling = Sampling(req.temperature, req.top_p, req.seed)
-        future = loop.create_future()
-        tokens: asyncio.Queue | None = asyncio.Queue() if req.stream else None
-        if req.sidecars is not None:
-            request, row = self._sidecar_request(req)
-            max_tokens = self._max_tokens(req, row)
-            job = Job(max_tokens, sampling, loop, future, request=request, tokens=tokens,
-                      top_logprobs=req.engine_top_logprobs)
-        else:
-            messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
-            prompt = chat_prompt(self.tokenizer, messages)
-            row = DecodeRow(prompt, 1)
-            max_tokens = self._max_tokens(req, row)
-            job = Job(max_tokens, sampling, loop, future, prompt=prompt, stop=tuple(req.stop or ()), tokens=tokens,
-                      top_logprobs=req.engine_top_logprobs)
-        row.max_new_tokens = max_tokens
-        row.sampling = sampling
+        work: DecodeRow | SidecarRequest
         try:
+            if req.sidecars is not None:
+                request, row = self._sidecar_request(req)
+                work = replace(request, max_new_tokens=self._max_tokens(req, row), sampling=sampling,
+                               top_logprobs=req.engine_top_logprobs)
+                # the main row as the engine builds it: the draft's context must also hold the sidecar outputs
+                row = self.engine.decode_row(0, work)
+            else:
+                messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
+                prompt = chat_prompt(self.tokenizer, messages)
+                row = work = DecodeRow(prompt, self._max_tokens(req, DecodeRow(prompt, 1)), sampling=sampling,
+                                       stop=req.stop, top_logprobs=req.engine_top_logprobs)
             self.engine.decoder.validate([row], 1)
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        return job
+        return Job(work, loop, loop.create_future(), tokens=asyncio.Queue() if req.stream else None)
 
     def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
         if req.stop:

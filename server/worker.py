@@ -1,16 +1,25 @@
-"""The batch worker: one thread owns the models, and only it decodes.
+"""The batch worker: one thread owns the models and one running batch, and only it decodes.
 
-It collects requests for ``batch_wait_ms`` (up to ``max_batch``), groups those that can share a decoding
-call (same sampling settings, same stop strings, with or without sidecars, same logprobs asked) and runs
-each group as one batch with per-row token limits. Every job it runs is finished exactly once, with a result or an
-``APIError``; a job whose client left before its batch began is skipped, and one whose client leaves while it
-decodes leaves its batch at the next step (``SpeculativeDecoder.decode``'s ``cancelled``) and gets no sidecars.
+The loop admits, then steps. Every queued request joins the running ``SidecarBatch`` as soon as the batch
+has a slot for it, whatever its sampling settings, stop strings, logprobs or sidecars (each row carries its
+own), and the batch takes one decoding step; the jobs that step completed are finished. A short request
+sent while a long one decodes therefore joins at the next step and returns first. The worker blocks on the
+queue only while the batch is idle; the first request then waits up to ``batch_wait_ms`` for others to share
+its prefill, and a running batch never waits.
+
+Every job the worker takes is finished exactly once, with a result or an ``APIError``. A job whose client
+left before it joined the batch is dropped at no cost; one whose client leaves while it decodes leaves the
+batch at the next step (finish reason "cancelled", no sidecars). A step that raises fails every job in the
+batch (the engine refusing input 400, out of memory 503, anything else 500) and the loop goes on with an
+empty batch. After the stop sentinel the batch runs until its last job is finished. A seeded request decodes
+the same tokens whatever shares the batch with it (``sidecar.randomness``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -28,45 +37,62 @@ from server.errors import APIError
 from sidecar.engine import SidecarEngine
 from sidecar.errors import InputError
 from sidecar.logprobs import TokenLogprob
-from sidecar.rows import GenerationOutput
-from sidecar.sampling import Sampling
-from sidecar.sidecar_rows import DocumentResult, SidecarRequest
+from sidecar.rows import DecodeRow
+from sidecar.sidecar_batch import SidecarBatch
+from sidecar.sidecar_rows import SidecarRequest
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class BatchStats:
-    """What the worker has run; read by ``GET /stats`` from the event loop, written by the worker."""
+    """What the worker has run; read by ``GET /stats`` from the event loop, written by the worker.
+
+    ``requests`` counts finished jobs and ``failed_requests`` those finished with an error. A step is one
+    ``SidecarBatch.step``; ``step_sizes[n]`` counts the steps that worked on ``n`` requests (joining, decoding
+    their main output, or decoding their sidecars), so its mean is the batch's average occupancy in requests.
+    ``failed_steps`` counts the steps that raised (each failed every job in the batch).
+    """
 
     started: float = field(default_factory=time.time)
     requests: int = 0
-    batches: int = 0
-    failed_batches: int = 0
-    sizes: Counter[int] = field(default_factory=Counter)
+    failed_requests: int = 0
+    steps: int = 0
+    failed_steps: int = 0
+    step_sizes: Counter[int] = field(default_factory=Counter)
     # requests whose client left while they decoded, and the tokens decoded for them until they left
     cancelled_requests: int = 0
     cancelled_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, size: int, ok: bool, cancelled_tokens: Sequence[int] = ()) -> None:
+    def record_step(self, size: int, finished: int, failed: int = 0, cancelled_tokens: Sequence[int] = ()) -> None:
+        """A step over ``size`` requests that finished ``finished`` of them, ``failed`` of those with an error."""
         with self.lock:
-            self.requests += size
-            self.batches += 1
-            self.failed_batches += int(not ok)
-            self.sizes[size] += 1
+            self.steps += 1
+            self.failed_steps += int(failed > 0)
+            self.step_sizes[size] += 1
+            self.requests += finished
+            self.failed_requests += failed
             self.cancelled_requests += len(cancelled_tokens)
             self.cancelled_tokens += sum(cancelled_tokens)
 
+    def record_refused(self) -> None:
+        """A job the batch refused to take (its error is the job's answer); no step ran for it."""
+        with self.lock:
+            self.requests += 1
+            self.failed_requests += 1
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
+            work = sum(size * count for size, count in self.step_sizes.items())
             return {
                 "requests": self.requests,
-                "batches": self.batches,
-                "failed_batches": self.failed_batches,
-                "batch_sizes": {str(size): count for size, count in sorted(self.sizes.items())},
-                "max_batch_size": max(self.sizes, default=0),
-                "mean_batch_size": self.requests / self.batches if self.batches else 0.0,
+                "failed_requests": self.failed_requests,
+                "steps": self.steps,
+                "failed_steps": self.failed_steps,
+                "step_sizes": {str(size): count for size, count in sorted(self.step_sizes.items())},
+                "max_step_size": max(self.step_sizes, default=0),
+                "mean_step_size": work / self.steps if self.steps else 0.0,
                 "cancelled_requests": self.cancelled_requests,
                 "cancelled_tokens": self.cancelled_tokens,
                 "uptime_s": time.time() - self.started,
@@ -78,35 +104,19 @@ DONE = object()  # end of a job's token stream
 
 @dataclass
 class Job:
-    """One request as the worker runs it; ``prompt`` for plain chat, ``request`` with sidecars."""
+    """One request as the worker runs it: a plain chat row, or a request with sidecars, its decoding fields set."""
 
-    max_tokens: int
-    sampling: Sampling
+    work: DecodeRow | SidecarRequest
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    prompt: list[int] | None = None
-    request: SidecarRequest | None = None
-    stop: tuple[str, ...] = ()
     tokens: asyncio.Queue | None = None  # (new token ids, their logprobs or None) while streaming, then DONE
-    top_logprobs: int | None = None  # None: no logprobs
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # set from the event loop once the client has gone; the worker reads it between decoding steps
     gone: threading.Event = field(default_factory=threading.Event)
 
     @property
-    def key(self) -> tuple:
-        """Jobs with equal keys can share one decoding call."""
-        if self.sampling.greedy:
-            sampling: tuple = ("greedy",)
-        elif self.sampling.seed is not None:
-            # One generator serves a whole batch, so a seeded request is reproducible only alone.
-            sampling = ("seeded", self.id)
-        else:
-            sampling = (self.sampling.temperature, self.sampling.top_p)
-        if self.request is not None:
-            # SidecarEngine.run takes one max_new_tokens for all rows and no stop strings.
-            return ("sidecar", sampling, self.max_tokens, self.top_logprobs)
-        return ("plain", sampling, self.stop, self.top_logprobs)
+    def stop(self) -> tuple[str, ...]:
+        return tuple(self.work.stop or ())
 
     def cancel(self) -> None:
         """The client has gone (called on the event loop): skip the job, or stop decoding it."""
@@ -115,7 +125,8 @@ class Job:
 
     def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         if self.tokens is not None:
-            self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is reading the stream
+                self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
 
     def finish(self, result: object = None, error: BaseException | None = None) -> None:
         def resolve() -> None:
@@ -132,13 +143,15 @@ class Job:
 
 
 class BatchWorker:
-    """The thread that owns the models and runs queued jobs in dynamic batches."""
+    """The thread that owns the models and runs queued jobs in one continuous batch."""
 
     def __init__(self, engine: SidecarEngine, config: ServerConfig) -> None:
         self.engine = engine
         self.config = config
         self.stats = BatchStats()
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=config.max_queue)
+        self._jobs: dict[int, Job] = {}  # the jobs in the batch, by their index there
+        self._indices = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="sidecar-worker", daemon=True)
 
     def start(self) -> None:
@@ -155,76 +168,102 @@ class BatchWorker:
         except queue.Full:
             raise APIError(503, "the server is overloaded; retry later", "server_error", code="overloaded") from None
 
-    def _collect(self, first: Job) -> tuple[list[Job], bool]:
-        """``first`` plus whatever arrives within the batch window; (jobs, stop requested)."""
-        jobs = [first]
-        deadline = time.monotonic() + self.config.batch_wait_ms / 1000
-        while len(jobs) < self.config.max_batch:
-            try:
-                job = self.queue.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                break
-            if job is None:
-                return jobs, True
-            jobs.append(job)
-        return jobs, False
+    def _batch(self) -> SidecarBatch:
+        return self.engine.batch(self.config.max_batch, on_tokens=self._on_tokens, cancelled=self._cancelled)
+
+    def _on_tokens(self, index: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
+        self._jobs[index].emit(ids, logprobs)
+
+    def _cancelled(self, index: int) -> bool:
+        return self._jobs[index].gone.is_set()
 
     def _loop(self) -> None:
+        batch = self._batch()
         stopping = False
-        while not stopping:
-            first = self.queue.get()
-            if first is None:
-                break
-            jobs, stopping = self._collect(first)
-            groups: dict[tuple, list[Job]] = {}
-            for job in jobs:
-                # a client that went away before its batch started costs nothing
-                if not job.gone.is_set():
-                    groups.setdefault(job.key, []).append(job)
-            for group in groups.values():
-                self._run(group)
+        while not stopping or self._jobs:
+            if not stopping:
+                stopping = self._fill(batch, wait=not self._jobs)
+            if self._jobs:
+                batch = self._step(batch)
+        self._refuse_the_rest()
 
-    def _run(self, jobs: list[Job]) -> None:
-        sampling, top_logprobs = jobs[0].sampling, jobs[0].top_logprobs
+    def _fill(self, batch: SidecarBatch, wait: bool) -> bool:
+        """Move queued jobs into ``batch`` while it has a slot for them; True once the stop sentinel is taken.
 
-        def on_tokens(row: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
-            jobs[row].emit(ids, logprobs)
+        With ``wait`` (the batch is idle) block for the first job that joins, then take those that arrive
+        within ``batch_wait_ms`` of it."""
+        deadline: float | None = None
+        while batch.wants_requests():
+            try:
+                if wait:
+                    job = self.queue.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+                else:
+                    job = self.queue.get_nowait()
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            if self._join(batch, job) and deadline is None:
+                deadline = time.monotonic() + self.config.batch_wait_ms / 1000
+        return False
 
-        def cancelled(row: int) -> bool:
-            return jobs[row].gone.is_set()
-
+    def _join(self, batch: SidecarBatch, job: Job) -> bool:
+        """Add ``job`` to ``batch``; False when it does not join (its client has gone, or the engine refused it)."""
+        if job.gone.is_set():  # a client that went away before its job joined costs nothing
+            return False
+        index = next(self._indices)
         try:
-            results: Sequence[DocumentResult | GenerationOutput]
-            if jobs[0].request is not None:
-                results = self.engine.run(
-                    [job.request for job in jobs if job.request is not None], max_new_tokens=jobs[0].max_tokens,
-                    temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                    batch_size=len(jobs), on_tokens=on_tokens, top_logprobs=top_logprobs, cancelled=cancelled)
+            if isinstance(job.work, SidecarRequest):
+                batch.add(index, job.work)
             else:
-                results = self.engine.decoder.generate(
-                    [job.prompt for job in jobs if job.prompt is not None], [job.max_tokens for job in jobs],
-                    temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                    batch_size=len(jobs), stop=list(jobs[0].stop) or None, on_tokens=on_tokens,
-                    top_logprobs=top_logprobs, cancelled=cancelled)
+                batch.add_row(index, job.work)
+        except Exception as exc:  # requests are validated before queueing, so this is rare
+            self.stats.record_refused()
+            job.finish(error=self._api_error(exc, "a request joining the batch"))
+            return False
+        self._jobs[index] = job
+        return True
+
+    def _step(self, batch: SidecarBatch) -> SidecarBatch:
+        """One step of ``batch``; finishes the jobs it completed. Returns the batch to go on with: a fresh one
+        when the step raised, since a batch that failed mid-step is in no state to continue."""
+        size = len(self._jobs)
+        try:
+            done = batch.step()
         except Exception as exc:
-            self.stats.record(len(jobs), ok=False)
-            error = self._api_error(exc, len(jobs))
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+            self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
+            error = self._api_error(exc, f"a step over {len(jobs)} requests")
             for job in jobs:
                 job.finish(error=error)
-            return
-        mains = [result.main if isinstance(result, DocumentResult) else result for result in results]
-        self.stats.record(len(jobs), ok=True, cancelled_tokens=[len(main.token_ids) for main in mains
-                                                               if main.finish_reason == "cancelled"])
-        for job, result in zip(jobs, results, strict=True):
-            job.finish(result)
+            return self._batch()
+        finished = [(self._jobs.pop(index), result) for index, result in done]
+        self.stats.record_step(size, finished=len(finished), cancelled_tokens=[
+            len(result.main.token_ids) for _, result in finished if result.main.finish_reason == "cancelled"])
+        for job, result in finished:
+            job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
+        return batch
+
+    def _refuse_the_rest(self) -> None:
+        """Answer the jobs queued behind the stop sentinel, which no batch will run."""
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.finish(error=APIError(503, "the server is stopping; retry later", "server_error",
+                                          code="shutting_down"))
 
     @staticmethod
-    def _api_error(exc: Exception, batch: int) -> APIError:
-        if isinstance(exc, InputError):  # requests are validated before queueing, so this is rare
-            logger.warning("batch of %d refused by the engine: %s", batch, exc)
+    def _api_error(exc: Exception, what: str) -> APIError:
+        """The answer to the jobs that ``exc`` failed, ``what`` saying where in the log."""
+        if isinstance(exc, InputError):
+            logger.warning("%s refused by the engine: %s", what, exc)
             return APIError(400, str(exc))
         if isinstance(exc, torch.OutOfMemoryError):
-            logger.error("batch of %d ran out of memory", batch)
+            logger.error("%s ran out of memory", what)
             return APIError(503, "out of memory; retry with fewer tokens", "server_error", code="out_of_memory")
-        logger.exception("batch of %d failed", batch)
+        logger.exception("%s failed", what)
         return APIError(500, "internal error while generating; see the server log", "server_error")

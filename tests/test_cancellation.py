@@ -14,6 +14,8 @@ from server.config import ServerConfig
 from server.stream import full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.rows import GenerationOutput
+from sidecar.sidecar_batch import SidecarBatch
+from sidecar.sidecar_rows import DocumentResult
 
 DOCS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
@@ -69,23 +71,34 @@ def test_a_cancelled_request_gets_no_sidecars_and_the_others_are_unchanged(tiny)
         assert results[i].sidecars["hashtags"].token_ids == alone[i].sidecars["hashtags"].token_ids
 
 
-def recorded_batches(engine: SidecarEngine, monkeypatch: pytest.MonkeyPatch) -> list[list[GenerationOutput]]:
-    """The outputs of every batch the engine's decoder generates from now on, in order."""
-    generate, batches = engine.decoder.generate, []
+class RecordedSteps:
+    """What every running batch of sidecar requests does from now on: its main outputs by the index the server
+    gave its request (the order requests joined), and the rows live in each of its decoding steps."""
 
-    def recording(*args: object, **kwargs: object) -> list[GenerationOutput]:
-        batches.append(generate(*args, **kwargs))
-        return batches[-1]
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.outputs: dict[int, GenerationOutput] = {}
+        self.batches: list[SidecarBatch] = []
+        step = SidecarBatch.step
 
-    monkeypatch.setattr(engine.decoder, "generate", recording)
-    return batches
+        def recording(batch: SidecarBatch) -> list[tuple[int, DocumentResult]]:
+            if batch not in self.batches:
+                self.batches.append(batch)
+            done = step(batch)
+            self.outputs.update((index, result.main) for index, result in done)
+            return done
+
+        monkeypatch.setattr(SidecarBatch, "step", recording)
+
+    @property
+    def most_live(self) -> int:
+        return max((s.live for batch in self.batches for s in batch.trace.steps), default=0)
 
 
 def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
-    batches = recorded_batches(engine, monkeypatch)
+    recorded = RecordedSteps(monkeypatch)
     dropped_prompt, kept_prompt, limit = DOCS[0], DOCS[1], 1000
-    # a wide batch window, so that both requests reliably share one batch
+    # a wide admission window, so that both requests reliably join the idle batch together
     app = create_app(engine, ServerConfig(model_name="tiny", batch_wait_ms=1000))
     with serving(app) as (url, _), ThreadPoolExecutor(1) as pool:
         endpoint = url + "/v1/chat/completions"
@@ -101,7 +114,8 @@ def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) ->
         kept_body = kept.result().json()
         assert httpx.post(endpoint, json=chat("hi", max_tokens=4), timeout=60).status_code == 200
         stats = httpx.get(url + "/stats", timeout=60).json()
-    [[dropped, kept_out]] = [batch for batch in batches if len(batch) == 2]
+    assert recorded.most_live == 2  # the two decoded together
+    dropped, kept_out, _ = (recorded.outputs[i] for i in range(3))
     assert dropped.finish_reason == "cancelled" and len(dropped.token_ids) < limit
     assert (stats["cancelled_requests"], stats["cancelled_tokens"]) == (1, len(dropped.token_ids))
     # both rows as they decode without the drop: the dropped one up to where it left, the other to its end
@@ -114,7 +128,7 @@ def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) ->
 
 def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
-    batches = recorded_batches(engine, monkeypatch)
+    recorded = RecordedSteps(monkeypatch)
     limit = 1000
     with serving(create_app(engine, ServerConfig(model_name="tiny"))) as (url, _):
         endpoint = url + "/v1/chat/completions"
@@ -123,7 +137,8 @@ def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monk
                        timeout=httpx.Timeout(60, read=1.0))
         assert httpx.post(endpoint, json=chat("hi", max_tokens=4), timeout=60).status_code == 200
         stats = httpx.get(url + "/stats", timeout=60).json()
-    [gone], [short] = batches
+    assert len(recorded.outputs) == 2
+    gone, short = recorded.outputs[0], recorded.outputs[1]
     assert gone.finish_reason == "cancelled" and len(gone.token_ids) < limit
     assert short.finish_reason != "cancelled"
     assert (stats["cancelled_requests"], stats["cancelled_tokens"]) == (1, len(gone.token_ids))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.util
@@ -32,6 +33,7 @@ from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from sidecar.acceptance import warp
 from sidecar.errors import InputError
+from sidecar.sidecar_batch import SidecarBatch
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -53,7 +55,7 @@ TAGS_SPEC = {"name": "hashtags", "instruction": HASHTAGS.instruction, "max_token
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    # A wide batch window so that concurrent test requests reliably land in one batch.
+    # A wide admission window, so that concurrent test requests reliably join the idle batch together.
     with running_server("tiny", api_key=KEY, max_batch=8, batch_wait_ms=50,
                         extra_args=["--max-body-bytes", str(MAX_BODY)], startup_timeout_s=300) as url:
         yield url
@@ -414,7 +416,7 @@ def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
 def test_int64_seeds_at_the_bounds_sample_with_sidecars(base_url: str, seed: int) -> None:
-    # the sidecar phase seeds its generator with seed + 1
+    # the sidecar rows draw from streams of their own under the request's seed (sidecar.randomness.row_key)
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4,
             "temperature": 0.8, "seed": seed, "sidecars": [TAGS_SPEC]}
     response = post(base_url, body)
@@ -484,9 +486,9 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(base_url: str, cl
             zip(PROMPTS, [24, 8, 40, 16, 32, 12, 24, 8, 40, 16], strict=True)))
     assert together == [alone[p] for p in PROMPTS]
     after = stats(base_url)
-    sizes = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
+    sizes = {int(k): v - before["step_sizes"].get(k, 0) for k, v in after["step_sizes"].items()}
     assert max(size for size, count in sizes.items() if count > 0) > 1, after
-    assert after["failed_batches"] == 0
+    assert after["failed_steps"] == 0
 
 
 def load_bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -513,7 +515,7 @@ def test_short_load_run_is_correct(base_url: str, monkeypatch) -> None:
     assert report["requests"] > 8 and report["ok"] > 0
     assert report["wrong"] == [], report
     assert not any(status.startswith("5") for status in report["status_counts"]), report["status_counts"]
-    assert report["server"]["failed_batches"] == 0
+    assert report["server"]["failed_steps"] == 0
     assert report["latency_ok_s"]["p50"] <= report["latency_ok_s"]["p99"]
 
 
@@ -521,7 +523,7 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
     bench = load_bench(monkeypatch)
 
     def run(wrong: int = 0) -> dict:
-        return {"wrong": [{"kind": "greedy", "status": 200}] * wrong, "server": {"failed_batches": 0}}
+        return {"wrong": [{"kind": "greedy", "status": 200}] * wrong, "server": {"failed_steps": 0}}
 
     assert bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": 2.9}) == []
     assert bench.problems({"batched": run()}) == []  # an external server: nothing to compare with
@@ -529,6 +531,29 @@ def test_load_run_fails_on_wrong_answers_and_without_a_batching_speedup(monkeypa
     for speedup in (1.0, 0.6):
         [problem] = bench.problems({"batched": run(), "unbatched": run(), "speedup_ok_per_s": speedup})
         assert "did not raise valid requests per second" in problem
+
+
+def test_mixed_load_run_is_correct_and_answers_short_requests_sooner(base_url: str, monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
+    args = argparse.Namespace(prompts=4, long_tokens=32, short_tokens=4, concurrency=4, duration=4.0, seed=0)
+    run = asyncio.run(bench.bench_mixed(base_url, "tiny", KEY, args))
+    assert run["wrong"] == [] and run["short"]["ok"] > 0 and run["long"]["ok"] > 0, run
+    assert run["long"]["mean_completion_tokens"] == 32 and run["short"]["mean_completion_tokens"] <= 4
+    assert bench.mixed_problems({"runs": {"this checkout": run}}) == [], run
+
+
+def test_mixed_load_run_fails_on_wrong_answers_and_on_short_requests_no_sooner_done(monkeypatch) -> None:
+    bench = load_bench(monkeypatch)
+
+    def run(short_p50: float, wrong: int = 0) -> dict:
+        return {"wrong": [{"kind": "short", "status": 200}] * wrong, "short": {"latency_ok_s": {"p50": short_p50}},
+                "long": {"latency_ok_s": {"p50": 2.0}}}
+
+    assert bench.mixed_problems({"runs": {"new": run(0.5), "old": run(3.0)}}) == []
+    [problem] = bench.mixed_problems({"runs": {"new": run(2.5), "old": run(0.5)}})
+    assert "short requests did not finish sooner" in problem
+    [problem] = bench.mixed_problems({"runs": {"new": run(0.5), "old": run(0.5, wrong=2)}})
+    assert problem.startswith("old: 2 wrong")
 
 
 # -- failures inside the worker, on an in-process server whose engine breaks --
@@ -547,7 +572,7 @@ def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError(secret)
 
-    monkeypatch.setattr(engine.decoder, "generate", broken)
+    monkeypatch.setattr(SidecarBatch, "step", broken)
     with inprocess_server(engine, ServerConfig(model_name="tiny")) as url, caplog.at_level(logging.ERROR):
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
@@ -624,15 +649,15 @@ def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -
 
 def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
-    generate = engine.decoder.generate
+    step = SidecarBatch.step
     entered, release = threading.Event(), threading.Event()
 
-    def blocked(*args: object, **kwargs: object) -> object:
+    def blocked(batch: SidecarBatch) -> object:
         entered.set()
         release.wait(30)
-        return generate(*args, **kwargs)
+        return step(batch)
 
-    monkeypatch.setattr(engine.decoder, "generate", blocked)
+    monkeypatch.setattr(SidecarBatch, "step", blocked)
     config = ServerConfig(model_name="tiny", max_batch=1, batch_wait_ms=0, max_queue=1)
     with inprocess_server(engine, config) as url, ThreadPoolExecutor(2) as pool:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}

@@ -1,0 +1,246 @@
+"""The server's continuous batch: requests join a running batch whatever their settings, leave when done, and
+every job is answered exactly once, on the tiny pair."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from serving import chat, serving
+
+from server.app import create_app
+from server.config import ServerConfig
+from server.errors import APIError
+from server.schema import ChatCompletionRequest
+from server.service import ChatService
+from server.worker import Job
+from sidecar import HASHTAGS, SidecarEngine
+from sidecar.errors import InputError
+from sidecar.sidecar_batch import SidecarBatch
+
+LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
+SHORT = "Prices rose 3.5 percent in 2017."
+OTHERS = ["Officials said the plan would add jobs at the plant.", "The team won its third game in a row.",
+          "Leaders signed an agreement on climate and technology.", "1,200 workers lost their jobs at the factory."]
+TAGS = {"name": "hashtags", "instruction": HASHTAGS.instruction, "max_tokens": 8, "parser": "hashtags"}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny) -> SidecarEngine:
+    return SidecarEngine(tiny)
+
+
+@contextlib.contextmanager
+def started(engine: SidecarEngine, **config: Any) -> Iterator[ChatService]:
+    """A chat service whose worker runs, without HTTP in front of it."""
+    service = ChatService(engine, ServerConfig(model_name="tiny", **config))
+    service.worker.start()
+    try:
+        yield service
+    finally:
+        service.worker.stop()
+        service.close()
+
+
+async def submit(service: ChatService, body: dict) -> tuple[ChatCompletionRequest, Job]:
+    req = ChatCompletionRequest.model_validate(body)
+    return req, await service.submit(req)
+
+
+async def answer(service: ChatService, body: dict) -> dict:
+    """The non-streamed response body to ``body``; a worker that never answers fails the test."""
+    req, job = await submit(service, body)
+    return service.completion(req, job, await asyncio.wait_for(job.future, 300), "chatcmpl-test", 0)
+
+
+async def answers(service: ChatService, bodies: list[dict]) -> list[dict]:
+    """Responses to ``bodies``, all queued before the first is answered."""
+    return list(await asyncio.gather(*(answer(service, body) for body in bodies)))
+
+
+def text(response: dict) -> str:
+    return response["choices"][0]["message"]["content"]
+
+
+def blocking_steps(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """(entered, release): every batch step waits for ``release``, and ``entered`` says one has begun."""
+    step = SidecarBatch.step
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked(batch: SidecarBatch) -> object:
+        entered.set()
+        assert release.wait(60)
+        return step(batch)
+
+    monkeypatch.setattr(SidecarBatch, "step", blocked)
+    return entered, release
+
+
+def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine: SidecarEngine) -> None:
+    with started(engine) as service:  # the expected answers, each decoded alone
+        long_alone, short_alone = (asyncio.run(answer(service, chat(p, max_tokens=m))) for p, m in
+                                   [(LONG, 160), (SHORT, 6)])
+    assert long_alone["choices"][0]["finish_reason"] == "length", "the long answer must run to its limit"
+    with serving(create_app(engine, ServerConfig(model_name="tiny", batch_wait_ms=0))) as (url, _), \
+            ThreadPoolExecutor(1) as pool:
+        endpoint = url + "/v1/chat/completions"
+        pieces: list[str] = []
+        short = None
+        with httpx.stream("POST", endpoint, json=chat(LONG, max_tokens=160, stream=True), timeout=300) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                pieces.append(json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content") or "")
+                if short is None and any(pieces):  # the long request is decoding: send the short one
+                    short = pool.submit(httpx.post, endpoint, json=chat(SHORT, max_tokens=6), timeout=300)
+            # the long stream has ended: the short request, sent after it began, must already be answered
+            short_done_first = short is not None and short.done()
+        assert short_done_first
+        assert text(short.result().json()) == text(short_alone)
+        assert "".join(pieces) == text(long_alone)
+
+
+def test_requests_with_different_settings_share_one_step(engine: SidecarEngine) -> None:
+    bodies = [chat(LONG, max_tokens=16), chat(OTHERS[0], max_tokens=16, stop=["e t"]),
+              chat(OTHERS[1], max_tokens=16, logprobs=True, top_logprobs=2),
+              chat(OTHERS[2], max_tokens=16, temperature=0.9, top_p=0.9, seed=11),
+              chat(OTHERS[3], max_tokens=16, sidecars=[TAGS])]
+    with started(engine, batch_wait_ms=1000) as service:
+        alone = [asyncio.run(answer(service, body)) for body in bodies]
+        assert service.worker.stats.snapshot()["max_step_size"] == 1
+        together = asyncio.run(answers(service, bodies))
+        stats = service.worker.stats.snapshot()
+    assert stats["max_step_size"] == len(bodies), stats  # all five in one step
+    assert stats["failed_steps"] == 0 and stats["requests"] == 2 * len(bodies)
+    for one, shared in zip(alone, together, strict=True):
+        assert text(shared) == text(one)
+        assert shared["choices"][0]["finish_reason"] == one["choices"][0]["finish_reason"]
+    entries = together[2]["choices"][0]["logprobs"]["content"]
+    assert len(entries) == together[2]["usage"]["completion_tokens"] and len(entries[0]["top_logprobs"]) == 2
+    assert together[0]["choices"][0]["logprobs"] is None and "hashtags" in together[4]["sidecars"]
+
+
+@pytest.mark.parametrize("sidecars", [None, [TAGS]])
+def test_a_seeded_request_gives_the_same_text_alone_and_batched(engine: SidecarEngine, sidecars: list | None) -> None:
+    extra = {"sidecars": sidecars} if sidecars else {}
+    seeded = chat(SHORT, max_tokens=20, temperature=1.0, seed=1234, **extra)
+    # others of every kind around it, seeded ones too, so its draws would show any sharing
+    others = [chat(OTHERS[0], max_tokens=24), chat(OTHERS[1], max_tokens=12, temperature=0.7, seed=1234),
+              chat(OTHERS[2], max_tokens=28, temperature=1.3, top_p=0.8, seed=5, **extra),
+              chat(OTHERS[3], max_tokens=6, temperature=1.0)]
+    with started(engine, batch_wait_ms=1000) as service:
+        alone = asyncio.run(answer(service, seeded))
+        together = asyncio.run(answers(service, [others[0], others[1], seeded, others[2], others[3]]))[2]
+        again = asyncio.run(answers(service, [*others[:2], seeded]))[2]
+        stats = service.worker.stats.snapshot()
+    assert stats["max_step_size"] == 5  # it did share its steps
+    assert text(together) == text(again) == text(alone)
+    if sidecars:
+        assert together["sidecars"]["hashtags"]["text"] == alone["sidecars"]["hashtags"]["text"]
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (InputError("the engine refused it"), 400, None),
+    (torch.OutOfMemoryError("CUDA out of memory"), 503, "out_of_memory"),
+    (RuntimeError("a bug"), 500, None),
+])
+def test_a_step_that_raises_fails_its_batch_and_the_worker_goes_on(engine: SidecarEngine, monkeypatch,
+                                                                   error: Exception, status: int,
+                                                                   code: str | None) -> None:
+    step = SidecarBatch.step
+
+    def broken(batch: SidecarBatch) -> object:
+        raise error
+
+    monkeypatch.setattr(SidecarBatch, "step", broken)
+    with started(engine, batch_wait_ms=500) as service:
+        async def run() -> list[BaseException | dict]:
+            return await asyncio.gather(answer(service, chat(LONG, max_tokens=4)),
+                                        answer(service, chat(SHORT, max_tokens=4, sidecars=[TAGS])),
+                                        return_exceptions=True)
+
+        failures = asyncio.run(run())
+        monkeypatch.setattr(SidecarBatch, "step", step)
+        after = asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        stats = service.worker.stats.snapshot()
+    assert all(isinstance(f, APIError) and (f.status, f.code) == (status, code) for f in failures), failures
+    assert after["choices"][0]["finish_reason"] in ("stop", "length")
+    assert (stats["failed_steps"], stats["failed_requests"], stats["requests"]) == (1, 2, 3)
+
+
+def test_a_request_the_batch_refuses_fails_alone(engine: SidecarEngine, monkeypatch) -> None:
+    add_row = SidecarBatch.add_row
+
+    def refusing(batch: SidecarBatch, index: int, row: object) -> None:
+        if row.max_new_tokens == 3:
+            raise InputError("refused")
+        add_row(batch, index, row)
+
+    monkeypatch.setattr(SidecarBatch, "add_row", refusing)
+    with started(engine, batch_wait_ms=500) as service:
+        async def run() -> list[BaseException | dict]:
+            return await asyncio.gather(answer(service, chat(LONG, max_tokens=3)),
+                                        answer(service, chat(SHORT, max_tokens=4)), return_exceptions=True)
+
+        refused, served = asyncio.run(run())
+        stats = service.worker.stats.snapshot()
+    assert isinstance(refused, APIError) and refused.status == 400
+    assert served["choices"][0]["finish_reason"] in ("stop", "length")
+    assert (stats["requests"], stats["failed_requests"], stats["failed_steps"]) == (2, 1, 0)
+
+
+def test_a_request_whose_client_left_before_it_joined_costs_nothing(engine: SidecarEngine, monkeypatch) -> None:
+    entered, release = blocking_steps(monkeypatch)
+    joined: list[int] = []
+    add_row = SidecarBatch.add_row
+    monkeypatch.setattr(SidecarBatch, "add_row", lambda batch, index, row: (joined.append(index),
+                                                                            add_row(batch, index, row))[1])
+    with started(engine, max_batch=1, batch_wait_ms=0) as service:
+        async def run() -> tuple[dict, bool]:
+            running = asyncio.ensure_future(answer(service, chat(LONG, max_tokens=4)))
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            _, left = await submit(service, chat(SHORT, max_tokens=4))  # queued behind the full batch
+            left.cancel()
+            release.set()
+            return await running, left.future.cancelled()
+
+        first, cancelled = asyncio.run(run())
+        after = asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        stats = service.worker.stats.snapshot()
+    assert cancelled and text(first) is not None and text(after) is not None
+    assert joined == [0, 1]  # the request that left never joined the batch
+    assert stats["requests"] == 2 and stats["cancelled_requests"] == 0
+
+
+def test_stopping_finishes_the_batch_and_refuses_what_queued_after(engine: SidecarEngine, monkeypatch) -> None:
+    entered, release = blocking_steps(monkeypatch)
+    with started(engine, max_batch=1, batch_wait_ms=0) as service:
+        async def run() -> list[object]:
+            jobs = [(await submit(service, chat(LONG, max_tokens=4)))[1]]
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            jobs.append((await submit(service, chat(SHORT, max_tokens=4)))[1])  # waits for a slot
+            stopping = threading.Thread(target=service.worker.stop)
+            stopping.start()
+            while service.worker.queue.qsize() < 2:  # the stop sentinel is queued behind the second job
+                await asyncio.sleep(0.01)
+            jobs.append((await submit(service, chat(SHORT, max_tokens=4)))[1])  # after the sentinel
+            release.set()
+            results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True),
+                                             300)
+            await asyncio.to_thread(stopping.join)
+            return results
+
+        first, second, late = asyncio.run(run())
+    assert first.finish_reason in ("eos", "length") and second.finish_reason in ("eos", "length")
+    assert isinstance(late, APIError) and (late.status, late.code) == (503, "shutting_down")
+    assert not service.worker._thread.is_alive()
