@@ -10,7 +10,7 @@ Goal: Prefect + DuckDB time <= 5% of model time. Two measurements of one workloa
    checking the input and loading the pair (input); Prefect's share is the rest of the flow call's wall
    time, split in two: inside the flow function (task runs, artifacts, logs, the concurrency slot) and
    around it (creating the flow run and its final state).
-2. Against a plain loop: the same batches through ``pipeline.run_batch`` without Prefect or
+2. Against a plain loop: the same windows through ``pipeline.run_window`` without Prefect or
    DuckDB, so that Prefect's API server competing for the CPU shows too.
 
 Flows run as ``sidecar nightly`` runs them, inside ``flows.embedded.embedded_prefect``: on the embedded
@@ -20,8 +20,8 @@ flow starts the embedded Prefect API and a warm-up nightly run over one batch cr
 calls every API route the flow uses once, as a long-lived server and an existing results file have them
 on every night but the first; both are reported apart (start-up seconds, and the warm-up run's own
 Prefect + DuckDB seconds).
-The tiny pair makes model time as short as it gets; a real pair's batches take 10-100x longer while the
-orchestration cost per batch stays the same.
+The tiny pair makes model time as short as it gets; a real pair's windows take 10-100x longer while the
+orchestration cost per window stays the same.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from bench.common import (  # noqa: E402
 )
 from flows.embedded import embedded_prefect  # noqa: E402
 from flows.nightly import NightlyParams, nightly  # noqa: E402
-from pipeline import plan_batches, run_batch  # noqa: E402
+from pipeline import plan_windows, run_window, window_size  # noqa: E402
 from sidecar import SidecarEngine, load_pair  # noqa: E402
 from storage import Document  # noqa: E402
 
@@ -74,14 +74,19 @@ def warm_up() -> None:
 
 
 def plain_loop(params: NightlyParams, docs: list[Document]) -> float:
-    """Wall seconds of the flow's model work without Prefect and DuckDB: same pair, settings and batches."""
+    """Wall seconds of the flow's model work without Prefect and DuckDB: same pair, settings and windows."""
     engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
     settings = params.settings()
-    run_batch(engine, docs[:2], settings)  # first-call costs (allocator, kernels) out of the timing
-    batches, _ = plan_batches(docs, params.batch_size, set())
+
+    def drop(docs: list) -> None:
+        pass
+
+    # first-call costs (allocator, kernels) out of the timing
+    run_window(engine, docs[:2], settings, params.batch_size, drop)
+    windows, _ = plan_windows(docs, window_size(params.batch_size, params.window), set())
     started = time.perf_counter()
-    for batch in batches:
-        run_batch(engine, batch.docs, settings)
+    for window in windows:
+        run_window(engine, window.docs, settings, params.batch_size, drop)
     return time.perf_counter() - started
 
 
@@ -91,12 +96,12 @@ def flow_run(params: NightlyParams, plain_s: float | None) -> dict:
     flow_s = time.perf_counter() - started
     prefect_s = flow_s - counts.model_seconds - counts.storage_seconds - counts.input_seconds
     return {
-        "documents": counts.done, "batches": counts.batches, "commits": counts.commits, "flow_s": flow_s,
+        "documents": counts.done, "windows": counts.windows, "commits": counts.commits, "flow_s": flow_s,
         "model_s": counts.model_seconds, "input_s": counts.input_seconds, "duckdb_s": counts.storage_seconds,
         "prefect_s": prefect_s, "prefect_around_s": flow_s - counts.process_seconds,
         "overhead_pct": 100 * (prefect_s + counts.storage_seconds) / counts.model_seconds,
-        "per_batch_ms": 1000 * (prefect_s + counts.storage_seconds) / counts.batches,
-        "model_per_batch_s": counts.model_seconds / counts.batches, "plain_s": plain_s,
+        "per_window_ms": 1000 * (prefect_s + counts.storage_seconds) / counts.windows,
+        "model_per_window_s": counts.model_seconds / counts.windows, "plain_s": plain_s,
         "vs_plain_pct": None if plain_s is None else 100 * (flow_s - counts.input_seconds - plain_s) / plain_s,
     }
 
@@ -150,11 +155,11 @@ def main() -> None:
                "least_disturbed": best, "runs": runs,
                "meets_goal": overhead <= GOAL}
     table = markdown_table(runs, [
-        ("documents", "docs"), ("batches", "batches"), ("commits", "commits"), ("flow_s", "flow s"),
+        ("documents", "docs"), ("windows", "windows"), ("commits", "commits"), ("flow_s", "flow s"),
         ("model_s", "model s"), ("input_s", "input s"), ("duckdb_s", "DuckDB s"), ("prefect_s", "Prefect s"),
         ("prefect_around_s", "of which flow start + finish s"),
-        ("overhead_pct", "(Prefect + DuckDB) ÷ model %"), ("per_batch_ms", "Prefect + DuckDB ms/batch"),
-        ("model_per_batch_s", "model s/batch"), ("plain_s", "plain loop s"),
+        ("overhead_pct", "(Prefect + DuckDB) ÷ model %"), ("per_window_ms", "Prefect + DuckDB ms/window"),
+        ("model_per_window_s", "model s/window"), ("plain_s", "plain loop s"),
         ("vs_plain_pct", "flow − input vs plain loop %")])
     markdown = (
         f"Nightly flow, tiny pair, {len(texts)} real news articles cut to {args.chars} chars, batch "
@@ -169,7 +174,7 @@ def main() -> None:
         f"runs: {statistics.median(r['overhead_pct'] for r in runs):.1f}%. Of the counted run's "
         f"{best['prefect_s'] + best['duckdb_s']:.2f} s, {best['prefect_around_s']:.2f} s are the flow run's start "
         f"and finish (flow run heartbeats off, as on `sidecar nightly`'s embedded API), and "
-        f"{best['duckdb_s']:.2f} s are DuckDB ({best['commits']} commit(s) for {best['batches']} batches). The goal "
+        f"{best['duckdb_s']:.2f} s are DuckDB ({best['commits']} commit(s) for {best['windows']} windows). The goal "
         f"holds for runs whose model time reaches {(best['prefect_s'] + best['duckdb_s']) / GOAL:.0f} s or "
         f"more.\n\n{table}")
     write_results("orchestration_overhead" + profile_suffix(args.profile), payload, markdown)

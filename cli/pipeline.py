@@ -37,7 +37,10 @@ def nightly_command(
     limit: int | None = typer.Option(None, min=1, help="Run only the first N usable documents."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
     db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
-    batch_size: int = typer.Option(8, min=1, help="Documents decoded together."),
+    batch_size: int = typer.Option(8, min=1, help="Documents decoded together, at most; they join as others "
+                                   "finish."),
+    window: int | None = typer.Option(None, min=1, help="Documents read ahead and sorted by length before they "
+                                      "stream through the engine (default: 8 x batch size)."),
     gamma: int = typer.Option(4, min=1, help="Draft tokens per target forward (adaptive)."),
     max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
     modes: str = typer.Option("sidecar,standalone", help=f"Comma-separated: {', '.join(MODES)}."),
@@ -45,8 +48,8 @@ def nightly_command(
     text_column: str = typer.Option("article", help="Text column of the corpus."),
     title_column: str | None = typer.Option(None, help="Optional title column of the corpus."),
     run_id: str | None = typer.Option(None, help="Resume or name a run (default: from parameters and date)."),
-    commit_every: float = typer.Option(10.0, min=0, help="Commit finished batches at least this often, in "
-                                       "seconds (0: every batch)."),
+    commit_every: float = typer.Option(10.0, min=0, help="Commit finished documents at least this often, in "
+                                       "seconds (0: as they finish)."),
     lock_wait_s: float = typer.Option(600.0, min=0, help="How long each database write waits while another "
                                       "process (a notebook, the judge) holds the file."),
     run_wait_s: float = typer.Option(0.0, min=0, help="How long to wait while another process runs the same "
@@ -58,7 +61,7 @@ def nightly_command(
 ) -> None:
     """Run the nightly flow once, on an embedded Prefect API (no server needed); a rerun resumes it."""
     counts, _ = _run_nightly(
-        corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=gamma,
+        corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, window=window, gamma=gamma,
         max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
         title_column=title_column, run_id=run_id, commit_every_s=commit_every, lock_wait_s=lock_wait_s,
         run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge, trigger_cost_report=cost_report)

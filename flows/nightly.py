@@ -5,24 +5,28 @@ pair served on loopback as the judge) and ``cost-report`` afterwards, as subflow
 (``prefect.yaml``) it leaves that to the deployments' triggers, which pass the run id on: it is the name
 of the flow run.
 
-Batches are Prefect tasks. From loading the pair until its last batch, a run holds its accelerator
+Documents stream through the engine a window at a time (``window`` documents, default 8 batches; each
+window sorted by length, ``pipeline.windows``), at most ``batch_size`` rows decoding at once; windows are
+Prefect tasks. From loading the pair until its last window, a run holds its accelerator
 (``flows.accelerator``: the device's OS lock, and on a Prefect server a slot of the ``gpu`` limit), so two
 runs never share an accelerator unknowingly (neither its memory nor its time), on the embedded API too; a
 run waits for it up to ``device_wait_s`` (default: as long as it takes). It is taken once per run rather
-than per batch: a task tag would ask the API for a slot per task run, which on the SQLite-backed API
-stalled batches by up to 2 s (bench/orchestration_overhead.py), and the models stay loaded between the
-batches anyway.
+than per window: a task tag would ask the API for a slot per task run, which on the SQLite-backed API
+stalled tasks by up to 2 s (bench/orchestration_overhead.py), and the models stay loaded between the
+windows anyway.
 
 One process at a time runs a run id of a database: a second one refuses with ``storage.LockHeldError``,
 naming the first one's PID and host, or waits up to ``run_wait_s`` for it and then resumes its run.
 
-Finished batches are committed to DuckDB together, one transaction at least every ``commit_every_s``
-seconds (0: every batch), and a run whose ``run_id`` already exists resumes: committed documents are
-skipped, so a crash costs at most that much finished work plus the batch that was running. A resume must
+Each document goes to the commit buffer as soon as all of its modes are done (``pipeline.streams``), and
+finished documents are committed to DuckDB together, one transaction at least every ``commit_every_s``
+seconds (0: as they finish). A run whose ``run_id`` already exists resumes: committed documents are
+skipped, so a crash costs at most that much finished work plus the documents in flight (at most a
+window). A resume must
 be the same run (the same corpus rows and decisive settings, :meth:`NightlyParams.resume_identity`);
 anything else under an existing ``run_id`` is refused with ``storage.RunMismatchError`` before a row is
 written. Every transaction waits up to ``lock_wait_s`` while another process (a notebook, the
-judge) holds the file, logging who does; a run that gives up keeps its finished batches and its failure
+judge) holds the file, logging who does; a run that gives up keeps its finished documents and its failure
 beside the database, and the next open of the file commits them (``Database.defer_batch``).
 """
 
@@ -44,15 +48,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from flows.accelerator import holding_accelerator
 from flows.progress import PhaseBars, RunProgress
 from pipeline import (
-    Batch,
-    BatchOutcome,
     BatchSettings,
+    DocumentFailure,
+    FinishedDocument,
+    OnDocuments,
     PendingCommit,
     RunCounts,
-    plan_batches,
+    Window,
+    WindowStats,
+    plan_windows,
     release_memory,
-    run_batch,
+    run_window,
     split_by_context,
+    window_size,
 )
 from sidecar.engine import SidecarEngine
 from sidecar.models import load_pair
@@ -66,8 +74,8 @@ from storage.parquet import read_documents
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
 # Fields that change where, how fast or when the outputs are made, not what they are.
-NOT_DECISIVE = frozenset({"batch_size", "db_path", "run_id", "commit_every_s", "trigger_judge", "trigger_cost_report",
-                          "lock_wait_s", "run_wait_s", "device_wait_s"})
+NOT_DECISIVE = frozenset({"batch_size", "window", "db_path", "run_id", "commit_every_s", "trigger_judge",
+                          "trigger_cost_report", "lock_wait_s", "run_wait_s", "device_wait_s"})
 # Decisive fields a resume proves otherwise: the corpus by its stored rows (ids, titles and texts; a larger
 # limit may extend a run), and pair, gamma and modes by the run's own columns (storage.resume).
 PROVEN_BY_STORAGE = frozenset({"corpus", "limit", "pair", "gamma", "modes"})
@@ -85,14 +93,20 @@ class NightlyParams(BaseModel):
     limit: int | None = Field(None, ge=1, description="Run only the first N usable documents.")
     max_chars: int | None = Field(
         100_000, ge=1, description="Reject longer texts before tokenizing them (the token check follows).")
-    batch_size: int = Field(8, ge=1, le=1024, description="Documents decoded together.")
+    batch_size: int = Field(8, ge=1, le=1024, description="Documents decoded together, at most (the engine's "
+                                                          "max batch); they join as others finish.")
+    window: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="Documents read ahead and sorted by length before they stream through the engine; "
+                    "default 8 x batch_size. With standalone among the modes, a window's documents are done "
+                    "together at its end.")
     pair: str = Field("qwen-coder-small", description="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D.")
     gamma: int = Field(4, ge=1, le=16, description="Tokens the draft proposes per target forward (adaptive).")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="Summary tokens per document.")
     commit_every_s: float = Field(
         10.0, ge=0, le=3600,
-        description="Commit finished batches at least this often (0: every batch); a crash loses at most "
-                    "this much finished work plus the running batch.")
+        description="Commit finished documents at least this often (0: as they finish); a crash loses at "
+                    "most this much finished work plus the documents in flight.")
     sidecar_tasks: list[SidecarTask] = Field(default_factory=lambda: [HASHTAGS],
                                              description="The sidecar task the draft runs after the summary.")
     modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
@@ -101,7 +115,7 @@ class NightlyParams(BaseModel):
     lock_wait_s: float = Field(
         600.0, ge=0, le=86_400,
         description="How long each database transaction waits while another process (a notebook, the judge) "
-                    "holds the file before the run gives up; finished batches are then kept beside the file "
+                    "holds the file before the run gives up; finished documents are then kept beside the file "
                     "for its next open to commit.")
     run_wait_s: float = Field(
         0.0, ge=0, le=86_400,
@@ -172,20 +186,17 @@ def _flow_run_name() -> str:
     return _params().resolved_run_id(_run_day())
 
 
-@task(name="run-batch", cache_policy=NO_CACHE, task_run_name="batch-{batch.index}")
-def run_batch_task(engine: SidecarEngine, batch: Batch, settings: BatchSettings) -> BatchOutcome:
-    """Run one batch; the flow commits it."""
+@task(name="run-window", cache_policy=NO_CACHE, task_run_name="window-{window.index}")
+def run_window_task(engine: SidecarEngine, window: Window, settings: BatchSettings, max_batch: int,
+                    on_documents: OnDocuments) -> WindowStats:
+    """Run one window, handing each document to ``on_documents`` (the flow's commit buffer) as it is done."""
     logger = get_run_logger()
-    logger.info("batch %d: %d documents (%d finished before)", batch.index, len(batch.docs), batch.skipped)
-    bars = PhaseBars(prefix=f"batch {batch.index}: ", logger=logger)
+    logger.info("window %d: %d documents (%d finished before)", window.index, len(window.docs), window.skipped)
+    bars = PhaseBars(prefix=f"window {window.index}: ", logger=logger)
     try:
-        outcome = run_batch(engine, batch.docs, settings, on_progress=bars)
+        return run_window(engine, window.docs, settings, max_batch, on_documents, on_progress=bars)
     finally:
         bars.close()
-    for failure in outcome.failures:
-        logger.error("document %r failed on its own and is recorded as an error: %s", failure.doc.doc_id,
-                     failure.error)
-    return outcome
 
 
 @flow(name="nightly", flow_run_name=_flow_run_name)
@@ -252,22 +263,20 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
                              docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity())
     pending = PendingCommit(params.commit_every_s)
     try:
-        batches, counts.skipped_done = plan_batches(docs, params.batch_size, start.done_doc_ids)
-        logger.info("run %s%s: %d documents, %d already done, %d rejected, %d batches to run", run_id,
-                    " (resumed)" if start.resumed else "", len(docs), counts.skipped_done, len(rejects),
-                    len(batches))
-        _run_batches(engine, batches, settings, db, counts, pending)
+        size = window_size(params.batch_size, params.window)
+        windows, counts.skipped_done = plan_windows(docs, size, start.done_doc_ids)
+        logger.info("run %s%s: %d documents, %d already done, %d rejected, %d windows of up to %d to run at "
+                    "batch %d", run_id, " (resumed)" if start.resumed else "", len(docs), counts.skipped_done,
+                    len(rejects), len(windows), size, params.batch_size)
+        _run_windows(engine, windows, settings, params.batch_size, db, counts, pending)
     except BaseException as exc:
         _fail(db, run_id, pending, exc)
         raise
-    if not batches:  # otherwise the last batch's commit completed the run
-        with counts.timed("storage"):
-            db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
 
 
 def _fail(db: Database, run_id: str, pending: PendingCommit, exc: BaseException) -> None:
-    """Commit the finished batches and mark the run failed, in one transaction; when the database stays
+    """Commit the finished documents and mark the run failed, in one transaction; when the database stays
     locked, keep both beside it for its next open instead (waiting once more would only double the wait)."""
     error = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, DatabaseLockedError):
@@ -277,32 +286,40 @@ def _fail(db: Database, run_id: str, pending: PendingCommit, exc: BaseException)
         except DatabaseLockedError as locked:
             error += f"; then {locked}"
     pending.defer(db, run_id, "failed", error)
-    get_run_logger().error("run %s: the database stays locked; its finished batches and this failure are kept "
-                           "beside it for the next open to commit", run_id)
+    get_run_logger().error("run %s: the database stays locked; its finished documents and this failure are "
+                           "kept beside it for the next open to commit", run_id)
 
 
-def _run_batches(engine: SidecarEngine, batches: list[Batch], settings: BatchSettings, db: Database,
-                 counts: RunCounts, pending: PendingCommit) -> None:
-    """Run and commit ``batches``; the last commit also marks the run completed. On failure the batches not
-    yet committed are left in ``pending``."""
+def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSettings, max_batch: int,
+                 db: Database, counts: RunCounts, pending: PendingCommit) -> None:
+    """Run ``windows``, committing documents as they finish; the last commit also marks the run completed.
+    On failure the documents not yet committed are left in ``pending``."""
     run_id = counts.run_id
+    logger = get_run_logger()
     total = counts.documents - counts.skipped_done
     with RunProgress("nightly-progress", f"Documents of run {run_id} committed", total, "doc",
                      PROGRESS_INTERVAL_S) as progress:
 
         def commit(finish: str | None = None) -> None:
+            if pending.docs:
+                counts.commits += 1
             with counts.timed("storage"):
                 progress.advance(pending.commit(db, run_id, finish))
-            counts.commits += 1
 
-        for number, batch in enumerate(batches, start=1):
-            outcome = run_batch_task(engine, batch, settings)
-            counts.add_outcome(outcome)
-            pending.add(outcome)
-            last = number == len(batches)
-            if last or pending.due():
-                # the run's last outputs and its completion in one transaction: a connection less per run
-                commit("completed" if last else None)
+        def finished(docs: list[FinishedDocument]) -> None:
+            for doc in docs:
+                if isinstance(doc, DocumentFailure):
+                    logger.error("document %r failed on its own and is recorded as an error: %s", doc.doc.doc_id,
+                                 doc.error)
+            counts.add_documents(docs)
+            pending.add(docs)
+            if pending.due():
+                commit()
+
+        for window in windows:
+            counts.add_window(run_window_task(engine, window, settings, max_batch, finished))
+        # the run's last outputs and its completion in one transaction: a connection less per run
+        commit("completed")
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

@@ -15,29 +15,32 @@ from tqdm.auto import tqdm
 
 
 class PhaseBars:
-    """``on_progress(phase, done, total)`` for the engine: one transient bar per phase, in turn; each new
-    phase is also logged (the run's logs are what the UI shows of it)."""
+    """``on_progress(phase, done, total)`` for the engine: one transient bar per phase. A stream's phases
+    interleave (documents are prefilled while others decode), so each phase keeps its bar until ``close``,
+    its total follows the engine's as documents join, and only a phase's first report is logged (the run's
+    logs are what the UI shows of it)."""
 
     def __init__(self, prefix: str = "", logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
         self.prefix = prefix
         self.logger = logger
-        self.phase: str | None = None
-        self.bar: tqdm | None = None
+        self.bars: dict[str, tqdm] = {}
 
     def __call__(self, phase: str, done: int, total: int) -> None:
-        if phase != self.phase:
-            self.close()
-            self.phase = phase
+        bar = self.bars.get(phase)
+        if bar is None:
             if self.logger is not None:
                 self.logger.info("%s%s: %d to do", self.prefix, phase, total)
-            self.bar = tqdm(total=total, desc=f"{self.prefix}{phase}", leave=False, disable=None, dynamic_ncols=True)
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
+            bar = self.bars[phase] = tqdm(total=total, desc=f"{self.prefix}{phase}", leave=False, disable=None,
+                                          dynamic_ncols=True)
+        if bar.total != total:
+            bar.total = total
+            bar.refresh()
+        bar.update(done - bar.n)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.bar, self.phase = None, None
+        for bar in self.bars.values():
+            bar.close()
+        self.bars = {}
 
 
 class RunProgress:

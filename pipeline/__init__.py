@@ -2,45 +2,55 @@
 
 This layer sits between the engine library (``sidecar``) and storage below it and the Prefect flows
 above it: the flows only sequence these calls and hold no model code and no SQL, and nothing here
-imports Prefect. A batch runs every requested mode (``sidecar.modes``) for its documents; a batch that
-runs out of accelerator memory is split in half and retried, down to single documents, and a document
-that still runs out is returned as a failure while the others go on.
+imports Prefect. The documents stream through the engine a window at a time, each window sorted by
+length; a document is handed to the commit buffer as soon as every requested mode (``sidecar.modes``)
+is done for it. A stream that runs out of accelerator memory is retried with a smaller batch, down to
+single documents, and a document that still runs out is returned as a failure while the others go on.
 
-* ``settings``: what every batch does (task, modes, summary length);
-* ``context``: the token-level context check that rejects over-long documents before any batch;
-* ``batches``: cutting the documents into batches, the same way on every resume;
-* ``run``: one batch, with out-of-memory bisection (``memory``: recognising OOM, freeing memory);
-* ``modes``: one engine pass per mode, and the storage records it yields;
-* ``commits``: grouping finished batches into DuckDB transactions;
+* ``settings``: what every document goes through (task, modes, summary length);
+* ``context``: the token-level context check that rejects over-long documents before any window;
+* ``windows``: cutting the documents into windows, the same way on every resume, sorted by length;
+* ``streams``: one window through the engine, a stream per mode, with out-of-memory retries
+  (``memory``: recognising OOM, freeing memory);
+* ``records``: the storage records of a document in a mode; ``batch_ids``: the engine batches they ran in;
+* ``finished``: what a window hands on per document;
+* ``commits``: grouping finished documents into DuckDB transactions;
 * ``counts``: what a run did, for its summary.
 """
 
-from pipeline.batches import Batch, plan_batches
-from pipeline.commits import PendingCommit, store_outcomes
+from pipeline.batch_ids import EngineBatch
+from pipeline.commits import PendingCommit, store_documents
 from pipeline.context import context_need, split_by_context
 from pipeline.counts import RunCounts
+from pipeline.finished import OOM_REASON, DocumentDone, DocumentFailure, FinishedDocument, OnDocuments
 from pipeline.memory import is_out_of_memory, release_memory
-from pipeline.modes import run_modes, sidecar_record, standalone_record
-from pipeline.run import OOM_REASON, BatchOutcome, DocumentFailure, run_batch
+from pipeline.records import sidecar_record, standalone_record
 from pipeline.settings import DEFAULT_MODES, BatchSettings
+from pipeline.streams import WindowStats, run_window
+from pipeline.windows import WINDOW_BATCHES, Window, plan_windows, window_size
 
 __all__ = [
     "DEFAULT_MODES",
     "OOM_REASON",
-    "Batch",
-    "BatchOutcome",
+    "WINDOW_BATCHES",
     "BatchSettings",
+    "DocumentDone",
     "DocumentFailure",
+    "EngineBatch",
+    "FinishedDocument",
+    "OnDocuments",
     "PendingCommit",
     "RunCounts",
+    "Window",
+    "WindowStats",
     "context_need",
     "is_out_of_memory",
-    "plan_batches",
+    "plan_windows",
     "release_memory",
-    "run_batch",
-    "run_modes",
+    "run_window",
     "sidecar_record",
     "split_by_context",
     "standalone_record",
-    "store_outcomes",
+    "store_documents",
+    "window_size",
 ]

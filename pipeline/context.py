@@ -1,4 +1,4 @@
-"""The token-level context check, made before any batch runs."""
+"""The token-level context check, made before any window runs."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def split_by_context(engine: SidecarEngine, docs: Iterable[Document],
                      settings: BatchSettings) -> tuple[list[Document], list[RejectedDocument]]:
     """Documents that fit the models' context, and rejects (reason ``over_context``) for those that do not.
 
-    Checked in tokens before any batch runs, so one over-long article is a reject instead of an
-    InputError that fails its whole batch.
+    Checked in tokens before any window runs, so one over-long article is a reject instead of an
+    InputError that fails its whole window.
     """
     fit: list[Document] = []
     rejects: list[RejectedDocument] = []

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.run import BatchOutcome
+from pipeline.finished import DocumentFailure, FinishedDocument
+from pipeline.streams import WindowStats
 from storage import RejectedDocument
 
 
@@ -22,10 +23,13 @@ class RunCounts:
     skipped_done: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    batches: int = 0
-    # DuckDB transactions that committed outputs (several batches each when they are fast)
+    # windows run, and the engine streams and standalone calls they ran
+    windows: int = 0
+    engine_batches: int = 0
+    # DuckDB transactions that committed outputs (several documents each when they are fast)
     commits: int = 0
-    oom_splits: int = 0
+    # engine streams and calls given up on out-of-memory and run again smaller
+    oom_retries: int = 0
     # where the run's time went: engine calls; DuckDB (every call); reading, tokenizing and checking the
     # input, loading the pair. The rest of a run's wall time is Prefect's: inside the flow function
     # (``process_seconds``, its wall time before judge and cost report), task runs and artifacts; around
@@ -50,12 +54,18 @@ class RunCounts:
         for reject in rejects:
             self.rejected[reject.reason] = self.rejected.get(reject.reason, 0) + 1
 
-    def add_outcome(self, outcome: BatchOutcome) -> None:
-        self.done += len(outcome.done_doc_ids)
-        self.batches += 1
-        self.oom_splits += outcome.oom_splits
-        self.model_seconds += outcome.model_seconds
-        self.errors.update({f.doc.doc_id: f.error for f in outcome.failures})
+    def add_documents(self, docs: Iterable[FinishedDocument]) -> None:
+        for doc in docs:
+            if isinstance(doc, DocumentFailure):
+                self.errors[doc.doc.doc_id] = doc.error
+            else:
+                self.done += 1
+
+    def add_window(self, stats: WindowStats) -> None:
+        self.windows += 1
+        self.engine_batches += stats.engine_batches
+        self.oom_retries += stats.oom_retries
+        self.model_seconds += stats.model_seconds
 
     def markdown(self) -> str:
         lines = [
@@ -66,7 +76,8 @@ class RunCounts:
             f"| skipped, already done | {self.skipped_done} |",
             *(f"| rejected: {reason} | {count} |" for reason, count in sorted(self.rejected.items())),
             f"| errors | {len(self.errors)} |", "",
-            f"{self.batches} batches in {self.commits} commits, {self.oom_splits} out-of-memory splits; "
+            f"{self.windows} windows ({self.engine_batches} engine streams and calls) in {self.commits} commits, "
+            f"{self.oom_retries} out-of-memory retries; "
             f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
             f"{self.input_seconds:.2f} s reading the input and loading the pair.",
         ]

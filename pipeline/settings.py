@@ -1,4 +1,4 @@
-"""What every batch of a run does: one sidecar task, in a set of modes."""
+"""What every document of a run goes through: one sidecar task, in a set of modes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ DEFAULT_MODES: tuple[Mode, ...] = ("sidecar", "standalone")
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """What every batch of a run does: one sidecar task, in the given modes."""
+    """What every document of a run goes through: one sidecar task, in the given modes."""
 
     task: SidecarTask
     modes: tuple[Mode, ...] = DEFAULT_MODES

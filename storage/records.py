@@ -53,7 +53,12 @@ class RejectedDocument:
 @dataclass(frozen=True)
 class RequestStats:
     """Counters of one phase of one request. Seconds and forwards of a batched call are shared by the
-    rows of the batch; ``batch_id`` (in :class:`OutputRecord`) tells which rows ran together."""
+    rows of the batch; ``batch_id`` (in :class:`OutputRecord`) tells which rows ran together.
+
+    ``ended_s`` places the phase on its batch's clock: seconds from the start of the engine stream or call
+    the request ran in until this phase was done. Rows of a stream join and leave at different times, so
+    the batch's time is its latest ``ended_s``; None for a batch whose rows all started with it, whose time
+    is its longest ``wall_s``."""
 
     phase: Phase
     new_tokens: int
@@ -68,6 +73,7 @@ class RequestStats:
     # BIGINT in SQL: one request's KV cache can pass the 2 GiB an int32 counts
     kv_bytes: int | None = field(default=None, metadata={"arrow_type": "int64"})
     batch_size: int | None = None
+    ended_s: float | None = None
 
     @classmethod
     def main_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:

@@ -50,7 +50,7 @@ def test_the_contracts_hold_on_this_tree() -> None:
     ("sidecar/tasks.py", "import flows.nightly", "Layers"),
     ("sidecar/tasks.py", "import prefect", "The engine library imports no orchestration"),
     ("storage/parquet.py", "import torch", "Storage imports no model code"),
-    ("pipeline/batches.py", "from prefect import task", "plain Python"),
+    ("pipeline/windows.py", "from prefect import task", "plain Python"),
     ("flows/cost_report.py", "import duckdb", "Flows hold no SQL"),
     ("server/config.py", "import cli.main", "Layers"),
 ])

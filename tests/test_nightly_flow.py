@@ -71,11 +71,11 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
 
     corpus = write_corpus(tmp_path / "news.parquet", 5)
     run = params(tmp_path, corpus, modes=["sidecar", "sidecar_attended", "standalone"], title_column="title",
-                 trigger_cost_report=True, commit_every_s=3600)
+                 trigger_cost_report=True, commit_every_s=3600, window=3)
     state = nightly(run, return_state=True)
     counts = state.result()
-    assert (counts.documents, counts.done, counts.skipped_done, counts.batches) == (5, 5, 0, 2)
-    assert counts.commits == 1, "both batches finished within the commit interval: one transaction"
+    assert (counts.documents, counts.done, counts.skipped_done, counts.windows) == (5, 5, 0, 2)
+    assert counts.commits == 1, "both windows finished within the commit interval: one transaction"
     assert counts.rejected == {} and counts.errors == {}
 
     db = Database(run.db_path)
@@ -89,7 +89,7 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     from sidecar.models import device_name
 
     assert stored["gpu_type"] == device_name(torch.device(stored["device"])), "the GPU type the cost report prices"
-    # two batches per mode and phase, each its own batch in the throughput view
+    # two windows, each streamed once per mode: two batches per mode and phase in the throughput view
     throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
     assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),
                                ("sidecar_attended", "sidecar"), ("standalone", "sidecar")}
@@ -123,8 +123,8 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     from flows.nightly import nightly
 
     corpus = write_corpus(tmp_path / "news.parquet", 7)
-    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me", commit_every_s=0))
-    assert (first.done, first.skipped_done, first.batches, first.commits) == (4, 0, 2, 2)
+    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me", commit_every_s=0, window=3))
+    assert (first.done, first.skipped_done, first.windows, first.commits) == (4, 0, 2, 2)
     # the same run with more documents: the first four are not run again
     second = nightly(params(tmp_path, corpus, run_id="resume-me"))
     assert (second.documents, second.done, second.skipped_done) == (7, 3, 4)
@@ -133,7 +133,7 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     derived = nightly(params(tmp_path, corpus, limit=2))
     again = nightly(params(tmp_path, corpus, limit=2, batch_size=1))
     assert derived.run_id == again.run_id and derived.run_id.startswith("nightly-")
-    assert (again.done, again.skipped_done, again.batches) == (0, 2, 0)
+    assert (again.done, again.skipped_done, again.windows) == (0, 2, 0)
 
     db = Database(tmp_path / "sidecar.duckdb")
     counts = db.query("SELECT run_id, count(*) AS n, count(DISTINCT (doc_id, mode)) AS keys FROM outputs "
@@ -165,6 +165,50 @@ def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_writte
     assert db.get_run("taken")["status"] == "completed"
 
 
+def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each_once(prefect_api, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    import flows.nightly
+    from flows.nightly import nightly
+
+    real_run_window = flows.nightly.run_window
+    handed: list[str] = []
+
+    def crashing_run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
+        def hand_on(finished) -> None:
+            on_documents(finished)
+            handed.extend(d.doc.doc_id for d in finished)
+            if len(handed) >= 3:  # while the engine still holds the window's other documents
+                raise RuntimeError("injected crash after 3 finished documents")
+
+        return real_run_window(engine, docs, settings, max_batch, hand_on, on_progress)
+
+    monkeypatch.setattr(flows.nightly, "run_window", crashing_run_window)
+    corpus = write_corpus(tmp_path / "news.parquet", 6)
+    # one sidecar mode: documents finish one by one inside the window; a long commit interval keeps them pending
+    run = params(tmp_path, corpus, run_id="crash-k", batch_size=2, window=6, modes=["sidecar"],
+                 commit_every_s=3600, max_new_tokens=8)
+    state = nightly(run, return_state=True)
+    assert state.is_failed()
+    db = Database(run.db_path)
+    assert len(handed) == 3 and db.get_run("crash-k")["status"] == "failed"
+    assert db.done_doc_ids("crash-k", ["sidecar"]) == set(handed), "every finished document was committed"
+    crashed_batches = {r["batch_id"] for r in db.query("SELECT batch_id FROM outputs WHERE run_id = 'crash-k'")}
+
+    monkeypatch.setattr(flows.nightly, "run_window", real_run_window)
+    resumed = nightly(run)
+    assert (resumed.documents, resumed.done, resumed.skipped_done) == (6, 3, 3)
+    assert db.get_run("crash-k")["status"] == "completed" and len(db.results("crash-k")) == 6
+    stored = db.query("SELECT count(*) AS rows, count(DISTINCT doc_id) AS docs FROM outputs WHERE run_id = 'crash-k'")
+    assert stored == [{"rows": 6, "docs": 6}]
+    phases = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, phase)) AS keys FROM request_stats "
+                      "WHERE run_id = 'crash-k'")
+    assert phases == [{"rows": 12, "keys": 12}]
+    # the resume's streams are batches of their own: no batch id mixes rows of both processes
+    resumed_batches = {r["batch_id"] for r in db.query(
+        "SELECT batch_id FROM outputs WHERE run_id = 'crash-k' AND NOT list_contains(?, doc_id)", [handed])}
+    assert resumed_batches and not crashed_batches & resumed_batches
+
+
 def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | None]]:
     spec = importlib.util.spec_from_file_location("make_bad_corpus", BAD_CORPUS.parent / "make_bad_corpus.py")
     module = importlib.util.module_from_spec(spec)
@@ -172,25 +216,25 @@ def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | 
     return module.ROWS
 
 
-def test_a_failing_batch_keeps_the_finished_ones_and_fails_the_run(prefect_api, tmp_path: Path,
-                                                                   monkeypatch) -> None:
+def test_a_failing_window_keeps_the_finished_ones_and_fails_the_run(prefect_api, tmp_path: Path,
+                                                                    monkeypatch) -> None:
     import flows.nightly
     from flows.nightly import nightly
 
-    real_run_batch = flows.nightly.run_batch
+    real_run_window = flows.nightly.run_window
 
-    def run_batch(engine, docs, settings, on_progress=None):
+    def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
         if docs[0].doc_id == "doc-03":
-            raise ValueError("injected failure in the third batch")
-        return real_run_batch(engine, docs, settings, on_progress)
+            raise ValueError("injected failure in the fourth window")
+        return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
-    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1,
+    monkeypatch.setattr(flows.nightly, "run_window", run_window)
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1, window=1,
                  commit_every_s=3600)
     state = nightly(run, return_state=True)
     assert state.is_failed()
     db = Database(run.db_path)
-    # the three batches before the failure were pending a group commit; the failure committed them
+    # the three windows before the failure were pending a group commit; the failure committed them
     assert db.done_doc_ids("fails", ["sidecar", "standalone"]) == {"doc-00", "doc-01", "doc-02"}
     stored = db.get_run("fails")
     assert stored["status"] == "failed" and "injected failure" in stored["error"]
@@ -283,17 +327,18 @@ def done_docs_read_only(db_path: Path, run_id: str) -> int | None:
         return None
 
 
-def started_batches(log: Path) -> set[int]:
-    return {int(m) for m in re.findall(r"batch (\d+): \d+ documents", log.read_text(errors="replace"))}
+def started_windows(log: Path) -> set[int]:
+    return {int(m) for m in re.findall(r"window (\d+): \d+ documents", log.read_text(errors="replace"))}
 
 
-def test_sigkill_mid_run_then_rerun_redoes_at_most_one_batch(prefect_api, tmp_path: Path) -> None:
-    n_docs, batch_size = 16, 2
+def test_sigkill_mid_run_then_rerun_redoes_at_most_one_window(prefect_api, tmp_path: Path) -> None:
+    n_docs, window = 16, 2
     corpus = write_corpus(tmp_path / "news.parquet", n_docs)
     db_path = tmp_path / "sidecar.duckdb"
+    # with standalone among the modes a window's documents finish together, so each commits in one transaction
     command = [str(SIDECAR), "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
-               "--batch-size", str(batch_size), "--max-new-tokens", "16", "--run-id", "crash", "--commit-every", "0",
-               "--no-judge", "--no-cost-report"]
+               "--batch-size", "2", "--window", str(window), "--max-new-tokens", "16", "--run-id", "crash",
+               "--commit-every", "0", "--no-judge", "--no-cost-report"]
     env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1"}
 
     first_log = tmp_path / "first.log"
@@ -307,7 +352,7 @@ def test_sigkill_mid_run_then_rerun_redoes_at_most_one_batch(prefect_api, tmp_pa
                 break
             time.sleep(0.2)
         assert proc.poll() is None, f"the run ended before it could be killed:\n{first_log.read_text()}"
-        assert committed, "no batch was committed in time"
+        assert committed, "no window was committed in time"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
@@ -315,19 +360,19 @@ def test_sigkill_mid_run_then_rerun_redoes_at_most_one_batch(prefect_api, tmp_pa
     db = Database(db_path)
     assert db.get_run("crash")["status"] == "running"  # nobody got to mark it
     done_at_kill = db.done_doc_ids("crash", ["sidecar", "standalone"])
-    assert len(done_at_kill) % batch_size == 0, "a batch is committed entirely or not at all"
-    committed_batches = {int(doc_id.removeprefix("doc-")) // batch_size for doc_id in done_at_kill}
-    started_first = started_batches(first_log)
+    assert len(done_at_kill) % window == 0, "a window's documents are committed together or not at all"
+    committed_windows = {int(doc_id.removeprefix("doc-")) // window for doc_id in done_at_kill}
+    started_first = started_windows(first_log)
 
     second_log = tmp_path / "second.log"
     with second_log.open("wb") as out:
         rerun = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=900)
     assert rerun.returncode == 0, second_log.read_text()
-    started_second = started_batches(second_log)
+    started_second = started_windows(second_log)
 
-    assert started_second == set(range(n_docs // batch_size)) - committed_batches
+    assert started_second == set(range(n_docs // window)) - committed_windows
     redone = started_first & started_second
-    print(f"\nkilled after {len(done_at_kill)} of {n_docs} documents were committed; batches started before the "
+    print(f"\nkilled after {len(done_at_kill)} of {n_docs} documents were committed; windows started before the "
           f"kill: {sorted(started_first)}, redone after it: {sorted(redone)}")
     assert len(redone) <= 1
 
@@ -400,26 +445,26 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
     report_files = "".join(p.read_text(errors="replace") for p in (tmp_path / "cost_report").rglob("*.md"))
     # the searches can find what is there ...
     assert counts.run_id in prefect_text and "doc-02" in duckdb_text and "Measured" in report_files
-    assert "batch 0: 3 documents" in prefect_text and "Nightly run" in prefect_text and "Cost report" in prefect_text
+    assert "window 0: 3 documents" in prefect_text and "Nightly run" in prefect_text and "Cost report" in prefect_text
     # ... and the key is nowhere
     for where, text in (("Prefect logs, artifacts and runs", prefect_text), ("DuckDB", duckdb_text),
                         ("cost report", report_files)):
         assert PLANTED_KEY not in text, f"the planted key leaked into {where}"
 
 
-def blocking_first_batch(monkeypatch, release: threading.Event, started: threading.Event) -> None:
-    """Make the in-process run's first batch wait for ``release``; ``started`` is set once it waits."""
+def blocking_first_window(monkeypatch, release: threading.Event, started: threading.Event) -> None:
+    """Make the in-process run's first window wait for ``release``; ``started`` is set once it waits."""
     import flows.nightly
 
-    real_run_batch = flows.nightly.run_batch
+    real_run_window = flows.nightly.run_window
 
-    def run_batch(engine, docs, settings, on_progress=None):
-        if docs[0].row_index == 0:
+    def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
+        if any(d.row_index == 0 for d in docs):
             started.set()
-            assert release.wait(600), "the test never released the first batch"
-        return real_run_batch(engine, docs, settings, on_progress)
+            assert release.wait(600), "the test never released the first window"
+        return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
+    monkeypatch.setattr(flows.nightly, "run_window", run_window)
 
 
 def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_api, tmp_path: Path,
@@ -429,12 +474,12 @@ def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_a
     corpus = write_corpus(tmp_path / "news.parquet", 4)
     run = params(tmp_path, corpus, run_id="twice", batch_size=2, commit_every_s=0)
     release, started = threading.Event(), threading.Event()
-    blocking_first_batch(monkeypatch, release, started)
+    blocking_first_window(monkeypatch, release, started)
     finished: dict[str, object] = {}
     first = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
     first.start()
     try:
-        assert started.wait(300), "the first run never started its first batch"
+        assert started.wait(300), "the first run never started its first window"
         # the same run id from another process, as a second `sidecar nightly` started by hand or by cron
         second = subprocess.run(
             [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", run.db_path,
@@ -462,23 +507,23 @@ HOLD_READ_ONLY = """
 """
 
 
-def hold_file_during_second_batch(monkeypatch, db_path: str, hold: str) -> list[subprocess.Popen[str]]:
-    """From the run's second batch on, a notebook-like process holds a read-only connection on the database
-    (for ``hold`` seconds, or until its stdin gets a line)."""
+def hold_file_during_second_window(monkeypatch, db_path: str, hold: str) -> list[subprocess.Popen[str]]:
+    """From the run's second window (of two documents) on, a notebook-like process holds a read-only
+    connection on the database (for ``hold`` seconds, or until its stdin gets a line)."""
     import flows.nightly
 
-    real_run_batch = flows.nightly.run_batch
+    real_run_window = flows.nightly.run_window
     readers: list[subprocess.Popen[str]] = []
 
-    def run_batch(engine, docs, settings, on_progress=None):
-        if docs[0].row_index == 2 and not readers:
+    def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
+        if any(d.row_index == 2 for d in docs) and not readers:
             reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_READ_ONLY), db_path, hold],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             readers.append(reader)
             assert reader.stdout.readline().strip() == "ready"
-        return real_run_batch(engine, docs, settings, on_progress)
+        return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_batch", run_batch)
+    monkeypatch.setattr(flows.nightly, "run_window", run_window)
     return readers
 
 
@@ -486,9 +531,9 @@ def test_a_reader_holding_the_database_for_12_s_only_delays_the_run(prefect_api,
                                                                    caplog) -> None:
     from flows.nightly import nightly
 
-    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="notebook", batch_size=2,
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="notebook", batch_size=2, window=2,
                  commit_every_s=0)
-    readers = hold_file_during_second_batch(monkeypatch, run.db_path, "12")
+    readers = hold_file_during_second_window(monkeypatch, run.db_path, "12")
     with caplog.at_level(logging.WARNING, logger="storage.connection"):
         counts = nightly(run)
     [reader] = readers
@@ -498,13 +543,14 @@ def test_a_reader_holding_the_database_for_12_s_only_delays_the_run(prefect_api,
     assert any(f"PID {reader.pid}" in r.getMessage() for r in caplog.records), "the wait names the reader"
 
 
-def test_a_run_that_gives_up_on_a_locked_database_keeps_its_batches_for_the_next_open(prefect_api, tmp_path: Path,
-                                                                                     monkeypatch) -> None:
+def test_a_run_that_gives_up_on_a_locked_database_keeps_its_documents_for_the_next_open(prefect_api,
+                                                                                       tmp_path: Path,
+                                                                                       monkeypatch) -> None:
     from flows.nightly import nightly
 
-    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="gives-up", batch_size=2,
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="gives-up", batch_size=2, window=2,
                  commit_every_s=0, lock_wait_s=2)
-    readers = hold_file_during_second_batch(monkeypatch, run.db_path, "stdin")
+    readers = hold_file_during_second_window(monkeypatch, run.db_path, "stdin")
     state = nightly(run, return_state=True)
     [reader] = readers
     assert state.is_failed() and reader.poll() is None
@@ -513,7 +559,7 @@ def test_a_run_that_gives_up_on_a_locked_database_keeps_its_batches_for_the_next
     stored = db.get_run("gives-up")
     assert stored["status"] == "failed" and "DatabaseLockedError" in stored["error"], stored
     assert f"PID {reader.pid}" in stored["error"]
-    # every batch that finished is there: the first one committed, the second kept while the file was locked
+    # every window that finished is there: the first one committed, the second kept while the file was locked
     assert db.done_doc_ids("gives-up", ["sidecar", "standalone"]) == {f"doc-{i:02d}" for i in range(4)}
 
 

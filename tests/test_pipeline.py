@@ -1,4 +1,5 @@
-"""pipeline on the tiny pair: modes to storage records, the token-level context check, OOM bisection."""
+"""pipeline on the tiny pair: windows through the engine to storage records, the commit buffer fed as documents
+finish, the token-level context check, out-of-memory retries."""
 
 from __future__ import annotations
 
@@ -10,18 +11,21 @@ import torch
 from flows.embedded import embedded_prefect
 from pipeline import (
     OOM_REASON,
-    BatchOutcome,
     BatchSettings,
+    DocumentDone,
+    DocumentFailure,
+    FinishedDocument,
     PendingCommit,
     is_out_of_memory,
-    plan_batches,
-    run_batch,
-    run_modes,
+    plan_windows,
+    run_window,
     split_by_context,
-    store_outcomes,
+    store_documents,
+    window_size,
 )
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
 from sidecar.models import tiny_pair
+from sidecar.sidecar_batch import SidecarBatch
 from storage import Database, Document, OutputRecord
 
 MAX_NEW = 12
@@ -50,22 +54,50 @@ def settings(*modes: str, max_new_tokens: int = MAX_NEW) -> BatchSettings:
     return BatchSettings(task, modes or ("sidecar", "sidecar_attended", "standalone"), max_new_tokens)
 
 
+def finished(engine: SidecarEngine, docs: list[Document], settings: BatchSettings,
+             max_batch: int | None = None) -> list[FinishedDocument]:
+    """What ``run_window`` hands on for ``docs``, in hand-over order."""
+    handed: list[FinishedDocument] = []
+    run_window(engine, docs, settings, max_batch or len(docs), handed.extend)
+    return handed
+
+
+def window_records(engine: SidecarEngine, docs: list[Document], settings: BatchSettings,
+                   max_batch: int | None = None) -> list[OutputRecord]:
+    handed = finished(engine, docs, settings, max_batch)
+    assert all(isinstance(d, DocumentDone) for d in handed)
+    return [r for d in handed for r in d.records]
+
+
+def live_documents(batch: SidecarBatch) -> list[str]:
+    """Texts of the requests a running sidecar batch holds: decoding, waiting for a slot, or in their sidecar."""
+    return [entry[0].document for entry in batch.requests.values() if entry is not None]
+
+
 class InjectedOOM:
-    """Wraps ``engine.run`` to raise a CUDA-style OOM for batches over ``max_batch`` or holding ``doc_text``."""
+    """Makes a sidecar batch raise a CUDA-style OOM at a step while it holds more than ``max_live`` main rows
+    or holds ``doc_text``; records the size of every stream the engine opens."""
 
-    def __init__(self, engine: SidecarEngine, monkeypatch: pytest.MonkeyPatch, max_batch: int | None = None,
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, max_live: int | None = None,
                  doc_text: str | None = None, error: type[Exception] = torch.OutOfMemoryError) -> None:
-        self.calls: list[int] = []
-        self.real_run = engine.run
-        self.max_batch, self.doc_text, self.error = max_batch, doc_text, error
-        monkeypatch.setattr(engine, "run", self.run)
+        self.streams: list[int] = []
+        self.max_live, self.doc_text, self.error = max_live, doc_text, error
+        real_init, real_step = SidecarBatch.__init__, SidecarBatch.step
+        injected = self
 
-    def run(self, requests: list[SidecarRequest], **kwargs):
-        self.calls.append(len(requests))
-        too_big = self.max_batch is not None and len(requests) > self.max_batch
-        if too_big or any(r.document == self.doc_text for r in requests):
-            raise self.error("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 139.8 GiB total capacity)")
-        return self.real_run(requests, **kwargs)
+        def init(batch: SidecarBatch, engine, max_batch: int, *args, **kwargs) -> None:
+            injected.streams.append(max_batch)
+            real_init(batch, engine, max_batch, *args, **kwargs)
+
+        def step(batch: SidecarBatch):
+            mains = len(batch.mains.rows) + min(len(batch.mains.waiting), batch.mains.max_batch - len(batch.mains.rows))
+            too_big = injected.max_live is not None and mains > injected.max_live
+            if too_big or injected.doc_text in live_documents(batch):
+                raise injected.error("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 139.8 GiB total capacity)")
+            return real_step(batch)
+
+        monkeypatch.setattr(SidecarBatch, "__init__", init)
+        monkeypatch.setattr(SidecarBatch, "step", step)
 
 
 # -- modes to records ---------------------------------------------------------------------------------------
@@ -73,7 +105,7 @@ class InjectedOOM:
 
 def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine) -> None:
     docs = documents(3)
-    records = run_modes(engine, docs, settings(), batch_id=10)
+    records = window_records(engine, docs, settings())
     by_key = {(r.doc_id, r.mode): r for r in records}
     assert len(records) == len(by_key) == 9
 
@@ -91,6 +123,8 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
         assert sidecar.sidecar_name == "hashtags" and sidecar.finish_reason == evicted.main.finish_reason
         assert [s.phase for s in sidecar.stats] == ["main", "sidecar"]
         assert sidecar.stats[1].new_tokens == len(evicted.sidecars["hashtags"].token_ids)
+        # each phase on its stream's clock: the sidecar starts after the main output it continues
+        assert 0 < sidecar.stats[0].ended_s < sidecar.stats[1].ended_s
 
         attended_record = by_key[(doc.doc_id, "sidecar_attended")]
         assert attended_record.sidecar_text == kept.sidecars["hashtags"].text
@@ -103,6 +137,7 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
         assert standalone.sidecar_text == alone["hashtags"].text
         assert [s.phase for s in standalone.stats] == ["sidecar"]
         for record, output in ((sidecar, evicted.sidecars["hashtags"]), (standalone, alone["hashtags"])):
+            # one stream per mode, named by the window's first document handed on
             assert record.batch_id == 10
             # unparseable text keeps its raw form and says why; parsed text becomes tags
             assert record.tags == (output.parsed if output.parse_error is None else None)
@@ -111,8 +146,8 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
 
 def test_standalone_alone_still_gets_the_target_exact_summary(engine: SidecarEngine) -> None:
     docs = documents(2)
-    alone = run_modes(engine, docs, settings("standalone"))
-    both = run_modes(engine, docs, settings("sidecar", "standalone"))
+    alone = window_records(engine, docs, settings("standalone"))
+    both = window_records(engine, docs, settings("sidecar", "standalone"))
     assert [r.mode for r in alone] == ["standalone", "standalone"]
     assert [r.summary for r in alone] == [r.summary for r in both if r.mode == "sidecar"]
 
@@ -131,7 +166,7 @@ def test_records_land_in_the_results_view(engine: SidecarEngine, tmp_path: Path)
                  code_version="test")
     docs = documents(3)
     db.record_documents("r", docs, [])
-    store_outcomes(db, "r", [run_batch(engine, docs, settings(*modes))])
+    store_documents(db, "r", finished(engine, docs, settings(*modes)))
     rows = db.results_table("r")
     assert [row["doc_id"] for row in rows] == ["doc-0", "doc-1", "doc-2"]
     assert [row["title"] for row in rows] == ["Title 0", "Title 1", "Title 2"]
@@ -144,15 +179,123 @@ def test_a_commit_with_finish_finishes_the_run_also_with_nothing_to_write(tmp_pa
         db.start_run(run_id, {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=1,
                      modes=("sidecar",), code_version="test")
     pending = PendingCommit(interval_s=3600)
-    pending.add(BatchOutcome(records=[OutputRecord("doc-0", "sidecar", "A summary.", "hashtags", "#a", ["#a"])]))
+    record = OutputRecord("doc-0", "sidecar", "A summary.", "hashtags", "#a", ["#a"])
+    pending.add([DocumentDone(documents(1)[0], [record])])
     assert pending.commit(db, "written", finish="completed") == 1
     assert db.done_doc_ids("written", ["sidecar"]) == {"doc-0"}
     assert db.get_run("written")["status"] == "completed"
 
     # with nothing to write there is no batch transaction to carry the finish: the run is still finished
-    pending.add(BatchOutcome())
+    pending.add([])
     assert pending.commit(db, "empty", finish="completed") == 0
     assert db.get_run("empty")["status"] == "completed"
+
+
+# -- streaming: windows, hand-over as documents finish -------------------------------------------------------
+
+
+def test_the_window_sorts_by_length_within_itself_only() -> None:
+    lengths = [30, 10, 50, 20, 40, 60, 5]
+    docs = [Document(f"doc-{i}", "x" * n, row_index=i) for i, n in enumerate(lengths)]
+    windows, skipped = plan_windows(docs, 3, done_ids=set())
+    # each window holds the same documents as its slice of the input, longest first; nothing moves across
+    assert [[d.doc_id for d in w.docs] for w in windows] == [
+        ["doc-2", "doc-0", "doc-1"], ["doc-5", "doc-4", "doc-3"], ["doc-6"]]
+    assert skipped == 0
+    # equal lengths keep their input order
+    same = [Document(f"same-{i}", "y" * 8, row_index=i) for i in range(4)]
+    assert [d.doc_id for d in plan_windows(same, 4, set())[0][0].docs] == ["same-0", "same-1", "same-2", "same-3"]
+
+
+def test_windows_are_cut_from_the_whole_list_so_a_resume_repeats_them() -> None:
+    docs = documents(7)
+    windows, skipped = plan_windows(docs, 3, done_ids=set())
+    assert [sorted(d.doc_id for d in w.docs) for w in windows] == [
+        ["doc-0", "doc-1", "doc-2"], ["doc-3", "doc-4", "doc-5"], ["doc-6"]]
+    assert skipped == 0
+
+    windows, skipped = plan_windows(docs, 3, done_ids={"doc-0", "doc-1", "doc-2", "doc-4"})
+    assert [(w.index, sorted(d.doc_id for d in w.docs), w.skipped) for w in windows] == [
+        (1, ["doc-3", "doc-5"], 1), (2, ["doc-6"], 0)]
+    assert skipped == 4
+    with pytest.raises(ValueError, match="at least one document"):
+        plan_windows(docs, 0, set())
+    assert window_size(8) == 64 and window_size(8, 5) == 5
+
+
+def test_documents_are_committed_as_they_finish_while_the_window_still_decodes(engine: SidecarEngine,
+                                                                               tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    docs = documents(4)
+    modes = ("sidecar",)
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("r", {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=2, modes=modes,
+                 code_version="test")
+    db.record_documents("r", docs, [])
+    by_text = {d.text: d.doc_id for d in docs}
+
+    # at every step of the engine: which documents it holds, and which DuckDB already has
+    seen: list[tuple[set[str], set[str]]] = []
+    real_step = SidecarBatch.step
+
+    def step(batch: SidecarBatch):
+        seen.append(({by_text[t] for t in live_documents(batch)}, db.done_doc_ids("r", list(modes))))
+        return real_step(batch)
+
+    monkeypatch.setattr(SidecarBatch, "step", step)
+    yielded: list[str] = []
+    real_stream = engine.stream
+
+    def stream(*args, **kwargs):
+        for index, result in real_stream(*args, **kwargs):
+            yielded.append(docs[index].doc_id)
+            yield index, result
+
+    monkeypatch.setattr(engine, "stream", stream)
+    pending = PendingCommit(interval_s=0)
+    handed: list[str] = []
+
+    def commit_as_they_finish(finished_docs: list[FinishedDocument]) -> None:
+        handed.extend(d.doc.doc_id for d in finished_docs)
+        pending.add(finished_docs)
+        if pending.due():
+            pending.commit(db, "r")
+
+    run_window(engine, docs, settings(*modes), 2, commit_as_they_finish)
+    # handed on, and committed, in the order the engine finished them
+    assert handed == yielded and sorted(handed) == [d.doc_id for d in docs]
+    # a document's outputs were in DuckDB while another document of the same window was still decoding
+    first = handed[0]
+    assert any(first in committed and live - committed for live, committed in seen), seen
+    assert db.done_doc_ids("r", list(modes)) == {d.doc_id for d in docs}
+
+    # the stream's rows share one batch, whose time in the throughput view is the stream's: the documents that
+    # joined late ended after the longest row's own wall time
+    stats = db.query("SELECT batch_id, wall_s, ended_s FROM request_stats WHERE phase = 'main'")
+    assert {s["batch_id"] for s in stats} == {docs[int(first.removeprefix("doc-"))].row_index}
+    assert max(s["ended_s"] for s in stats) > max(s["wall_s"] for s in stats)
+    [throughput] = db.query("SELECT * FROM throughput WHERE phase = 'main'")
+    assert throughput["batches"] == 1
+    assert throughput["wall_s"] == pytest.approx(max(s["ended_s"] for s in stats))
+
+
+def test_with_standalone_a_windows_documents_are_handed_on_when_its_tagger_returns(engine: SidecarEngine) -> None:
+    calls: list[int] = []
+    real_standalone = engine.standalone
+    handed: list[tuple[int, list[str]]] = []
+
+    def standalone(summaries, tasks, **kwargs):
+        calls.append(len(summaries))
+        return real_standalone(summaries, tasks, **kwargs)
+
+    docs = documents(4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "standalone", standalone)
+        run_window(engine, docs, settings("sidecar", "standalone"), 2,
+                   lambda done: handed.append((len(calls), [d.doc.doc_id for d in done])))
+    # one continuous standalone call for the window; every document handed on after it, together
+    assert calls == [4]
+    assert handed == [(1, [d.doc_id for d in docs])]
 
 
 # -- the token-level context check --------------------------------------------------------------------------
@@ -169,31 +312,34 @@ def test_over_context_documents_become_rejects_that_the_engine_would_refuse() ->
     [reject] = rejects
     assert (reject.doc_id, reject.reason, reject.row_index, reject.title) == ("long", "over_context", 1, "Long")
     assert "model context is 200 tokens" in reject.detail
-    # the check counts as the engine does: the kept document runs, the rejected one fails its batch
-    assert len(run_modes(engine, fit, settings("sidecar", "standalone"))) == 2
+    # the check counts as the engine does: the kept document runs, the rejected one fails its window
+    assert len(window_records(engine, fit, settings("sidecar", "standalone"))) == 2
     with pytest.raises(InputError, match="exceeds the model context"):
-        run_modes(engine, [short, long], settings("sidecar", "standalone"))
+        window_records(engine, [short, long], settings("sidecar", "standalone"))
 
 
 # -- out of memory -------------------------------------------------------------------------------------------
 
 
-def test_oom_splits_the_batch_in_halves_until_it_fits(engine: SidecarEngine, monkeypatch) -> None:
+def test_oom_retries_the_documents_in_flight_with_half_the_batch(engine: SidecarEngine, monkeypatch) -> None:
     docs = documents(5)
-    expected = {(r.doc_id, r.mode): r for r in run_modes(engine, docs, settings("sidecar", "standalone"))}
-    oom = InjectedOOM(engine, monkeypatch, max_batch=2)
-    outcome = run_batch(engine, docs, settings("sidecar", "standalone"))
-    # 5 fails, then the halves in input order: 2 runs, 3 fails, 1 runs, 2 runs
-    assert oom.calls == [5, 2, 3, 1, 2]
-    assert outcome.oom_splits == 2 and outcome.sub_batches == 3 and not outcome.failures
-    assert outcome.done_doc_ids == [d.doc_id for d in docs]
-    # each sub-batch is its own batch in the stats, named by its first document's input row
-    assert {r.doc_id: r.batch_id for r in outcome.records} == {
-        "doc-0": 10, "doc-1": 10, "doc-2": 12, "doc-3": 13, "doc-4": 13}
+    expected = {(r.doc_id, r.mode): r for r in window_records(engine, docs, settings("sidecar", "standalone"))}
+    oom = InjectedOOM(monkeypatch, max_live=2)
+    handed: list[FinishedDocument] = []
+    stats = run_window(engine, docs, settings("sidecar", "standalone"), 4, handed.extend)
+    # the stream of 4 ran out with 4 documents taken in: they run again at 2, then the fifth at 4
+    assert oom.streams == [4, 2, 4]
+    assert stats.oom_retries == 1 and stats.engine_batches == 4  # three streams and the standalone call
+    assert all(isinstance(d, DocumentDone) for d in handed)
+    assert sorted(d.doc.doc_id for d in handed) == [d.doc_id for d in docs]
+    records = [r for d in handed for r in d.records]
+    # each stream is its own batch in the stats; the one given up wrote nothing
+    sidecar_batches = {r.batch_id for r in records if r.mode == "sidecar"}
+    assert len(sidecar_batches) == 2
     # Summaries are target-exact and the standalone tagger sees only them, so neither may change with the
-    # split. (The sidecar text can: it depends on how much of the summary the draft had cached when the
+    # retry. (The sidecar text can: it depends on how much of the summary the draft had cached when the
     # row finished, which varies with the batch; reported as an engine issue.)
-    for record in outcome.records:
+    for record in records:
         assert record.summary == expected[(record.doc_id, record.mode)].summary
         if record.mode == "standalone":
             assert record.sidecar_text == expected[(record.doc_id, record.mode)].sidecar_text
@@ -203,20 +349,48 @@ def test_oom_splits_the_batch_in_halves_until_it_fits(engine: SidecarEngine, mon
 def test_a_document_that_fails_alone_is_recorded_and_the_rest_continue(engine: SidecarEngine, monkeypatch,
                                                                        tmp_path: Path, error) -> None:
     docs = documents(4)
-    InjectedOOM(engine, monkeypatch, doc_text=docs[2].text, error=error)
-    outcome = run_batch(engine, docs, settings("sidecar", "standalone"))
-    assert outcome.done_doc_ids == ["doc-0", "doc-1", "doc-3"]
-    [failure] = outcome.failures
+    oom = InjectedOOM(monkeypatch, doc_text=docs[2].text, error=error)
+    handed = finished(engine, docs, settings("sidecar", "standalone"), max_batch=4)
+    # down to a batch of one, then the document alone
+    assert oom.streams[:2] == [4, 2] and oom.streams.count(1) >= 2
+    done = [d for d in handed if isinstance(d, DocumentDone)]
+    assert sorted(d.doc.doc_id for d in done) == ["doc-0", "doc-1", "doc-3"]
+    [failure] = [d for d in handed if isinstance(d, DocumentFailure)]
     assert failure.doc.doc_id == "doc-2" and "CUDA out of memory" in failure.error
 
     db = Database(tmp_path / "sidecar.duckdb")
     db.start_run("r", {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=4, code_version="test")
     db.record_documents("r", docs, [])
-    store_outcomes(db, "r", [outcome])
+    store_documents(db, "r", handed)
     rows = db.query("SELECT doc_id, status, reject_reason, reject_detail FROM documents WHERE status <> 'ok'")
     assert [(r["doc_id"], r["status"], r["reject_reason"]) for r in rows] == [("doc-2", "rejected", OOM_REASON)]
     assert "CUDA out of memory" in rows[0]["reject_detail"]
     assert db.done_doc_ids("r", ["sidecar", "standalone"]) == {"doc-0", "doc-1", "doc-3"}
+    assert db.query("SELECT count(*) AS n FROM outputs WHERE doc_id = 'doc-2'")[0]["n"] == 0
+
+
+def test_a_standalone_call_that_runs_out_is_split_down_to_the_document(engine: SidecarEngine, monkeypatch) -> None:
+    docs = documents(4)
+    summaries = {r.doc_id: r.summary for r in window_records(engine, docs, settings("sidecar"))}
+    real_standalone = engine.standalone
+    calls: list[tuple[int, int]] = []
+
+    def standalone(texts, tasks, batch_size=8, **kwargs):
+        calls.append((len(texts), batch_size))
+        if summaries["doc-1"] in texts:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_standalone(texts, tasks, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(engine, "standalone", standalone)
+    handed = finished(engine, docs, settings("sidecar", "standalone"), max_batch=4)
+    # halves with half the batch: 4 at 4; doc-0 and doc-1 at 2, then each alone; doc-2 and doc-3 at 2
+    assert calls == [(4, 4), (2, 2), (1, 1), (1, 1), (2, 2)]
+    [failure] = [d for d in handed if isinstance(d, DocumentFailure)]
+    assert failure.doc.doc_id == "doc-1"
+    done = [d for d in handed if isinstance(d, DocumentDone)]
+    assert sorted(d.doc.doc_id for d in done) == ["doc-0", "doc-2", "doc-3"]
+    # a rejected document leaves no partial outputs: its sidecar record goes with it
+    assert all(len(d.records) == 2 for d in done)
 
 
 def test_other_errors_are_not_taken_for_oom(engine: SidecarEngine, monkeypatch) -> None:
@@ -224,30 +398,12 @@ def test_other_errors_are_not_taken_for_oom(engine: SidecarEngine, monkeypatch) 
     assert not is_out_of_memory(RuntimeError("expected scalar type Float"))
     assert not is_out_of_memory(ValueError("out of memory"))
 
-    def broken(requests, **kwargs):
+    def broken(batch):
         raise RuntimeError("expected scalar type Float but found Half")
 
-    monkeypatch.setattr(engine, "run", broken)
+    monkeypatch.setattr(SidecarBatch, "step", broken)
     with pytest.raises(RuntimeError, match="scalar type"):
-        run_batch(engine, documents(3), settings("sidecar"))
-
-
-# -- batches --------------------------------------------------------------------------------------------------
-
-
-def test_batches_are_cut_from_the_whole_list_so_a_resume_repeats_them() -> None:
-    docs = documents(7)
-    batches, skipped = plan_batches(docs, 3, done_ids=set())
-    assert [[d.doc_id for d in b.docs] for b in batches] == [
-        ["doc-0", "doc-1", "doc-2"], ["doc-3", "doc-4", "doc-5"], ["doc-6"]]
-    assert skipped == 0
-
-    batches, skipped = plan_batches(docs, 3, done_ids={"doc-0", "doc-1", "doc-2", "doc-4"})
-    assert [(b.index, [d.doc_id for d in b.docs], b.skipped) for b in batches] == [
-        (1, ["doc-3", "doc-5"], 1), (2, ["doc-6"], 0)]
-    assert skipped == 4
-    with pytest.raises(ValueError, match="batch_size"):
-        plan_batches(docs, 0, set())
+        finished(engine, documents(3), settings("sidecar"))
 
 
 def test_embedded_prefect_turns_heartbeats_off_only_without_a_server(monkeypatch) -> None:

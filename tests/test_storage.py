@@ -384,6 +384,23 @@ def test_throughput_uses_batch_wall_time_and_shared_counters(db: Database) -> No
     assert row["tokens_per_target_forward"] == pytest.approx(3.0)
 
 
+def test_a_streamed_batch_takes_until_its_last_row_ended_not_its_longest_row(db: Database) -> None:
+    start(db, batch_size=2)
+
+    def stats(tokens: int, wall: float, ended: float) -> list[RequestStats]:
+        return [RequestStats("main", new_tokens=tokens, wall_s=wall, ended_s=ended, batch_size=2)]
+
+    # one stream of two slots: d1 and d2 start together, d3 takes d1's slot at 1.0 s and ends at 3.0 s, so the
+    # stream ran 3.0 s although no row of it took longer than 2.5 s
+    db.write_batch("run-1", [output("d1", "sidecar", ["#a"], 7, stats(10, 1.0, 1.0)),
+                             output("d2", "sidecar", ["#a"], 7, stats(25, 2.5, 2.5)),
+                             output("d3", "sidecar", ["#a"], 7, stats(20, 2.0, 3.0))])
+    [row] = db.query("SELECT * FROM throughput WHERE mode = 'sidecar' AND phase = 'main'")
+    assert (row["requests"], row["batches"]) == (3, 1)
+    assert row["wall_s"] == pytest.approx(3.0)
+    assert row["tokens_per_s"] == pytest.approx(55 / 3.0)
+
+
 def test_throughput_has_each_batchs_decode_time_and_longest_row(db: Database) -> None:
     start(db, batch_size=2)
 
