@@ -193,7 +193,7 @@ class BatchWorker:
         With ``wait`` (the batch is idle) block for the first job that joins, then take those that arrive
         within ``batch_wait_ms`` of it."""
         deadline: float | None = None
-        while batch.wants_requests():
+        while batch.wants_rows():
             try:
                 if wait:
                     job = self.queue.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
