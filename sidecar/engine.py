@@ -128,7 +128,7 @@ class SidecarEngine:
         draw = plain_rows([task.max_new_tokens for _, task, _ in jobs], sampling, seed, stream=1)
         results: list[dict[str, SidecarOutput]] = [{} for _ in summaries]
         batch = PlainBatch(self.pair.draft, batch_size, self.eos, self.decoder.prefill_plans["draft"])
-        joined: dict[int, int] = {}  # job -> its group's size
+        joined: dict[int, int] = {}  # job -> live rows once it joined
         report = on_progress or (lambda phase, done, total: None)
         report(STANDALONE, 0, len(jobs))
         done, next_job = 0, 0
@@ -140,7 +140,7 @@ class SidecarEngine:
                 next_job = group[-1] + 1
                 longest = max(len(jobs[j][2]) for j in group)
                 cache = RowKVCache(self.pair.draft, len(group), longest + 1)
-                joined.update((j, len(group)) for j in group)
+                joined.update((j, len(batch.rows) + len(group)) for j in group)
                 finished += batch.admit(cache, [jobs[j][2] for j in group], [draw[j] for j in group])
             finished += batch.step()
             for job, out in finished:

@@ -33,7 +33,7 @@ class PlainResult:
     token_ids: list[int]
     finish_reason: str  # "eos" | "length"
     feed_seconds: float  # its group's feed (prefill or catch-up), shared by the group
-    decode_seconds: float
+    decode_seconds: float  # the batch's own steps while the row was live (not a main batch stepped alongside)
     kv_bytes: int  # KV bytes the row held when it finished: what its last step read
     logprobs: list[TokenLogprob] | None = None  # one per token id when asked for
 
@@ -50,7 +50,7 @@ class PlainRow:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     feed_seconds: float = 0.0
-    decoding_from: float = 0.0
+    decode_seconds: float = 0.0
     finish: str | None = None
 
 
@@ -99,9 +99,8 @@ class PlainBatch:
                 self.pool = SlotPool(self.model, self.max_batch, columns)
             self.pool.ensure_capacity(columns)
             self.pool.write(cache)
-        now = time.perf_counter()
         for r in rows:
-            r.feed_seconds, r.decoding_from = feed_seconds, now
+            r.feed_seconds = feed_seconds
             r.logprobs = None if r.top_logprobs is None else []
         self.rows += rows
         self.pending = torch.cat([self.pending, choice])
@@ -113,6 +112,7 @@ class PlainBatch:
         """One token for every live row; returns the rows that finished, as (key, result)."""
         if not self.rows:
             return []
+        start = time.perf_counter()
         with torch.inference_mode():
             cache = self.pool.active
             hidden = forward(self.model, cache, self.pending[:, None])
@@ -121,6 +121,9 @@ class PlainBatch:
                                                                device=self.device))
             choice = self._choose(self.rows, logits[:, 0])
             chosen = choice.tolist()  # the one read of the device per step
+        seconds = time.perf_counter() - start  # the read waited for the step
+        for r in self.rows:
+            r.decode_seconds += seconds
         self.steps += 1
         self.live_row_steps += len(self.rows)
         self.pending = choice
@@ -149,9 +152,8 @@ class PlainBatch:
         done = [slot for slot, r in enumerate(self.rows) if r.finish is not None]
         if not done:
             return []
-        now = time.perf_counter()
         row_bytes = self.pool.active.row_bytes()
-        finished = [(r.key, PlainResult(r.tokens, r.finish, r.feed_seconds, now - r.decoding_from,
+        finished = [(r.key, PlainResult(r.tokens, r.finish, r.feed_seconds, r.decode_seconds,
                                         int(row_bytes[slot]), r.logprobs))
                     for slot, r in ((s, self.rows[s]) for s in done)]
         keep = [slot for slot, r in enumerate(self.rows) if r.finish is None]

@@ -53,7 +53,7 @@ class SidecarBatch:
         self.requests: dict[int, tuple[SidecarRequest, SpannedPrompt] | None] = {}
         self.waiting: deque[SidecarRow] = deque()
         self.partial: dict[int, tuple[DocumentResult, set[str]]] = {}  # results waiting for these sidecars
-        # per sidecar row in the batch: (its row, context columns when it joined, its group's size)
+        # per sidecar row in the batch: (its row, context columns when it joined, live rows once it joined)
         self._joined: dict[tuple[int, str], tuple[SidecarRow, int, int]] = {}
         self.sidecar_rows = 0
         self.sidecar_done = 0
@@ -154,10 +154,11 @@ class SidecarBatch:
         context = [int(n) for n in cache.lengths]
         self.report(SIDECAR_TASKS, self.sidecar_done, self.sidecar_rows)
         rows = []
+        live = len(self.sidecars.rows) + len(group)  # the batch size its rows join, as a main row's stats say
         for p, ctx in zip(group, context, strict=True):
             key = 0 if p.sampling.greedy else row_key(p.sampling.seed, 1 + p.task_number)
             rows.append(PlainRow((p.request, p.task.name), p.task.max_new_tokens, p.sampling, key, p.top_logprobs))
-            self._joined[(p.request, p.task.name)] = (p, ctx, len(group))
+            self._joined[(p.request, p.task.name)] = (p, ctx, live)
         for (index, name), out in self.sidecars.admit(cache, [p.bridge for p in group], rows):
             done += self._sidecar_done(index, name, out)
 
