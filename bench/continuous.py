@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-hf", action="store_true", help="skip HF plain batched generate")
     add_profile_arguments(parser)
     args = parser.parse_args(argv)
+    overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
     apply_profile(args, SIZES)
+    sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
 
     pair = load_pair(args.pair)
     engine = SidecarEngine(pair)
@@ -245,7 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
             ratios[f"decode_{name}_over_hf_plain"] = run["decode_tps"] / hf["decode_tps"]
             ratios[f"e2e_{name}_over_hf_plain"] = run["e2e_tps"] / hf["e2e_tps"]
     gpus = projection(runs, load_catalog())
-    payload = {"environment": env, "args": vars(args), "documents": source, "ratios": ratios, "identity": identity,
+    payload = {"environment": env, "args": vars(args), "set_on_command_line": overridden, "documents": source,
+               "ratios": ratios, "identity": identity,
                "runs": [public(r) for r in (*runs.values(), *([hf] if hf else []))], "gpu_projection": gpus}
 
     table = markdown_table([public(r) for r in (*runs.values(), *([hf] if hf else []))], [
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
     markdown = (
         f"Continuous batching on {env['device']} ({env['dtype']}, {env['threads']} threads), pair `{args.pair}`, "
         f"a stream of {len(texts)} {source} cut to {args.chars} chars, max batch {args.max_batch}, "
-        f"{args.max_new_tokens} new tokens, hashtag sidecar on, greedy ({args.profile} sizes; "
+        f"{args.max_new_tokens} new tokens, hashtag sidecar on, greedy ({sizes}; "
         f"`python -m bench.continuous`).\n\n{table}\n\n"
         f"Continuous over static: decode phase {ratios['decode_continuous_over_static']:.2f}x (goal 1.3x), end to "
         f"end {ratios['e2e_continuous_over_static']:.2f}x (goal 1.1x); slot occupancy {c['occupancy']:.3f} "

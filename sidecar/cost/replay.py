@@ -38,7 +38,8 @@ class SidecarWork:
 
 @dataclass(frozen=True)
 class ReplayTime:
-    """Projected seconds of a trace: admissions' prefills, the main decoding steps, and the sidecar rows."""
+    """Projected seconds of a trace: admissions' prefills, the main decoding steps, and the sidecar rows (their
+    joins and their steps)."""
 
     prefill_s: float
     decode_s: float
