@@ -29,6 +29,7 @@ TABLES = REPO / "docs" / "benchmarks.md"
 BENCHMARKS = [
     ("kernels", "bench.kernels", "kernels_cpu"),
     ("engine", "bench.engine", "engine_{device}"),
+    ("continuous", "bench.continuous", "continuous_{device}"),
     ("sidecar", "bench.sidecar", "sidecar_{device}"),
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),

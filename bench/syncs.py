@@ -5,11 +5,14 @@
 A GPU idles at every synchronisation until the host has queued the next kernels, so a loop that syncs
 once per row or once per draft token stalls more the larger the batch. The count does not depend on the
 machine or on the weights' values beyond how many tokens each step accepts, which is why the tiny random
-pair on a CPU measures it: each row of the table decodes ``--batch`` random prompts for ``--new-tokens``
+pair on a CPU measures it. Each "one decode" row decodes ``--batch`` random prompts for ``--new-tokens``
 tokens with prompt lookup on and gamma 4: fixed (every step drafts 4), fixed with early stopping at draft
 confidence ``DRAFT_CONFIDENCE`` (which reads the device once per draft forward), or adaptive (the
-controller's choice of step, with that early stopping). ``steps`` are the batch's decoding steps after the
-prefill; target and draft forwards count every forward of the decode, prefill forwards apart.
+controller's choice of step, with that early stopping). Each "stream" row runs twice as many prompts with
+limits between half and all of ``--new-tokens`` through a batch of ``--batch`` slots, adaptive, under the
+continuous schedule (rows join as slots free) and the static one (fixed batches). ``steps`` are decoding
+steps (one target forward each); target and draft forwards count every forward outside a prefill; the
+budget is those forwards plus one read per prefilled group (its first tokens).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from unittest import mock
 
 import torch
 
+import sidecar.batch as decode_batch
 from bench.common import add_profile_arguments, environment, markdown_table, profile_suffix, write_results
-from sidecar import speculative
+from sidecar.batch import SCHEDULES
 from sidecar.models import tiny_pair
 from sidecar.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
 from sidecar.syncs import SyncCounter
@@ -49,38 +53,46 @@ class ForwardCount:
             self.decode += 1
 
 
-def measure(pair, batch: int, mode: str, new_tokens: int, seed: int = 0) -> dict:
-    """One decode of ``batch`` random prompts: its syncs, decoding steps and forwards."""
+def measure(pair, batch: int, mode: str, new_tokens: int, seed: int = 0, schedule: str = "continuous",
+            stream: bool = False) -> dict:
+    """One decode of ``batch`` random prompts (``stream``: of 2 x ``batch`` prompts with mixed limits through
+    ``batch`` slots under ``schedule``): its syncs, decoding steps and forwards."""
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(4, 40, (batch,), generator=g).tolist()
+    count = 2 * batch if stream else batch
+    lengths = torch.randint(4, 40, (count,), generator=g).tolist()
     prompts = [torch.randint(3, len(pair.tokenizer), (n,), generator=g).tolist() for n in lengths]
+    limits = torch.randint(new_tokens // 2, new_tokens + 1, (count,), generator=g).tolist() if stream \
+        else new_tokens
     decoder = SpeculativeDecoder(pair, gamma=4, **MODES[mode])
     counts = [ForwardCount(pair.target), ForwardCount(pair.draft)]
-    original = speculative.prefill
+    original = decode_batch.prefill
+    groups = []  # target prefills: each admitted group's first tokens are one read
 
-    def counted_prefill(*args, **kwargs):
+    def counted_prefill(model, *args, **kwargs):
+        groups.append(model is pair.target)
         for c in counts:
             c.in_prefill += 1
         try:
-            return original(*args, **kwargs)
+            return original(model, *args, **kwargs)
         finally:
             for c in counts:
                 c.in_prefill -= 1
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(speculative, "prefill", counted_prefill))
+        stack.enter_context(mock.patch.object(decode_batch, "prefill", counted_prefill))
         syncs = stack.enter_context(SyncCounter())
-        outputs = decoder.generate(prompts, max_new_tokens=new_tokens, batch_size=batch)
+        decoder.generate(prompts, max_new_tokens=limits, batch_size=batch, schedule=schedule)
     for c in counts:
         c.handle.remove()
-    steps = max(o.stats.target_forwards for o in outputs) - 1  # the prefill counts as one
     target, draft = counts
+    steps = target.decode  # one target forward per decoding step
     return {
+        "kind": "stream" if stream else "one decode", "schedule": schedule, "rows": count,
         "batch": batch, "mode": mode, "steps": steps,
         "target_forwards": target.decode, "draft_forwards": draft.decode,
-        "prefill_forwards": target.prefill + draft.prefill, "syncs": syncs.total,
+        "prefill_forwards": target.prefill + draft.prefill, "prefilled_groups": sum(groups), "syncs": syncs.total,
         "syncs_per_step": syncs.total / max(steps, 1),
-        "budget": target.decode + draft.decode + 1,
+        "budget": target.decode + draft.decode + sum(groups),
         "top_sites": syncs.sites.most_common(8),
     }
 
@@ -94,10 +106,13 @@ def main() -> None:
     args = parser.parse_args()
     pair = tiny_pair()
     rows = [measure(pair, batch, mode, args.new_tokens) for mode in MODES for batch in args.batch]
+    rows += [measure(pair, batch, "adaptive", args.new_tokens, schedule=schedule, stream=True)
+             for schedule in SCHEDULES for batch in args.batch]
     table = markdown_table(rows, [
-        ("mode", "mode"), ("batch", "batch"), ("steps", "steps"), ("target_forwards", "target forwards"),
-        ("draft_forwards", "draft forwards"), ("syncs", "syncs"), ("syncs_per_step", "syncs per step"),
-        ("budget", "budget (forwards + 1)")])
+        ("kind", "run"), ("schedule", "schedule"), ("mode", "mode"), ("batch", "batch"), ("rows", "rows"),
+        ("steps", "steps"), ("target_forwards", "target forwards"), ("draft_forwards", "draft forwards"),
+        ("prefilled_groups", "prefilled groups"), ("syncs", "syncs"), ("syncs_per_step", "syncs per step"),
+        ("budget", "budget (forwards + groups)")])
     heading = (f"Host-device synchronisations of one decode, tiny pair, {args.new_tokens} new tokens per row, "
                "gamma 4, prompt lookup on (`python -m bench.syncs`):")
     payload = {"environment": environment(pair.device), "new_tokens": args.new_tokens, "rows": rows}

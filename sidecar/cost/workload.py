@@ -182,6 +182,17 @@ QWEN2_5_1_5B_CONFIG = {
     "tie_word_embeddings": True,
 }
 QWEN2_5_1_5B = ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **QWEN2_5_1_5B_CONFIG))
+# Qwen2.5-7B-Instruct's published config (the study's target), for replaying a whole decode (``replay``).
+QWEN2_5_7B_CONFIG = {
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+QWEN2_5_7B = ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **QWEN2_5_7B_CONFIG))
 # Token counts that give the study's KV figures at the draft's 28 KiB per token (3.0, 3.6 and 18.0 MB).
 STUDY_TOKENS = TagTokens(document=502, summary=51)
 
