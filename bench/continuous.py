@@ -45,6 +45,7 @@ from bench.common import (
 from bench.engine import FirstTokenClock, new_tokens_until_eos
 from bench.gpu_check.pairs import documents
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
+from sidecar.batch import stream_through
 from sidecar.cost import load_catalog
 from sidecar.cost.replay import SidecarWork, replay
 from sidecar.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
@@ -102,24 +103,12 @@ class PhaseClock:
 
 
 def run_schedule(engine: SidecarEngine, requests: list[SidecarRequest], max_batch: int, schedule: str) -> dict:
-    """The stream of ``requests`` through one ``SidecarBatch``, pulled as it has room (``SidecarEngine.stream``'s
-    loop, with the batch kept for its trace)."""
+    """The stream of ``requests`` through one ``SidecarBatch``, pulled as it has room (as ``SidecarEngine.stream``
+    does, with the batch kept for its trace)."""
     batch = engine.batch(max_batch, schedule, expected=len(requests))
     clock = PhaseClock(batch, engine.pair.device)
-    results, source, exhausted = {}, iter(enumerate(requests)), False
     with Stopwatch(engine.pair.device) as sw:
-        while True:
-            while not exhausted and batch.wants_requests():
-                item = next(source, None)
-                if item is None:
-                    exhausted = True
-                    batch.close()
-                    break
-                batch.add(*item)
-            if not batch.busy:
-                break
-            for index, result in batch.step():
-                results[index] = result
+        results = dict(stream_through(batch, requests))
     outputs = [results[i] for i in range(len(requests))]
     main_tokens = sum(len(r.main.token_ids) for r in outputs)
     return {

@@ -20,3 +20,13 @@ def target_alone(pair, prompt, max_new_tokens):
         if token in pair.eos_token_ids:
             return tokens[: k + 1]
     return tokens
+
+
+def second_token_distances(outputs, exact: torch.Tensor) -> tuple[float, float]:
+    """(total variation between the outputs' second tokens and ``exact``, that of as many exact draws): the
+    engine's distance must be of the size sampling noise alone gives."""
+    second = torch.tensor([o.token_ids[1] for o in outputs if len(o.token_ids) > 1])
+    empirical = torch.bincount(second, minlength=exact.shape[0]).float() / len(second)
+    reference = torch.multinomial(exact, len(second), replacement=True, generator=torch.Generator().manual_seed(3))
+    noise = torch.bincount(reference, minlength=exact.shape[0]).float() / len(second)
+    return (empirical - exact).abs().sum().item() / 2, float((noise - exact).abs().sum()) / 2

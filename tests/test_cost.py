@@ -41,26 +41,11 @@ from sidecar.cost import (
     roofline_table,
     usd_per_million_tokens,
 )
+from sidecar.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
 
-# Published shapes (the models' config.json on the Hugging Face hub).
-QWEN_7B = {
-    "hidden_size": 3584,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "intermediate_size": 18944,
-    "vocab_size": 152064,
-    "tie_word_embeddings": False,
-}
-QWEN_1_5B = {
-    "hidden_size": 1536,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-    "intermediate_size": 8960,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-}
+# Published shapes (the models' config.json on the Hugging Face hub); 7B and 1.5B as the cost model spells them.
+QWEN_7B = QWEN2_5_7B_CONFIG
+QWEN_1_5B = QWEN2_5_1_5B_CONFIG
 QWEN_0_5B = {
     "hidden_size": 896,
     "num_hidden_layers": 24,
