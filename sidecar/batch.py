@@ -208,12 +208,13 @@ class DecodeBatch:
                      or decoder.controller.draft_pays(len(self.rows) + count, sum(map(len, draft_prompts)),
                                                       max(r.max_new_tokens for r in rows), pair.draft_size_ratio))
         if speculate or self.draft_pool is not None:
+            draft_columns = max(row_columns(len(p), r.max_new_tokens, gamma)
+                                for p, r in zip(draft_prompts, rows, strict=True))
             if self.draft_pool is None:  # the rows already live hold no draft: their slots stay empty
-                self.draft_pool = self._pool(None, pair.draft, max(
-                    row_columns(len(p), r.max_new_tokens, gamma) for p, r in zip(draft_prompts, rows, strict=True)))
+                self.draft_pool = self._pool(None, pair.draft, draft_columns)
                 self.draft_pool.admit(len(self.rows))
-            self.draft_pool = self._pool(self.draft_pool, pair.draft, max(
-                row_columns(len(p), r.max_new_tokens, gamma) for p, r in zip(draft_prompts, rows, strict=True)))
+            else:
+                self.draft_pool.ensure_capacity(draft_columns)
             draft_view = self.draft_pool.admit(count)
             if speculate:
                 self.report(DRAFT_PREFILL, self.admitted, expected)

@@ -96,7 +96,6 @@ class SidecarEngine:
 
     def batch(self, max_batch: int = 8, schedule: str = "continuous", **options: Any) -> SidecarBatch:
         """An empty running batch of sidecar requests to ``add`` to and ``step`` (the server's loop)."""
-        self.decoder.batch(max_batch, schedule)  # checks both
         return SidecarBatch(self, max_batch, schedule, **options)
 
     def decode_row(self, index: int, request: SidecarRequest) -> DecodeRow:
