@@ -56,6 +56,7 @@ class ShardAttempts:
     # when the running attempt last showed life: its launch, a new part
     last_change: float = 0.0
     parts_seen: int = 0
+    recorded_flow_run_id: str | None = None
     state: Literal["waiting", "running", "settled", "given_up"] = "waiting"
     errors: list[str] = field(default_factory=list)
 
@@ -105,10 +106,10 @@ class ShardSupervisor:
                              attempt=state.attempts, results_uri=self.store.uri,
                              params=self.params.model_dump(mode="json"))
         self.store.write_manifest(self.run_id, launch.launch_id, state.docs)
-        self.db.record_attempt(self.run_id, launch.launch_id, index, state.attempts, docs=len(state.docs))
         self.logger.info("run %s: shard %d attempt %d (%s): %d documents", self.run_id, index, state.attempts,
                          launch.launch_id, len(state.docs))
         state.launch, state.handle = launch, self.launcher.launch(launch)
+        self._record(state)
         state.last_change, state.parts_seen, state.state = time.monotonic(), 0, "running"
         self.counts.shard_attempts += 1
 
@@ -134,8 +135,9 @@ class ShardSupervisor:
         given up."""
         assert state.handle is not None and state.launch is not None
         self._ingest()  # its last parts: what it finished is in the database before the rest is decided
-        self.db.finish_attempt(self.run_id, state.launch.launch_id, status, error=error,
-                               flow_run_id=state.handle.flow_run_id)
+        if state.recorded_flow_run_id is None:
+            self._record(state)
+        self.db.finish_attempt(self.run_id, state.launch.launch_id, status, error=error)
         index = state.shard.index
         if status == "completed":
             state.state, state.docs = "settled", []
@@ -153,6 +155,13 @@ class ShardSupervisor:
             self.logger.error("run %s: shard %d gave up after %d attempts (%s); %d documents unfinished",
                               self.run_id, index, state.attempts, "; ".join(state.errors), len(state.docs))
             state.state = "given_up"
+
+    def _record(self, state: ShardAttempts) -> None:
+        """The attempt in ``shard_attempts``, with its flow run once the launcher knows it."""
+        assert state.handle is not None and state.launch is not None
+        state.recorded_flow_run_id = state.handle.flow_run_id
+        self.db.record_attempt(self.run_id, state.launch.launch_id, state.shard.index, state.attempts,
+                               docs=len(state.docs), flow_run_id=state.recorded_flow_run_id)
 
     def _cancel_running(self, states: list[ShardAttempts]) -> None:
         """The parent is leaving (an error, an interrupt): stop what still runs, so no attempt outlives it."""
