@@ -56,7 +56,7 @@ RESULTS_TABLE_SQL = (
 )
 DB_PATH_ENV = "SIDECAR_DB"
 # parts per ingest transaction: a part is a shard's commit (seconds of work), so this bounds memory
-INGEST_CHUNK_PARTS = 64
+INGEST_CHUNK_PARTS = 256
 logger = logging.getLogger(__name__)
 
 def default_db_path() -> Path:

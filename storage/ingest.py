@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -23,42 +22,36 @@ import pyarrow as pa
 from storage.errors import PartRunMismatchError
 from storage.parts import PartStore
 from storage.resume import check_same_documents, check_unique_ids
+from storage.tables import SCHEMAS, SHARD_COLUMNS
 from storage.writer import delete_keys, insert_rows
 
 # what the census reads of each part: who wrote it
 _WRITER_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type"]
 _CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
                             for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
-_SOURCE = "ingest_source"
+SOURCE = "ingest_source"
 _CENSUS = "ingest_census"
-_OUTPUTS = "ingest_outputs"
+_KEYS = "ingest_keys"
+_KEPT = "ingest_kept"
 _OUTPUT_ROWS = "ingest_output_rows"
 _STATS_ROWS = "ingest_stats_rows"
 _REJECTS = "ingest_rejects"
 
 
-@dataclass(frozen=True)
-class PartsRelation:
-    """Some parts of one run as one relation with a ``filename`` column: the SQL to read it from (put after
-    FROM) and the parameters that SQL binds."""
-
-    sql: str
-    params: dict[str, Any]
-
-    @classmethod
-    def of(cls, con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequence[str],
-           columns: Sequence[str] | None = None) -> PartsRelation:
-        """DuckDB reads local parts by path (every column; it reads only those a statement uses); other file
-        systems' parts are read by pyarrow (``columns`` only) and registered on ``con``."""
-        if store.is_local:
-            return cls("read_parquet($files, filename = true)", {"files": list(paths)})
-        tables = []
-        for path in paths:
-            table = store.read_part(path)
-            table = table.select(list(columns)) if columns is not None else table
-            tables.append(table.append_column("filename", pa.array([path] * table.num_rows, pa.string())))
-        con.register(_SOURCE, pa.concat_tables(tables))
-        return cls(_SOURCE, {})
+def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequence[str],
+                   columns: Sequence[str] | None = None) -> None:
+    """Make ``paths`` the relation :data:`SOURCE` on ``con``, with a ``filename`` column: DuckDB reads
+    local parts by path (a lazy relation: each statement reads only the columns and rows it needs); other
+    file systems' parts are read by pyarrow (``columns`` only) and registered as Arrow."""
+    if store.is_local:
+        con.register(SOURCE, con.read_parquet(list(paths), filename=True))
+        return
+    tables = []
+    for path in paths:
+        table = store.read_part(path)
+        table = table.select(list(columns)) if columns is not None else table
+        tables.append(table.append_column("filename", pa.array([path] * table.num_rows, pa.string())))
+    con.register(SOURCE, pa.concat_tables(tables))
 
 
 @dataclass(frozen=True)
@@ -77,10 +70,10 @@ class PartCensus:
 def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore, paths: Sequence[str]) -> list[PartCensus]:
     """Read who wrote each of ``paths`` (a few small columns); a part holding rows of another run than
     ``run_id`` raises :class:`PartRunMismatchError` before anything is written."""
-    parts = PartsRelation.of(con, store, paths, _WRITER_COLUMNS)
+    register_parts(con, store, paths, _WRITER_COLUMNS)
     found = con.execute(
         f"SELECT filename, min(run_id), max(run_id), any_value(launch_id), count(*), any_value(host), "
-        f"any_value(device), any_value(gpu_type) FROM {parts.sql} GROUP BY filename", parts.params).fetchall()
+        f"any_value(device), any_value(gpu_type) FROM {SOURCE} GROUP BY filename").fetchall()
     by_path = {}
     for path, first_run, last_run, launch_id, rows, host, device, gpu_type in found:
         other = first_run if first_run != run_id else last_run
@@ -104,26 +97,28 @@ class ChunkCounts:
 def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
                  parts: Sequence[PartCensus]) -> ChunkCounts:
     """Write the rows of ``parts`` and their ``ingested_parts`` rows, inside the caller's transaction."""
-    source = PartsRelation.of(con, store, [p.path for p in parts])
-    # one row per (document, mode) of the chunk: the part last by path wins
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {_OUTPUTS} AS "
-        f"SELECT * EXCLUDE (filename, kind, shard, attempt, reason, row_index, detail, title, text) "
-        f"FROM {source.sql} WHERE kind = 'output' "
-        f"QUALIFY row_number() OVER (PARTITION BY doc_id, mode ORDER BY filename DESC) = 1", source.params)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_OUTPUT_ROWS} AS "
-                f"SELECT * EXCLUDE (launch_id, host, device, gpu_type, stats) FROM {_OUTPUTS}")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_STATS_ROWS} AS "
-                f"SELECT run_id, doc_id, mode, batch_id, launch_id, host, device, gpu_type, "
-                f"unnest(stats, recursive := true) FROM {_OUTPUTS}")
-    [(outputs,)] = con.execute(f"SELECT count(*) FROM {_OUTPUTS}").fetchall()
+    register_parts(con, store, [p.path for p in parts])
+    # the chunk's (document, mode) keys, each with the part last by path that holds it: only keys held by
+    # several parts (a document two attempts finished) need their other copies dropped
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_KEYS} AS SELECT run_id, doc_id, mode, max(filename) AS filename, "
+                f"count(*) AS copies FROM {SOURCE} WHERE kind = 'output' GROUP BY run_id, doc_id, mode")
+    [(outputs, repeated)] = con.execute(f"SELECT count(*), count(*) FILTER (WHERE copies > 1) FROM {_KEYS}").fetchall()
+    dropped = (f"AND NOT EXISTS (SELECT 1 FROM {_KEYS} AS k WHERE k.copies > 1 AND k.doc_id = p.doc_id "
+               f"AND k.mode = p.mode AND k.filename <> p.filename)") if repeated else ""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_KEPT} AS SELECT p.* FROM {SOURCE} AS p WHERE p.kind = 'output' "
+                f"{dropped}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_OUTPUT_ROWS} AS SELECT {', '.join(SCHEMAS['outputs'].names)} "
+                f"FROM {_KEPT}")
+    request_keys = ", ".join(["run_id", "doc_id", "mode", "batch_id", *(c.name for c in SHARD_COLUMNS)])
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_STATS_ROWS} AS SELECT {request_keys}, "
+                f"unnest(stats, recursive := true) FROM {_KEPT}")
     if outputs:
-        delete_keys(con, "outputs", _OUTPUTS)
+        delete_keys(con, "outputs", _KEYS)
         insert_rows(con, "outputs", _OUTPUT_ROWS)
         # the stats of every rewritten request go, also of those that now bring fewer phases
-        delete_keys(con, "request_stats", _OUTPUTS)
+        delete_keys(con, "request_stats", _KEYS)
         insert_rows(con, "request_stats", _STATS_ROWS)
-    rejects = _write_rejects(con, run_id, source)
+    rejects = _write_rejects(con, run_id)
     con.register(_CENSUS, pa.Table.from_pylist(
         [{"run_id": run_id, "part": p.part, "launch_id": p.launch_id, "rows": p.rows, "host": p.host,
           "device": p.device, "gpu_type": p.gpu_type} for p in parts], schema=_CENSUS_SCHEMA))
@@ -132,22 +127,22 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
         f"UPDATE shard_attempts AS a SET host = c.host, device = c.device, gpu_type = c.gpu_type "
         f"FROM (SELECT DISTINCT launch_id, host, device, gpu_type FROM {_CENSUS} WHERE host IS NOT NULL) AS c "
         f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id", {"run_id": run_id})
-    for view in (_OUTPUT_ROWS, _STATS_ROWS):
+    for view in (_STATS_ROWS, _OUTPUT_ROWS, _KEPT):
         con.execute(f"DROP VIEW {view}")
-    for table in (_OUTPUTS, _REJECTS):
+    for table in (_KEYS, _REJECTS):
         con.execute(f"DROP TABLE IF EXISTS {table}")
     return ChunkCounts(outputs, rejects, len(parts))
 
 
-def _write_rejects(con: duckdb.DuckDBPyConnection, run_id: str, source: PartsRelation) -> int:
+def _write_rejects(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     """Store the chunk's rejects as ``documents`` rows, with the same checks as a run's own writes: a row
     may only be replaced by the same document, and no two usable rows may share an id."""
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE {_REJECTS} AS "
         f"SELECT run_id, row_index, doc_id, title, text, length(text) AS n_chars, 'rejected' AS status, "
         f"reason AS reject_reason, nullif(detail, '') AS reject_detail "
-        f"FROM {source.sql} WHERE kind = 'reject' "
-        f"QUALIFY row_number() OVER (PARTITION BY row_index ORDER BY filename DESC) = 1", source.params)
+        f"FROM {SOURCE} WHERE kind = 'reject' "
+        f"QUALIFY row_number() OVER (PARTITION BY row_index ORDER BY filename DESC) = 1")
     [(rejects,)] = con.execute(f"SELECT count(*) FROM {_REJECTS}").fetchall()
     if rejects:
         check_same_documents(con, run_id, con.table(_REJECTS), whole_input=False)
