@@ -28,6 +28,14 @@ anything else under an existing ``run_id`` is refused with ``storage.RunMismatch
 written. Every transaction waits up to ``lock_wait_s`` while another process (a notebook, the
 judge) holds the file, logging who does; a run that gives up keeps its finished documents and its failure
 beside the database, and the next open of the file commits them (``Database.defer_batch``).
+
+Sharded (``workers`` > 1, ``shards`` > 1 or a ``shard_deployment``), this flow is the run's parent and holds
+no accelerator: it records the run and its documents once, cuts the documents not yet done into shards
+balanced by tokens (``pipeline.shards``) and launches a ``nightly-shard`` flow run per shard
+(``flows.nightly_shard``: local processes, ``flows.shard_processes``, or a deployment's runs on a work pool).
+Shards write part files; this process alone writes the database, ingesting them as they arrive, relaunches
+what failed with only its unfinished documents and marks the run completed once
+(``flows.shard_supervisor``). Judge and cost report follow the parent only.
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ from __future__ import annotations
 import gc
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -47,6 +54,7 @@ from flows.accelerator import holding_accelerator
 from flows.nightly_params import NOT_DECISIVE, PROVEN_BY_STORAGE, NightlyParams
 from flows.progress import PhaseBars, RunProgress
 from flows.shard_launch import ShardLauncher
+from flows.shard_supervisor import IncompleteRunError, ShardSupervisor, missing_error
 from pipeline import (
     BatchSettings,
     DocumentFailure,
@@ -70,9 +78,7 @@ from sidecar.models import load_pair, load_tokenizer
 from storage import Database, DatabaseLockedError, Document, RejectedDocument, RetryPolicy
 from storage.locks import LockHolder
 from storage.parquet import read_documents
-
-if TYPE_CHECKING:
-    from storage.parts import PartStore
+from storage.parts import PartStore
 
 __all__ = ["NOT_DECISIVE", "PROVEN_BY_STORAGE", "NightlyParams", "nightly"]
 
@@ -242,9 +248,6 @@ def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSe
 def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     """The run cut into shards that run elsewhere and write part files, which this process alone ingests;
     a rerun ingests the parts an earlier parent left and plans only the documents still missing."""
-    from flows.shard_supervisor import IncompleteRunError
-    from storage.parts import PartStore
-
     counts = RunCounts(run_id)
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
@@ -257,23 +260,25 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
                          gamma=params.gamma, batch_size=params.batch_size, docs=docs, rejects=rejects,
                          modes=params.modes, identity=params.resume_identity())
         try:
-            _supervise(params, db, store, docs, counts)
-        except IncompleteRunError:
-            raise
+            missing = _supervise(params, db, store, docs, counts)
         except BaseException as exc:
             if not isinstance(exc, DatabaseLockedError):
                 db.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
             raise
+        with counts.timed("storage"):
+            if missing:
+                error = missing_error(missing, params.shard_retries)
+                db.finish_run(run_id, "failed", error)
+                raise IncompleteRunError(f"run {run_id}: {error}")
+            db.finish_run(run_id, "completed")
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
     return counts
 
 
 def _supervise(params: NightlyParams, db: Database, store: PartStore, docs: list[Document],
-               counts: RunCounts) -> None:
-    """Ingest what an earlier parent's attempts left, plan the rest into shards, run them to the end and mark
-    the run completed, or failed naming the documents no attempt finished."""
-    from flows.shard_supervisor import IncompleteRunError, ShardSupervisor, missing_error
-
+               counts: RunCounts) -> list[Document]:
+    """Ingest what an earlier parent's attempts left, plan the rest into shards and run them to the end;
+    returns the documents no attempt finished."""
     logger = get_run_logger()
     run_id, modes = counts.run_id, list(params.modes)
     with counts.timed("storage"):
@@ -282,19 +287,13 @@ def _supervise(params: NightlyParams, db: Database, store: PartStore, docs: list
     todo = [d for d in docs if d.doc_id not in done]
     counts.documents, counts.skipped_done = len(docs), len(docs) - len(todo)
     shards = _plan(params, todo, counts)
+    max_running = _max_running(params, len(shards))
     logger.info("run %s: %d documents, %d already done, %d shards of %s tokens, at most %d at once", run_id,
-                len(docs), counts.skipped_done, len(shards), "/".join(str(s.tokens) for s in shards),
-                _max_running(params, len(shards)))
-    launcher = _launcher(params)
-    missing = ShardSupervisor(db, store, launcher, params, run_id, _max_running(params, len(shards)), counts,
-                              logger).run(shards)
+                len(docs), counts.skipped_done, len(shards), "/".join(str(s.tokens) for s in shards), max_running)
+    missing = ShardSupervisor(db, store, _launcher(params), params, run_id, max_running, counts, logger).run(shards)
     with counts.timed("storage"):
         counts.done = len(db.done_doc_ids(run_id, modes) - done)
-        if missing:
-            error = missing_error(missing, params.shard_retries)
-            db.finish_run(run_id, "failed", error)
-            raise IncompleteRunError(f"run {run_id}: {error}")
-        db.finish_run(run_id, "completed")
+    return missing
 
 
 def _plan(params: NightlyParams, docs: list[Document], counts: RunCounts) -> list[Shard]:
