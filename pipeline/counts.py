@@ -71,6 +71,16 @@ class RunCounts:
         self.oom_retries += stats.oom_retries
         self.model_seconds += stats.model_seconds
 
+    def _work_line(self) -> str:
+        if self.shard_attempts:  # a sharded run's parent: the engine ran in its shards
+            return (f"{self.shard_attempts} shard attempts wrote the {self.parts} part files ingested in "
+                    f"{self.commits} transactions ({self.storage_seconds:.2f} s in DuckDB); the engine's counts "
+                    f"are in each shard's summary.")
+        return (f"{self.windows} windows ({self.engine_batches} engine streams and calls) in {self.commits} commits, "
+                f"{self.oom_retries} out-of-memory retries; "
+                f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
+                f"{self.input_seconds:.2f} s reading the input and loading the pair.")
+
     def markdown(self) -> str:
         lines = [
             f"# Nightly run `{self.run_id}`", "",
@@ -80,14 +90,8 @@ class RunCounts:
             f"| skipped, already done | {self.skipped_done} |",
             *(f"| rejected: {reason} | {count} |" for reason, count in sorted(self.rejected.items())),
             f"| errors | {len(self.errors)} |", "",
-            f"{self.windows} windows ({self.engine_batches} engine streams and calls) in {self.commits} commits, "
-            f"{self.oom_retries} out-of-memory retries; "
-            f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
-            f"{self.input_seconds:.2f} s reading the input and loading the pair.",
+            self._work_line(),
         ]
-        if self.shard_attempts:
-            lines += ["", f"Sharded: {self.shard_attempts} shard attempts wrote the {self.parts} part files ingested; "
-                          "the engine's counts are in each shard's summary."]
         if self.errors:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
             lines += [f"| {_cell(doc_id)} | {_cell(error)} |" for doc_id, error in self.errors.items()]

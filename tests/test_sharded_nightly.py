@@ -33,9 +33,13 @@ SENTENCES = [
 pytestmark = pytest.mark.slow
 
 
-def write_corpus(path: Path, n: int) -> Path:
+def write_corpus(path: Path, n: int, huge: bool = False) -> Path:
+    """``n`` short documents; with ``huge``, one more beyond the models' context (4096 tokens), id ``huge``."""
+    ids = [f"doc-{i:02d}" for i in range(n)]
     texts = [f"{SENTENCES[i % 3]} Report number {i}." + " More." * (i % 5) for i in range(n)]
-    pq.write_table(pa.table({"id": [f"doc-{i:02d}" for i in range(n)], "article": texts}), path)
+    if huge:
+        ids, texts = [*ids, "huge"], [*texts, " ".join(SENTENCES * 300)]
+    pq.write_table(pa.table({"id": ids, "article": texts}), path)
     return path
 
 
@@ -73,8 +77,8 @@ def manifest_ids(launch: Path) -> set[str]:
 
 
 def attempts(db: Database, run_id: str) -> list[dict]:
-    return db.query("SELECT shard, attempt, launch_id, status, docs, error FROM shard_attempts WHERE run_id = ? "
-                    "ORDER BY shard, attempt, started_at", [run_id])
+    return db.query("SELECT shard, attempt, launch_id, flow_run_id, status, docs, error FROM shard_attempts "
+                    "WHERE run_id = ? ORDER BY shard, attempt, started_at", [run_id])
 
 
 def assert_each_doc_and_mode_once(db: Database, run_id: str, n_docs: int) -> None:
@@ -137,30 +141,46 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
     from flows.nightly import nightly
 
     n_docs = 20
-    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
-    one = nightly(params(tmp_path, corpus, run_id="one-worker", window=4, commit_every_s=0))
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs, huge=True)
+    # no character limit: the huge document is caught by the token check, in its shard
+    one = nightly(params(tmp_path, corpus, run_id="one-worker", window=4, commit_every_s=0, max_chars=None))
     assert one.shard_attempts == 0, "one worker: the run in this process"
-    two = nightly(params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, workers=2))
-    assert (two.documents, two.done, two.skipped_done, two.shard_attempts) == (n_docs, n_docs, 0, 2)
+    # three shards on two workers: the third waits for a slot
+    two = nightly(params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, max_chars=None,
+                         workers=2, shards=3))
+    assert (two.documents, two.done, two.skipped_done, two.shard_attempts) == (n_docs + 1, n_docs, 0, 3)
 
     db = Database(tmp_path / "sidecar.duckdb")
     assert db.get_run("two-workers")["status"] == "completed"
     assert_each_doc_and_mode_once(db, "two-workers", n_docs)
     # greedy decoding: where a document ran changes nothing it got
     assert outputs_of(db, "two-workers") == outputs_of(db, "one-worker")
+    rejected = db.query("SELECT doc_id, reject_reason FROM documents WHERE run_id = ? AND reject_reason IS NOT NULL",
+                        ["two-workers"])
+    assert rejected == [{"doc_id": "huge", "reject_reason": "over_context"}]
     tried = attempts(db, "two-workers")
-    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [(0, 1, "completed"), (1, 1, "completed")]
-    assert sum(a["docs"] for a in tried) == n_docs
-    # the two shards' manifests split the documents between them, balanced
+    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [(0, 1, "completed"), (1, 1, "completed"),
+                                                                        (2, 1, "completed")]
+    # the shards' manifests split the documents between them, balanced by tokens: the huge one alone
     manifests = [manifest_ids(d) for d in launch_dirs(tmp_path / "sidecar.duckdb")]
-    assert sorted(len(m) for m in manifests) == [10, 10] and set.union(*manifests) == {
-        f"doc-{i:02d}" for i in range(n_docs)}
+    assert sorted(len(m) for m in manifests) == [1, 10, 10] and {"huge"} in manifests
+    assert set.union(*manifests) == {f"doc-{i:02d}" for i in range(n_docs)} | {"huge"}
     # each shard recorded where it ran; the parent's run row holds no device
     where = db.query("SELECT DISTINCT launch_id, host, device, gpu_type FROM request_stats WHERE run_id = ?",
                      ["two-workers"])
     assert {w["launch_id"] for w in where} == {a["launch_id"] for a in tried}
     assert all(w["host"] and w["device"] == "cpu" and w["gpu_type"] for w in where)
     assert db.get_run("two-workers")["gpu_type"] is None
+    # the shards' flow runs are on the parent's API, named by their launch ids, and recorded with them
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=[a["launch_id"] for a in tried])))
+        names = {client.read_flow(r.flow_id).name for r in runs}
+    assert names == {"nightly-shard"} and all(r.state.is_completed() for r in runs)
+    assert {str(r.id) for r in runs} == {a["flow_run_id"] for a in tried}
 
 
 def test_a_killed_shard_is_relaunched_with_only_its_unfinished_documents(prefect_api, tmp_path: Path) -> None:
@@ -205,6 +225,7 @@ def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_miss
     command = [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
                "--batch-size", "2", "--window", "2", "--max-new-tokens", "16", "--run-id", "parent-killed",
                "--commit-every", "0", "--workers", "2", "--no-judge", "--no-cost-report"]
+    # the module's API rather than an embedded one per parent process, which takes some 30 s to start here
     env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     log = tmp_path / "first.log"
     with log.open("wb") as out:
