@@ -54,12 +54,10 @@ def params(tmp_path: Path, corpus: Path, **overrides):
 # -- what the run left behind --
 
 
-def parts_dir(db_path: Path | str) -> Path:
-    return Path(f"{db_path}.runs") / "parts"
-
-
-def launch_dirs(db_path: Path | str) -> list[Path]:
-    return sorted(p for p in parts_dir(db_path).glob("run-*/*") if p.is_dir())
+def launch_dirs(db_path: Path | str, results: Path | None = None) -> list[Path]:
+    """The attempts' directories under ``results`` (default: beside the database)."""
+    root = results if results is not None else Path(f"{db_path}.runs") / "parts"
+    return sorted(p for p in root.glob("run-*/*") if p.is_dir())
 
 
 def part_doc_ids(launch: Path) -> set[str]:
@@ -147,7 +145,8 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
     assert one.shard_attempts == 0, "one worker: the run in this process"
     # three shards on two workers: the third waits for a slot
     two = nightly(params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, max_chars=None,
-                         workers=2, shards=3))
+                         workers=2, shards=3, trigger_cost_report=True))
+    assert two.downstream == {"cost-report": "Completed"}, "the cost report follows the parent, once"
     assert (two.documents, two.done, two.skipped_done, two.shard_attempts) == (n_docs + 1, n_docs, 0, 3)
 
     db = Database(tmp_path / "sidecar.duckdb")
@@ -168,9 +167,14 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
     # each shard recorded where it ran; the parent's run row holds no device
     where = db.query("SELECT DISTINCT launch_id, host, device, gpu_type FROM request_stats WHERE run_id = ?",
                      ["two-workers"])
-    assert {w["launch_id"] for w in where} == {a["launch_id"] for a in tried}
+    ran = {d.name for d in launch_dirs(tmp_path / "sidecar.duckdb") if manifest_ids(d) != {"huge"}}
+    assert {w["launch_id"] for w in where} == ran and len(ran) == 2
     assert all(w["host"] and w["device"] == "cpu" and w["gpu_type"] for w in where)
     assert db.get_run("two-workers")["gpu_type"] is None
+    # ... which the throughput view, and the cost report measured from it, take per GPU type
+    assert {t["gpu_type"] for t in db.throughput("two-workers")} == {where[0]["gpu_type"]}
+    measured = db.query("SELECT DISTINCT mode FROM costs WHERE source = 'measured' AND run_id = ?", ["two-workers"])
+    assert {m["mode"] for m in measured} == set(MODES)
     # the shards' flow runs are on the parent's API, named by their launch ids, and recorded with them
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -221,10 +225,10 @@ def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_miss
                                                                                    tmp_path: Path) -> None:
     n_docs = 20
     corpus = write_corpus(tmp_path / "news.parquet", n_docs)
-    db_path = tmp_path / "sidecar.duckdb"
+    db_path, results = tmp_path / "sidecar.duckdb", tmp_path / "results"
     command = [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
                "--batch-size", "2", "--window", "2", "--max-new-tokens", "16", "--run-id", "parent-killed",
-               "--commit-every", "0", "--workers", "2", "--no-judge", "--no-cost-report"]
+               "--commit-every", "0", "--workers", "2", "--results-uri", str(results), "--no-judge", "--no-cost-report"]
     # the module's API rather than an embedded one per parent process, which takes some 30 s to start here
     env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     log = tmp_path / "first.log"
@@ -232,7 +236,7 @@ def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_miss
         parent = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
         try:
             wait_for(lambda: parent.poll() is not None or any(
-                any(d.glob("part-*.parquet")) for d in launch_dirs(db_path)), 300, "a first part", poll_s=0.1)
+                any(d.glob("part-*.parquet")) for d in launch_dirs(db_path, results)), 300, "a first part", poll_s=0.1)
             assert parent.poll() is None, f"the run ended before it could be killed:\n{log.read_text()}"
             shards = shard_processes(parent.pid)
             assert len(shards) == 2, shards
@@ -245,25 +249,29 @@ def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_miss
     assert not alive, f"shard processes outlived their parent: {alive}"
     db = Database(db_path)
     assert db.get_run("parent-killed")["status"] == "running"  # nobody got to mark it
-    before = launch_dirs(db_path)
+    before = launch_dirs(db_path, results)
     written = set().union(*(part_doc_ids(d) for d in before))
 
     rerun = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert db.get_run("parent-killed")["status"] == "completed"
     assert_each_doc_and_mode_once(db, "parent-killed", n_docs)
-    relaunched = [d for d in launch_dirs(db_path) if d not in before]
+    relaunched = [d for d in launch_dirs(db_path, results) if d not in before]
     redone = set().union(*(manifest_ids(d) for d in relaunched))
     # the rerun planned only the documents no part held, whatever the first parent had ingested
     assert redone == {f"doc-{i:02d}" for i in range(n_docs)} - written
     assert written and redone, f"killed after {len(written)} of {n_docs} documents"
+    assert not launch_dirs(db_path), "the parts went to --results-uri, not beside the database"
     tried = attempts(db, "parent-killed")
     assert [a["status"] for a in tried if a["launch_id"] in {d.name for d in relaunched}] == ["completed"] * len(
         relaunched)
 
 
 class FaultyShards:
-    """Local shard processes, but shard 1's first attempt never writes a part and its later ones fail at once."""
+    """Local shard processes, but shard 1's first attempt never writes a part and its later ones fail at once.
+
+    The real shard writes its first part well within the stall limit the test sets (45 s), its process start
+    (imports, the pair) included, even on a loaded machine."""
 
     def __init__(self, real) -> None:
         self.real = real
@@ -288,7 +296,7 @@ def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keep
     monkeypatch.setattr(flows.nightly, "_launcher", lambda p: FaultyShards(real_launcher(p)))
     n_docs = 12
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="never", window=3,
-                 commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=20)
+                 commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=45)
     state = nightly(run, return_state=True)
     assert state.is_failed()
     with pytest.raises(IncompleteRunError, match="6 documents not finished after 1 relaunches per shard"):
