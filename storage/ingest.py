@@ -1,9 +1,9 @@
 """Ingest of part files (``storage.parts``) into the results database, chunk by chunk, in SQL.
 
-DuckDB reads local parts itself (``read_parquet``); parts on another file system are read by pyarrow and
-handed over as Arrow. Either way no Python code touches a row. Each chunk of parts is one transaction
-that writes their rows and records them in ``ingested_parts``, so a part is ingested entirely or not at
-all, and once: the parent skips a recorded part without reading it.
+DuckDB reads local parts itself (``DuckDBPyConnection.read_parquet``); parts on another file system are
+read by pyarrow and handed over as Arrow. Either way no Python code touches a row. Each chunk of parts is
+one transaction that writes their rows and records them in ``ingested_parts``, so a part is ingested
+entirely or not at all, and once: the parent skips a recorded part without reading it.
 
 Rows replace stored rows by key (``storage.writer``): outputs and their request stats by (run, document,
 mode), rejects the ``documents`` row of their input row, as ``Database.write_batch`` writes them. A key met
@@ -48,8 +48,7 @@ def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequ
         return
     tables = []
     for path in paths:
-        table = store.read_part(path)
-        table = table.select(list(columns)) if columns is not None else table
+        table = store.read_part(path, columns)
         tables.append(table.append_column("filename", pa.array([path] * table.num_rows, pa.string())))
     con.register(SOURCE, pa.concat_tables(tables))
 

@@ -240,6 +240,13 @@ def test_ingest_needs_the_run(db: Database, store: PartStore) -> None:
         db.ingest_parts("no-such-run", store)
 
 
+def test_a_location_duckdb_would_read_as_a_glob_is_read_through_pyarrow(db: Database, tmp_path: Path) -> None:
+    store = PartStore(tmp_path / "results [nightly]")
+    assert not store.is_local
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [oom(DOCS[1])])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=0, outputs=2, rejects=1)
+
+
 @pytest.mark.parametrize("location", ["file", "mock"])
 def test_a_pyarrow_uri_location_works(db: Database, tmp_path: Path, location: str) -> None:
     # file:// is read by DuckDB by path; mock:// (pyarrow's in-memory file system) is read through pyarrow
