@@ -14,6 +14,7 @@ ingested (what a parent pays each time it looks, and after a restart). Goal for 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import shutil
@@ -111,10 +112,12 @@ def measure(workdir: Path, docs: int, docs_per_part: int, chunk_parts: int = ING
     parts, part_bytes = write_parts(store, docs, docs_per_part)
     written_s = time.perf_counter() - started
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    load_before = os.getloadavg()[0]
     started = time.perf_counter()
     first = db.ingest_parts(RUN, store, chunk_parts=chunk_parts)
     first_s = time.perf_counter() - started
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    load_after = os.getloadavg()[0]
     started = time.perf_counter()
     rerun = db.ingest_parts(RUN, store, chunk_parts=chunk_parts)
     rerun_s = time.perf_counter() - started
@@ -132,16 +135,20 @@ def measure(workdir: Path, docs: int, docs_per_part: int, chunk_parts: int = ING
         "rerun_s": rerun_s, "rerun_skipped": rerun.skipped,
         # ru_maxrss is the process's peak: the ingest's own when it rose above what writing the parts took
         "peak_rss_mb_before_ingest": rss_before / 1024, "peak_rss_mb_after_ingest": rss_after / 1024,
-        "goal_s": GOAL_S, "goal_met": first_s <= GOAL_S if docs >= 1_000_000 else None,
+        # the machine is shared: the 1-minute load average (of its CPUs) says how much of it the ingest had
+        "load_avg_1min_before_ingest": load_before, "load_avg_1min_after_ingest": load_after,
+        "cpus": os.cpu_count(), "goal_s": GOAL_S, "goal_met": first_s <= GOAL_S if docs >= 1_000_000 else None,
     }
 
 
 def markdown(result: dict, command: str) -> str:
     row = {**result, "part_mb": result["part_bytes"] / 1e6, "db_mb": result["db_bytes"] / 1e6,
            "goal": "n/a at this size" if result["goal_met"] is None else ("met" if result["goal_met"] else "missed")}
+    load = (f"; 1-minute load average {result['load_avg_1min_before_ingest']:.1f} before and "
+            f"{result['load_avg_1min_after_ingest']:.1f} after the ingest on {result['cpus']} CPUs")
     return (f"Ingest of synthetic part files into DuckDB, {result['documents']:,} documents x 2 modes, "
             f"{result['docs_per_part']} documents per part, {result['chunk_parts']} parts per transaction "
-            f"(`{command}`):\n\n"
+            f"(`{command}`{load}):\n\n"
             + markdown_table([row], [("parts", "parts"), ("part_mb", "part files (MB)"),
                                      ("output_rows", "output rows"), ("stats_rows", "stats rows"),
                                      ("rejects", "rejects"), ("ingest_s", "ingest (s)"),

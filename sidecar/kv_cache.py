@@ -115,28 +115,32 @@ class RowKVCache:
 
     # -- row surgery --
 
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep only ``rows``: slot ``i`` takes old slot ``rows[i]`` (finished rows stop costing compute).
+    def move_rows(self, order: list[int]) -> None:
+        """Slot ``i`` takes row ``order[i]`` (distinct rows) for every ``i < len(order)``, in place.
 
-        In the order ``compaction_order`` gives, rows already in their slot are not copied and the buffers
-        shrink as views: only the rows that fill a finished row's slot move, not the whole batch's buffers
-        at every compaction. The finished rows' memory is freed when the batch's cache is."""
-        kept = len(rows)
-        moves = [(slot, source) for slot, source in enumerate(rows) if slot != source]
-        tensors = [*self.keys, *self.values, self.visible, self.span]
-        if all(source >= kept for _, source in moves):  # sources lie beyond the kept slots: no overlap
-            if moves:
-                slots, sources = to_device(list(zip(*moves, strict=True)), self.device)
-                for tensor in tensors:
-                    tensor[slots] = tensor[sources]
-            tensors = [tensor[:kept] for tensor in tensors]
-        else:
-            index = to_device(rows, self.device)
-            tensors = [tensor.index_select(0, index) for tensor in tensors]
-        layers = self.layers
-        self.keys, self.values = tensors[:layers], tensors[layers : 2 * layers]
-        self.visible, self.span = tensors[2 * layers :]
-        self.lengths, self.position_offset = self.lengths[rows], self.position_offset[rows]
+        Rows already in their slot are not copied, so in the order ``compaction_order`` gives only the rows
+        that fill a freed slot move, not the whole batch's buffers. Slots from ``len(order)`` on keep what
+        they held: the caller counts them as free."""
+        moves = [(slot, source) for slot, source in enumerate(order) if slot != source]
+        if not moves:
+            return
+        slots, sources = to_device(list(zip(*moves, strict=True)), self.device)
+        for tensor in (*self.keys, *self.values, self.visible, self.span):
+            tensor[slots] = tensor[sources]  # [moves, ...]: the sources are gathered before any slot is written
+        moved = np.array(moves, dtype=np.int64)  # [moves, 2]: (slot, source)
+        self.lengths[moved[:, 0]] = self.lengths[moved[:, 1]]
+        self.position_offset[moved[:, 0]] = self.position_offset[moved[:, 1]]
+
+    def copy_into(self, target: RowKVCache) -> None:
+        """Make ``target``'s rows (as many as this cache has, with room for its longest) hold this cache's
+        rows: their filled columns, lengths and rotary offsets. Columns past the longest row are not copied."""
+        filled = int(self.lengths.max(initial=0))  # host ints: no wait for the device
+        for dst, src in zip((*target.keys, *target.values), (*self.keys, *self.values), strict=True):
+            dst[:, :, :filled] = src[:, :, :filled]  # [B, kv_heads, filled, head_dim]
+        target.visible[:, :filled] = self.visible[:, :filled]
+        target.span[:, :filled] = self.span[:, :filled]
+        target.lengths[:] = self.lengths
+        target.position_offset[:] = self.position_offset
 
     def rows_view(self, start: int, stop: int) -> RowKVCache:
         """Rows ``start:stop`` as a cache that shares this one's buffers, so that a forward on it writes
@@ -212,7 +216,7 @@ class RowSnapshot:
 
 
 def compaction_order(keep: list[int]) -> list[int]:
-    """The kept slots ``keep`` (ascending) in the order ``RowKVCache.select_rows`` copies least: a kept row
+    """The kept slots ``keep`` (ascending) in the order ``RowKVCache.move_rows`` copies least: a kept row
     below ``len(keep)`` stays in its slot, and the kept rows above fill the others."""
     kept = len(keep)
     staying = {slot for slot in keep if slot < kept}

@@ -10,13 +10,11 @@ grows when a row needs more columns than it has, copying only the live rows' fil
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
 from sidecar.kv_cache import RowKVCache, compaction_order
-from sidecar.transfers import to_device
 
 
 class SlotPool:
@@ -46,15 +44,8 @@ class SlotPool:
         if self.budget_capacity is not None:
             raise InputError(f"a row needs {columns} KV columns but the KV token budget gives each of the "
                              f"{self.max_batch} slots {self.budget_capacity}; raise the budget or shorten the input")
-        old = self.cache
         grown = RowKVCache(self.model, self.max_batch, max(columns, self.capacity * 3 // 2))
-        filled = int(old.lengths[: self.live].max(initial=0))
-        for new, kept in zip((*grown.keys, *grown.values), (*old.keys, *old.values), strict=True):
-            new[: self.live, :, :filled] = kept[: self.live, :, :filled]
-        grown.visible[: self.live, :filled] = old.visible[: self.live, :filled]
-        grown.span[: self.live, :filled] = old.span[: self.live, :filled]
-        grown.lengths[:] = old.lengths
-        grown.position_offset[:] = old.position_offset
+        self.active.copy_into(grown.rows_view(0, self.live))
         self.cache = grown
         self.active = grown.rows_view(0, self.live)
 
@@ -74,29 +65,14 @@ class SlotPool:
     def remove(self, keep: list[int]) -> list[int]:
         """Keep only the live slots ``keep`` (ascending); returns the order: new slot i holds old ``order[i]``."""
         order = compaction_order(keep)
-        cache = self.cache
-        moves = [(slot, source) for slot, source in enumerate(order) if slot != source]
-        if moves:
-            slots, sources = to_device(list(zip(*moves, strict=True)), cache.device)
-            for tensor in (*cache.keys, *cache.values, cache.visible, cache.span):
-                tensor[slots] = tensor[sources]
-            moved = np.array(moves, dtype=np.int64)
-            cache.lengths[moved[:, 0]] = cache.lengths[moved[:, 1]]
-            cache.position_offset[moved[:, 0]] = cache.position_offset[moved[:, 1]]
+        self.cache.move_rows(order)
         self.live = len(keep)
-        self.active = cache.rows_view(0, self.live)
+        self.active = self.cache.rows_view(0, self.live)
         return order
 
     def write(self, source: RowKVCache) -> None:
         """Admit ``source``'s rows (a cache built elsewhere, e.g. from snapshots) by copying their columns in."""
-        target = self.admit(source.batch_size)
-        filled = int(source.lengths.max(initial=0))
-        for dst, src in zip((*target.keys, *target.values), (*source.keys, *source.values), strict=True):
-            dst[:, :, :filled] = src[:, :, :filled]
-        target.visible[:, :filled] = source.visible[:, :filled]
-        target.span[:, :filled] = source.span[:, :filled]
-        target.lengths[:] = source.lengths
-        target.position_offset[:] = source.position_offset
+        source.copy_into(self.admit(source.batch_size))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.cache.keys, *self.cache.values))

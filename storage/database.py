@@ -616,11 +616,12 @@ class Database:
 
     def request_acceptance(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Accepted / drafted per request of the speculative main phase (all runs, or one), with the run's
-        ``pair`` and ``gpu_type``; requests that drafted nothing (gamma 0 throughout) have no rate and are left
-        out. Columns: run_id, pair, gpu_type, mode, doc_id, drafted, accepted, acceptance_rate."""
+        ``pair`` and the GPU type the request ran on (its shard's, else the run's); requests that drafted nothing
+        (gamma 0 throughout) have no rate and are left out. Columns: run_id, pair, gpu_type, mode, doc_id,
+        drafted, accepted, acceptance_rate."""
         return self.query(
-            "SELECT s.run_id, r.pair, r.gpu_type, s.mode, s.doc_id, s.drafted, s.accepted, "
-            "s.accepted / s.drafted AS acceptance_rate "
+            "SELECT s.run_id, r.pair, coalesce(s.gpu_type, r.gpu_type) AS gpu_type, s.mode, s.doc_id, s.drafted, "
+            "s.accepted, s.accepted / s.drafted AS acceptance_rate "
             "FROM request_stats AS s JOIN runs AS r ON r.run_id = s.run_id "
             "WHERE s.phase = 'main' AND s.drafted > 0 AND ($run_id IS NULL OR s.run_id = $run_id) "
             "ORDER BY s.run_id, s.mode, s.doc_id",

@@ -1,9 +1,9 @@
 """Ingest of part files (``storage.parts``) into the results database, chunk by chunk, in SQL.
 
-DuckDB reads local parts itself (``read_parquet``); parts on another file system are read by pyarrow and
-handed over as Arrow. Either way no Python code touches a row. Each chunk of parts is one transaction
-that writes their rows and records them in ``ingested_parts``, so a part is ingested entirely or not at
-all, and once: the parent skips a recorded part without reading it.
+DuckDB reads local parts itself (``DuckDBPyConnection.read_parquet``); parts on another file system are
+read by pyarrow and handed over as Arrow. Either way no Python code touches a row. Each chunk of parts is
+one transaction that writes their rows and records them in ``ingested_parts``, so a part is ingested
+entirely or not at all, and once: the parent skips a recorded part without reading it.
 
 Rows replace stored rows by key (``storage.writer``): outputs and their request stats by (run, document,
 mode), rejects the ``documents`` row of their input row, as ``Database.write_batch`` writes them. A key met
@@ -25,8 +25,8 @@ from storage.resume import check_same_documents, check_unique_ids
 from storage.tables import SCHEMAS, SHARD_COLUMNS
 from storage.writer import delete_keys, insert_rows
 
-# what the census reads of each part: who wrote it
-_WRITER_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type"]
+# what the census reads of each part: who wrote it, and whether it holds rejects
+_CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind"]
 _CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
                             for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
 SOURCE = "ingest_source"
@@ -48,8 +48,7 @@ def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequ
         return
     tables = []
     for path in paths:
-        table = store.read_part(path)
-        table = table.select(list(columns)) if columns is not None else table
+        table = store.read_part(path, columns)
         tables.append(table.append_column("filename", pa.array([path] * table.num_rows, pa.string())))
     con.register(SOURCE, pa.concat_tables(tables))
 
@@ -62,6 +61,7 @@ class PartCensus:
     part: str
     launch_id: str
     rows: int
+    rejects: int
     host: str | None
     device: str | None
     gpu_type: str | None
@@ -70,20 +70,22 @@ class PartCensus:
 def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore, paths: Sequence[str]) -> list[PartCensus]:
     """Read who wrote each of ``paths`` (a few small columns); a part holding rows of another run than
     ``run_id`` raises :class:`PartRunMismatchError` before anything is written."""
-    register_parts(con, store, paths, _WRITER_COLUMNS)
+    register_parts(con, store, paths, _CENSUS_COLUMNS)
     found = con.execute(
-        f"SELECT filename, min(run_id), max(run_id), any_value(launch_id), count(*), any_value(host), "
-        f"any_value(device), any_value(gpu_type) FROM {SOURCE} GROUP BY filename").fetchall()
+        f"SELECT filename, min(run_id), max(run_id), any_value(launch_id), count(*), "
+        f"count(*) FILTER (WHERE kind = 'reject'), any_value(host), any_value(device), any_value(gpu_type) "
+        f"FROM {SOURCE} GROUP BY filename").fetchall()
     by_path = {}
-    for path, first_run, last_run, launch_id, rows, host, device, gpu_type in found:
+    for path, first_run, last_run, launch_id, rows, rejects, host, device, gpu_type in found:
         other = first_run if first_run != run_id else last_run
         if other != run_id:
             raise PartRunMismatchError(
                 f"part {path} under {store.uri} holds rows of run {other!r}, not of run {run_id!r}; "
                 f"nothing was ingested. Parts of a run live under its own directory: was a file copied there?")
-        by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, host, device, gpu_type)
+        by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, rejects, host, device,
+                                   gpu_type)
     # a part with no rows has nothing to check; it is recorded all the same, so it is not looked at again
-    return [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, None, None, None)
+    return [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, 0, None, None, None)
             for path, name in ((p, store.part_name(run_id, p)) for p in paths)]
 
 
@@ -118,7 +120,8 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
         # the stats of every rewritten request go, also of those that now bring fewer phases
         delete_keys(con, "request_stats", _KEYS)
         insert_rows(con, "request_stats", _STATS_ROWS)
-    rejects = _write_rejects(con, run_id)
+    # rejects are rare (a document that ran out of memory alone): most chunks have none to look for
+    rejects = _write_rejects(con, run_id) if any(p.rejects for p in parts) else 0
     con.register(_CENSUS, pa.Table.from_pylist(
         [{"run_id": run_id, "part": p.part, "launch_id": p.launch_id, "rows": p.rows, "host": p.host,
           "device": p.device, "gpu_type": p.gpu_type} for p in parts], schema=_CENSUS_SCHEMA))

@@ -48,6 +48,7 @@ from storage.tables import record_columns
 
 MANIFEST = "manifest.parquet"
 _PART_NAME = re.compile(r"^part-(?P<seq>\d{6,})\.parquet$")
+_GLOB = re.compile(r"[*?\[\]{}]")
 # a launch id is one directory name: no separators, not hidden
 _LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -170,8 +171,9 @@ class PartStore:
 
     @property
     def is_local(self) -> bool:
-        """Whether the parts are local files, which DuckDB reads by path."""
-        return isinstance(self.filesystem, pafs.LocalFileSystem)
+        """Whether the parts are local files, which DuckDB reads by path (unless the path holds characters
+        DuckDB would take for a glob pattern)."""
+        return isinstance(self.filesystem, pafs.LocalFileSystem) and not _GLOB.search(self.root)
 
     def run_dir(self, run_id: str) -> str:
         return f"{self.root}/{run_key(run_id)}"
@@ -204,9 +206,10 @@ class PartStore:
             raise ValueError(f"{path} is not a part of run {run_id!r} under {self.uri}")
         return path[len(prefix):]
 
-    def read_part(self, path: str) -> pa.Table:
-        """A part as Arrow, for a location DuckDB cannot read by path."""
-        return pq.read_table(path, filesystem=self.filesystem, schema=PART_SCHEMA)
+    def read_part(self, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """A part as Arrow (``columns`` only, if given), for a location DuckDB cannot read by path."""
+        return pq.read_table(path, filesystem=self.filesystem, schema=PART_SCHEMA,
+                             columns=None if columns is None else list(columns))
 
     def _listed(self, directory: str) -> list[tuple[str, int, str]]:
         selector = pafs.FileSelector(directory, recursive=True, allow_not_found=True)

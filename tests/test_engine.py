@@ -299,7 +299,8 @@ def test_rolled_back_row_leaves_other_rows_unchanged(tiny):
                 cache.rollback(torch.tensor([10, 14]) + accepted)
             if garbage_row is not None:
                 other = 1 - garbage_row
-                cache.select_rows([garbage_row])
+                cache.move_rows([garbage_row])
+                cache = cache.rows_view(0, 1)
                 hidden = forward(model, cache, follow[[garbage_row]])
                 return logits_at(model, hidden, torch.tensor([[1]]))[0, 0], other
             hidden = forward(model, cache, follow)
@@ -318,22 +319,48 @@ def test_compaction_moves_only_rows_beyond_the_kept_slots(keep):
     assert all(slot == source for slot, source in enumerate(order) if source < len(keep))
 
 
-@pytest.mark.parametrize("rows", [compaction_order([0, 2, 5]), [5, 0, 2], [1, 0]])
-def test_select_rows_equals_picking_rows_in_order(tiny, rows):
-    """In place (sources beyond the kept slots) or not, slot i ends up holding old row rows[i]."""
-    cache = RowKVCache(tiny.target, 6, 16)
+def filled_cache(tiny, rows: int, capacity: int) -> RowKVCache:
+    """A cache whose rows differ in every buffer: random keys/values, lengths, offsets, hidden columns, spans."""
+    cache = RowKVCache(tiny.target, rows, capacity)
     for buffer in (*cache.keys, *cache.values):
         buffer.normal_()
-    cache.lengths[:] = np.arange(6) + 3
-    cache.position_offset[:] = np.arange(6) * 10
-    cache.visible[:, 5] = torch.arange(6) % 2 == 0
-    cache.span[:, 7] = torch.arange(6)
-    before = [torch.as_tensor(t).clone() for t in (*cache.keys, *cache.values, cache.lengths, cache.position_offset,
-                                                   cache.visible, cache.span)]
-    cache.select_rows(rows)
-    after = (*cache.keys, *cache.values, cache.lengths, cache.position_offset, cache.visible, cache.span)
-    for old, new in zip(before, after, strict=True):
-        assert torch.equal(torch.as_tensor(new), old[rows])
+    cache.lengths[:] = np.arange(rows) + 3
+    cache.position_offset[:] = np.arange(rows) * 10
+    cache.visible[:, 2] = torch.arange(rows) % 2 == 0
+    cache.span[:, 1] = torch.arange(rows)
+    return cache
+
+
+def cache_state(cache: RowKVCache) -> list[torch.Tensor]:
+    return [torch.as_tensor(t).clone() for t in (*cache.keys, *cache.values, cache.lengths, cache.position_offset,
+                                                 cache.visible, cache.span)]
+
+
+@pytest.mark.parametrize("rows", [compaction_order([0, 2, 5]), [5, 0, 2], [1, 0]])
+def test_move_rows_equals_picking_rows_in_order(tiny, rows):
+    """In the compaction order or any other, slot i ends up holding old row rows[i]; later slots are untouched."""
+    cache = filled_cache(tiny, 6, 16)
+    before = cache_state(cache)
+    cache.move_rows(rows)
+    kept = len(rows)
+    for old, new in zip(before, cache_state(cache), strict=True):
+        assert torch.equal(new[:kept], old[rows])
+        assert torch.equal(new[kept:], old[kept:])
+
+
+def test_copy_into_gives_the_target_rows_the_filled_columns(tiny):
+    source = filled_cache(tiny, 3, 16)
+    target = RowKVCache(tiny.target, 5, 24)
+    source.copy_into(target.rows_view(1, 4))
+    filled = int(source.lengths.max())
+    buffers = 2 * source.layers  # the keys and values
+    for old, new in zip(cache_state(source)[:buffers], cache_state(target)[:buffers], strict=True):
+        assert torch.equal(new[1:4, :, :filled], old[:, :, :filled])
+        assert not new[1:4, :, filled:].any() and not new[[0, 4]].any()  # nothing past the filled columns
+    assert target.lengths.tolist() == [0, 3, 4, 5, 0] and target.position_offset.tolist() == [0, 0, 10, 20, 0]
+    assert torch.equal(target.visible[1:4, :filled], source.visible[:, :filled])
+    assert torch.equal(target.span[1:4, :filled], source.span[:, :filled])
+    assert bool(target.visible[:, filled:].all()) and bool((target.span[:, filled:] == -1).all())
 
 
 def test_acceptance_rule_greedy():

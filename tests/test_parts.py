@@ -240,6 +240,13 @@ def test_ingest_needs_the_run(db: Database, store: PartStore) -> None:
         db.ingest_parts("no-such-run", store)
 
 
+def test_a_location_duckdb_would_read_as_a_glob_is_read_through_pyarrow(db: Database, tmp_path: Path) -> None:
+    store = PartStore(tmp_path / "results [nightly]")
+    assert not store.is_local
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [oom(DOCS[1])])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=0, outputs=2, rejects=1)
+
+
 @pytest.mark.parametrize("location", ["file", "mock"])
 def test_a_pyarrow_uri_location_works(db: Database, tmp_path: Path, location: str) -> None:
     # file:// is read by DuckDB by path; mock:// (pyarrow's in-memory file system) is read through pyarrow
@@ -304,7 +311,9 @@ def test_throughput_has_one_row_per_gpu_type_of_a_run(db: Database, store: PartS
         {"gpu_type": "NVIDIA H100", "device": "cuda:0", "requests": 2, "batches": 1, "new_tokens": 60,
          "wall_s": 1.0, "tokens_per_s": 60.0}]
     assert len(db.throughput(RUN)) == 4  # two GPU types x two phases
-    assert {m["gpu_type"] for m in db.request_acceptance(RUN)} == {None}  # the run's own: the parent has none
+    # the per-request distribution of the cost report too: the run's own row names no GPU
+    assert {(m["doc_id"], m["gpu_type"]) for m in db.request_acceptance(RUN)} == {
+        ("d0", "NVIDIA H100"), ("d1", "NVIDIA H100"), ("d2", "NVIDIA A10G")}
 
 
 def test_a_run_written_by_itself_reports_its_own_device_and_gpu_type(tmp_path: Path) -> None:
