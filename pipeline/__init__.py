@@ -10,6 +10,7 @@ single documents, and a document that still runs out is returned as a failure wh
 * ``settings``: what every document goes through (task, modes, summary length);
 * ``context``: the token-level context check that rejects over-long documents before any window;
 * ``windows``: cutting the documents into windows, the same way on every resume, sorted by length;
+* ``shards``: cutting a run's documents into shards balanced by tokens, for shard processes;
 * ``streams``: one window through the engine, a stream per mode, with out-of-memory retries
   (``memory``: recognising OOM, freeing memory);
 * ``records``: the storage records of a document in a mode; ``batch_ids``: the engine batches they ran in;
@@ -26,6 +27,7 @@ from pipeline.finished import OOM_REASON, DocumentDone, DocumentFailure, Finishe
 from pipeline.memory import is_out_of_memory, release_memory
 from pipeline.records import sidecar_record, standalone_record
 from pipeline.settings import DEFAULT_MODES, BatchSettings
+from pipeline.shards import Shard, plan_shards, token_counts
 from pipeline.streams import WindowStats, run_window
 from pipeline.windows import WINDOW_BATCHES, Window, plan_windows, window_size
 
@@ -41,10 +43,12 @@ __all__ = [
     "OnDocuments",
     "PendingCommit",
     "RunCounts",
+    "Shard",
     "Window",
     "WindowStats",
     "context_need",
     "is_out_of_memory",
+    "plan_shards",
     "plan_windows",
     "release_memory",
     "run_window",
@@ -52,5 +56,6 @@ __all__ = [
     "split_by_context",
     "standalone_record",
     "store_documents",
+    "token_counts",
     "window_size",
 ]
