@@ -48,7 +48,7 @@ class DeploymentShard:
                 client.set_flow_run_state(self.flow_run_id, Cancelling(message="given up by the parent run"))
 
 
-class DeploymentLauncher:
+class ShardDeployments:
     """Launches each shard attempt as a flow run of ``deployment`` ("flow name/deployment name"); a
     ``flows.shard_launch.ShardLauncher``."""
 

@@ -46,9 +46,9 @@ def force(flow_run_id: str, state) -> None:
 def test_each_attempt_is_one_flow_run_of_the_deployment_named_after_its_launch_id(deployment: str) -> None:
     from prefect import get_client
 
-    from flows.shard_deployments import DeploymentLauncher
+    from flows.shard_deployments import ShardDeployments
 
-    launcher = DeploymentLauncher(deployment)
+    launcher = ShardDeployments(deployment)
     launch = a_launch(shard=3, attempt=2)
     handle = launcher.launch(launch)
     run = flow_run(handle.flow_run_id)
@@ -66,9 +66,9 @@ def test_the_flow_runs_state_is_the_attempts_status(deployment: str) -> None:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled, Cancelling, Completed, Crashed, Failed, Pending, Running
 
-    from flows.shard_deployments import DeploymentLauncher
+    from flows.shard_deployments import ShardDeployments
 
-    launcher = DeploymentLauncher(deployment)
+    launcher = ShardDeployments(deployment)
     for state, status in ((Pending(), "running"), (Running(), "running"), (Cancelling(), "running"),
                           (Completed(), "completed"), (Failed(), "failed"), (Crashed(), "crashed"),
                           (Cancelled(), "crashed")):
@@ -85,9 +85,9 @@ def test_cancel_stops_a_scheduled_run_at_once_a_running_one_through_its_worker_a
     from prefect.client.schemas.objects import StateType
     from prefect.states import Completed, Running
 
-    from flows.shard_deployments import DeploymentLauncher
+    from flows.shard_deployments import ShardDeployments
 
-    launcher = DeploymentLauncher(deployment)
+    launcher = ShardDeployments(deployment)
     scheduled = launcher.launch(a_launch())
     scheduled.cancel()
     assert flow_run(scheduled.flow_run_id).state.type == StateType.CANCELLED
@@ -110,11 +110,11 @@ def test_launched_from_a_flow_the_attempt_is_its_subflow(deployment: str) -> Non
     from prefect import flow, get_client
     from prefect.runtime import flow_run as current
 
-    from flows.shard_deployments import DeploymentLauncher
+    from flows.shard_deployments import ShardDeployments
 
     @flow
     def parent() -> tuple[str, str]:
-        return current.get_id(), DeploymentLauncher(deployment).launch(a_launch()).flow_run_id
+        return current.get_id(), ShardDeployments(deployment).launch(a_launch()).flow_run_id
 
     parent_id, child_id = parent()
     child = flow_run(child_id)
