@@ -6,7 +6,8 @@ never catches it to print and exit. Exit codes:
 
 ====  ============================================================================================
 0     done
-1     the work ran but did not complete (the judge flow, or a flow after ``nightly``, ended failed),
+1     the work ran but did not complete (the judge flow, or a flow after ``nightly``, ended failed; a
+      sharded ``nightly`` ended with documents no shard attempt finished, named in the error line),
       or an unexpected error: a bug, printed with its traceback
 2     bad input or usage: an unknown option or a bad value (typer's own usage errors), a missing input
       file, an input without the columns asked for, a ``--run-id`` that names no run or another run
@@ -50,6 +51,7 @@ USER_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("sidecar.fetch", "FetchError", EXIT_BAD_INPUT),
     ("pydantic_core._pydantic_core", "ValidationError", EXIT_BAD_INPUT),
     ("builtins", "FileNotFoundError", EXIT_BAD_INPUT),
+    ("flows.shard_supervisor", "IncompleteRunError", EXIT_FAILED),
 )
 
 # Prefect's flow and task engines log a failed run's exception with its traceback

@@ -58,13 +58,25 @@ def nightly_command(
                                                "accelerator (default: as long as it takes; 0: refuse, exit 4)."),
     judge: bool = typer.Option(True, help="Run the judge flow afterwards."),
     cost_report: bool = typer.Option(True, help="Run the cost-report flow afterwards."),
+    workers: int = typer.Option(1, min=1, help="Shard processes at once on this machine: one per GPU, or on a "
+                                "CPU each with its share of the cores (1: the run in this process)."),
+    shards: int | None = typer.Option(None, min=1, help="Shards the documents are cut into, balanced by tokens "
+                                      "(default: --workers)."),
+    results_uri: str | None = typer.Option(None, help="Where shards write their part files: a directory or a URI "
+                                           "pyarrow opens (default: beside the database, <db>.runs/parts)."),
+    shard_retries: int = typer.Option(2, min=0, help="Relaunches per shard after a failed, crashed or stalled "
+                                      "attempt; then the run ends failed naming the missing documents (exit 1)."),
+    shard_stall_s: float = typer.Option(3600.0, min=0.001, help="Cancel and relaunch an attempt that wrote no part "
+                                        "for this long, in seconds."),
 ) -> None:
     """Run the nightly flow once, on an embedded Prefect API (no server needed); a rerun resumes it."""
     counts, _ = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, window=window, gamma=gamma,
         max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
         title_column=title_column, run_id=run_id, commit_every_s=commit_every, lock_wait_s=lock_wait_s,
-        run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge, trigger_cost_report=cost_report)
+        run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge, trigger_cost_report=cost_report,
+        workers=workers, shards=shards, results_uri=results_uri, shard_retries=shard_retries,
+        shard_stall_s=shard_stall_s)
     typer.echo(counts.markdown())
     _echo_downstream(counts)
 

@@ -33,20 +33,20 @@ beside the database, and the next open of the file commits them (``Database.defe
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flows.accelerator import holding_accelerator
+from flows.nightly_params import NOT_DECISIVE, PROVEN_BY_STORAGE, NightlyParams
 from flows.progress import PhaseBars, RunProgress
+from flows.shard_launch import ShardLauncher
 from pipeline import (
     BatchSettings,
     DocumentFailure,
@@ -54,122 +54,30 @@ from pipeline import (
     OnDocuments,
     PendingCommit,
     RunCounts,
+    Shard,
     Window,
     WindowStats,
+    plan_shards,
     plan_windows,
     release_memory,
     run_window,
     split_by_context,
+    token_counts,
     window_size,
 )
 from sidecar.engine import SidecarEngine
-from sidecar.models import load_pair
-from sidecar.modes import Mode
-from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
-from sidecar.tasks import HASHTAGS, SidecarTask
+from sidecar.models import load_pair, load_tokenizer
 from storage import Database, DatabaseLockedError, Document, RejectedDocument, RetryPolicy
 from storage.locks import LockHolder
 from storage.parquet import read_documents
 
+if TYPE_CHECKING:
+    from storage.parts import PartStore
+
+__all__ = ["NOT_DECISIVE", "PROVEN_BY_STORAGE", "NightlyParams", "nightly"]
+
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
-# Fields that change where, how fast or when the outputs are made, not what they are.
-NOT_DECISIVE = frozenset({"batch_size", "window", "db_path", "run_id", "commit_every_s", "trigger_judge",
-                          "trigger_cost_report", "lock_wait_s", "run_wait_s", "device_wait_s"})
-# Decisive fields a resume proves otherwise: the corpus by its stored rows (ids, titles and texts; a larger
-# limit may extend a run), and pair, gamma and modes by the run's own columns (storage.resume).
-PROVEN_BY_STORAGE = frozenset({"corpus", "limit", "pair", "gamma", "modes"})
-
-
-class NightlyParams(BaseModel):
-    """Everything a nightly run needs; the Prefect UI renders it as the run form."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    corpus: str = Field("data/news.parquet", description="Parquet file with one document per row.")
-    id_column: str = Field("id", description="Column with a unique document id.")
-    text_column: str = Field("article", description="Column with the document text.")
-    title_column: str | None = Field(None, description="Optional column with a title, stored with the document.")
-    limit: int | None = Field(None, ge=1, description="Run only the first N usable documents.")
-    max_chars: int | None = Field(
-        100_000, ge=1, description="Reject longer texts before tokenizing them (the token check follows).")
-    batch_size: int = Field(8, ge=1, le=1024, description="Documents decoded together, at most (the engine's "
-                                                          "max batch); they join as others finish.")
-    window: int | None = Field(
-        None, ge=1, le=1_000_000,
-        description="Documents read ahead and sorted by length before they stream through the engine; "
-                    "default 8 x batch_size. With standalone among the modes, a window's documents are done "
-                    "together at its end.")
-    pair: str = Field("qwen-coder-small", description="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D.")
-    gamma: int = Field(4, ge=1, le=16, description="Tokens the draft proposes per target forward (adaptive).")
-    max_new_tokens: int = Field(128, ge=1, le=4096, description="Summary tokens per document.")
-    commit_every_s: float = Field(
-        10.0, ge=0, le=3600,
-        description="Commit finished documents at least this often (0: as they finish); a crash loses at "
-                    "most this much finished work plus the documents in flight.")
-    sidecar_tasks: list[SidecarTask] = Field(default_factory=lambda: [HASHTAGS],
-                                             description="The sidecar task the draft runs after the summary.")
-    modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
-                              description="sidecar (document evicted), sidecar_attended, standalone.")
-    db_path: str = Field("data/sidecar.duckdb", description="The results database.")
-    lock_wait_s: float = Field(
-        600.0, ge=0, le=86_400,
-        description="How long each database transaction waits while another process (a notebook, the judge) "
-                    "holds the file before the run gives up; finished documents are then kept beside the file "
-                    "for its next open to commit.")
-    run_wait_s: float = Field(
-        0.0, ge=0, le=86_400,
-        description="How long to wait while another process runs the same run id (0: refuse at once); then "
-                    "this run resumes it.")
-    device_wait_s: float | None = Field(
-        None, ge=0, description="How long to wait while another run holds the accelerator (None: as long "
-                                "as it takes; 0: refuse at once).")
-    run_id: str | None = Field(
-        None, min_length=1, max_length=200,
-        description="Resume or name a run; default: derived from these parameters and the scheduled date.")
-    trigger_judge: bool = Field(True, description="Run `judge` afterwards (direct runs; deployments use triggers).")
-    trigger_cost_report: bool = Field(True, description="Run `cost-report` afterwards (direct runs only).")
-
-    @field_validator("sidecar_tasks")
-    @classmethod
-    def _one_task(cls, tasks: list[SidecarTask]) -> list[SidecarTask]:
-        # outputs are stored per (document, mode): one sidecar output each
-        if len(tasks) != 1:
-            raise ValueError(f"give exactly one sidecar task (the database stores one per document and mode), "
-                             f"got {len(tasks)}")
-        return tasks
-
-    @field_validator("modes")
-    @classmethod
-    def _distinct_modes(cls, modes: list[Mode]) -> list[Mode]:
-        if not modes:
-            raise ValueError("give at least one mode")
-        return list(dict.fromkeys(modes))
-
-    def settings(self) -> BatchSettings:
-        return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens)
-
-    def decisive(self) -> dict[str, object]:
-        """The fields that decide what a run computes: all but :data:`NOT_DECISIVE`."""
-        return self.model_dump(mode="json", exclude=set(NOT_DECISIVE))
-
-    def resume_identity(self) -> dict[str, object]:
-        """What a resume of the run must repeat besides what storage checks itself
-        (:data:`PROVEN_BY_STORAGE`): the id, text and title columns and ``max_chars`` (which rows are
-        usable), ``max_new_tokens`` and the sidecar task (the outputs), and the prompts the pipeline
-        wraps every document in, which live in code (a changed instruction is another run)."""
-        fields = {k: v for k, v in self.decisive().items() if k not in PROVEN_BY_STORAGE}
-        return fields | {"instruction": SUMMARIZE_INSTRUCTION, "system": DEFAULT_SYSTEM}
-
-    def resolved_run_id(self, day: datetime) -> str:
-        """``run_id``, else ``nightly-YYYYMMDD-<hash of the decisive fields>``: a rerun of the same night
-        with the same parameters gets the same id and resumes."""
-        if self.run_id:
-            return self.run_id
-        digest = hashlib.sha256(json.dumps(self.decisive(), sort_keys=True).encode()).hexdigest()[:10]
-        return f"nightly-{day:%Y%m%d}-{digest}"
-
-
 def _params() -> NightlyParams:
     raw = runtime_flow_run.parameters.get("params")
     return raw if isinstance(raw, NightlyParams) else NightlyParams.model_validate(raw or {})
@@ -203,7 +111,7 @@ def run_window_task(engine: SidecarEngine, window: Window, settings: BatchSettin
 def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
     started = time.perf_counter()
     run_id = params.resolved_run_id(_run_day())
-    counts = _process(params, run_id)
+    counts = _process_sharded(params, run_id) if params.sharded() else _process(params, run_id)
     counts.process_seconds = time.perf_counter() - started
     if not _from_deployment() and (params.trigger_judge or params.trigger_cost_report):
         # The pair lived in _process; collect it now, so that a judge served on the same GPU fits.
@@ -219,22 +127,31 @@ def _from_deployment() -> bool:
     return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
 
 
-def _process(params: NightlyParams, run_id: str) -> RunCounts:
-    counts = RunCounts(run_id)
+def _waiting(params: NightlyParams, run_id: str):
     logger = get_run_logger()
 
     def waiting(holder: LockHolder, waited_s: float) -> None:
         logger.warning("run %s is being run by %s; waited %.0f s, waiting up to %.0f s", run_id,
                        holder.describe(), waited_s, params.run_wait_s)
 
+    return waiting
+
+
+def _read_input(params: NightlyParams, counts: RunCounts) -> tuple[list[Document], list[RejectedDocument]]:
+    with counts.timed("input"):
+        return read_documents(params.corpus, id_column=params.id_column, text_column=params.text_column,
+                              title_column=params.title_column, max_chars=params.max_chars, limit=params.limit)
+
+
+def _process(params: NightlyParams, run_id: str) -> RunCounts:
+    """The run in this process: one shard, committing to the database itself."""
+    counts = RunCounts(run_id)
+    logger = get_run_logger()
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
     # before anything slow: a second process of the run refuses (or waits) at once
-    with db.running(run_id, wait_s=params.run_wait_s, on_wait=waiting):
-        with counts.timed("input"):
-            docs, rejects = read_documents(params.corpus, id_column=params.id_column,
-                                           text_column=params.text_column, title_column=params.title_column,
-                                           max_chars=params.max_chars, limit=params.limit)
+    with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
+        docs, rejects = _read_input(params, counts)
         with holding_accelerator(f"run {run_id}", params.device_wait_s):
             logger.info("run %s: loading the %s pair", run_id, params.pair)
             with counts.timed("input"):
@@ -320,6 +237,88 @@ def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSe
             counts.add_window(run_window_task(engine, window, settings, max_batch, finished))
         # the run's last outputs and its completion in one transaction: a connection less per run
         commit("completed")
+
+
+def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
+    """The run cut into shards that run elsewhere and write part files, which this process alone ingests;
+    a rerun ingests the parts an earlier parent left and plans only the documents still missing."""
+    from flows.shard_supervisor import IncompleteRunError
+    from storage.parts import PartStore
+
+    counts = RunCounts(run_id)
+    with counts.timed("storage"):
+        db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
+    store = PartStore(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
+    with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
+        docs, rejects = _read_input(params, counts)
+        with counts.timed("storage"):
+            # the parent holds no accelerator: the run's device and GPU type are its shards', per part
+            db.begin_run(run_id, params.model_dump(mode="json"), pair=params.pair, device=None, gpu_type=None,
+                         gamma=params.gamma, batch_size=params.batch_size, docs=docs, rejects=rejects,
+                         modes=params.modes, identity=params.resume_identity())
+        try:
+            _supervise(params, db, store, docs, counts)
+        except IncompleteRunError:
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, DatabaseLockedError):
+                db.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+    create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
+    return counts
+
+
+def _supervise(params: NightlyParams, db: Database, store: PartStore, docs: list[Document],
+               counts: RunCounts) -> None:
+    """Ingest what an earlier parent's attempts left, plan the rest into shards, run them to the end and mark
+    the run completed, or failed naming the documents no attempt finished."""
+    from flows.shard_supervisor import IncompleteRunError, ShardSupervisor, missing_error
+
+    logger = get_run_logger()
+    run_id, modes = counts.run_id, list(params.modes)
+    with counts.timed("storage"):
+        counts.parts += db.ingest_parts(run_id, store).parts
+        done = db.done_doc_ids(run_id, modes)
+    todo = [d for d in docs if d.doc_id not in done]
+    counts.documents, counts.skipped_done = len(docs), len(docs) - len(todo)
+    shards = _plan(params, todo, counts)
+    logger.info("run %s: %d documents, %d already done, %d shards of %s tokens, at most %d at once", run_id,
+                len(docs), counts.skipped_done, len(shards), "/".join(str(s.tokens) for s in shards),
+                _max_running(params, len(shards)))
+    launcher = _launcher(params)
+    missing = ShardSupervisor(db, store, launcher, params, run_id, _max_running(params, len(shards)), counts,
+                              logger).run(shards)
+    with counts.timed("storage"):
+        counts.done = len(db.done_doc_ids(run_id, modes) - done)
+        if missing:
+            error = missing_error(missing, params.shard_retries)
+            db.finish_run(run_id, "failed", error)
+            raise IncompleteRunError(f"run {run_id}: {error}")
+        db.finish_run(run_id, "completed")
+
+
+def _plan(params: NightlyParams, docs: list[Document], counts: RunCounts) -> list[Shard]:
+    with counts.timed("input"):
+        tokens = token_counts(load_tokenizer(params.pair), docs)
+    return plan_shards(docs, params.shard_count(), tokens)
+
+
+def _max_running(params: NightlyParams, shards: int) -> int:
+    # a work pool's workers limit a deployment's runs themselves; local processes are this machine's slots
+    return shards if params.shard_deployment else params.workers
+
+
+def _launcher(params: NightlyParams) -> ShardLauncher:
+    if params.shard_deployment:
+        from flows.shard_deployments import ShardDeployments
+
+        return ShardDeployments(params.shard_deployment)
+    from prefect import get_client
+
+    from flows.shard_processes import ShardProcesses
+
+    # this flow's own API, the embedded one too: the shards' flow runs are listed beside this one
+    return ShardProcesses(params.workers, str(get_client(sync_client=True).api_url))
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

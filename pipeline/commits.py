@@ -1,13 +1,18 @@
-"""Committing finished documents to DuckDB, grouped so that commits stay a small share of a run."""
+"""Committing finished documents to DuckDB, or writing them to a part file, grouped so that commits stay a
+small share of a run."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipeline.finished import DocumentDone, DocumentFailure, FinishedDocument
 from storage import Database, OutputRecord, RejectedDocument
+
+if TYPE_CHECKING:
+    from storage.parts import PartWriter
 
 
 def _rows(docs: Sequence[FinishedDocument]) -> tuple[list[OutputRecord], list[RejectedDocument]]:
@@ -35,7 +40,8 @@ class PendingCommit:
     """Finished documents waiting to be committed together, in the order they finished.
 
     A commit costs a DuckDB transaction (attach, commit, checkpoint, detach) whatever its size: committing
-    every document of a fast pair spends a large share of the model's time there. Documents are grouped
+    every document of a fast pair spends a large share of the model's time there (and a part file per
+    document would leave a shard's parent that many files to ingest). Documents are grouped
     until ``interval_s`` has passed since the oldest one finished, so a crash costs at most that much
     finished work plus the documents in flight; ``interval_s=0`` commits documents as they finish (those
     that finish together, in one transaction).
@@ -58,6 +64,15 @@ class PendingCommit:
         """Write every pending document in one transaction, finishing the run with status ``finish`` (and
         ``error``) in it if given; returns the documents it finished. A failed commit keeps them pending."""
         store_documents(db, run_id, self.docs, finish, error)
+        done = sum(isinstance(d, DocumentDone) for d in self.docs)
+        self.docs = []
+        return done
+
+    def write_part(self, writer: PartWriter) -> int:
+        """Write every pending document to one part file (a shard's commit: the parent ingests it); returns the
+        documents it finished. A failed write keeps them pending."""
+        records, rejects = _rows(self.docs)
+        writer.write(records, rejects)
         done = sum(isinstance(d, DocumentDone) for d in self.docs)
         self.docs = []
         return done

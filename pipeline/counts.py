@@ -26,8 +26,12 @@ class RunCounts:
     # windows run, and the engine streams and standalone calls they ran
     windows: int = 0
     engine_batches: int = 0
-    # DuckDB transactions that committed outputs (several documents each when they are fast)
+    # DuckDB transactions that committed outputs (several documents each when they are fast); in a shard, the
+    # part files it wrote
     commits: int = 0
+    # a sharded run's parent: the attempts it launched, the part files it ingested
+    shard_attempts: int = 0
+    parts: int = 0
     # engine streams and calls given up on out-of-memory and run again smaller
     oom_retries: int = 0
     # where the run's time went: engine calls; DuckDB (every call); reading, tokenizing and checking the
@@ -81,6 +85,9 @@ class RunCounts:
             f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "
             f"{self.input_seconds:.2f} s reading the input and loading the pair.",
         ]
+        if self.shard_attempts:
+            lines += ["", f"Sharded: {self.shard_attempts} shard attempts wrote the {self.parts} part files ingested; "
+                          "the engine's counts are in each shard's summary."]
         if self.errors:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
             lines += [f"| {_cell(doc_id)} | {_cell(error)} |" for doc_id, error in self.errors.items()]

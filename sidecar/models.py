@@ -126,6 +126,13 @@ def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
     )
 
 
+def load_tokenizer(name_or_spec: str = "qwen-coder-small") -> PreTrainedTokenizerBase:
+    """The tokenizer of a pair (see :func:`load_pair`), without its models: for counting tokens."""
+    if name_or_spec == "tiny":
+        return tiny_tokenizer()
+    return AutoTokenizer.from_pretrained(pair_model_ids(name_or_spec)[0])
+
+
 def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_SDPA)
     return model.to(device).eval()

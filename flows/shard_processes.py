@@ -1,0 +1,136 @@
+"""Shard attempts as processes on this machine: ``sidecar nightly --workers N``.
+
+Each attempt is ``python -m flows.nightly_shard`` in a process group of its own, on one of ``workers`` slots:
+slot ``i`` gets the ``i``-th visible GPU (``CUDA_VISIBLE_DEVICES``), or without one the ``i``-th share of
+the cores (its torch threads, and an accelerator lock of its own, ``sidecar.devices.CPU_SLOT_ENV``), and
+the concurrency limit ``gpu-<host>-<i>`` on a Prefect server. It talks to the parent's Prefect API
+(``PREFECT_API_URL``), so its flow run is listed beside the parent's, also on the embedded API. An attempt
+ends with the parent, however the parent ends (``sidecar.tether``): a rerun of the parent relaunches it.
+
+Its status comes from the process: running while it runs, then ``completed`` on exit code 0, ``failed``
+on any other exit code, ``crashed`` when a signal ended it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flows.shard_launch import ShardLaunch, ShardStatus
+from sidecar.devices import CPU_SLOT_ENV, visible_gpus
+from sidecar.tether import Tether, tether
+
+REPO = Path(__file__).resolve().parents[1]
+# the concurrency-limit name a shard's accelerator takes on a Prefect server (flows.accelerator)
+GPU_LIMIT_ENV = "SIDECAR_GPU_LIMIT"
+# how long a cancelled attempt gets to stop before it is killed
+CANCEL_GRACE_S = 10.0
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def slot_environment(slot: int, workers: int, gpus: list[str], cores: int) -> dict[str, str]:
+    """What the process on ``slot`` of ``workers`` runs with, besides the parent's environment."""
+    threads = str(max(1, cores // workers))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+           GPU_LIMIT_ENV: f"gpu-{socket.gethostname()}-{slot}"}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+    else:
+        env[CPU_SLOT_ENV] = str(slot)
+    return env
+
+
+@dataclass
+class ShardProcess:
+    """One attempt's process (a :class:`flows.shard_launch.ShardHandle`)."""
+
+    launch: ShardLaunch
+    slot: int
+    process: subprocess.Popen[bytes]
+    _tether: Tether | None = None
+    _flow_run_id: str | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def status(self) -> ShardStatus:
+        code = self.process.poll()
+        if code is None:
+            return "running"
+        self._release()
+        return "completed" if code == 0 else "crashed" if code < 0 else "failed"
+
+    def cancel(self) -> None:
+        """SIGTERM to the attempt's process group, SIGKILL after :data:`CANCEL_GRACE_S`."""
+        for sig, wait_s in ((signal.SIGTERM, CANCEL_GRACE_S), (signal.SIGKILL, 60.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._release()
+
+    @property
+    def flow_run_id(self) -> str | None:
+        """The attempt's flow run, found on the API by its name (the launch id) once the process made it."""
+        if self._flow_run_id is None:
+            from prefect import get_client
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    name=FlowRunFilterName(any_=[self.launch.launch_id])), limit=1)
+            self._flow_run_id = str(runs[0].id) if runs else None
+        return self._flow_run_id
+
+    def _release(self) -> None:
+        if self._tether is not None:
+            self._tether.release()
+            self._tether = None
+
+
+class ShardProcesses:
+    """A :class:`flows.shard_launch.ShardLauncher` running at most ``workers`` attempts at once on this machine,
+    each on a slot of its own, with the Prefect API at ``api_url``."""
+
+    def __init__(self, workers: int, api_url: str) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers, self.api_url = workers, api_url
+        self.gpus, self.cores = visible_gpus(), usable_cores()
+        self.slots: list[ShardProcess | None] = [None] * workers
+
+    def launch(self, launch: ShardLaunch) -> ShardProcess:
+        slot = self._free_slot()
+        env = os.environ | slot_environment(slot, self.workers, self.gpus, self.cores)
+        env |= {"PREFECT_API_URL": self.api_url, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+        command = [sys.executable, "-m", "flows.nightly_shard", "--launch", json.dumps(launch.parameters())]
+        # a process group of its own: a Ctrl-C in the terminal reaches the parent, which decides; cancel()
+        # stops the whole group
+        process = subprocess.Popen(command, env=env, cwd=os.getcwd(), process_group=0)
+        handle = ShardProcess(launch, slot, process, tether(process.pid))
+        self.slots[slot] = handle
+        return handle
+
+    def _free_slot(self) -> int:
+        for slot, handle in enumerate(self.slots):
+            if handle is None or handle.status() != "running":
+                return slot
+        raise RuntimeError(f"all {self.workers} shard slots are busy; wait for an attempt to end")

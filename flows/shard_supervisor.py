@@ -1,0 +1,190 @@
+"""The parent's side of a sharded run: launch the shards' attempts, ingest the parts they write as they
+appear, relaunch an attempt that failed, crashed or stalled with only its documents not yet in the database,
+and say at the end which documents are missing.
+
+Invariants: the parent is the only process that writes the database, and everything an attempt finished
+reaches it (parts are ingested idempotently, ``Database.ingest_parts``), whatever happens to the attempt
+later. A shard is settled when one of its attempts completed (every document of its manifest is in its
+parts: outputs, or rejects) or when the database has every mode of each of its documents; it is given up
+after ``shard_retries`` relaunches, its unfinished documents then missing from the run.
+
+A lost attempt costs at most its documents in flight plus ``commit_every_s`` of finished ones (the cadence
+of its parts); the parent ingests new parts at that cadence too (at least every poll when it is 0), and
+always before it decides what an ended attempt left undone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flows.nightly_params import NightlyParams
+from flows.shard_launch import ShardHandle, ShardLaunch, ShardLauncher, new_launch_id
+from pipeline import RunCounts, Shard
+from storage import Database, Document
+from storage.parts import PartStore
+
+# how often the parent looks at its attempts
+POLL_S = 0.5
+# the missing documents a failed run's error names before it only counts them
+NAMED_MISSING = 5
+
+
+class IncompleteRunError(RuntimeError):
+    """A sharded run ended with documents that no attempt finished; the run is marked failed, its finished
+    documents kept, and a rerun with the same run id does only the missing ones."""
+
+
+def missing_error(missing: list[Document], retries: int) -> str:
+    names = ", ".join(repr(d.doc_id) for d in missing[:NAMED_MISSING])
+    more = f" and {len(missing) - NAMED_MISSING} more" if len(missing) > NAMED_MISSING else ""
+    return (f"{len(missing)} documents not finished after {retries} relaunches per shard: {names}{more}; "
+            f"rerun the same run id to do only them")
+
+
+@dataclass
+class ShardAttempts:
+    """One shard and its attempts so far: the documents its next or running attempt gets, and the attempt."""
+
+    shard: Shard
+    docs: list[Document]
+    attempts: int = 0
+    launch: ShardLaunch | None = None
+    handle: ShardHandle | None = None
+    # when the running attempt last showed life: its launch, a new part
+    last_change: float = 0.0
+    parts_seen: int = 0
+    recorded_flow_run_id: str | None = None
+    state: Literal["waiting", "running", "settled", "given_up"] = "waiting"
+    errors: list[str] = field(default_factory=list)
+
+
+class ShardSupervisor:
+    """Runs ``shards`` of run ``run_id`` to the end through ``launcher``, at most ``max_running`` at once."""
+
+    def __init__(self, db: Database, store: PartStore, launcher: ShardLauncher, params: NightlyParams, run_id: str,
+                 max_running: int, counts: RunCounts, logger: logging.Logger | logging.LoggerAdapter) -> None:
+        self.db, self.store, self.launcher, self.params, self.run_id = db, store, launcher, params, run_id
+        self.max_running, self.counts, self.logger = max_running, counts, logger
+        self.last_ingest = 0.0
+        self._listed: list[str] = []
+        self.parts_listed = 0
+
+    def run(self, shards: list[Shard]) -> list[Document]:
+        """Every shard settled or given up; returns the documents of the given-up shards still missing."""
+        states = [ShardAttempts(shard, list(shard.docs)) for shard in shards]
+        try:
+            while any(s.state in ("waiting", "running") for s in states):
+                self._launch_waiting(states)
+                time.sleep(POLL_S)
+                self._ingest(due_only=True)
+                for state in states:
+                    if state.state == "running":
+                        self._check(state)
+        finally:
+            self._cancel_running(states)
+        self._ingest()
+        return [doc for s in states if s.state == "given_up" for doc in s.docs]
+
+    # -- launching --
+
+    def _launch_waiting(self, states: list[ShardAttempts]) -> None:
+        running = sum(s.state == "running" for s in states)
+        for state in states:
+            if running >= self.max_running:
+                return
+            if state.state == "waiting":
+                self._launch(state)
+                running += 1
+
+    def _launch(self, state: ShardAttempts) -> None:
+        state.attempts += 1
+        index = state.shard.index
+        launch = ShardLaunch(run_id=self.run_id, launch_id=new_launch_id(index, state.attempts), shard=index,
+                             attempt=state.attempts, results_uri=self.store.uri,
+                             params=self.params.model_dump(mode="json"))
+        self.store.write_manifest(self.run_id, launch.launch_id, state.docs)
+        self.logger.info("run %s: shard %d attempt %d (%s): %d documents", self.run_id, index, state.attempts,
+                         launch.launch_id, len(state.docs))
+        state.launch, state.handle = launch, self.launcher.launch(launch)
+        self._record(state)
+        state.last_change, state.parts_seen, state.state = time.monotonic(), 0, "running"
+        self.counts.shard_attempts += 1
+
+    # -- watching --
+
+    def _check(self, state: ShardAttempts) -> None:
+        assert state.handle is not None and state.launch is not None
+        status = state.handle.status()
+        if status == "running":
+            parts = self._parts_of(state.launch.launch_id)
+            if parts > state.parts_seen:
+                state.parts_seen, state.last_change = parts, time.monotonic()
+            elif time.monotonic() - state.last_change > self.params.shard_stall_s:
+                self.logger.warning("run %s: %s stalled (no new part for %.0f s); cancelling it", self.run_id,
+                                    state.launch.launch_id, self.params.shard_stall_s)
+                state.handle.cancel()
+                self._ended(state, "cancelled", f"stalled: no new part for {self.params.shard_stall_s:.0f} s")
+            return
+        self._ended(state, status, None if status == "completed" else f"the attempt ended {status}")
+
+    def _ended(self, state: ShardAttempts, status: str, error: str | None) -> None:
+        """Record how the attempt ended and decide what follows: settled, relaunched with what is left, or
+        given up."""
+        assert state.handle is not None and state.launch is not None
+        self._ingest()  # its last parts: what it finished is in the database before the rest is decided
+        if state.recorded_flow_run_id is None:
+            self._record(state)
+        self.db.finish_attempt(self.run_id, state.launch.launch_id, status, error=error)
+        index = state.shard.index
+        if status == "completed":
+            state.state, state.docs = "settled", []
+            return
+        state.errors.append(f"{state.launch.launch_id}: {error}")
+        done = self.db.done_doc_ids(self.run_id, list(self.params.modes))
+        state.docs = [d for d in state.docs if d.doc_id not in done]
+        if not state.docs:
+            state.state = "settled"
+        elif state.attempts <= self.params.shard_retries:
+            self.logger.warning("run %s: shard %d attempt %d %s; relaunching it with its %d unfinished documents",
+                                self.run_id, index, state.attempts, status, len(state.docs))
+            state.state = "waiting"
+        else:
+            self.logger.error("run %s: shard %d gave up after %d attempts (%s); %d documents unfinished",
+                              self.run_id, index, state.attempts, "; ".join(state.errors), len(state.docs))
+            state.state = "given_up"
+
+    def _record(self, state: ShardAttempts) -> None:
+        """The attempt in ``shard_attempts``, with its flow run once the launcher knows it."""
+        assert state.handle is not None and state.launch is not None
+        state.recorded_flow_run_id = state.handle.flow_run_id
+        self.db.record_attempt(self.run_id, state.launch.launch_id, state.shard.index, state.attempts,
+                               docs=len(state.docs), flow_run_id=state.recorded_flow_run_id)
+
+    def _cancel_running(self, states: list[ShardAttempts]) -> None:
+        """The parent is leaving (an error, an interrupt): stop what still runs, so no attempt outlives it."""
+        for state in states:
+            if state.state == "running" and state.handle is not None and state.handle.status() == "running":
+                state.handle.cancel()
+
+    # -- parts --
+
+    def _parts_of(self, launch_id: str) -> int:
+        prefix = f"{launch_id}/"
+        return sum(self.store.part_name(self.run_id, p).startswith(prefix) for p in self._listed)
+
+    def _ingest(self, due_only: bool = False) -> None:
+        """List the run's parts and ingest the new ones; with ``due_only``, only at the commit cadence."""
+        self._listed = self.store.parts(self.run_id)
+        if len(self._listed) == self.parts_listed:
+            return
+        if due_only and time.monotonic() - self.last_ingest < self.params.commit_every_s:
+            return
+        with self.counts.timed("storage"):
+            result = self.db.ingest_parts(self.run_id, self.store)
+        self.last_ingest, self.parts_listed = time.monotonic(), len(self._listed)
+        self.counts.parts += result.parts
+        if result.parts:
+            self.counts.commits += 1

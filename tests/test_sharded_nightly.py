@@ -1,0 +1,292 @@
+"""Sharded nightly runs with the tiny pair: shard attempts as real processes on the module's Prefect API, part
+files under the results location, the parent the only writer of a real DuckDB file.
+
+Faults are real: a shard process or the parent is killed with SIGKILL while it runs; a shard that always
+fails or never writes a part is launched by a launcher that starts another process in its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from storage import Database
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ["sidecar", "standalone"]
+SENTENCES = [
+    "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
+    "Officials said the plan would add jobs at the plant in the north of the state.",
+    "The president met leaders in Berlin, Moscow, Beijing and Doha to discuss prices.",
+]
+pytestmark = pytest.mark.slow
+
+
+def write_corpus(path: Path, n: int) -> Path:
+    texts = [f"{SENTENCES[i % 3]} Report number {i}." + " More." * (i % 5) for i in range(n)]
+    pq.write_table(pa.table({"id": [f"doc-{i:02d}" for i in range(n)], "article": texts}), path)
+    return path
+
+
+def params(tmp_path: Path, corpus: Path, **overrides):
+    from flows.nightly import NightlyParams
+
+    values = {"corpus": str(corpus), "pair": "tiny", "batch_size": 3, "max_new_tokens": 12,
+              "db_path": str(tmp_path / "sidecar.duckdb"), "trigger_judge": False, "trigger_cost_report": False}
+    return NightlyParams(**(values | overrides))
+
+
+# -- what the run left behind --
+
+
+def parts_dir(db_path: Path | str) -> Path:
+    return Path(f"{db_path}.runs") / "parts"
+
+
+def launch_dirs(db_path: Path | str) -> list[Path]:
+    return sorted(p for p in parts_dir(db_path).glob("run-*/*") if p.is_dir())
+
+
+def part_doc_ids(launch: Path) -> set[str]:
+    """Documents with every mode in the launch's visible parts."""
+    modes: dict[str, set[str]] = {}
+    for part in sorted(launch.glob("part-*.parquet")):
+        for row in pq.read_table(part, columns=["kind", "doc_id", "mode"]).to_pylist():
+            if row["kind"] == "output":
+                modes.setdefault(row["doc_id"], set()).add(row["mode"])
+    return {doc_id for doc_id, got in modes.items() if got >= set(MODES)}
+
+
+def manifest_ids(launch: Path) -> set[str]:
+    return set(pq.read_table(launch / "manifest.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
+
+
+def attempts(db: Database, run_id: str) -> list[dict]:
+    return db.query("SELECT shard, attempt, launch_id, status, docs, error FROM shard_attempts WHERE run_id = ? "
+                    "ORDER BY shard, attempt, started_at", [run_id])
+
+
+def assert_each_doc_and_mode_once(db: Database, run_id: str, n_docs: int) -> None:
+    stored = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, mode)) AS keys FROM outputs "
+                      "WHERE run_id = ?", [run_id])[0]
+    assert stored == {"rows": n_docs * len(MODES), "keys": n_docs * len(MODES)}
+    phases = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, mode, phase)) AS keys FROM request_stats "
+                      "WHERE run_id = ?", [run_id])[0]
+    assert phases == {"rows": n_docs * 3, "keys": n_docs * 3}  # main + sidecar, and standalone's one phase
+    assert len(db.results(run_id)) == n_docs
+
+
+def outputs_of(db: Database, run_id: str) -> list[tuple]:
+    return [tuple(r.values()) for r in db.query(
+        "SELECT doc_id, mode, summary, sidecar_text FROM outputs WHERE run_id = ? ORDER BY doc_id, mode", [run_id])]
+
+
+# -- processes --
+
+
+def shard_processes(root_pid: int, launch_prefix: str = "") -> list[psutil.Process]:
+    """The ``flows.nightly_shard`` processes under ``root_pid`` whose launch id starts with ``launch_prefix``."""
+    found = []
+    for child in psutil.Process(root_pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            command = " ".join(child.cmdline())
+            if "flows.nightly_shard" in command and f'"launch_id": "{launch_prefix}' in command:
+                found.append(child)
+    return found
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def run_in_thread(target) -> tuple[threading.Thread, dict[str, object]]:
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = target()
+        except BaseException as exc:  # the test thread reports it
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+# -- tests --
+
+
+def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    n_docs = 20
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
+    one = nightly(params(tmp_path, corpus, run_id="one-worker", window=4, commit_every_s=0))
+    assert one.shard_attempts == 0, "one worker: the run in this process"
+    two = nightly(params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, workers=2))
+    assert (two.documents, two.done, two.skipped_done, two.shard_attempts) == (n_docs, n_docs, 0, 2)
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    assert db.get_run("two-workers")["status"] == "completed"
+    assert_each_doc_and_mode_once(db, "two-workers", n_docs)
+    # greedy decoding: where a document ran changes nothing it got
+    assert outputs_of(db, "two-workers") == outputs_of(db, "one-worker")
+    tried = attempts(db, "two-workers")
+    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [(0, 1, "completed"), (1, 1, "completed")]
+    assert sum(a["docs"] for a in tried) == n_docs
+    # the two shards' manifests split the documents between them, balanced
+    manifests = [manifest_ids(d) for d in launch_dirs(tmp_path / "sidecar.duckdb")]
+    assert sorted(len(m) for m in manifests) == [10, 10] and set.union(*manifests) == {
+        f"doc-{i:02d}" for i in range(n_docs)}
+    # each shard recorded where it ran; the parent's run row holds no device
+    where = db.query("SELECT DISTINCT launch_id, host, device, gpu_type FROM request_stats WHERE run_id = ?",
+                     ["two-workers"])
+    assert {w["launch_id"] for w in where} == {a["launch_id"] for a in tried}
+    assert all(w["host"] and w["device"] == "cpu" and w["gpu_type"] for w in where)
+    assert db.get_run("two-workers")["gpu_type"] is None
+
+
+def test_a_killed_shard_is_relaunched_with_only_its_unfinished_documents(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    n_docs = 20
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
+    run = params(tmp_path, corpus, run_id="shard-killed", batch_size=2, window=2, commit_every_s=0,
+                 max_new_tokens=16, workers=2)
+    thread, result = run_in_thread(lambda: nightly(run))
+    try:
+        first = wait_for(lambda: [d for d in launch_dirs(run.db_path)
+                                  if d.name.startswith("s0000-a01-") and any(d.glob("part-*.parquet"))],
+                         300, "shard 0's first part")[0]
+        [victim] = shard_processes(os.getpid(), "s0000-a01-")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+    finally:
+        thread.join(timeout=600)
+    assert "error" not in result, result
+    counts = result["value"]
+    assert counts.shard_attempts == 3 and counts.done == n_docs
+
+    db = Database(run.db_path)
+    assert db.get_run("shard-killed")["status"] == "completed"
+    assert_each_doc_and_mode_once(db, "shard-killed", n_docs)
+    tried = attempts(db, "shard-killed")
+    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [
+        (0, 1, "crashed"), (0, 2, "completed"), (1, 1, "completed")]
+    # the relaunch got exactly the documents of shard 0 that the killed attempt had not written
+    killed_done = part_doc_ids(first)
+    [second] = [d for d in launch_dirs(run.db_path) if d.name.startswith("s0000-a02-")]
+    assert killed_done and manifest_ids(second) == manifest_ids(first) - killed_done
+    assert manifest_ids(second), "the kill came after shard 0 had finished"
+
+
+def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_missing(prefect_api,
+                                                                                   tmp_path: Path) -> None:
+    n_docs = 20
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
+    db_path = tmp_path / "sidecar.duckdb"
+    command = [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path),
+               "--batch-size", "2", "--window", "2", "--max-new-tokens", "16", "--run-id", "parent-killed",
+               "--commit-every", "0", "--workers", "2", "--no-judge", "--no-cost-report"]
+    env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    log = tmp_path / "first.log"
+    with log.open("wb") as out:
+        parent = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        try:
+            wait_for(lambda: parent.poll() is not None or any(
+                any(d.glob("part-*.parquet")) for d in launch_dirs(db_path)), 300, "a first part", poll_s=0.1)
+            assert parent.poll() is None, f"the run ended before it could be killed:\n{log.read_text()}"
+            shards = shard_processes(parent.pid)
+            assert len(shards) == 2, shards
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(timeout=60)
+        finally:
+            parent.kill()
+    # the shards end with their parent: nothing writes parts of the run any more
+    _, alive = psutil.wait_procs(shards, timeout=60)
+    assert not alive, f"shard processes outlived their parent: {alive}"
+    db = Database(db_path)
+    assert db.get_run("parent-killed")["status"] == "running"  # nobody got to mark it
+    before = launch_dirs(db_path)
+    written = set().union(*(part_doc_ids(d) for d in before))
+
+    rerun = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert db.get_run("parent-killed")["status"] == "completed"
+    assert_each_doc_and_mode_once(db, "parent-killed", n_docs)
+    relaunched = [d for d in launch_dirs(db_path) if d not in before]
+    redone = set().union(*(manifest_ids(d) for d in relaunched))
+    # the rerun planned only the documents no part held, whatever the first parent had ingested
+    assert redone == {f"doc-{i:02d}" for i in range(n_docs)} - written
+    assert written and redone, f"killed after {len(written)} of {n_docs} documents"
+    tried = attempts(db, "parent-killed")
+    assert [a["status"] for a in tried if a["launch_id"] in {d.name for d in relaunched}] == ["completed"] * len(
+        relaunched)
+
+
+class FaultyShards:
+    """Local shard processes, but shard 1's first attempt never writes a part and its later ones fail at once."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def launch(self, launch):
+        from flows.shard_processes import ShardProcess
+
+        if launch.shard != 1:
+            return self.real.launch(launch)
+        code = "import time; time.sleep(600)" if launch.attempt == 1 else "raise SystemExit(3)"
+        process = subprocess.Popen([sys.executable, "-c", code], process_group=0)
+        return ShardProcess(launch, slot=1, process=process)
+
+
+def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keeps_the_rest(
+        prefect_api, tmp_path: Path, monkeypatch) -> None:
+    import flows.nightly
+    from flows.nightly import nightly
+    from flows.shard_supervisor import IncompleteRunError
+
+    real_launcher = flows.nightly._launcher
+    monkeypatch.setattr(flows.nightly, "_launcher", lambda p: FaultyShards(real_launcher(p)))
+    n_docs = 12
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="never", window=3,
+                 commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=20)
+    state = nightly(run, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(IncompleteRunError, match="6 documents not finished after 1 relaunches per shard"):
+        state.result()
+
+    db = Database(run.db_path)
+    stored = db.get_run("never")
+    assert stored["status"] == "failed"
+    [good, bad] = [manifest_ids(d) for d in launch_dirs(run.db_path) if d.name.startswith("s0000-a01-")] + [
+        manifest_ids(d) for d in launch_dirs(run.db_path) if d.name.startswith("s0001-a01-")]
+    named = sorted(bad)[:5]
+    assert all(repr(doc_id) in stored["error"] for doc_id in named) and "and 1 more" in stored["error"]
+    # the other shard's documents are all kept
+    assert db.done_doc_ids("never", MODES) == good and len(good) == n_docs - len(bad)
+    tried = attempts(db, "never")
+    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [
+        (0, 1, "completed"), (1, 1, "cancelled"), (1, 2, "failed")]
+    assert "stalled" in tried[1]["error"]
+
+    from cli.errors import EXIT_FAILED, exit_code
+
+    assert exit_code(IncompleteRunError("x")) == EXIT_FAILED == 1
