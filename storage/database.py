@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -21,26 +20,30 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import duckdb
 
 from sidecar.modes import MODES
-from storage import deferred
+from storage import deferred, ingest
 from storage.connection import RetryPolicy, in_transaction
-from storage.errors import DatabaseOpenError, LockHeldError, UnknownRunError
+from storage.errors import DatabaseOpenError, LockHeldError, UnknownAttemptError, UnknownRunError
 from storage.locks import LockHolder, exclusive
 from storage.migrate import migrate
+from storage.parts import IngestResult, PartStore, check_launch_id
 from storage.records import (
+    AttemptStatus,
     CostRecord,
     Document,
     JudgementRecord,
     JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
+    check_outputs,
 )
 from storage.resume import RUN_COLUMNS, canonical_identity, check_same_documents, check_same_run, check_unique_ids
-from storage.tables import DocumentRow, arrow_table, row
+from storage.run_keys import run_key
+from storage.tables import SHARD_COLUMNS, DocumentRow, arrow_table, row
 from storage.writer import TABLE_KEYS, TableWrite, apply_writes, write_tables
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
@@ -52,6 +55,8 @@ RESULTS_TABLE_SQL = (
     "ORDER BY doc_id"
 )
 DB_PATH_ENV = "SIDECAR_DB"
+# parts per ingest transaction: a part is a shard's commit (seconds of work), so this bounds memory
+INGEST_CHUNK_PARTS = 64
 logger = logging.getLogger(__name__)
 
 def default_db_path() -> Path:
@@ -147,11 +152,6 @@ def _finish_deferred_run(con: duckdb.DuckDBPyConnection, run_id: str, status: st
                 "WHERE run_id = ? AND status = 'running'", [status, error, run_id])
 
 
-def _run_key(run_id: str) -> str:
-    # run ids are arbitrary text; file names get a digest
-    return "run-" + hashlib.sha256(run_id.encode()).hexdigest()[:20]
-
-
 def _finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str, error: str | None) -> None:
     updated = con.execute(
         "UPDATE runs SET status = ?, error = ?, finished_at = current_timestamp "
@@ -210,21 +210,18 @@ def _write_documents(con: duckdb.DuckDBPyConnection, run_id: str, write: TableWr
     check_unique_ids(con, run_id)
 
 
+# a run writing its own outputs ran them where its ``runs`` row says
+_RAN_HERE = {column.name: None for column in SHARD_COLUMNS}
+
+
 def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument]) -> list[TableWrite]:
-    keys = [(r.doc_id, r.mode) for r in rows]
-    if len(set(keys)) != len(keys):
-        raise ValueError("write_batch got two rows for the same (doc_id, mode)")
+    check_outputs(rows, "write_batch")
     outputs: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
     for record in rows:
-        if record.mode not in MODES:
-            raise ValueError(f"unknown mode {record.mode!r}; modes are {MODES}")
-        phases = [s.phase for s in record.stats]
-        if len(set(phases)) != len(phases):
-            raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
         outputs.append(row("outputs", record, run_id=run_id))
         stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
-                      batch_id=record.batch_id) for s in record.stats]
+                      batch_id=record.batch_id, **_RAN_HERE) for s in record.stats]
     outputs_table = arrow_table("outputs", outputs)
     writes = [
         TableWrite("outputs", outputs_table),
@@ -279,7 +276,7 @@ class Database:
         return self.path.parent / f"{self.path.name}.runs"
 
     def run_lock_path(self, run_id: str) -> Path:
-        return self.runs_dir / f"{_run_key(run_id)}.lock"
+        return self.runs_dir / f"{run_key(run_id)}.lock"
 
     @contextlib.contextmanager
     def running(self, run_id: str, wait_s: float | None = 0.0,
@@ -291,7 +288,7 @@ class Database:
         Writes an earlier process of the run had to defer are committed first.
         """
         with exclusive(self.run_lock_path(run_id), f"run {run_id!r} of {self.path}", wait_s, on_wait):
-            for path in deferred.pending(self.runs_dir, _run_key(run_id)):
+            for path in deferred.pending(self.runs_dir, run_key(run_id)):
                 self._commit(deferred.load(path))
             yield
 
@@ -302,7 +299,7 @@ class Database:
         being run then. Returns the folder it is kept in."""
         if finish is not None:
             _check_finish_status(finish)
-        kept = deferred.save(self.runs_dir, _run_key(run_id), run_id, _batch_writes(run_id, rows, rejects),
+        kept = deferred.save(self.runs_dir, run_key(run_id), run_id, _batch_writes(run_id, rows, rejects),
                              finish, error)
         logger.warning("run %s: %d outputs%s kept in %s for the next open of %s to commit", run_id, len(rows),
                        f" and its finish ({finish})" if finish else "", kept, self.path)
@@ -432,6 +429,100 @@ class Database:
                 _finish_run(con, run_id, finish, error)
 
         in_transaction(self.path, self.retry, work)
+
+    # -- shards: part files and attempts ---------------------------------------------------------------
+
+    def ingest_parts(self, run_id: str, store: PartStore, chunk_parts: int = INGEST_CHUNK_PARTS) -> IngestResult:
+        """Ingest the run's visible part files under ``store`` that are not ingested yet.
+
+        Each chunk of up to ``chunk_parts`` parts is one transaction that writes their rows (DuckDB reads the
+        Parquet itself) and records each part in ``ingested_parts``, so memory stays flat however large the
+        run, and calling this again, after a crash or as new parts arrive, skips every recorded part unread.
+        Outputs and their stats replace stored rows by (run, document, mode), rejects the ``documents`` row
+        of their input row (as :meth:`write_batch` does), so a document finished by two attempts is stored
+        once per mode. The run must exist (:class:`UnknownRunError`); a part holding rows of another run
+        raises :class:`PartRunMismatchError` and nothing is written. An attempt recorded by
+        :meth:`record_attempt` gets the host, device and GPU type its parts name.
+        """
+        if chunk_parts < 1:
+            raise ValueError(f"chunk_parts must be at least 1, got {chunk_parts}")
+        check = _require_run(run_id)
+
+        def recorded(con: duckdb.DuckDBPyConnection) -> set[str]:
+            check(con)
+            return {part for (part,) in con.execute(
+                "SELECT part FROM ingested_parts WHERE run_id = ?", [run_id]).fetchall()}
+
+        ingested = in_transaction(self.path, self.retry, recorded, commit=False)
+        paths = store.parts(run_id)
+        new = [path for path in paths if store.part_name(run_id, path) not in ingested]
+        skipped = len(paths) - len(new)
+        if not new:
+            return IngestResult(parts=0, skipped=skipped, outputs=0, rejects=0)
+        parts = in_transaction(self.path, self.retry, lambda con: ingest.census(con, run_id, store, new),
+                               commit=False)
+        written = outputs = rejects = 0
+        for start in range(0, len(parts), chunk_parts):
+            chunk = parts[start:start + chunk_parts]
+
+            def work(con: duckdb.DuckDBPyConnection, chunk: list[ingest.PartCensus] = chunk) -> ingest.ChunkCounts:
+                check(con)
+                # another process may have ingested some since they were listed
+                fresh = [p for p in chunk if p.part not in recorded(con)]
+                if not fresh:
+                    return ingest.ChunkCounts(0, 0)
+                return ingest.ingest_chunk(con, run_id, store, fresh)
+
+            counts = in_transaction(self.path, self.retry, work)
+            written, outputs, rejects = written + counts.parts, outputs + counts.outputs, rejects + counts.rejects
+        skipped += len(parts) - written
+        logger.info("run %s: ingested %d parts (%d outputs, %d rejects) from %s; %d already ingested", run_id,
+                    written, outputs, rejects, store.uri, skipped)
+        return IngestResult(parts=written, skipped=skipped, outputs=outputs, rejects=rejects)
+
+    def record_attempt(self, run_id: str, launch_id: str, shard: int, attempt: int, docs: int,
+                       flow_run_id: str | None = None) -> None:
+        """Record the launch of one attempt of a shard (status ``running``), with the number of documents in
+        its manifest and the flow run it runs as, where known. Recording a launch id again updates it (a
+        flow run id learnt later is kept). Host, device and GPU type come from its parts when ingested."""
+        check_launch_id(launch_id)
+        check = _require_run(run_id)
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            check(con)
+            con.execute(
+                "INSERT INTO shard_attempts (run_id, launch_id, shard, attempt, flow_run_id, docs, status, host, "
+                "device, gpu_type) "
+                "SELECT $run_id, $launch_id, $shard, $attempt, $flow_run_id, $docs, 'running', "
+                "any_value(host), any_value(device), any_value(gpu_type) "
+                "FROM ingested_parts WHERE run_id = $run_id AND launch_id = $launch_id AND host IS NOT NULL "
+                "ON CONFLICT (run_id, launch_id) DO UPDATE SET shard = excluded.shard, attempt = excluded.attempt, "
+                "docs = excluded.docs, flow_run_id = coalesce(excluded.flow_run_id, shard_attempts.flow_run_id)",
+                {"run_id": run_id, "launch_id": launch_id, "shard": shard, "attempt": attempt,
+                 "flow_run_id": flow_run_id, "docs": docs})
+
+        in_transaction(self.path, self.retry, work)
+
+    def finish_attempt(self, run_id: str, launch_id: str, status: AttemptStatus, error: str | None = None) -> None:
+        """Record how an attempt ended (``completed``, ``failed``, ``crashed`` or ``cancelled``, with
+        ``error``) and stamp its finish time; an unknown launch id raises :class:`UnknownAttemptError`."""
+        if status not in get_args(AttemptStatus) or status == "running":
+            raise ValueError(f"an attempt ends as one of {get_args(AttemptStatus)[1:]}, not {status!r}")
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            updated = con.execute(
+                "UPDATE shard_attempts SET status = ?, error = ?, finished_at = current_timestamp "
+                "WHERE run_id = ? AND launch_id = ? RETURNING launch_id",
+                [status, error, run_id, launch_id]).fetchall()
+            if not updated:
+                raise UnknownAttemptError(f"run {run_id!r} has no attempt {launch_id!r}; call record_attempt first")
+
+        in_transaction(self.path, self.retry, work)
+
+    def shard_attempts(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's ``shard_attempts`` rows, by shard and attempt."""
+        return self.query("SELECT * FROM shard_attempts WHERE run_id = ? ORDER BY shard, attempt, started_at",
+                          [run_id])
 
     # -- judgements and costs ------------------------------------------------------------------------
 

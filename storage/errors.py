@@ -104,6 +104,14 @@ class UnknownRunError(StorageError):
     """A write names a run that ``start_run`` never created."""
 
 
+class UnknownAttemptError(StorageError):
+    """An attempt's end names a launch id that ``record_attempt`` never recorded for the run."""
+
+
+class PartRunMismatchError(StorageError):
+    """A part file under a run's directory holds rows of another run; nothing was ingested."""
+
+
 class RunMismatchError(StorageError):
     """A start under an existing run id that is not a resume of that run: other decisive settings, or
     input rows that differ from or leave out the ones the run stored. Nothing was written."""

@@ -7,11 +7,11 @@ tables that store them; ``storage.tables`` derives the Arrow schemas from the an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.modes import Mode
+from sidecar.modes import MODES, Mode
 
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]
@@ -23,6 +23,8 @@ CostSource = Literal["measured", "projected"]
 # against itself in reversed order (the migrations hold the same lists as CHECK constraints)
 GameKind = Literal["main", "control", "null"]
 JudgeMode = Literal["probability", "text"]
+# One launch of one shard of a run (``shard_attempts``): running until the parent sees it end.
+AttemptStatus = Literal["running", "completed", "failed", "crashed", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,20 @@ class OutputRecord:
     sidecar_finish_reason: str | None = None
     batch_id: int | None = None
     stats: list[RequestStats] = field(default_factory=list)
+
+
+def check_outputs(rows: Sequence[OutputRecord], writer: str) -> None:
+    """Refuse what one write cannot hold: two rows for one (doc_id, mode), an unknown mode, two stats rows for
+    one phase of a request. ``writer`` names the write in the message."""
+    keys = [(r.doc_id, r.mode) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{writer} got two rows for the same (doc_id, mode)")
+    for record in rows:
+        if record.mode not in MODES:
+            raise ValueError(f"unknown mode {record.mode!r}; modes are {MODES}")
+        phases = [s.phase for s in record.stats]
+        if len(set(phases)) != len(phases):
+            raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
 
 
 @dataclass(frozen=True)

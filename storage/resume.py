@@ -85,7 +85,8 @@ def check_same_run(con: duckdb.DuckDBPyConnection, run_id: str, columns: Mapping
     return True
 
 
-def check_same_documents(con: duckdb.DuckDBPyConnection, run_id: str, rows: pa.Table, whole_input: bool) -> None:
+def check_same_documents(con: duckdb.DuckDBPyConnection, run_id: str, rows: pa.Table | duckdb.DuckDBPyRelation,
+                         whole_input: bool) -> None:
     """Refuse ``rows`` (``documents`` rows about to be written) that put another document on a stored row:
     another id, title or text. With ``whole_input`` (the start of a run, which writes every input row) the
     stored rows must also all come again."""

@@ -89,6 +89,9 @@ def record_columns(record: type, only: Sequence[str] | None = None, skip: Sequen
 
 
 RUN_ID = pa.field("run_id", pa.string(), nullable=False)
+# Where a request ran, for rows a shard wrote into a part file (``storage.parts``); NULL for rows a run
+# wrote itself, whose ``runs`` row says where.
+SHARD_COLUMNS = [pa.field(name, pa.string()) for name in ("launch_id", "host", "device", "gpu_type")]
 
 SCHEMAS: dict[str, pa.Schema] = {
     "documents": pa.schema([RUN_ID, *record_columns(DocumentRow)]),
@@ -96,7 +99,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "outputs": pa.schema([RUN_ID, *record_columns(OutputRecord, skip=("stats",))]),
     # a request's stats carry its key and batch from the OutputRecord they belong to
     "request_stats": pa.schema([RUN_ID, *record_columns(OutputRecord, only=("doc_id", "mode", "batch_id")),
-                                *record_columns(RequestStats)]),
+                                *record_columns(RequestStats), *SHARD_COLUMNS]),
     "judgement_games": pa.schema([RUN_ID, *record_columns(JudgementRecord)]),
     "judge_settings": pa.schema([RUN_ID, *record_columns(JudgeSettingsRecord)]),
     "cost_estimates": pa.schema(record_columns(CostRecord)),

@@ -1,7 +1,8 @@
 """Arrow in, one transaction out: replace the keys being written, insert the rows, commit.
 
 Rows are handed to DuckDB as registered Arrow tables, never formatted into SQL. The only identifiers in
-the statements below are the table and key names of :data:`TABLE_KEYS`, fixed in this module.
+the statements below are the table and key names of :data:`TABLE_KEYS`, fixed in this module, and the
+names of relations the caller registered (Arrow tables, or the temporary tables of a Parquet ingest).
 """
 
 from __future__ import annotations
@@ -49,21 +50,30 @@ class TableWrite:
                 raise ValueError(f"{label} for {self.table} lack key columns {missing}")
 
 
+def delete_keys(con: duckdb.DuckDBPyConnection, table: str, replaced: str) -> None:
+    """Delete the rows of ``table`` whose keys (:data:`TABLE_KEYS`) appear in the relation ``replaced``: a
+    name the connection knows (a registered Arrow table, a temporary table or view)."""
+    # IS NOT DISTINCT FROM so that a NULL key part (cost_estimates.run_id) matches NULL
+    key_match = " AND ".join(f"k.{c} IS NOT DISTINCT FROM t.{c}" for c in TABLE_KEYS[table])
+    con.execute(f"DELETE FROM {table} AS t WHERE EXISTS (SELECT 1 FROM {replaced} AS k WHERE {key_match})")
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, incoming: str) -> None:
+    """Insert the relation ``incoming`` into ``table`` by column name."""
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {incoming}")
+
+
 def _replace_rows(con: duckdb.DuckDBPyConnection, write: TableWrite) -> None:
     incoming = f"incoming_{write.table}"
     replaced = f"replaced_{write.table}"
-    keys = TABLE_KEYS[write.table]
-    # IS NOT DISTINCT FROM so that a NULL key part (cost_estimates.run_id) matches NULL
-    key_match = " AND ".join(f"k.{c} IS NOT DISTINCT FROM t.{c}" for c in keys)
     replace = write.rows if write.replace is None else write.replace
     # registered for this connection only, which is closed right after the transaction
     con.register(incoming, write.rows)
     con.register(replaced, replace)
     if replace.num_rows:
-        con.execute(f"DELETE FROM {write.table} AS t "
-                    f"WHERE EXISTS (SELECT 1 FROM {replaced} AS k WHERE {key_match})")
+        delete_keys(con, write.table, replaced)
     if write.rows.num_rows:
-        con.execute(f"INSERT INTO {write.table} BY NAME SELECT * FROM {incoming}")
+        insert_rows(con, write.table, incoming)
 
 
 def apply_writes(con: duckdb.DuckDBPyConnection, writes: Sequence[TableWrite]) -> None:

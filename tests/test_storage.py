@@ -26,12 +26,12 @@ from storage import (
 )
 from storage.connection import RetryPolicy
 from storage.migrate import Migration, known_migrations, migrate
-from storage.records import CostSource, GameKind, JudgeMode, Phase, RunStatus
+from storage.records import AttemptStatus, CostSource, GameKind, JudgeMode, Phase, RunStatus
 from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
-          "judge_settings", "cost_estimates"}
+          "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
 VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "costs"}
 
 
@@ -156,6 +156,7 @@ def check_values(path: Path, table: str, column: str) -> tuple[object, ...]:
     ("cost_estimates", "source", get_args(CostSource)),
     ("documents", "status", get_args(DocumentStatus)),
     ("runs", "status", get_args(RunStatus)),
+    ("shard_attempts", "status", get_args(AttemptStatus)),
 ])
 def test_check_constraints_allow_exactly_the_values_of_the_python_literals(db: Database, table: str, column: str,
                                                                           allowed: tuple[object, ...]) -> None:

@@ -1,0 +1,157 @@
+"""Ingest of part files (``storage.parts``) into the results database, chunk by chunk, in SQL.
+
+DuckDB reads local parts itself (``read_parquet``); parts on another file system are read by pyarrow and
+handed over as Arrow. Either way no Python code touches a row. Each chunk of parts is one transaction
+that writes their rows and records them in ``ingested_parts``, so a part is ingested entirely or not at
+all, and once: the parent skips a recorded part without reading it.
+
+Rows replace stored rows by key (``storage.writer``): outputs and their request stats by (run, document,
+mode), rejects the ``documents`` row of their input row, as ``Database.write_batch`` writes them. A key met
+in several parts of one chunk (two attempts that both finished a document) keeps the row of the part last
+by path, so each (run, document, mode) is stored once whatever was retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from storage.errors import PartRunMismatchError
+from storage.parts import PartStore
+from storage.resume import check_same_documents, check_unique_ids
+from storage.writer import delete_keys, insert_rows
+
+# what the census reads of each part: who wrote it
+_WRITER_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type"]
+_CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
+                            for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
+_SOURCE = "ingest_source"
+_CENSUS = "ingest_census"
+_OUTPUTS = "ingest_outputs"
+_OUTPUT_ROWS = "ingest_output_rows"
+_STATS_ROWS = "ingest_stats_rows"
+_REJECTS = "ingest_rejects"
+
+
+@dataclass(frozen=True)
+class PartsRelation:
+    """Some parts of one run as one relation with a ``filename`` column: the SQL to read it from (put after
+    FROM) and the parameters that SQL binds."""
+
+    sql: str
+    params: dict[str, Any]
+
+    @classmethod
+    def of(cls, con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequence[str],
+           columns: Sequence[str] | None = None) -> PartsRelation:
+        """DuckDB reads local parts by path (every column; it reads only those a statement uses); other file
+        systems' parts are read by pyarrow (``columns`` only) and registered on ``con``."""
+        if store.is_local:
+            return cls("read_parquet($files, filename = true)", {"files": list(paths)})
+        tables = []
+        for path in paths:
+            table = store.read_part(path)
+            table = table.select(list(columns)) if columns is not None else table
+            tables.append(table.append_column("filename", pa.array([path] * table.num_rows, pa.string())))
+        con.register(_SOURCE, pa.concat_tables(tables))
+        return cls(_SOURCE, {})
+
+
+@dataclass(frozen=True)
+class PartCensus:
+    """Who wrote one part and how many rows it holds: its ``ingested_parts`` row."""
+
+    path: str
+    part: str
+    launch_id: str
+    rows: int
+    host: str | None
+    device: str | None
+    gpu_type: str | None
+
+
+def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore, paths: Sequence[str]) -> list[PartCensus]:
+    """Read who wrote each of ``paths`` (a few small columns); a part holding rows of another run than
+    ``run_id`` raises :class:`PartRunMismatchError` before anything is written."""
+    parts = PartsRelation.of(con, store, paths, _WRITER_COLUMNS)
+    found = con.execute(
+        f"SELECT filename, min(run_id), max(run_id), any_value(launch_id), count(*), any_value(host), "
+        f"any_value(device), any_value(gpu_type) FROM {parts.sql} GROUP BY filename", parts.params).fetchall()
+    by_path = {}
+    for path, first_run, last_run, launch_id, rows, host, device, gpu_type in found:
+        other = first_run if first_run != run_id else last_run
+        if other != run_id:
+            raise PartRunMismatchError(
+                f"part {path} under {store.uri} holds rows of run {other!r}, not of run {run_id!r}; "
+                f"nothing was ingested. Parts of a run live under its own directory: was a file copied there?")
+        by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, host, device, gpu_type)
+    # a part with no rows has nothing to check; it is recorded all the same, so it is not looked at again
+    return [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, None, None, None)
+            for path, name in ((p, store.part_name(run_id, p)) for p in paths)]
+
+
+@dataclass(frozen=True)
+class ChunkCounts:
+    outputs: int
+    rejects: int
+    parts: int = 0
+
+
+def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
+                 parts: Sequence[PartCensus]) -> ChunkCounts:
+    """Write the rows of ``parts`` and their ``ingested_parts`` rows, inside the caller's transaction."""
+    source = PartsRelation.of(con, store, [p.path for p in parts])
+    # one row per (document, mode) of the chunk: the part last by path wins
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_OUTPUTS} AS "
+        f"SELECT * EXCLUDE (filename, kind, shard, attempt, reason, row_index, detail, title, text) "
+        f"FROM {source.sql} WHERE kind = 'output' "
+        f"QUALIFY row_number() OVER (PARTITION BY doc_id, mode ORDER BY filename DESC) = 1", source.params)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_OUTPUT_ROWS} AS "
+                f"SELECT * EXCLUDE (launch_id, host, device, gpu_type, stats) FROM {_OUTPUTS}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_STATS_ROWS} AS "
+                f"SELECT run_id, doc_id, mode, batch_id, launch_id, host, device, gpu_type, "
+                f"unnest(stats, recursive := true) FROM {_OUTPUTS}")
+    [(outputs,)] = con.execute(f"SELECT count(*) FROM {_OUTPUTS}").fetchall()
+    if outputs:
+        delete_keys(con, "outputs", _OUTPUTS)
+        insert_rows(con, "outputs", _OUTPUT_ROWS)
+        # the stats of every rewritten request go, also of those that now bring fewer phases
+        delete_keys(con, "request_stats", _OUTPUTS)
+        insert_rows(con, "request_stats", _STATS_ROWS)
+    rejects = _write_rejects(con, run_id, source)
+    con.register(_CENSUS, pa.Table.from_pylist(
+        [{"run_id": run_id, "part": p.part, "launch_id": p.launch_id, "rows": p.rows, "host": p.host,
+          "device": p.device, "gpu_type": p.gpu_type} for p in parts], schema=_CENSUS_SCHEMA))
+    con.execute(f"INSERT INTO ingested_parts BY NAME SELECT * FROM {_CENSUS}")
+    con.execute(
+        f"UPDATE shard_attempts AS a SET host = c.host, device = c.device, gpu_type = c.gpu_type "
+        f"FROM (SELECT DISTINCT launch_id, host, device, gpu_type FROM {_CENSUS} WHERE host IS NOT NULL) AS c "
+        f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id", {"run_id": run_id})
+    for view in (_OUTPUT_ROWS, _STATS_ROWS):
+        con.execute(f"DROP VIEW {view}")
+    for table in (_OUTPUTS, _REJECTS):
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+    return ChunkCounts(outputs, rejects, len(parts))
+
+
+def _write_rejects(con: duckdb.DuckDBPyConnection, run_id: str, source: PartsRelation) -> int:
+    """Store the chunk's rejects as ``documents`` rows, with the same checks as a run's own writes: a row
+    may only be replaced by the same document, and no two usable rows may share an id."""
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_REJECTS} AS "
+        f"SELECT run_id, row_index, doc_id, title, text, length(text) AS n_chars, 'rejected' AS status, "
+        f"reason AS reject_reason, nullif(detail, '') AS reject_detail "
+        f"FROM {source.sql} WHERE kind = 'reject' "
+        f"QUALIFY row_number() OVER (PARTITION BY row_index ORDER BY filename DESC) = 1", source.params)
+    [(rejects,)] = con.execute(f"SELECT count(*) FROM {_REJECTS}").fetchall()
+    if rejects:
+        check_same_documents(con, run_id, con.table(_REJECTS), whole_input=False)
+        delete_keys(con, "documents", _REJECTS)
+        insert_rows(con, "documents", _REJECTS)
+        check_unique_ids(con, run_id)
+    return rejects

@@ -1,0 +1,244 @@
+"""Part files: how the shards of a run hand their finished documents to the run's parent, the only process
+that writes the DuckDB file (``Database.ingest_parts``).
+
+Under a results location (a local directory, a shared mount, or any URI ``pyarrow.fs.FileSystem.from_uri``
+opens; by default ``<db_path>.runs/parts``)::
+
+    <location>/<run_key>/<launch_id>/manifest.parquet                   # the attempt's documents
+    <location>/<run_key>/<launch_id>/part-000001.parquet                # finished documents, in order
+    <location>/<run_key>/<launch_id>/.part-000002.parquet.tmp-<uuid>    # being written: never listed
+
+``run_key`` is ``storage.run_keys.run_key(run_id)``; ``launch_id`` names one attempt of one shard, unique
+across the parent's reruns. Every file is written under a hidden temporary name and then renamed, so a
+visible part or manifest is always complete: a writer killed mid-write leaves only a temporary file,
+which nothing lists.
+
+A part is one Parquet table with one row per output record or reject (:data:`PART_SCHEMA`):
+
+- who wrote it, the same on every row: ``run_id``, ``launch_id``, ``shard``, ``attempt``, ``host``,
+  ``device``, ``gpu_type`` (:class:`ShardInfo`);
+- ``kind``: ``output`` (one mode of one document) or ``reject`` (a document that failed, e.g. ``oom``);
+- ``doc_id``: the document (NULL only for a reject of a row whose id was null);
+- an output's columns, NULL on a reject: those of ``OutputRecord`` (``mode``, ``summary``, ``tags``, ...)
+  with its per-phase stats as ``stats``, a list of structs with ``RequestStats``' fields;
+- a reject's columns, NULL on an output: those of ``RejectedDocument`` but its id (``reason``,
+  ``row_index``, ``detail``, ``title``, ``text``).
+
+The columns are derived from the record dataclasses (``storage.tables.record_columns``), so a field added
+to a record reaches the parts as well as the tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from storage.records import Document, OutputRecord, RejectedDocument, RequestStats, check_outputs
+from storage.run_keys import run_key
+from storage.tables import record_columns
+
+MANIFEST = "manifest.parquet"
+_PART_NAME = re.compile(r"^part-(?P<seq>\d{6,})\.parquet$")
+# a launch id is one directory name: no separators, not hidden
+_LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Who wrote a part: one attempt of one shard of a run, on one host and device. Stored on each row."""
+
+    run_id: str
+    launch_id: str
+    shard: int
+    attempt: int
+    host: str
+    device: str | None  # e.g. "cuda:0", "cpu"
+    gpu_type: str | None  # e.g. "NVIDIA H100 80GB HBM3"; None on a CPU
+
+    def __post_init__(self) -> None:
+        check_launch_id(self.launch_id)
+        if self.shard < 0 or self.attempt < 1:
+            raise ValueError(f"shard counts from 0 and attempt from 1, got shard {self.shard}, "
+                             f"attempt {self.attempt}")
+        if not self.host:
+            raise ValueError("a part needs the host that wrote it")
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one ``Database.ingest_parts`` call did."""
+
+    parts: int  # parts ingested now
+    skipped: int  # parts found already ingested, not read again
+    outputs: int  # output rows written now
+    rejects: int  # reject rows written now
+
+
+def _nullable(fields: Sequence[pa.Field]) -> list[pa.Field]:
+    return [f.with_nullable(True) for f in fields]
+
+
+STATS_TYPE = pa.list_(pa.struct(record_columns(RequestStats)))
+_OUTPUT_FIELDS = record_columns(OutputRecord, skip=("doc_id", "stats"))
+_REJECT_FIELDS = record_columns(RejectedDocument, skip=("doc_id",))
+_SHARD_FIELDS = record_columns(ShardInfo)
+PART_SCHEMA = pa.schema([
+    *_SHARD_FIELDS,
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("doc_id", pa.string()),
+    *_nullable(_OUTPUT_FIELDS),
+    pa.field("stats", STATS_TYPE),
+    *_nullable(_REJECT_FIELDS),
+])
+_MANIFEST_SCHEMA = pa.schema(record_columns(Document))
+
+
+def check_launch_id(launch_id: str) -> None:
+    if not _LAUNCH_ID.match(launch_id):
+        raise ValueError(f"a launch id is one plain directory name (letters, digits, '_', '.', '-'), "
+                         f"got {launch_id!r}")
+
+
+def _stats_row(stats: RequestStats) -> dict[str, Any]:
+    return {f.name: getattr(stats, f.name) for f in STATS_TYPE.value_type}
+
+
+def part_table(info: ShardInfo, records: Sequence[OutputRecord], rejects: Sequence[RejectedDocument]) -> pa.Table:
+    """The rows of one part, as :data:`PART_SCHEMA` lays them out."""
+    check_outputs(records, "a part")
+    shard = asdict(info)
+    absent_output = dict.fromkeys([f.name for f in _OUTPUT_FIELDS] + ["stats"])
+    absent_reject = dict.fromkeys(f.name for f in _REJECT_FIELDS)
+    rows = [{**shard, "kind": "output", "doc_id": r.doc_id, **absent_reject,
+             **{f.name: getattr(r, f.name) for f in _OUTPUT_FIELDS},
+             "stats": [_stats_row(s) for s in r.stats]} for r in records]
+    rows += [{**shard, "kind": "reject", "doc_id": r.doc_id, **absent_output,
+              **{f.name: getattr(r, f.name) for f in _REJECT_FIELDS}} for r in rejects]
+    return pa.Table.from_pylist(rows, schema=PART_SCHEMA)
+
+
+def _publish(fs: pafs.FileSystem, source: str, target: str) -> None:
+    """Rename a complete temporary file to its visible name (atomic on a local or POSIX file system)."""
+    fs.move(source, target)
+
+
+def write_atomically(fs: pafs.FileSystem, path: str, table: pa.Table) -> str:
+    """Write ``table`` as Parquet to ``path`` through a hidden temporary file in the same directory, renamed
+    once complete; returns ``path``. A failure removes the temporary file where it still can."""
+    directory, _, name = path.rpartition("/")
+    fs.create_dir(directory, recursive=True)
+    temporary = f"{directory}/.{name}.tmp-{uuid.uuid4().hex}"
+    try:
+        pq.write_table(table, temporary, filesystem=fs)
+        _publish(fs, temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(temporary)
+        raise
+    return path
+
+
+class PartStore:
+    """The results location of part files and manifests: a local path or a pyarrow file system URI."""
+
+    def __init__(self, uri: str | Path) -> None:
+        self.uri = str(uri)
+        if "://" in self.uri:
+            self.filesystem, root = pafs.FileSystem.from_uri(self.uri)
+        else:
+            # DuckDB reads local parts by path, whatever the working directory is then
+            self.filesystem, root = pafs.LocalFileSystem(), Path(self.uri).expanduser().resolve().as_posix()
+        self.root = root.rstrip("/")
+
+    @classmethod
+    def beside(cls, db_path: str | Path) -> PartStore:
+        """The default location: ``<db_path>.runs/parts``, next to the database file's locks."""
+        path = Path(db_path)
+        return cls(path.parent / f"{path.name}.runs" / "parts")
+
+    def __repr__(self) -> str:
+        return f"PartStore({self.uri!r})"
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the parts are local files, which DuckDB reads by path."""
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def run_dir(self, run_id: str) -> str:
+        return f"{self.root}/{run_key(run_id)}"
+
+    def launch_dir(self, run_id: str, launch_id: str) -> str:
+        check_launch_id(launch_id)
+        return f"{self.run_dir(run_id)}/{launch_id}"
+
+    def write_manifest(self, run_id: str, launch_id: str, docs: Sequence[Document]) -> str:
+        """Write the attempt's documents, atomically; returns the manifest's path."""
+        table = pa.Table.from_pylist([asdict(d) for d in docs], schema=_MANIFEST_SCHEMA)
+        return write_atomically(self.filesystem, f"{self.launch_dir(run_id, launch_id)}/{MANIFEST}", table)
+
+    def read_manifest(self, run_id: str, launch_id: str) -> list[Document]:
+        path = f"{self.launch_dir(run_id, launch_id)}/{MANIFEST}"
+        table = pq.read_table(path, filesystem=self.filesystem, schema=_MANIFEST_SCHEMA)
+        return [Document(**row) for row in table.to_pylist()]
+
+    def writer(self, info: ShardInfo) -> PartWriter:
+        return PartWriter(self, info)
+
+    def parts(self, run_id: str) -> list[str]:
+        """The visible part files of the run, sorted by launch id and then by number (the order written)."""
+        return [path for _, _, path in self._listed(self.run_dir(run_id))]
+
+    def part_name(self, run_id: str, path: str) -> str:
+        """A part's name within its run, ``<launch_id>/part-NNNNNN.parquet``: what ``ingested_parts`` keys."""
+        prefix = self.run_dir(run_id) + "/"
+        if not path.startswith(prefix):
+            raise ValueError(f"{path} is not a part of run {run_id!r} under {self.uri}")
+        return path[len(prefix):]
+
+    def read_part(self, path: str) -> pa.Table:
+        """A part as Arrow, for a location DuckDB cannot read by path."""
+        return pq.read_table(path, filesystem=self.filesystem, schema=PART_SCHEMA)
+
+    def _listed(self, directory: str) -> list[tuple[str, int, str]]:
+        selector = pafs.FileSelector(directory, recursive=True, allow_not_found=True)
+        found = []
+        for info in self.filesystem.get_file_info(selector):
+            parent, _, name = info.path.rpartition("/")
+            match = _PART_NAME.match(name)
+            if info.type == pafs.FileType.File and match is not None:
+                found.append((parent, int(match["seq"]), info.path))
+        return sorted(found)
+
+
+class PartWriter:
+    """Writes one attempt's parts, numbered 1, 2, ... in its launch directory; each ``write`` is one part.
+
+    A writer for a launch that already has parts (a restarted process reusing its launch id) numbers on
+    after them, so it never replaces a part the parent may have ingested already."""
+
+    def __init__(self, store: PartStore, info: ShardInfo) -> None:
+        self.store = store
+        self.info = info
+        self.directory = store.launch_dir(info.run_id, info.launch_id)
+        existing = [seq for _, seq, _ in store._listed(self.directory)]
+        self._next_seq = max(existing, default=0) + 1
+
+    def write(self, records: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = ()) -> str | None:
+        """One part holding ``records`` and ``rejects``; returns its path, None (nothing written) when both are
+        empty. The part is visible only once it is complete."""
+        if not records and not rejects:
+            return None
+        table = part_table(self.info, records, rejects)
+        path = write_atomically(self.store.filesystem, f"{self.directory}/part-{self._next_seq:06d}.parquet",
+                                table)
+        self._next_seq += 1
+        return path

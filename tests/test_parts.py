@@ -1,0 +1,337 @@
+"""Part files (storage.parts) and their ingest (Database.ingest_parts): complete or invisible, ingested once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow.fs as pafs
+import pytest
+
+from storage import (
+    Database,
+    Document,
+    IngestResult,
+    OutputRecord,
+    PartRunMismatchError,
+    PartStore,
+    RejectedDocument,
+    RequestStats,
+    ShardInfo,
+    UnknownAttemptError,
+    UnknownRunError,
+)
+from storage import parts as parts_module
+from storage.connection import RetryPolicy
+from storage.migrate import known_migrations, migrate
+
+RUN = "run-1"
+DOCS = [Document(f"d{i}", f"Text of document {i}.", i, title=f"Title {i}") for i in range(4)]
+
+
+def begin(db: Database, run_id: str = RUN, gpu_type: str | None = None, device: str | None = None) -> None:
+    # a sharded run's own row names no device: the parent holds none
+    db.begin_run(run_id, {"workers": 2}, "tiny", device, gpu_type, 4, 2, DOCS, [], code_version="test")
+
+
+def shard(launch_id: str, shard_index: int = 0, attempt: int = 1, gpu_type: str | None = "NVIDIA H100",
+          run_id: str = RUN, host: str = "gpu-a") -> ShardInfo:
+    return ShardInfo(run_id, launch_id, shard_index, attempt, host, "cuda:0", gpu_type)
+
+
+def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 0, tokens: int = 10,
+           wall_s: float = 1.0) -> OutputRecord:
+    stats = [RequestStats("main", new_tokens=tokens, drafted=12, accepted=9, target_forwards=4, wall_s=wall_s,
+                          batch_size=2)]
+    if mode != "standalone":
+        stats.append(RequestStats.sidecar_phase({"new_tokens": 5, "seconds": 0.5, "kv_bytes": 3_000_000}))
+    return OutputRecord(doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags", sidecar_text="#a #b",
+                        tags=["#a", "#b"], main_tokens=None if mode == "standalone" else tokens,
+                        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id, stats=stats)
+
+
+def both_modes(doc_id: str, **kwargs) -> list[OutputRecord]:
+    return [record(doc_id, "sidecar", **kwargs), record(doc_id, "standalone", **kwargs)]
+
+
+def oom(doc: Document) -> RejectedDocument:
+    return RejectedDocument(doc.doc_id, "oom", doc.row_index, detail="CUDA out of memory", title=doc.title,
+                            text=doc.text)
+
+
+def counts(db: Database) -> tuple[int, int, int]:
+    [row] = db.query("SELECT (SELECT count(*) FROM outputs) AS o, (SELECT count(*) FROM request_stats) AS s, "
+                     "(SELECT count(*) FROM ingested_parts) AS p")
+    return row["o"], row["s"], row["p"]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    db = Database(tmp_path / "sidecar.duckdb")
+    begin(db)
+    return db
+
+
+@pytest.fixture
+def store(db: Database) -> PartStore:
+    return PartStore.beside(db.path)
+
+
+# -- writing parts ------------------------------------------------------------------------------------
+
+
+def test_the_default_location_is_beside_the_database(db: Database, store: PartStore) -> None:
+    assert Path(store.uri) == db.runs_dir / "parts"
+    assert store.is_local
+
+
+def test_parts_are_numbered_in_order_and_an_empty_write_writes_nothing(store: PartStore) -> None:
+    writer = store.writer(shard("s0000-a01-aaaa"))
+    assert writer.write([], []) is None
+    first = writer.write(both_modes("d0"), [])
+    second = writer.write([], [oom(DOCS[1])])
+    assert [Path(p).name for p in (first, second)] == ["part-000001.parquet", "part-000002.parquet"]
+    # a writer for a launch that has parts numbers on, never over a part the parent may have ingested
+    third = store.writer(shard("s0000-a01-aaaa")).write(both_modes("d2"), [])
+    assert Path(third).name == "part-000003.parquet"
+    assert store.parts(RUN) == [first, second, third]
+    assert store.parts("another run") == []
+
+
+def test_a_killed_write_leaves_no_visible_part(db: Database, store: PartStore,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(fs, source, target):
+        raise OSError("killed between write and rename")
+
+    monkeypatch.setattr(parts_module, "_publish", crash)
+    writer = store.writer(shard("s0000-a01-aaaa"))
+    with pytest.raises(OSError, match="killed"):
+        writer.write(both_modes("d0"), [oom(DOCS[1])])
+    assert store.parts(RUN) == []
+    # a SIGKILL leaves its temporary file behind, half written: never listed, never ingested
+    launch_dir = Path(store.launch_dir(RUN, "s0000-a01-aaaa"))
+    (launch_dir / ".part-000001.parquet.tmp-0123abcd").write_bytes(b"PAR1 half a part")
+    assert store.parts(RUN) == []
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=0, skipped=0, outputs=0, rejects=0)
+    assert counts(db) == (0, 0, 0)
+    assert db.query("SELECT status FROM documents WHERE doc_id = 'd1'") == [{"status": "ok"}]
+    # the next write of the launch is its first visible part
+    monkeypatch.undo()
+    assert Path(store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])).name == "part-000001.parquet"
+
+
+def test_a_manifest_round_trips_and_is_not_a_part(store: PartStore) -> None:
+    path = store.write_manifest(RUN, "s0001-a01-bbbb", DOCS[:3])
+    assert Path(path).name == "manifest.parquet" and Path(path).exists()
+    assert store.read_manifest(RUN, "s0001-a01-bbbb") == DOCS[:3]
+    assert store.parts(RUN) == []
+    assert not [p for p in Path(path).parent.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("launch_id", ["", "../escape", "a/b", ".hidden"])
+def test_a_launch_id_must_be_one_plain_directory_name(store: PartStore, launch_id: str) -> None:
+    with pytest.raises(ValueError, match="launch id"):
+        shard(launch_id)
+    with pytest.raises(ValueError, match="launch id"):
+        store.write_manifest(RUN, launch_id, DOCS)
+
+
+# -- ingest ----------------------------------------------------------------------------------------------
+
+
+def test_ingest_twice_stores_each_document_and_mode_once_and_skips_every_part(db: Database,
+                                                                               store: PartStore) -> None:
+    writer = store.writer(shard("s0000-a01-aaaa"))
+    writer.write(both_modes("d0") + both_modes("d1"), [])
+    writer.write(both_modes("d2"), [])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=2, skipped=0, outputs=6, rejects=0)
+    # sidecar rows carry two phases, standalone rows one
+    assert counts(db) == (6, 9, 2)
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=0, skipped=2, outputs=0, rejects=0)
+    assert counts(db) == (6, 9, 2)
+    assert [r["doc_id"] for r in db.results(RUN)] == ["d0", "d1", "d2"]
+    assert db.done_doc_ids(RUN, ["sidecar", "standalone"]) == {"d0", "d1", "d2"}
+    stored = db.query("SELECT DISTINCT launch_id, host, device, gpu_type FROM request_stats")
+    assert stored == [{"launch_id": "s0000-a01-aaaa", "host": "gpu-a", "device": "cuda:0", "gpu_type": "NVIDIA H100"}]
+    [stats] = db.query("SELECT * FROM request_stats WHERE doc_id = 'd0' AND mode = 'sidecar' AND phase = 'sidecar'")
+    assert (stats["new_tokens"], stats["kv_bytes"], stats["wall_s"]) == (5, 3_000_000, 0.5)
+    assert db.query("SELECT part, launch_id, rows FROM ingested_parts ORDER BY part") == [
+        {"part": "s0000-a01-aaaa/part-000001.parquet", "launch_id": "s0000-a01-aaaa", "rows": 4},
+        {"part": "s0000-a01-aaaa/part-000002.parquet", "launch_id": "s0000-a01-aaaa", "rows": 2}]
+
+    # a part that arrives later is the only one read
+    writer.write(both_modes("d3"), [])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=2, outputs=2, rejects=0)
+    assert counts(db) == (8, 12, 3)
+
+
+def test_an_ingested_part_is_not_read_again(db: Database, store: PartStore) -> None:
+    path = store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])
+    db.ingest_parts(RUN, store)
+    Path(path).write_bytes(b"not parquet any more")
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=0, skipped=1, outputs=0, rejects=0)
+
+
+@pytest.mark.parametrize("chunk_parts", [1, 64])
+def test_a_document_finished_by_two_attempts_is_stored_once(db: Database, store: PartStore,
+                                                            chunk_parts: int) -> None:
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0", summary="first attempt"), [])
+    store.writer(shard("s0000-a02-bbbb", attempt=2)).write(
+        both_modes("d0", summary="second attempt") + both_modes("d1"), [])
+    result = db.ingest_parts(RUN, store, chunk_parts=chunk_parts)
+    assert (result.parts, result.skipped) == (2, 0)
+    assert db.query("SELECT doc_id, mode, count(*) AS n FROM outputs GROUP BY ALL HAVING n > 1") == []
+    assert db.query("SELECT doc_id, mode, phase, count(*) AS n FROM request_stats GROUP BY ALL HAVING n > 1") == []
+    assert counts(db) == (4, 6, 2)
+    # the part last by path wins, in one chunk as across chunks
+    assert {r["summary"] for r in db.query("SELECT summary FROM outputs WHERE doc_id = 'd0'")} == {"second attempt"}
+    assert {r["launch_id"] for r in db.query("SELECT launch_id FROM request_stats WHERE doc_id = 'd0'")} == {
+        "s0000-a02-bbbb"}
+
+
+def test_a_rewritten_request_loses_the_stats_of_phases_it_no_longer_brings(db: Database, store: PartStore) -> None:
+    store.writer(shard("s0000-a01-aaaa")).write([record("d0", "sidecar")], [])
+    db.ingest_parts(RUN, store)
+    assert counts(db)[1] == 2
+    fewer = record("d0", "sidecar")
+    fewer = OutputRecord(**{**fewer.__dict__, "stats": fewer.stats[:1]})
+    store.writer(shard("s0000-a02-bbbb", attempt=2)).write([fewer], [])
+    db.ingest_parts(RUN, store)
+    assert db.query("SELECT phase FROM request_stats") == [{"phase": "main"}]
+
+
+def test_rejects_land_in_documents_as_write_batch_puts_them(db: Database, store: PartStore, tmp_path: Path) -> None:
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [oom(DOCS[1]), oom(DOCS[2])])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=0, outputs=2, rejects=2)
+    direct = Database(tmp_path / "direct.duckdb")
+    begin(direct)
+    direct.write_batch(RUN, both_modes("d0"), [oom(DOCS[1]), oom(DOCS[2])])
+    sql = "SELECT * FROM documents ORDER BY row_index"
+    assert db.query(sql) == direct.query(sql)
+    assert [(r["doc_id"], r["status"], r["reject_reason"], r["reject_detail"]) for r in db.query(sql)] == [
+        ("d0", "ok", None, None), ("d1", "rejected", "oom", "CUDA out of memory"),
+        ("d2", "rejected", "oom", "CUDA out of memory"), ("d3", "ok", None, None)]
+
+
+def test_a_reject_that_names_another_document_is_refused(db: Database, store: PartStore) -> None:
+    other = RejectedDocument("intruder", "oom", DOCS[1].row_index, detail="x", title="T", text="other text")
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [other])
+    with pytest.raises(Exception, match="stored other input rows"):
+        db.ingest_parts(RUN, store)
+    assert counts(db) == (0, 0, 0)
+
+
+def test_a_part_for_another_run_is_refused_and_nothing_is_written(db: Database, store: PartStore) -> None:
+    begin(db, "run-2")
+    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])
+    stray = store.writer(shard("s0000-a01-cccc", run_id="run-2")).write(both_modes("d1"), [])
+    # a part copied under run-1's directory
+    target = Path(store.launch_dir(RUN, "s0009-a01-cccc")) / "part-000001.parquet"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(Path(stray).read_bytes())
+    with pytest.raises(PartRunMismatchError, match="run-2") as caught:
+        db.ingest_parts(RUN, store, chunk_parts=1)
+    assert str(target) in str(caught.value) and "nothing was ingested" in str(caught.value)
+    assert counts(db) == (0, 0, 0)
+
+
+def test_ingest_needs_the_run(db: Database, store: PartStore) -> None:
+    with pytest.raises(UnknownRunError, match="no-such-run"):
+        db.ingest_parts("no-such-run", store)
+
+
+@pytest.mark.parametrize("location", ["file", "mock"])
+def test_a_pyarrow_uri_location_works(db: Database, tmp_path: Path, location: str) -> None:
+    # file:// is read by DuckDB by path; mock:// (pyarrow's in-memory file system) is read through pyarrow
+    store = PartStore((tmp_path / "results").as_uri() if location == "file" else "mock:///results")
+    assert store.is_local == (location == "file")
+    store.write_manifest(RUN, "s0000-a01-aaaa", DOCS[:2])
+    assert store.read_manifest(RUN, "s0000-a01-aaaa") == DOCS[:2]
+    writer = store.writer(shard("s0000-a01-aaaa"))
+    writer.write(both_modes("d0"), [oom(DOCS[1])])
+    writer.write(both_modes("d2"), [])
+    assert len(store.parts(RUN)) == 2
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=2, skipped=0, outputs=4, rejects=1)
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=0, skipped=2, outputs=0, rejects=0)
+    assert counts(db) == (4, 6, 2)
+    if location == "file":
+        assert (tmp_path / "results").is_dir()
+    else:
+        assert store.filesystem.get_file_info(store.parts(RUN)[0]).type == pafs.FileType.File
+
+
+# -- attempts and throughput -------------------------------------------------------------------------------
+
+
+def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(db: Database,
+                                                                                store: PartStore) -> None:
+    db.record_attempt(RUN, "s0000-a01-aaaa", shard=0, attempt=1, docs=2, flow_run_id=None)
+    db.record_attempt(RUN, "s0000-a01-aaaa", shard=0, attempt=1, docs=2, flow_run_id="flow-1")
+    [row] = db.shard_attempts(RUN)
+    assert (row["status"], row["docs"], row["flow_run_id"], row["host"]) == ("running", 2, "flow-1", None)
+    store.writer(shard("s0000-a01-aaaa", host="gpu-a")).write(both_modes("d0"), [])
+    # a part ingested before its attempt was recorded (a parent rerun) names its host all the same
+    store.writer(shard("s0001-a01-bbbb", 1, host="gpu-b", gpu_type="NVIDIA A10G")).write(both_modes("d1"), [])
+    db.ingest_parts(RUN, store)
+    db.record_attempt(RUN, "s0001-a01-bbbb", shard=1, attempt=1, docs=1)
+    db.finish_attempt(RUN, "s0000-a01-aaaa", "completed")
+    db.finish_attempt(RUN, "s0001-a01-bbbb", "crashed", error="worker lost")
+    rows = db.shard_attempts(RUN)
+    assert [(r["shard"], r["status"], r["host"], r["device"], r["gpu_type"], r["error"]) for r in rows] == [
+        (0, "completed", "gpu-a", "cuda:0", "NVIDIA H100", None),
+        (1, "crashed", "gpu-b", "cuda:0", "NVIDIA A10G", "worker lost")]
+    assert all(r["finished_at"] is not None for r in rows)
+    with pytest.raises(UnknownAttemptError):
+        db.finish_attempt(RUN, "s0002-a01-cccc", "failed")
+    with pytest.raises(ValueError, match="ends as"):
+        db.finish_attempt(RUN, "s0000-a01-aaaa", "running")
+    with pytest.raises(UnknownRunError):
+        db.record_attempt("no-such-run", "s0000-a01-aaaa", shard=0, attempt=1, docs=1)
+
+
+def test_throughput_has_one_row_per_gpu_type_of_a_run(db: Database, store: PartStore) -> None:
+    # both attempts number their batches from 0: a batch is one attempt's, never merged across shards
+    store.writer(shard("s0000-a01-aaaa", 0, gpu_type="NVIDIA H100")).write(
+        [record("d0", "sidecar", tokens=40, wall_s=1.0), record("d1", "sidecar", tokens=20, wall_s=0.5)], [])
+    store.writer(shard("s0001-a01-bbbb", 1, gpu_type="NVIDIA A10G", host="gpu-b")).write(
+        [record("d2", "sidecar", tokens=30, wall_s=3.0)], [])
+    db.ingest_parts(RUN, store)
+    rows = db.query("SELECT gpu_type, device, requests, batches, new_tokens, wall_s, tokens_per_s FROM throughput "
+                    "WHERE run_id = ? AND phase = 'main' ORDER BY gpu_type", [RUN])
+    assert rows == [
+        {"gpu_type": "NVIDIA A10G", "device": "cuda:0", "requests": 1, "batches": 1, "new_tokens": 30,
+         "wall_s": 3.0, "tokens_per_s": 10.0},
+        {"gpu_type": "NVIDIA H100", "device": "cuda:0", "requests": 2, "batches": 1, "new_tokens": 60,
+         "wall_s": 1.0, "tokens_per_s": 60.0}]
+    assert len(db.throughput(RUN)) == 4  # two GPU types x two phases
+    assert {m["gpu_type"] for m in db.request_acceptance(RUN)} == {None}  # the run's own: the parent has none
+
+
+def test_a_run_written_by_itself_reports_its_own_device_and_gpu_type(tmp_path: Path) -> None:
+    db = Database(tmp_path / "own.duckdb")
+    begin(db, gpu_type="NVIDIA H200", device="cuda:0")
+    db.write_batch(RUN, both_modes("d0"))
+    rows = db.query("SELECT DISTINCT gpu_type, device FROM throughput")
+    assert rows == [{"gpu_type": "NVIDIA H200", "device": "cuda:0"}]
+    assert db.query("SELECT DISTINCT launch_id, host FROM request_stats") == [{"launch_id": None, "host": None}]
+
+
+def test_migration_006_applies_on_a_database_made_by_005(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    migrate(path, RetryPolicy(), known_migrations()[:5])
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair, device, gpu_type, batch_size) VALUES "
+                    "('r', 'completed', '{}', ['sidecar'], 'tiny', 'cuda:0', 'NVIDIA T4', 2)")
+        con.execute("INSERT INTO request_stats (run_id, doc_id, mode, phase, batch_id, drafted, accepted, "
+                    "target_forwards, draft_forwards, new_tokens, wall_s, ended_s) VALUES "
+                    "('r', 'd0', 'sidecar', 'main', 0, 8, 6, 3, 8, 9, 2.0, NULL), "
+                    "('r', 'd1', 'sidecar', 'main', 0, 8, 6, 3, 8, 9, 1.0, NULL)")
+    db = Database(path)
+    assert db.schema_version == 6
+    [row] = db.throughput("r")
+    assert (row["gpu_type"], row["device"], row["requests"], row["batches"], row["wall_s"], row["tokens_per_s"]) == (
+        "NVIDIA T4", "cuda:0", 2, 1, 2.0, 9.0)
+    assert db.query("SELECT launch_id, host, device, gpu_type FROM request_stats LIMIT 1") == [
+        {"launch_id": None, "host": None, "device": None, "gpu_type": None}]
+    assert db.query("SELECT count(*) AS n FROM ingested_parts") == [{"n": 0}]
+    assert db.shard_attempts("r") == []
