@@ -65,7 +65,7 @@ start() {  # index, then the worker's extra environment
 if [ "$cpu" -gt 0 ]; then
   threads=$(( $(nproc) / cpu > 0 ? $(nproc) / cpu : 1 ))
   for (( i = 0; i < cpu; i++ )); do
-    start "$i" CUDA_VISIBLE_DEVICES= SIDECAR_CPU_SLOT="$i" OMP_NUM_THREADS="$threads"
+    start "$i" CUDA_VISIBLE_DEVICES= SIDECAR_CPU_SLOT="$i" OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
   done
 else
   for device in "${devices[@]}"; do
