@@ -1,7 +1,9 @@
-"""``sidecar ui``: a local Prefect server with its UI, the deployments of prefect.yaml and a process worker,
-in the foreground until Ctrl-C.
+"""``sidecar ui``: a local Prefect server with its UI, the deployments of prefect.yaml and the process workers
+of both pools, in the foreground until Ctrl-C.
 
-It runs infra/server.sh, infra/deploy.sh and infra/worker.sh, the scripts a permanent installation runs,
+It runs infra/server.sh, infra/deploy.sh, infra/worker.sh (the sidecar-control pool's worker: parent runs, cost
+reports) and infra/gpu-workers.sh (the sidecar-gpu pool's: one per GPU, or one CPU worker; shards, judge), the
+scripts a permanent installation runs,
 against a server on 127.0.0.1 with Prefect's state under ``PREFECT_HOME`` (default: ``.prefect/`` in this
 checkout), each script in a session of its own with its output in a log file. Ctrl-C or SIGTERM stops the
 worker, then the server, then whatever either of them started: nothing keeps running after the command.
@@ -23,14 +25,15 @@ import typer
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
-POOL = "sidecar-pool"
 SERVER_START_TIMEOUT_S = 300  # the first start creates and migrates Prefect's SQLite database
 DEPLOY_TIMEOUT_S = 300
 WORKER_START_TIMEOUT_S = 120
 STOP_GRACE_S = 30
 # Prefect 3.9's process worker stays up after the SIGTERM (a SIGINT to itself) it documents as graceful,
-# so it gets a few seconds only; its flow runs get signals of their own.
+# so it gets a few seconds only; its flow runs get signals of their own. gpu-workers.sh gives its workers 10 s.
 WORKER_STOP_GRACE_S = 3
+# each work pool with the infra/ script that starts its workers and their stop grace
+WORKERS = (("sidecar-control", "worker", WORKER_STOP_GRACE_S), ("sidecar-gpu", "gpu-workers", 15))
 
 
 class _Script:
@@ -175,7 +178,7 @@ Run nightly from the UI:
   Results go to db_path (data/sidecar.duckdb in this checkout by default).
 
 The nightly schedule (02:00 UTC) is on while this runs.
-Logs: {logs}/server.log, worker.log.
+Logs: {logs}/server.log, worker.log, gpu-workers.log.
 Ctrl-C stops the worker, the server and any run in flight.
 """
 
@@ -183,7 +186,7 @@ Ctrl-C stops the worker, the server and any run in flight.
 def ui_command(
     port: int = typer.Option(4200, min=1, max=65535, help="Port of the Prefect API and UI on 127.0.0.1."),
 ) -> None:
-    """Start a local Prefect server with its UI, deploy prefect.yaml and start a worker; Ctrl-C stops them."""
+    """Start a local Prefect server with its UI, deploy prefect.yaml and start its workers; Ctrl-C stops them."""
     from rich.console import Console
 
     console = Console()
@@ -202,22 +205,25 @@ def ui_command(
             started.append(server := _Script("server", env, logs, STOP_GRACE_S))
             _wait_until(lambda: _get(f"{api}/health") is not None, server, SERVER_START_TIMEOUT_S)
         console.print(f"[green]✓[/] Prefect server at {ui}, state in {env['PREFECT_HOME']}")
-        with console.status("Creating the work pool and the gpu limit, deploying prefect.yaml"):
+        with console.status("Creating the work pools and the GPU limits, deploying prefect.yaml"):
             started.append(deploy := _Script("deploy", env, logs, STOP_GRACE_S))
             _wait_until(lambda: not deploy.running(), deploy, DEPLOY_TIMEOUT_S)
             if deploy.process.returncode != 0:
                 _fail(deploy, f"deploy.sh exited with status {deploy.process.returncode}")
             if _get(f"{api}/deployments/name/nightly/nightly") is None:
                 _fail(deploy, "deploy.sh created no nightly/nightly deployment")
-        console.print(f"[green]✓[/] Deployed nightly, judge and cost-report from {REPO / 'prefect.yaml'}")
-        with console.status(f"Starting a process worker for {POOL}"):
-            started.append(worker := _Script("worker", env, logs, WORKER_STOP_GRACE_S))
-            _wait_until(lambda: (_get(f"{api}/work_pools/{POOL}") or {}).get("status") == "READY", worker,
-                        WORKER_START_TIMEOUT_S)
-        console.print(f"[green]✓[/] Worker for {POOL} running flow runs in {REPO}")
+        console.print(f"[green]✓[/] Deployed nightly, nightly-shard, judge and cost-report from {REPO}/prefect.yaml")
+        workers = []
+        for pool, script, grace_s in WORKERS:
+            with console.status(f"Starting the process workers of {pool}"):
+                started.append(worker := _Script(script, env, logs, grace_s))
+                workers.append(worker)
+                _wait_until(lambda pool=pool: (_get(f"{api}/work_pools/{pool}") or {}).get("status") == "READY",
+                            worker, WORKER_START_TIMEOUT_S)
+            console.print(f"[green]✓[/] Workers of {pool} running flow runs in {REPO}")
         console.print(_instructions(port, logs), highlight=False, soft_wrap=True)
         while True:
-            for script in (server, worker):
+            for script in (server, *workers):
                 if not script.running():
                     _fail(script, f"the {script.name} stopped (status {script.process.returncode})")
             time.sleep(1)
@@ -227,7 +233,7 @@ def ui_command(
         # a second Ctrl-C must not cut the stopping short; it ends in SIGKILL if a process hangs
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with console.status("Stopping the worker, then the server"):
+        with console.status("Stopping the workers, then the server"):
             for script in reversed(started):
                 script.stop()
         if started:

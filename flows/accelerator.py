@@ -1,14 +1,16 @@
 """One run at a time on an accelerator: its OS lock on this machine, and on a Prefect server a slot of
-the global concurrency limit ``gpu``.
+the global concurrency limit named by ``$SIDECAR_GPU_LIMIT`` (default ``gpu``).
 
 The lock is a file per physical device (``sidecar.devices.accelerator_id``: a CUDA device, or ``cpu``) in
 ``$SIDECAR_LOCK_DIR`` (default ``~/.cache/sidecar/locks``); the kernel drops it when its process ends,
 however it ends. It keeps runs on one machine apart also on the embedded API, where the ``gpu`` limit
-does not exist and, created, would be seen by this process alone. The ``gpu`` limit keeps apart the runs
-of a Prefect server's workers on several machines; create it once per server (without it, runs do not
-wait for each other there)::
+does not exist and, created, would be seen by this process alone. The limit keeps apart the runs of a
+Prefect server's workers on several machines. A pool of several GPUs has one limit per GPU: the worker
+pinned to GPU ``i`` of ``host`` sets ``SIDECAR_GPU_LIMIT=gpu-<host>-<i>`` for its flow runs
+(``infra/gpu-workers.sh``), so two runs wait for each other only when they would share a device. Create
+each limit once per server (``infra/setup-pool.sh``; without it, runs do not wait for each other there)::
 
-    prefect gcl create gpu --limit 1
+    prefect gcl create gpu-host1-0 --limit 1
 
 The slot is taken first, so a run waiting for it holds no device.
 """
@@ -24,11 +26,14 @@ from prefect.concurrency.sync import concurrency
 
 from flows.embedded import on_embedded_api
 from sidecar.devices import accelerator_id
-from sidecar.settings import lock_dir
+from sidecar.settings import Settings, lock_dir
 from storage.locks import LockHolder, exclusive
 
-# the global concurrency limit a run holds a slot of while its pair is loaded
-GPU_LIMIT = "gpu"
+
+def gpu_limit() -> str:
+    """The global concurrency limit a run holds a slot of while its pair is loaded: ``$SIDECAR_GPU_LIMIT``,
+    default ``gpu``."""
+    return Settings().gpu_limit
 
 
 def accelerator_lock(device: str) -> Path:
@@ -47,9 +52,9 @@ def holding_accelerator(what: str, wait_s: float | None) -> Iterator[str]:
     device = accelerator_id()
     with contextlib.ExitStack() as stack:
         if not on_embedded_api():
-            logger.info("%s: taking a slot of the %r concurrency limit (waits while other runs hold it)", what,
-                        GPU_LIMIT)
-            stack.enter_context(concurrency(GPU_LIMIT, occupy=1))
+            limit = gpu_limit()
+            logger.info("%s: taking a slot of the %r concurrency limit (waits while other runs hold it)", what, limit)
+            stack.enter_context(concurrency(limit, occupy=1))
 
         def waiting(holder: LockHolder, waited_s: float) -> None:
             limit = "as long as it takes" if wait_s is None else f"up to {wait_s:.0f} s"

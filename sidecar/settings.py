@@ -16,6 +16,9 @@ class Settings(BaseSettings):
     lock_dir: Path | None = None
     # prefill every batch in one forward, as on an accelerator, instead of the CPU's groups of rows
     one_prefill_forward: bool = False
+    # the Prefect global concurrency limit a run holds a slot of while its pair is loaded: one per GPU on a
+    # pool of several (a worker per GPU sets ``gpu-<host>-<index>``), ``gpu`` for a single-GPU server
+    gpu_limit: str = "gpu"
 
 
 def sidecar_home() -> Path:

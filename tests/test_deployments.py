@@ -1,10 +1,14 @@
-"""prefect.yaml against a real `prefect server start` on loopback: what `prefect deploy --all` creates, and the
-trigger chain nightly -> judge -> cost-report run by a real process worker with the tiny pair."""
+"""prefect.yaml against a real `prefect server start` on loopback: what `infra/deploy.sh` (pools, limits,
+`prefect deploy --all`) creates, and a sharded nightly deployment run with the tiny pair on real process workers
+(infra/worker.sh for the control pool, infra/gpu-workers.sh --cpu 2 for the GPU pool): its shards run as flow
+runs of the nightly-shard deployment, every (document, mode) is stored once, and the trigger chain
+nightly -> judge -> cost-report fires once."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,13 +76,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         log.close()
 
 
+HOST = "testhost"  # the host name in the GPU workers' limit names (SIDECAR_HOST)
+
+
 @pytest.fixture(scope="module")
 def deployed(server: dict[str, str]) -> dict[str, str]:
-    for command in ([str(PREFECT), "work-pool", "create", "sidecar-pool", "--type", "process"],
-                    [str(PREFECT), "--no-prompt", "deploy", "--all", "--prefect-file", "prefect.yaml"]):
-        done = subprocess.run(command, env=server, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-    return server
+    """infra/deploy.sh run against the server for two GPUs of HOST; yields the environment of the scripts."""
+    env = server | {"SIDECAR_PREFECT": str(PREFECT), "SIDECAR_HOST": HOST}
+    done = subprocess.run([str(REPO / "infra" / "deploy.sh"), f"{HOST}:2"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return env
 
 
 @contextlib.contextmanager
@@ -97,16 +105,27 @@ def api(deployed: dict[str, str]):
         yield client
 
 
-def test_deploy_all_creates_the_three_deployments(api) -> None:
+def gpu_limits(api) -> dict[str, int]:
+    """The global concurrency limits but the nightly deployment's own (``deployment:<id>``)."""
+    return {limit.name: limit.limit for limit in api.read_global_concurrency_limits()
+            if not limit.name.startswith("deployment:")}
+
+
+def test_deploy_creates_the_four_deployments_on_two_pools_and_a_limit_per_gpu(api) -> None:
     from flows.nightly import NightlyParams
 
     deployments = {d.name: d for d in api.read_deployments()}
-    assert set(deployments) == {"nightly", "judge", "cost-report"}
-    assert {d.work_pool_name for d in deployments.values()} == {"sidecar-pool"}
+    assert {name: d.work_pool_name for name, d in deployments.items()} == {
+        "nightly": "sidecar-control", "cost-report": "sidecar-control",
+        "nightly-shard": "sidecar-gpu", "judge": "sidecar-gpu"}
+    pools = {(pool.name, pool.type) for pool in api.read_work_pools()}
+    assert pools >= {("sidecar-control", "process"), ("sidecar-gpu", "process")}
     assert {d.entrypoint for d in deployments.values()} == {
-        "flows/nightly.py:nightly", "flows/judge.py:judge", "flows/cost_report.py:cost_report"}
+        "flows/nightly.py:nightly", "flows/nightly_shard.py:nightly_shard", "flows/judge.py:judge",
+        "flows/cost_report.py:cost_report"}
     assert all(d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
                for d in deployments.values())
+    assert gpu_limits(api) == {"gpu": 1, f"gpu-{HOST}-0": 1, f"gpu-{HOST}-1": 1}
 
     nightly = deployments["nightly"]
     [schedule] = nightly.schedules
@@ -114,12 +133,29 @@ def test_deploy_all_creates_the_three_deployments(api) -> None:
     assert nightly.global_concurrency_limit.limit == 1
     params = NightlyParams.model_validate(nightly.parameters["params"])
     assert (params.pair, params.db_path, params.title_column) == ("qwen-coder-small", "data/sidecar.duckdb", "title")
+    assert (params.shard_deployment, params.shards, params.results_uri) == ("nightly-shard/nightly-shard", 2, None)
     # the UI renders the run form from this schema: one object parameter with the model's fields
     schema = nightly.parameter_openapi_schema
     assert list(schema["properties"]) == ["params"]
-    assert {"corpus", "batch_size", "sidecar_tasks", "modes", "run_id"} <= set(
+    assert {"corpus", "batch_size", "sidecar_tasks", "modes", "run_id", "shards", "shard_deployment"} <= set(
         schema["definitions"]["NightlyParams"]["properties"])
+    # the parent launches the shard deployment by the name it is given
+    shard = api.read_deployment_by_name(params.shard_deployment)
+    assert shard.id == deployments["nightly-shard"].id
+    assert not shard.schedules and shard.global_concurrency_limit is None and not shard.parameters
+    assert set(shard.parameter_openapi_schema["properties"]) == {
+        "run_id", "launch_id", "shard", "attempt", "results_uri", "params"}
     assert not deployments["judge"].schedules and not deployments["cost-report"].schedules
+
+
+def test_deploy_again_changes_nothing(deployed: dict[str, str], api) -> None:
+    before = {d.name: (d.id, d.work_pool_name) for d in api.read_deployments()}
+    done = subprocess.run([str(REPO / "infra" / "deploy.sh"), f"{HOST}:2"], env=deployed, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {d.name: (d.id, d.work_pool_name) for d in api.read_deployments()} == before
+    assert sorted(a.name for a in api.read_automations()) == ["cost-report-after-judge", "judge-after-nightly"]
+    assert gpu_limits(api) == {"gpu": 1, f"gpu-{HOST}-0": 1, f"gpu-{HOST}-1": 1}
 
 
 def test_triggers_start_judge_after_nightly_and_cost_report_after_judge(api) -> None:
@@ -140,50 +176,95 @@ def test_triggers_start_judge_after_nightly_and_cost_report_after_judge(api) -> 
     assert automations["judge-after-nightly"].actions[0].parameters["run_id"] == "{{ flow_run.name }}"
 
 
-def test_a_nightly_deployment_run_triggers_judge_then_cost_report(deployed: dict[str, str], tmp_path: Path) -> None:
-    corpus = tmp_path / "news.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "article": [
-        "The city council approved a new budget on Tuesday after a long debate about schools.",
-        "Officials said the plan would add jobs at the plant in the north of the state."]}), corpus)
-    db_path = tmp_path / "sidecar.duckdb"
-    worker_log = (tmp_path / "worker.log").open("wb")
-    # the worker polls every 2 s instead of 10: each of the three flow runs starts sooner
-    worker = subprocess.Popen([str(PREFECT), "worker", "start", "--pool", "sidecar-pool", "--type", "process"],
-                              env=deployed | {"PREFECT_WORKER_QUERY_SECONDS": "2"}, cwd=tmp_path, stdout=worker_log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+@contextlib.contextmanager
+def workers(env: dict[str, str], logs: Path) -> Iterator[None]:
+    """The control pool's worker (infra/worker.sh) and two CPU workers of the GPU pool (infra/gpu-workers.sh
+    --cpu 2, limits gpu-HOST-0 and gpu-HOST-1), until the block ends."""
+    # the workers poll every 2 s instead of 10: each flow run starts sooner
+    env = env | {"PREFECT_WORKER_QUERY_SECONDS": "2"}
+    started = []
     try:
-        with api_client(deployed) as api:
-            nightly = api.read_deployment_by_name("nightly/nightly")
-            started = api.create_flow_run_from_deployment(nightly.id, parameters={"params": {
-                "corpus": str(corpus), "pair": "tiny", "max_new_tokens": 8, "db_path": str(db_path)}})
-            runs = wait_for_completed_chain(api, started.id, timeout_s=900, log=tmp_path / "worker.log")
+        for name, command in (("control", ["worker.sh"]), ("gpu", ["gpu-workers.sh", "--cpu", "2"])):
+            with (logs / f"{name}-worker.log").open("wb") as log:
+                started.append(subprocess.Popen([str(REPO / "infra" / command[0]), *command[1:]], env=env, cwd=REPO,
+                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        yield
     finally:
-        stop(worker)
-        worker_log.close()
+        for proc in reversed(started):
+            stop(proc)
+
+
+def worker_logs(logs: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logs.glob("*.log")))
+
+
+def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_document_once_and_is_judged_once(
+        deployed: dict[str, str], tmp_path: Path) -> None:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    docs = 20
+    corpus = tmp_path / "news.parquet"
+    pq.write_table(pa.table({"id": [f"d{i:02d}" for i in range(docs)], "article": [
+        f"Story {i}: the city council approved a new budget after a long debate about schools and roads. "
+        * (1 + i % 3) for i in range(docs)]}), corpus)
+    db_path = tmp_path / "sidecar.duckdb"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with workers(deployed, logs), api_client(deployed) as api:
+        nightly = api.read_deployment_by_name("nightly/nightly")
+        # as the UI's form: the deployment's parameters, some changed
+        params = nightly.parameters["params"] | {
+            "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "db_path": str(db_path)}
+        started = api.create_flow_run_from_deployment(nightly.id, parameters={"params": params})
+        runs = wait_for_completed_chain(api, started.id, timeout_s=1200, logs=logs)
+        shard_logs = {run.name: [log.message for log in api.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[run.id])))] for run in runs["nightly-shard"]}
+        shard_pools = {run.work_pool_name for run in runs["nightly-shard"]}
+        judge_runs = [run for run in api.read_flow_runs() if api.read_flow(run.flow_id).name == "judge"]
 
     run_id = runs["nightly"].name
     assert run_id.startswith("nightly-")
+    assert len(runs["nightly-shard"]) == 2 and shard_pools == {"sidecar-gpu"}
+    # each shard held the limit of the GPU worker that ran it
+    taken = {found[1] for ms in shard_logs.values() for m in ms
+             if (found := re.search(r"taking a slot of the '([^']+)' concurrency limit", m))}
+    assert taken and taken <= {f"gpu-{HOST}-0", f"gpu-{HOST}-1"}, shard_logs
+    # the judge fired once, on the parent's Completed, not on the shards'
+    assert len(judge_runs) == 1, [(r.name, r.parameters) for r in judge_runs]
     assert runs["judge"].parameters == {"run_id": run_id, "db_path": str(db_path), "judge_pair": "tiny"}
     assert runs["cost-report"].parameters == {"run_id": run_id, "db_path": str(db_path)}
+
     db = Database(db_path)
-    assert db.get_run(run_id)["status"] == "completed" and len(db.results(run_id)) == 2
+    assert db.get_run(run_id)["status"] == "completed"
+    stored = db.query("SELECT doc_id, mode, count(*) AS n FROM outputs WHERE run_id = ? GROUP BY doc_id, mode",
+                      [run_id])
+    assert sorted((r["doc_id"], r["mode"]) for r in stored) == sorted(
+        (f"d{i:02d}", mode) for i in range(docs) for mode in ("sidecar", "standalone"))
+    assert {r["n"] for r in stored} == {1}
+    attempts = db.shard_attempts(run_id)
+    assert [(a["shard"], a["status"]) for a in attempts] == [(0, "completed"), (1, "completed")]
+    assert {a["flow_run_id"] for a in attempts} == {str(r.id) for r in runs["nightly-shard"]}
     assert db.query("SELECT count(*) AS n FROM costs WHERE run_id = ?", [run_id])[0]["n"] > 0
 
 
-def wait_for_completed_chain(api, nightly_run_id, timeout_s: float, log: Path) -> dict:
-    """The nightly run and the judge and cost-report runs its completion set off, once all are Completed."""
+def wait_for_completed_chain(api, nightly_run_id, timeout_s: float, logs: Path) -> dict:
+    """The nightly run, its shard runs, and the judge and cost-report runs its completion set off, once all are
+    Completed: {"nightly": run, "nightly-shard": [runs], "judge": run, "cost-report": run}."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs = {}
+        runs: dict = {"nightly-shard": []}
         for run in api.read_flow_runs():
             flow = api.read_flow(run.flow_id).name
             # the schedule adds future nightly runs; judge and cost-report runs come only from the triggers
-            if run.id == nightly_run_id or flow != "nightly":
+            if flow == "nightly-shard":
+                runs[flow].append(run)
+            elif run.id == nightly_run_id or flow != "nightly":
                 runs[flow] = run
-        states = {flow: run.state_name for flow, run in runs.items()}
-        failed = {flow: state for flow, state in states.items() if state in ("Failed", "Crashed")}
-        assert not failed, f"{failed}\n{log.read_text(errors='replace')[-5000:]}"
-        if set(runs) == {"nightly", "judge", "cost-report"} and set(states.values()) == {"Completed"}:
+        every = [runs[flow] for flow in ("nightly", "judge", "cost-report") if flow in runs] + runs["nightly-shard"]
+        states = {run.name: run.state_name for run in every}
+        failed = {name: state for name, state in states.items() if state in ("Failed", "Crashed")}
+        assert not failed, f"{failed}\n{worker_logs(logs)}"
+        if {"nightly", "judge", "cost-report"} <= set(runs) and set(states.values()) == {"Completed"}:
             return runs
-        assert time.monotonic() < deadline, f"{states}\n{log.read_text(errors='replace')[-5000:]}"
+        assert time.monotonic() < deadline, f"{states}\n{worker_logs(logs)}"
         time.sleep(2)

@@ -293,16 +293,16 @@ def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Pat
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.sync import concurrency
 
-    from flows.accelerator import GPU_LIMIT
+    from flows.accelerator import gpu_limit
     from flows.nightly import nightly
 
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 2), run_id="waits")
     db = Database(run.db_path)
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=1))
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=gpu_limit(), limit=1))
     try:
         finished: dict[str, object] = {}
-        with concurrency(GPU_LIMIT, occupy=1):  # another run has the GPU
+        with concurrency(gpu_limit(), occupy=1):  # another run has the GPU
             thread = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
             thread.start()
             time.sleep(5)
@@ -311,7 +311,7 @@ def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Pat
         thread.join(timeout=600)
     finally:
         with get_client(sync_client=True) as client:
-            client.delete_global_concurrency_limit_by_name(GPU_LIMIT)
+            client.delete_global_concurrency_limit_by_name(gpu_limit())
     assert finished["counts"].done == 2
     assert db.get_run("waits")["created_at"] >= released
 

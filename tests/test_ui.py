@@ -91,15 +91,17 @@ def test_a_nightly_run_from_the_ui_form_completes_and_sigterm_stops_everything(t
     out = tmp_path / "ui.log"
 
     def logs() -> str:
-        worker = home / "sidecar-ui" / "worker.log"
-        return out.read_text(errors="replace") + (worker.read_text(errors="replace")[-5000:] if worker.exists() else "")
+        workers = [home / "sidecar-ui" / f"{name}.log" for name in ("worker", "gpu-workers")]
+        return out.read_text(errors="replace") + "".join(w.read_text(errors="replace")[-5000:] for w in workers
+                                                         if w.exists())
 
     with out.open("wb") as log:
         ui = subprocess.Popen([sys.executable, "-m", "cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # the command starts the worker once prefect.yaml is deployed
-        wait_for(lambda: (get(f"{api}/work_pools/sidecar-pool") or {}).get("status") == "READY", ui, logs, 600)
+        wait_for(lambda: all((get(f"{api}/work_pools/{pool}") or {}).get("status") == "READY"
+                             for pool in ("sidecar-control", "sidecar-gpu")), ui, logs, 600)
         nightly = get(f"{api}/deployments/name/nightly/nightly")
         assert nightly is not None, logs()
         corpus, db_path = tmp_path / "news.parquet", tmp_path / "sidecar.duckdb"

@@ -1,0 +1,281 @@
+"""The files of infra/ checked offline, fast: the systemd units parse (``systemd-analyze verify`` where it
+exists) with the keys the GPU pool needs, the shell scripts parse and do what they say against a stand-in
+``prefect`` (pools and limits created once, one worker per GPU with its own limit), docker-compose names a
+Postgres-backed server and its workers on pinned images, and the deployments of prefect.yaml name the pools
+and limits the scripts create."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+UNITS = INFRA / "systemd"
+SCRIPTS = sorted(INFRA.glob("*.sh"))
+PREFECT = Path(sys.executable).parent / "prefect"
+
+# A stand-in for the prefect CLI: each call is a line of $FAKE_STATE/calls; pools and limits live as files
+# under $FAKE_STATE, so `inspect` finds what an earlier `create` made. `worker start` prints its environment
+# and runs until SIGTERM.
+FAKE_PREFECT = r"""#!/usr/bin/env bash
+echo "$*" >> "$FAKE_STATE/calls"
+case "$1 $2" in
+  "work-pool inspect"|"gcl inspect") [ -e "$FAKE_STATE/$1-$3" ] ;;
+  "work-pool create"|"gcl create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "gcl update") [ -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "worker start")
+    sleep 600 &
+    trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
+    echo "worker $* CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SIDECAR_GPU_LIMIT=${SIDECAR_GPU_LIMIT-}" \
+      "SIDECAR_CPU_SLOT=${SIDECAR_CPU_SLOT-} OMP_NUM_THREADS=${OMP_NUM_THREADS-}"
+    if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_EXIT_LIMIT:-}" ]; then sleep 1; kill $!; exit 7; fi
+    wait ;;
+  *) exit 3 ;;
+esac
+"""
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+[ "$1" = -L ] && printf 'GPU 0: NVIDIA H100 (UUID: GPU-aaaa)\\nGPU 1: NVIDIA H100 (UUID: GPU-bbbb)\\n'
+"""
+
+
+def unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit file as {section: {key: [values, in order]}} (keys such as Environment repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    section = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and section is not None, f"{path.name}: not a key=value line in a section: {line!r}"
+        section.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def test_the_gpu_worker_template_pins_its_instance_gpu_and_names_its_limit() -> None:
+    service = unit(UNITS / "sidecar-gpu-worker@.service")["Service"]
+    assert {"CUDA_VISIBLE_DEVICES=%i", "SIDECAR_GPU_LIMIT=gpu-%H-%i"} <= set(service["Environment"])
+    [start] = service["ExecStart"]
+    assert start.split()[1:] == ["worker", "start", "--pool", "sidecar-gpu", "--type", "process", "--limit", "1",
+                                 "--name", "gpu-%H-%i"]
+    assert service["Restart"] == ["on-failure"] and service["EnvironmentFile"] == ["/etc/sidecar/prefect.env"]
+
+
+def test_the_control_worker_unit_starts_the_control_pools_worker() -> None:
+    service = unit(UNITS / "sidecar-control-worker.service")["Service"]
+    assert service["ExecStart"] == ["/opt/sidecar/infra/worker.sh"]
+    assert "--pool sidecar-control --type process" in (INFRA / "worker.sh").read_text()
+    assert not any(v.startswith(("CUDA_VISIBLE_DEVICES", "SIDECAR_GPU_LIMIT")) for v in service.get("Environment", []))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verifies_every_unit(tmp_path: Path) -> None:
+    # verify checks that ExecStart exists: the units point at this checkout and this interpreter's prefect
+    for path in UNITS.glob("*.service"):
+        text = path.read_text().replace("/opt/sidecar/.venv/bin/prefect", str(PREFECT))
+        (tmp_path / path.name).write_text(text.replace("/opt/sidecar", str(REPO)))
+    names = [str(tmp_path / (p.name.replace("@.", "@0.") if "@." in p.name else p.name)) for p in UNITS.glob("*")]
+    done = subprocess.run(["systemd-analyze", "verify", *names], capture_output=True, text=True, timeout=60)
+    # unknown keys and bad values are warnings with status 0: any line about our files is a failure
+    complaints = [line for line in (done.stdout + done.stderr).splitlines() if str(tmp_path) in line]
+    assert done.returncode == 0 and complaints == [], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_the_scripts_parse_and_are_executable(script: Path) -> None:
+    assert os.access(script, os.X_OK), f"{script.name} is not executable"
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("shellcheck"):
+        done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> dict[str, str]:
+    """The environment of a script run against the stand-in prefect (and no nvidia-smi)."""
+    state, bin_dir = tmp_path / "state", tmp_path / "bin"
+    state.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "prefect").write_text(FAKE_PREFECT)
+    (bin_dir / "prefect").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "SIDECAR_HOST")}
+    return env | {"FAKE_STATE": str(state), "SIDECAR_PREFECT": str(bin_dir / "prefect"),
+                  "PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+
+
+def fake_state(env: dict[str, str]) -> dict[str, str]:
+    return {p.name: p.read_text() for p in Path(env["FAKE_STATE"]).iterdir() if p.name != "calls"}
+
+
+def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fake_bin: dict[str, str]) -> None:
+    run = lambda: subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a:2", "gpu-b.lan:1"], env=fake_bin,  # noqa: E731
+                                 capture_output=True, text=True, timeout=60)
+    assert (done := run()).returncode == 0, done.stderr
+    state = fake_state(fake_bin)
+    assert state == {
+        "work-pool-sidecar-control": "work-pool create sidecar-control --type process\n",
+        "work-pool-sidecar-gpu": "work-pool create sidecar-gpu --type process\n",
+        **{f"gcl-{name}": f"gcl create {name} --limit 1\n" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1",
+                                                                          "gpu-gpu-b.lan-0")}}
+    # run again: nothing new is created, every limit is set back to one slot
+    Path(fake_bin["FAKE_STATE"], "calls").unlink()
+    assert (done := run()).returncode == 0, done.stderr
+    calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
+    assert not [c for c in calls if " create " in c], calls
+    assert sorted(c for c in calls if c.startswith("gcl update")) == sorted(
+        f"gcl update {name.removeprefix('gcl-')} --limit 1" for name in state if name.startswith("gcl-"))
+
+
+def test_setup_pool_without_arguments_sets_up_this_host_and_refuses_a_bad_spec(fake_bin: dict[str, str]) -> None:
+    done = subprocess.run([str(INFRA / "setup-pool.sh")], env=fake_bin | {"SIDECAR_HOST": "here"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # no nvidia-smi: one limit, for one CPU worker
+    assert {n for n in fake_state(fake_bin) if n.startswith("gcl-")} == {"gcl-gpu", "gcl-gpu-here-0"}
+    done = subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a"], env=fake_bin, capture_output=True, text=True)
+    assert done.returncode == 2 and "HOST:GPUS" in done.stderr
+
+
+def start_workers(env: dict[str, str], *args: str, count: int) -> tuple[subprocess.Popen, list[str]]:
+    """gpu-workers.sh started; its lines once ``count`` workers have started."""
+    proc = subprocess.Popen([str(INFRA / "gpu-workers.sh"), *args], env=env | {"SIDECAR_HOST": "h"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    while len([line for line in lines if line.startswith("worker ")]) < count:
+        line = proc.stdout.readline()
+        assert line, f"gpu-workers.sh ended: {lines}"
+        lines.append(line.strip())
+    return proc, lines
+
+
+def workers(lines: list[str]) -> dict[str, dict[str, str]]:
+    """The started workers by concurrency limit: their command line and environment."""
+    found = {}
+    for line in lines:
+        if line.startswith("worker "):
+            command, _, environment = line.partition(" CUDA_VISIBLE_DEVICES=")
+            values = dict(kv.split("=", 1) for kv in ("CUDA_VISIBLE_DEVICES=" + environment).split())
+            found[values["SIDECAR_GPU_LIMIT"]] = values | {"command": command.removeprefix("worker ")}
+    return found
+
+
+def stop(proc: subprocess.Popen) -> tuple[int, str]:
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+def test_gpu_workers_start_one_worker_per_gpu_each_with_its_own_limit(fake_bin: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    (tmp_path / "bin" / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    proc, lines = start_workers(fake_bin, count=2)
+    found = workers(lines)
+    assert set(found) == {"gpu-h-0", "gpu-h-1"}
+    for index in ("0", "1"):
+        worker = found[f"gpu-h-{index}"]
+        assert worker["command"] == f"worker start --pool sidecar-gpu --type process --limit 1 --name gpu-h-{index}"
+        assert (worker["CUDA_VISIBLE_DEVICES"], worker["SIDECAR_CPU_SLOT"]) == (index, "")
+    status, out = stop(proc)
+    assert status == 143 and {"stopped gpu-h-0", "stopped gpu-h-1"} <= set(out.splitlines()), out
+
+    # CUDA_VISIBLE_DEVICES chooses the GPUs
+    proc, lines = start_workers(fake_bin | {"CUDA_VISIBLE_DEVICES": "2,3"}, count=2)
+    assert {k: v["CUDA_VISIBLE_DEVICES"] for k, v in workers(lines).items()} == {"gpu-h-2": "2", "gpu-h-3": "3"}
+    stop(proc)
+
+
+def test_cpu_workers_share_the_cores_as_devices_of_their_own(fake_bin: dict[str, str]) -> None:
+    proc, lines = start_workers(fake_bin, "--cpu", "2", count=2)
+    found = workers(lines)
+    assert set(found) == {"gpu-h-0", "gpu-h-1"}
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    assert [(w["CUDA_VISIBLE_DEVICES"], w["SIDECAR_CPU_SLOT"], w["OMP_NUM_THREADS"])
+            for _, w in sorted(found.items())] == [("", "0", threads), ("", "1", threads)]
+    stop(proc)
+    # no GPU and no --cpu: one CPU worker
+    proc, lines = start_workers(fake_bin, count=1)
+    assert list(workers(lines)) == ["gpu-h-0"]
+    stop(proc)
+    done = subprocess.run([str(INFRA / "gpu-workers.sh"), "--cpu", "0"], env=fake_bin, capture_output=True, text=True)
+    assert done.returncode == 2 and "--cpu" in done.stderr
+
+
+def test_a_worker_that_exits_stops_the_others_with_its_status(fake_bin: dict[str, str]) -> None:
+    proc, _ = start_workers(fake_bin | {"FAKE_EXIT_LIMIT": "gpu-h-1"}, "--cpu", "3", count=3)
+    started = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 7, out
+    assert {"stopped gpu-h-0", "stopped gpu-h-2"} <= set(out.splitlines()), out
+    assert time.monotonic() - started < 30
+
+
+def compose() -> dict:
+    return yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+
+
+def prefect_yaml() -> dict:
+    return yaml.safe_load((REPO / "prefect.yaml").read_text())
+
+
+def test_compose_runs_a_postgres_backed_server_and_workers_of_both_pools_on_pinned_images() -> None:
+    services = compose()["services"]
+    version = prefect_yaml()["prefect-version"]
+    assert {"postgres", "prefect-server"} <= set(services)
+    assert services["prefect-server"]["image"] == f"prefecthq/prefect:{version}-python3.11"
+    url = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert re.fullmatch(r"postgresql\+asyncpg://prefect:\$\{POSTGRES_PASSWORD\}@postgres:5432/prefect", url), url
+    assert services["prefect-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name, service in services.items():
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), f"{name}: {image}"
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+
+    worker_services = {name: s for name, s in services.items() if "worker start" in s.get("command", "")}
+    pools = {name: re.search(r"--pool (\S+)", s["command"])[1] for name, s in worker_services.items()}
+    assert sorted(pools.values()) == ["sidecar-control", "sidecar-gpu", "sidecar-gpu"], pools
+    for service in worker_services.values():
+        assert service["environment"]["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+        assert service["build"]["dockerfile"] == "infra/worker.Dockerfile"
+        assert version in service["image"]
+    gpu_limits = [s["environment"]["SIDECAR_GPU_LIMIT"] for n, s in worker_services.items()
+                  if pools[n] == "sidecar-gpu"]
+    assert len(set(gpu_limits)) == 2, "each GPU worker holds a limit of its own"
+    [base] = re.findall(r"^FROM (\S+)$", (INFRA / "worker.Dockerfile").read_text(), re.MULTILINE)
+    assert base == f"prefecthq/prefect:{version}-python3.11"
+
+
+def test_prefect_yaml_puts_parents_on_the_control_pool_and_gpu_work_on_the_gpu_pool() -> None:
+    deployments = {d["name"]: d for d in prefect_yaml()["deployments"]}
+    assert {name: d["work_pool"]["name"] for name, d in deployments.items()} == {
+        "nightly": "sidecar-control", "cost-report": "sidecar-control",
+        "nightly-shard": "sidecar-gpu", "judge": "sidecar-gpu"}
+    created = set(re.findall(r"^pool (\S+)$", (INFRA / "setup-pool.sh").read_text(), re.MULTILINE))
+    assert {d["work_pool"]["name"] for d in deployments.values()} == created
+    shard = deployments["nightly-shard"]
+    assert shard["entrypoint"] == "flows/nightly_shard.py:nightly_shard"
+    assert not shard.get("schedules") and "concurrency_limit" not in shard and not shard.get("triggers")
+    nightly = deployments["nightly"]
+    assert nightly["concurrency_limit"] == 1
+    params = nightly["parameters"]["params"]
+    flow_name, deployment_name = params["shard_deployment"].split("/")
+    assert deployment_name in deployments and isinstance(params["shards"], int) and params["shards"] >= 1
+    # the judge fires on the parent's completion only: its flow and deployment, never the shard's
+    [trigger] = deployments["judge"]["triggers"]
+    related = {(m["prefect.resource.role"], m["prefect.resource.name"]) for m in trigger["match_related"]}
+    assert related == {("flow", "nightly"), ("deployment", "nightly")} and flow_name not in {n for _, n in related}
