@@ -34,6 +34,7 @@ BENCHMARKS = [
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),
     ("syncs", "bench.syncs", "syncs"),
+    ("ingest", "bench.ingest", "ingest_cpu"),
 ]
 
 
