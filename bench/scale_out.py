@@ -164,7 +164,9 @@ def shard_times(attempts: list[dict]) -> list[dict]:
             "status": attempt["status"], "model_s": model_s, "part_files_s": parts_s, "input_s": input_s,
             "flow_s": (run.end_time - run.start_time).total_seconds(),
             "process_start_s": (run.created - attempt["started_at"]).total_seconds(),
-            "flow_start_s": (run.start_time - run.created).total_seconds()})
+            "flow_start_s": (run.start_time - run.created).total_seconds(),
+            # the process's exit after its flow run, the parent's poll and its last ingest of the attempt's parts
+            "exit_s": (attempt["finished_at"] - run.end_time).total_seconds()})
     return shards
 
 
@@ -194,6 +196,7 @@ def sharded_run(work: Path, corpus: Path, name: str, documents: int, workers: in
         "shard_prefect_s": sum(s["flow_start_s"] + s["flow_s"] - s["model_s"] - s["input_s"] - s["part_files_s"]
                                for s in per_shard),
         "process_start_s": sum(s["process_start_s"] for s in per_shard),
+        "shard_exit_s": sum(s["exit_s"] for s in per_shard),
         "parent_input_s": counts.input_seconds, "parent_duckdb_s": counts.storage_seconds,
         "per_shard": per_shard,
     }
@@ -209,7 +212,8 @@ def overhead(run: dict) -> dict:
     return {"documents": run["documents"], "shards": run["shards"], "wall_s": run["wall_s"],
             "model_s": run["model_s"], "input_s": input_s, "process_start_s": run["process_start_s"],
             "shard_prefect_s": run["shard_prefect_s"], "part_files_s": run["part_files_s"],
-            "parent_duckdb_s": run["parent_duckdb_s"], "parent_rest_s": parent_rest_s, "overhead_s": overhead_s,
+            "parent_duckdb_s": run["parent_duckdb_s"], "parent_rest_s": parent_rest_s,
+            "shard_exit_s": run["shard_exit_s"], "overhead_s": overhead_s,
             "overhead_pct": 100 * overhead_s / run["model_s"],
             "all_but_model_pct": 100 * (overhead_s + fixed_s) / run["model_s"],
             "fixed_per_shard_s": fixed_s / run["shards"]}
@@ -293,7 +297,8 @@ def markdown(payload: dict) -> str:
         ("documents", "docs"), ("shards", "shards"), ("wall_s", "wall s"), ("model_s", "model s"),
         ("input_s", "input s"), ("process_start_s", "process start s"), ("shard_prefect_s", "Prefect in shards s"),
         ("part_files_s", "part files s"), ("parent_duckdb_s", "parent DuckDB + ingest s"),
-        ("parent_rest_s", "parent rest s"), ("overhead_pct", "overhead ÷ model %"),
+        ("parent_rest_s", "parent rest s"), ("shard_exit_s", "shard exits s (in the two before)"),
+        ("overhead_pct", "overhead ÷ model %"),
         ("all_but_model_pct", "(overhead + input + process start) ÷ model %")])
     own_run = ("a run of its own" if cost["run"]["name"] == "three-shards"
                else "the one-worker run above (`--overhead-documents 0`)")
@@ -317,7 +322,9 @@ def markdown(payload: dict) -> str:
         f"the API: the interpreter, importing torch, transformers and Prefect). The overhead is the rest: "
         f"Prefect in the shards (flow run start, task runs, logs, artifacts), writing part files, the parent's "
         f"DuckDB (run rows, ingest) and the parent's rest (polls between attempts, shard exits, manifests, "
-        f"attempt rows, its own flow run). The embedded Prefect API took {payload['startup_s']:.0f} s to start, "
+        f"attempt rows, its own flow run); of these two, the shards' exits (from a flow run's end until the "
+        f"parent records the attempt ended: the process's exit, the parent's poll, its last ingest of the "
+        f"attempt's parts) are shown apart too. The embedded Prefect API took {payload['startup_s']:.0f} s to start, "
         f"once, not counted.\n\n{cost_table}")
 
 

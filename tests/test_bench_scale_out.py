@@ -32,7 +32,7 @@ def test_the_quick_scale_out_benchmark_stores_every_document_once_per_mode_and_a
         assert run["threads_per_worker"] == 1 and run["attempts"] == run["shards"] and run["parts"] >= run["shards"]
         assert sorted(s["shard"] for s in run["per_shard"]) == list(range(run["shards"]))
         assert sum(s["docs"] for s in run["per_shard"]) == run["documents"]
-        assert all(s["status"] == "completed" and s["model_s"] > 0 and s["process_start_s"] > 0
+        assert all(s["status"] == "completed" and s["model_s"] > 0 and s["process_start_s"] > 0 and s["exit_s"] > 0
                    for s in run["per_shard"])
         assert run["docs_per_s"] == pytest.approx(run["documents"] / run["wall_s"])
     fastest = min(r["wall_s"] for r in par["one_worker"]) / min(r["wall_s"] for r in par["two_workers"])
