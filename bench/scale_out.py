@@ -39,18 +39,14 @@ import argparse
 import contextlib
 import os
 import re
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-BENCH_HOME = Path(tempfile.mkdtemp(prefix="sidecar-bench-scale-out-"))
-# Before Prefect is imported: a throwaway Prefect home, no analytics, time for the embedded API to start.
-os.environ["PREFECT_HOME"] = str(BENCH_HOME)
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.pop("PREFECT_API_URL", None)
+from bench.prefect_home import throwaway_prefect_home
+
+BENCH_HOME = throwaway_prefect_home("sidecar-bench-scale-out-")
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
