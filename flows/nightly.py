@@ -318,10 +318,11 @@ def _launcher(params: NightlyParams) -> ShardLauncher:
         return ShardDeployments(params.shard_deployment)
     from prefect import get_client
 
+    from flows.embedded import on_embedded_api
     from flows.shard_processes import ShardProcesses
 
     # this flow's own API, the embedded one too: the shards' flow runs are listed beside this one
-    return ShardProcesses(params.workers, str(get_client(sync_client=True).api_url))
+    return ShardProcesses(params.workers, str(get_client(sync_client=True).api_url), embedded=on_embedded_api())
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:
