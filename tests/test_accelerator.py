@@ -93,3 +93,15 @@ def test_a_process_told_its_api_is_a_parents_embedded_one_takes_no_limit_there(
     told = logs(hold())
     assert not any("concurrency limit" in m or "do not exist" in m for m in told), told
     assert any(m.startswith("shard 0: holding accelerator") for m in told), "the OS lock is still taken"
+
+
+def test_a_parents_local_shard_processes_are_told_what_api_it_is_on(prefect_api, monkeypatch) -> None:
+    import flows.nightly
+    from flows.embedded import EMBEDDED_API_ENV
+    from flows.nightly_params import NightlyParams
+
+    monkeypatch.delenv(EMBEDDED_API_ENV, raising=False)
+    on_server = flows.nightly._launcher(NightlyParams(workers=2))
+    assert not on_server.embedded and on_server.api_url.rstrip("/") == prefect_api["PREFECT_API_URL"].rstrip("/")
+    monkeypatch.setattr("flows.embedded.on_embedded_api", lambda: True)
+    assert flows.nightly._launcher(NightlyParams(workers=2)).embedded
