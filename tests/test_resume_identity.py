@@ -1,8 +1,9 @@
 """A run id reused for another corpus or other settings is refused, and the refusal writes nothing.
 
 A resume is proven, not assumed: every stored input row comes again with the same id, title and text, and
-the decisive settings (pair, GPU type, gamma, modes and the caller's identity) are the ones the run was
-started with. On a real DuckDB file, with Parquet corpora written in tmp_path.
+the decisive settings (pair, gamma, modes and the caller's identity) are the ones the run was started
+with; where it runs (device, GPU type) may change. On a real DuckDB file, with Parquet corpora written in
+tmp_path.
 """
 
 from __future__ import annotations
