@@ -349,10 +349,9 @@ class Database:
         :class:`RunMismatchError` and changes nothing (``storage.resume``). It may run on another device or
         GPU type: ``device`` and ``gpu_type`` stay as the first start recorded them (None for a sharded run's
         parent), and each request-stats row names where it ran (``write_batch``'s ``ran_on``, a part's
-        ``ShardInfo``). ``modes``
-        are the modes each document gets: the ``results`` view shows a document once all of them are
-        written. Values in ``params`` and ``identity`` that JSON cannot hold (paths, enums) are stored as
-        their ``str()``.
+        ``ShardInfo``). ``modes`` are the modes each document gets: the ``results`` view shows a document
+        once all of them are written. Values in ``params`` and ``identity`` that JSON cannot hold (paths,
+        enums) are stored as their ``str()``.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
                               identity)
