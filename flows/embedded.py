@@ -6,6 +6,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+# "1" in the environment of a process whose PREFECT_API_URL is its parent run's embedded API
+EMBEDDED_API_ENV = "SIDECAR_EMBEDDED_API"
+
 
 @contextlib.contextmanager
 def embedded_prefect() -> Iterator[None]:
@@ -42,8 +45,11 @@ def embedded_prefect() -> Iterator[None]:
 
 
 def on_embedded_api() -> bool:
-    """True inside flows that run on the embedded API (no ``PREFECT_API_URL``): it lives and dies with this
-    process and no other process's runs use it, so a global concurrency limit there guards nothing."""
+    """True inside flows that run on an embedded API: this process's own (no ``PREFECT_API_URL``), or the one
+    of the parent run that started this process and says so with ``SIDECAR_EMBEDDED_API=1`` (its local shard
+    processes, ``flows.shard_processes``, which reach it through ``PREFECT_API_URL``). Such an API lives and
+    dies with one process tree on one machine, and nobody creates global concurrency limits on it, so a
+    limit there guards nothing: the accelerator's OS lock keeps its runs apart (``flows.accelerator``)."""
     from prefect.settings import PREFECT_API_URL
 
-    return not PREFECT_API_URL.value()
+    return os.environ.get(EMBEDDED_API_ENV) == "1" or not PREFECT_API_URL.value()

@@ -25,7 +25,9 @@ skipped, so a crash costs at most that much finished work plus the documents in 
 window). A resume must
 be the same run (the same corpus rows and decisive settings, :meth:`NightlyParams.resume_identity`);
 anything else under an existing ``run_id`` is refused with ``storage.RunMismatchError`` before a row is
-written. Every transaction waits up to ``lock_wait_s`` while another process (a notebook, the
+written; where it runs is no part of that: each request's stats name the host, device and GPU type it ran
+on, so a run may be resumed on another device, or with other ``workers``. Every transaction waits up to
+``lock_wait_s`` while another process (a notebook, the
 judge) holds the file, logging who does; a run that gives up keeps its finished documents and its failure
 beside the database, and the next open of the file commits them (``Database.defer_batch``).
 
@@ -41,6 +43,7 @@ what failed with only its unfinished documents and marks the run completed once
 from __future__ import annotations
 
 import gc
+import socket
 import time
 from datetime import UTC, datetime
 
@@ -75,7 +78,7 @@ from pipeline import (
 )
 from sidecar.engine import SidecarEngine
 from sidecar.models import load_pair, load_tokenizer
-from storage import Database, DatabaseLockedError, Document, RejectedDocument, RetryPolicy
+from storage import Database, DatabaseLockedError, Document, RanOn, RejectedDocument, RetryPolicy
 from storage.locks import LockHolder
 from storage.parquet import read_documents
 from storage.parts import PartStore
@@ -178,6 +181,7 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
     counts.add_rejects(rejects)
 
     pair = engine.pair
+    ran_on = RanOn(host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type)
     with counts.timed("storage"):
         # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state), and
         # a start that is no resume of the existing run_id (other corpus or settings) is refused unwritten
@@ -191,32 +195,32 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d windows of up to %d to run at "
                     "batch %d", run_id, " (resumed)" if start.resumed else "", len(docs), counts.skipped_done,
                     len(rejects), len(windows), size, params.batch_size)
-        _run_windows(engine, windows, settings, params.batch_size, db, counts, pending)
+        _run_windows(engine, windows, settings, params.batch_size, db, ran_on, counts, pending)
     except BaseException as exc:
-        _fail(db, run_id, pending, exc)
+        _fail(db, run_id, ran_on, pending, exc)
         raise
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
 
 
-def _fail(db: Database, run_id: str, pending: PendingCommit, exc: BaseException) -> None:
+def _fail(db: Database, run_id: str, ran_on: RanOn, pending: PendingCommit, exc: BaseException) -> None:
     """Commit the finished documents and mark the run failed, in one transaction; when the database stays
     locked, keep both beside it for its next open instead (waiting once more would only double the wait)."""
     error = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, DatabaseLockedError):
         try:
-            pending.commit(db, run_id, "failed", error)
+            pending.commit(db, run_id, ran_on, "failed", error)
             return
         except DatabaseLockedError as locked:
             error += f"; then {locked}"
-    pending.defer(db, run_id, "failed", error)
+    pending.defer(db, run_id, ran_on, "failed", error)
     get_run_logger().error("run %s: the database stays locked; its finished documents and this failure are "
                            "kept beside it for the next open to commit", run_id)
 
 
 def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSettings, max_batch: int,
-                 db: Database, counts: RunCounts, pending: PendingCommit) -> None:
-    """Run ``windows``, committing documents as they finish; the last commit also marks the run completed.
-    On failure the documents not yet committed are left in ``pending``."""
+                 db: Database, ran_on: RanOn, counts: RunCounts, pending: PendingCommit) -> None:
+    """Run ``windows``, committing documents as they finish (their stats naming ``ran_on``); the last commit
+    also marks the run completed. On failure the documents not yet committed are left in ``pending``."""
     run_id = counts.run_id
     logger = get_run_logger()
     total = counts.documents - counts.skipped_done
@@ -227,7 +231,7 @@ def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSe
             if pending.docs:
                 counts.commits += 1
             with counts.timed("storage"):
-                progress.advance(pending.commit(db, run_id, finish))
+                progress.advance(pending.commit(db, run_id, ran_on, finish))
 
         def finished(docs: list[FinishedDocument]) -> None:
             for doc in docs:
@@ -314,10 +318,11 @@ def _launcher(params: NightlyParams) -> ShardLauncher:
         return ShardDeployments(params.shard_deployment)
     from prefect import get_client
 
+    from flows.embedded import on_embedded_api
     from flows.shard_processes import ShardProcesses
 
     # this flow's own API, the embedded one too: the shards' flow runs are listed beside this one
-    return ShardProcesses(params.workers, str(get_client(sync_client=True).api_url))
+    return ShardProcesses(params.workers, str(get_client(sync_client=True).api_url), embedded=on_embedded_api())
 
 
 def _run_downstream(params: NightlyParams, run_id: str, counts: RunCounts) -> None:

@@ -4,8 +4,11 @@ Each attempt is ``python -m flows.nightly_shard`` in a process group of its own,
 slot ``i`` gets the ``i``-th visible GPU (``CUDA_VISIBLE_DEVICES``), or without one the ``i``-th share of
 the cores (its torch threads, and an accelerator lock of its own, ``sidecar.devices.CPU_SLOT_ENV``), and
 the concurrency limit ``gpu-<host>-<i>`` on a Prefect server. It talks to the parent's Prefect API
-(``PREFECT_API_URL``), so its flow run is listed beside the parent's, also on the embedded API. An attempt
-ends with the parent, however the parent ends (``sidecar.tether``): a rerun of the parent relaunches it.
+(``PREFECT_API_URL``), so its flow run is listed beside the parent's, also on the embedded API. A parent on
+its embedded API says so to its attempts (``SIDECAR_EMBEDDED_API=1``, ``flows.embedded.on_embedded_api``):
+no limit exists there, so they hold only their slot's accelerator lock, as an in-process run does. An
+attempt ends with the parent, however the parent ends (``sidecar.tether``): a rerun of the parent relaunches
+it.
 
 Its status comes from the process: running while it runs, then ``completed`` on exit code 0, ``failed``
 on any other exit code, ``crashed`` when a signal ended it.
@@ -23,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flows.embedded import EMBEDDED_API_ENV
 from flows.shard_launch import ShardLaunch, ShardStatus
 from sidecar.devices import CPU_SLOT_ENV, visible_gpus
 from sidecar.tether import Tether, tether
@@ -107,20 +111,31 @@ class ShardProcess:
 
 class ShardProcesses:
     """A :class:`flows.shard_launch.ShardLauncher` running at most ``workers`` attempts at once on this machine,
-    each on a slot of its own, with the Prefect API at ``api_url``."""
+    each on a slot of its own, with the Prefect API at ``api_url``; ``embedded``: that API is the parent's
+    embedded one."""
 
-    def __init__(self, workers: int, api_url: str) -> None:
+    def __init__(self, workers: int, api_url: str, embedded: bool) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.workers, self.api_url = workers, api_url
+        self.workers, self.api_url, self.embedded = workers, api_url, embedded
         self.gpus, self.cores = visible_gpus(), usable_cores()
         self.slots: list[ShardProcess | None] = [None] * workers
 
-    def launch(self, launch: ShardLaunch) -> ShardProcess:
-        slot = self._free_slot()
+    def environment(self, slot: int) -> dict[str, str]:
+        """The whole environment of the attempt on ``slot``: the parent's, its slot's share, the parent's API."""
         env = os.environ | slot_environment(slot, self.workers, self.gpus, self.cores)
         env |= {"PREFECT_API_URL": self.api_url, "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+        if self.embedded:
+            env[EMBEDDED_API_ENV] = "1"
+        else:
+            # on a server, each attempt takes its slot's limit, whatever this process was started with
+            env.pop(EMBEDDED_API_ENV, None)
+        return env
+
+    def launch(self, launch: ShardLaunch) -> ShardProcess:
+        slot = self._free_slot()
+        env = self.environment(slot)
         command = [sys.executable, "-m", "flows.nightly_shard", "--launch", json.dumps(launch.parameters())]
         # a process group of its own: a Ctrl-C in the terminal reaches the parent, which decides; cancel()
         # stops the whole group

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.finished import DocumentDone, DocumentFailure, FinishedDocument
-from storage import Database, OutputRecord, RejectedDocument
+from storage import Database, OutputRecord, RanOn, RejectedDocument
 
 if TYPE_CHECKING:
     from storage.parts import PartWriter
@@ -20,14 +20,14 @@ def _rows(docs: Sequence[FinishedDocument]) -> tuple[list[OutputRecord], list[Re
             [d.as_reject() for d in docs if isinstance(d, DocumentFailure)])
 
 
-def store_documents(db: Database, run_id: str, docs: Sequence[FinishedDocument], finish: str | None = None,
-                    error: str | None = None) -> bool:
-    """Outputs of ``docs`` and their failures (as ``oom`` rejects) in one transaction; with ``finish``, that
-    transaction also finishes the run with this status (see ``Database.write_batch``). Returns whether
-    anything was written."""
+def store_documents(db: Database, run_id: str, docs: Sequence[FinishedDocument], ran_on: RanOn,
+                    finish: str | None = None, error: str | None = None) -> bool:
+    """Outputs of ``docs`` and their failures (as ``oom`` rejects) in one transaction, each request's stats
+    naming where it ran (``ran_on``); with ``finish``, that transaction also finishes the run with this status
+    (see ``Database.write_batch``). Returns whether anything was written."""
     records, rejects = _rows(docs)
     if records or rejects:
-        db.write_batch(run_id, records, rejects, finish=finish, error=error)
+        db.write_batch(run_id, records, rejects, finish=finish, error=error, ran_on=ran_on)
         return True
     if finish is not None:
         # nothing to write, but the caller relies on the run being finished
@@ -60,10 +60,12 @@ class PendingCommit:
     def due(self) -> bool:
         return bool(self.docs) and time.monotonic() - self.oldest >= self.interval_s
 
-    def commit(self, db: Database, run_id: str, finish: str | None = None, error: str | None = None) -> int:
-        """Write every pending document in one transaction, finishing the run with status ``finish`` (and
-        ``error``) in it if given; returns the documents it finished. A failed commit keeps them pending."""
-        store_documents(db, run_id, self.docs, finish, error)
+    def commit(self, db: Database, run_id: str, ran_on: RanOn, finish: str | None = None,
+               error: str | None = None) -> int:
+        """Write every pending document in one transaction (its stats naming ``ran_on``), finishing the run with
+        status ``finish`` (and ``error``) in it if given; returns the documents it finished. A failed commit
+        keeps them pending."""
+        store_documents(db, run_id, self.docs, ran_on, finish, error)
         done = sum(isinstance(d, DocumentDone) for d in self.docs)
         self.docs = []
         return done
@@ -77,9 +79,10 @@ class PendingCommit:
         self.docs = []
         return done
 
-    def defer(self, db: Database, run_id: str, finish: str | None = None, error: str | None = None) -> None:
+    def defer(self, db: Database, run_id: str, ran_on: RanOn, finish: str | None = None,
+              error: str | None = None) -> None:
         """Keep every pending document, and the run's finish, beside the database for its next open to commit
         (``Database.defer_batch``): for when another process holds the file longer than the run waits."""
         records, rejects = _rows(self.docs)
-        db.defer_batch(run_id, records, rejects, finish=finish, error=error)
+        db.defer_batch(run_id, records, rejects, finish=finish, error=error, ran_on=ran_on)
         self.docs = []

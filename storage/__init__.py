@@ -29,6 +29,7 @@ from storage.records import (
     JudgementRecord,
     JudgeSettingsRecord,
     OutputRecord,
+    RanOn,
     RejectedDocument,
     RequestStats,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "PartRunMismatchError",
     "PartStore",
     "PartWriter",
+    "RanOn",
     "RejectedDocument",
     "RequestStats",
     "RetryPolicy",

@@ -38,6 +38,7 @@ from storage.records import (
     JudgementRecord,
     JudgeSettingsRecord,
     OutputRecord,
+    RanOn,
     RejectedDocument,
     check_outputs,
 )
@@ -210,18 +211,25 @@ def _write_documents(con: duckdb.DuckDBPyConnection, run_id: str, write: TableWr
     check_unique_ids(con, run_id)
 
 
-# a run writing its own outputs ran them where its ``runs`` row says
-_RAN_HERE = {column.name: None for column in SHARD_COLUMNS}
+def _ran_on_columns(ran_on: RanOn | None) -> dict[str, Any]:
+    """The :data:`SHARD_COLUMNS` of a run's own ``request_stats`` rows: no launch id (no shard attempt wrote
+    them), and where they ran; NULL throughout without ``ran_on``."""
+    columns: dict[str, Any] = dict.fromkeys(column.name for column in SHARD_COLUMNS)
+    if ran_on is not None:
+        columns |= {"host": ran_on.host, "device": ran_on.device, "gpu_type": ran_on.gpu_type}
+    return columns
 
 
-def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument]) -> list[TableWrite]:
+def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument],
+                  ran_on: RanOn | None) -> list[TableWrite]:
     check_outputs(rows, "write_batch")
+    where = _ran_on_columns(ran_on)
     outputs: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
     for record in rows:
         outputs.append(row("outputs", record, run_id=run_id))
         stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
-                      batch_id=record.batch_id, **_RAN_HERE) for s in record.stats]
+                      batch_id=record.batch_id, **where) for s in record.stats]
     outputs_table = arrow_table("outputs", outputs)
     writes = [
         TableWrite("outputs", outputs_table),
@@ -293,13 +301,13 @@ class Database:
             yield
 
     def defer_batch(self, run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = (),
-                    finish: str | None = None, error: str | None = None) -> Path:
+                    finish: str | None = None, error: str | None = None, ran_on: RanOn | None = None) -> Path:
         """What :meth:`write_batch` would write, kept beside the file instead, for when another process holds
         it: the next open of the database (or of the run, :meth:`running`) commits it, unless the run is
         being run then. Returns the folder it is kept in."""
         if finish is not None:
             _check_finish_status(finish)
-        kept = deferred.save(self.runs_dir, run_key(run_id), run_id, _batch_writes(run_id, rows, rejects),
+        kept = deferred.save(self.runs_dir, run_key(run_id), run_id, _batch_writes(run_id, rows, rejects, ran_on),
                              finish, error)
         logger.warning("run %s: %d outputs%s kept in %s for the next open of %s to commit", run_id, len(rows),
                        f" and its finish ({finish})" if finish else "", kept, self.path)
@@ -336,12 +344,14 @@ class Database:
         """Create run ``run_id`` with status ``running``; returns True when it already existed.
 
         Starting an existing run (a resume) only sets it running again and clears its finish time and
-        error; its parameters and outputs stay. A resume must repeat the run's ``pair``, ``gpu_type``,
-        ``gamma``, the set of ``modes`` and ``identity`` (what else the caller says decides the outputs);
-        otherwise it raises :class:`RunMismatchError` and changes nothing (``storage.resume``). ``modes``
-        are the modes each document gets: the ``results`` view shows a document once all of them are
-        written. Values in ``params`` and ``identity`` that JSON cannot hold (paths, enums) are stored as
-        their ``str()``.
+        error; its parameters and outputs stay. A resume must repeat the run's ``pair``, ``gamma``, the set
+        of ``modes`` and ``identity`` (what else the caller says decides the outputs); otherwise it raises
+        :class:`RunMismatchError` and changes nothing (``storage.resume``). It may run on another device or
+        GPU type: ``device`` and ``gpu_type`` stay as the first start recorded them (None for a sharded run's
+        parent), and each request-stats row names where it ran (``write_batch``'s ``ran_on``, a part's
+        ``ShardInfo``). ``modes`` are the modes each document gets: the ``results`` view shows a document
+        once all of them are written. Values in ``params`` and ``identity`` that JSON cannot hold (paths,
+        enums) are stored as their ``str()``.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
                               identity)
@@ -409,17 +419,21 @@ class Database:
                               commit=False)
 
     def write_batch(self, run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[RejectedDocument] = (),
-                    finish: str | None = None, error: str | None = None) -> None:
+                    finish: str | None = None, error: str | None = None, ran_on: RanOn | None = None) -> None:
         """Write the outputs and request stats of a batch, and ``rejects`` (its documents that failed),
         in one transaction; with ``finish`` (``completed`` or ``failed``, with ``error``) that transaction
         also finishes the run as :meth:`finish_run` does, so a run's last batch costs no second one.
+
+        ``ran_on`` (host, device, GPU type) is stored on every request-stats row, which the ``throughput``
+        view reports under it; rows written without it are reported under the run's own ``device`` and
+        ``gpu_type`` (those its first start recorded).
 
         Rows replace whatever is stored under the same (run_id, doc_id, mode), stats included, so
         writing a batch again after a crash leaves exactly one copy.
         """
         if finish is not None:
             _check_finish_status(finish)
-        writes = _batch_writes(run_id, rows, rejects)
+        writes = _batch_writes(run_id, rows, rejects, ran_on)
         check = _require_run(run_id)
 
         def work(con: duckdb.DuckDBPyConnection) -> None:

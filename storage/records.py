@@ -152,6 +152,21 @@ def check_outputs(rows: Sequence[OutputRecord], writer: str) -> None:
 
 
 @dataclass(frozen=True)
+class RanOn:
+    """Where the requests of a run's own writes ran: stored on each ``request_stats`` row they write, so that
+    the ``throughput`` view reports every row under its own GPU type, also when a run is resumed on another
+    device, or in-process after shards (whose parts carry the same columns, ``storage.parts.ShardInfo``)."""
+
+    host: str
+    device: str | None  # e.g. "cuda:0", "cpu"
+    gpu_type: str | None  # ``ModelPair.gpu_type``, e.g. "NVIDIA H100 80GB HBM3"
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("a request needs the host it ran on")
+
+
+@dataclass(frozen=True)
 class JudgementRecord:
     """One game of a pairwise judgement: the judge saw ``mode_a``'s tags first, then ``mode_b``'s.
 

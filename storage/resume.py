@@ -1,21 +1,23 @@
 """When a start under an existing run id is a resume of that run; checked inside the start's transaction.
 
 A run's rows only mean something together: outputs are keyed by document id, documents by input row, and
-the views read one pair, GPU type, gamma and set of modes per run. A start under an existing run id is
-therefore taken as a resume only when it proves to be the same run, and is refused with
-:class:`RunMismatchError` otherwise, before anything is written:
+the views read one pair, gamma and set of modes per run. A start under an existing run id is therefore
+taken as a resume only when it proves to be the same run, and is refused with :class:`RunMismatchError`
+otherwise, before anything is written:
 
-- the run's own columns that the views read once per run are the same: ``pair``, ``gpu_type`` and
-  ``gamma`` (each throughput and cost row of the run is reported under them) and the set of ``modes``
-  (``results`` shows a document once every mode is written);
+- the run's own columns that the views read once per run are the same: ``pair`` and ``gamma`` (each
+  throughput and cost row of the run is reported under them) and the set of ``modes`` (``results`` shows a
+  document once every mode is written);
 - the ``identity`` the caller declares, what else decides the outputs (the nightly flow's task, prompts
   and token limits), is equal as JSON;
 - every input row the run stored comes again with the same id, title and text. Rows may be added (a
   larger limit extends the run), none may be left out or replaced.
 
-What does not decide the outputs may change: the batch size, the device index, the corpus's path (its rows
-are compared instead), ``params`` (kept as the run's first start recorded them) and the code version (a
-resume after a fix is what resuming is for).
+What does not decide the outputs may change: the batch size, the device and GPU type (each request-stats
+row names where it ran, and the views report it there, so a run started in-process on one GPU may be
+resumed as shards on others, or the other way round), the corpus's path (its rows are compared instead),
+``params`` (kept as the run's first start recorded them) and the code version (a resume after a fix is what
+resuming is for).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pyarrow as pa
 from storage.errors import RunMismatchError
 
 # the columns of `runs` a resume must repeat
-RUN_COLUMNS = ("pair", "gpu_type", "gamma", "modes")
+RUN_COLUMNS = ("pair", "gamma", "modes")
 _SHOWN_CHARS = 60
 _PROPOSED = "proposed_documents"
 _NEW_RUN = "use another run id for a new run"

@@ -89,8 +89,8 @@ def record_columns(record: type, only: Sequence[str] | None = None, skip: Sequen
 
 
 RUN_ID = pa.field("run_id", pa.string(), nullable=False)
-# Where a request ran, for rows a shard wrote into a part file (``storage.parts``); NULL for rows a run
-# wrote itself, whose ``runs`` row says where.
+# Where a request ran: the shard attempt whose part file held it (``storage.parts``; NULL for rows a run
+# wrote itself), its host, device and GPU type (``Database.write_batch``'s ``ran_on`` for a run's own rows).
 SHARD_COLUMNS = [pa.field(name, pa.string()) for name in ("launch_id", "host", "device", "gpu_type")]
 
 SCHEMAS: dict[str, pa.Schema] = {

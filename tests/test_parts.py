@@ -15,6 +15,7 @@ from storage import (
     OutputRecord,
     PartRunMismatchError,
     PartStore,
+    RanOn,
     RejectedDocument,
     RequestStats,
     ShardInfo,
@@ -323,6 +324,32 @@ def test_a_run_written_by_itself_reports_its_own_device_and_gpu_type(tmp_path: P
     rows = db.query("SELECT DISTINCT gpu_type, device FROM throughput")
     assert rows == [{"gpu_type": "NVIDIA H200", "device": "cuda:0"}]
     assert db.query("SELECT DISTINCT launch_id, host FROM request_stats") == [{"launch_id": None, "host": None}]
+
+
+def test_a_run_resumed_elsewhere_reports_each_request_where_it_ran(tmp_path: Path) -> None:
+    db = Database(tmp_path / "moved.duckdb")
+    begin(db, gpu_type="NVIDIA H200", device="cuda:0")
+    db.write_batch(RUN, both_modes("d0"), ran_on=RanOn("host-a", "cuda:0", "NVIDIA H200"))
+    # resumed in-process on another GPU type: not refused, and the run's row keeps its first start's
+    begin(db, gpu_type="NVIDIA A10G", device="cuda:1")
+    db.write_batch(RUN, both_modes("d1"), ran_on=RanOn("host-b", "cuda:1", "NVIDIA A10G"))
+    # ... then as shards, and the last documents deferred past a locked file (committed by the next open)
+    store = PartStore.beside(db.path)
+    store.writer(shard("s0000-a01-aaaa", gpu_type="NVIDIA H100")).write(both_modes("d2"), [])
+    db.ingest_parts(RUN, store)
+    db.defer_batch(RUN, both_modes("d3"), finish="completed", ran_on=RanOn("host-c", "cpu", "CPU Xeon"))
+    db = Database(db.path)
+    assert (db.get_run(RUN)["gpu_type"], db.get_run(RUN)["device"]) == ("NVIDIA H200", "cuda:0")
+    where = db.query("SELECT DISTINCT doc_id, launch_id, host, device, gpu_type FROM request_stats ORDER BY doc_id")
+    assert [tuple(w.values()) for w in where] == [
+        ("d0", None, "host-a", "cuda:0", "NVIDIA H200"), ("d1", None, "host-b", "cuda:1", "NVIDIA A10G"),
+        ("d2", "s0000-a01-aaaa", "gpu-a", "cuda:0", "NVIDIA H100"), ("d3", None, "host-c", "cpu", "CPU Xeon")]
+    rows = db.query("SELECT gpu_type, device, requests FROM throughput WHERE phase = 'main' AND mode = 'sidecar' "
+                    "ORDER BY gpu_type")
+    assert [tuple(r.values()) for r in rows] == [("CPU Xeon", "cpu", 1), ("NVIDIA A10G", "cuda:1", 1),
+                                                 ("NVIDIA H100", "cuda:0", 1), ("NVIDIA H200", "cuda:0", 1)]
+    with pytest.raises(ValueError, match="host"):
+        RanOn("", "cpu", None)
 
 
 def test_migration_006_applies_on_a_database_made_by_005(tmp_path: Path) -> None:

@@ -26,9 +26,10 @@ from pipeline import (
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
 from sidecar.models import tiny_pair
 from sidecar.sidecar_batch import SidecarBatch
-from storage import Database, Document, OutputRecord
+from storage import Database, Document, OutputRecord, RanOn
 
 MAX_NEW = 12
+HERE = RanOn(host="test-host", device="cpu", gpu_type="CPU of the test")
 TEXTS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
     "Officials said the plan would add jobs at the plant in the north of the state.",
@@ -166,11 +167,15 @@ def test_records_land_in_the_results_view(engine: SidecarEngine, tmp_path: Path)
                  code_version="test")
     docs = documents(3)
     db.record_documents("r", docs, [])
-    store_documents(db, "r", finished(engine, docs, settings(*modes)))
+    store_documents(db, "r", finished(engine, docs, settings(*modes)), HERE)
     rows = db.results_table("r")
     assert [row["doc_id"] for row in rows] == ["doc-0", "doc-1", "doc-2"]
     assert [row["title"] for row in rows] == ["Title 0", "Title 1", "Title 2"]
     assert db.done_doc_ids("r", list(modes)) == {"doc-0", "doc-1", "doc-2"}
+    # every request's stats say where it ran (no shard attempt wrote them), and the view reports them there
+    where = db.query("SELECT DISTINCT launch_id, host, device, gpu_type FROM request_stats WHERE run_id = 'r'")
+    assert where == [{"launch_id": None, "host": "test-host", "device": "cpu", "gpu_type": "CPU of the test"}]
+    assert {t["gpu_type"] for t in db.throughput("r")} == {"CPU of the test"}
 
 
 def test_a_commit_with_finish_finishes_the_run_also_with_nothing_to_write(tmp_path: Path) -> None:
@@ -181,13 +186,13 @@ def test_a_commit_with_finish_finishes_the_run_also_with_nothing_to_write(tmp_pa
     pending = PendingCommit(interval_s=3600)
     record = OutputRecord("doc-0", "sidecar", "A summary.", "hashtags", "#a", ["#a"])
     pending.add([DocumentDone(documents(1)[0], [record])])
-    assert pending.commit(db, "written", finish="completed") == 1
+    assert pending.commit(db, "written", HERE, finish="completed") == 1
     assert db.done_doc_ids("written", ["sidecar"]) == {"doc-0"}
     assert db.get_run("written")["status"] == "completed"
 
     # with nothing to write there is no batch transaction to carry the finish: the run is still finished
     pending.add([])
-    assert pending.commit(db, "empty", finish="completed") == 0
+    assert pending.commit(db, "empty", HERE, finish="completed") == 0
     assert db.get_run("empty")["status"] == "completed"
 
 
@@ -259,7 +264,7 @@ def test_documents_are_committed_as_they_finish_while_the_window_still_decodes(e
         handed.extend(d.doc.doc_id for d in finished_docs)
         pending.add(finished_docs)
         if pending.due():
-            pending.commit(db, "r")
+            pending.commit(db, "r", HERE)
 
     run_window(engine, docs, settings(*modes), 2, commit_as_they_finish)
     # handed on, and committed, in the order the engine finished them
@@ -361,7 +366,7 @@ def test_a_document_that_fails_alone_is_recorded_and_the_rest_continue(engine: S
     db = Database(tmp_path / "sidecar.duckdb")
     db.start_run("r", {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=4, code_version="test")
     db.record_documents("r", docs, [])
-    store_documents(db, "r", handed)
+    store_documents(db, "r", handed, HERE)
     rows = db.query("SELECT doc_id, status, reject_reason, reject_detail FROM documents WHERE status <> 'ok'")
     assert [(r["doc_id"], r["status"], r["reject_reason"]) for r in rows] == [("doc-2", "rejected", OOM_REASON)]
     assert "CUDA out of memory" in rows[0]["reject_detail"]

@@ -1,8 +1,9 @@
 """A run id reused for another corpus or other settings is refused, and the refusal writes nothing.
 
 A resume is proven, not assumed: every stored input row comes again with the same id, title and text, and
-the decisive settings (pair, GPU type, gamma, modes and the caller's identity) are the ones the run was
-started with. On a real DuckDB file, with Parquet corpora written in tmp_path.
+the decisive settings (pair, gamma, modes and the caller's identity) are the ones the run was started
+with; where it runs (device, GPU type) may change. On a real DuckDB file, with Parquet corpora written in
+tmp_path.
 """
 
 from __future__ import annotations
@@ -97,7 +98,6 @@ def test_a_resume_that_leaves_stored_rows_out_is_refused(finished) -> None:
 @pytest.mark.parametrize(("override", "named"), [
     ({"pair": "qwen-coder-small"}, "pair"),
     ({"gamma": 2}, "gamma"),
-    ({"gpu_type": "NVIDIA H200"}, "gpu_type"),
     ({"modes": ("sidecar",)}, "modes"),
     ({"identity": IDENTITY | {"max_new_tokens": 64}}, "max_new_tokens"),
     ({"identity": IDENTITY | {"sidecar_tasks": [{"name": "hashtags", "instruction": "Then other tags."}]}},
@@ -119,6 +119,15 @@ def test_the_same_run_resumes_and_may_grow_or_change_what_is_not_decisive(finish
     grown = corpus(tmp_path / "grown.parquet", ["a", "b", "c", "d"])
     assert begin(db, grown).done_doc_ids == {"a", "b", "c"}
     assert [r["doc_id"] for r in db.query("SELECT doc_id FROM documents ORDER BY row_index")] == ["a", "b", "c", "d"]
+
+
+def test_another_device_or_gpu_type_resumes_because_each_request_records_where_it_ran(finished) -> None:
+    db, first = finished
+    # in-process on another GPU, then as shards (whose parent records no device): the same run each time
+    assert begin(db, first, device="cuda:0", gpu_type="NVIDIA H200").resumed
+    assert begin(db, first, device=None, gpu_type=None).done_doc_ids == {"a", "b", "c"}
+    run = db.get_run("run-1")
+    assert (run["device"], run["gpu_type"]) == ("cpu", "cpu"), "the run's row keeps its first start's"
 
 
 def test_a_document_that_ran_out_of_memory_is_retried_on_resume(tmp_path: Path) -> None:

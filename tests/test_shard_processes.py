@@ -68,3 +68,18 @@ def test_cancel_stops_the_attempts_whole_process_group() -> None:
     handle.cancel()
     assert handle.status() == "crashed" and handle.process.returncode == -signal.SIGTERM
     child.wait(timeout=30)
+
+
+def test_attempts_are_told_the_parents_api_is_embedded_only_when_it_is(monkeypatch) -> None:
+    from flows.embedded import EMBEDDED_API_ENV
+    from flows.shard_processes import ShardProcesses
+
+    monkeypatch.delenv(EMBEDDED_API_ENV, raising=False)
+    embedded = ShardProcesses(2, "http://127.0.0.1:4321/api", embedded=True)
+    assert [embedded.environment(slot)[EMBEDDED_API_ENV] for slot in range(2)] == ["1", "1"]
+    assert embedded.environment(1)["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
+    # on a server the attempts take their slots' limits, even when this process was itself told otherwise
+    monkeypatch.setenv(EMBEDDED_API_ENV, "1")
+    on_server = ShardProcesses(2, "http://prefect.internal:4200/api", embedded=False)
+    assert not any(EMBEDDED_API_ENV in on_server.environment(slot) for slot in range(2))
+    assert on_server.environment(1)["SIDECAR_GPU_LIMIT"].endswith("-1")

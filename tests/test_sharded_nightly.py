@@ -267,6 +267,37 @@ def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_miss
         relaunched)
 
 
+@pytest.mark.parametrize(("first", "then"), [(1, 2), (2, 1)], ids=["in-process-then-sharded",
+                                                                  "sharded-then-in-process"])
+def test_a_run_resumes_with_other_workers_and_reports_every_row_under_its_gpu_type(prefect_api, tmp_path: Path,
+                                                                                   first: int, then: int) -> None:
+    from flows.nightly import nightly
+
+    n_docs, started = 9, 4
+    corpus = write_corpus(tmp_path / "news.parquet", n_docs)
+    run_id = f"workers-{first}-then-{then}"
+    # the first start runs the first documents only; a larger limit extends the run
+    begun = nightly(params(tmp_path, corpus, run_id=run_id, limit=started, window=2, commit_every_s=0,
+                           workers=first))
+    assert begun.done == started
+    resumed = nightly(params(tmp_path, corpus, run_id=run_id, window=2, commit_every_s=0, workers=then))
+    assert (resumed.skipped_done, resumed.done) == (started, n_docs - started)
+    assert (resumed.shard_attempts > 0) == (then > 1), "the resume ran in the mode it was asked for"
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    assert db.get_run(run_id)["status"] == "completed"
+    assert_each_doc_and_mode_once(db, run_id, n_docs)
+    # every request says where it ran, written in this process (no launch id) or by a shard
+    where = db.query("SELECT launch_id IS NULL AS own, count(*) AS rows, count(host) AS hosts, "
+                     "count(gpu_type) AS gpu_types, list(DISTINCT device) AS devices FROM request_stats "
+                     "WHERE run_id = ? GROUP BY own ORDER BY own", [run_id])
+    assert [w["own"] for w in where] == [False, True]
+    assert all(w["hosts"] == w["gpu_types"] == w["rows"] and w["devices"] == ["cpu"] for w in where)
+    throughput = db.throughput(run_id)
+    assert throughput and all(t["gpu_type"] for t in throughput)
+    assert sum(t["requests"] for t in throughput) == n_docs * 3, "every request stats row is counted"
+
+
 class FaultyShards:
     """Local shard processes, but shard 1's first attempt never writes a part and its later ones fail at once.
 
