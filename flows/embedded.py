@@ -23,7 +23,8 @@ def embedded_prefect() -> Iterator[None]:
     a silent run crashed, but the embedded API stops with this process, so nobody watches them; and
     Prefect stops the heartbeat thread by waiting for its 1 s sleep, 0-1 s per flow run, at random
     (bench/orchestration_overhead.py). A crashed run is recovered by rerunning it, which resumes from
-    DuckDB. With ``PREFECT_API_URL`` set (a real server, or a worker's runs) heartbeats stay as configured.
+    DuckDB. The same holds for a sharded run's local shard processes on their parent's embedded API
+    (``on_embedded_api``). Against a real server (a worker's runs) heartbeats stay as configured.
 
     The embedded API server ends with this process, however it ends (``flows.embedded_server``).
     """
@@ -34,12 +35,13 @@ def embedded_prefect() -> Iterator[None]:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "storage")
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    if PREFECT_API_URL.value():
+    if not on_embedded_api():
         yield
         return
-    from flows.embedded_server import tether_embedded_server
+    if not PREFECT_API_URL.value():
+        from flows.embedded_server import tether_embedded_server
 
-    tether_embedded_server()
+        tether_embedded_server()
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

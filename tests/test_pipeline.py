@@ -414,10 +414,18 @@ def test_other_errors_are_not_taken_for_oom(engine: SidecarEngine, monkeypatch) 
 def test_embedded_prefect_turns_heartbeats_off_only_without_a_server(monkeypatch) -> None:
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+    from flows.embedded import EMBEDDED_API_ENV
+
     configured = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
     assert configured is not None  # Prefect's default: heartbeats on
+    monkeypatch.delenv(EMBEDDED_API_ENV, raising=False)
     with temporary_settings(restore_defaults={PREFECT_API_URL}), embedded_prefect():
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
-    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), embedded_prefect():
+    server = "http://127.0.0.1:4200/api"
+    with temporary_settings(updates={PREFECT_API_URL: server}), embedded_prefect():
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == configured
+    # a shard process on its parent's embedded API: nobody watches heartbeats there either
+    monkeypatch.setenv(EMBEDDED_API_ENV, "1")
+    with temporary_settings(updates={PREFECT_API_URL: server}), embedded_prefect():
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
     assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == configured
