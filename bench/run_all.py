@@ -35,6 +35,7 @@ BENCHMARKS = [
     ("server", "bench.server_load", "server_load"),
     ("syncs", "bench.syncs", "syncs"),
     ("ingest", "bench.ingest", "ingest_cpu"),
+    ("scale_out", "bench.scale_out", "scale_out"),
 ]
 
 
