@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -26,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.accelerator import holding_accelerator
 from flows.nightly import run_window_task
 from flows.nightly_params import NightlyParams
+from flows.process_exit import exit_now
 from pipeline import FinishedDocument, PendingCommit, RunCounts, plan_windows, split_by_context, window_size
 from sidecar.engine import SidecarEngine
 from sidecar.models import load_pair
@@ -91,7 +91,8 @@ def _run_shard(engine: SidecarEngine, run: NightlyParams, writer: PartWriter, do
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.nightly_shard --launch JSON``: run one attempt; exit 0 once every document of its
-    manifest is written, 1 when the flow run failed."""
+    manifest is written, 1 when the flow run failed (run as a script, through ``flows.process_exit.exit_now``:
+    Prefect's workers drained, no interpreter teardown)."""
     parser = argparse.ArgumentParser(prog="python -m flows.nightly_shard", description=main.__doc__)
     parser.add_argument("--launch", required=True, help="The attempt's ShardLaunch as a JSON object.")
     launch = json.loads(parser.parse_args(argv).launch)
@@ -103,4 +104,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the attempt is over once its flow run is: the parent waits for this process's exit, not its teardown
+    exit_now(main())

@@ -13,6 +13,8 @@ Its state is the attempt's status: Completed -> completed; Failed -> failed; Cra
 
 from __future__ import annotations
 
+import time
+
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
@@ -59,3 +61,7 @@ class ShardDeployments:
         flow_run = run_deployment(self.deployment, parameters=launch.parameters(), timeout=0,
                                   flow_run_name=launch.launch_id, idempotency_key=launch.launch_id)
         return DeploymentShard(str(flow_run.id))
+
+    def wait(self, timeout_s: float) -> None:
+        """The whole ``timeout_s``: a run's end is seen only by asking the server, at the parent's poll."""
+        time.sleep(timeout_s)

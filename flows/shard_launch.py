@@ -57,3 +57,7 @@ class ShardHandle(Protocol):
 
 class ShardLauncher(Protocol):
     def launch(self, launch: ShardLaunch) -> ShardHandle: ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Return after ``timeout_s``, or sooner when the launcher sees one of its attempts end."""
+        ...

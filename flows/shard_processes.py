@@ -11,7 +11,9 @@ attempt ends with the parent, however the parent ends (``sidecar.tether``): a re
 it.
 
 Its status comes from the process: running while it runs, then ``completed`` on exit code 0, ``failed``
-on any other exit code, ``crashed`` when a signal ended it.
+on any other exit code, ``crashed`` when a signal ended it. The process leaves as soon as its flow run is
+over (``flows.process_exit``), and the parent hears of that at once (:meth:`ShardProcesses.wait`), so a
+shard settles, and the next attempt takes its slot, without waiting out an interpreter teardown or a poll.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +69,8 @@ class ShardProcess:
     slot: int
     process: subprocess.Popen[bytes]
     _tether: Tether | None = None
+    # readable once the process has ended (Linux); None where pidfds do not exist, or once released
+    pidfd: int | None = None
     _flow_run_id: str | None = field(default=None, repr=False)
 
     @property
@@ -107,6 +113,17 @@ class ShardProcess:
         if self._tether is not None:
             self._tether.release()
             self._tether = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor of process ``pid`` that becomes readable when it ends; None where the OS has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 class ShardProcesses:
@@ -140,9 +157,18 @@ class ShardProcesses:
         # a process group of its own: a Ctrl-C in the terminal reaches the parent, which decides; cancel()
         # stops the whole group
         process = subprocess.Popen(command, env=env, cwd=os.getcwd(), process_group=0)
-        handle = ShardProcess(launch, slot, process, tether(process.pid))
+        handle = ShardProcess(launch, slot, process, tether(process.pid), pidfd=_pidfd(process.pid))
         self.slots[slot] = handle
         return handle
+
+    def wait(self, timeout_s: float) -> None:
+        """Return after ``timeout_s``, or as soon as the process of a running attempt ends, so that the parent
+        settles the attempt without waiting for its next poll."""
+        pidfds = [h.pidfd for h in self.slots if h is not None and h.pidfd is not None]
+        if pidfds:
+            select.select(pidfds, [], [], timeout_s)
+        else:
+            time.sleep(timeout_s)
 
     def _free_slot(self) -> int:
         for slot, handle in enumerate(self.slots):

@@ -26,7 +26,7 @@ from pipeline import RunCounts, Shard
 from storage import Database, Document
 from storage.parts import PartStore
 
-# how often the parent looks at its attempts
+# how often the parent looks at its attempts; it looks at once when its launcher sees one end
 POLL_S = 0.5
 # the missing documents a failed run's error names before it only counts them
 NAMED_MISSING = 5
@@ -78,7 +78,7 @@ class ShardSupervisor:
         try:
             while any(s.state in ("waiting", "running") for s in states):
                 self._launch_waiting(states)
-                time.sleep(POLL_S)
+                self.launcher.wait(POLL_S)
                 self._ingest(due_only=True)
                 for state in states:
                     if state.state == "running":

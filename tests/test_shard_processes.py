@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -83,3 +84,64 @@ def test_attempts_are_told_the_parents_api_is_embedded_only_when_it_is(monkeypat
     on_server = ShardProcesses(2, "http://prefect.internal:4200/api", embedded=False)
     assert not any(EMBEDDED_API_ENV in on_server.environment(slot) for slot in range(2))
     assert on_server.environment(1)["SIDECAR_GPU_LIMIT"].endswith("-1")
+
+
+LAST_WORDS = """
+import atexit, pathlib, sys
+from prefect import flow, get_run_logger
+from flows.process_exit import exit_now
+
+atexit.register(lambda: pathlib.Path(sys.argv[2]).write_text("the interpreter's teardown ran"))
+
+@flow(name="exit-now-check", flow_run_name="{tag}")
+def last_words(tag: str) -> None:
+    get_run_logger().info("last words of %s", tag)
+
+last_words(sys.argv[1])
+exit_now(3)
+"""
+
+
+def test_a_shard_process_exits_at_once_after_its_flow_run_keeping_its_last_logs(prefect_api, tmp_path) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
+
+    from flows.shard_processes import REPO
+
+    tag, teardown = f"exit-now-{new_launch_id(0, 1)}", tmp_path / "teardown"
+    env = os.environ | prefect_api | {"PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", LAST_WORDS, tag, str(teardown)], env=env, timeout=300)
+    assert done.returncode == 3
+    assert not teardown.exists(), "the process went through the interpreter's teardown"
+    with get_client(sync_client=True) as client:
+        [run] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[tag])))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    assert run.state.is_completed()
+    messages = [log.message for log in logs]
+    assert f"last words of {tag}" in messages, messages
+    assert any(m.startswith("Finished in state Completed") for m in messages), "the engine's last log was lost"
+
+
+def test_an_undrained_prefect_takes_the_normal_exit(monkeypatch) -> None:
+    import flows.process_exit
+
+    monkeypatch.setattr(flows.process_exit, "drain_prefect", lambda: False)
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("left without sending what Prefect holds"))
+    with pytest.raises(SystemExit) as exited:
+        flows.process_exit.exit_now(4)
+    assert exited.value.code == 4
+
+
+def test_the_launcher_wakes_the_parent_as_soon_as_an_attempts_process_ends() -> None:
+    from flows.shard_processes import ShardProcesses, _pidfd
+
+    launcher = ShardProcesses(2, "http://127.0.0.1:4321/api", embedded=True)
+    started = time.monotonic()
+    launcher.wait(0.2)
+    assert time.monotonic() - started >= 0.2, "nothing running: the whole timeout"
+    handle = attempt("import time; time.sleep(1)")
+    handle.pidfd = _pidfd(handle.pid)
+    launcher.slots[1] = handle
+    launcher.wait(120)
+    assert time.monotonic() - started < 60, "waited for the timeout, not for the process"
+    assert handle.status() == "completed" and handle.pidfd is None

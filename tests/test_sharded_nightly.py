@@ -316,6 +316,9 @@ class FaultyShards:
         process = subprocess.Popen([sys.executable, "-c", code], process_group=0)
         return ShardProcess(launch, slot=1, process=process)
 
+    def wait(self, timeout_s: float) -> None:
+        self.real.wait(timeout_s)
+
 
 def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keeps_the_rest(
         prefect_api, tmp_path: Path, monkeypatch) -> None:
