@@ -12,7 +12,9 @@ each limit once per server (``infra/setup-pool.sh``; without it, runs do not wai
 
     prefect gcl create gpu-host1-0 --limit 1
 
-The slot is taken first, so a run waiting for it holds no device.
+The slot is taken first, so a run waiting for it holds no device. It is a lease the run renews while it
+lives: a run killed outright (SIGKILL, a lost machine) cannot release it, and the server revokes it once it
+is not renewed for ``LEASE_S``, so a relaunch on the same GPU waits that long at most.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from flows.embedded import on_embedded_api
 from sidecar.devices import accelerator_id
 from sidecar.settings import Settings, lock_dir
 from storage.locks import LockHolder, exclusive
+
+# the shortest lease the Prefect API grants (its default, 300 s, would idle a GPU 5 minutes after a crash)
+LEASE_S = 60.0
 
 
 def gpu_limit() -> str:
@@ -54,7 +59,7 @@ def holding_accelerator(what: str, wait_s: float | None) -> Iterator[str]:
         if not on_embedded_api():
             limit = gpu_limit()
             logger.info("%s: taking a slot of the %r concurrency limit (waits while other runs hold it)", what, limit)
-            stack.enter_context(concurrency(limit, occupy=1))
+            stack.enter_context(concurrency(limit, occupy=1, lease_duration=LEASE_S))
 
         def waiting(holder: LockHolder, waited_s: float) -> None:
             limit = "as long as it takes" if wait_s is None else f"up to {wait_s:.0f} s"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -130,7 +131,7 @@ def test_deploy_creates_the_four_deployments_on_two_pools_and_a_limit_per_gpu(ap
     nightly = deployments["nightly"]
     [schedule] = nightly.schedules
     assert schedule.active and (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "UTC")
-    assert nightly.global_concurrency_limit.limit == 1
+    assert nightly.global_concurrency_limit is None, "parents hold no GPU: two runs go side by side"
     params = NightlyParams.model_validate(nightly.parameters["params"])
     assert (params.pair, params.db_path, params.title_column) == ("qwen-coder-small", "data/sidecar.duckdb", "title")
     assert (params.shard_deployment, params.shards, params.results_uri) == ("nightly-shard/nightly-shard", 2, None)
@@ -177,20 +178,20 @@ def test_triggers_start_judge_after_nightly_and_cost_report_after_judge(api) -> 
 
 
 @contextlib.contextmanager
-def workers(env: dict[str, str], logs: Path) -> Iterator[None]:
+def workers(env: dict[str, str], logs: Path) -> Iterator[dict[str, subprocess.Popen]]:
     """The control pool's worker (infra/worker.sh) and two CPU workers of the GPU pool (infra/gpu-workers.sh
-    --cpu 2, limits gpu-HOST-0 and gpu-HOST-1), until the block ends."""
+    --cpu 2, limits gpu-HOST-0 and gpu-HOST-1), until the block ends; yields their processes by pool."""
     # the workers poll every 2 s instead of 10: each flow run starts sooner
     env = env | {"PREFECT_WORKER_QUERY_SECONDS": "2"}
-    started = []
+    started: dict[str, subprocess.Popen] = {}
     try:
         for name, command in (("control", ["worker.sh"]), ("gpu", ["gpu-workers.sh", "--cpu", "2"])):
             with (logs / f"{name}-worker.log").open("wb") as log:
-                started.append(subprocess.Popen([str(REPO / "infra" / command[0]), *command[1:]], env=env, cwd=REPO,
-                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        yield
+                started[name] = subprocess.Popen([str(REPO / "infra" / command[0]), *command[1:]], env=env, cwd=REPO,
+                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        yield started
     finally:
-        for proc in reversed(started):
+        for proc in reversed(started.values()):
             stop(proc)
 
 
@@ -216,7 +217,7 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
         params = nightly.parameters["params"] | {
             "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "db_path": str(db_path)}
         started = api.create_flow_run_from_deployment(nightly.id, parameters={"params": params})
-        runs = wait_for_completed_chain(api, started.id, timeout_s=1200, logs=logs)
+        [runs] = wait_for_completed_chains(api, [started.id], timeout_s=1200, logs=logs)
         shard_logs = {run.name: [log.message for log in api.read_logs(log_filter=LogFilter(
             flow_run_id=LogFilterFlowRunId(any_=[run.id])))] for run in runs["nightly-shard"]}
         shard_pools = {run.work_pool_name for run in runs["nightly-shard"]}
@@ -247,24 +248,209 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
     assert db.query("SELECT count(*) AS n FROM costs WHERE run_id = ?", [run_id])[0]["n"] > 0
 
 
-def wait_for_completed_chain(api, nightly_run_id, timeout_s: float, logs: Path) -> dict:
-    """The nightly run, its shard runs, and the judge and cost-report runs its completion set off, once all are
-    Completed: {"nightly": run, "nightly-shard": [runs], "judge": run, "cost-report": run}."""
+def chain_of(api, nightly_run_id) -> dict:
+    """The nightly run and the runs of its run id (its name once it runs): {"nightly": run, "nightly-shard":
+    [runs], "judge": [runs], "cost-report": [runs]}."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    nightly = api.read_flow_run(nightly_run_id)
+    runs: dict = {"nightly": nightly}
+    for flow in ("nightly-shard", "judge", "cost-report"):
+        found = api.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])))
+        runs[flow] = [run for run in found if run.parameters.get("run_id") == nightly.name]
+    return runs
+
+
+def wait_for_completed_chains(api, nightly_run_ids: list, timeout_s: float, logs: Path,
+                              crashed: frozenset[str] = frozenset()) -> list[dict]:
+    """Each nightly run, its shard runs, and the judge and cost-report runs its completion set off, once all
+    are over: every run Completed but the shard runs named in ``crashed`` (launch ids), which must be Crashed.
+    One dict per nightly run: {"nightly": run, "nightly-shard": [runs], "judge": run, "cost-report": run}."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs: dict = {"nightly-shard": []}
-        for run in api.read_flow_runs():
-            flow = api.read_flow(run.flow_id).name
-            # the schedule adds future nightly runs; judge and cost-report runs come only from the triggers
-            if flow == "nightly-shard":
-                runs[flow].append(run)
-            elif run.id == nightly_run_id or flow != "nightly":
-                runs[flow] = run
-        every = [runs[flow] for flow in ("nightly", "judge", "cost-report") if flow in runs] + runs["nightly-shard"]
+        chains = [chain_of(api, run_id) for run_id in nightly_run_ids]
+        every = [run for chain in chains for flow in ("nightly", "nightly-shard", "judge", "cost-report")
+                 for run in (chain[flow] if isinstance(chain[flow], list) else [chain[flow]])]
         states = {run.name: run.state_name for run in every}
-        failed = {name: state for name, state in states.items() if state in ("Failed", "Crashed")}
-        assert not failed, f"{failed}\n{worker_logs(logs)}"
-        if {"nightly", "judge", "cost-report"} <= set(runs) and set(states.values()) == {"Completed"}:
-            return runs
+        wrong = {name: state for name, state in states.items()
+                 if state in ("Failed", "Crashed", "Cancelled") and not (name in crashed and state == "Crashed")}
+        assert not wrong, f"{wrong}\n{worker_logs(logs)}"
+        over = all(state == ("Crashed" if name in crashed else "Completed") for name, state in states.items())
+        if over and all(chain["judge"] and chain["cost-report"] for chain in chains):
+            return [chain | {"judge": chain["judge"][0], "cost-report": chain["cost-report"][0]} for chain in chains]
         assert time.monotonic() < deadline, f"{states}\n{worker_logs(logs)}"
-        time.sleep(2)
+        time.sleep(1)
+
+
+# -- faults through real workers --
+
+
+def write_corpus(path: Path, prefix: str, docs: int) -> Path:
+    pq.write_table(pa.table({"id": [f"{prefix}{i:02d}" for i in range(docs)], "article": [
+        f"Story {i}: the city council approved a new budget after a long debate about schools and roads. "
+        * (1 + i % 3) for i in range(docs)]}), path)
+    return path
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
+    """``condition()``'s first truthy value, asked every ``poll_s`` for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def flow_run_process(workers_proc: subprocess.Popen, flow_run_id: str):
+    """The process a worker under ``workers_proc`` runs flow run ``flow_run_id`` in, or None. Its command line
+    is the engine's, the same for every run; the worker hands it the run in ``PREFECT__FLOW_RUN_ID``."""
+    import psutil
+
+    found = {}
+    for proc in psutil.Process(workers_proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if proc.environ().get("PREFECT__FLOW_RUN_ID") == flow_run_id:
+                found[proc.pid] = proc
+    tops = [proc for proc in found.values() if proc.ppid() not in found]
+    return tops[0] if len(tops) == 1 else None
+
+
+def logs_of(api, flow_run_id) -> list:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    return api.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+
+def held_gpu(api, shard_run) -> tuple[str, datetime]:
+    """The GPU limit shard run ``shard_run`` took a slot of, and when it held its accelerator."""
+    messages = logs_of(api, shard_run.id)
+    [limit] = {found[1] for log in messages
+               if (found := re.search(r"taking a slot of the '([^']+)' concurrency limit", log.message))}
+    [held] = [log.timestamp for log in messages if ": holding accelerator " in log.message]
+    return limit, held
+
+
+def judge_runs(api) -> list:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    return api.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["judge"])))
+
+
+def assert_each_doc_and_mode_once(db: Database, run_id: str, doc_ids: list[str]) -> None:
+    stored = db.query("SELECT doc_id, mode, count(*) AS n FROM outputs WHERE run_id = ? GROUP BY doc_id, mode",
+                      [run_id])
+    assert sorted((r["doc_id"], r["mode"]) for r in stored) == sorted(
+        (doc_id, mode) for doc_id in doc_ids for mode in ("sidecar", "standalone"))
+    assert {r["n"] for r in stored} == {1}
+
+
+def part_doc_ids(launch: Path) -> set[str]:
+    """Documents with both modes in the attempt's visible parts."""
+    modes: dict[str, set[str]] = {}
+    for part in sorted(launch.glob("part-*.parquet")):
+        for row in pq.read_table(part, columns=["kind", "doc_id", "mode"]).to_pylist():
+            if row["kind"] == "output":
+                modes.setdefault(row["doc_id"], set()).add(row["mode"])
+    return {doc_id for doc_id, got in modes.items() if got >= {"sidecar", "standalone"}}
+
+
+def manifest_ids(launch: Path) -> set[str]:
+    return set(pq.read_table(launch / "manifest.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
+
+
+def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents(
+        deployed: dict[str, str], tmp_path: Path) -> None:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.accelerator import LEASE_S
+
+    docs = 16
+    corpus = write_corpus(tmp_path / "news.parquet", "k", docs)
+    db_path = tmp_path / "sidecar.duckdb"
+    parts = Path(f"{db_path}.runs") / "parts"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with workers(deployed, logs) as started, api_client(deployed) as api:
+        judges_before = len(judge_runs(api))
+        nightly = api.read_deployment_by_name("nightly/nightly")
+        # windows of 2 and a part per window: shard 0 has written some of its 8 documents when it is killed
+        params = nightly.parameters["params"] | {
+            "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 16, "batch_size": 2,
+            "window": 2, "commit_every_s": 0, "shards": 2, "db_path": str(db_path)}
+        run = api.create_flow_run_from_deployment(nightly.id, parameters={"params": params})
+        first = wait_for(lambda: sorted(parts.glob("run-*/s0000-a01-*")), 600, "shard 0's first attempt")[0]
+        [attempt] = wait_for(lambda: api.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=[first.name]))), 60, "its flow run")
+        victim = wait_for(lambda: flow_run_process(started["gpu"], str(attempt.id)), 600,
+                          f"a GPU worker's process for flow run {attempt.name}")
+        wait_for(lambda: any(first.glob("part-*.parquet")), 600, "its first part", poll_s=0.02)
+        victim.kill()  # SIGKILL, as kill -9
+        killed_at = datetime.now(UTC)
+        [chain] = wait_for_completed_chains(api, [run.id], timeout_s=900, logs=logs, crashed=frozenset({first.name}))
+        shards = {shard.name: shard for shard in chain["nightly-shard"]}
+        relaunch = next(shard for name, shard in shards.items() if name.startswith("s0000-a02-"))
+        _, relaunch_held = held_gpu(api, relaunch)
+        judges = chain_of(api, run.id)["judge"]
+        judges_after = len(judge_runs(api))
+
+    run_id = chain["nightly"].name
+    # the worker saw its process die and said so; the parent relaunched shard 0 once, shard 1 ran once
+    assert shards[first.name].state_name == "Crashed"
+    assert sorted(name[:9] for name in shards) == ["s0000-a01", "s0000-a02", "s0001-a01"]
+    # the dead attempt's GPU slot was no longer held once its lease ran out
+    assert (relaunch_held - killed_at).total_seconds() < LEASE_S + 45, (killed_at, relaunch_held)
+    db = Database(db_path)
+    tried = db.shard_attempts(run_id)
+    assert [(a["shard"], a["attempt"], a["status"]) for a in tried] == [
+        (0, 1, "crashed"), (0, 2, "completed"), (1, 1, "completed")]
+    assert {a["flow_run_id"] for a in tried} == {str(shard.id) for shard in shards.values()}
+    # the relaunch got exactly shard 0's documents the killed attempt had not written
+    killed_done = part_doc_ids(first)
+    [second] = [d for d in first.parent.iterdir() if d.name == relaunch.name]
+    assert killed_done, "the kill came before shard 0's first part"
+    assert manifest_ids(second) == manifest_ids(first) - killed_done
+    assert manifest_ids(second), "the kill came after shard 0 had finished"
+    assert_each_doc_and_mode_once(db, run_id, [f"k{i:02d}" for i in range(docs)])
+    assert db.get_run(run_id)["status"] == "completed"
+    assert chain["nightly"].state_name == "Completed"
+    assert len(judges) == 1 and judges_after == judges_before + 1, [(r.name, r.parameters) for r in judges]
+
+
+def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
+        deployed: dict[str, str], tmp_path: Path) -> None:
+    docs = {"two-a": 10, "two-b": 6}
+    db_path = tmp_path / "sidecar.duckdb"  # one database, two parents writing it
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with workers(deployed, logs), api_client(deployed) as api:
+        judges_before = len(judge_runs(api))
+        nightly = api.read_deployment_by_name("nightly/nightly")
+        starts = []
+        for run_id, n in docs.items():
+            corpus = write_corpus(tmp_path / f"{run_id}.parquet", f"{run_id}-", n)
+            params = nightly.parameters["params"] | {
+                "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "shards": 1,
+                "run_id": run_id, "db_path": str(db_path)}
+            starts.append(api.create_flow_run_from_deployment(nightly.id, parameters={"params": params}))
+        chains = wait_for_completed_chains(api, [run.id for run in starts], timeout_s=900, logs=logs)
+        limits = {}
+        for chain in chains:
+            [shard] = chain["nightly-shard"]
+            limits[chain["nightly"].name], _ = held_gpu(api, shard)
+        judges = {chain["nightly"].name: chain_of(api, chain["nightly"].id)["judge"] for chain in chains}
+        judges_after = len(judge_runs(api))
+
+    assert [chain["nightly"].name for chain in chains] == list(docs)
+    # both parents ran at the same time (neither queued behind the other), and each one's shard took a GPU of
+    # its own: neither waited for the other's
+    parents = [(chain["nightly"].start_time, chain["nightly"].end_time) for chain in chains]
+    assert max(start for start, _ in parents) < min(end for _, end in parents), parents
+    assert set(limits.values()) == {f"gpu-{HOST}-0", f"gpu-{HOST}-1"}, limits
+    db = Database(db_path)
+    for run_id, n in docs.items():
+        assert db.get_run(run_id)["status"] == "completed"
+        assert_each_doc_and_mode_once(db, run_id, [f"{run_id}-{i:02d}" for i in range(n)])
+        assert [(a["shard"], a["status"]) for a in db.shard_attempts(run_id)] == [(0, "completed")]
+        assert len(judges[run_id]) == 1, judges
+    assert judges_after == judges_before + len(docs)
