@@ -7,8 +7,10 @@ key, so a launch repeated after a lost answer from the API creates no second run
 as a subflow: the parent's page lists its shards, and cancelling the parent cancels them. It carries no tags
 (task runs inherit them, and each tag would cost every task run a concurrency check).
 
-Its state is the attempt's status: Completed -> completed; Failed -> failed; Crashed or Cancelled -> crashed
-(its process died, or it was given up); anything else, Cancelling included, -> running.
+Its state is the attempt's status: Scheduled (Late and AwaitingConcurrencySlot included) -> queued, as no
+worker has taken it yet; Completed -> completed; Failed -> failed; Crashed or Cancelled -> crashed (its
+process died, or it was given up); anything else, Pending (a worker took it) and Cancelling included,
+-> running.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from prefect.states import Cancelling
 from flows.shard_launch import ShardLaunch, ShardStatus
 
 STATUSES: dict[StateType, ShardStatus] = {
+    StateType.SCHEDULED: "queued",
     StateType.COMPLETED: "completed",
     StateType.FAILED: "failed",
     StateType.CRASHED: "crashed",

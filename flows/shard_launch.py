@@ -2,8 +2,9 @@
 
 A launcher turns a :class:`ShardLaunch` into a running ``nightly-shard`` flow run (a local process,
 ``flows.shard_processes``; a deployment's flow run on a work pool, ``flows.shard_deployments``) and hands back
-a :class:`ShardHandle` the parent polls. Invariant: a handle's status moves from ``running`` to one final
-status and stays there; ``completed`` means the attempt wrote every document of its manifest to parts.
+a :class:`ShardHandle` the parent polls. Invariant: a handle's status moves from ``queued`` (waiting for a
+worker of its pool; a local process is never queued) to ``running`` to one final status, and stays there;
+``completed`` means the attempt wrote every document of its manifest to parts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-ShardStatus = Literal["running", "completed", "failed", "crashed"]
+ShardStatus = Literal["queued", "running", "completed", "failed", "crashed"]
 FINAL_STATUSES: frozenset[ShardStatus] = frozenset({"completed", "failed", "crashed"})
 
 

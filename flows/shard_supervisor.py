@@ -9,19 +9,21 @@ parts: outputs, or rejects) or when the database has every mode of each of its d
 after ``shard_retries`` relaunches, its unfinished documents then missing from the run.
 
 A lost attempt costs at most its documents in flight plus ``commit_every_s`` of finished ones (the cadence
-of its parts); the parent ingests new parts at that cadence too (at least every poll when it is 0), and
-always before it decides what an ended attempt left undone.
+of its parts); the parent lists and ingests new parts at that cadence too (every poll when it is 0, and at
+least four times per ``shard_stall_s``), and always before it decides what an ended attempt left undone.
+An attempt's stall clock runs from when a worker took it: waiting in its pool's queue is not a stall.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
 from flows.nightly_params import NightlyParams
-from flows.shard_launch import ShardHandle, ShardLaunch, ShardLauncher, new_launch_id
+from flows.shard_launch import FINAL_STATUSES, ShardHandle, ShardLaunch, ShardLauncher, new_launch_id
 from pipeline import RunCounts, Shard
 from storage import Database, Document
 from storage.parts import PartStore
@@ -53,8 +55,11 @@ class ShardAttempts:
     attempts: int = 0
     launch: ShardLaunch | None = None
     handle: ShardHandle | None = None
-    # when the running attempt last showed life: its launch, a new part
+    # when the running attempt last showed life: a worker taking it, a new part
     last_change: float = 0.0
+    # since when the attempt waits for a worker (None: one took it), and when the parent last said so
+    queued_since: float | None = None
+    queue_warned: float = 0.0
     parts_seen: int = 0
     recorded_flow_run_id: str | None = None
     state: Literal["waiting", "running", "settled", "given_up"] = "waiting"
@@ -68,9 +73,13 @@ class ShardSupervisor:
                  max_running: int, counts: RunCounts, logger: logging.Logger | logging.LoggerAdapter) -> None:
         self.db, self.store, self.launcher, self.params, self.run_id = db, store, launcher, params, run_id
         self.max_running, self.counts, self.logger = max_running, counts, logger
-        self.last_ingest = 0.0
-        self._listed: list[str] = []
+        # the run's parts as last listed: how many, and how many of each attempt (by launch id)
+        self.last_list = float("-inf")
         self.parts_listed = 0
+        self.parts_per_launch: Counter[str] = Counter()
+        self.list_every_s = min(params.commit_every_s, params.shard_stall_s / 4)
+        # every attempt launched, for the temporary files a killed writer of one left
+        self.launched: list[tuple[ShardLaunch, ShardHandle]] = []
 
     def run(self, shards: list[Shard]) -> list[Document]:
         """Every shard settled or given up; returns the documents of the given-up shards still missing."""
@@ -86,6 +95,7 @@ class ShardSupervisor:
         finally:
             self._cancel_running(states)
         self._ingest()
+        self._remove_temporary()
         return [doc for s in states if s.state == "given_up" for doc in s.docs]
 
     # -- launching --
@@ -109,8 +119,10 @@ class ShardSupervisor:
         self.logger.info("run %s: shard %d attempt %d (%s): %d documents", self.run_id, index, state.attempts,
                          launch.launch_id, len(state.docs))
         state.launch, state.handle = launch, self.launcher.launch(launch)
+        self.launched.append((launch, state.handle))
         self._record(state)
-        state.last_change, state.parts_seen, state.state = time.monotonic(), 0, "running"
+        state.last_change = state.queue_warned = time.monotonic()
+        state.parts_seen, state.queued_since, state.state = 0, None, "running"
         self.counts.shard_attempts += 1
 
     # -- watching --
@@ -118,17 +130,37 @@ class ShardSupervisor:
     def _check(self, state: ShardAttempts) -> None:
         assert state.handle is not None and state.launch is not None
         status = state.handle.status()
-        if status == "running":
-            parts = self._parts_of(state.launch.launch_id)
-            if parts > state.parts_seen:
-                state.parts_seen, state.last_change = parts, time.monotonic()
-            elif time.monotonic() - state.last_change > self.params.shard_stall_s:
-                self.logger.warning("run %s: %s stalled (no new part for %.0f s); cancelling it", self.run_id,
-                                    state.launch.launch_id, self.params.shard_stall_s)
-                state.handle.cancel()
-                self._ended(state, "cancelled", f"stalled: no new part for {self.params.shard_stall_s:.0f} s")
-            return
-        self._ended(state, status, None if status == "completed" else f"the attempt ended {status}")
+        if status == "queued":
+            self._queued(state)
+        elif status == "running":
+            self._running(state)
+        else:
+            self._ended(state, status, None if status == "completed" else f"the attempt ended {status}")
+
+    def _queued(self, state: ShardAttempts) -> None:
+        """No worker has taken the attempt yet (its pool is busy with other shards or runs): the stall clock
+        waits too, and the parent says so once per ``shard_stall_s``."""
+        assert state.launch is not None
+        now = time.monotonic()
+        if state.queued_since is None:
+            state.queued_since = now
+        if now - state.queue_warned > self.params.shard_stall_s:
+            self.logger.warning("run %s: %s still waits for a worker after %.0f s", self.run_id,
+                                state.launch.launch_id, now - state.queued_since)
+            state.queue_warned = now
+        state.last_change = now
+
+    def _running(self, state: ShardAttempts) -> None:
+        assert state.handle is not None and state.launch is not None
+        state.queued_since = None
+        parts = self.parts_per_launch[state.launch.launch_id]
+        if parts > state.parts_seen:
+            state.parts_seen, state.last_change = parts, time.monotonic()
+        elif time.monotonic() - state.last_change > self.params.shard_stall_s:
+            self.logger.warning("run %s: %s stalled (no new part for %g s); cancelling it", self.run_id,
+                                state.launch.launch_id, self.params.shard_stall_s)
+            state.handle.cancel()
+            self._ended(state, "cancelled", f"stalled: no new part for {self.params.shard_stall_s:g} s")
 
     def _ended(self, state: ShardAttempts, status: str, error: str | None) -> None:
         """Record how the attempt ended and decide what follows: settled, relaunched with what is left, or
@@ -166,25 +198,32 @@ class ShardSupervisor:
     def _cancel_running(self, states: list[ShardAttempts]) -> None:
         """The parent is leaving (an error, an interrupt): stop what still runs, so no attempt outlives it."""
         for state in states:
-            if state.state == "running" and state.handle is not None and state.handle.status() == "running":
+            if state.state == "running" and state.handle is not None and state.handle.status() not in FINAL_STATUSES:
                 state.handle.cancel()
 
     # -- parts --
 
-    def _parts_of(self, launch_id: str) -> int:
-        prefix = f"{launch_id}/"
-        return sum(self.store.part_name(self.run_id, p).startswith(prefix) for p in self._listed)
+    def _remove_temporary(self) -> None:
+        """Delete what killed writers left: the temporary files of every attempt whose flow run is over (one
+        still stopping, a cancelled flow run on a worker, keeps its files)."""
+        removed = sum(self.store.remove_temporary(self.run_id, launch.launch_id) for launch, handle in self.launched
+                      if handle.status() in FINAL_STATUSES)
+        if removed:
+            self.logger.info("run %s: removed %d temporary part files of killed writers", self.run_id, removed)
 
     def _ingest(self, due_only: bool = False) -> None:
-        """List the run's parts and ingest the new ones; with ``due_only``, only at the commit cadence."""
-        self._listed = self.store.parts(self.run_id)
-        if len(self._listed) == self.parts_listed:
+        """List the run's parts and ingest the new ones; with ``due_only``, only once a listing is due."""
+        now = time.monotonic()
+        if due_only and now - self.last_list < self.list_every_s:
             return
-        if due_only and time.monotonic() - self.last_ingest < self.params.commit_every_s:
+        listed = self.store.parts(self.run_id)
+        self.last_list = now
+        if len(listed) == self.parts_listed:
             return
+        self.parts_per_launch = Counter(self.store.part_name(self.run_id, p).split("/", 1)[0] for p in listed)
         with self.counts.timed("storage"):
-            result = self.db.ingest_parts(self.run_id, self.store)
-        self.last_ingest, self.parts_listed = time.monotonic(), len(self._listed)
+            result = self.db.ingest_parts(self.run_id, self.store, paths=listed)
+        self.parts_listed = len(listed)
         self.counts.parts += result.parts
         if result.parts:
             self.counts.commits += 1

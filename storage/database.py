@@ -446,8 +446,10 @@ class Database:
 
     # -- shards: part files and attempts ---------------------------------------------------------------
 
-    def ingest_parts(self, run_id: str, store: PartStore, chunk_parts: int = INGEST_CHUNK_PARTS) -> IngestResult:
-        """Ingest the run's visible part files under ``store`` that are not ingested yet.
+    def ingest_parts(self, run_id: str, store: PartStore, chunk_parts: int = INGEST_CHUNK_PARTS,
+                     paths: list[str] | None = None) -> IngestResult:
+        """Ingest the run's visible part files under ``store`` that are not ingested yet (of ``paths`` only, a
+        listing the caller already made with ``store.parts(run_id)``, when given).
 
         Each chunk of up to ``chunk_parts`` parts is one transaction that writes their rows (DuckDB reads the
         Parquet itself) and records each part in ``ingested_parts``, so memory stays flat however large the
@@ -468,7 +470,7 @@ class Database:
                 "SELECT part FROM ingested_parts WHERE run_id = ?", [run_id]).fetchall()}
 
         ingested = in_transaction(self.path, self.retry, recorded, commit=False)
-        paths = store.parts(run_id)
+        paths = store.parts(run_id) if paths is None else paths
         new = [path for path in paths if store.part_name(run_id, path) not in ingested]
         skipped = len(paths) - len(new)
         if not new:

@@ -11,7 +11,7 @@ opens; by default ``<db_path>.runs/parts``)::
 ``run_key`` is ``storage.run_keys.run_key(run_id)``; ``launch_id`` names one attempt of one shard, unique
 across the parent's reruns. Every file is written under a hidden temporary name and then renamed, so a
 visible part or manifest is always complete: a writer killed mid-write leaves only a temporary file,
-which nothing lists.
+which nothing lists, and which the parent removes once the attempt is over (:meth:`PartStore.remove_temporary`).
 
 A part is one Parquet table with one row per output record or reject (:data:`PART_SCHEMA`):
 
@@ -48,6 +48,7 @@ from storage.tables import record_columns
 
 MANIFEST = "manifest.parquet"
 _PART_NAME = re.compile(r"^part-(?P<seq>\d{6,})\.parquet$")
+_TEMPORARY_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]+$")
 _GLOB = re.compile(r"[*?\[\]{}]")
 # a launch id is one directory name: no separators, not hidden
 _LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -198,6 +199,17 @@ class PartStore:
     def parts(self, run_id: str) -> list[str]:
         """The visible part files of the run, sorted by launch id and then by number (the order written)."""
         return [path for _, _, path in self._listed(self.run_dir(run_id))]
+
+    def remove_temporary(self, run_id: str, launch_id: str) -> int:
+        """Delete the temporary files a killed writer of the attempt left; returns how many. Only for an attempt
+        whose processes are gone: a live writer's file would vanish before its rename."""
+        selector = pafs.FileSelector(self.launch_dir(run_id, launch_id), allow_not_found=True)
+        left = [info.path for info in self.filesystem.get_file_info(selector)
+                if info.type == pafs.FileType.File and _TEMPORARY_NAME.match(info.base_name)]
+        for path in left:
+            with contextlib.suppress(FileNotFoundError):
+                self.filesystem.delete_file(path)
+        return len(left)
 
     def part_name(self, run_id: str, path: str) -> str:
         """A part's name within its run, ``<launch_id>/part-NNNNNN.parquet``: what ``ingested_parts`` keys."""

@@ -22,6 +22,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from shard_parts import manifest_ids, part_doc_ids
 
 from storage import Database
 
@@ -343,20 +344,6 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, doc_ids: list[str])
     assert sorted((r["doc_id"], r["mode"]) for r in stored) == sorted(
         (doc_id, mode) for doc_id in doc_ids for mode in ("sidecar", "standalone"))
     assert {r["n"] for r in stored} == {1}
-
-
-def part_doc_ids(launch: Path) -> set[str]:
-    """Documents with both modes in the attempt's visible parts."""
-    modes: dict[str, set[str]] = {}
-    for part in sorted(launch.glob("part-*.parquet")):
-        for row in pq.read_table(part, columns=["kind", "doc_id", "mode"]).to_pylist():
-            if row["kind"] == "output":
-                modes.setdefault(row["doc_id"], set()).add(row["mode"])
-    return {doc_id for doc_id, got in modes.items() if got >= {"sidecar", "standalone"}}
-
-
-def manifest_ids(launch: Path) -> set[str]:
-    return set(pq.read_table(launch / "manifest.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
 
 
 def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents(

@@ -119,6 +119,12 @@ def test_a_killed_write_leaves_no_visible_part(db: Database, store: PartStore,
     # the next write of the launch is its first visible part
     monkeypatch.undo()
     assert Path(store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])).name == "part-000001.parquet"
+    # once the attempt is over, its parent deletes what the killed writer left, and only that
+    store.write_manifest(RUN, "s0000-a01-aaaa", DOCS[:1])
+    assert store.remove_temporary(RUN, "s0000-a01-aaaa") == 1
+    assert sorted(p.name for p in launch_dir.iterdir()) == ["manifest.parquet", "part-000001.parquet"]
+    assert store.remove_temporary(RUN, "s0000-a01-aaaa") == 0
+    assert store.remove_temporary(RUN, "s0009-a01-ffff") == 0, "an attempt that never wrote"
 
 
 def test_a_manifest_round_trips_and_is_not_a_part(store: PartStore) -> None:

@@ -56,7 +56,7 @@ def test_each_attempt_is_one_flow_run_of_the_deployment_named_after_its_launch_i
         assert run.deployment_id == client.read_deployment_by_name(deployment).id
     assert (run.name, run.parameters, run.tags) == (launch.launch_id, launch.parameters(), [])
     assert run.parent_task_run_id is None, "launched outside a flow: no parent to link to"
-    assert handle.status() == "running", "scheduled, not picked up by a worker yet"
+    assert handle.status() == "queued", "scheduled, not picked up by a worker yet"
     # the launch id is the idempotency key: a launch repeated (its answer lost) is the same flow run
     assert launcher.launch(launch).flow_run_id == handle.flow_run_id
     assert launcher.launch(a_launch(shard=3, attempt=2)).flow_run_id != handle.flow_run_id
@@ -64,16 +64,27 @@ def test_each_attempt_is_one_flow_run_of_the_deployment_named_after_its_launch_i
 
 def test_the_flow_runs_state_is_the_attempts_status(deployment: str) -> None:
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled, Cancelling, Completed, Crashed, Failed, Pending, Running
+    from prefect.states import (
+        AwaitingConcurrencySlot,
+        Cancelled,
+        Cancelling,
+        Completed,
+        Crashed,
+        Failed,
+        Late,
+        Pending,
+        Running,
+    )
 
     from flows.shard_deployments import ShardDeployments
 
     launcher = ShardDeployments(deployment)
-    for state, status in ((Pending(), "running"), (Running(), "running"), (Cancelling(), "running"),
+    for state, status in ((Late(), "queued"), (AwaitingConcurrencySlot(), "queued"),
+                          (Pending(), "running"), (Running(), "running"), (Cancelling(), "running"),
                           (Completed(), "completed"), (Failed(), "failed"), (Crashed(), "crashed"),
                           (Cancelled(), "crashed")):
         handle = launcher.launch(a_launch())
-        if state.type != StateType.PENDING:
+        if state.type not in (StateType.SCHEDULED, StateType.PENDING):
             force(handle.flow_run_id, Running())  # a scheduled run is never Cancelling: nothing to stop yet
         force(handle.flow_run_id, state)
         assert flow_run(handle.flow_run_id).state.type == state.type

@@ -20,6 +20,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from shard_parts import manifest_ids, part_doc_ids
 
 from storage import Database
 
@@ -58,20 +59,6 @@ def launch_dirs(db_path: Path | str, results: Path | None = None) -> list[Path]:
     """The attempts' directories under ``results`` (default: beside the database)."""
     root = results if results is not None else Path(f"{db_path}.runs") / "parts"
     return sorted(p for p in root.glob("run-*/*") if p.is_dir())
-
-
-def part_doc_ids(launch: Path) -> set[str]:
-    """Documents with every mode in the launch's visible parts."""
-    modes: dict[str, set[str]] = {}
-    for part in sorted(launch.glob("part-*.parquet")):
-        for row in pq.read_table(part, columns=["kind", "doc_id", "mode"]).to_pylist():
-            if row["kind"] == "output":
-                modes.setdefault(row["doc_id"], set()).add(row["mode"])
-    return {doc_id for doc_id, got in modes.items() if got >= set(MODES)}
-
-
-def manifest_ids(launch: Path) -> set[str]:
-    return set(pq.read_table(launch / "manifest.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
 
 
 def attempts(db: Database, run_id: str) -> list[dict]:
