@@ -49,11 +49,16 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
+# pytest processes (pytest-xdist): most tests use one core (the tiny pair on one torch thread); a module's
+# tests stay in one process, so its fixtures (a Prefect server, a loaded pair) are made once
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: lint browser models corpus
-	$(BIN)/python -m pytest -q -rs
+	$(PYTEST) -rs --durations=15
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not real and not slow"
+	$(PYTEST) -m "not real and not slow"
 
 demo: models corpus
 	$(BIN)/sidecar demo --corpus data/news.parquet --limit 4 --db data/sidecar.duckdb

@@ -13,8 +13,14 @@ import torch
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs
-os.environ.setdefault("SIDECAR_LOCK_DIR", tempfile.mkdtemp(prefix="sidecar-test-locks-"))
+# the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs,
+# and each pytest-xdist worker's from the other's: two workers are two machines, not two runs on one device
+if os.environ.get("PYTEST_XDIST_WORKER") or "SIDECAR_LOCK_DIR" not in os.environ:
+    os.environ["SIDECAR_LOCK_DIR"] = tempfile.mkdtemp(prefix="sidecar-test-locks-")
+# and its Prefect database: the flows tests run on the ephemeral API (those without ``prefect_api``) would
+# otherwise start two servers on one SQLite file
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="sidecar-test-prefect-")
 # The tiny pair's forwards are a few small matmuls: one thread does them as fast as two, and on a busy machine
 # two threads that wait for each other at every op take many times longer. The processes tests start inherit
 # it; the real pair's tests get two (``pytest_runtest_setup``).
