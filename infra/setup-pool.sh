@@ -9,7 +9,9 @@
 # - for each HOST:GPUS, the limits gpu-HOST-0 .. gpu-HOST-(GPUS-1), one slot each: the names the GPU workers of
 #   that host give their flow runs in SIDECAR_GPU_LIMIT (infra/gpu-workers.sh, the systemd template unit);
 #   HOST is the host name as the worker sees it (`hostname`, systemd's %H);
-# - the limit gpu, one slot: the one runs started outside a pool worker hold (SIDECAR_GPU_LIMIT unset).
+# - the limit gpu, one slot: the one runs started outside a pool worker hold (SIDECAR_GPU_LIMIT unset);
+# - the automation of infra/crash-silent-runs.yaml, which marks a flow run whose heartbeats stopped Crashed
+#   (replaced by the file's version on every run).
 #
 # No argument: this machine, one limit per GPU that nvidia-smi lists, or one (a CPU worker) if none.
 # SIDECAR_PREFECT: the prefect executable (default: the checkout's .venv).
@@ -40,6 +42,13 @@ limit() {
   fi
   echo "concurrency limit $1: 1 slot"
 }
+automation() {  # the automation named $1, as file $2 has it now
+  if $prefect automation inspect "$1" >/dev/null 2>&1; then
+    $prefect --no-prompt automation delete "$1" >/dev/null
+  fi
+  $prefect automation create --from-file "$2" >/dev/null
+  echo "automation $1: from $2"
+}
 
 pool sidecar-control
 pool sidecar-gpu
@@ -50,3 +59,4 @@ for spec in "$@"; do
     limit "gpu-$host-$i"
   done
 done
+automation sidecar-crash-silent-runs infra/crash-silent-runs.yaml

@@ -156,14 +156,16 @@ def test_deploy_again_changes_nothing(deployed: dict[str, str], api) -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {d.name: (d.id, d.work_pool_name) for d in api.read_deployments()} == before
-    assert sorted(a.name for a in api.read_automations()) == ["cost-report-after-judge", "judge-after-nightly"]
+    # the silent-run automation is replaced, not added twice
+    assert sorted(a.name for a in api.read_automations()) == ["cost-report-after-judge", "judge-after-nightly",
+                                                              "sidecar-crash-silent-runs"]
     assert gpu_limits(api) == {"gpu": 1, f"gpu-{HOST}-0": 1, f"gpu-{HOST}-1": 1}
 
 
 def test_triggers_start_judge_after_nightly_and_cost_report_after_judge(api) -> None:
     deployments = {d.name: d for d in api.read_deployments()}
     automations = {a.name: a for a in api.read_automations()}
-    assert set(automations) == {"judge-after-nightly", "cost-report-after-judge"}
+    assert set(automations) == {"judge-after-nightly", "cost-report-after-judge", "sidecar-crash-silent-runs"}
     for name, source, target in (("judge-after-nightly", "nightly", "judge"),
                                  ("cost-report-after-judge", "judge", "cost-report")):
         automation = automations[name]

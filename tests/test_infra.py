@@ -24,15 +24,18 @@ UNITS = INFRA / "systemd"
 SCRIPTS = sorted(INFRA.glob("*.sh"))
 PREFECT = Path(sys.executable).parent / "prefect"
 
-# A stand-in for the prefect CLI: each call is a line of $FAKE_STATE/calls; pools and limits live as files
-# under $FAKE_STATE, so `inspect` finds what an earlier `create` made. `worker start` prints its environment
-# and runs until SIGTERM.
+# A stand-in for the prefect CLI: each call is a line of $FAKE_STATE/calls; pools, limits and automations (by
+# the name in their file) live as files under $FAKE_STATE, so `inspect` finds what an earlier `create` made.
+# `worker start` prints its environment and runs until SIGTERM.
 FAKE_PREFECT = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_STATE/calls"
 case "$1 $2" in
   "work-pool inspect"|"gcl inspect") [ -e "$FAKE_STATE/$1-$3" ] ;;
   "work-pool create"|"gcl create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
   "gcl update") [ -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "automation inspect") [ -e "$FAKE_STATE/automation-$3" ] ;;
+  "automation create") echo "$*" > "$FAKE_STATE/automation-$(sed -n 's/^name: //p' "$4")" ;;
+  "--no-prompt automation") [ "$3" = delete ] && rm "$FAKE_STATE/automation-$4" ;;
   "worker start")
     sleep 600 &
     trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
@@ -130,12 +133,17 @@ def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fak
         "work-pool-sidecar-control": "work-pool create sidecar-control --type process\n",
         "work-pool-sidecar-gpu": "work-pool create sidecar-gpu --type process\n",
         **{f"gcl-{name}": f"gcl create {name} --limit 1\n" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1",
-                                                                          "gpu-gpu-b.lan-0")}}
-    # run again: nothing new is created, every limit is set back to one slot
+                                                                          "gpu-gpu-b.lan-0")},
+        "automation-sidecar-crash-silent-runs": "automation create --from-file infra/crash-silent-runs.yaml\n"}
+    # run again: nothing new is created, every limit is set back to one slot, the automation is replaced by
+    # the file's current version
     Path(fake_bin["FAKE_STATE"], "calls").unlink()
     assert (done := run()).returncode == 0, done.stderr
     calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
-    assert not [c for c in calls if " create " in c], calls
+    assert fake_state(fake_bin).keys() == state.keys()
+    assert [c for c in calls if " create " in c or " delete " in c] == [
+        "--no-prompt automation delete sidecar-crash-silent-runs",
+        "automation create --from-file infra/crash-silent-runs.yaml"], calls
     assert sorted(c for c in calls if c.startswith("gcl update")) == sorted(
         f"gcl update {name.removeprefix('gcl-')} --limit 1" for name in state if name.startswith("gcl-"))
 
@@ -280,3 +288,20 @@ def test_prefect_yaml_puts_parents_on_the_control_pool_and_gpu_work_on_the_gpu_p
     [trigger] = deployments["judge"]["triggers"]
     related = {(m["prefect.resource.role"], m["prefect.resource.name"]) for m in trigger["match_related"]}
     assert related == {("flow", "nightly"), ("deployment", "nightly")} and flow_name not in {n for _, n in related}
+
+
+def test_the_silent_run_automation_is_a_valid_proactive_trigger_that_crashes_runs_after_three_missed_beats() -> None:
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.schemas.automations import AutomationCore, Posture
+    from prefect.settings.models.flows import FlowsSettings
+
+    automation = AutomationCore.model_validate(yaml.safe_load((INFRA / "crash-silent-runs.yaml").read_text()))
+    trigger, [action] = automation.trigger, automation.actions
+    assert automation.name == "sidecar-crash-silent-runs" and automation.enabled
+    assert trigger.posture == Posture.Proactive and trigger.after == {"prefect.flow-run.heartbeat"}
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+            "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"} == trigger.expect
+    assert trigger.for_each == {"prefect.resource.id"}
+    assert (action.type, action.state) == ("change-flow-run-state", StateType.CRASHED)
+    # a run that beats at Prefect's default interval is never taken for dead: three beats fit the window
+    assert trigger.within.total_seconds() >= 3 * FlowsSettings().heartbeat_frequency + 60
