@@ -48,7 +48,9 @@ from storage.tables import record_columns
 
 MANIFEST = "manifest.parquet"
 _PART_NAME = re.compile(r"^part-(?P<seq>\d{6,})\.parquet$")
-_TEMPORARY_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]+$")
+# write_atomically's temporary files: ".<visible name><suffix><random hex>"
+_TEMPORARY_SUFFIX = ".tmp-"
+_TEMPORARY_NAME = re.compile(rf"^\..+{re.escape(_TEMPORARY_SUFFIX)}[0-9a-f]+$")
 _GLOB = re.compile(r"[*?\[\]{}]")
 # a launch id is one directory name: no separators, not hidden
 _LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -138,7 +140,7 @@ def write_atomically(fs: pafs.FileSystem, path: str, table: pa.Table) -> str:
     once complete; returns ``path``. A failure removes the temporary file where it still can."""
     directory, _, name = path.rpartition("/")
     fs.create_dir(directory, recursive=True)
-    temporary = f"{directory}/.{name}.tmp-{uuid.uuid4().hex}"
+    temporary = f"{directory}/.{name}{_TEMPORARY_SUFFIX}{uuid.uuid4().hex}"
     try:
         pq.write_table(table, temporary, filesystem=fs)
         _publish(fs, temporary, path)
