@@ -1,5 +1,6 @@
-"""What a shard attempt's directory under a run's results location holds, read straight from its files: the
-documents of its manifest, and those its visible parts finished in every mode."""
+"""Shard part files in tests: output records for a part, and what a shard attempt's directory under a run's
+results location holds, read straight from its files (the documents of its manifest, and those its visible
+parts finished in every mode)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from storage import OutputRecord, RequestStats
+
+
+def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 0, tokens: int = 10,
+           wall_s: float = 1.0) -> OutputRecord:
+    stats = [RequestStats("main", new_tokens=tokens, drafted=12, accepted=9, target_forwards=4, wall_s=wall_s,
+                          batch_size=2)]
+    if mode != "standalone":
+        stats.append(RequestStats.sidecar_phase({"new_tokens": 5, "seconds": 0.5, "kv_bytes": 3_000_000}))
+    return OutputRecord(doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags", sidecar_text="#a #b",
+                        tags=["#a", "#b"], main_tokens=None if mode == "standalone" else tokens,
+                        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id, stats=stats)
+
+
+def both_modes(doc_id: str, **kwargs) -> list[OutputRecord]:
+    return [record(doc_id, "sidecar", **kwargs), record(doc_id, "standalone", **kwargs)]
 
 
 def part_doc_ids(launch: Path, modes: Iterable[str] = ("sidecar", "standalone")) -> set[str]:

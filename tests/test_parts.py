@@ -7,6 +7,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.fs as pafs
 import pytest
+from shard_parts import both_modes, record
 
 from storage import (
     Database,
@@ -17,7 +18,6 @@ from storage import (
     PartStore,
     RanOn,
     RejectedDocument,
-    RequestStats,
     ShardInfo,
     UnknownAttemptError,
     UnknownRunError,
@@ -38,21 +38,6 @@ def begin(db: Database, run_id: str = RUN, gpu_type: str | None = None, device: 
 def shard(launch_id: str, shard_index: int = 0, attempt: int = 1, gpu_type: str | None = "NVIDIA H100",
           run_id: str = RUN, host: str = "gpu-a") -> ShardInfo:
     return ShardInfo(run_id, launch_id, shard_index, attempt, host, "cuda:0", gpu_type)
-
-
-def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 0, tokens: int = 10,
-           wall_s: float = 1.0) -> OutputRecord:
-    stats = [RequestStats("main", new_tokens=tokens, drafted=12, accepted=9, target_forwards=4, wall_s=wall_s,
-                          batch_size=2)]
-    if mode != "standalone":
-        stats.append(RequestStats.sidecar_phase({"new_tokens": 5, "seconds": 0.5, "kv_bytes": 3_000_000}))
-    return OutputRecord(doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags", sidecar_text="#a #b",
-                        tags=["#a", "#b"], main_tokens=None if mode == "standalone" else tokens,
-                        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id, stats=stats)
-
-
-def both_modes(doc_id: str, **kwargs) -> list[OutputRecord]:
-    return [record(doc_id, "sidecar", **kwargs), record(doc_id, "standalone", **kwargs)]
 
 
 def oom(doc: Document) -> RejectedDocument:

@@ -10,23 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from shard_parts import both_modes
 
 from flows.nightly_params import NightlyParams
 from flows.shard_launch import ShardLaunch, ShardStatus
 from flows.shard_supervisor import ShardSupervisor
 from pipeline import RunCounts, Shard
-from storage import Database, Document, OutputRecord, PartStore, RequestStats, ShardInfo
+from storage import Database, Document, PartStore, ShardInfo
 
 RUN = "run-1"
 MODES = ["sidecar", "standalone"]
 DOCS = [Document(f"d{i}", f"Text of document {i}.", i, title=f"Title {i}") for i in range(4)]
-
-
-def outputs(doc_id: str) -> list[OutputRecord]:
-    stats = [RequestStats("main", new_tokens=8, drafted=8, accepted=6, target_forwards=3, wall_s=0.1, batch_size=1)]
-    return [OutputRecord(doc_id=doc_id, mode=mode, summary="A summary.", sidecar_name="hashtags",
-                         sidecar_text="#a", tags=["#a"], main_tokens=8, finish_reason="eos",
-                         sidecar_finish_reason="eos", batch_id=0, stats=stats) for mode in MODES]
 
 
 @dataclass
@@ -61,7 +55,7 @@ class ScriptedShard:
             docs = self.store.read_manifest(RUN, self.launch.launch_id)
             info = ShardInfo(RUN, self.launch.launch_id, self.launch.shard, self.launch.attempt, "gpu-a", "cuda:0",
                              "NVIDIA H100")
-            self.store.writer(info).write([r for d in docs for r in outputs(d.doc_id)], [])
+            self.store.writer(info).write([r for d in docs for r in both_modes(d.doc_id)], [])
             self.wrote = True
         return status
 
