@@ -23,8 +23,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="sidecar-test-prefect-")
 # The tiny pair's forwards are a few small matmuls: one thread does them as fast as two, and on a busy machine
 # two threads that wait for each other at every op take many times longer. The processes tests start inherit
-# it. The real pair's tests get their process's share of the cores, up to two (``pytest_runtest_setup``): on
-# 2 cores beside another busy xdist worker, two threads took 1.6x as long as one for the same generate.
+# it. The real pair's tests get their process's share of the cores, up to two (``pytest_runtest_setup``): beside
+# another busy xdist worker, two threads on two cores wait on each other at every op and are slower than one.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REAL_PAIR_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 torch.set_num_threads(1)
