@@ -34,7 +34,7 @@ corpus: data/news.parquet
 data/news.parquet: $(BIN)/sidecar
 	$(BIN)/sidecar corpus build --out $@
 
-CODE := sidecar storage pipeline server flows cli tests bench
+CODE := sidecar storage pipeline server study flows cli vocab tests bench
 
 # ruff, then the layer contracts of pyproject.toml ([tool.importlinter])
 lint: venv

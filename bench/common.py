@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sidecar.models import synchronize
+from sidecar.runtime.syncs import synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -25,7 +25,7 @@ def news_documents(count: int, max_chars: int) -> list[str]:
     """The first ``count`` real news articles (built by ``make corpus``), cut to ``max_chars``."""
     import pyarrow.parquet as pq
 
-    from sidecar.corpus import build_news_corpus
+    from study.corpus import build_news_corpus
 
     if not NEWS.exists():
         build_news_corpus(NEWS)
@@ -66,7 +66,7 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
     """Where a result comes from: the commit (``dirty`` when tracked files differ from it), the UTC date,
     the machine (platform, CPU, GPU) and the torch build. ``device`` is the one measured on, if not the
     machine's first GPU (else its CPU)."""
-    from sidecar.models import device_name
+    from sidecar.models.devices import device_name
 
     commit = _git("rev-parse", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", *OWN_OUTPUTS)) if commit else None

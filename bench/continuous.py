@@ -18,7 +18,7 @@ The same requests (a summary and a hashtag sidecar per article, greedy, in corpu
   summaries only, the engine's also the hashtags, so the engine's ratio over HF is conservative.
 - Occupancy: ``BatchTrace.occupancy()``, the share of main slot-steps with a live row before the final drain.
 - Identity: static and continuous give the same main and sidecar token ids; main ids also match HF's.
-- GPU projection: both traces replayed through the roofline (``sidecar.cost.replay``) for the source study's
+- GPU projection: both traces replayed through the roofline (``study.cost.replay``) for the source study's
   Qwen2.5-7B target and 1.5B draft in bf16 on the catalog GPUs.
 
 Writes bench/results/continuous_<device>[_<pair>][_<profile>].json and .md.
@@ -45,12 +45,13 @@ from bench.common import (
 from bench.engine import FirstTokenClock, new_tokens_until_eos
 from bench.gpu_check.pairs import documents
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
-from sidecar.batch import stream_through
-from sidecar.cost import load_catalog
-from sidecar.cost.replay import SidecarWork, replay
-from sidecar.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
-from sidecar.models import ModelPair, synchronize
-from sidecar.sidecar_batch import SidecarBatch
+from sidecar.decoding.batch import stream_through
+from sidecar.models.pair import ModelPair
+from sidecar.runtime.syncs import synchronize
+from sidecar.tasks.batch import SidecarBatch
+from study.cost import load_catalog
+from study.cost.replay import SidecarWork, replay
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
 SCHEDULES = ("continuous", "static")
 SIZES = {
@@ -268,8 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"{identity['sidecar_static_vs_continuous']}; summaries vs HF plain: {identity['main_vs_hf_plain']}. "
         f"Decode phase = end to end minus time inside admissions (target and draft prefill, sidecar joins).\n\n"
         f"**Projection, not a measurement**: the two traces above (rows live per step, verify widths, draft "
-        f"forwards, prefill groups, sidecar steps) replayed through the roofline of `sidecar.cost` "
-        f"(`sidecar/cost/replay.py`) with the source study's Qwen2.5-7B target and 1.5B draft in bf16 at their "
+        f"forwards, prefill groups, sidecar steps) replayed through the roofline of `study.cost` "
+        f"(`study/cost/replay.py`) with the source study's Qwen2.5-7B target and 1.5B draft in bf16 at their "
         f"catalog peaks; summary tokens per second.\n\n{projected}")
     write_results(result_name("continuous", pair.device, args.pair, args.profile), payload, markdown)
     return payload

@@ -8,7 +8,7 @@
 
 Ratios are measured side by side in one process on the same prompts (the target's summary prompt over
 real news articles), so the machine's speed cancels out. HF generate runs on the same loaded models,
-so on CPU it gets the same per-shape Linear kernels as the engine (``sidecar.cpu_kernels``): the
+so on CPU it gets the same per-shape Linear kernels as the engine (``sidecar.models.cpu_kernels``): the
 baseline is the fastest plain decoding this machine offers. Writes bench/results/engine_<device>.json
 and a markdown table.
 """
@@ -34,9 +34,10 @@ from bench.common import (
     write_results,
 )
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
-from sidecar.analysis import predicted_target_forwards
-from sidecar.cpu_kernels import quantize_int8
-from sidecar.models import ModelPair, load_model, pair_model_ids
+from sidecar.models.cpu_kernels import quantize_int8
+from sidecar.models.loading import load_model, pair_model_ids
+from sidecar.models.pair import ModelPair
+from study.analysis import predicted_target_forwards
 
 
 class FirstTokenClock(BaseStreamer):
@@ -105,7 +106,7 @@ def hf_plain_batched(pair: ModelPair, prompts: list[list[int]], max_new: int) ->
 
 
 def kv_bytes_per_row(pair: ModelPair, tokens: int) -> dict:
-    from sidecar.kv_cache import RowKVCache
+    from sidecar.runtime.kv_cache import RowKVCache
 
     per_column = {name: RowKVCache(model, 1, 1).bytes_per_column()
                   for name, model in (("target", pair.target), ("draft", pair.draft))}

@@ -3,7 +3,7 @@
     python -m bench.kernels            # standard and --full: context 400, 5 timed forwards per cell
     python -m bench.kernels --quick    # 1 timed forward per cell
 
-The table behind ``sidecar.cpu_kernels``: ``OneDNNLinear`` keeps every Linear weight in oneDNN's packed
+The table behind ``sidecar.models.cpu_kernels``: ``OneDNNLinear`` keeps every Linear weight in oneDNN's packed
 layout, laid out for ``PACKED_ROWS`` input rows. Each cell is the median wall time of one forward over a KV
 cache of ``--context`` positions, through the engine's own ``forward``:
 
@@ -35,10 +35,10 @@ from bench.common import (
     profile_suffix,
     write_results,
 )
-from sidecar import cpu_kernels
-from sidecar.forward import forward
-from sidecar.kv_cache import RowKVCache
-from sidecar.models import default_device_dtype, load_model, pair_model_ids
+from sidecar.models import cpu_kernels
+from sidecar.models.loading import default_device_dtype, load_model, pair_model_ids
+from sidecar.runtime.forward import forward
+from sidecar.runtime.kv_cache import RowKVCache
 
 # (rows, positions): decode steps at batch 1, verifies of gamma+1 positions, decode steps of a batch, a
 # 128-token prefill

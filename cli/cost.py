@@ -1,4 +1,4 @@
-"""``sidecar cost``: roofline projections and the GPU catalog, from the cost model in ``sidecar.cost``."""
+"""``sidecar cost``: roofline projections and the GPU catalog, from the cost model in ``study.cost``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from sidecar.cost import (
+from study.cost import (
     DEFAULT_BATCHES,
     DTYPE_BYTES,
     GB,
@@ -27,7 +27,7 @@ from sidecar.cost import (
     load_catalog,
     roofline_table,
 )
-from sidecar.modes import Mode
+from vocab.modes import Mode
 
 cost_app = typer.Typer(no_args_is_help=True, help="Roofline cost projections for the draft's tagging phase.")
 
@@ -224,7 +224,7 @@ def gpus_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="GPU catalog (sidecar/cost/gpus.json)")
+    table = Table(title="GPU catalog (study/cost/gpus.json)")
     for header in ("GPU", "GB/s", "dense TFLOP/s", "$/GPU-hour", "source"):
         table.add_column(header)
     for gpu in catalog.values():

@@ -32,7 +32,7 @@ class DemoFindings:
     # per judge model and prompt version: Database.judge_tally's row with the judge_quality row's control
     # documents, accuracy, position bias, margin and threshold, and ``preference_ci`` (None without one)
     judge: list[dict[str, Any]]
-    # the cost report's headline.json (sidecar.report.Headline as a dict); None when it was not written
+    # the cost report's headline.json (study.report.Headline as a dict); None when it was not written
     headline: dict[str, Any] | None
     html_path: Path | None
     seconds: float

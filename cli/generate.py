@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sidecar.prompts import SUMMARIZE_INSTRUCTION
+from sidecar.tasks.prompts import SUMMARIZE_INSTRUCTION
 
 
 def read_inputs(path: str, column: str, limit: int | None) -> list[str]:

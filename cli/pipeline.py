@@ -9,7 +9,7 @@ import typer
 
 from cli.demo_report import DemoFindings, render
 from flows.embedded import embedded_prefect
-from sidecar.modes import MODES
+from vocab.modes import MODES
 
 if TYPE_CHECKING:
     from pipeline import RunCounts
@@ -118,7 +118,7 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     import json
 
     from flows.cost_report import report_dir
-    from sidecar.judge import bootstrap_ci
+    from study.judge import bootstrap_ci
 
     out_dir = report_dir(db.path, run_id)
     headline = out_dir / "headline.json"

@@ -1,7 +1,7 @@
 """One run at a time on an accelerator: its OS lock on this machine, and on a Prefect server a slot of
 the global concurrency limit named by ``$SIDECAR_GPU_LIMIT`` (default ``gpu``).
 
-The lock is a file per physical device (``sidecar.devices.accelerator_id``: a CUDA device, or ``cpu``) in
+The lock is a file per physical device (``sidecar.models.devices.accelerator_id``: a CUDA device, or ``cpu``) in
 ``$SIDECAR_LOCK_DIR`` (default ``~/.cache/sidecar/locks``); the kernel drops it when its process ends,
 however it ends. It keeps runs on one machine apart also on the embedded API, where the ``gpu`` limit
 does not exist and, created, would be seen by this process alone. The limit keeps apart the runs of a
@@ -27,9 +27,10 @@ from prefect import get_run_logger
 from prefect.concurrency.sync import concurrency
 
 from flows.embedded import on_embedded_api
-from sidecar.devices import accelerator_id
+from sidecar.models.devices import accelerator_id
 from sidecar.settings import Settings, lock_dir
-from storage.locks import LockHolder, exclusive
+from storage.errors import LockHolder
+from storage.locks import exclusive
 
 # the shortest lease the Prefect API grants (its default, 300 s, would idle a GPU 5 minutes after a crash)
 LEASE_S = 60.0

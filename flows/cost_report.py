@@ -14,8 +14,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from sidecar.report import write_cost_report
 from storage import CostRecord, Database
+from study.report import write_cost_report
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Without ``PREFECT_API_URL`` Prefect starts the API in a subprocess (``Subprocess
 a client needs it, from whichever thread that is, and stops it only from an ``atexit`` hook. Prefect looks
 that server up under the key ``None`` of ``SubprocessASGIServer._instances`` (its own test harness
 registers its server the same way); an instance of the subclass below registered there first is the one
-Prefect starts, and each server process it starts gets a tether (``sidecar.tether``).
+Prefect starts, and each server process it starts gets a tether (``server.tether``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect.server.api.server import SubprocessASGIServer
 
-from sidecar.tether import Tether, tether
+from server.tether import Tether, tether
 
 
 class TetheredServer(SubprocessASGIServer):

@@ -2,7 +2,7 @@
 
 Documents come from the run's ``results`` (both modes written); those the same judge model and prompt
 version already judged are skipped, so a rerun asks only for what is missing. Each document is played
-twice with positions swapped (``sidecar.judge``). The probability mode (prompt ``tags-p1``) is used where
+twice with positions swapped (``study.judge``). The probability mode (prompt ``tags-p1``) is used where
 the endpoint returns log probabilities, probed once per run; otherwise the text mode (``tags-v1``), and
 the artifact says so. Up to ``controls`` documents also get control games (their own tags against
 another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
@@ -35,7 +35,8 @@ from pydantic import SecretStr
 
 from flows.accelerator import holding_accelerator
 from flows.progress import RunProgress
-from sidecar.judge import (
+from storage import Database, JudgementRecord, JudgeSettingsRecord, UnknownRunError
+from study.judge import (
     DEFAULT_PROMPT_VERSION,
     Detection,
     JudgeConfig,
@@ -46,7 +47,6 @@ from sidecar.judge import (
     judge_pairs,
     summarize_judgements,
 )
-from storage import Database, JudgementRecord, JudgeSettingsRecord, UnknownRunError
 
 DEFAULT_JUDGE_PAIR = "qwen-coder-small"
 

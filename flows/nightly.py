@@ -76,10 +76,10 @@ from pipeline import (
     token_counts,
     window_size,
 )
-from sidecar.engine import SidecarEngine
-from sidecar.models import load_pair, load_tokenizer
+from sidecar.models.loading import load_pair, load_tokenizer
+from sidecar.tasks.engine import SidecarEngine
 from storage import Database, DatabaseLockedError, Document, RanOn, RejectedDocument, RetryPolicy
-from storage.locks import LockHolder
+from storage.errors import LockHolder
 from storage.parquet import read_documents
 from storage.parts import PartStore
 

@@ -14,9 +14,9 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline import BatchSettings
-from sidecar.modes import Mode
-from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
-from sidecar.tasks import HASHTAGS, SidecarTask
+from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
+from sidecar.tasks.task import HASHTAGS, SidecarTask
+from vocab.modes import Mode
 
 # Fields that change where, how fast or when the outputs are made, not what they are.
 NOT_DECISIVE = frozenset({"batch_size", "window", "db_path", "run_id", "commit_every_s", "trigger_judge",

@@ -27,8 +27,8 @@ from flows.nightly import run_window_task
 from flows.nightly_params import NightlyParams
 from flows.process_exit import exit_now
 from pipeline import FinishedDocument, PendingCommit, RunCounts, plan_windows, split_by_context, window_size
-from sidecar.engine import SidecarEngine
-from sidecar.models import load_pair
+from sidecar.models.loading import load_pair
+from sidecar.tasks.engine import SidecarEngine
 from storage import Document
 from storage.parts import PartStore, PartWriter, ShardInfo
 

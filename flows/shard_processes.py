@@ -2,12 +2,12 @@
 
 Each attempt is ``python -m flows.nightly_shard`` in a process group of its own, on one of ``workers`` slots:
 slot ``i`` gets the ``i``-th visible GPU (``CUDA_VISIBLE_DEVICES``), or without one the ``i``-th share of
-the cores (its torch threads, and an accelerator lock of its own, ``sidecar.devices.CPU_SLOT_ENV``), and
+the cores (its torch threads, and an accelerator lock of its own, ``sidecar.models.devices.CPU_SLOT_ENV``), and
 the concurrency limit ``gpu-<host>-<i>`` on a Prefect server. It talks to the parent's Prefect API
 (``PREFECT_API_URL``), so its flow run is listed beside the parent's, also on the embedded API. A parent on
 its embedded API says so to its attempts (``SIDECAR_EMBEDDED_API=1``, ``flows.embedded.on_embedded_api``):
 no limit exists there, so they hold only their slot's accelerator lock, as an in-process run does. An
-attempt ends with the parent, however the parent ends (``sidecar.tether``): a rerun of the parent relaunches
+attempt ends with the parent, however the parent ends (``server.tether``): a rerun of the parent relaunches
 it.
 
 Its status comes from the process: running while it runs, then ``completed`` on exit code 0, ``failed``
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from flows.embedded import EMBEDDED_API_ENV
 from flows.shard_launch import ShardLaunch, ShardStatus
-from sidecar.devices import CPU_SLOT_ENV, visible_gpus
-from sidecar.tether import Tether, tether
+from server.tether import Tether, tether
+from sidecar.models.devices import CPU_SLOT_ENV, visible_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 # the concurrency-limit name a shard's accelerator takes on a Prefect server (flows.accelerator)

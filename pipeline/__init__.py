@@ -3,7 +3,7 @@
 This layer sits between the engine library (``sidecar``) and storage below it and the Prefect flows
 above it: the flows only sequence these calls and hold no model code and no SQL, and nothing here
 imports Prefect. The documents stream through the engine a window at a time, each window sorted by
-length; a document is handed to the commit buffer as soon as every requested mode (``sidecar.modes``)
+length; a document is handed to the commit buffer as soon as every requested mode (``vocab.modes``)
 is done for it. A stream that runs out of accelerator memory is retried with a smaller batch, down to
 single documents, and a document that still runs out is returned as a failure while the others go on.
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.settings import BatchSettings
-from sidecar.engine import SidecarEngine
-from sidecar.modes import SIDECAR_MODES
-from sidecar.prompts import encode
-from sidecar.sidecar_rows import SidecarRequest
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.prompts import encode
+from sidecar.tasks.rows import SidecarRequest
 from storage import Document, RejectedDocument
+from vocab.modes import SIDECAR_MODES
 
 
 def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sidecar.sidecar_rows import DocumentResult, SidecarOutput
+from sidecar.tasks.rows import DocumentResult, SidecarOutput
 from storage import Document, OutputRecord, RequestStats
 
 

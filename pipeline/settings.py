@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.modes import MODES, Mode
-from sidecar.tasks import SidecarTask
+from sidecar.tasks.task import SidecarTask
+from vocab.modes import MODES, Mode
 
 DEFAULT_MODES: tuple[Mode, ...] = ("sidecar", "standalone")
 

@@ -29,12 +29,12 @@ from pipeline.finished import DocumentDone, DocumentFailure, OnDocuments
 from pipeline.memory import is_out_of_memory, release_memory
 from pipeline.records import sidecar_record, standalone_record
 from pipeline.settings import BatchSettings
-from sidecar.engine import SidecarEngine
-from sidecar.modes import SIDECAR_MODES
 from sidecar.progress import ProgressCallback
-from sidecar.sidecar_rows import DocumentResult, SidecarRequest
-from sidecar.tasks import SidecarTask
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import DocumentResult, SidecarRequest
+from sidecar.tasks.task import SidecarTask
 from storage import Document, OutputRecord
+from vocab.modes import SIDECAR_MODES
 
 # CUDA OOM messages run to a paragraph of allocator advice; the stored error keeps the start.
 MAX_ERROR_CHARS = 500

@@ -6,14 +6,14 @@ Endpoints:
 - ``GET /v1/models``: the one served model.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
-  anything below ``sidecar.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
+  anything below ``sidecar.decoding.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
   target alone), ``top_p`` (the most likely token always stays in the nucleus), ``seed`` (int64, as
-  OpenAI), ``stop`` (up to ``sidecar.stops.MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS``
+  OpenAI), ``stop`` (up to ``sidecar.decoding.stops.MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS``
   characters), ``stream`` (SSE chunks), ``stream_options.include_usage``, ``logprobs`` and
   ``top_logprobs`` (0..20, only with ``logprobs``). Logprobs are OpenAI's ``choices[0].logprobs =
   {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null}``, one
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
-  whatever the sampling settings (``sidecar.logprobs``); each stream chunk carries the entries of the tokens
+  whatever the sampling settings (``sidecar.decoding.logprobs``); each stream chunk carries the entries of the tokens
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
   attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system message ->
   system, the one user message -> document) and the response has a top-level ``sidecars`` object
@@ -51,7 +51,7 @@ from server.config import ServerConfig
 from server.errors import APIError, UnexpectedErrors, validation_error
 from server.schema import ChatCompletionRequest
 from server.service import ChatService
-from sidecar.engine import SidecarEngine
+from sidecar.tasks.engine import SidecarEngine
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

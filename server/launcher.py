@@ -1,7 +1,7 @@
 """Running the server: ``serve`` in this process, ``running_server`` as ``python -m cli serve`` in a child.
 
 A child started by ``running_server`` is stopped when its context exits, however it exits, and when this
-process ends, ``kill -9`` included (``sidecar.tether``). Model code and
+process ends, ``kill -9`` included (``server.tether``). Model code and
 the web framework load only inside ``serve``, so a caller that only starts a child stays light.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from server.config import API_KEY_ENV, ServerConfig, is_loopback
-from sidecar.tether import Tether, tether
+from server.tether import Tether, tether
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     import uvicorn
 
     from server.app import create_app
-    from sidecar.engine import SidecarEngine
-    from sidecar.models import load_pair
+    from sidecar.models.loading import load_pair
+    from sidecar.tasks.engine import SidecarEngine
 
     # the config first: a refused one fails before minutes of model loading
     config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, host=host, insecure=insecure,

@@ -13,7 +13,7 @@ from typing import Any
 from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
 
-from sidecar.logprobs import TokenLogprob
+from sidecar.decoding.logprobs import TokenLogprob
 
 
 class LogprobFormatter:

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from sidecar.logprobs import MAX_TOP_LOGPROBS
-from sidecar.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from sidecar.tasks import SidecarTask
+from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS
+from sidecar.decoding.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from sidecar.tasks.task import SidecarTask
 
 
 def _strings(value: object) -> Iterator[str]:

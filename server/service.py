@@ -29,12 +29,12 @@ from server.logprobs import LogprobFormatter
 from server.schema import ChatCompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job
-from sidecar.engine import SidecarEngine
+from sidecar.decoding.rows import DecodeRow, GenerationOutput
+from sidecar.decoding.sampling import Sampling
 from sidecar.errors import InputError
-from sidecar.prompts import chat_prompt
-from sidecar.rows import DecodeRow, GenerationOutput
-from sidecar.sampling import Sampling
-from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.prompts import chat_prompt
+from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 T = TypeVar("T")

@@ -6,16 +6,16 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from sidecar.detokenize import IncrementalDecoder
-from sidecar.stops import StopMatcher
+from sidecar.decoding.detokenize import IncrementalDecoder
+from sidecar.decoding.stops import StopMatcher
 
 
 class TextStream:
     """Text of a growing list of token ids, released only at whole characters and never past a stop string.
 
     A push costs O(new tokens + new characters) whatever the length of the answer so far or of the stop
-    strings: ids are decoded from the last whole character on (``sidecar.detokenize``), and stop strings
-    are searched in the new text only, which also says how much to hold back (``sidecar.stops``). The
+    strings: ids are decoded from the last whole character on (``sidecar.decoding.detokenize``), and stop strings
+    are searched in the new text only, which also says how much to hold back (``sidecar.decoding.stops``). The
     whole answer fed at once gives exactly the tokenizer's decode; streaming releases prefixes of it.
     """
 

@@ -12,7 +12,7 @@ left before it joined the batch is dropped at no cost; one whose client leaves w
 batch at the next step (finish reason "cancelled", no sidecars). A step that raises fails every job in the
 batch (the engine refusing input 400, out of memory 503, anything else 500) and the loop goes on with an
 empty batch. After the stop sentinel the batch runs until its last job is finished. A seeded request decodes
-the same tokens whatever shares the batch with it (``sidecar.randomness``).
+the same tokens whatever shares the batch with it (``sidecar.decoding.randomness``).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import torch
 
 from server.config import ServerConfig
 from server.errors import APIError
-from sidecar.engine import SidecarEngine
+from sidecar.decoding.logprobs import TokenLogprob
+from sidecar.decoding.rows import DecodeRow
 from sidecar.errors import InputError
-from sidecar.logprobs import TokenLogprob
-from sidecar.rows import DecodeRow
-from sidecar.sidecar_batch import SidecarBatch
-from sidecar.sidecar_rows import SidecarRequest
+from sidecar.tasks.batch import SidecarBatch
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import SidecarRequest
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """sidecar: batched lossless speculative decoding whose draft model runs sidecar tasks afterwards.
 
-The names below load on first use, so that ``import sidecar.modes`` or the command line's start does
+The names below load on first use, so that ``import vocab.modes`` or the command line's start does
 not import torch and transformers (seconds) before a command needs them.
 """
 
@@ -10,22 +10,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sidecar.engine import SidecarEngine
+    from sidecar.decoding.rows import GenerationOutput, GenerationStats
+    from sidecar.decoding.speculative import SpeculativeDecoder
     from sidecar.errors import InputError, PairError
-    from sidecar.models import ModelPair, load_pair
-    from sidecar.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
-    from sidecar.rows import GenerationOutput, GenerationStats
-    from sidecar.sidecar_rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
-    from sidecar.speculative import SpeculativeDecoder
-    from sidecar.tasks import HASHTAGS, SidecarTask, parse_hashtags
+    from sidecar.models.loading import load_pair
+    from sidecar.models.pair import ModelPair
+    from sidecar.tasks.engine import SidecarEngine
+    from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
+    from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
+    from sidecar.tasks.task import HASHTAGS, SidecarTask, parse_hashtags
 
 _EXPORTS = {
-    "sidecar.engine": ("DocumentResult", "SidecarEngine", "SidecarOutput", "SidecarRequest", "SidecarStats"),
+    "sidecar.tasks.engine": ("SidecarEngine",),
+    "sidecar.tasks.rows": ("DocumentResult", "SidecarOutput", "SidecarRequest", "SidecarStats"),
     "sidecar.errors": ("InputError", "PairError"),
-    "sidecar.models": ("ModelPair", "load_pair"),
-    "sidecar.prompts": ("DEFAULT_SYSTEM", "SUMMARIZE_INSTRUCTION"),
-    "sidecar.speculative": ("GenerationOutput", "GenerationStats", "SpeculativeDecoder"),
-    "sidecar.tasks": ("HASHTAGS", "SidecarTask", "parse_hashtags"),
+    "sidecar.models.loading": ("load_pair",),
+    "sidecar.models.pair": ("ModelPair",),
+    "sidecar.tasks.prompts": ("DEFAULT_SYSTEM", "SUMMARIZE_INSTRUCTION"),
+    "sidecar.decoding.rows": ("GenerationOutput", "GenerationStats"),
+    "sidecar.decoding.speculative": ("SpeculativeDecoder",),
+    "sidecar.tasks.task": ("HASHTAGS", "SidecarTask", "parse_hashtags"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -1,6 +1,5 @@
 """DuckDB storage for sidecar runs; all of the project's SQL lives in this package (see README.md)."""
 
-from sidecar.modes import MODES, SIDECAR_MODES
 from storage.connection import RetryPolicy
 from storage.database import (
     DEFAULT_DB_PATH,
@@ -33,6 +32,7 @@ from storage.records import (
     RejectedDocument,
     RequestStats,
 )
+from vocab.modes import MODES, SIDECAR_MODES
 
 __all__ = [
     "DEFAULT_DB_PATH",

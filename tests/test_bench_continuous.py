@@ -9,7 +9,7 @@ import pytest
 
 from bench import common
 from bench.continuous import main
-from sidecar.cost import load_catalog
+from study.cost import load_catalog
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.syncs import measure
-from sidecar.batch import SCHEDULES
-from sidecar.models import tiny_pair
+from sidecar.decoding.batch import SCHEDULES
+from sidecar.models.tiny import tiny_pair
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

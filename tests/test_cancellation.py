@@ -13,9 +13,9 @@ from server.app import create_app
 from server.config import ServerConfig
 from server.stream import full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
-from sidecar.rows import GenerationOutput
-from sidecar.sidecar_batch import SidecarBatch
-from sidecar.sidecar_rows import DocumentResult
+from sidecar.decoding.rows import GenerationOutput
+from sidecar.tasks.batch import SidecarBatch
+from sidecar.tasks.rows import DocumentResult
 
 DOCS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",

@@ -50,7 +50,7 @@ def read_until_ready(parent: subprocess.Popen[str]) -> list[str]:
 
 TETHERED_SLEEPER = """
     import subprocess, time
-    from sidecar.tether import tether
+    from server.tether import tether
     child = subprocess.Popen(["sleep", "600"])
     tether(child.pid)
     print("ready", child.pid, flush=True)

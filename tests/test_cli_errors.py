@@ -76,10 +76,10 @@ def test_database_open_errors_name_the_path_and_what_is_wrong(kind: str, tmp_pat
 
 def test_exit_codes_of_user_errors() -> None:
     from cli.errors import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_DATABASE_UNUSABLE, exit_code
-    from sidecar.cost import CostInputError
     from sidecar.errors import InputError, PairError
     from storage import DatabaseOpenError, LockHeldError, RunMismatchError
-    from storage.locks import LockHolder
+    from storage.errors import LockHolder
+    from study.cost import CostInputError
 
     assert (EXIT_BAD_INPUT, EXIT_DATABASE_UNUSABLE, EXIT_BUSY) == (2, 3, 4)
     assert exit_code(DatabaseOpenError(Path("x"), "it is a directory")) == 3

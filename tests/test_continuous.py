@@ -15,17 +15,17 @@ import pytest
 import torch
 from decoding import random_prompts, second_token_distances, target_alone
 
-from sidecar.engine import SidecarEngine
+from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT, row_key, uniforms
+from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.sampling import Sampling
+from sidecar.decoding.speculative import SpeculativeDecoder
 from sidecar.errors import InputError
-from sidecar.kv_cache import RowKVCache
-from sidecar.models import tiny_pair
-from sidecar.randomness import ACCEPT, DRAFT, NEXT, row_key, uniforms
-from sidecar.rows import DecodeRow
-from sidecar.sampling import Sampling
-from sidecar.sidecar_rows import SidecarRequest
-from sidecar.slots import SlotPool
-from sidecar.speculative import SpeculativeDecoder
-from sidecar.tasks import HASHTAGS
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.slots import SlotPool
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import SidecarRequest
+from sidecar.tasks.task import HASHTAGS
 
 
 def arrive_at_random(decoder: SpeculativeDecoder, rows: list[DecodeRow], max_batch: int, seed: int,
@@ -233,7 +233,7 @@ def test_a_merged_cache_attends_as_the_cache_it_came_from(tiny):
     prompts = random_prompts(tiny, [5, 9], seed=12)
     source = RowKVCache(tiny.target, 2, 16)
     pool = SlotPool(tiny.target, 3, 16)
-    from sidecar.forward import forward, prefill
+    from sidecar.runtime.forward import forward, prefill
     with torch.inference_mode():
         prefill(tiny.target, source, prompts, None)
         pool.admit(1)

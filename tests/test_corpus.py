@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from sidecar import corpus
-from sidecar.corpus import NEWS_WHEEL, build_news_corpus, clean_quote_artefacts, news_wheel
 from storage.parquet import read_documents
+from study import corpus
+from study.corpus import NEWS_WHEEL, build_news_corpus, clean_quote_artefacts, news_wheel
 
 # (raw text as it is in NewsArticles.csv, expected after cleanup); all taken from real rows
 REAL_SNIPPETS = [

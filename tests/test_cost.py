@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from typer.testing import CliRunner
 
 from cli.main import app
-from sidecar.cost import (
+from study.cost import (
     GB,
     MB,
     MODES,
@@ -41,7 +41,7 @@ from sidecar.cost import (
     roofline_table,
     usd_per_million_tokens,
 )
-from sidecar.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
 
 # Published shapes (the models' config.json on the Hugging Face hub); 7B and 1.5B as the cost model spells them.
 QWEN_7B = QWEN2_5_7B_CONFIG
@@ -132,7 +132,7 @@ def test_facts_from_a_saved_config_file(tmp_path: Path) -> None:
 
 
 def test_draft_config_of_the_tiny_pair_is_its_draft_without_files() -> None:
-    from sidecar.models import tiny_pair
+    from sidecar.models.tiny import tiny_pair
 
     facts = ModelFacts.from_config(draft_config("tiny"))
     assert facts.parameters == tiny_pair().draft.num_parameters()

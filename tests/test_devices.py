@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.devices import accelerator_id
+from sidecar.models.devices import accelerator_id
 
 
 def test_accelerator_ids_name_the_physical_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,14 +12,15 @@ from decoding import random_prompts, second_token_distances, target_alone
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sidecar import InputError, PairError, SpeculativeDecoder
-from sidecar.acceptance import accept_greedy, accept_sampled
-from sidecar.analysis import predicted_target_forwards
-from sidecar.attention import GROUPED_SDPA, grouped_sdpa_forward
-from sidecar.forward import forward, logits_at, prefill, shared_prefix_length
-from sidecar.kv_cache import RowKVCache, compaction_order
-from sidecar.models import check_tokenizers, tiny_pair, tiny_tokenizer
-from sidecar.prefill_plan import PrefillPlanner
-from sidecar.sampling import Sampling
+from sidecar.decoding.acceptance import accept_greedy, accept_sampled
+from sidecar.decoding.sampling import Sampling
+from sidecar.models.attention import GROUPED_SDPA, grouped_sdpa_forward
+from sidecar.models.pair import check_tokenizers
+from sidecar.models.tiny import tiny_pair, tiny_tokenizer
+from sidecar.runtime.forward import forward, logits_at, prefill, shared_prefix_length
+from sidecar.runtime.kv_cache import RowKVCache, compaction_order
+from sidecar.runtime.prefill_plan import PrefillPlanner
+from study.analysis import predicted_target_forwards
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
@@ -140,7 +141,7 @@ def grouped_attention_inputs(query_len: int, kv_len: int, seed: int):
 def test_grouped_attention_equals_sdpa_over_copied_key_value_heads(query_len, fused, monkeypatch):
     """Attending to shared key/value heads in place, in one fused call or one call per position in the group,
     computes what SDPA computes after repeat_kv."""
-    monkeypatch.setattr("sidecar.attention.fused_grouped_kernel", lambda *inputs: fused)
+    monkeypatch.setattr("sidecar.models.attention.fused_grouped_kernel", lambda *inputs: fused)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
     for kv_len in (query_len, 37):
         query, key, value, masks = grouped_attention_inputs(query_len, kv_len, seed=query_len)
@@ -155,7 +156,7 @@ def test_grouped_attention_equals_sdpa_over_copied_key_value_heads(query_len, fu
 def test_grouped_attention_hands_sdpa_the_mask_itself(fused, monkeypatch):
     """The [B, 1, q, kv] mask reaches SDPA as it is, broadcast over the heads: no copy per head of a group
     (for a 7B prefill at batch 64 and 2,000 tokens that copy was 3.6 GB per layer)."""
-    monkeypatch.setattr("sidecar.attention.fused_grouped_kernel", lambda *inputs: fused)
+    monkeypatch.setattr("sidecar.models.attention.fused_grouped_kernel", lambda *inputs: fused)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     seen = []
 
@@ -220,7 +221,7 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
         fed_tokens[-1] += ids.numel()
         return forward(model, cache, ids, span)
 
-    monkeypatch.setattr("sidecar.forward.forward", counting_forward)
+    monkeypatch.setattr("sidecar.runtime.forward.forward", counting_forward)
     results = []
     for share in (False, True):
         cache = RowKVCache(tiny.target, len(prompts), 32)
@@ -250,7 +251,7 @@ def test_greedy_identity_with_shared_prompt_prefixes(tiny, prefill_forwards):
 
 
 def test_greedy_identity_with_every_row_prefilled_alone(tiny, monkeypatch):
-    monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (1,))
+    monkeypatch.setattr("sidecar.runtime.prefill_plan.CANDIDATES", (1,))
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=21)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=24, batch_size=5)
     assert [o.token_ids for o in outputs] == [target_alone(tiny, p, 24) for p in prompts]
@@ -403,7 +404,7 @@ def test_sampled_engine_follows_target_distribution(copying, monkeypatch, prefil
     ``copying``: every draft is a copied token (prompt lookup, forced here), whose draft law is one-hot.
     """
     if copying:
-        monkeypatch.setattr("sidecar.speculative.lookup_continuation", lambda context, k, **_: [5] * k)
+        monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", lambda context, k, **_: [5] * k)
     pair = tiny_pair(draft_noise=0.5, seed=1)  # a draft that disagrees often
     prompt = random_prompts(pair, [7], seed=5)[0]
     temperature = 1.5
@@ -497,7 +498,7 @@ def test_draft_prefill_is_skipped_when_speculation_cannot_repay_it(tiny, monkeyp
 
 
 def test_cost_fit_remembers_wide_forwards_after_many_plain_steps():
-    from sidecar.gamma import LinearCost
+    from sidecar.decoding.controller import LinearCost
 
     cost = LinearCost()
     for tokens in (1, 3, 5):
@@ -508,7 +509,7 @@ def test_cost_fit_remembers_wide_forwards_after_many_plain_steps():
 
 
 def test_cost_fit_replaces_a_size_s_first_timing():
-    from sidecar.gamma import LinearCost
+    from sidecar.decoding.controller import LinearCost
 
     cost = LinearCost(decay=0.7)
     cost.add(1, 0.2)
@@ -521,7 +522,7 @@ def test_cost_fit_replaces_a_size_s_first_timing():
 
 
 def test_draft_pays_prices_the_draft_prefill():
-    from sidecar.gamma import GammaController
+    from sidecar.decoding.controller import GammaController
 
     controller = GammaController(4)
     assert controller.draft_pays(8, 4000, 64, 0.3), "nothing measured yet: explore"
@@ -546,7 +547,7 @@ def test_draft_pays_prices_the_draft_prefill():
 
 
 def test_draft_pays_counts_copying_as_the_alternative():
-    from sidecar.gamma import GammaController
+    from sidecar.decoding.controller import GammaController
 
     controller = GammaController(4)
     for tokens in (8, 16, 40):
@@ -627,7 +628,7 @@ def reference_copier(pair, prompts, max_new_tokens, seed=0):
 def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
     expected, copy = reference_copier(tiny, prompts, 30)
-    monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)
+    monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", copy)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive).generate(prompts, max_new_tokens=30,
                                                                             batch_size=batch_size)
     assert sum(o.stats.lookup_accepted for o in outputs) > 0
@@ -647,7 +648,7 @@ def test_copied_drafts_leave_the_sidecar_continuation_unchanged(tiny, monkeypatc
     reference = engine.run(requests, max_new_tokens=20)
     prompts = [engine.prompts(r)[0].token_ids for r in requests]
     _, copy = reference_copier(tiny, prompts, 20)
-    monkeypatch.setattr("sidecar.speculative.lookup_continuation", copy)
+    monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", copy)
     engine.decoder.prompt_lookup = True
     copied = engine.run(requests, max_new_tokens=20)
     assert sum(r.main.stats.lookup_drafted for r in copied) > 0
@@ -669,7 +670,7 @@ def test_drafting_stops_when_the_draft_is_unsure(tiny, confidence, widths):
 
 
 def test_lookup_copies_what_followed_the_latest_longest_match():
-    from sidecar.lookup import lookup_continuation
+    from sidecar.decoding.lookup import lookup_continuation
 
     assert lookup_continuation([1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3], 2) == [8, 5]  # latest occurrence of (2, 3)
     assert lookup_continuation([7, 2, 3, 4, 1, 2, 3, 6, 9, 1, 2, 3], 3) == [6, 9, 1]  # (1, 2, 3) beats (2, 3)
@@ -682,7 +683,7 @@ def test_lookup_copies_what_followed_the_latest_longest_match():
 
 
 def test_controller_probes_copying_after_a_run_of_steps_without_one():
-    from sidecar.gamma import LOOKUP_PROBE_EVERY, GammaController
+    from sidecar.decoding.controller import LOOKUP_PROBE_EVERY, GammaController
 
     controller = GammaController(4)
     for tokens in (1, 2, 3, 5):
@@ -722,7 +723,7 @@ def test_logprobs_are_the_targets_log_softmax_at_each_committed_token(tiny, monk
     prompts = random_prompts(tiny, [6, 15, 9, 22], seed=13)
     decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=steps == "plain", prompt_lookup=steps == "lookup")
     if steps == "lookup":
-        monkeypatch.setattr("sidecar.speculative.lookup_continuation", reference_copier(tiny, prompts, 24)[1])
+        monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", reference_copier(tiny, prompts, 24)[1])
     if steps == "plain":
         learned_controller(decoder, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
     plain = decoder.generate(prompts, max_new_tokens=24, batch_size=3)
@@ -766,7 +767,7 @@ def test_streamed_logprobs_are_the_outputs(tiny):
 
 
 def test_plain_decoding_logprobs_are_the_models_log_softmax(tiny):
-    from sidecar.plain import decode_plain
+    from sidecar.decoding.plain import decode_plain
 
     prompts = random_prompts(tiny, [5, 11], seed=9)
     cache = RowKVCache(tiny.draft, 2, 40)

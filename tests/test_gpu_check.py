@@ -33,9 +33,9 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="module")
 def check() -> Check:
-    from sidecar.engine import SidecarEngine
-    from sidecar.sidecar_rows import SidecarRequest
-    from sidecar.speculative import SpeculativeDecoder
+    from sidecar.decoding.speculative import SpeculativeDecoder
+    from sidecar.tasks.engine import SidecarEngine
+    from sidecar.tasks.rows import SidecarRequest
 
     args = parse_args(QUICK_TINY_CPU)
     pair = load_check_pair("tiny", "tiny", "cpu", torch.float32)
@@ -127,7 +127,7 @@ def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(che
 
 
 def test_syncs_are_counted_by_source_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar.models import synchronize
+    from sidecar.runtime.syncs import synchronize
 
     # CPU stand-ins for the two CUDA calls the counter makes; everything else is the code a GPU runs
     modes = []

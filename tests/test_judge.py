@@ -15,8 +15,8 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from sidecar import judge
-from sidecar.judge import (
+from study import judge
+from study.judge import (
     GameResult,
     JudgeAnswerError,
     JudgeConfig,
@@ -30,7 +30,7 @@ from sidecar.judge import (
     parse_judge_answer,
     summarize_judgements,
 )
-from sidecar.judge import games as judge_games
+from study.judge import games as judge_games
 
 BASE_URL = "http://judge.test/v1"
 API_KEY = "sk-test-0123456789abcdef"
@@ -546,7 +546,7 @@ def test_api_key_never_appears_in_repr_logs_or_results(caplog: pytest.LogCapture
     config = make_config(api_key=API_KEY, retries=2)
     client = make_judge_client(config, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
 
-    with caplog.at_level(logging.DEBUG, logger="sidecar.judge"):
+    with caplog.at_level(logging.DEBUG, logger="study.judge"):
         results = judge_pairs([item()], config, client)
     summary = summarize_judgements(results, config)
 

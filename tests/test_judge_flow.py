@@ -318,7 +318,7 @@ def test_a_locally_served_judge_holds_the_accelerator_like_a_run(prefect_api, db
 
     from flows.accelerator import accelerator_lock
     from flows.judge import judge
-    from sidecar.devices import accelerator_id
+    from sidecar.models.devices import accelerator_id
     from storage import LockHeldError
 
     holder = subprocess.Popen([sys.executable, "-c", HOLD_ACCELERATOR, str(accelerator_lock(accelerator_id()))],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sidecar", "storage", "pipeline", "server", "flows", "cli")
+PACKAGES = ("sidecar", "storage", "pipeline", "server", "study", "flows", "cli", "vocab")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(),
@@ -47,10 +47,21 @@ def test_the_contracts_hold_on_this_tree() -> None:
 
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
-    ("sidecar/tasks.py", "import flows.nightly", "Layers"),
-    ("sidecar/tasks.py", "import prefect", "The engine library imports no orchestration"),
+    ("sidecar/tasks/task.py", "import flows.nightly", "Layers"),
+    ("sidecar/tasks/task.py", "import prefect", "The engine library imports no orchestration"),
+    ("sidecar/decoding/acceptance.py", "import openai", "The engine library imports no orchestration"),
+    ("sidecar/runtime/forward.py", "import sidecar.decoding.sampling", "Inside the engine"),
+    ("sidecar/decoding/lookup.py", "import sidecar.tasks.prompts", "Inside the engine"),
+    ("sidecar/models/tiny.py", "import sidecar.runtime.kv_cache", "Inside the engine"),
+    ("sidecar/runtime/transfers.py", "import study.leakage", "Layers"),
+    ("vocab/modes.py", "import storage", "Layers"),
+    ("vocab/modes.py", "import torch", "The shared vocabulary is a leaf"),
     ("storage/parquet.py", "import torch", "Storage imports no model code"),
+    ("storage/parquet.py", "import study.cost", "Layers"),
+    ("study/leakage.py", "import pipeline.windows", "Layers"),
+    ("study/leakage.py", "import prefect", "plain Python"),
     ("pipeline/windows.py", "from prefect import task", "plain Python"),
+    ("server/config.py", "import duckdb", "hold no SQL client"),
     ("flows/cost_report.py", "import duckdb", "Flows hold no SQL"),
     ("server/config.py", "import cli.main", "Layers"),
 ])
@@ -81,5 +92,5 @@ def test_the_command_line_starts_without_the_heavy_libraries() -> None:
 
 
 def test_storage_loads_no_model_code_at_run_time() -> None:
-    # it shares the mode names with the library (sidecar.modes), not the library's torch
+    # it shares the mode names with the library (vocab.modes), not the library's torch
     assert loaded("storage", {"torch", "transformers", "prefect"}) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.leakage import document_only_terms, leak_rate, leaked_terms
+from study.leakage import document_only_terms, leak_rate, leaked_terms
 
 DOCUMENT = (
     "The carmaker will close its engine plant in Wolfsburg next year, the company said on Friday. "

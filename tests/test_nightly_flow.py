@@ -86,7 +86,7 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     assert stored["params"]["pair"] == "tiny" and stored["modes"] == ["sidecar", "sidecar_attended", "standalone"]
     import torch
 
-    from sidecar.models import device_name
+    from sidecar.models.devices import device_name
 
     assert stored["gpu_type"] == device_name(torch.device(stored["device"])), "the GPU type the cost report prices"
     # two windows, each streamed once per mode: two batches per mode and phase in the throughput view
@@ -578,7 +578,7 @@ HOLD_ACCELERATOR = """
 def test_embedded_runs_take_turns_on_the_accelerator(prefect_api, tmp_path: Path, monkeypatch) -> None:
     from flows.accelerator import accelerator_lock
     from flows.nightly import nightly
-    from sidecar.devices import accelerator_id
+    from sidecar.models.devices import accelerator_id
     from storage import LockHeldError
 
     # as on the embedded API, where Prefect's `gpu` limit does not exist

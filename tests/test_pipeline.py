@@ -24,8 +24,8 @@ from pipeline import (
     window_size,
 )
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
-from sidecar.models import tiny_pair
-from sidecar.sidecar_batch import SidecarBatch
+from sidecar.models.tiny import tiny_pair
+from sidecar.tasks.batch import SidecarBatch
 from storage import Database, Document, OutputRecord, RanOn
 
 MAX_NEW = 12

@@ -12,9 +12,16 @@ import pytest
 import torch
 from decoding import random_prompts
 
-from sidecar.forward import forward, prefill
-from sidecar.kv_cache import RowKVCache
-from sidecar.prefill_plan import CANDIDATES, EXPLORE_TRIES, PROBE_EVERY, PrefillPlanner, SecondsPerToken, group_rows
+from sidecar.runtime.forward import forward, prefill
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.prefill_plan import (
+    CANDIDATES,
+    EXPLORE_TRIES,
+    PROBE_EVERY,
+    PrefillPlanner,
+    SecondsPerToken,
+    group_rows,
+)
 
 CPU = torch.device("cpu")
 
@@ -142,14 +149,14 @@ def test_the_setting_forces_one_forward_on_a_cpu(monkeypatch):
 def test_one_candidate_pins_the_budget(monkeypatch):
     planner = PrefillPlanner(CPU, candidates=(1,))
     assert {planner.budget() for _ in range(5)} == {1}
-    monkeypatch.setattr("sidecar.prefill_plan.CANDIDATES", (32,))  # how tests pin the budget a decoder uses
+    monkeypatch.setattr("sidecar.runtime.prefill_plan.CANDIDATES", (32,))  # how tests pin the budget a decoder uses
     assert PrefillPlanner(CPU).budget() == 32
     with pytest.raises(ValueError):
         PrefillPlanner(CPU, candidates=(0, None))
 
 
 def test_prefill_feeds_the_forwards_group_rows_plans(tiny, monkeypatch):
-    """``group_rows`` is the grouping ``sidecar.forward.prefill`` runs, so a caller can count padded and
+    """``group_rows`` is the grouping ``sidecar.runtime.forward.prefill`` runs, so a caller can count padded and
     real tokens per forward from it."""
     prompts = random_prompts(tiny, [9, 17, 4, 20, 12, 30, 2], seed=3)
     shapes = []
@@ -158,7 +165,7 @@ def test_prefill_feeds_the_forwards_group_rows_plans(tiny, monkeypatch):
         shapes.append(tuple(ids.shape))
         return forward(model, cache, ids, span)
 
-    monkeypatch.setattr("sidecar.forward.forward", recording_forward)
+    monkeypatch.setattr("sidecar.runtime.forward.forward", recording_forward)
     lengths = [len(p) for p in prompts]
     for budget in (1, 40, 64, None):
         shapes.clear()
@@ -187,7 +194,7 @@ def test_budgets_from_the_planner_give_what_one_forward_gives(tiny, monkeypatch)
         return cache, last
 
     whole, whole_last = prefilled(None)
-    monkeypatch.setattr("sidecar.forward.forward", timed_forward)
+    monkeypatch.setattr("sidecar.runtime.forward.forward", timed_forward)
     used = set()
     for _ in range(len(CANDIDATES) + 2):
         budget = planner.budget()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
-from sidecar.analysis import predicted_target_forwards
+from study.analysis import predicted_target_forwards
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -63,8 +63,8 @@ def test_rows_joining_a_running_batch_decode_as_alone_on_real_news(real_pair, pr
     greedy and seeded sampled rows side by side; each decodes what it decodes alone (greedy: the target's)."""
     import random
 
-    from sidecar.rows import DecodeRow
-    from sidecar.sampling import Sampling
+    from sidecar.decoding.rows import DecodeRow
+    from sidecar.decoding.sampling import Sampling
 
     prompts, references = prompts_and_references
     limits = [NEW_TOKENS, 12, 30, NEW_TOKENS, 20, 40]

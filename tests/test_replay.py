@@ -1,14 +1,14 @@
-"""The trace replay (sidecar/cost/replay.py) prices each event of a hand-made trace as the forwards it stands for."""
+"""The trace replay (study/cost/replay.py) prices each event of a hand-made trace as the forwards it stands for."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.cost import Peaks, load_catalog
-from sidecar.cost.facts import ModelFacts
-from sidecar.cost.replay import SidecarWork, replay
-from sidecar.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
-from sidecar.trace import BatchTrace, PrefillRecord, StepRecord
+from sidecar.decoding.trace import BatchTrace, PrefillRecord, StepRecord
+from study.cost import Peaks, load_catalog
+from study.cost.facts import ModelFacts
+from study.cost.replay import SidecarWork, replay
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
 
 def facts(parameters: int) -> ModelFacts:

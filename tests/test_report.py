@@ -13,7 +13,9 @@ from urllib.request import url2pathname
 import pytest
 from transformers import Qwen2Config
 
-from sidecar.cost import (
+from storage import Database
+from storage.records import CostRecord, OutputRecord, RequestStats
+from study.cost import (
     DEFAULT_BATCHES,
     STUDY_WORKLOAD,
     CostInputError,
@@ -22,11 +24,9 @@ from sidecar.cost import (
     Workload,
     load_catalog,
 )
-from sidecar.cost.workload import QWEN2_5_1_5B_CONFIG
-from sidecar.report import Measurement, group_measurements, write_cost_report
-from sidecar.report.blocks import fmt, fmt_usd
-from storage import Database
-from storage.records import CostRecord, OutputRecord, RequestStats
+from study.cost.workload import QWEN2_5_1_5B_CONFIG
+from study.report import Measurement, group_measurements, write_cost_report
+from study.report.blocks import fmt, fmt_usd
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The draft of the rows' pair, qwen2.5-7b: Qwen2.5-1.5B-Instruct's published shapes.

@@ -20,7 +20,7 @@ import pytest
 # The measurements test_report.py feeds the report through storage: one run, sidecar and standalone tagging.
 from test_report import drafts, stored_run
 
-from sidecar.report import CostReport, write_cost_report
+from study.report import CostReport, write_cost_report
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT = 1280, 800  # a typical laptop window

@@ -31,9 +31,9 @@ from server.launcher import running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
-from sidecar.acceptance import warp
+from sidecar.decoding.acceptance import warp
 from sidecar.errors import InputError
-from sidecar.sidecar_batch import SidecarBatch
+from sidecar.tasks.batch import SidecarBatch
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -416,7 +416,7 @@ def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
 def test_int64_seeds_at_the_bounds_sample_with_sidecars(base_url: str, seed: int) -> None:
-    # the sidecar rows draw from streams of their own under the request's seed (sidecar.randomness.row_key)
+    # the sidecar rows draw from streams of their own under the request's seed (sidecar.decoding.randomness.row_key)
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4,
             "temperature": 0.8, "seed": seed, "sidecars": [TAGS_SPEC]}
     response = post(base_url, body)

@@ -24,7 +24,7 @@ from server.service import ChatService
 from server.worker import Job
 from sidecar import HASHTAGS, SidecarEngine
 from sidecar.errors import InputError
-from sidecar.sidecar_batch import SidecarBatch
+from sidecar.tasks.batch import SidecarBatch
 
 LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
 SHORT = "Prices rose 3.5 percent in 2017."

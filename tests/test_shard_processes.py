@@ -13,7 +13,7 @@ import pytest
 
 from flows.shard_launch import ShardLaunch, new_launch_id
 from flows.shard_processes import ShardProcess, slot_environment
-from sidecar.devices import CPU_SLOT_ENV, accelerator_id
+from sidecar.models.devices import CPU_SLOT_ENV, accelerator_id
 
 
 def test_each_slot_gets_its_share_of_the_cores_or_its_own_gpu() -> None:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest, SidecarTask, SpeculativeDecoder, parse_hashtags
-from sidecar.forward import forward, logits_at
-from sidecar.kv_cache import RowKVCache
-from sidecar.prompts import DEFAULT_SYSTEM, build_prompt
+from sidecar.runtime.forward import forward, logits_at
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.tasks.prompts import DEFAULT_SYSTEM, build_prompt
 
 DOCS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
@@ -85,7 +85,7 @@ def test_sidecar_logprobs_are_the_drafts_and_change_no_output(tiny):
 
 def test_greedy_main_with_sampled_sidecars_branching_from_one_state(tiny):
     """The forced-summary setup: one greedy main output, many sampled copies of a task branching from it."""
-    from sidecar.sampling import Sampling
+    from sidecar.decoding.sampling import Sampling
 
     engine = SidecarEngine(tiny, gamma=3, adaptive=False)
     copies = [TITLE.model_copy(update={"name": f"title_{k}", "max_new_tokens": 12}) for k in range(12)]

@@ -17,7 +17,7 @@ from server.app import create_app
 from server.config import ServerConfig
 from server.stream import TextStream
 from sidecar import SidecarEngine, SpeculativeDecoder
-from sidecar.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS, TokenStops
+from sidecar.decoding.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS, TokenStops
 
 TEXTS = ["héllo wörld — ünïcode 日本語", "The city council approved a new budget.", "aaaa abab aabaab <|im_end|> x"]
 

@@ -10,7 +10,6 @@ from typing import get_args, get_type_hints
 import duckdb
 import pytest
 
-from sidecar.modes import MODES
 from storage import (
     CostRecord,
     Database,
@@ -29,6 +28,7 @@ from storage.migrate import Migration, known_migrations, migrate
 from storage.records import AttemptStatus, CostSource, GameKind, JudgeMode, Phase, RunStatus
 from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
+from vocab.modes import MODES
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
           "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
@@ -629,8 +629,8 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
 
 
 def test_request_stats_read_the_engine_stats_dicts() -> None:
-    from sidecar.rows import GenerationStats
-    from sidecar.sidecar_rows import SidecarStats
+    from sidecar.decoding.rows import GenerationStats
+    from sidecar.tasks.rows import SidecarStats
 
     main = RequestStats.main_phase(GenerationStats(
         prompt_tokens=400, new_tokens=64, drafted=80, accepted=58, target_forwards=20, draft_forwards=80,

@@ -1,4 +1,4 @@
-"""A decode waits for the device at most once per forward, whatever the batch size (``sidecar.syncs``).
+"""A decode waits for the device at most once per forward, whatever the batch size (``sidecar.runtime.syncs``).
 
 The budget: syncs <= decode target forwards + decode draft forwards + 1 per prefilled batch.
 
@@ -22,13 +22,14 @@ from unittest import mock
 import pytest
 import torch
 
-from sidecar import batch, models, plain
-from sidecar.engine import SidecarEngine
-from sidecar.gamma import DeviceTimer
-from sidecar.sidecar_rows import SidecarRequest
-from sidecar.speculative import SpeculativeDecoder
-from sidecar.syncs import SyncCounter
-from sidecar.tasks import HASHTAGS
+from sidecar.decoding import batch, plain
+from sidecar.decoding.speculative import SpeculativeDecoder
+from sidecar.runtime import syncs as runtime_syncs
+from sidecar.runtime.syncs import SyncCounter
+from sidecar.runtime.timing import DeviceTimer
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import SidecarRequest
+from sidecar.tasks.task import HASHTAGS
 
 
 def random_prompts(pair, batch: int, seed: int, every_token: bool = False) -> list[list[int]]:
@@ -139,7 +140,7 @@ def test_the_counter_counts_every_kind_of_wait() -> None:
         t.tolist(), t[0].item(), t.cpu(), t.numpy()
         t[t > 1]
         torch.tensor([1, 2], device=t.device)
-        models.synchronize(torch.device("cpu"))  # on a GPU a synchronize: counted on a CPU too
+        runtime_syncs.synchronize(torch.device("cpu"))  # on a GPU a synchronize: counted on a CPU too
         torch.zeros(3) + t[:3]  # stays on the device: not counted
     kinds = sorted(site.rsplit(" ", 1)[1] for site in syncs.sites.elements())
     assert kinds == sorted(["__int__", "__float__", "__bool__", "__index__", "tolist", "item", "cpu", "numpy",

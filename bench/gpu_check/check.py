@@ -15,10 +15,10 @@ from bench.common import Stopwatch
 from bench.engine import hf_plain_batched, hf_plain_one
 from bench.gpu_check.pairs import documents, load_check_pair
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
-from sidecar.engine import SidecarEngine
-from sidecar.models import ModelPair
-from sidecar.sidecar_rows import SidecarRequest
-from sidecar.speculative import SpeculativeDecoder
+from sidecar.decoding.speculative import SpeculativeDecoder
+from sidecar.models.pair import ModelPair
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import SidecarRequest
 
 NO_CUDA = "skipped: no CUDA"  # what a CUDA-only part says on another device
 

@@ -12,7 +12,7 @@ import torch
 from bench.engine import hf_plain_one
 from bench.gpu_check.check import Check
 from bench.gpu_check.deadline import Deadline
-from sidecar.models import ModelPair
+from sidecar.models.pair import ModelPair
 
 
 def first_divergence(reference: list[int], candidate: list[int]) -> int | None:

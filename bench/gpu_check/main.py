@@ -17,7 +17,7 @@ from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.markdown import markdown
 from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
 from bench.gpu_check.parts import check_pair
-from sidecar.models import NAMED_PAIRS, default_device_dtype
+from sidecar.models.loading import NAMED_PAIRS, default_device_dtype
 
 SIZES = {
     "quick": {"identity_prompts": 2, "batches": "1,2", "max_new_tokens": 8, "chars": 400, "assisted_documents": 1,

@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 from bench.common import NEWS, REPO, news_documents
-from sidecar.fetch import is_fetched
-from sidecar.models import ModelPair, default_device_dtype, load_pair, pair_model_ids, tiny_pair
+from sidecar.models.fetch import is_fetched
+from sidecar.models.loading import default_device_dtype, load_pair, pair_model_ids
+from sidecar.models.pair import ModelPair
+from sidecar.models.tiny import tiny_pair
 
 # checked when no --pair is given, those on disk; with neither on disk the tiny pair runs instead
 DEFAULT_PAIRS = ("qwen-coder-small", "qwen2.5-7b")

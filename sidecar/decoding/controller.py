@@ -1,0 +1,222 @@
+"""Choosing how many tokens to draft from measured costs and acceptance.
+
+Drafting pays only when the tokens it wins are worth more than what the draft forwards and the wider
+verify forward cost. On a GPU at small batch a verify forward costs about as much as a plain step; on a
+CPU, or at large batch anywhere, forward time grows with the number of tokens processed, and
+speculation can lose. The controller fits, for each model, forward seconds ~ a + b * tokens (tokens =
+batch rows x query length) from the forwards it has timed, estimates the per-position acceptance rate
+alpha, and picks the gamma in 0..max that maximises expected tokens per second:
+
+    E[tokens](g) = (1 - alpha^(g+1)) / (1 - alpha)
+    cost(g)      = g * t_draft(batch) + t_target(batch * (g + 1))      (g = 0: one plain target step)
+
+gamma = 0 is plain decoding, still lossless. Until both models have been timed at two sizes it explores:
+one speculative step at the maximum gamma, then one plain step.
+
+Drafts have two sources, each with its own acceptance: the draft model, and prompt lookup
+(``sidecar.decoding.lookup``), offered when every row of the batch has a continuation to copy. Lookup drafts cost
+no draft forwards, only the wider verify, so for them cost(g) = t_target(batch * (g + 1)).
+
+Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
+fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
+batch decodes without the draft model (plain steps, and copies where every row has one). The gain is
+counted against that alternative, not against plain decoding alone: where copying beats the draft model
+the draft only helps on the steps without a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+from sidecar.runtime.timing import DeviceTimer
+
+# draft_pays wants speculation to promise at least this share of the plain batch's time back: the draft's
+# prefill is a certain cost, while the gain is a forecast from costs fitted at other batch sizes and from
+# acceptance measured on other rows, so a near-even forecast can as well be a loss.
+MIN_PREDICTED_SAVING = 0.1
+
+# After this many steps in a row without a copy (plain or from the draft model) the controller copies when
+# every row has something to copy.
+LOOKUP_PROBE_EVERY = 8
+
+Source = Literal["draft", "lookup"]
+
+
+def is_copy(step: tuple[int, Source]) -> bool:
+    gamma, source = step
+    return gamma > 0 and source == "lookup"
+
+
+def fixed_step(max_gamma: int, max_lookup: int, draft_running: bool = True) -> tuple[int, Source]:
+    """The step of a fixed gamma: ``max_gamma`` drafts, copied when every row can copy that many (it spares
+    the draft model's forwards), else from the draft model when it runs; (0, "draft") is a plain step."""
+    if 0 < max_gamma <= max_lookup:
+        return max_gamma, "lookup"
+    return (max_gamma if draft_running else 0), "draft"
+
+
+class LinearCost:
+    """Least-squares fit of seconds = a + b * tokens over the forward sizes seen, one point per size: the
+    recent mean of its timings.
+
+    One point per size, not a window of raw timings: once the controller settles on plain decoding every
+    new timing is a one-token step, and a window would forget what wider forwards cost. With one size
+    left the slope reads 0, and a verify of 40 tokens at batch 8 looks as cheap as one step.
+    """
+
+    def __init__(self, max_sizes: int = 16, decay: float = 0.7) -> None:
+        self.decay = decay
+        self.max_sizes = max_sizes
+        self.means: dict[float, float] = {}  # insertion order is recency: the oldest size is dropped first
+        self.timed_once: set[float] = set()
+
+    def add(self, tokens: int, seconds: float) -> None:
+        size = float(tokens)
+        previous = self.means.pop(size, None)
+        # A size's first forward pays one-off costs (oneDNN builds its kernels per shape, a GPU's allocator
+        # grows): the second timing replaces it instead of being blended with it, so one slow first timing
+        # does not keep that size looking dear.
+        if previous is None:
+            self.means[size] = seconds
+            self.timed_once.add(size)
+        elif size in self.timed_once:
+            self.means[size] = seconds
+            self.timed_once.discard(size)
+        else:
+            self.means[size] = self.decay * previous + (1 - self.decay) * seconds
+        if len(self.means) > self.max_sizes:
+            dropped = next(iter(self.means))
+            del self.means[dropped]
+            self.timed_once.discard(dropped)
+
+    def distinct_sizes(self) -> int:
+        return len(self.means)
+
+    def predict(self, tokens: int) -> float:
+        points = list(self.means.items())
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        var = sum((x - mean_x) ** 2 for x, _ in points)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
+        slope = max(slope, 0.0)  # more tokens never make a forward cheaper
+        intercept = max(mean_y - slope * mean_x, 0.0)
+        return intercept + slope * tokens
+
+
+class Acceptance:
+    """Per-position acceptance of one draft source as a running ratio with a weak prior, decayed so that
+    it follows the current batch."""
+
+    def __init__(self, prior_alpha: float) -> None:
+        self.accepted = prior_alpha * 4
+        self.drafted = 4.0
+
+    @property
+    def alpha(self) -> float:
+        return min(self.accepted / self.drafted, 0.99)
+
+    def observe(self, accepted: Sequence[int], gamma: int) -> None:
+        """One verify: each row's accepted count is a geometric run of successes out of ``gamma`` drafts."""
+        decay = 0.9
+        self.accepted = decay * self.accepted + sum(accepted)
+        self.drafted = decay * self.drafted + sum(min(a + 1, gamma) for a in accepted)
+
+
+class GammaController:
+    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7) -> None:
+        self.max_gamma = max_gamma
+        self.adaptive = adaptive
+        self.costs = {"draft": LinearCost(), "target": LinearCost()}
+        # copied text is accepted less often than a model's guess until measured otherwise
+        self.acceptance: dict[Source, Acceptance] = {"draft": Acceptance(prior_alpha),
+                                                     "lookup": Acceptance(prior_alpha / 2)}
+        self.decisions: list[tuple[int, Source]] = []
+        self.steps_without_copy = 0  # plain or draft-model steps in a row, up to the latest decision
+        self.prefill_seconds_per_token: dict[str, float] = {}
+        # the share of rows that had something to copy, per step (decayed); None until observed
+        self.row_copy_share: float | None = None
+        self._timers: dict[torch.device, DeviceTimer] = {}
+
+    def observe_copies(self, rows_with_copy: int, rows: int) -> None:
+        share = rows_with_copy / rows
+        self.row_copy_share = share if self.row_copy_share is None else 0.9 * self.row_copy_share + 0.1 * share
+
+    def observe_acceptance(self, accepted: Sequence[int], gamma: int, source: Source = "draft") -> None:
+        self.acceptance[source].observe(accepted, gamma)
+
+    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft") -> float:
+        target = self.costs["target"].predict(batch * (gamma + 1))
+        draft = self.costs["draft"].predict(batch) if gamma and source == "draft" else 0.0
+        alpha = self.acceptance[source].alpha
+        expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        return expected / max(gamma * draft + target, 1e-9)
+
+    def observe_prefill(self, model: str, tokens: int, seconds: float) -> None:
+        self.prefill_seconds_per_token[model] = seconds / max(tokens, 1)
+
+    def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float) -> bool:
+        """Whether prefilling the draft for a batch and speculating beats decoding it without the draft.
+
+        ``draft_prompt_tokens`` is the batch's total; ``new_tokens`` the most any row may produce. Until
+        the draft has been timed, its prefill is priced as the target's scaled by their parameter ratio.
+        A step can copy only when every row has a copy: with a share ``c`` of rows having one, ``c ** batch``
+        of the steps (rows taken as independent; no copy seen yet counts as none).
+        """
+        self.collect_timings()
+        explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
+        if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
+            return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
+        rate = self.prefill_seconds_per_token.get("draft",
+                                                  self.prefill_seconds_per_token["target"] * draft_size_ratio)
+        gammas = range(1, self.max_gamma + 1)
+        plain_rate = self.expected_tokens_per_second(0, batch)
+        draft_rate = max(plain_rate, *(self.expected_tokens_per_second(g, batch) for g in gammas))
+        copy_rate = max(self.expected_tokens_per_second(g, batch, "lookup") for g in gammas)
+        copy_steps = (self.row_copy_share or 0.0) ** batch
+        with_draft = copy_steps * max(draft_rate, copy_rate) + (1 - copy_steps) * draft_rate
+        without_draft = copy_steps * max(plain_rate, copy_rate) + (1 - copy_steps) * plain_rate
+        speculative = rate * draft_prompt_tokens + new_tokens / with_draft
+        return speculative <= (1 - MIN_PREDICTED_SAVING) * new_tokens / without_draft
+
+    def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0) -> tuple[int, Source]:
+        """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
+        tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has."""
+        self.collect_timings()
+        limit = self.max_gamma if max_gamma is None else max_gamma
+        options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in range(1, max_lookup + 1)]
+        if not self.adaptive:
+            choice = fixed_step(limit, max_lookup)
+        elif limit and self.costs["draft"].distinct_sizes() == 0:
+            choice = (limit, "draft")  # explore: time the draft and a wide verify
+        elif self.costs["target"].distinct_sizes() < 2:
+            # explore: time a plain step, and a wide one when the draft is not there to time it
+            seen = batch * (max_lookup + 1) in self.costs["target"].means
+            choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
+        else:
+            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
+            if not is_copy(choice) and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
+                # An option never chosen is never timed or measured again, so one unlucky timing, a few
+                # rejected copies, or a draft model that did well early would rule copying out for good.
+                # The probe copies all it can: a wide verify timed once during a stall steepens the cost
+                # fit's slope, and only timing that width again takes it back. Accepted tokens are kept.
+                choice = (max_lookup, "lookup")
+        self.steps_without_copy = 0 if is_copy(choice) else self.steps_without_copy + 1
+        self.decisions.append(choice)
+        return choice
+
+    def timer(self, device: torch.device) -> DeviceTimer:
+        """The timer of work on ``device``, whose timings reach this controller by ``collect_timings``."""
+        if device not in self._timers:
+            self._timers[device] = DeviceTimer(device)
+        return self._timers[device]
+
+    def forward_cost(self, model: str, tokens: int) -> Callable[[float], None]:
+        """What hears the time of one forward of ``model`` over ``tokens`` tokens (for ``timer``)."""
+        return lambda seconds: self.costs[model].add(tokens, seconds)
+
+    def collect_timings(self) -> None:
+        for timer in self._timers.values():
+            timer.collect()

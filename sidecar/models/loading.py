@@ -1,0 +1,91 @@
+"""Loading draft/target pairs: named offline pairs, hub ids or paths, and the tiny random pair for tests."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from sidecar.errors import PairError
+from sidecar.models.attention import GROUPED_SDPA
+from sidecar.models.fetch import is_fetched, pair_dir
+from sidecar.models.pair import ModelPair, check_tokenizers, eos_ids
+from sidecar.models.tiny import tiny_pair, tiny_tokenizer
+
+NAMED_PAIRS: dict[str, tuple[str, str]] = {
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+}
+
+
+def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        # bf16 is 5-7x slower than fp32 on this class of CPU; on GPUs bf16 is the native fast path.
+        return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                 "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[dtype]
+    return resolved, dtype
+
+
+def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
+    """(target, draft) hub ids or local paths of a named pair or a ``TARGET,DRAFT`` spec."""
+    if name_or_spec == "qwen-coder-small":
+        if not is_fetched(name_or_spec):
+            raise PairError("the offline pair is not fetched yet: run `sidecar models fetch` first")
+        root = pair_dir(name_or_spec)
+        return str(root / "target"), str(root / "draft")
+    if name_or_spec in NAMED_PAIRS:
+        return NAMED_PAIRS[name_or_spec]
+    if "," in name_or_spec:
+        target_id, draft_id = (part.strip() for part in name_or_spec.split(",", 1))
+        return target_id, draft_id
+    raise PairError(
+        f"unknown pair {name_or_spec!r}: use tiny, qwen-coder-small, {', '.join(NAMED_PAIRS)} "
+        "or 'TARGET_ID_OR_PATH,DRAFT_ID_OR_PATH'"
+    )
+
+
+def load_tokenizer(name_or_spec: str = "qwen-coder-small") -> PreTrainedTokenizerBase:
+    """The tokenizer of a pair (see :func:`load_pair`), without its models: for counting tokens."""
+    if name_or_spec == "tiny":
+        return tiny_tokenizer()
+    return AutoTokenizer.from_pretrained(pair_model_ids(name_or_spec)[0])
+
+
+def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_SDPA)
+    return model.to(device).eval()
+
+
+def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
+              dtype: str | torch.dtype | None = None, fast_cpu_kernels: bool = True,
+              draft_int8: bool = False) -> ModelPair:
+    """Load a named pair (``qwen-coder-small``, ``qwen2.5-7b``, ``tiny``) or ``TARGET,DRAFT`` ids/paths.
+
+    ``draft_int8`` quantizes the draft's Linear layers to int8 (CPU only). The target verifies every
+    token, so output stays exactly the target's; only acceptance, and what the draft writes alone in
+    sidecar tasks, can change.
+    """
+    torch_device, torch_dtype = default_device_dtype(device, dtype)
+    if name_or_spec == "tiny":
+        pair = tiny_pair(torch_device, torch_dtype)
+    else:
+        target_id, draft_id = pair_model_ids(name_or_spec)
+        tokenizer = AutoTokenizer.from_pretrained(target_id)
+        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_id))
+        target = load_model(target_id, torch_device, torch_dtype)
+        draft = load_model(draft_id, torch_device, torch_dtype)
+        pair = ModelPair(name_or_spec, target, draft, tokenizer, torch_device, torch_dtype,
+                         eos_ids(tokenizer, target))
+    if draft_int8:
+        if torch_device.type != "cpu":
+            raise PairError("draft_int8 is a CPU option (dynamic int8 quantization); on GPUs use bf16")
+        from sidecar.models.cpu_kernels import quantize_int8
+
+        pair.draft = quantize_int8(pair.draft)
+    if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32:
+        from sidecar.models.cpu_kernels import use_onednn_linear
+
+        use_onednn_linear(pair.target)
+        use_onednn_linear(pair.draft)
+    return pair

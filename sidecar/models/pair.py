@@ -1,0 +1,61 @@
+"""A draft/target model pair: the two models, their shared tokenizer, and what the pair needs checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sidecar.errors import PairError
+from sidecar.models.devices import device_name
+
+
+@dataclass
+class ModelPair:
+    """A target, the draft that speculates for it, and their shared tokenizer."""
+
+    name: str
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: list[int] = field(default_factory=list)
+    # draft parameters / target parameters: a prior for what the draft's prefill costs before it is timed
+    draft_size_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_size_ratio is None:
+            self.draft_size_ratio = self.draft.num_parameters() / self.target.num_parameters()
+
+    @property
+    def max_context(self) -> int:
+        return int(self.target.config.max_position_embeddings)
+
+    @property
+    def gpu_type(self) -> str:
+        return device_name(self.device)
+
+
+def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> None:
+    """Refuse pairs whose tokenizers disagree: speculative decoding compares token ids directly."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise PairError(
+            "draft and target tokenizers differ (their vocabularies do not map the same strings to the same "
+            "ids); speculative decoding needs one shared tokenizer. Pick a draft from the target's family."
+        )
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    ids: set[int] = set()
+    config_eos = model.generation_config.eos_token_id if model.generation_config else None
+    for value in (config_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return sorted(ids)

@@ -1,0 +1,86 @@
+"""The tiny pair: random models from a config, sharing a small BPE tokenizer trained on the fly (tests)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from sidecar.models.attention import GROUPED_SDPA
+from sidecar.models.pair import ModelPair, eos_ids
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_TINY_CORPUS = (
+    "The city council approved a new budget on Tuesday after a long debate about schools, roads and "
+    "public health. Officials said the plan would add jobs at the plant in the north of the state. "
+    "Summarize the document in 3 bullets. Keep each bullet under 18 words. Then output 3-5 short "
+    "hashtags for the summary. #news #politics #economy #health #climate #sports #technology "
+    "You are a concise assistant. The president met leaders in Berlin, Moscow, Beijing and Doha. "
+    "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory. "
+)
+
+
+@cache
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_config(vocab_size: int, layers: int, hidden: int, seed_scale: float = 0.3) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        initializer_range=seed_scale, tie_word_embeddings=False, attn_implementation=GROUPED_SDPA,
+    )
+
+
+def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_noise: float = 0.01,
+                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedModel]:
+    """A random target and a draft that is the target plus noise, so acceptance is neither 0 nor 1.
+
+    The large initializer range makes next-token distributions peaked, so greedy argmax is far from
+    ties and batched/unbatched float differences cannot flip it.
+    """
+    torch.manual_seed(seed)
+    target = Qwen2ForCausalLM(tiny_config(vocab_size, layers=2, hidden=64)).eval()
+    draft = Qwen2ForCausalLM(tiny_config(draft_vocab_size or vocab_size, layers=2, hidden=64)).eval()
+    with torch.no_grad():
+        for t_param, d_param in zip(target.parameters(), draft.parameters(), strict=True):
+            if t_param.shape == d_param.shape:
+                d_param.copy_(t_param + draft_noise * t_param.std() * torch.randn_like(t_param))
+            else:  # embedding rows differ when vocab sizes differ: share the common rows
+                rows = min(t_param.shape[0], d_param.shape[0])
+                d_param[:rows].copy_(t_param[:rows])
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = None
+    return target, draft
+
+
+def tiny_pair(device: torch.device | None = None, dtype: torch.dtype = torch.float32, draft_noise: float = 0.01,
+              draft_extra_vocab: int = 0, seed: int = 0) -> ModelPair:
+    tokenizer = tiny_tokenizer()
+    vocab = len(tokenizer)
+    target, draft = tiny_models(vocab + 16, vocab + draft_extra_vocab, draft_noise=draft_noise, seed=seed)
+    device = device or torch.device("cpu")
+    target.to(device=device, dtype=dtype)
+    draft.to(device=device, dtype=dtype)
+    pair = ModelPair("tiny", target, draft, tokenizer, device, dtype, eos_ids(tokenizer, target))
+    return pair
+

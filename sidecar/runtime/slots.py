@@ -1,0 +1,86 @@
+"""A pool of KV-cache slots for a running batch, allocated once per model for ``max_batch`` rows.
+
+Invariant: the live rows occupy slots ``0 .. live - 1``; ``active`` is a view of those rows over the pool's
+buffers, so a forward costs only the live rows. Rows join in the free slots just past the live ones
+(``admit`` hands out a view of them to prefill in place) and leave through ``remove``, which moves the
+highest live rows into the freed slots (``compaction_order``) without touching the others. Each slot holds
+``capacity`` columns; a KV token budget fixes it (``max_batch * capacity <= budget``), otherwise the pool
+grows when a row needs more columns than it has, copying only the live rows' filled columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from sidecar.errors import InputError
+from sidecar.runtime.kv_cache import RowKVCache, compaction_order
+
+
+class SlotPool:
+    def __init__(self, model: PreTrainedModel, max_batch: int, capacity: int,
+                 kv_budget_tokens: int | None = None) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self.budget_capacity = None if kv_budget_tokens is None else kv_budget_tokens // max_batch
+        if self.budget_capacity is not None:
+            capacity = self.budget_capacity
+        self.cache = RowKVCache(model, max_batch, capacity)
+        self.live = 0
+        self.active = self.cache.rows_view(0, 0)
+
+    @property
+    def free(self) -> int:
+        return self.max_batch - self.live
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def ensure_capacity(self, columns: int) -> None:
+        """Make every slot hold ``columns`` columns; refused beyond a KV token budget."""
+        if columns <= self.capacity:
+            return
+        if self.budget_capacity is not None:
+            raise InputError(f"a row needs {columns} KV columns but the KV token budget gives each of the "
+                             f"{self.max_batch} slots {self.budget_capacity}; raise the budget or shorten the input")
+        grown = RowKVCache(self.model, self.max_batch, max(columns, self.capacity * 3 // 2))
+        self.active.copy_into(grown.rows_view(0, self.live))
+        self.cache = grown
+        self.active = grown.rows_view(0, self.live)
+
+    def admit(self, rows: int) -> RowKVCache:
+        """Take ``rows`` free slots, emptied, and return them as a view to prefill; they are live from now on."""
+        assert rows <= self.free, "admit beyond the pool"
+        start, stop = self.live, self.live + rows
+        cache = self.cache
+        cache.lengths[start:stop] = 0
+        cache.position_offset[start:stop] = 0
+        cache.visible[start:stop] = True
+        cache.span[start:stop] = -1
+        self.live = stop
+        self.active = cache.rows_view(0, stop)
+        return cache.rows_view(start, stop)
+
+    def remove(self, keep: list[int]) -> list[int]:
+        """Keep only the live slots ``keep`` (ascending); returns the order: new slot i holds old ``order[i]``."""
+        order = compaction_order(keep)
+        self.cache.move_rows(order)
+        self.live = len(keep)
+        self.active = self.cache.rows_view(0, self.live)
+        return order
+
+    def write(self, source: RowKVCache) -> None:
+        """Admit ``source``'s rows (a cache built elsewhere, e.g. from snapshots) by copying their columns in."""
+        source.copy_into(self.admit(source.batch_size))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.cache.keys, *self.cache.values))
+
+
+def row_columns(prompt_tokens: int, max_new_tokens: int, gamma: int) -> int:
+    """KV columns a decoding row may use: its prompt, its new tokens and one verify's drafts beyond."""
+    return prompt_tokens + max_new_tokens + 2 * gamma + 4
+
+
+__all__ = ["SlotPool", "row_columns", "torch"]

@@ -1,0 +1,68 @@
+"""LLM-judge comparison of sidecar hashtags against a standalone tagger's hashtags.
+
+Each document is judged twice with the tag sets' positions swapped, because LLM judges favour a
+position. The probability mode (the default where the endpoint returns log probabilities) asks for one
+letter and averages the sidecar's probability over both orders, which cancels the bias; the text mode
+asks for a JSON verdict and counts a win only when both games agree. Control games whose answer is known
+run beside the comparison, and a judge that fails them has its run marked unreliable. Calls go through
+the official ``openai`` client to any OpenAI-compatible endpoint, with our own retry loop (the client's
+retries are switched off so that unusable answers and transport errors share one retry budget).
+"""
+
+from study.judge.answers import Choice, JudgeAnswer, JudgeAnswerError, letter_probabilities, parse_judge_answer
+from study.judge.config import API_KEY_ENV_VARS, JudgeConfig, JudgeConfigError, make_judge_client
+from study.judge.controls import control_foils, null_tags
+from study.judge.games import SIDES, GameKind, GameResult, backoff_seconds, request_options
+from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, TEXT_FALLBACK, JudgeMode, render_prompt
+from study.judge.results import JudgeItem, JudgeResult
+from study.judge.run import Detection, detect_prompt_version, judge_pairs
+from study.judge.scoring import (
+    Verdict,
+    bootstrap_ci,
+    calibrated_margin,
+    control_score,
+    final_verdict,
+    position_bias,
+    preference,
+    preference_verdict,
+)
+from study.judge.summary import JudgeSummary, summarize_judgements
+
+__all__ = [
+    "API_KEY_ENV_VARS",
+    "DEFAULT_PROMPT_VERSION",
+    "PROMPTS",
+    "SIDES",
+    "TEXT_FALLBACK",
+    "Choice",
+    "Detection",
+    "GameKind",
+    "GameResult",
+    "JudgeAnswer",
+    "JudgeAnswerError",
+    "JudgeConfig",
+    "JudgeConfigError",
+    "JudgeItem",
+    "JudgeMode",
+    "JudgeResult",
+    "JudgeSummary",
+    "Verdict",
+    "backoff_seconds",
+    "bootstrap_ci",
+    "calibrated_margin",
+    "control_foils",
+    "control_score",
+    "detect_prompt_version",
+    "final_verdict",
+    "judge_pairs",
+    "letter_probabilities",
+    "make_judge_client",
+    "null_tags",
+    "parse_judge_answer",
+    "position_bias",
+    "preference",
+    "preference_verdict",
+    "render_prompt",
+    "request_options",
+    "summarize_judgements",
+]

@@ -1,0 +1,83 @@
+"""Where and how to ask the judge, and the OpenAI client that asks it."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import openai
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, JudgeMode
+
+API_KEY_ENV_VARS = ("SIDECAR_JUDGE_API_KEY", "OPENAI_API_KEY")
+
+
+class JudgeConfigError(ValueError):
+    """A judge configuration that cannot be used, such as one with no API key to be found."""
+
+
+class JudgeConfig(BaseModel):
+    """Where and how to ask the judge. The API key is a ``SecretStr``: masked in repr, logs and dumps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    concurrency: int = Field(default=4, ge=1)
+    # Retries after the first attempt, so a game makes at most ``retries + 1`` calls.
+    retries: int = Field(default=3, ge=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    prompt_version: str = DEFAULT_PROMPT_VERSION
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=30.0, ge=0)
+    # the text mode's answer budget; the probability mode asks for one token
+    max_tokens: int = Field(default=200, ge=16)
+    # documents that also get control games (own tags against another document's, and in the probability
+    # mode a tag set against itself reversed); a run needs two documents with tags for any control
+    controls: int = Field(default=20, ge=0)
+    # control accuracy below this marks the run's verdicts unreliable
+    threshold: float = Field(default=0.75, ge=0, le=1)
+    # the least margin from 0.5 a probability verdict needs, whatever the null games' noise
+    margin_floor: float = Field(default=0.02, ge=0, le=0.5)
+    # the confidence interval of the mean preference: bootstrap resamples over documents, and their seed
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+    seed: int = 0
+
+    @field_validator("prompt_version")
+    @classmethod
+    def _known_prompt_version(cls, version: str) -> str:
+        if version not in PROMPTS:
+            raise ValueError(f"unknown prompt_version {version!r}; known: {sorted(PROMPTS)}")
+        return version
+
+    @property
+    def mode(self) -> JudgeMode:
+        """The answer mode of ``prompt_version``: ``probability`` or ``text``."""
+        return PROMPTS[self.prompt_version].mode
+
+    def resolved_api_key(self) -> SecretStr:
+        """The key to call the judge with: ``api_key``, else the first of ``SIDECAR_JUDGE_API_KEY`` /
+        ``OPENAI_API_KEY`` that is set. (The judge flow reads a Prefect Secret block into ``api_key``.)"""
+        if self.api_key is not None:
+            return self.api_key
+        for name in API_KEY_ENV_VARS:
+            value = os.environ.get(name)
+            if value:
+                return SecretStr(value)
+        raise JudgeConfigError(
+            "no judge API key: set api_key (the judge flow: api_key_secret_block) or one of "
+            f"{', '.join(API_KEY_ENV_VARS)} (any non-empty value for a server that does not check keys)"
+        )
+
+
+def make_judge_client(config: JudgeConfig, http_client: httpx.Client | None = None) -> openai.OpenAI:
+    """An OpenAI client for the judge endpoint; the client's own retries are off (the games retry)."""
+    return openai.OpenAI(
+        base_url=config.base_url,
+        api_key=config.resolved_api_key().get_secret_value(),
+        timeout=config.timeout_s,
+        max_retries=0,
+        http_client=http_client,
+    )

@@ -1,0 +1,162 @@
+"""A judge run in numbers: verdict counts, the mean preference with its bootstrap interval, the controls
+and the position bias, and whether the run's verdicts can be trusted."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from study.judge.config import JudgeConfig
+from study.judge.prompts import JudgeMode
+from study.judge.results import JudgeResult
+from study.judge.scoring import (
+    bootstrap_ci,
+    calibrated_margin,
+    control_score,
+    position_bias,
+    preference,
+    text_preference,
+)
+
+SOURCE_STUDY = ("For comparison, the source study's numbers, not ours: on 100 CNN/DailyMail articles its LLM judge "
+                "reported 86 ties, the other 14 split 9-5.")
+
+
+class JudgeSummary(BaseModel):
+    total: int
+    judged: int
+    wins: int
+    losses: int
+    ties: int
+    # Ties that come from the two games disagreeing rather than both answering tie.
+    inconsistent: int
+    errors: int
+    skipped: int
+    order_consistency_rate: float | None
+    model: str | None = None
+    prompt_version: str | None = None
+    mode: JudgeMode = "text"
+    # probability mode: the mean debiased preference for the sidecar's tags and its bootstrap 95% interval
+    mean_preference: float | None = None
+    preference_ci: tuple[float, float] | None = None
+    margin: float | None = None
+    control_documents: int = 0
+    control_accuracy: float | None = None
+    position_bias: float | None = None
+    threshold: float = 0.75
+    reliable: bool = False
+    # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
+    mode_note: str | None = None
+    error_docs: dict[str, str] = Field(default_factory=dict)
+
+    def reliability_line(self) -> str:
+        """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not."""
+        if self.control_accuracy is None:
+            return ("UNRELIABLE: no control game was answered (a run needs two documents with different tags), "
+                    "so nothing shows that this judge tells right tags from wrong ones.")
+        accuracy = f"control accuracy {self.control_accuracy:.2f} over {self.control_documents} documents"
+        if self.reliable:
+            return f"Reliable: {accuracy}, at least the threshold {self.threshold:.2f}."
+        return (f"UNRELIABLE: {accuracy}, below the threshold {self.threshold:.2f}: this judge does not tell a "
+                "document's own tags from another's, so its wins, ties and losses measure nothing.")
+
+    def to_markdown(self) -> str:
+        rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
+        lines = ["# Sidecar vs standalone hashtags (LLM judge)", ""]
+        if self.model or self.prompt_version:
+            lines += [f"Judge `{self.model}`, prompt `{self.prompt_version}` ({self.mode} mode).", ""]
+        if self.mode_note:
+            lines += [self.mode_note, ""]
+        lines += [f"**{self.reliability_line()}**", ""]
+        lines += [
+            "| outcome | documents |",
+            "|---|---:|",
+            f"| sidecar better | {self.wins} |",
+            f"| standalone better | {self.losses} |",
+            f"| tie | {self.ties} |",
+            f"| of which order-inconsistent | {self.inconsistent} |",
+            f"| error | {self.errors} |",
+            f"| skipped (missing tags) | {self.skipped} |",
+            f"| total | {self.total} |",
+            "",
+            f"Order consistency (both games agree, over {self.judged} judged documents): {rate}.",
+            "",
+        ]
+        if self.mode == "probability":
+            lines += [f"Mean preference for the sidecar's tags: {_preference(self.mean_preference, self.preference_ci)}"
+                      f"; a verdict needs more than {_number(self.margin)} from 0.5 (the margin the null games "
+                      "calibrated).", ""]
+        bias = _number(self.position_bias)
+        lines += [f"Controls: {self.control_documents} documents, accuracy {_number(self.control_accuracy)} "
+                  f"(threshold {self.threshold:.2f}); position bias {bias} (share for the set shown first, "
+                  "0.5 = none).", "", SOURCE_STUDY]
+        if self.error_docs:
+            lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
+            lines += [
+                f"| {doc_id} | {error.replace('|', '/').replace(chr(10), ' ')} |"
+                for doc_id, error in self.error_docs.items()
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _preference(mean: float | None, ci: tuple[float, float] | None) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f}" + ("" if ci is None else f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})")
+
+
+def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | None = None,
+                         mode_note: str | None = None) -> JudgeSummary:
+    """Counts of verdicts, ``order_consistency_rate`` over documents judged without error, and the
+    run's quality from its control and null games (see ``study.judge.scoring``)."""
+    defaults = JudgeConfig(model="-") if config is None else config
+    all_games = [game for result in results for game in (*result.games, *result.controls)]
+    mode: JudgeMode = config.mode if config is not None else (
+        "probability" if any(game.p_first is not None for game in all_games) else "text")
+    verdicts = [result.verdict for result in results]
+    judged = [result for result in results if result.order_consistent is not None]
+    consistent = sum(1 for result in judged if result.order_consistent)
+    preferences = [result.preference for result in results if result.preference is not None]
+    controls = [score for result in results if (score := _control_basis(result)) is not None]
+    accuracy = statistics.fmean(map(control_score, controls)) if controls else None
+    nulls = [preference(result.games_of("null")) for result in results]
+    return JudgeSummary(
+        total=len(results),
+        judged=len(judged),
+        wins=verdicts.count("sidecar"),
+        losses=verdicts.count("standalone"),
+        ties=verdicts.count("tie"),
+        inconsistent=len(judged) - consistent,
+        errors=verdicts.count("error"),
+        skipped=verdicts.count("skipped"),
+        order_consistency_rate=consistent / len(judged) if judged else None,
+        model=None if config is None else config.model,
+        prompt_version=None if config is None else config.prompt_version,
+        mode=mode,
+        mean_preference=statistics.fmean(preferences) if preferences else None,
+        preference_ci=bootstrap_ci(preferences, defaults.bootstrap_resamples, defaults.seed),
+        margin=calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else None,
+        control_documents=len(controls),
+        control_accuracy=accuracy,
+        position_bias=position_bias(all_games),
+        threshold=defaults.threshold,
+        reliable=accuracy is not None and accuracy >= defaults.threshold,
+        mode_note=mode_note,
+        error_docs={
+            result.doc_id: "; ".join(f"game {g.game}: {g.error}" for g in result.games if g.error)
+            for result in results
+            if result.verdict == "error"
+        },
+    )
+
+
+def _control_basis(result: JudgeResult) -> float | None:
+    games = result.games_of("control")
+    value = preference(games)
+    return value if value is not None else text_preference(games)

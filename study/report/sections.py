@@ -1,0 +1,506 @@
+"""The report's sections, as document blocks: the verdict and its plot first, then how it was reached.
+
+A reader opening the page sees the verdict table and the $ per tag token plot before any method text;
+what was measured, what was projected, the calibration and what the roofline leaves out follow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from study.cost import GB, MB, Workload, find_gpu, usd_per_million_tokens
+from study.report.assemble import ReportData
+from study.report.blocks import Block, Bullets, Heading, Image, Paragraph, Table, fmt, fmt_usd
+from study.report.projections import tag_usd_per_million
+from study.report.verdicts import PhaseSplit, Verdict
+from vocab.modes import MODES
+
+
+def report_blocks(data: ReportData) -> list[Block]:
+    return [
+        Heading("Sidecar cost report", 1),
+        *_verdict_section(data),
+        Heading("What this report compares"),
+        Paragraph(_introduction(data)),
+        *_measured_section(data),
+        *_projection_section(data),
+        *_calibration_section(data),
+        Heading("What the roofline leaves out"),
+        Bullets(
+            (
+                "Kernel efficiency. Each forward is priced at the GPU's peak dense 16-bit TFLOP/s or its peak "
+                "bandwidth, whichever binds; real kernels reach a fraction of both, and kernel launches and "
+                "framework time come on top. The calibration ratios show how far measured steps are from the "
+                "roofline. The T4's peak is fp16's: it has no bf16 tensor cores, so a bf16 draft runs far below it.",
+                "Deployment. A standalone tagger is a deployment of its own, paid for even when tag traffic is low "
+                "or bursty, and the summary has to be shipped to it; the sidecar reuses the draft already "
+                "resident next to the target. Projections price busy GPU-seconds only.",
+                "Step times leave the prefill out: ms/step, measured and projected, is decode steps only, while "
+                "tag tok/s and $, measured and projected, include it (see tag prefill s/batch).",
+                "KV per request is averaged over one request's tag tokens; requests that finish early leave the "
+                "batch and make later steps cheaper.",
+            )
+        ),
+        Heading("More plots"),
+        Image(data.plot_paths["step_time"], "decode step time vs batch size, document attended vs evicted"),
+        Image(data.plot_paths["acceptance"], "acceptance of drafted tokens per request, per GPU type, pair and mode"),
+    ]
+
+
+def _introduction(data: ReportData) -> str:
+    text = (
+        "This report compares the draft model's tagging phase run as a sidecar - after the summary, on the "
+        "same GPU, with the document's KV entries evicted (sidecar) or kept (sidecar_attended) - with a "
+        "standalone tagger given only the summary (standalone). "
+    )
+    if data.measurements:
+        runs = {m.run_id for m in data.measurements if m.run_id}
+        devices = sorted({m.gpu_type for m in data.measurements})
+        pairs = sorted({m.pair for m in data.measurements if m.pair})
+        text += (
+            f"Measured: {len(data.measurements)} throughput rows from {len(runs)} run(s) on {', '.join(devices)}"
+            + (f" with pair(s) {', '.join(pairs)}. " if pairs else ". ")
+        )
+    else:
+        text += "Nothing was measured for this report: every figure in it is a projection. "
+    workloads = "; ".join(f"{p.workload.name} ({p.workload.description})" for p in data.projections)
+    text += (
+        f"Projected: a roofline (peak bandwidth and peak dense compute) on the {len(data.catalog)} GPU types of "
+        f"the catalog for {workloads}. "
+    )
+    if data.pair_projections:
+        text += (
+            "A measured pair is projected from its draft's config, in the dtype it is loaded in on a GPU, with "
+            "the measured mean prompt, summary and tag tokens per request (the document is the main prompt "
+            "less an estimate of the chat template and instruction); the source study's shapes are an extra "
+            "projection, not derived from the measurements. "
+        )
+    if data.unprojected:
+        text += (
+            "No projection of the measured pair, so no calibration, for: "
+            + "; ".join(data.unprojected)
+            + ". Their GPU types are projected with the source study's shapes only, which model another pair. "
+        )
+    return text.rstrip()
+
+
+def _saving_cell(verdict: Verdict) -> str:
+    saving = verdict.sidecar_saving_pct
+    return f"{abs(saving):.1f}% {'cheaper' if saving >= 0 else 'dearer'}"
+
+
+def _verdict_table(verdicts: Sequence[Verdict]) -> Table:
+    return Table(
+        (
+            "GPU type",
+            "pair",
+            "basis",
+            "batch",
+            "sidecar tok/s",
+            "standalone tok/s",
+            "sidecar $/1M tag tok",
+            "standalone $/1M tag tok",
+            "sidecar vs standalone",
+        ),
+        tuple(
+            (
+                v.gpu_type,
+                v.pair,
+                v.basis,
+                ", ".join(map(str, v.batch_sizes)),
+                fmt(v.sidecar_tokens_per_s),
+                fmt(v.standalone_tokens_per_s),
+                fmt_usd(v.sidecar_usd_per_mtok),
+                fmt_usd(v.standalone_usd_per_mtok),
+                _saving_cell(v),
+            )
+            for v in verdicts
+        ),
+    )
+
+
+def _split_table(verdicts: Sequence[Verdict]) -> Table:
+    """Each verdict's tagging phase per request, prefill next to decode, in milliseconds."""
+
+    def ms(split: PhaseSplit | None) -> tuple[str, str]:
+        return ("–", "–") if split is None else (fmt(split.prefill_s * 1000), fmt(split.decode_s * 1000))
+
+    headers = ("sidecar prefill ms", "sidecar decode ms", "standalone prefill ms", "standalone decode ms")
+    return Table(
+        ("GPU type", "pair", "basis", "batch", *headers),
+        tuple(
+            (
+                v.gpu_type,
+                v.pair,
+                v.basis,
+                ", ".join(map(str, v.batch_sizes)),
+                *ms(v.sidecar_split),
+                *ms(v.standalone_split),
+            )
+            for v in verdicts
+        ),
+    )
+
+
+def _verdict_section(data: ReportData) -> list[Block]:
+    """The measured verdicts, the $ plot, then the projected ones: the first screen holds the answer and its picture.
+
+    Without measured verdicts the projected ones lead.
+    """
+    blocks: list[Block] = [
+        Heading("Verdict per GPU type"),
+        Paragraph("Is a sidecar tag token cheaper than one from a standalone deployment of the same draft model?"),
+    ]
+    measured = [v for v in data.verdicts if v.basis == "measured"]
+    projected = [v for v in data.verdicts if v.basis == "projected"]
+    if measured:
+        blocks += [_verdict_table(measured), Bullets(tuple(v.sentence for v in measured))]
+    elif projected:
+        blocks.append(_verdict_table(projected))
+    else:
+        blocks.append(
+            Paragraph("No verdict: nothing was measured in both modes and the projection has no standalone KV.")
+        )
+    blocks.append(Image(data.plot_paths["usd_per_mtok"], "$ per 1M tag tokens, sidecar vs standalone, per GPU type"))
+    if measured and projected:
+        blocks += [
+            Paragraph(f"Projected for the GPU types not measured, at batch {data.reference_batch}:"),
+            _verdict_table(projected),
+        ]
+    for projection in data.projections:
+        of_workload = [v for v in projected if v.pair == projection.workload.name]
+        if of_workload:
+            blocks.append(Paragraph(_projected_summary(of_workload, projection.workload)))
+    split = [v for v in data.verdicts if v.sidecar_split is not None or v.standalone_split is not None]
+    if split:
+        blocks += [
+            Paragraph(
+                "Prefill and decode per request, side by side: the prefill forward that yields the first tag "
+                "token (the standalone tagger's whole prompt, the sidecar's few fed tokens), then the decode steps "
+                "of the further tag tokens. Measured where the runs timed both; projected on the roofline."
+            ),
+            _split_table(split),
+        ]
+    blocks.append(
+        Paragraph(
+            "Measured verdicts pool the batch sizes measured in both modes; GPU types without measurements "
+            f"get a projection at batch {data.reference_batch} for each projected workload (pair column)."
+        )
+    )
+    compared = {(v.gpu_type, v.pair) for v in data.verdicts if v.basis == "measured"}
+    uncompared = sorted({(g.gpu_type, g.pair) for g in data.groups if g.tag_rows} - compared)
+    if uncompared:
+        names = ", ".join(f"{gpu} ({pair})" if pair else gpu for gpu, pair in uncompared)
+        blocks.append(
+            Paragraph(
+                "Measured but not compared, for want of sidecar and standalone tagging at a common batch "
+                f"size: {names}."
+            )
+        )
+    return blocks
+
+
+def _projected_summary(verdicts: Sequence[Verdict], workload: Workload) -> str:
+    """One paragraph for all projected verdicts of one workload: how much cheaper, and what the prefill weighs."""
+    savings = [round(v.sidecar_saving_pct, 1) for v in verdicts]
+    low, high = min(savings), max(savings)
+    spread = f"{abs(low):.1f}%" if low == high else f"{min(map(abs, savings)):.1f}-{max(map(abs, savings)):.1f}%"
+    direction = "less" if low >= 0 else "more" if high <= 0 else "more or less"
+    priced = all(v.prefill_priced for v in verdicts)
+    text = (
+        f"Projected with {workload.name} on {', '.join(v.gpu_type for v in verdicts)}, batch "
+        f"{verdicts[0].batch_sizes[0]}, {'prefill and decode' if priced else 'decode steps only'}: a sidecar tag "
+        f"token costs {spread} {direction} than a standalone tagger's."
+    )
+    standalone_share = _prefill_share([v.standalone_split for v in verdicts])
+    sidecar_share = _prefill_share([v.sidecar_split for v in verdicts])
+    if priced and standalone_share and sidecar_share and workload.tokens is not None:
+        prompt, _ = workload.tokens.prefill("standalone")
+        feed, cached = workload.tokens.prefill("sidecar")
+        text += (
+            f" The standalone tagger prefills its {prompt}-token prompt (template, summary, tag instruction): "
+            f"{standalone_share} of its tagging time. The sidecar feeds {feed} tokens into the cache it kept "
+            f"({cached} entries, document evicted): {sidecar_share} of its own."
+        )
+    kv = workload.kv_bytes_per_request
+    if high < 0:
+        text += (
+            f" With the document evicted, the sidecar still reads its main prompt's KV entries "
+            f"({kv['sidecar'] / MB:.2f} vs {kv['standalone'] / MB:.2f} MB per request), so per decode step it cannot "
+            "beat a standalone tagger"
+        )
+        text += (
+            "; here the prefill it saves does not make up for that."
+            if priced
+            else "; what it saves is what this projection leaves out: the standalone's summary prefill (the "
+            "workload has no model shape to price it) and its separate deployment."
+        )
+    return text
+
+
+def _prefill_share(splits: Sequence[PhaseSplit | None]) -> str | None:
+    """The prefill's share of the tagging time, as a percentage or a range of them; None if any is unknown."""
+    if not splits or any(s is None for s in splits):
+        return None
+    shares = [round(s.prefill_s / (s.prefill_s + s.decode_s) * 100) for s in splits if s is not None]
+    return f"{shares[0]}%" if min(shares) == max(shares) else f"{min(shares)}-{max(shares)}%"
+
+
+def _measured_section(data: ReportData) -> list[Block]:
+    blocks: list[Block] = [Heading("What was measured")]
+    if not data.groups:
+        return [*blocks, Paragraph("No measurements were given.")]
+    table_rows = []
+    for g in data.groups:
+        price = data.price(g.gpu_type)
+        usd = None if price is None or g.tag_tokens_per_s is None else usd_per_million_tokens(price, g.tag_tokens_per_s)
+        table_rows.append(
+            (
+                g.gpu_type,
+                g.pair,
+                g.mode,
+                str(g.batch_size),
+                str(len(g.run_ids)),
+                fmt(g.tag_tokens_per_s),
+                fmt(g.tag_ms_per_step),
+                fmt(g.tag_seconds_per_batch),
+                fmt(g.tag_prefill_s_per_batch),
+                fmt(None if g.kv_bytes_per_request is None else g.kv_bytes_per_request / MB),
+                fmt(g.summary_tokens_per_s),
+                fmt(g.acceptance_rate),
+                fmt_usd(usd),
+            )
+        )
+    blocks += [
+        Table(
+            (
+                "GPU type",
+                "pair",
+                "mode",
+                "batch",
+                "runs",
+                "tag tok/s",
+                "tag ms/step",
+                "tag s/batch",
+                "tag prefill s/batch",
+                "KV MB/request",
+                "summary tok/s",
+                "acceptance",
+                "$/1M tag tok",
+            ),
+            tuple(table_rows),
+        ),
+        Paragraph(
+            "Tag tok/s is every tag token of a batch over the batch's tagging wall time, prefill included; "
+            "ms/step is the batches' decode time per decode step, prefill excluded: a batch steps until its "
+            "longest row is done, and the first tag token comes from the prefill, so a batch whose longest row "
+            "made n tokens took n - 1 steps. Prefill s/batch is the tagging prefill (the standalone tagger's "
+            "whole prompt, the sidecar's instruction). Summary tok/s and acceptance (accepted / drafted) come "
+            "from the speculative main phase. $ uses the catalog price of the GPU type; devices outside the "
+            "catalog have none."
+        ),
+    ]
+    if data.acceptance:
+        blocks += [
+            Paragraph("Acceptance per request in the main phase (requests that drafted), as plotted below:"),
+            Table(
+                ("GPU type", "pair", "mode", "requests", "min", "median", "max"),
+                tuple(
+                    (
+                        gpu,
+                        pair,
+                        mode,
+                        str(len(rates)),
+                        fmt(min(rates)),
+                        fmt(statistics.median(rates)),
+                        fmt(max(rates)),
+                    )
+                    for (gpu, pair, mode), rates in data.acceptance.items()
+                ),
+            ),
+        ]
+    eviction = _eviction_rows(data)
+    if eviction:
+        blocks += [
+            Paragraph("Eviction: the same tagging step with the document's KV entries kept and evicted."),
+            Table(
+                (
+                    "GPU type",
+                    "pair",
+                    "batch",
+                    "attended ms/step",
+                    "evicted ms/step",
+                    "measured speedup %",
+                    "projected speedup %",
+                ),
+                tuple(eviction),
+            ),
+        ]
+    return blocks
+
+
+def _eviction_rows(data: ReportData) -> list[tuple[str, ...]]:
+    by_key = {(g.gpu_type, g.pair, g.mode, g.batch_size): g for g in data.groups if g.tag_ms_per_step}
+    rows = []
+    for (gpu_type, pair, mode, batch), evicted in by_key.items():
+        attended = by_key.get((gpu_type, pair, "sidecar_attended", batch))
+        if mode != "sidecar" or attended is None or not evicted.tag_ms_per_step or not attended.tag_ms_per_step:
+            continue
+        own = data.pair_projections.get(pair)
+        projected = None
+        if own is not None and find_gpu(gpu_type, data.catalog) is not None:
+            full = own.workload.step_bytes("sidecar_attended", batch)
+            projected = (full / own.workload.step_bytes("sidecar", batch) - 1) * 100
+        rows.append(
+            (
+                gpu_type,
+                pair,
+                str(batch),
+                fmt(attended.tag_ms_per_step),
+                fmt(evicted.tag_ms_per_step),
+                fmt((attended.tag_ms_per_step / evicted.tag_ms_per_step - 1) * 100),
+                fmt(projected),
+            )
+        )
+    return rows
+
+
+def _projection_section(data: ReportData) -> list[Block]:
+    blocks: list[Block] = [
+        Heading("What was projected"),
+        Paragraph(
+            "A roofline: each forward takes the longer of its bytes over the GPU's peak bandwidth and its FLOPs "
+            "over its peak dense 16-bit TFLOP/s. A tagging decode step is memory-bandwidth bound: it reads the "
+            "draft's weights once and each request's KV cache once, so bytes per step = weights + batch x KV per "
+            "request and time = bytes / bandwidth. The tagging phase starts with a prefill forward that yields "
+            "the first tag token: the standalone tagger's whole prompt, compute-bound at batch (FLOPs = 2 x "
+            "weights x tokens + 4 x layers x query width x tokens x keys attended, per request), against the "
+            "sidecar's few fed tokens into the cache it kept. Tag tokens/s = batch x tags / (prefill + (tags - 1) "
+            "decode steps), the way a measured tag tok/s counts them, and $ per 1M tag tokens = $/GPU-hour / 3600 "
+            "/ tag tokens/s x 1e6. Bandwidth, TFLOP/s and rent come from the GPU catalog (study/cost/gpus.json, "
+            "with a source per entry). These are projections, not measurements. The full grid of batch sizes is "
+            "in the cost rows and the plots."
+        ),
+    ]
+    for projection in data.projections:
+        workload = projection.workload
+        kv = ", ".join(f"{mode} {kv / MB:.3g} MB" for mode, kv in workload.kv_bytes_per_request.items())
+        source = (
+            "Not derived from the measurements"
+            if projection.pair is None
+            else f"The measured pair {projection.pair}, from its draft's config and the measured token counts"
+        )
+        rows = []
+        for gpu in data.catalog.values():
+            for batch in _table_batches(data.batches):
+                by_mode = {mode: projection.row(gpu.name, mode, batch) for mode in MODES}
+                attended, evicted, alone = by_mode["sidecar_attended"], by_mode["sidecar"], by_mode["standalone"]
+                speedup = (
+                    (attended.ms_per_step / evicted.ms_per_step - 1) * 100 if attended is not None and evicted else None
+                )
+                rows.append(
+                    (
+                        gpu.name,
+                        f"{gpu.bandwidth_gb_s:,.0f}",
+                        f"{gpu.dense_tflops:,.0f}",
+                        f"{gpu.usd_per_hour:.2f}",
+                        str(batch),
+                        *(fmt(None if row is None else row.ms_per_step) for row in (attended, evicted, alone)),
+                        fmt(speedup),
+                        *(fmt(None if row is None else row.prefill_ms) for row in (evicted, alone)),
+                        *(fmt_usd(None if row is None else tag_usd_per_million(row)) for row in (evicted, alone)),
+                    )
+                )
+        blocks += [
+            Heading(workload.name, 3),
+            Paragraph(
+                f"{source}: {workload.description}. Weights read per step: "
+                f"{workload.weight_bytes_per_step / GB:.3g} GB; KV per request: {kv}."
+                + (
+                    ""
+                    if workload.prices_compute
+                    else " Without the draft's shape the prefill is not priced: $ counts decode steps only."
+                )
+            ),
+            Table(
+                (
+                    "GPU",
+                    "GB/s",
+                    "dense TFLOP/s",
+                    "$/GPU-hour",
+                    "batch",
+                    "attended ms/step",
+                    "evicted ms/step",
+                    "standalone ms/step",
+                    "eviction speedup %",
+                    "evicted prefill ms",
+                    "standalone prefill ms",
+                    "sidecar $/1M tag tok",
+                    "standalone $/1M tag tok",
+                ),
+                tuple(rows),
+            ),
+        ]
+    return blocks
+
+
+def _calibration_section(data: ReportData) -> list[Block]:
+    blocks: list[Block] = [Heading("Calibration: measured ÷ projected")]
+    if data.calibration:
+        blocks += [
+            Table(
+                (
+                    "GPU type",
+                    "catalog GPU",
+                    "projected as",
+                    "mode",
+                    "batch",
+                    "measured ms/step",
+                    "projected ms/step",
+                    "measured ÷ projected",
+                ),
+                tuple(
+                    (
+                        c.gpu_type,
+                        c.catalog_gpu,
+                        projection.workload.name,
+                        c.mode,
+                        str(c.batch),
+                        fmt(c.measured_ms_per_step),
+                        fmt(c.projected_ms_per_step),
+                        f"{c.measured_over_projected:.2f}",
+                    )
+                    for projection, c in data.calibration
+                ),
+            ),
+            Paragraph(
+                "Each measured decode step is divided by the projection of its own pair (draft config, GPU dtype, "
+                "measured token counts) on the catalog's figures for its GPU type. Above 1 the measured step is "
+                "slower than the bandwidth roofline."
+            ),
+        ]
+    else:
+        blocks.append(
+            Paragraph(
+                "Nothing is calibrated: no decode step was measured on a catalogued GPU with a projection of its "
+                "own pair."
+            )
+        )
+    if data.unprojected:
+        blocks.append(
+            Paragraph(f"Not calibrated, for want of a projection of their pair: {'; '.join(data.unprojected)}.")
+        )
+    if data.uncatalogued:
+        blocks.append(
+            Paragraph(
+                f"Measured only (not in the GPU catalog, so no bandwidth or price): {', '.join(data.uncatalogued)}."
+            )
+        )
+    return blocks
+
+
+def _table_batches(batches: Sequence[int]) -> list[int]:
+    """Smallest, a middle and the largest batch size: enough rows to read the trend in a table."""
+    ordered = sorted(set(batches))
+    return sorted({ordered[0], ordered[len(ordered) // 2], ordered[-1]})
