@@ -10,16 +10,20 @@ The same requests (a summary and a hashtag sidecar per article, greedy, in corpu
 ``generate`` of the target does the summaries alone, in the same batches of ``--max-batch``.
 
 - End to end: wall time of the whole stream, from the first admission to the last result.
-- Prefill: time inside admissions: ``DecodeBatch._admit`` (target and draft prefill, first tokens) and
-  ``SidecarBatch._admit_sidecars`` (a finished row's snapshot, catch-up and bridge). For HF: each batch's
-  time to its first new token.
+- Prefill: time inside admissions, ``SlotBatch._admit`` (target and draft prefill and first tokens; sidecar
+  rows join from snapshots there, their bridge riding in the next step). For HF: each batch's time to its
+  first new token.
 - Decode phase: end to end minus prefill; ``steps_s`` is the part spent inside decoding steps
-  (``DecodeBatch._decode_step`` and the sidecar rows' ``PlainBatch.step``). HF's decode phase decodes
-  summaries only, the engine's also the hashtags, so the engine's ratio over HF is conservative.
+  (``StepRunner.run``: draft forwards, which also decode the sidecar rows, and the target's forward). HF's
+  decode phase decodes summaries only, the engine's also the hashtags, so the engine's ratio over HF is
+  conservative.
+- Draft forwards per step: all steps, and the steps where drafting main rows and sidecar rows shared them.
+- Device time per phase: the device-time ledger (``sidecar.runtime.ledger``): seconds charged to the main
+  outputs, the sidecar rows, and the sidecars' masked instructions in the draft prefill.
 - Occupancy: ``BatchTrace.occupancy()``, the share of main slot-steps with a live row before the final drain.
 - Identity: static and continuous give the same main and sidecar token ids; main ids also match HF's.
-- GPU projection: both traces replayed through the roofline (``study.cost.replay``) for the source study's
-  Qwen2.5-7B target and 1.5B draft in bf16 on the catalog GPUs.
+- GPU projection: both runs' recorded forwards replayed through the roofline (``study.cost.replay``) for the
+  source study's Qwen2.5-7B target and 1.5B draft in bf16 on the catalog GPUs.
 
 Writes bench/results/continuous_<device>[_<pair>][_<profile>].json and .md.
 """
@@ -27,7 +31,6 @@ Writes bench/results/continuous_<device>[_<pair>][_<profile>].json and .md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import defaultdict
 
@@ -50,7 +53,7 @@ from sidecar.models.pair import ModelPair
 from sidecar.runtime.syncs import synchronize
 from sidecar.tasks.batch import SidecarBatch
 from study.cost import load_catalog
-from study.cost.replay import SidecarWork, replay
+from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
 SCHEDULES = ("continuous", "static")
@@ -62,31 +65,14 @@ SIZES = {
 
 
 class PhaseClock:
-    """Times the admissions and decoding steps of one ``SidecarBatch`` by wrapping its methods on the instance
-    (the engine is not changed), and records the sidecar rows' steps and admissions for the replay."""
+    """Times the admissions and decoding steps of one ``SidecarBatch`` by wrapping its slot batch's methods on
+    the instance (the engine is not changed)."""
 
     def __init__(self, batch: SidecarBatch, device: torch.device) -> None:
         self.device = device
         self.seconds: dict[str, float] = defaultdict(float)
-        self.sidecar_steps: list[int] = []
-        self.sidecar_admissions: list[list[int]] = []
-        self._time(batch.mains, "_admit", "prefill_s")
-        self._time(batch, "_admit_sidecars", "prefill_s")
-        self._time(batch.mains, "_decode_step", "steps_s")
-        self._time(batch.sidecars, "step", "steps_s")
-        sidecars = batch.sidecars
-        step, admit = sidecars.step, sidecars.admit
-
-        def recorded_step():
-            if sidecars.rows:
-                self.sidecar_steps.append(len(sidecars.rows))
-            return step()
-
-        def recorded_admit(cache, feeds, rows):
-            self.sidecar_admissions.append([len(f) for f in feeds])
-            return admit(cache, feeds, rows)
-
-        sidecars.step, sidecars.admit = recorded_step, recorded_admit
+        self._time(batch.slots, "_admit", "prefill_s")
+        self._time(batch.slots.runner, "run", "steps_s")
 
     def _time(self, obj, name: str, bucket: str) -> None:
         method = getattr(obj, name)
@@ -105,27 +91,36 @@ class PhaseClock:
 
 def run_schedule(engine: SidecarEngine, requests: list[SidecarRequest], max_batch: int, schedule: str) -> dict:
     """The stream of ``requests`` through one ``SidecarBatch``, pulled as it has room (as ``SidecarEngine.stream``
-    does, with the batch kept for its trace)."""
-    batch = engine.batch(max_batch, schedule, expected=len(requests))
+    does, with the batch kept for its trace and ledger)."""
+    batch = engine.batch(max_batch, schedule, expected=len(requests), trace_keep=None)
     clock = PhaseClock(batch, engine.pair.device)
     with Stopwatch(engine.pair.device) as sw:
         results = dict(stream_through(batch, requests))
     outputs = [results[i] for i in range(len(requests))]
     main_tokens = sum(len(r.main.token_ids) for r in outputs)
+    sidecar_tokens = sum(len(s.token_ids) for r in outputs for s in r.sidecars.values())
+    steps = batch.trace.steps
+    mixed = [s for s in steps if s.live and s.riders and s.source == "draft" and s.width]
+    ledger = batch.ledger
+    phases = ledger.charged_by_label
     return {
         "schedule": schedule, "wall_s": sw.seconds, "prefill_s": clock.seconds["prefill_s"],
         "decode_s": sw.seconds - clock.seconds["prefill_s"], "steps_s": clock.seconds["steps_s"],
-        "main_tokens": main_tokens,
-        "sidecar_tokens": sum(len(s.token_ids) for r in outputs for s in r.sidecars.values()),
-        "main_steps": len(batch.trace.steps), "prefill_groups": len(batch.trace.prefills),
-        "sidecar_steps": batch.sidecars.steps,
+        "main_tokens": main_tokens, "sidecar_tokens": sidecar_tokens,
+        "main_steps": len(steps), "prefill_groups": len(batch.trace.prefills),
+        "draft_forwards_per_step": sum(s.draft_forwards for s in steps) / max(len(steps), 1),
+        "mixed_steps": len(mixed),
+        "mixed_draft_forwards_per_step": sum(s.draft_forwards for s in mixed) / max(len(mixed), 1),
+        "mixed_width_per_step": sum(s.width for s in mixed) / max(len(mixed), 1),
         "occupancy": batch.trace.occupancy(), "occupancy_with_drain": batch.trace.occupancy(include_drain=True),
-        "sidecar_occupancy": batch.sidecars.live_row_steps / max(batch.sidecars.steps * max_batch, 1),
+        "device_s": ledger.measured_seconds, "device_main_s": phases.get("main", 0.0),
+        "device_sidecar_s": phases.get("sidecar", 0.0), "device_instruction_s": phases.get("instruction", 0.0),
+        "device_s_per_tag_token": (phases.get("sidecar", 0.0) + phases.get("instruction", 0.0))
+        / max(sidecar_tokens, 1),
         "e2e_tps": main_tokens / sw.seconds,
         "decode_tps": main_tokens / (sw.seconds - clock.seconds["prefill_s"]),
         # kept for identity and the replay, dropped from the results file
-        "_outputs": outputs, "_trace": batch.trace,
-        "_sidecars": (clock.sidecar_steps, clock.sidecar_admissions),
+        "_outputs": outputs, "_forwards": list(ledger.records),
     }
 
 
@@ -158,24 +153,17 @@ def hf_plain_stream(pair: ModelPair, prompts: list[list[int]], max_batch: int, m
 
 
 def projection(runs: dict[str, dict], catalog: dict) -> list[dict]:
-    """Projected summary tokens/s of each schedule's trace on each catalog GPU, for the study's 7B/1.5B in bf16."""
+    """Projected summary tokens/s of each schedule's forwards on each catalog GPU, for the study's 7B/1.5B in bf16."""
     rows = []
     for gpu in catalog.values():
         row = {"gpu": gpu.name}
         for schedule, run in runs.items():
-            outputs = run["_outputs"]
-            new = statistics.mean(len(r.main.token_ids) for r in outputs)
-            prefills = run["_trace"].prefills
-            target_prompt = statistics.mean(t for p in prefills for t in p.target_tokens)
-            draft_prompt = statistics.mean([t for p in prefills for t in p.draft_tokens] or [target_prompt])
-            sidecar_context = statistics.mean(
-                s.stats.context_tokens + s.stats.new_tokens / 2 for r in outputs for s in r.sidecars.values())
-            steps, admissions = run["_sidecars"]
-            projected = replay(run["_trace"], QWEN2_5_7B, QWEN2_5_1_5B, gpu, target_prompt + new / 2,
-                               draft_prompt + new / 2, SidecarWork(steps, admissions, sidecar_context))
+            projected = replay(run["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu)
             row[f"{schedule}_tps"] = run["main_tokens"] / projected.seconds
-            row[f"{schedule}_decode_tps"] = run["main_tokens"] / (projected.decode_s + projected.sidecar_s)
+            row[f"{schedule}_decode_tps"] = run["main_tokens"] / projected.decode_s
             row[f"{schedule}_prefill_share"] = projected.prefill_s / projected.seconds
+            tags = projected.by_phase.get("sidecar", 0.0) + projected.by_phase.get("instruction", 0.0)
+            row[f"{schedule}_ms_per_tag_token"] = 1000 * tags / max(run["sidecar_tokens"], 1)
         row["ratio"] = row["continuous_tps"] / row["static_tps"]
         row["decode_ratio"] = row["continuous_decode_tps"] / row["static_decode_tps"]
         rows.append(row)
@@ -246,12 +234,17 @@ def main(argv: list[str] | None = None) -> dict:
         ("decode_s", "decode phase s"), ("steps_s", "in decoding steps s"), ("main_tokens", "summary tokens"),
         ("sidecar_tokens", "hashtag tokens"), ("e2e_tps", "end-to-end summary tok/s"),
         ("decode_tps", "decode-phase summary tok/s"), ("main_steps", "main steps"),
+        ("draft_forwards_per_step", "draft forwards per step"),
+        ("mixed_draft_forwards_per_step", "… in steps with sidecar rows riding"),
+        ("mixed_width_per_step", "their verify width"),
+        ("device_s_per_tag_token", "device s per tag token"),
         ("occupancy", "slot occupancy (no drain)"), ("occupancy_with_drain", "with drain")])
     projected = markdown_table(gpus, [
         ("gpu", "GPU"), ("static_tps", "static tok/s"), ("continuous_tps", "continuous tok/s"),
         ("ratio", "continuous ÷ static"), ("static_decode_tps", "static decode tok/s"),
         ("continuous_decode_tps", "continuous decode tok/s"), ("decode_ratio", "decode ratio"),
-        ("continuous_prefill_share", "continuous prefill share")])
+        ("continuous_prefill_share", "continuous prefill share"),
+        ("continuous_ms_per_tag_token", "continuous ms per tag token")])
     hf_line = "" if hf is None else (
         f" Against HF plain batched generate (summaries only, batches of {args.max_batch}): continuous "
         f"{ratios['e2e_continuous_over_hf_plain']:.2f}x end to end, "
@@ -268,8 +261,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"outputs, static vs continuous: summaries {identity['main_static_vs_continuous']}, hashtags "
         f"{identity['sidecar_static_vs_continuous']}; summaries vs HF plain: {identity['main_vs_hf_plain']}. "
         f"Decode phase = end to end minus time inside admissions (target and draft prefill, sidecar joins).\n\n"
-        f"**Projection, not a measurement**: the two traces above (rows live per step, verify widths, draft "
-        f"forwards, prefill groups, sidecar steps) replayed through the roofline of `study.cost` "
+        f"**Projection, not a measurement**: the forwards of the two runs above (as the device-time ledger "
+        f"recorded them: model, rows, tokens, context) replayed through the roofline of `study.cost` "
         f"(`study/cost/replay.py`) with the source study's Qwen2.5-7B target and 1.5B draft in bf16 at their "
         f"catalog peaks; summary tokens per second.\n\n{projected}")
     write_results(result_name("continuous", pair.device, args.pair, args.profile), payload, markdown)

@@ -26,7 +26,8 @@ import torch
 import sidecar.decoding.batch as decode_batch
 from bench.common import add_profile_arguments, environment, markdown_table, profile_suffix, write_results
 from sidecar.decoding.batch import SCHEDULES
-from sidecar.decoding.speculative import DRAFT_CONFIDENCE, SpeculativeDecoder
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.decoding.plan import DRAFT_CONFIDENCE
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.syncs import SyncCounter
 

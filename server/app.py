@@ -6,7 +6,7 @@ Endpoints:
 - ``GET /v1/models``: the one served model.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
-  anything below ``sidecar.decoding.speculative.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
+  anything below ``sidecar.decoding.sampling.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
   target alone), ``top_p`` (the most likely token always stays in the nucleus), ``seed`` (int64, as
   OpenAI), ``stop`` (up to ``sidecar.decoding.stops.MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS``
   characters), ``stream`` (SSE chunks), ``stream_options.include_usage``, ``logprobs`` and
@@ -22,8 +22,9 @@ Endpoints:
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
-  the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``) and the
-  server's RSS.
+  the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
+  device-time ledger's totals (``device``: forwards, measured seconds, and the seconds charged to each
+  phase, which sum to the measured ones) and the server's RSS.
 
 Requests run in one continuous batch on one worker thread (``server.worker``): each joins at the first
 step with a free slot and leaves when it is done, whatever the others' settings; a client that disconnects

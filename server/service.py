@@ -51,7 +51,7 @@ def _main_usage(main: GenerationOutput) -> dict[str, int]:
 
 def _sidecar_json(output: SidecarOutput, formatter: LogprobFormatter) -> dict[str, Any]:
     # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
-    prompt = output.stats.context_tokens + output.stats.feed_tokens
+    prompt = output.stats.context_tokens  # what it attends to: the same alone or batched
     body = {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
             "finish_reason": _FINISH_REASONS.get(output.finish_reason, output.finish_reason),
             "usage": _usage(prompt, output.stats.new_tokens)}

@@ -9,10 +9,11 @@ its prefill, and a running batch never waits.
 
 Every job the worker takes is finished exactly once, with a result or an ``APIError``. A job whose client
 left before it joined the batch is dropped at no cost; one whose client leaves while it decodes leaves the
-batch at the next step (finish reason "cancelled", no sidecars). A step that raises fails every job in the
-batch (the engine refusing input 400, out of memory 503, anything else 500) and the loop goes on with an
-empty batch. After the stop sentinel the batch runs until its last job is finished. A seeded request decodes
-the same tokens whatever shares the batch with it (``sidecar.decoding.randomness``).
+batch at the next step (finish reason "cancelled"), and so do its sidecars if it leaves while they run. A
+step that raises fails every job in the batch (the engine refusing input 400, out of memory 503, anything
+else 500) and the loop goes on with an empty batch. After the stop sentinel the batch runs until its last
+job is finished. A seeded request decodes the same tokens whatever shares the batch with it
+(``sidecar.decoding.randomness``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from sidecar.decoding.rows import DecodeRow
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
 from sidecar.tasks.engine import SidecarEngine
-from sidecar.tasks.rows import SidecarRequest
+from sidecar.tasks.rows import DocumentResult, SidecarRequest
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,10 @@ class BatchStats:
     # requests whose client left while they decoded, and the tokens decoded for them until they left
     cancelled_requests: int = 0
     cancelled_tokens: int = 0
+    # the device-time ledger's totals (``sidecar.runtime.ledger``) over the worker's batches: measured forward
+    # seconds, and the seconds charged to each phase (main, sidecar, instruction)
+    device: dict[str, Any] = field(default_factory=lambda: {"forwards": 0, "measured_seconds": 0.0,
+                                                            "charged_seconds": 0.0, "charged_seconds_by_phase": {}})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(self, size: int, finished: int, failed: int = 0, cancelled_tokens: Sequence[int] = ()) -> None:
@@ -75,6 +80,16 @@ class BatchStats:
             self.failed_requests += failed
             self.cancelled_requests += len(cancelled_tokens)
             self.cancelled_tokens += sum(cancelled_tokens)
+
+    def record_device(self, totals: dict[str, Any], earlier: dict[str, Any]) -> None:
+        """The current batch's ledger ``totals`` on top of ``earlier`` batches' (a failed step replaces the batch)."""
+        phases = dict(earlier["charged_seconds_by_phase"])
+        for phase, seconds in totals["charged_seconds_by_phase"].items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+        with self.lock:
+            self.device = {key: earlier[key] + totals[key]
+                           for key in ("forwards", "measured_seconds", "charged_seconds")}
+            self.device["charged_seconds_by_phase"] = phases
 
     def record_refused(self) -> None:
         """A job the batch refused to take (its error is the job's answer); no step ran for it."""
@@ -95,11 +110,18 @@ class BatchStats:
                 "mean_step_size": work / self.steps if self.steps else 0.0,
                 "cancelled_requests": self.cancelled_requests,
                 "cancelled_tokens": self.cancelled_tokens,
+                "device": {**self.device, "charged_seconds_by_phase": dict(self.device["charged_seconds_by_phase"])},
                 "uptime_s": time.time() - self.started,
             }
 
 
 DONE = object()  # end of a job's token stream
+
+
+def cancelled(result: DocumentResult) -> bool:
+    """Whether a request ended because its client left: during its main output or its sidecars."""
+    return result.main.finish_reason == "cancelled" or any(
+        s.finish_reason == "cancelled" for s in result.sidecars.values())
 
 
 @dataclass
@@ -169,6 +191,8 @@ class BatchWorker:
             raise APIError(503, "the server is overloaded; retry later", "server_error", code="overloaded") from None
 
     def _batch(self) -> SidecarBatch:
+        with self.stats.lock:
+            self._earlier_device = self.stats.device  # what the batches before this one charged
         return self.engine.batch(self.config.max_batch, on_tokens=self._on_tokens, cancelled=self._cancelled)
 
     def _on_tokens(self, index: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
@@ -238,9 +262,11 @@ class BatchWorker:
             for job in jobs:
                 job.finish(error=error)
             return self._batch()
+        self.stats.record_device(batch.ledger.totals(), self._earlier_device)
         finished = [(self._jobs.pop(index), result) for index, result in done]
         self.stats.record_step(size, finished=len(finished), cancelled_tokens=[
-            len(result.main.token_ids) for _, result in finished if result.main.finish_reason == "cancelled"])
+            len(result.main.token_ids) + sum(len(s.token_ids) for s in result.sidecars.values())
+            for _, result in finished if cancelled(result)])
         for job, result in finished:
             job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
         return batch

@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sidecar.decoding.decoder import SpeculativeDecoder
     from sidecar.decoding.rows import GenerationOutput, GenerationStats
-    from sidecar.decoding.speculative import SpeculativeDecoder
     from sidecar.errors import InputError, PairError
     from sidecar.models.loading import load_pair
     from sidecar.models.pair import ModelPair
@@ -28,7 +28,7 @@ _EXPORTS = {
     "sidecar.models.pair": ("ModelPair",),
     "sidecar.tasks.prompts": ("DEFAULT_SYSTEM", "SUMMARIZE_INSTRUCTION"),
     "sidecar.decoding.rows": ("GenerationOutput", "GenerationStats"),
-    "sidecar.decoding.speculative": ("SpeculativeDecoder",),
+    "sidecar.decoding.decoder": ("SpeculativeDecoder",),
     "sidecar.tasks.task": ("HASHTAGS", "SidecarTask", "parse_hashtags"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

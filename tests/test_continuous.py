@@ -15,10 +15,10 @@ import pytest
 import torch
 from decoding import random_prompts, second_token_distances, target_alone
 
-from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT, row_key, uniforms
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT, draw_key, uniforms
 from sidecar.decoding.rows import DecodeRow
 from sidecar.decoding.sampling import Sampling
-from sidecar.decoding.speculative import SpeculativeDecoder
 from sidecar.errors import InputError
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.kv_cache import RowKVCache
@@ -38,7 +38,7 @@ def arrive_at_random(decoder: SpeculativeDecoder, rows: list[DecodeRow], max_bat
         for _ in range(rng.choice([0, 0, 1, 2])):
             if waiting:
                 index, row = waiting.pop(0)
-                joined_mid_batch += bool(batch.rows)
+                joined_mid_batch += bool(batch.target_rows)
                 batch.add(index, row)
         if not waiting:
             batch.close()
@@ -198,7 +198,7 @@ def test_sidecars_of_a_finished_row_start_before_the_batch_ends(tiny):
     completed_while_long_rows_ran = []
     while batch.busy:
         for index, _ in batch.step():
-            completed_while_long_rows_ran.append((index, any(r.finish is None for r in batch.mains.rows)))
+            completed_while_long_rows_ran.append((index, any(r.finish is None for r in batch.slots.target_rows)))
     assert completed_while_long_rows_ran[0] == (0, True)
     # and the outputs are those of the static schedule, where sidecars wait for their whole batch
     static = engine.run(requests, batch_size=3, schedule="static")
@@ -229,7 +229,7 @@ def test_slot_pool_keeps_rows_through_admission_removal_and_growth(tiny):
         budgeted.ensure_capacity(17)
 
 
-def test_a_merged_cache_attends_as_the_cache_it_came_from(tiny):
+def test_a_cache_written_from_snapshots_attends_as_the_cache_it_came_from(tiny):
     prompts = random_prompts(tiny, [5, 9], seed=12)
     source = RowKVCache(tiny.target, 2, 16)
     pool = SlotPool(tiny.target, 3, 16)
@@ -237,7 +237,7 @@ def test_a_merged_cache_attends_as_the_cache_it_came_from(tiny):
     with torch.inference_mode():
         prefill(tiny.target, source, prompts, None)
         pool.admit(1)
-        pool.write(source)
+        pool.write([source.snapshot(row, list(range(int(source.lengths[row])))) for row in range(2)])
         step = torch.tensor([[4], [5]])
         a = forward(tiny.target, source, step)
         b = forward(tiny.target, pool.active.rows_view(1, 3), step)
@@ -245,7 +245,7 @@ def test_a_merged_cache_attends_as_the_cache_it_came_from(tiny):
 
 
 def test_counter_based_draws_are_uniform_and_keyed():
-    keys = torch.tensor([row_key(7 + i) for i in range(20000)])
+    keys = torch.tensor([draw_key(7 + i) for i in range(20000)])
     positions = torch.zeros(20000, 1, dtype=torch.long)
     u = uniforms(keys, positions, NEXT)[:, 0]
     counts = torch.histc(u.float(), 10, 0, 1)
@@ -255,5 +255,5 @@ def test_counter_based_draws_are_uniform_and_keyed():
               uniforms(keys, positions + 1, NEXT)[:, 0]]
     for other in others:
         assert abs(torch.corrcoef(torch.stack([u, other]))[0, 1]) < 0.05
-    assert row_key(3) == row_key(3) != row_key(3, stream=1)
-    assert row_key(None) != row_key(None)
+    assert draw_key(3) == draw_key(3) != draw_key(3, stream=1)
+    assert draw_key(None) != draw_key(None)

@@ -13,7 +13,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.decoding.acceptance import accept_greedy, accept_sampled
-from sidecar.decoding.sampling import Sampling
 from sidecar.models.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.models.pair import check_tokenizers
 from sidecar.models.tiny import tiny_pair, tiny_tokenizer
@@ -404,7 +403,7 @@ def test_sampled_engine_follows_target_distribution(copying, monkeypatch, prefil
     ``copying``: every draft is a copied token (prompt lookup, forced here), whose draft law is one-hot.
     """
     if copying:
-        monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", lambda context, k, **_: [5] * k)
+        monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", lambda context, k, **_: [5] * k)
     pair = tiny_pair(draft_noise=0.5, seed=1)  # a draft that disagrees often
     prompt = random_prompts(pair, [7], seed=5)[0]
     temperature = 1.5
@@ -628,7 +627,7 @@ def reference_copier(pair, prompts, max_new_tokens, seed=0):
 def test_copied_drafts_keep_greedy_output_identical(tiny, monkeypatch, batch_size, adaptive, prefill_forwards):
     prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
     expected, copy = reference_copier(tiny, prompts, 30)
-    monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", copy)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
     outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive).generate(prompts, max_new_tokens=30,
                                                                             batch_size=batch_size)
     assert sum(o.stats.lookup_accepted for o in outputs) > 0
@@ -648,7 +647,7 @@ def test_copied_drafts_leave_the_sidecar_continuation_unchanged(tiny, monkeypatc
     reference = engine.run(requests, max_new_tokens=20)
     prompts = [engine.prompts(r)[0].token_ids for r in requests]
     _, copy = reference_copier(tiny, prompts, 20)
-    monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", copy)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
     engine.decoder.prompt_lookup = True
     copied = engine.run(requests, max_new_tokens=20)
     assert sum(r.main.stats.lookup_drafted for r in copied) > 0
@@ -723,7 +722,7 @@ def test_logprobs_are_the_targets_log_softmax_at_each_committed_token(tiny, monk
     prompts = random_prompts(tiny, [6, 15, 9, 22], seed=13)
     decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=steps == "plain", prompt_lookup=steps == "lookup")
     if steps == "lookup":
-        monkeypatch.setattr("sidecar.decoding.speculative.lookup_continuation", reference_copier(tiny, prompts, 24)[1])
+        monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", reference_copier(tiny, prompts, 24)[1])
     if steps == "plain":
         learned_controller(decoder, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
     plain = decoder.generate(prompts, max_new_tokens=24, batch_size=3)
@@ -766,12 +765,17 @@ def test_streamed_logprobs_are_the_outputs(tiny):
     assert [seen[i] for i in range(3)] == [o.logprobs for o in outputs]
 
 
-def test_plain_decoding_logprobs_are_the_models_log_softmax(tiny):
-    from sidecar.decoding.plain import decode_plain
+def test_draft_only_logprobs_are_the_drafts_log_softmax(tiny):
+    from sidecar.decoding.rows import DraftRow
 
     prompts = random_prompts(tiny, [5, 11], seed=9)
-    cache = RowKVCache(tiny.draft, 2, 40)
-    outs = decode_plain(tiny.draft, cache, prompts, [12, 12], Sampling(), None, set(tiny.eos_token_ids), 2)
+    batch = SpeculativeDecoder(tiny).batch(0, max_draft_rows=2)
+    for i, prompt in enumerate(prompts):
+        batch.add_draft(i, DraftRow(prompt, 12, draw_key=0, top_logprobs=2, phase="standalone"))
+    done = {}
+    while batch.busy:
+        done.update(batch.step())
+    outs = [done[i] for i in range(len(prompts))]
     for prompt, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
             logits = tiny.draft(torch.tensor([prompt + out.token_ids])).logits[0].float()

@@ -33,7 +33,7 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="module")
 def check() -> Check:
-    from sidecar.decoding.speculative import SpeculativeDecoder
+    from sidecar.decoding.decoder import SpeculativeDecoder
     from sidecar.tasks.engine import SidecarEngine
     from sidecar.tasks.rows import SidecarRequest
 

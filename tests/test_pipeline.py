@@ -72,7 +72,7 @@ def window_records(engine: SidecarEngine, docs: list[Document], settings: BatchS
 
 def live_documents(batch: SidecarBatch) -> list[str]:
     """Texts of the requests a running sidecar batch holds: decoding, waiting for a slot, or in their sidecar."""
-    return [entry[0].document for entry in batch.requests.values() if entry is not None]
+    return [entry.request.document for entry in batch.requests.values() if entry.request is not None]
 
 
 class InjectedOOM:
@@ -86,12 +86,13 @@ class InjectedOOM:
         real_init, real_step = SidecarBatch.__init__, SidecarBatch.step
         injected = self
 
-        def init(batch: SidecarBatch, engine, max_batch: int, *args, **kwargs) -> None:
+        def init(batch: SidecarBatch, builder, decoder, max_batch: int, *args, **kwargs) -> None:
             injected.streams.append(max_batch)
-            real_init(batch, engine, max_batch, *args, **kwargs)
+            real_init(batch, builder, decoder, max_batch, *args, **kwargs)
 
         def step(batch: SidecarBatch):
-            mains = len(batch.mains.rows) + min(len(batch.mains.waiting), batch.mains.max_batch - len(batch.mains.rows))
+            slots = batch.slots
+            mains = len(slots.target_rows) + min(len(slots.waiting_main), slots.max_batch - len(slots.target_rows))
             too_big = injected.max_live is not None and mains > injected.max_live
             if too_big or injected.doc_text in live_documents(batch):
                 raise injected.error("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 139.8 GiB total capacity)")

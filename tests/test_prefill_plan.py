@@ -108,10 +108,10 @@ def test_padding_counts_because_cost_is_per_real_token():
     for _ in range(2):
         planner.observe(padded_tokens=64, real_tokens=64, seconds=1.0)
         planner.observe(padded_tokens=128, real_tokens=64, seconds=1.0)  # half of it padding
-    assert planner.seconds_per_token(64) == pytest.approx(1 / 64)
-    assert planner.seconds_per_token(128) == pytest.approx(1 / 64)
+    assert planner.rates[64].mean == pytest.approx(1 / 64)
+    assert planner.rates[128].mean == pytest.approx(1 / 64)
     planner.observe(padded_tokens=128, real_tokens=128, seconds=1.4)  # packed full, less per real token
-    assert planner.seconds_per_token(128) < planner.seconds_per_token(64)
+    assert planner.rates[128].mean < planner.rates[64].mean
 
 
 def test_a_forward_is_filed_under_its_own_size():
@@ -208,4 +208,4 @@ def test_budgets_from_the_planner_give_what_one_forward_gives(tiny, monkeypatch)
                 assert torch.allclose(cache.values[layer][row, :, :n], whole.values[layer][row, :, :n], atol=1e-5)
         assert torch.allclose(last, whole_last, atol=1e-5)
     assert {64, 128, None} <= used  # budgets that split these prompts, and one forward
-    assert planner.seconds_per_token(128) is not None and planner.seconds_per_token(None) is None
+    assert planner.rates[128].mean is not None and planner.rates[None].mean is None

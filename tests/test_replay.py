@@ -1,13 +1,14 @@
-"""The trace replay (study/cost/replay.py) prices each event of a hand-made trace as the forwards it stands for."""
+"""The replay (study/cost/replay.py) prices each recorded forward through the roofline and charges it to the
+ledger's phases by the same rule as the measurement."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.decoding.trace import BatchTrace, PrefillRecord, StepRecord
+from sidecar.runtime.ledger import ForwardRecord
 from study.cost import Peaks, load_catalog
 from study.cost.facts import ModelFacts
-from study.cost.replay import SidecarWork, replay
+from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
 
@@ -22,42 +23,38 @@ def facts(parameters: int) -> ModelFacts:
 BANDWIDTH_BOUND = Peaks(bandwidth_bytes_s=1.0, flops_s=1e30)
 
 
-def test_each_event_is_priced_as_the_forwards_it_stands_for() -> None:
+def forward(model: str, kind: str, rows: int, padded: int, context: int, **tokens: float) -> ForwardRecord:
+    return ForwardRecord(model, kind, rows, padded, context, tokens, seconds=0.0)
+
+
+def test_each_forward_is_priced_and_split_by_its_phases_tokens() -> None:
     target, draft = facts(100), facts(10)  # 200 and 20 weight bytes per forward
-    trace = BatchTrace(max_batch=2, events=[
-        PrefillRecord(rows=2, target_tokens=[3, 5], draft_tokens=[4, 6]),
-        StepRecord(live=2, width=3, draft_forwards=2, draft_feed=2),
-        StepRecord(live=1, width=0, draft_forwards=0, draft_feed=0),
-    ])
-    sidecars = SidecarWork(steps=[2, 0, 1], admissions=[[3, 1]], context=5)
-    time = replay(trace, target, draft, BANDWIDTH_BOUND, target_context=10, draft_context=8, sidecars=sidecars)
-    # prefill: one forward per model over the group padded to its longest prompt
-    assert time.prefill_s == pytest.approx((200 + 2 * 5) + (20 + 2 * 6))
-    # step 1: draft feeds 2 tokens at context 8, then 1 token at context 9; target verifies 4 tokens per row
-    # step 2: a plain step, one target token for the one live row
-    assert time.decode_s == pytest.approx((20 + 2 * (8 + 2)) + (20 + 2 * (9 + 1)) + (200 + 2 * (10 + 4))
-                                          + (200 + 1 * (10 + 1)))
-    # sidecar steps of 2 and 1 live rows (an empty one costs nothing), and the sidecar group joining, which
-    # feeds up to 3 tokens per row onto 5 cached ones
-    assert time.sidecar_s == pytest.approx((20 + 2 * 6) + (20 + 1 * 6) + (20 + 2 * (5 + 3)))
-    assert time.seconds == pytest.approx(time.prefill_s + time.decode_s + time.sidecar_s)
-    assert time.steps == 2
-    assert time.forwards == {"target_prefill": 1, "draft_prefill": 1, "target": 2, "draft": 2, "sidecar": 3}
-
-
-def test_a_group_without_the_draft_prefills_the_target_only() -> None:
-    trace = BatchTrace(max_batch=4, events=[PrefillRecord(rows=3, target_tokens=[7, 2, 4], draft_tokens=[])])
-    time = replay(trace, facts(100), facts(10), BANDWIDTH_BOUND, target_context=0, draft_context=0)
-    assert time.prefill_s == pytest.approx(200 + 3 * 7)
-    assert time.decode_s == time.sidecar_s == 0
+    records = [
+        forward("target", "prefill", 2, 10, 8, main=8),  # two prompts padded to 5
+        forward("draft", "prefill", 2, 12, 10, main=6, instruction=4),
+        forward("draft", "decode", 3, 6, 30, main=4, sidecar=2),  # two main rows feed 2, a sidecar row 2
+        forward("target", "decode", 2, 8, 40, main=8),  # a verify of 4 per row
+    ]
+    time = replay(records, target, draft, BANDWIDTH_BOUND)
+    # bytes: weights, then per row its context (the record's sum over rows) and its fed tokens
+    prefill = [200 + 8 + 10, 20 + 10 + 12]
+    decode = [20 + 30 + 6, 200 + 40 + 8]
+    assert time.prefill_s == pytest.approx(sum(prefill)) and time.decode_s == pytest.approx(sum(decode))
+    assert time.by_phase["instruction"] == pytest.approx(prefill[1] * 4 / 10)
+    assert time.by_phase["sidecar"] == pytest.approx(decode[0] * 2 / 6)
+    assert sum(time.by_phase.values()) == pytest.approx(time.seconds)
+    assert time.forwards == {"target": 2, "draft": 2}
 
 
 def test_full_steps_cost_less_than_as_many_row_steps_half_empty_on_a_gpu() -> None:
     """The point of continuous batching: a GPU step costs about the same at 4 or 8 live rows."""
     h100 = load_catalog()["H100 SXM"]
-    step = dict(width=4, draft_forwards=4, draft_feed=1)
-    full = BatchTrace(8, [StepRecord(live=8, **step) for _ in range(4)])
-    half = BatchTrace(8, [StepRecord(live=4, **step) for _ in range(8)])
-    cost = [replay(t, QWEN2_5_7B, QWEN2_5_1_5B, h100, target_context=600, draft_context=620).seconds
-            for t in (full, half)]
+
+    def step(rows: int) -> list[ForwardRecord]:
+        return [forward("draft", "decode", rows, rows, rows * 620, main=rows) for _ in range(4)] + [
+            forward("target", "decode", rows, rows * 5, rows * 600, main=rows * 5)]
+
+    full = [r for _ in range(4) for r in step(8)]
+    half = [r for _ in range(8) for r in step(4)]
+    cost = [replay(records, QWEN2_5_7B, QWEN2_5_1_5B, h100).seconds for records in (full, half)]
     assert cost[0] < 0.6 * cost[1]

@@ -255,6 +255,19 @@ def test_sidecars_with_logprobs(client: openai.OpenAI) -> None:
 # -- refusals --
 
 
+def test_stats_show_the_device_time_ledger_balanced(base_url: str, client: openai.OpenAI) -> None:
+    """Every forward the server ran is charged to a phase: the phases sum to the measured device seconds."""
+    before = stats(base_url)["device"]
+    ask(client, PROMPTS[0], max_tokens=12, extra_body={"sidecars": [{"name": "tags", "instruction": "Then tag it.",
+                                                                       "max_tokens": 6}]})
+    device = stats(base_url)["device"]
+    assert device["forwards"] > before["forwards"] and device["measured_seconds"] > before["measured_seconds"]
+    assert device["charged_seconds"] == pytest.approx(device["measured_seconds"], rel=0.01)
+    phases = device["charged_seconds_by_phase"]
+    assert sum(phases.values()) == pytest.approx(device["measured_seconds"], rel=0.01)
+    assert phases["main"] > 0 and phases["sidecar"] > 0 and phases["instruction"] > 0
+
+
 def test_wrong_or_missing_key_is_401(base_url: str) -> None:
     wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
@@ -416,7 +429,7 @@ def test_a_bad_seed_fails_no_request_batched_with_it(base_url: str) -> None:
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
 def test_int64_seeds_at_the_bounds_sample_with_sidecars(base_url: str, seed: int) -> None:
-    # the sidecar rows draw from streams of their own under the request's seed (sidecar.decoding.randomness.row_key)
+    # the sidecar rows draw from streams of their own under the request's seed (sidecar.decoding.randomness.draw_key)
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4,
             "temperature": 0.8, "seed": seed, "sidecars": [TAGS_SPEC]}
     response = post(base_url, body)

@@ -244,3 +244,45 @@ def test_stopping_finishes_the_batch_and_refuses_what_queued_after(engine: Sidec
     assert first.finish_reason in ("eos", "length") and second.finish_reason in ("eos", "length")
     assert isinstance(late, APIError) and (late.status, late.code) == (503, "shutting_down")
     assert not service.worker._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_a_long_lived_batch_keeps_its_memory_flat(engine: SidecarEngine) -> None:
+    """The server keeps one batch for its whole life: 10,000 steps of requests joining and leaving, some with
+    sidecars, leave its Python memory and its records the size they were after the first 2,000."""
+    import gc
+    import tracemalloc
+
+    from sidecar.decoding.controller import DECISIONS_KEPT
+    from sidecar.decoding.rows import DecodeRow
+    from sidecar.tasks.rows import SidecarRequest
+
+    batch = engine.batch(2, trace_keep=64)
+    prompt = engine.prompts(SidecarRequest(SHORT))[0].token_ids
+    added = 0
+
+    def run(steps: int) -> None:
+        nonlocal added
+        for _ in range(steps):
+            while batch.wants_rows():
+                if added % 5 == 0:
+                    batch.add(added, SidecarRequest(SHORT, sidecars=[HASHTAGS.model_copy(update={"max_new_tokens": 3})],
+                                                    max_new_tokens=3))
+                else:
+                    batch.add_row(added, DecodeRow(prompt, 2 + added % 3))
+                added += 1
+            batch.step()
+
+    run(2_000)
+    tracemalloc.start()
+    gc.collect()  # garbage the collector would free is no growth
+    before = tracemalloc.take_snapshot()
+    run(8_000)
+    gc.collect()
+    growth = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert added > 2_000
+    assert growth < 256 * 1024, f"Python memory grew by {growth} bytes over 8,000 steps"
+    slots = batch.slots
+    assert len(slots.trace.events) <= 64 and len(slots.ledger.records) <= 64
+    assert len(engine.decoder.controller.decisions) <= DECISIONS_KEPT and len(batch.requests) <= 4

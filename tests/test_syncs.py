@@ -22,8 +22,9 @@ from unittest import mock
 import pytest
 import torch
 
-from sidecar.decoding import batch, plain
-from sidecar.decoding.speculative import SpeculativeDecoder
+from sidecar.decoding import batch
+from sidecar.decoding.batch import stream_through
+from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.runtime import syncs as runtime_syncs
 from sidecar.runtime.syncs import SyncCounter
 from sidecar.runtime.timing import DeviceTimer
@@ -60,10 +61,11 @@ class Forwards:
                 self.decode[name] += 1
         return hook
 
-    def wrap(self, prefill: Callable, plain: bool) -> Callable:
+    def wrap(self, prefill: Callable) -> Callable:
         def counted(*args, **kwargs):
             self.prefills += not self._depth
-            self.first_token_reads += not self._depth and (plain or args[0] is self.pair.target)
+            # the target's prefill yields first tokens; the draft's for a main row does not (it is never read)
+            self.first_token_reads += not self._depth and args[0] is self.pair.target
             self._depth += 1
             try:
                 return prefill(*args, **kwargs)
@@ -79,8 +81,7 @@ class Forwards:
 def count(pair, run: Callable[[], object]) -> tuple[SyncCounter, Forwards, object]:
     forwards = Forwards(pair)
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(batch, "prefill", forwards.wrap(batch.prefill, plain=False)))
-        stack.enter_context(mock.patch.object(plain, "prefill", forwards.wrap(plain.prefill, plain=True)))
+        stack.enter_context(mock.patch.object(batch, "prefill", forwards.wrap(batch.prefill)))
         syncs = stack.enter_context(SyncCounter())
         result = run()
     forwards.remove()
@@ -94,7 +95,7 @@ def assert_within_budget(syncs: SyncCounter, forwards: Forwards, logprobs: bool 
         budget += forwards.decode["target"] + token_prefills
     assert syncs.total <= budget, (
         f"{syncs.total} syncs for {forwards.decode} decode forwards and {token_prefills} prefilled batches "
-        f"(budget {budget}); by call site:\n{syncs.report()}")
+        f"(budget {budget}); by call site:\n{syncs.busiest()}")
 
 
 MODES = {
@@ -128,8 +129,8 @@ def test_sidecar_tasks_sync_at_most_once_per_forward(tiny) -> None:
     engine = SidecarEngine(tiny, gamma=3, adaptive=False)
     requests = [SidecarRequest(document=f"document number {i} " * (2 + i % 3), sidecars=[HASHTAGS]) for i in range(8)]
     syncs, forwards, _ = count(tiny, lambda: engine.run(requests, max_new_tokens=16, batch_size=8))
-    # the main batch's prefill and each group of sidecar rows joining their batch yield first tokens
-    assert forwards.first_token_reads >= 2
+    # the main batch's prefill yields first tokens; sidecar rows join from snapshots and ride the next step
+    assert forwards.first_token_reads >= 1
     assert_within_budget(syncs, forwards)
 
 
@@ -187,3 +188,35 @@ def test_gpu_forward_timings_are_read_once_done_without_waiting(monkeypatch) -> 
         event.done = True
     timer.collect()
     assert heard == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("batch_size", [1, 8, 32])
+def test_a_step_runs_one_draft_forward_per_draft_position(tiny, batch_size: int) -> None:
+    """Sidecar rows ride in the main rows' proposal forwards: a step with drafting rows and sidecar rows runs
+    the draft as often as the verify is wide, never once more for the sidecars."""
+    engine = SidecarEngine(tiny, gamma=4, adaptive=False)
+    requests = [SidecarRequest(document=f"document number {i} " * (2 + i % 3), sidecars=[HASHTAGS],
+                               max_new_tokens=4 + 7 * (i % 5)) for i in range(2 * batch_size + 3)]
+    counts = Forwards(tiny)
+    steps: list[tuple[int, object]] = []
+    sidecar_batch = engine.batch(batch_size)
+    step = sidecar_batch.slots.step
+
+    def counted() -> list:
+        before, recorded = counts.decode["draft"], sidecar_batch.slots.trace.steps_recorded
+        done = step()
+        if sidecar_batch.slots.trace.steps_recorded > recorded:
+            steps.append((counts.decode["draft"] - before, sidecar_batch.slots.trace.steps[-1]))
+        return done
+
+    sidecar_batch.slots.step = counted
+    with mock.patch.object(batch, "prefill", counts.wrap(batch.prefill)):
+        results = [r for _, r in stream_through(sidecar_batch, requests)]
+    counts.remove()
+    assert len(results) == len(requests)
+    mixed = [(n, s) for n, s in steps if s.live and s.riders and s.width and s.source == "draft"]
+    assert mixed, "no step had drafting main rows and sidecar rows together"
+    for forwards, record in steps:
+        assert forwards == record.draft_forwards
+        assert forwards <= max(record.width, 1) <= engine.decoder.gamma
+    assert all(n == s.width for n, s in mixed)

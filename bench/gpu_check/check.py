@@ -15,7 +15,7 @@ from bench.common import Stopwatch
 from bench.engine import hf_plain_batched, hf_plain_one
 from bench.gpu_check.pairs import documents, load_check_pair
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
-from sidecar.decoding.speculative import SpeculativeDecoder
+from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.pair import ModelPair
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.rows import SidecarRequest

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.rows import GenerationOutput
-from sidecar.decoding.speculative import SpeculativeDecoder
 
 
 def static_batches(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,

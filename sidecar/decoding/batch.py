@@ -1,48 +1,68 @@
-"""The running batch of a speculative decoder: rows join between steps, decode together, leave as they finish.
+"""The running batch: rows join between steps, decode together, and leave as they finish.
 
-Invariant: entry ``i`` of ``rows`` and of ``pending``, and slot ``i`` of both slot pools, hold the same
-row. A step first admits waiting rows into free slots, prefilling them in place (the target, then the
-draft with its hidden spans) and choosing their first tokens: SGLang's prefill-then-merge, with the merge
-free because the slots are already the batch's. Then every live row takes one speculative or plain step,
-and finished rows leave; their slots take the next admission.
+Invariant: entry ``i`` of ``target_rows`` (and of ``pending_ids``) is slot ``i`` of the target pool, and
+entry ``i`` of ``draft_rows`` is slot ``i`` of the draft pool. Main rows are in the target pool, and in
+the draft pool too while their draft holds their prompt; draft-only rows are in the draft pool alone (the
+terms are ``sidecar.decoding.plan``'s). Each pool keeps its live rows in its first slots.
 
-The "continuous" schedule admits before every step; "static" only into an empty batch: fixed batches
-that run until their last row finishes, the schedule a continuous batch is measured against.
+One step, ``SlotBatch.step``: compact → admit → choose → step → record → compact.
+- *compact*: finished rows leave and their output goes back to the caller; a finished main row whose draft
+  cache is handed on (``DecodeRow.keep_draft``) stays in the draft pool one more step to catch up with its
+  output if it must, then goes to ``on_handoff``.
+- *admit*: waiting main rows are prefilled into free slots in place (the target, then the draft with its
+  hidden spans) and choose their first tokens: SGLang's prefill-then-merge, with the merge free because
+  the slots are already the batch's. Waiting draft-only rows join from a snapshot (their feed rides in the
+  next draft forward) or are prefilled from a prompt.
+- *choose*: the ``StepPlan``: width and draft source for the main rows, feeds for the draft rows.
+- *step*: ``StepRunner.run``: the draft forwards, the target forward, the one read.
+- *record*: tokens committed (cut at end of turn, a stop string or the limit), streamed, logprobs, stats
+  and the trace; the ledger has charged every forward to its rows.
 
-Reads of the device: one per admitted group (its first tokens, which also times the target's prefill),
-one per target forward (``Step.read``), at most one per draft forward (``SpeculativeDecoder._draft``).
+The "continuous" schedule admits before every step; "static" only into an empty batch: fixed batches that
+run until their last row (and its draft-only rows) finish, the schedule a continuous batch is measured against.
+
+Reads of the device: one per admitted group that chooses first tokens, one per step (``StepRunner``), at
+most one per draft forward (drafting's early stop).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol, TypeVar
 
 import torch
 
-from sidecar.decoding.logprobs import TokenLogprob, token_logprobs
-from sidecar.decoding.randomness import row_key
+from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
+from sidecar.decoding.plan import StepPlan, StepPlanner
+from sidecar.decoding.randomness import draw_key
 from sidecar.decoding.rows import (
     CancelCheck,
     DecodeRow,
-    FinishCallback,
+    DraftHandoff,
+    DraftOnlyRow,
+    DraftRow,
     GenerationOutput,
     GenerationStats,
+    HandoffCallback,
+    LiveRow,
+    MainRow,
     TokenCallback,
 )
 from sidecar.decoding.sampling import RowSampling
+from sidecar.decoding.step import StepResult, StepRunner, align_vocab
 from sidecar.decoding.stops import TokenStops
-from sidecar.decoding.trace import BatchTrace, PrefillRecord, StepRecord
+from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord, StepRecord
+from sidecar.errors import InputError
+from sidecar.models.pair import ModelPair
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
-from sidecar.runtime.forward import logits_at, prefill
+from sidecar.runtime.forward import TimeForward, logits_at, prefill
+from sidecar.runtime.ledger import Account, Charge, Ledger
+from sidecar.runtime.prefill_plan import PrefillPlanner
 from sidecar.runtime.slots import SlotPool, row_columns
 from sidecar.runtime.transfers import to_device
-
-if TYPE_CHECKING:
-    from sidecar.decoding.speculative import SpeculativeDecoder
 
 Item = TypeVar("Item", contravariant=True)
 Result = TypeVar("Result", covariant=True)
@@ -51,7 +71,7 @@ SCHEDULES = ("continuous", "static")
 
 
 class RunningBatch(Protocol[Item, Result]):
-    """What ``stream_through`` drives: ``DecodeBatch`` and ``SidecarBatch``."""
+    """What ``stream_through`` drives: ``SlotBatch`` and ``sidecar.tasks.batch.SidecarBatch``."""
 
     @property
     def busy(self) -> bool: ...
@@ -82,242 +102,456 @@ def stream_through(batch: RunningBatch[Item, Result], items: Iterable[Item],
         yield from batch.step()
 
 
-@dataclass
-class RowState:
-    """One live row: its request, what it has output, and what the draft cache still lacks."""
-
-    index: int  # the caller's index of the row
-    row: DecodeRow
-    key: int  # its random draws' key (``sidecar.decoding.randomness``)
-    has_draft: bool  # whether the draft model holds its prompt (else it decodes plainly or by copying)
-    stats: GenerationStats
-    stops: TokenStops | None
-    started: float  # perf_counter when its admission began
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
-    # committed tokens the draft cache does not hold yet
-    backlog: list[int] = field(default_factory=list)
-    pending: int = -1  # host copy of the last committed token, not yet in the target cache
-    finish: str | None = None
-    decoding_from: float = 0.0
-
-    @property
-    def sampling(self):
-        return self.row.sampling
-
-    @property
-    def remaining(self) -> int:
-        return self.row.max_new_tokens - len(self.tokens)
+def check_row(pair: ModelPair, gamma: int, row: DecodeRow, index: object) -> None:
+    """Refuse a main row the batch cannot run as given, with a message that says which and why."""
+    limit = pair.max_context
+    vocab = min(len(pair.tokenizer), pair.target.get_output_embeddings().out_features)
+    if row.sampling.temperature < 0 or not 0 < row.sampling.top_p <= 1:
+        raise InputError("temperature must be >= 0 and top_p in (0, 1]")
+    if row.top_logprobs is not None and not 0 <= row.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {row.top_logprobs}")
+    if row.max_new_tokens < 1:
+        raise InputError(f"row {index}: max_new_tokens must be >= 1")
+    for name, prompt in (("prompt", row.target_prompt), ("draft prompt", row.draft_prompt)):
+        if prompt is None:
+            continue
+        if not prompt:
+            raise InputError(f"row {index}: empty {name}; give at least one token")
+        if row_columns(len(prompt), row.max_new_tokens, gamma) > limit:
+            raise InputError(f"row {index}: {name} of {len(prompt)} tokens + {row.max_new_tokens} new tokens exceeds "
+                             f"the model context of {limit} tokens; shorten the document")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InputError(f"row {index}: {name} has token ids outside the vocabulary (0..{vocab - 1})")
 
 
-class DecodeBatch:
-    def __init__(self, decoder: SpeculativeDecoder, max_batch: int, schedule: str = "continuous",
-                 on_tokens: TokenCallback | None = None, on_finish: FinishCallback | None = None,
+class SlotBatch:
+    """A running batch of main rows (at most ``max_batch``) and draft-only rows (at most ``max_draft_rows``).
+
+    ``on_tokens`` hears every row's committed tokens as they come; ``on_handoff`` receives the draft cache of
+    each finished main row that asked to keep it; ``cancelled`` is asked once per step for every row, live or
+    waiting; ``on_progress`` hears the main rows' phases (``sidecar.progress``). ``trace_keep`` bounds the
+    trace and the ledger's records (None: keep all, for benchmarks).
+    """
+
+    def __init__(self, pair: ModelPair, planner: StepPlanner, prefill_plans: dict[str, PrefillPlanner],
+                 max_batch: int, schedule: str = "continuous", *, max_draft_rows: int = 0,
+                 on_tokens: TokenCallback | None = None, on_handoff: HandoffCallback | None = None,
                  on_progress: ProgressCallback | None = None, cancelled: CancelCheck | None = None,
-                 expected_rows: int | None = None, kv_budget_tokens: int | None = None) -> None:
-        self.decoder = decoder
-        self.pair = decoder.pair
-        self.device = decoder.pair.device
-        self.max_batch = max_batch
-        self.schedule = schedule
-        self.on_tokens, self.on_finish, self.cancelled = on_tokens, on_finish, cancelled
-        self.report = on_progress or (lambda phase, done, total: None)
-        self.expected_rows = expected_rows
-        self.kv_budget_tokens = kv_budget_tokens
-        self.waiting: deque[tuple[int, DecodeRow]] = deque()
-        self.rows: list[RowState] = []
-        self.pending = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] on the device
+                 expected_rows: int | None = None, kv_budget_tokens: int | None = None,
+                 trace_keep: int | None = KEPT_EVENTS) -> None:
+        if max_batch < 0 or max_draft_rows < 0 or max_batch + max_draft_rows < 1:
+            raise InputError(f"batch_size must be >= 1, got {max_batch}")
+        if schedule not in SCHEDULES:
+            raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        self.pair, self.planner, self.prefill_plans = pair, planner, prefill_plans
+        self.controller = planner.controller
+        self.device = pair.device
+        self.max_batch, self.max_draft_rows, self.schedule = max_batch, max_draft_rows, schedule
+        self.on_tokens, self.on_handoff, self.cancelled = on_tokens, on_handoff, cancelled
+        self.progress = on_progress or (lambda phase, done, total: None)
+        self.expected_rows, self.kv_budget_tokens = expected_rows, kv_budget_tokens
+        self.eos = set(pair.eos_token_ids)
+        self.target_vocab = pair.target.get_output_embeddings().out_features
+        self.ledger = Ledger(self.controller.timer(self.device), keep=trace_keep)
+        self.runner = StepRunner(pair, self.controller, self.ledger, planner.draft_confidence)
+        self.trace = BatchTrace(max_batch, keep=trace_keep)
         self.target_pool: SlotPool | None = None
         self.draft_pool: SlotPool | None = None
-        self.trace = BatchTrace(max_batch)
-        self.eos = set(self.pair.eos_token_ids)
-        self.admitted = 0
-        self.admitted_tokens = 0  # the token limits of every row admitted
+        self.target_rows: list[MainRow] = []
+        self.draft_rows: list[LiveRow] = []
+        self.pending_ids = torch.zeros(0, dtype=torch.long, device=self.device)  # [B_t] on the device
+        self.waiting_main: deque[MainRow] = deque()
+        self.waiting_draft: deque[DraftOnlyRow] = deque()
         self.closed = False  # no row will be added any more: the steps from the last admission on are the drain
-        self.retired_tokens = 0  # ... of every row that has left
+        self.admitted = 0
+        self.admitted_tokens = 0  # the token limits of every main row admitted
+        self.retired_tokens = 0  # ... of every main row that has left
+        self._leaving: list[LiveRow] = []  # waiting rows cancelled before they joined
 
     # -- the caller's side --
 
     @property
     def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.target_rows or self.draft_rows or self.waiting_main or self.waiting_draft)
+
+    @property
+    def draft_only_rows(self) -> int:
+        return sum(isinstance(r, DraftOnlyRow) for r in self.draft_rows)
 
     def wants_rows(self) -> bool:
-        """Whether another waiting row would be admitted at the next step."""
+        """Whether another waiting main row would be admitted at the next step."""
         if self.schedule == "static":
-            return not self.rows and len(self.waiting) < self.max_batch
-        return len(self.waiting) < self.max_batch - len(self.rows)
+            return not (self.target_rows or self.draft_rows or self.waiting_draft) and \
+                len(self.waiting_main) < self.max_batch
+        return len(self.waiting_main) < self.max_batch - len(self.target_rows)
 
-    def add(self, index: int, row: DecodeRow) -> None:
-        """Queue ``row`` to join at the next step with a free slot; bad input raises ``InputError``."""
-        self.decoder.validate([row], self.max_batch, first_index=index)
-        self.waiting.append((index, row))
+    def wants_draft_rows(self) -> bool:
+        """Whether another waiting draft-only row would be admitted at the next step."""
+        return len(self.waiting_draft) < self.max_draft_rows - self.draft_only_rows
+
+    def add(self, key: Hashable, row: DecodeRow) -> None:
+        """Queue main row ``row`` to join at the next step with a free slot; bad input raises ``InputError``."""
+        check_row(self.pair, self.planner.gamma, row, key)
+        draws = 0 if row.sampling.greedy else draw_key(row.sampling.seed)
+        self.waiting_main.append(MainRow(
+            key, row.max_new_tokens, row.sampling, draws, row.top_logprobs, time.perf_counter(),
+            stops=TokenStops(self.pair.tokenizer, row.stop) if row.stop else None, request=row,
+            hands_on=row.keep_draft))
+
+    def add_draft(self, key: Hashable, row: DraftRow) -> None:
+        """Queue draft-only row ``row`` to join when a draft slot is free."""
+        if not row.feed:
+            raise InputError(f"draft row {key}: empty feed; give at least one token")
+        self.waiting_draft.append(DraftOnlyRow(
+            key, row.max_new_tokens, row.sampling, row.draw_key, row.top_logprobs, time.perf_counter(),
+            feed=list(row.feed), phase=row.phase, carried=row.carried, snapshot=row.snapshot))
 
     def close(self) -> None:
-        """Say that no more rows will come (it only marks where the final drain begins in ``trace``)."""
+        """Say that no more main rows will come (it only marks where the final drain begins in ``trace``)."""
         self.closed = True
 
-    def step(self) -> list[tuple[int, GenerationOutput]]:
-        """Admit what fits, take one decoding step, and return the rows that finished, as (index, output)."""
-        if self.cancelled is not None:
-            for r in self.rows:
-                if r.finish is None and self.cancelled(r.index):
-                    r.finish = "cancelled"
+    def step(self) -> list[tuple[Hashable, GenerationOutput]]:
+        """Admit what fits, take one decoding step, and return the rows that finished, as (key, output)."""
         with torch.inference_mode():
-            finished = self._retire()
+            self._cancel()
+            finished = self._compact()
             self._admit()
-            if self.closed and not self.waiting:
+            if self.closed and not self.waiting_main:
                 self.trace.mark_drain()
-            finished += self._retire()
-            if self.rows:
-                self._decode_step()
-                finished += self._retire()
+            finished += self._compact()  # rows that finished with their first token
+            if self.target_rows or self.draft_rows:
+                plan = self._choose()
+                result = self.runner.run(plan, self.target_rows, self.draft_rows, self._active(self.target_pool),
+                                         self._active(self.draft_pool), self.pending_ids)
+                self._record(plan, result)
+                finished += self._compact()
         return finished
 
-    # -- admission --
+    # -- compact --
 
-    def _pool(self, pool: SlotPool | None, model, columns: int) -> SlotPool:
+    def _cancel(self) -> None:
+        if self.cancelled is None:
+            return
+        for r in [*self.target_rows, *self.draft_rows]:
+            if self.cancelled(r.key):
+                if r.finish is None:
+                    r.finish = "cancelled"
+                elif isinstance(r, MainRow):  # catching up for sidecars nobody waits for
+                    r.hands_on = False
+        for queue in (self.waiting_main, self.waiting_draft):
+            for r in [r for r in queue if self.cancelled(r.key)]:
+                queue.remove(r)
+                r.finish = "cancelled"
+                self._leaving.append(r)
+
+    def _compact(self) -> list[tuple[Hashable, GenerationOutput]]:
+        """Retire finished rows from both pools; hand on caught-up draft caches."""
+        finished = [(r.key, self._output(r, 0)) for r in self._leaving]
+        self._leaving.clear()
+        if any(r.finish is not None for r in (*self.target_rows, *self.draft_rows)):
+            self.ledger.collect(wait=True)  # a row leaving right after its admission may have timings queued
+        if any(r.finish is not None for r in self.target_rows):
+            row_bytes = self.target_pool.active.row_bytes()
+            for slot, r in enumerate(self.target_rows):
+                if r.finish is not None:
+                    finished.append((r.key, self._output(r, int(row_bytes[slot]))))
+                    self.retired_tokens += r.max_new_tokens
+            keep = [slot for slot, r in enumerate(self.target_rows) if r.finish is None]
+            order = self.target_pool.remove(keep)
+            self.target_rows = [self.target_rows[s] for s in order]
+            self.pending_ids = self.pending_ids.index_select(0, to_device(order, self.device)) if order \
+                else self.pending_ids[:0]
+            self._progress_decode()
+        if any(r.finish is not None for r in self.draft_rows):
+            cache = self.draft_pool.active
+            row_bytes = cache.row_bytes()
+            keep = []
+            for slot, r in enumerate(self.draft_rows):
+                if r.finish is None:
+                    keep.append(slot)
+                elif isinstance(r, DraftOnlyRow):
+                    finished.append((r.key, self._output(r, int(row_bytes[slot]))))
+                elif self._hands_on(r, cache, slot):
+                    keep.append(slot)  # catching up with its output first
+            order = self.draft_pool.remove(keep)
+            self.draft_rows = [self.draft_rows[s] for s in order]
+        return finished
+
+    def _hands_on(self, r: MainRow, cache, slot: int) -> bool:
+        """For a finished main row in the draft pool: hand its cache on if it holds the whole output, and
+        say whether the row stays (to catch up first)."""
+        if not r.hands_on or r.finish == "cancelled" or self.on_handoff is None:
+            return False
+        main = self._main_tokens(r)
+        prompt = len(r.request.draft_prompt or r.request.target_prompt)
+        cache.rollback_row(slot, prompt + len(main))
+        if int(cache.lengths[slot]) < prompt + len(main):
+            r.catching_up = True
+            return True
+        self.on_handoff(DraftHandoff(r.key, r.output, cache, slot, r.instruction, r.catch_up))
+        return False
+
+    def _main_tokens(self, r: MainRow) -> list[int]:
+        """A main row's output as its sidecars continue from it: without its end-of-turn token."""
+        return r.tokens[:-1] if r.tokens and r.tokens[-1] in self.eos else r.tokens
+
+    # -- admit --
+
+    def _admit(self) -> None:
+        static = self.schedule == "static"
+        if not (static and (self.target_rows or self.draft_rows or self.waiting_draft)):
+            count = min(self.max_batch - len(self.target_rows), len(self.waiting_main))
+            if self.draft_pool is not None:
+                count = min(count, self.draft_pool.free)
+            if count > 0:
+                self._admit_main([self.waiting_main.popleft() for _ in range(count)])
+        if static and self.target_rows:
+            return
+        room = self.max_draft_rows - self.draft_only_rows
+        if self.draft_pool is not None:
+            room = min(room, self.draft_pool.free)
+        count = min(room, len(self.waiting_draft))
+        if count > 0:
+            group = [self.waiting_draft.popleft() for _ in range(count)]
+            snapshots = [r for r in group if r.snapshot is not None]
+            prompts = [r for r in group if r.snapshot is None]
+            if snapshots:
+                self._admit_snapshots(snapshots)
+            if prompts:
+                self._admit_prompts(prompts)
+
+    def _pool(self, pool: SlotPool | None, model, slots: int, columns: int) -> SlotPool:
         if pool is None:
-            pool = SlotPool(model, self.max_batch, columns, self.kv_budget_tokens)
+            pool = SlotPool(model, slots, columns, self.kv_budget_tokens)
         pool.ensure_capacity(columns)
         return pool
 
-    def _admit(self) -> None:
-        if self.schedule == "static" and self.rows:
-            return
-        count = min(self.max_batch - len(self.rows), len(self.waiting))
-        if count == 0:
-            return
-        group = [self.waiting.popleft() for _ in range(count)]
-        rows = [row for _, row in group]
-        pair, decoder, device = self.pair, self.decoder, self.device
-        gamma = decoder.gamma
-        t_start = time.perf_counter()
-        self.target_pool = self._pool(self.target_pool, pair.target, max(
-            row_columns(len(r.target_prompt), r.max_new_tokens, gamma) for r in rows))
-        expected = max(self.expected_rows or 0, self.admitted + count)
-        self.report(TARGET_PREFILL, self.admitted, expected)
-        last = prefill(pair.target, self.target_pool.admit(count), [r.target_prompt for r in rows],
-                       decoder.prefill_plans["target"].budget(),
-                       on_rows=lambda k: self.report(TARGET_PREFILL, self.admitted + k, expected),
-                       time_forward=decoder.prefill_timing("target"))
-        first_logits = logits_at(pair.target, last, torch.zeros(count, 1, dtype=torch.long, device=device))[:, 0]
-        keys = [row_key(r.sampling.seed) if not r.sampling.greedy else 0 for r in rows]
-        sampling = RowSampling([r.sampling for r in rows], keys, [0] * count, device)
+    def _prefill_timing(self, model: str, rows: Sequence[LiveRow],
+                        hidden: list[list[tuple[int, int]]] | None = None) -> TimeForward:
+        """Times each prefill forward of ``model`` over ``rows``, charging it by the ledger's rule (hidden
+        spans to their instruction accounts) and telling the prefill planner and the controller."""
+        plan = self.prefill_plans[model]
+
+        def timing(first: int, tokens: list[int], padded: int, shared: int, sharers: int) -> AbstractContextManager:
+            # a prefix computed once for several rows counts as theirs in equal shares (the ledger's rule)
+            charges = [Charge(rows[first + k].account, "prefill", shared / sharers, rows[first + k].phase)
+                       for k in range(1, sharers)]
+            for i, fed in enumerate(tokens):
+                r = rows[first + i]
+                spans = [] if hidden is None else hidden[first + i]
+                own = fed - sum(e - s for s, e in spans) - (shared - shared / sharers if i == 0 else 0)
+                charges.append(Charge(r.account, "prefill", own, r.phase))
+                if spans:
+                    assert isinstance(r, MainRow)
+                    charges += [Charge(a, "prefill", e - s, "instruction")
+                                for a, (s, e) in zip(r.instruction, spans, strict=True)]
+            real = sum(tokens)
+
+            def heard(seconds: float) -> None:
+                plan.observe(padded, real, seconds)
+                self.controller.observe_prefill(model, real, seconds)
+
+            return self.ledger.forward(model, "prefill", max(len(tokens), sharers), charges, padded, real, also=heard)
+
+        return timing
+
+    def _admit_main(self, rows: list[MainRow]) -> None:
+        pair, device, gamma = self.pair, self.device, self.planner.gamma
+        started = time.perf_counter()
+        requests = [r.request for r in rows]
+        self.target_pool = self._pool(self.target_pool, pair.target, self.max_batch, max(
+            row_columns(len(q.target_prompt), q.max_new_tokens, gamma) for q in requests))
+        expected = max(self.expected_rows or 0, self.admitted + len(rows))
+        self.progress(TARGET_PREFILL, self.admitted, expected)
+        for r in rows:
+            r.admitted = started
+            r.instruction = [Account() for _ in r.request.draft_hidden]
+            r.catch_up = [Account() for _ in r.request.draft_hidden]
+        last = prefill(pair.target, self.target_pool.admit(len(rows)), [q.target_prompt for q in requests],
+                       self.prefill_plans["target"].budget(),
+                       on_rows=lambda k: self.progress(TARGET_PREFILL, self.admitted + k, expected),
+                       time_forward=self._prefill_timing("target", rows))
+        first_logits = logits_at(pair.target, last, torch.zeros(len(rows), 1, dtype=torch.long, device=device))[:, 0]
+        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
         first = sampling.choose(first_logits)
-        first_tokens = first.tolist()  # waits for the prefill, so the clock below has timed it
-        target_tokens = sum(len(r.target_prompt) for r in rows)
-        decoder.controller.observe_prefill("target", target_tokens, time.perf_counter() - t_start)
+        first_tokens = first.tolist()  # the admission's one read: it also completes the target's prefill
+        self.ledger.collect()
 
         # the draft's prefill is skipped when these rows would decode plainly (a sidecar or a seed needs it)
-        draft_prompts = [r.draft_prompt or r.target_prompt for r in rows]
-        speculate = (any(r.keep_draft or r.sampling.seeded for r in rows)
-                     or decoder.controller.draft_pays(len(self.rows) + count, sum(map(len, draft_prompts)),
-                                                      max(r.max_new_tokens for r in rows), pair.draft_size_ratio))
-        if speculate or self.draft_pool is not None:
-            draft_columns = max(row_columns(len(p), r.max_new_tokens, gamma)
-                                for p, r in zip(draft_prompts, rows, strict=True))
-            if self.draft_pool is None:  # the rows already live hold no draft: their slots stay empty
-                self.draft_pool = self._pool(None, pair.draft, draft_columns)
-                self.draft_pool.admit(len(self.rows))
-            else:
-                self.draft_pool.ensure_capacity(draft_columns)
-            draft_view = self.draft_pool.admit(count)
-            if speculate:
-                self.report(DRAFT_PREFILL, self.admitted, expected)
-                draft_tokens = sum(map(len, draft_prompts))
-                with decoder.controller.timer(device)(
-                        lambda seconds: decoder.controller.observe_prefill("draft", draft_tokens, seconds)):
-                    prefill(pair.draft, draft_view, draft_prompts, decoder.prefill_plans["draft"].budget(),
-                            [r.draft_hidden for r in rows],
-                            on_rows=lambda k: self.report(DRAFT_PREFILL, self.admitted + k, expected),
-                            time_forward=decoder.prefill_timing("draft"))
-        prefill_seconds = time.perf_counter() - t_start
-        self.trace.events.append(PrefillRecord(count, [len(r.target_prompt) for r in rows],
-                                               [len(p) for p in draft_prompts] if speculate else []))
+        draft_prompts = [q.draft_prompt or q.target_prompt for q in requests]
+        speculate = (any(q.keep_draft or q.sampling.seeded for q in requests)
+                     or self.controller.draft_pays(len(self.target_rows) + len(rows), sum(map(len, draft_prompts)),
+                                                   max(q.max_new_tokens for q in requests), pair.draft_size_ratio))
+        if speculate:
+            self.draft_pool = self._pool(self.draft_pool, pair.draft, self.max_batch + self.max_draft_rows, max(
+                row_columns(len(p), q.max_new_tokens, gamma) for p, q in zip(draft_prompts, requests, strict=True)))
+            self.progress(DRAFT_PREFILL, self.admitted, expected)
+            hidden = [q.draft_hidden for q in requests]
+            prefill(pair.draft, self.draft_pool.admit(len(rows)), draft_prompts, self.prefill_plans["draft"].budget(),
+                    hidden, on_rows=lambda k: self.progress(DRAFT_PREFILL, self.admitted + k, expected),
+                    time_forward=self._prefill_timing("draft", rows, hidden))
+            for r in rows:
+                r.has_draft = True
+            self.draft_rows += rows
+        self.trace.add(PrefillRecord(len(rows), [len(q.target_prompt) for q in requests],
+                                     [len(p) for p in draft_prompts] if speculate else []))
+        live = len(self.target_rows) + len(rows)
+        now = time.perf_counter()
+        for r in rows:
+            r.stats = GenerationStats(prompt_tokens=len(r.request.target_prompt), target_forwards=1,
+                                      drafted_per_position=[0] * gamma, accepted_per_position=[0] * gamma,
+                                      prefill_seconds=now - started, batch_size=live)
+            r.logprobs = None if r.top_logprobs is None else []
+            r.decoding_from = now
+        self.target_rows += rows
+        self.pending_ids = torch.cat([self.pending_ids, first])
+        self.admitted += len(rows)
+        self.admitted_tokens += sum(q.max_new_tokens for q in requests)
+        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, first_logits[:, None], first[:, None]))
+        self._progress_decode()
 
-        live = len(self.rows) + count
-        states = []
-        for (index, row), key in zip(group, keys, strict=True):
-            stats = GenerationStats(prompt_tokens=len(row.target_prompt), target_forwards=1,
-                                    drafted_per_position=[0] * gamma, accepted_per_position=[0] * gamma,
-                                    prefill_seconds=prefill_seconds, batch_size=live)
-            states.append(RowState(index, row, key, speculate, stats,
-                                   TokenStops(pair.tokenizer, row.stop) if row.stop else None, t_start,
-                                   logprobs=None if row.top_logprobs is None else [],
-                                   decoding_from=time.perf_counter()))
-        self.rows += states
-        self.pending = torch.cat([self.pending, first])
-        self.admitted += count
-        self.admitted_tokens += sum(r.max_new_tokens for r in rows)
-        entries = self._logprobs(states, first_logits[:, None], first[:, None])
-        self._commit(states, [[t] for t in first_tokens], entries)
-        self._report_decode()
+    def _admit_snapshots(self, rows: list[DraftOnlyRow]) -> None:
+        """Draft-only rows that continue from a snapshot: written into free draft slots; their feed rides in
+        the next step's first draft forward, which chooses their first token."""
+        columns = max(row_columns(r.snapshot.length + len(r.feed), r.max_new_tokens, self.planner.gamma) for r in rows)
+        self.draft_pool = self._pool(self.draft_pool, self.pair.draft, self.max_batch + self.max_draft_rows, columns)
+        started = time.perf_counter()
+        self.draft_pool.write([r.snapshot for r in rows])
+        live = self.draft_only_rows + len(rows)
+        for r in rows:
+            r.admitted = r.decoding_from = started
+            r.stats = GenerationStats(prompt_tokens=r.snapshot.length + len(r.feed), batch_size=live)
+            r.logprobs = None if r.top_logprobs is None else []
+            r.snapshot = None  # the pool holds it now
+        self.draft_rows += rows
 
-    # -- one step --
+    def _admit_prompts(self, rows: list[DraftOnlyRow]) -> None:
+        """Draft-only rows from a whole prompt (a standalone tagger's): prefilled into free draft slots,
+        each choosing its first token."""
+        device = self.device
+        columns = max(row_columns(len(r.feed), r.max_new_tokens, self.planner.gamma) for r in rows)
+        self.draft_pool = self._pool(self.draft_pool, self.pair.draft, self.max_batch + self.max_draft_rows, columns)
+        started = time.perf_counter()
+        for r in rows:
+            r.admitted = started
+        last = prefill(self.pair.draft, self.draft_pool.admit(len(rows)), [r.feed for r in rows],
+                       self.prefill_plans["draft"].budget(), time_forward=self._prefill_timing("draft", rows))
+        logits = align_vocab(logits_at(self.pair.draft, last, torch.zeros(len(rows), 1, dtype=torch.long,
+                                                                          device=device))[:, 0], self.target_vocab)
+        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
+        first = sampling.choose(logits)
+        first_tokens = first.tolist()  # the admission's one read
+        self.ledger.collect()
+        live = self.draft_only_rows + len(rows)
+        now = time.perf_counter()
+        for r in rows:
+            r.stats = GenerationStats(prompt_tokens=len(r.feed), prefill_seconds=now - started, batch_size=live)
+            r.logprobs = None if r.top_logprobs is None else []
+            r.decoding_from = now
+            r.feed = []
+        self.draft_rows += rows
+        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, logits[:, None], first[:, None]))
 
-    def _decode_step(self) -> None:
-        decoder, rows = self.decoder, self.rows
-        plan = decoder.plan(rows)
-        sampling = RowSampling([r.sampling for r in rows], [r.key for r in rows], [len(r.tokens) for r in rows],
-                               self.device)
-        target = self.target_pool.active
-        draft = self.draft_pool.active if self.draft_pool is not None else None
-        if plan.gamma == 0:
-            step = decoder.plain_step(target, self.pending, sampling)
-            for r in rows:  # the draft did not see the token the target consumed
-                if r.has_draft:
-                    r.backlog.append(r.pending)
+    # -- choose --
+
+    def _choose(self) -> StepPlan:
+        riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in self.draft_rows)
+        if self.target_rows:
+            plan = self.planner.plan(self.target_rows, riders)
         else:
-            step = decoder.speculative_step(target, draft, rows, self.pending, plan, sampling)
-        self.pending = step.next_ids
-        width = step.drafted_ids.shape[1]
-        model_rows = plan.model_rows if width else [False] * len(rows)
-        draft_forwards = 0
-        for slot, r in enumerate(rows):
-            cap = min(plan.caps[slot], width)
+            plan = StepPlan(0, "draft", [], [], stop_early=False)
+        slot_of = {id(r): slot for slot, r in enumerate(self.draft_rows)}
+        plan.draft_slot = [slot_of.get(id(r), -1) for r in self.target_rows]
+        drafting = {id(r) for r, model in zip(self.target_rows, plan.model_rows, strict=True) if model}
+        plan.drafting = [id(r) in drafting for r in self.draft_rows]
+        forwards = plan.width if plan.source == "draft" and drafting else 0
+        plan.draft_forwards = forwards or int(riders > 0)
+        if plan.draft_forwards:
+            plan.feeds = [self._feed(slot, r) for slot, r in enumerate(self.draft_rows)]
+        return plan
+
+    def _feed(self, slot: int, r: LiveRow) -> list[int]:
+        """What the first draft forward feeds draft row ``r`` in ``slot`` (``sidecar.decoding.plan``)."""
+        if isinstance(r, DraftOnlyRow):
+            return r.feed or [r.pending_token]
+        if r.catching_up:
+            prompt = len(r.request.draft_prompt or r.request.target_prompt)
+            return self._main_tokens(r)[int(self.draft_pool.active.lengths[slot]) - prompt:]
+        return [*r.backlog, r.pending_token]
+
+    # -- record --
+
+    def _record(self, plan: StepPlan, result: StepResult) -> None:
+        self.pending_ids = result.next_ids
+        width, forwards = result.width, result.draft_forwards
+        model_rows = plan.model_rows
+        appended = []
+        for t, r in enumerate(self.target_rows):
+            cap, accepted = min(plan.caps[t], width), result.accepted_counts[t]
+            drafted = result.drafted[t]
             st = r.stats
             st.target_forwards += 1
             st.drafted += cap
-            st.accepted += step.accepted[slot]
-            if plan.copies[slot] and cap:
+            st.accepted += accepted
+            if plan.copies[t] and cap:
                 st.lookup_drafted += cap
-                st.lookup_accepted += step.accepted[slot]
-            elif model_rows[slot]:
-                st.draft_forwards += width
-                draft_forwards = width
+                st.lookup_accepted += accepted
+            elif model_rows[t]:
+                st.draft_forwards += forwards
             for k in range(cap):
                 st.drafted_per_position[k] += 1
-                st.accepted_per_position[k] += int(k < step.accepted[slot])
-        appended = [[*step.drafted[s][: step.accepted[s]], step.next[s]] for s in range(len(rows))]
+                st.accepted_per_position[k] += int(k < accepted)
+            if r.has_draft:  # what the draft cache lacks now, before the new pending token
+                if not forwards:
+                    r.backlog += [r.pending_token, *drafted[:accepted]]
+                elif model_rows[t]:
+                    r.backlog = [drafted[-1]] if accepted == forwards else []
+                else:
+                    r.backlog = drafted[:accepted]
+            appended.append([*drafted[:accepted], result.next_tokens[t]])
         entries = None
-        if any(r.row.top_logprobs is not None for r in rows):
-            # the committed tokens: accepted drafts, then the target's own token at the first rejection
-            chosen = torch.cat([step.drafted_ids, step.next_ids[:, None]], 1).scatter(
-                1, step.accepted_ids[:, None], step.next_ids[:, None])
-            entries = self._logprobs(rows, step.logits, chosen)
-        self.trace.events.append(StepRecord(len(rows), width, draft_forwards,
-                                            max(len(r.backlog) for r in rows) + 1 if draft_forwards else 0))
-        self._commit(rows, appended, entries)
-        self._report_decode()
+        if any(r.top_logprobs is not None for r in self.target_rows):
+            entries = self._logprobs(self.target_rows, result.target_logits, result.committed_ids)
+        self._commit(self.target_rows, appended, entries)
 
-    def _logprobs(self, rows: list[RowState], logits: torch.Tensor,
+        only = [(slot, r) for slot, r in enumerate(self.draft_rows) if isinstance(r, DraftOnlyRow)]
+        for _, r in only:
+            r.stats.draft_forwards += forwards
+            r.feed = []
+        if only:
+            rows = [r for _, r in only]
+            entries = None
+            if any(r.top_logprobs is not None for r in rows) and result.draft_logits:
+                index = to_device([slot for slot, _ in only], self.device)
+                logits = torch.stack(result.draft_logits, 1).index_select(0, index)
+                chosen = to_device([result.draft_tokens[slot] for slot, _ in only], self.device)
+                entries = self._logprobs(rows, logits, chosen)
+            self._commit(rows, [result.draft_tokens[slot] for slot, _ in only], entries)
+        feed = max(map(len, plan.feeds)) if plan.feeds and forwards else 0
+        riders = len(self.draft_rows) - sum(isinstance(r, MainRow) and r.finish is None for r in self.draft_rows)
+        self.trace.add(StepRecord(len(self.target_rows), width, forwards, feed, riders, plan.source))
+        self._progress_decode()
+
+    def _logprobs(self, rows: Sequence[LiveRow], logits: torch.Tensor,
                   chosen: torch.Tensor) -> list[list[TokenLogprob]] | None:
-        wanted = [r.row.top_logprobs for r in rows if r.row.top_logprobs is not None]
+        wanted = [r.top_logprobs for r in rows if r.top_logprobs is not None]
         if not wanted:
             return None
         entries = token_logprobs(logits, chosen, max(wanted))
         # a row asking for fewer alternatives than the batch's most keeps its first ones
-        return [[TokenLogprob(e.token_id, e.logprob, e.top[: r.row.top_logprobs or 0]) for e in row_entries]
+        return [[TokenLogprob(e.token_id, e.logprob, e.top[: r.top_logprobs or 0]) for e in row_entries]
                 for r, row_entries in zip(rows, entries, strict=True)]
 
-    def _commit(self, rows: list[RowState], appended: list[list[int]],
+    def _commit(self, rows: Sequence[LiveRow], appended: list[list[int]],
                 entries: list[list[TokenLogprob]] | None) -> None:
-        """Add each row's committed tokens, cut at EOS, a stop string or the row's length limit; with
-        ``entries`` (per slot, aligned with ``appended``) their logprobs go along."""
-        for slot, r in enumerate(rows):
-            r.pending = appended[slot][-1]
-            cut = appended[slot][: r.remaining]
+        """Add each live row's committed tokens, cut at end of turn, a stop string or its token limit; with
+        ``entries`` (aligned with ``appended``) their logprobs go along."""
+        now = time.perf_counter()
+        for i, r in enumerate(rows):
+            if r.finish is not None:
+                continue
+            r.pending_token = appended[i][-1]
+            cut = appended[i][: r.remaining]
             reason = "length" if len(cut) >= r.remaining else None
             for k, token in enumerate(cut):
                 if token in self.eos:
@@ -327,48 +561,43 @@ class DecodeBatch:
                 k = r.stops.first(cut)
                 if k is not None:
                     cut, reason = cut[: k + 1], "stop"
+            if not r.tokens and cut:
+                r.stats.first_token_seconds = now - r.added
             r.tokens.extend(cut)
             r.finish = reason
             cut_entries = None
             if entries is not None and r.logprobs is not None:
-                cut_entries = entries[slot][: len(cut)]
+                cut_entries = entries[i][: len(cut)]
                 r.logprobs.extend(cut_entries)
             if self.on_tokens is not None and cut:
-                self.on_tokens(r.index, cut, cut_entries)
+                self.on_tokens(r.key, cut, cut_entries)
 
-    # -- leaving --
-
-    def _retire(self) -> list[tuple[int, GenerationOutput]]:
-        done = [slot for slot, r in enumerate(self.rows) if r.finish is not None]
-        if not done:
-            return []
-        finished = []
-        now = time.perf_counter()
-        for slot in done:
-            r = self.rows[slot]
-            r.stats.decode_seconds = now - r.decoding_from
-            r.stats.wall_seconds = now - r.started
-            output = self._output(r)
-            if self.on_finish is not None and r.row.keep_draft and r.finish != "cancelled":
-                self.on_finish(r.index, output, self.draft_pool.active, slot)
-            finished.append((r.index, output))
-            self.retired_tokens += r.row.max_new_tokens
-        keep = [slot for slot, r in enumerate(self.rows) if r.finish is None]
-        order = self.target_pool.remove(keep)
-        if self.draft_pool is not None:
-            self.draft_pool.remove(keep)
-        self.rows = [self.rows[s] for s in order]
-        self.pending = self.pending.index_select(0, to_device(order, self.device)) if order else self.pending[:0]
-        self._report_decode()
-        return finished
-
-    def _report_decode(self) -> None:
+    def _progress_decode(self) -> None:
         # a finished row's unused limit counts as done, so the phase ends at its total
-        done = self.retired_tokens + sum(r.row.max_new_tokens if r.finish else len(r.tokens) for r in self.rows)
-        self.report(DECODE, done, max(self.admitted_tokens, done))
+        done = self.retired_tokens + sum(r.max_new_tokens if r.finish else len(r.tokens) for r in self.target_rows)
+        self.progress(DECODE, done, max(self.admitted_tokens, done))
 
-    def _output(self, r: RowState) -> GenerationOutput:
+    def _output(self, r: LiveRow, kv_bytes: int) -> GenerationOutput:
+        now = time.perf_counter()
+        st = r.stats
+        st.new_tokens = len(r.tokens)
+        st.kv_bytes = kv_bytes
+        st.decode_seconds = now - r.decoding_from if r.decoding_from else 0.0
+        st.wall_seconds = now - r.admitted if r.admitted else 0.0
+        st.queue_seconds = (r.admitted or now) - r.added
+        account = r.account
+        if isinstance(r, DraftOnlyRow):
+            account = Account()
+            account.add(r.carried)
+            account.add(r.account)
+        st.take(account)
         text = self.pair.tokenizer.decode(r.tokens, skip_special_tokens=True)
-        r.stats.new_tokens = len(r.tokens)
-        return GenerationOutput(list(r.tokens), text, r.finish or "length", r.stats,
-                                None if r.logprobs is None else list(r.logprobs))
+        output = GenerationOutput(list(r.tokens), text, r.finish or "length", st,
+                                  None if r.logprobs is None else list(r.logprobs))
+        if isinstance(r, MainRow):
+            r.output = output
+        return output
+
+    @staticmethod
+    def _active(pool: SlotPool | None):
+        return None if pool is None else pool.active

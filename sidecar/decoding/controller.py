@@ -26,6 +26,7 @@ the draft only helps on the steps without a copy.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -37,6 +38,9 @@ from sidecar.runtime.timing import DeviceTimer
 # prefill is a certain cost, while the gain is a forecast from costs fitted at other batch sizes and from
 # acceptance measured on other rows, so a near-even forecast can as well be a loss.
 MIN_PREDICTED_SAVING = 0.1
+
+# The latest decisions kept for inspection: a long-lived server's controller stays the same size.
+DECISIONS_KEPT = 1024
 
 # After this many steps in a row without a copy (plain or from the draft model) the controller copies when
 # every row has something to copy.
@@ -50,12 +54,12 @@ def is_copy(step: tuple[int, Source]) -> bool:
     return gamma > 0 and source == "lookup"
 
 
-def fixed_step(max_gamma: int, max_lookup: int, draft_running: bool = True) -> tuple[int, Source]:
+def fixed_step(max_gamma: int, max_lookup: int) -> tuple[int, Source]:
     """The step of a fixed gamma: ``max_gamma`` drafts, copied when every row can copy that many (it spares
-    the draft model's forwards), else from the draft model when it runs; (0, "draft") is a plain step."""
+    the draft model's forwards), else from the draft model; (0, "draft") is a plain step."""
     if 0 < max_gamma <= max_lookup:
         return max_gamma, "lookup"
-    return (max_gamma if draft_running else 0), "draft"
+    return max_gamma, "draft"
 
 
 class LinearCost:
@@ -133,7 +137,7 @@ class GammaController:
         # copied text is accepted less often than a model's guess until measured otherwise
         self.acceptance: dict[Source, Acceptance] = {"draft": Acceptance(prior_alpha),
                                                      "lookup": Acceptance(prior_alpha / 2)}
-        self.decisions: list[tuple[int, Source]] = []
+        self.decisions: deque[tuple[int, Source]] = deque(maxlen=DECISIONS_KEPT)
         self.steps_without_copy = 0  # plain or draft-model steps in a row, up to the latest decision
         self.prefill_seconds_per_token: dict[str, float] = {}
         # the share of rows that had something to copy, per step (decayed); None until observed
@@ -147,12 +151,15 @@ class GammaController:
     def observe_acceptance(self, accepted: Sequence[int], gamma: int, source: Source = "draft") -> None:
         self.acceptance[source].observe(accepted, gamma)
 
-    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft") -> float:
+    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft", riders: int = 0) -> float:
+        """Main tokens per second of a step of ``gamma`` drafts from ``source`` over ``batch`` main rows, with
+        ``riders`` other rows in the draft forwards (which then run at least once whatever the choice)."""
         target = self.costs["target"].predict(batch * (gamma + 1))
-        draft = self.costs["draft"].predict(batch) if gamma and source == "draft" else 0.0
+        draft_forwards = gamma if gamma and source == "draft" else int(riders > 0)
+        draft = draft_forwards * self.costs["draft"].predict(batch + riders) if draft_forwards else 0.0
         alpha = self.acceptance[source].alpha
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        return expected / max(gamma * draft + target, 1e-9)
+        return expected / max(draft + target, 1e-9)
 
     def observe_prefill(self, model: str, tokens: int, seconds: float) -> None:
         self.prefill_seconds_per_token[model] = seconds / max(tokens, 1)
@@ -181,9 +188,11 @@ class GammaController:
         speculative = rate * draft_prompt_tokens + new_tokens / with_draft
         return speculative <= (1 - MIN_PREDICTED_SAVING) * new_tokens / without_draft
 
-    def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0) -> tuple[int, Source]:
+    def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0,
+               riders: int = 0) -> tuple[int, Source]:
         """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
-        tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has."""
+        tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has, ``riders``
+        the draft-only rows sharing the draft forwards."""
         self.collect_timings()
         limit = self.max_gamma if max_gamma is None else max_gamma
         options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in range(1, max_lookup + 1)]
@@ -196,7 +205,7 @@ class GammaController:
             seen = batch * (max_lookup + 1) in self.costs["target"].means
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
-            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1]))
+            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1], riders))
             if not is_copy(choice) and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
                 # An option never chosen is never timed or measured again, so one unlucky timing, a few
                 # rejected copies, or a draft model that did well early would rule copying out for good.

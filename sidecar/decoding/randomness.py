@@ -1,4 +1,4 @@
-"""Counter-based random numbers: every draw of a sampled row is a pure function of (row key, output
+"""Counter-based random numbers: every draw of a sampled row is a pure function of (draw key, output
 position, purpose).
 
 A row's draws therefore never depend on which rows share its batch, when it joined, or how many draws
@@ -39,16 +39,25 @@ def mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
-def uniforms(keys: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
-    """Uniforms in [0, 1) of shape ``positions`` [B, k] (float64) for rows with ``keys`` [B] (int64)."""
-    x = mix(keys[:, None] + positions * _POSITION + _signed(purpose * _PURPOSE % (1 << 64)))
+def uniforms(draw_keys: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
+    """Uniforms in [0, 1) of shape ``positions`` [B, k] (float64) for rows with ``draw_keys`` [B] (int64)."""
+    x = mix(draw_keys[:, None] + positions * _POSITION + _signed(purpose * _PURPOSE % (1 << 64)))
     return _shift_right(x, 11).double() * (2.0**-53)
 
 
-def row_key(seed: int | None, stream: int = 0) -> int:
+# seeds are taken modulo 2^63, the range of the int64 the mix runs on
+SEED_MASK = (1 << 63) - 1
+
+
+def nth_seed(seed: int | None, i: int) -> int | None:
+    """The seed of row ``i`` of a call seeded ``seed``: ``seed + i``, so that a seeded call's rows draw apart."""
+    return None if seed is None else (seed + i) & SEED_MASK
+
+
+def draw_key(seed: int | None, stream: int = 0) -> int:
     """The key of one row's draws: from its seed (and a stream number, so that a request's sidecar
     outputs draw apart from its main output), or fresh from the OS when it has no seed."""
     if seed is None:
         return secrets.randbits(62)
-    base = mix(torch.tensor([seed & ((1 << 63) - 1)], dtype=torch.long))
+    base = mix(torch.tensor([seed & SEED_MASK], dtype=torch.long))
     return int(mix(base + stream)[0])

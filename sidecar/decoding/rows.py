@@ -1,26 +1,33 @@
-"""What the decoding loop takes and gives: a request row, its output, its statistics, and the callbacks.
+"""The rows of a decoding batch: what callers give (``DecodeRow``, ``DraftRow``), what they get back
+(``GenerationOutput`` with ``GenerationStats``), and what the batch keeps per live row (``MainRow``,
+``DraftOnlyRow``).
 
-``DecodeRow`` carries its own sampling, stop strings and logprob request, so one batch mixes them.
+Two kinds of row share a batch. A *main* row is decoded by speculation: the target verifies what the
+draft (or prompt lookup) proposes, so its output is the target's. A *draft-only* row is decoded by the
+draft model alone, one token per draft forward: a sidecar task continuing from a finished main row's draft
+cache, or a standalone prompt. Each carries its own sampling, stop strings and logprob request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
 
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.sampling import Sampling
-from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.decoding.stops import TokenStops
+from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot
+from sidecar.runtime.ledger import Account
 
-# (row index, tokens just committed, their logprob entries when asked for, else None)
-TokenCallback = Callable[[int, list[int], list[TokenLogprob] | None], None]
-# (row index) -> whether nobody waits for the row any more; asked once per decoding step, on the host
-CancelCheck = Callable[[int], bool]
+# (caller's key of the row, tokens just committed, their logprob entries when asked for, else None)
+TokenCallback = Callable[[Hashable, list[int], list[TokenLogprob] | None], None]
+# (caller's key of the row) -> whether nobody waits for the row any more; asked once per step, on the host
+CancelCheck = Callable[[Hashable], bool]
 
 
 @dataclass
 class GenerationStats:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # tokens the row attends to when it writes its first token
     new_tokens: int = 0
     drafted: int = 0  # by the draft model and by prompt lookup
     accepted: int = 0
@@ -30,12 +37,23 @@ class GenerationStats:
     draft_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    # Rows of one batch share forwards, so these are the batch's wall-clock phases up to this row's end. The
-    # loop does not wait for the draft's prefill, so on a GPU part of it may show in decode_seconds.
+    # Latency, on the host's wall clock: the admission's prefill, the row's decoding, and admission start to
+    # finish; from when the row was added to its batch: the wait for a slot and the first token.
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     wall_seconds: float = 0.0
-    batch_size: int = 1
+    queue_seconds: float = 0.0
+    first_token_seconds: float = 0.0
+    # Cost: the device-time ledger's account of the row (``sidecar.runtime.ledger``): tokens it fed, forwards
+    # it was in and the device seconds charged to it, for prefill and for decode.
+    prefill_tokens: int = 0
+    prefill_forwards: int = 0
+    prefill_device_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_forwards: int = 0
+    decode_device_seconds: float = 0.0
+    kv_bytes: int = 0  # KV bytes the row held when it finished: what its last step read
+    batch_size: int = 1  # rows live once it joined
 
     @property
     def acceptance_rate(self) -> float:
@@ -44,6 +62,15 @@ class GenerationStats:
     @property
     def tokens_per_target_forward(self) -> float:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def take(self, account: Account) -> None:
+        """Copy the ledger's account of the row in (token counts rounded: a shared feed splits them)."""
+        self.prefill_tokens = round(account.prefill_tokens)
+        self.prefill_forwards = account.prefill_forwards
+        self.prefill_device_seconds = account.prefill_seconds
+        self.decode_tokens = round(account.decode_tokens)
+        self.decode_forwards = account.decode_forwards
+        self.decode_device_seconds = account.decode_seconds
 
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate,
@@ -56,27 +83,107 @@ class GenerationOutput:
     text: str
     finish_reason: str  # "eos" | "stop" | "length" | "cancelled"
     stats: GenerationStats
-    # one entry per token id, from the target's logits (``sidecar.decoding.logprobs``); None unless asked for
+    # one entry per token id, from the logits of the model that wrote it (``sidecar.decoding.logprobs``)
     logprobs: list[TokenLogprob] | None = None
+
+
+# -- what callers give --
 
 
 @dataclass
 class DecodeRow:
-    """One request as the decoding loop sees it; the draft may see a longer prompt than the target."""
+    """A main row: one request decoded by speculation; the draft may see a longer prompt than the target."""
 
     target_prompt: list[int]
     max_new_tokens: int
     draft_prompt: list[int] | None = None
-    # (start, end) column ranges of the draft prompt hidden from the draft during decoding
+    # (start, end) column ranges of the draft prompt hidden from the draft during decoding, one per sidecar
     draft_hidden: list[tuple[int, int]] = field(default_factory=list)
     sampling: Sampling = field(default_factory=Sampling)
     stop: list[str] | None = None  # stop strings: the output ends before the first one it contains
     top_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and k alternatives
-    keep_draft: bool = False  # a sidecar continues from its draft cache: ``on_finish`` hears it, draft prefilled
+    keep_draft: bool = False  # its draft cache is handed on when it finishes (``DraftHandoff``)
 
 
-# Called when a row finishes, before it leaves the batch (a cancelled row leaves without it): (row index,
-# output, draft cache, slot of the row in that cache). The draft cache holds the draft prompt plus a prefix
-# of the row's new tokens; the sidecar engine continues from there.
-FinishCallback = Callable[[int, GenerationOutput, RowKVCache, int], None]
+@dataclass
+class DraftRow:
+    """A draft-only row: its start (a ``snapshot`` of another row's draft cache, then ``feed``; or, with no
+    snapshot, ``feed`` as a whole prompt to prefill) and how to decode after it."""
 
+    feed: list[int]
+    max_new_tokens: int
+    draw_key: int  # its random draws' key (``sidecar.decoding.randomness``); 0 for a greedy row
+    snapshot: RowSnapshot | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    top_logprobs: int | None = None
+    # accounts of work done for this row before it joined (a sidecar's share of its main row's draft work)
+    carried: Account = field(default_factory=Account)
+    phase: str = "sidecar"  # the ledger's label of its work: "sidecar" or "standalone"
+
+
+@dataclass
+class DraftHandoff:
+    """A finished main row's draft cache, caught up with its whole output, for the sidecars that continue
+    from it. ``instruction[i]`` and ``catch_up[i]`` are the device time charged to hidden span ``i``: its
+    share of the draft prefill, and of the catch-up feed that brought the cache level with the output."""
+
+    index: Hashable
+    output: GenerationOutput
+    cache: RowKVCache
+    slot: int
+    instruction: list[Account]
+    catch_up: list[Account]
+
+
+HandoffCallback = Callable[[DraftHandoff], None]
+
+
+# -- what the batch keeps per live row --
+
+
+@dataclass
+class LiveRow:
+    """What every live row has: its key, limits, draws, output so far, and its ledger account."""
+
+    key: Hashable
+    max_new_tokens: int
+    sampling: Sampling
+    draw_key: int
+    top_logprobs: int | None
+    added: float  # perf_counter when the caller added it
+    account: Account = field(default_factory=Account)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    stops: TokenStops | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    # the last committed token, which no cache of the row holds yet: the next forward feeds it
+    pending_token: int = -1
+    finish: str | None = None
+    admitted: float = 0.0  # perf_counter when its admission began
+    decoding_from: float = 0.0
+    phase: str = "main"  # the ledger's label of its work
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.tokens)
+
+
+@dataclass
+class MainRow(LiveRow):
+    request: DecodeRow = field(default_factory=lambda: DecodeRow([0], 1))
+    has_draft: bool = False  # whether the draft model holds its prompt (else it decodes plainly or by copying)
+    # committed tokens before ``pending_token`` that its draft cache does not hold yet
+    backlog: list[int] = field(default_factory=list)
+    instruction: list[Account] = field(default_factory=list)  # per hidden span (``DraftHandoff``)
+    catch_up: list[Account] = field(default_factory=list)
+    hands_on: bool = False  # its draft cache goes to ``on_handoff`` when it finishes (unless cancelled)
+    catching_up: bool = False  # finished: it stays in the draft pool for one step to feed its catch-up
+    output: GenerationOutput | None = None  # once it has finished
+
+
+@dataclass
+class DraftOnlyRow(LiveRow):
+    feed: list[int] = field(default_factory=list)  # tokens to feed before its first one (a join feed)
+    phase: str = "sidecar"
+    carried: Account = field(default_factory=Account)
+    snapshot: RowSnapshot | None = None  # what it joins from, until it has joined

@@ -43,13 +43,13 @@ class RowSampling:
     """The live rows' sampling, slot by slot. ``positions[b]``: how many tokens row ``b`` has output, the
     index of the next token it commits; draws for later tokens of one step add their offset."""
 
-    def __init__(self, samplings: Sequence[Sampling], keys: Sequence[int], positions: Sequence[int],
+    def __init__(self, samplings: Sequence[Sampling], draw_keys: Sequence[int], positions: Sequence[int],
                  device: torch.device) -> None:
         self.greedy = [s.greedy for s in samplings]
         self.all_greedy = all(self.greedy)
         if self.all_greedy:
             return
-        ints = np.array([list(keys), list(positions), self.greedy], dtype=np.int64)
+        ints = np.array([list(draw_keys), list(positions), self.greedy], dtype=np.int64)
         floats = np.array([[1.0 if s.greedy else s.temperature for s in samplings],
                            [1.0 if s.greedy else s.top_p for s in samplings]], dtype=np.float32)
         ints_d, floats_d = to_device(ints, device), to_device(floats, device, torch.float32)

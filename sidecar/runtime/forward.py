@@ -52,8 +52,10 @@ def last_columns(lengths: list[int], device: torch.device) -> torch.Tensor:
     return to_device([[n - 1] for n in lengths], device)
 
 
-# (padded tokens, real tokens) -> a context that times one prefill forward (``sidecar.runtime.prefill_plan``)
-TimeForward = Callable[[int, int], AbstractContextManager]
+# (index of the forward's first row, real tokens of each of its rows, padded tokens, the leading tokens of its
+# first row that are a prefix computed once for ``sharers`` rows, sharers) -> a context that times that prefill
+# forward: for ``sidecar.runtime.prefill_plan`` and the device-time ledger
+TimeForward = Callable[[int, list[int], int, int, int], AbstractContextManager]
 
 
 def shared_prefix_length(rows: list[list[int]], hidden_spans: list[list[tuple[int, int]]] | None) -> int:
@@ -83,16 +85,20 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
     can_share = share_prefix and len(rows) > 1 and int(cache.lengths.max()) == 0
     shared = shared_prefix_length(rows, hidden_spans) if can_share else 0
     if shared:
+        computed_once = None if time_forward is None else (
+            lambda first, tokens, padded, *_: time_forward(first, tokens, padded, shared, len(rows)))
         last = [prefill(model, cache.rows_view(0, 1), rows[:1], budget,
-                        None if hidden_spans is None else hidden_spans[:1], time_forward=time_forward)]
+                        None if hidden_spans is None else hidden_spans[:1], time_forward=computed_once)]
         if on_rows is not None:
             on_rows(1)
         cache.copy_prefix(0, shared)
         rest = cache.rows_view(1, len(rows))
         rest_spans = None if hidden_spans is None else [
             [(start - shared, stop - shared) for start, stop in spans] for spans in hidden_spans[1:]]
+        shifted = None if time_forward is None else (
+            lambda first, tokens, padded, *_: time_forward(first + 1, tokens, padded, 0, 1))
         last.append(prefill(model, rest, [r[shared:] for r in rows[1:]], budget, rest_spans, share_prefix=False,
-                            on_rows=None if on_rows is None else lambda k: on_rows(1 + k), time_forward=time_forward))
+                            on_rows=None if on_rows is None else lambda k: on_rows(1 + k), time_forward=shifted))
         return torch.cat(last)
     device = cache.device
     last: list[torch.Tensor] = []
@@ -107,7 +113,7 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
                 for span_id, (s, e) in enumerate(row_spans):
                     spans[i, s:e] = span_id
             span_ids = to_device(spans, device)
-        with nullcontext() if time_forward is None else time_forward(ids.numel(), sum(valid)):
+        with nullcontext() if time_forward is None else time_forward(start, valid, ids.numel(), 0, 1):
             hidden = forward(model, part, ids, span_ids)
         part.commit(valid)
         index = last_columns(valid, device)[:, :, None].expand(-1, 1, hidden.shape[-1])

@@ -113,6 +113,10 @@ class RowKVCache:
     def rollback(self, lengths: Sequence[int] | np.ndarray) -> None:
         np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
 
+    def rollback_row(self, row: int, length: int) -> None:
+        """Keep at most ``length`` columns of row ``row``."""
+        self.lengths[row] = min(int(self.lengths[row]), length)
+
     # -- row surgery --
 
     def move_rows(self, order: list[int]) -> None:
@@ -181,19 +185,23 @@ class RowKVCache:
             next_position=int(columns[-1]) + int(self.position_offset[row]) + 1,
         )
 
+    def write_snapshot(self, row: int, snapshot: RowSnapshot) -> None:
+        """Make row ``row`` hold ``snapshot``: its columns, visibility and rotary positions (room assumed)."""
+        n = snapshot.length
+        for layer in range(self.layers):
+            self.keys[layer][row, :, :n] = snapshot.keys[layer]
+            self.values[layer][row, :, :n] = snapshot.values[layer]
+        self.visible[row, :n] = snapshot.visible
+        self.span[row, :n] = -1
+        self.lengths[row] = n
+        self.position_offset[row] = snapshot.next_position - n
+
     @classmethod
     def from_snapshots(cls, model: PreTrainedModel, snapshots: list[RowSnapshot], extra: int) -> RowKVCache:
         """A batch cache whose row i is ``snapshots[i]``, with room for ``extra`` more columns per row."""
-        longest = max(s.length for s in snapshots)
-        cache = cls(model, len(snapshots), longest + extra)
-        for i, snap in enumerate(snapshots):
-            n = snap.length
-            for layer in range(cache.layers):
-                cache.keys[layer][i, :, :n] = snap.keys[layer]
-                cache.values[layer][i, :, :n] = snap.values[layer]
-            cache.visible[i, :n] = snap.visible
-            cache.lengths[i] = n
-            cache.position_offset[i] = snap.next_position - n
+        cache = cls(model, len(snapshots), max(s.length for s in snapshots) + extra)
+        for i, snapshot in enumerate(snapshots):
+            cache.write_snapshot(i, snapshot)
         return cache
 
 

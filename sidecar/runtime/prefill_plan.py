@@ -113,10 +113,6 @@ class PrefillPlanner:
         """One timed prefill forward: rows x widest row padded tokens, the rows' lengths summed real ones."""
         self.rates[self.size_class(padded_tokens)].add(seconds / max(real_tokens, 1))
 
-    def seconds_per_token(self, candidate: int | None) -> float | None:
-        """The estimate for forwards of ``candidate``'s size class; None until one is timed."""
-        return self.rates[candidate].mean
-
     def best(self) -> int | None:
         """The timed candidate with the lowest seconds per real token (ties: the larger); the largest
         candidate when none is timed."""

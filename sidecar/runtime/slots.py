@@ -2,19 +2,19 @@
 
 Invariant: the live rows occupy slots ``0 .. live - 1``; ``active`` is a view of those rows over the pool's
 buffers, so a forward costs only the live rows. Rows join in the free slots just past the live ones
-(``admit`` hands out a view of them to prefill in place) and leave through ``remove``, which moves the
-highest live rows into the freed slots (``compaction_order``) without touching the others. Each slot holds
+(``admit`` hands out a view of them to prefill in place, ``write`` fills them from snapshots) and leave
+through ``remove``, which moves the highest live rows into the freed slots (``compaction_order``) without
+touching the others. Each slot holds
 ``capacity`` columns; a KV token budget fixes it (``max_batch * capacity <= budget``), otherwise the pool
 grows when a row needs more columns than it has, copying only the live rows' filled columns.
 """
 
 from __future__ import annotations
 
-import torch
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
-from sidecar.runtime.kv_cache import RowKVCache, compaction_order
+from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot, compaction_order
 
 
 class SlotPool:
@@ -70,17 +70,17 @@ class SlotPool:
         self.active = self.cache.rows_view(0, self.live)
         return order
 
-    def write(self, source: RowKVCache) -> None:
-        """Admit ``source``'s rows (a cache built elsewhere, e.g. from snapshots) by copying their columns in."""
-        source.copy_into(self.admit(source.batch_size))
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.cache.keys, *self.cache.values))
+    def write(self, snapshots: list[RowSnapshot]) -> RowKVCache:
+        """Admit one row per snapshot (rows cut out of another cache) and return them as a view."""
+        view = self.admit(len(snapshots))
+        for row, snapshot in enumerate(snapshots):
+            view.write_snapshot(row, snapshot)
+        return view
 
 
 def row_columns(prompt_tokens: int, max_new_tokens: int, gamma: int) -> int:
-    """KV columns a decoding row may use: its prompt, its new tokens and one verify's drafts beyond."""
-    return prompt_tokens + max_new_tokens + 2 * gamma + 4
-
-
-__all__ = ["SlotPool", "row_columns", "torch"]
+    """KV columns a row may fill: its prompt (for a row joining from a snapshot, the snapshot and its feed),
+    its new tokens, and one step's widest write past its last token (a verify of its pending token and
+    ``gamma`` drafts, or ``gamma`` draft forwards). Requests are checked against the model's context with
+    the same count."""
+    return prompt_tokens + max_new_tokens + gamma + 1

@@ -79,7 +79,7 @@ class SyncCounter(TorchFunctionMode):
     def total(self) -> int:
         return sum(self.sites.values())
 
-    def report(self, top: int = 20) -> str:
+    def busiest(self, top: int = 20) -> str:
         """The busiest call sites, one a line: what a failing budget test prints."""
         return "\n".join(f"{n:6d}  {site}" for site, n in self.sites.most_common(top))
 

@@ -37,8 +37,11 @@ class DeviceTimer:
         end_event.record()
         self._queued.append((start_event, end_event, on_seconds))
 
-    def collect(self) -> None:
-        """Deliver the timings of work that has finished, oldest first."""
+    def collect(self, wait: bool = False) -> None:
+        """Deliver the timings of work that has finished, oldest first; with ``wait``, of all queued work,
+        waiting for it (a sync: only for rows that leave before any later read of the device)."""
+        if wait and self._queued:
+            self._queued[-1][1].synchronize()
         while self._queued and self._queued[0][1].query():
             start_event, end_event, on_seconds = self._queued.popleft()
             on_seconds(start_event.elapsed_time(end_event) / 1000)

@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass, field
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.decoding.sampling import Sampling
-from sidecar.runtime.kv_cache import RowSnapshot
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks.task import SidecarTask
 
@@ -30,12 +29,28 @@ class SidecarRequest:
 
 @dataclass
 class SidecarStats:
+    """One sidecar (or standalone) output's counters. Latency on the host's wall clock; cost from the device-time
+    ledger (``sidecar.runtime.ledger``): a sidecar's prefill is its share of its main row's catch-up feed and
+    its own bridge, and ``instruction_*`` is its masked instruction's share of the main row's draft prefill:
+    what sidecar mode adds to the main output's work, charged to the sidecar."""
+
     new_tokens: int = 0
-    context_tokens: int = 0  # KV columns the row attends to when its decoding starts
-    feed_tokens: int = 0  # tokens fed before decoding: catch-up + bridge (sidecar) or whole prompt (standalone)
+    context_tokens: int = 0  # tokens the row attends to when it writes its first token (its usage's prompt)
+    feed_tokens: int = 0  # tokens fed before decoding: its catch-up share and bridge, or a whole prompt
+    draft_forwards: int = 0
     feed_seconds: float = 0.0
     decode_seconds: float = 0.0
     seconds: float = 0.0
+    queue_seconds: float = 0.0
+    first_token_seconds: float = 0.0
+    prefill_tokens: int = 0
+    prefill_forwards: int = 0
+    prefill_device_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_forwards: int = 0
+    decode_device_seconds: float = 0.0
+    instruction_tokens: int = 0
+    instruction_device_seconds: float = 0.0
     kv_bytes: int = 0
     attended_document: bool = False
     batch_size: int = 0
@@ -60,19 +75,3 @@ class SidecarOutput:
 class DocumentResult:
     main: GenerationOutput
     sidecars: dict[str, SidecarOutput]
-
-
-@dataclass
-class SidecarRow:
-    """A (request, task) row waiting to join the sidecar batch: its snapshot of the draft's cache."""
-
-    request: int
-    task: SidecarTask
-    task_number: int  # the task's place in its request: its draws' stream
-    sampling: Sampling
-    top_logprobs: int | None
-    snapshot: RowSnapshot
-    catch_up: list[int]  # main-output tokens the draft cache lacks, fed as while drafting
-    document: range  # snapshot columns of the document and of the task's instruction
-    instruction: range
-    bridge: list[int]

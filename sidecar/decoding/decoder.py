@@ -1,0 +1,134 @@
+"""Batched speculative decoding: the draft proposes, the target verifies every row in one forward.
+
+``SpeculativeDecoder`` is the public front: ``generate`` and ``decode`` (outputs in input order),
+``stream`` (outputs as rows finish) and ``batch`` (an empty running batch to add rows to and step, the
+server's loop). The batch (``sidecar.decoding.batch``) admits, plans (``sidecar.decoding.plan``), runs
+(``sidecar.decoding.step``) and records; the acceptance rule is ``sidecar.decoding.acceptance``. Greedy
+output is token-identical to the target decoding alone; sampled output follows the target's distribution.
+
+Costs learned in one call carry over to the next: the step controller and the prefill planners belong to
+the decoder, not to a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from sidecar.decoding.batch import SlotBatch, check_row, stream_through
+from sidecar.decoding.controller import GammaController
+from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner
+from sidecar.decoding.randomness import nth_seed
+from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
+from sidecar.decoding.sampling import Sampling
+from sidecar.errors import InputError
+from sidecar.models.pair import ModelPair
+from sidecar.progress import ProgressCallback
+from sidecar.runtime.prefill_plan import PrefillPlanner
+
+
+class SpeculativeDecoder:
+    """Batched speculative decoding of ``pair``.
+
+    ``gamma`` bounds the tokens drafted per step. ``adaptive`` picks each step's width from measured costs
+    and acceptance (down to plain steps) and stops drafting at ``draft_confidence`` (default
+    ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
+    ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``) when
+    every row of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
+
+    While a seeded sampled row is in the batch, steps follow a fixed rule instead, row by row: each row
+    drafts up to ``gamma`` (fewer near its limit), copying when its own text offers that many, so that its
+    tokens depend on nothing but its own prompt and seed.
+
+    A row asking for ``top_logprobs`` gets each token's log-probability under the target and that many
+    top alternatives (``sidecar.decoding.logprobs``), read from the logits the prefill, plain step or
+    verify forward computed anyway for the position that committed the token.
+    """
+
+    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
+                 draft_confidence: float | None = None) -> None:
+        if not isinstance(gamma, int) or gamma < 1:
+            raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if draft_confidence is None:
+            draft_confidence = DRAFT_CONFIDENCE if adaptive else 0.0
+        if not 0 <= draft_confidence <= 1:
+            raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
+        self.pair = pair
+        self.gamma = gamma
+        self.adaptive = adaptive
+        self.controller = GammaController(gamma, adaptive)
+        self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence)
+        self.prefill_plans = {"target": PrefillPlanner(pair.device), "draft": PrefillPlanner(pair.device)}
+
+    @property
+    def prompt_lookup(self) -> bool:
+        return self.planner.prompt_lookup
+
+    @prompt_lookup.setter
+    def prompt_lookup(self, value: bool) -> None:
+        self.planner.prompt_lookup = value
+
+    # -- public API --
+
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,
+                 stop: list[str] | None = None, on_tokens: TokenCallback | None = None,
+                 top_logprobs: int | None = None, cancelled: CancelCheck | None = None,
+                 schedule: str = "continuous") -> list[GenerationOutput]:
+        limits = [max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        rows = [DecodeRow(list(p), m) for p, m in zip(prompt_ids, limits, strict=True)]
+        return self.decode(rows, Sampling(temperature, top_p, seed), batch_size, stop, on_tokens,
+                           top_logprobs=top_logprobs, cancelled=cancelled, schedule=schedule)
+
+    def decode(self, rows: list[DecodeRow], sampling: Sampling | None = None, batch_size: int = 8,
+               stop: list[str] | None = None, on_tokens: TokenCallback | None = None,
+               on_handoff: HandoffCallback | None = None, on_progress: ProgressCallback | None = None,
+               top_logprobs: int | None = None, cancelled: CancelCheck | None = None,
+               schedule: str = "continuous") -> list[GenerationOutput]:
+        """Decode ``rows``, at most ``batch_size`` at a time, outputs in input order. ``sampling``, ``stop``
+        and ``top_logprobs``, when given, apply to every row (row ``i`` of a call seeded ``s`` draws as a
+        row seeded ``s + i``); otherwise each row's own apply. A row that ``cancelled`` reports between
+        two steps leaves at once with what it has (finish reason "cancelled", no handoff)."""
+        rows = self.with_call_settings(rows, sampling, stop, top_logprobs)
+        self.validate(rows, batch_size)
+        # similar lengths are admitted together, so right-padding wastes little prefill
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].target_prompt))
+        outputs: dict[int, GenerationOutput] = {}
+        stream = self.stream((rows[i] for i in order), batch_size, schedule, on_tokens=on_tokens,
+                             on_handoff=on_handoff, on_progress=on_progress, cancelled=cancelled,
+                             expected_rows=len(rows), indices=order)
+        for index, output in stream:
+            outputs[index] = output
+        return [outputs[i] for i in range(len(rows))]
+
+    def stream(self, rows: Iterable[DecodeRow], max_batch: int = 8, schedule: str = "continuous",
+               indices: list[int] | None = None, **options: Any) -> Iterator[tuple[int, GenerationOutput]]:
+        """Decode rows as they come: (index, output) as each row finishes (``batch.stream_through``);
+        ``options`` are ``SlotBatch``'s callbacks and settings."""
+        return stream_through(self.batch(max_batch, schedule, **options), rows, indices)
+
+    def batch(self, max_batch: int = 8, schedule: str = "continuous", **options: Any) -> SlotBatch:
+        """An empty running batch to ``add`` rows to and ``step`` (the server's admit-then-step loop)."""
+        if max_batch < 1 and not options.get("max_draft_rows"):
+            raise InputError(f"batch_size must be >= 1, got {max_batch}")
+        return SlotBatch(self.pair, self.planner, self.prefill_plans, max_batch, schedule, **options)
+
+    @staticmethod
+    def with_call_settings(rows: list[DecodeRow], sampling: Sampling | None, stop: list[str] | None,
+                           top_logprobs: int | None) -> list[DecodeRow]:
+        changes: list[dict] = [{} for _ in rows]
+        for i, change in enumerate(changes):
+            if sampling is not None:
+                change["sampling"] = replace(sampling, seed=nth_seed(sampling.seed, i))
+            if stop is not None:
+                change["stop"] = stop
+            if top_logprobs is not None:
+                change["top_logprobs"] = top_logprobs
+        return [replace(row, **change) if change else row for row, change in zip(rows, changes, strict=True)]
+
+    def validate(self, rows: list[DecodeRow], batch_size: int, first_index: int = 0) -> None:
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
+        for i, row in enumerate(rows, start=first_index):
+            check_row(self.pair, self.gamma, row, i)
