@@ -142,3 +142,23 @@ def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monk
     assert gone.finish_reason == "cancelled" and len(gone.token_ids) < limit
     assert short.finish_reason != "cancelled"
     assert (stats["cancelled_requests"], stats["cancelled_tokens"]) == (1, len(gone.token_ids))
+
+
+def test_a_client_that_leaves_during_its_sidecars_ends_them(tiny, monkeypatch) -> None:
+    """#34.8: a request whose client leaves while its sidecars decode frees their slots at the next step, and
+    the server counts it as cancelled (on 556d98e its 16 sidecars of 1,024 tokens ran on: cancelled_requests 0)."""
+    engine = SidecarEngine(tiny)
+    recorded = RecordedSteps(monkeypatch)
+    sidecars = [{"name": f"tags{i}", "instruction": "Then list every tag you can think of.", "max_tokens": 1024}
+                for i in range(16)]
+    with serving(create_app(engine, ServerConfig(model_name="tiny"))) as (url, _):
+        endpoint = url + "/v1/chat/completions"
+        body = chat(DOCS[0], max_tokens=3) | {"sidecars": sidecars}
+        with pytest.raises(httpx.ReadTimeout):  # the main output takes 3 tokens; the client leaves a second in
+            httpx.post(endpoint, json=body, timeout=httpx.Timeout(60, read=1.0))
+        assert httpx.post(endpoint, json=chat("hi", max_tokens=4), timeout=60).status_code == 200
+        stats = httpx.get(url + "/stats", timeout=60).json()
+    gone = recorded.outputs[0]
+    assert gone.finish_reason != "cancelled"  # its main output was done: it left during its sidecars
+    assert stats["cancelled_requests"] == 1
+    assert stats["cancelled_tokens"] < len(gone.token_ids) + 16 * 1024

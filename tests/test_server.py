@@ -268,6 +268,21 @@ def test_stats_show_the_device_time_ledger_balanced(base_url: str, client: opena
     assert phases["main"] > 0 and phases["sidecar"] > 0 and phases["instruction"] > 0
 
 
+def test_a_sidecar_s_usage_is_the_same_alone_and_batched(base_url: str, client: openai.OpenAI) -> None:
+    """#34.9: a sidecar's prompt_tokens is what it attends to, whatever shares its batch (on 556d98e the
+    catch-up fed before its decoding counted twice: 79 alone, 80 batched, for the same output)."""
+    extra = {"sidecars": [{"name": "tags", "instruction": "Then output hashtags.", "max_tokens": 6}]}
+    alone = ask(client, PROMPTS[0], max_tokens=30, extra_body=extra).model_extra["sidecars"]["tags"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(ask, client, PROMPTS[0], max_tokens=30, extra_body=extra),
+                   *(pool.submit(ask, client, p, max_tokens=n) for p, n in zip(PROMPTS[1:], (3, 11, 23), strict=False))]
+        batched = futures[0].result().model_extra["sidecars"]["tags"]
+        for future in futures[1:]:
+            future.result()
+    assert batched["text"] == alone["text"]
+    assert batched["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
+
+
 def test_wrong_or_missing_key_is_401(base_url: str) -> None:
     wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:

@@ -118,7 +118,8 @@ class SidecarBatch:
             self.on_tokens(key, ids, logprobs)
 
     def _cancelled(self, key: Hashable) -> bool:
-        return self.cancelled(key[0] if isinstance(key, tuple) else key)
+        index = key[0] if isinstance(key, tuple) else key
+        return index not in self.requests or self.cancelled(index)  # a request already answered waits for nothing
 
     def _handoff(self, handoff: DraftHandoff) -> None:
         """Start one sidecar row per task from the finished main row's draft cache."""
