@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args, get_type_hints
@@ -579,12 +581,20 @@ def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
     assert db.query("SELECT verdict FROM judgements") == [{"verdict": "tie"}]  # 0.52 is within 0.05
 
 
-def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
-    path = tmp_path / "old.duckdb"
-    migrate(path, RetryPolicy(), known_migrations()[:2])
+@contextlib.contextmanager
+def old_database(path: Path, version: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A database file at schema ``version`` holding one completed run ``r``, open for the rows code of that
+    version would have written."""
+    migrate(path, RetryPolicy(), known_migrations()[:version])
     with duckdb.connect(str(path)) as con:
         con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
                     "('r', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+        yield con
+
+
+def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 2) as con:
         con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, game, mode_a, mode_b, "
                     "raw_answer, winner) VALUES ('r', 'd', 'j', 'tags-v1', 1, 'sidecar', 'standalone', 'x', 'sidecar'),"
                     " ('r', 'd', 'j', 'tags-v1', 2, 'standalone', 'sidecar', 'y', 'sidecar')")
@@ -598,10 +608,7 @@ def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(
         tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
-    migrate(path, RetryPolicy(), known_migrations()[:6])
-    with duckdb.connect(str(path)) as con:
-        con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
-                    "('r', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+    with old_database(path, 6) as con:
         con.execute("INSERT INTO request_stats (run_id, doc_id, mode, phase, batch_id, drafted, accepted, "
                     "target_forwards, draft_forwards, new_tokens, wall_s, ended_s) VALUES "
                     "('r', 'd', 'sidecar', 'sidecar', 0, 0, 0, 0, 12, 12, 1.0, 60.0)")
