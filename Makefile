@@ -67,14 +67,16 @@ demo: models corpus
 ui: models corpus
 	$(BIN)/sidecar ui
 
+# a benchmark refuses a checkout with uncommitted changes: BENCH_ARGS=--allow-dirty measures it anyway (and says so)
+BENCH_ARGS ?=
 bench: models corpus
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 bench-quick: models corpus
-	$(BIN)/python -m bench.run_all --quick
+	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 bench-full: models corpus
-	$(BIN)/python -m bench.run_all --full
+	$(BIN)/python -m bench.run_all --full $(BENCH_ARGS)
 
 # on a GPU: identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check/)
 gpu-check: models corpus

@@ -9,7 +9,9 @@ import platform
 import re
 import resource
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -52,41 +54,75 @@ class Stopwatch:
 
 
 def _git(*args: str) -> str:
+    """git's output in the benchmarks' checkout, unstripped (a status line starts with a space); "" on failure."""
     try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ""
 
 
 # what a benchmark run writes itself: it does not make the code it measures differ from the commit
 OWN_OUTPUTS = (":(exclude)bench/results", ":(exclude)docs/benchmarks.md")
+# files named in a result's environment when its tree was dirty; the count is always there
+DIRTY_FILES_LISTED = 20
+
+
+def uncommitted_files() -> list[str] | None:
+    """Files of the checkout that differ from its commit: modified, staged, deleted or untracked (but not
+    ignored), less the benchmarks' own outputs; None outside a git checkout, where no commit can be named."""
+    if not _git("rev-parse", "HEAD").strip():
+        return None
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *OWN_OUTPUTS)
+    return [line[3:] for line in status.splitlines() if line.strip()]
 
 
 def environment(device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
-    """Where a result comes from: the commit (``dirty`` when tracked files differ from it), the UTC date,
-    the machine (platform, CPU, GPU) and the torch build. ``device`` is the one measured on, if not the
-    machine's first GPU (else its CPU)."""
+    """Where a result comes from: the commit (``dirty`` when the checkout differs from it, with the files that
+    do), the UTC date, the machine (platform, CPU model and cores, GPU), the torch build and the dtype measured
+    in (None where no model ran). ``device`` is the one measured on, if not the machine's first GPU (else its
+    CPU)."""
     from sidecar.models.devices import device_name
 
-    commit = _git("rev-parse", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", *OWN_OUTPUTS)) if commit else None
+    commit = _git("rev-parse", "HEAD").strip()
+    changed = uncommitted_files()
     cpu = device_name(torch.device("cpu"))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    env = {
+    return {
         "device": device_name(device) if device is not None else gpu or cpu,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu, "gpu": gpu,
-        "commit": commit, "dirty": dirty, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
+        "commit": commit or None, "dirty": None if changed is None else bool(changed),
+        "dirty_files": None if changed is None else {"count": len(changed), "files": changed[:DIRTY_FILES_LISTED]},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if dtype is not None:
-        env["dtype"] = str(dtype).replace("torch.", "")
-    return env
+
+
+def refuse_a_dirty_tree(allow_dirty: bool) -> None:
+    """A result counts only from a clean, committed tree: exit 2 with a one-line ``error:`` when the checkout
+    differs from its commit (or is no git checkout), unless ``allow_dirty``; then say so, as the result will."""
+    changed = uncommitted_files()
+    if changed is None:
+        problem = "this is not a git checkout, so a result could not name the commit it measured"
+    elif changed:
+        shown = ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+        problem = f"the working tree has {len(changed)} uncommitted file(s) ({shown})"
+    else:
+        return
+    if not allow_dirty:
+        print(f"error: {problem}; commit and rerun, or pass --allow-dirty to measure anyway (the result records "
+              "that its tree was dirty)", file=sys.stderr)
+        sys.exit(2)
+    print(f"warning: {problem}; measuring anyway (--allow-dirty), and the result says so", file=sys.stderr)
 
 
 def provenance(env: dict) -> str:
-    """The line under each results table: commit, date and machine of ``env`` (older files lack some keys)."""
+    """The line under each results table: commit (and whether the tree differed from it), date, machine, torch
+    and dtype of ``env`` (older files lack some keys)."""
     commit = env.get("commit") or "unknown"
-    commit = f"`{commit[:12]}`" + (" with uncommitted changes" if env.get("dirty") else "")
+    changed = (env.get("dirty_files") or {}).get("count")
+    commit = f"`{commit[:12]}`" + (f" with uncommitted changes{f' ({changed} files)' if changed else ''}"
+                                   if env.get("dirty") else "")
     date = env.get("date", "unknown date")
     if date.endswith("Z"):
         date = date[:-1].replace("T", " ") + " UTC"
@@ -94,7 +130,8 @@ def provenance(env: dict) -> str:
     machine = f"{env['gpu']} with {cpu}" if env.get("gpu") else cpu
     details = ", ".join(x for x in (f"{env['cpus']} CPUs" if env.get("cpus") else "", env.get("platform", "")) if x)
     torch_version = f", torch {env['torch']}" if env.get("torch") else ""
-    return f"Measured on commit {commit}, {date}, {machine}{f' ({details})' if details else ''}{torch_version}."
+    dtype = f", {env['dtype']}" if env.get("dtype") else ""
+    return f"Measured on commit {commit}, {date}, {machine}{f' ({details})' if details else ''}{torch_version}{dtype}."
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -110,11 +147,13 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 
 
 def write_results(name: str, payload: dict, markdown: str) -> Path:
-    """Write NAME.json and NAME.md under bench/results/ and print the markdown. The payload gets the
-    ``environment`` (commit, date, machine) unless it has one, and the markdown its provenance line."""
+    """Write NAME.json and NAME.md under bench/results/ and print the markdown. The payload brings its
+    ``environment`` (:func:`environment`: commit, date, machine, torch and dtype), and the markdown gets its
+    provenance line."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if "environment" not in payload:
-        payload = {"environment": environment(), **payload}
+    missing = {"commit", "dirty", "date", "cpu", "cpus", "torch", "dtype"} - set(payload.get("environment", {}))
+    if missing:
+        raise ValueError(f"result {name} lacks its environment's {', '.join(sorted(missing))}: pass environment()")
     markdown = markdown.rstrip() + "\n\n" + provenance(payload["environment"])
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
@@ -127,14 +166,25 @@ def write_results(name: str, payload: dict, markdown: str) -> Path:
 PROFILES = ("quick", "standard", "full")
 
 
-def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--quick`` / ``--full`` next to the default ``standard`` sizes; see bench/run_all.py for the budgets."""
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every benchmark takes: ``--quick`` / ``--full`` next to the default ``standard`` sizes (see
+    bench/run_all.py for the budgets), and ``--allow-dirty`` (:func:`parse_bench_args`)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="profile", action="store_const", const="quick",
                        help="small sizes: `make bench-quick`, every benchmark within 5 minutes")
     group.add_argument("--full", dest="profile", action="store_const", const="full",
                        help="the sizes the issues specify: `make bench-full`, over an hour on a 2-core CPU")
     parser.set_defaults(profile="standard")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="measure a checkout with uncommitted changes (refused otherwise); the result says so")
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The benchmark's arguments; refuses (exit 2) a checkout that differs from its commit unless
+    ``--allow-dirty``, before anything is measured."""
+    args = parser.parse_args(argv)
+    refuse_a_dirty_tree(args.allow_dirty)
+    return args
 
 
 def apply_profile(args: argparse.Namespace, sizes: dict[str, dict]) -> None:

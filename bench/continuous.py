@@ -38,10 +38,11 @@ import torch
 
 from bench.common import (
     Stopwatch,
-    add_profile_arguments,
+    add_bench_arguments,
     apply_profile,
     environment,
     markdown_table,
+    parse_bench_args,
     result_name,
     write_results,
 )
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--skip-hf", action="store_true", help="skip HF plain batched generate")
-    add_profile_arguments(parser)
-    args = parser.parse_args(argv)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
     overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
     apply_profile(args, SIZES)
     sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")

@@ -24,11 +24,12 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.common import (
     Stopwatch,
-    add_profile_arguments,
+    add_bench_arguments,
     apply_profile,
     environment,
     markdown_table,
     news_documents,
+    parse_bench_args,
     peak_rss_gb,
     result_name,
     write_results,
@@ -140,8 +141,8 @@ def main() -> None:
                         help="also time the engine without prompt lookup and with 2-token matches only "
                              "(batch 1; writes engine_*_lookup_ablation results)")
     parser.add_argument("--dtype", default=None)
-    add_profile_arguments(parser)
-    args = parser.parse_args()
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
     apply_profile(args, SIZES)
     batches = [int(b) for b in args.batches.split(",") if b]
 

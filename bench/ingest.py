@@ -25,7 +25,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.common import add_profile_arguments, apply_profile, markdown_table, profile_suffix, write_results
+from bench.common import (
+    add_bench_arguments,
+    apply_profile,
+    environment,
+    markdown_table,
+    parse_bench_args,
+    profile_suffix,
+    write_results,
+)
 from storage import Database, OutputRecord, PartStore, RejectedDocument, RequestStats, ShardInfo
 from storage.database import INGEST_CHUNK_PARTS
 from storage.parts import part_table, write_atomically
@@ -164,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chunk-parts", type=int, default=INGEST_CHUNK_PARTS, help="parts per ingest transaction")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the parts and the database go (default: a temporary directory, removed after)")
-    add_profile_arguments(parser)
-    args = parser.parse_args(argv)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     try:
@@ -174,8 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     command = "python -m bench.ingest" + {"quick": " --quick", "full": " --full"}.get(args.profile, "")
-    write_results(f"ingest_cpu{profile_suffix(args.profile)}", {"command": command, "result": result},
-                  markdown(result, command))
+    # no model runs here: the environment's dtype is None
+    write_results(f"ingest_cpu{profile_suffix(args.profile)}",
+                  {"environment": environment(), "command": command, "result": result}, markdown(result, command))
     return result
 
 

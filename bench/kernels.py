@@ -28,10 +28,11 @@ import torch
 from transformers import PreTrainedModel
 
 from bench.common import (
-    add_profile_arguments,
+    add_bench_arguments,
     apply_profile,
     environment,
     markdown_table,
+    parse_bench_args,
     profile_suffix,
     write_results,
 )
@@ -72,8 +73,8 @@ def main() -> None:
     parser.add_argument("--pair", default="qwen-coder-small")
     parser.add_argument("--context", type=int, default=400)
     parser.add_argument("--repeats", type=int)
-    add_profile_arguments(parser)
-    args = parser.parse_args()
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
     apply_profile(args, SIZES)
 
     device, dtype = default_device_dtype("cpu", None)

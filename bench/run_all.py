@@ -5,7 +5,9 @@
     python -m bench.run_all --full     # the sizes the issues specify (`make bench-full`): over an hour
 
 Each benchmark runs in its own process (so peak memory is its own) and writes bench/results/NAME.json and
-NAME.md (NAME_quick, NAME_full for the other sizes), each with a line saying its commit, date and machine;
+NAME.md (NAME_quick, NAME_full for the other sizes), each with its environment (commit, date, machine, torch,
+dtype) and a line saying it. A checkout with uncommitted changes is refused unless ``--allow-dirty`` (passed on
+to every benchmark; the results then say their tree was dirty);
 docs/benchmarks.md shows the standard and full NAME.md files between `<!-- bench:KEY -->` and
 `<!-- /bench:KEY -->` markers (KEY_full for the full sizes). Quick results stay in bench/results/.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import REPO, RESULTS, add_profile_arguments, profile_suffix
+from bench.common import REPO, RESULTS, add_bench_arguments, parse_bench_args, profile_suffix
 
 TABLES = REPO / "docs" / "benchmarks.md"
 
@@ -52,8 +54,8 @@ def splice(key: str, markdown: str, path: Path = TABLES) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(b[0] for b in BENCHMARKS))
-    add_profile_arguments(parser)
-    args = parser.parse_args()
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
     device = "gpu" if torch.cuda.is_available() else "cpu"
     chosen = [b for b in BENCHMARKS if (not args.only or b[0] in args.only.split(","))
               # the kernel choice exists on CPU only
@@ -63,7 +65,8 @@ def main() -> None:
     failed, timings = [], []
     started = time.perf_counter()
     for key, module, result in chosen:
-        command = [sys.executable, "-m", module, *([f"--{args.profile}"] if args.profile != "standard" else [])]
+        command = [sys.executable, "-m", module, *([f"--{args.profile}"] if args.profile != "standard" else []),
+                   *(["--allow-dirty"] if args.allow_dirty else [])]
         print(f"== {' '.join(command[1:])}", flush=True)
         began = time.perf_counter()
         returncode = subprocess.run(command, cwd=REPO).returncode

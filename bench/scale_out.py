@@ -15,16 +15,18 @@ sidecar + standalone.
    over the two-worker one.
 2. Overhead (goal <= 5%): 3 shards run one after the other by one process with one thread
    (``workers=1, shards=3``), so that every second of the parent's wall time is one thing. Model time is what
-   the shards' own ``RunCounts`` say (their ``nightly-shard-summary`` artifacts, 0.1 s each). Counted apart,
-   as fixed costs of a shard: input (the parent reading the corpus and counting tokens; each shard reading
-   its manifest, loading the pair, checking the context) and process start (from the parent's launch record
+   the shards' own ``RunCounts`` say (their ``nightly-shard-summary`` artifacts, 0.1 s each). The overhead is
+   all the rest of the wall time, counted whole: each shard's process start (from the parent's launch record
    to the shard's flow run being created on the API: the interpreter, importing torch, transformers and
-   Prefect). The overhead is the rest of the wall time: Prefect in the shards (the flow run's creation until
-   it runs, task runs, logs, artifacts), writing part files, the parent's DuckDB (the run's rows and the
-   ingest of every part) and the parent's remainder (polls between attempts, the shards' exits, manifests,
-   attempt rows, its own flow run). Shards running at once overlap these costs with each other's model time;
-   what parallel shards lose to waiting for each other shows in measurement 1. ``--quick`` takes this
-   breakdown from its one-worker run instead of a run of its own (``--overhead-documents 0``).
+   Prefect), input and model load (the parent reading the corpus and counting tokens; each shard reading its
+   manifest, loading the pair, checking the context), Prefect in the shards (the flow run's creation until it
+   runs, task runs, logs, artifacts), writing part files, the parent's DuckDB (the run's rows and the ingest of
+   every part) and the parent's remainder (polls between attempts, the shards' exits, manifests, attempt rows,
+   its own flow run). Each part is shown beside it, and so is what is left once the per-shard start-up and
+   model load are taken out: a longer run spreads those over more model time, a shard pays them every time.
+   Shards running at once overlap these costs with each other's model time; what parallel shards lose to
+   waiting for each other shows in measurement 1. ``--quick`` takes this breakdown from its one-worker run
+   instead of a run of its own (``--overhead-documents 0``).
 
 Runs happen on the embedded Prefect API, as ``sidecar nightly --workers N`` runs them; it is started before
 the timing by an empty flow. Without ``--quick`` a warm-up sharded run over a few documents (not counted)
@@ -63,11 +65,12 @@ from prefect.client.schemas.filters import (  # noqa: E402
 import flows.shard_processes  # noqa: E402
 from bench.common import (  # noqa: E402
     NEWS,
-    add_profile_arguments,
+    add_bench_arguments,
     apply_profile,
     environment,
     markdown_table,
     news_documents,
+    parse_bench_args,
     profile_suffix,
     write_results,
 )
@@ -199,20 +202,22 @@ def sharded_run(work: Path, corpus: Path, name: str, documents: int, workers: in
 
 
 def overhead(run: dict) -> dict:
-    """A serial run's wall time cut into model time, fixed costs (input, process start) and the overhead's
-    parts; they add up to the wall time."""
+    """A serial run's wall time cut into model time and the overhead, counted whole: start-up and model load
+    (process start, input) and the rest; the parts add up to the wall time."""
     input_s = run["parent_input_s"] + run["shard_input_s"]
-    fixed_s = input_s + run["process_start_s"]
-    overhead_s = run["wall_s"] - run["model_s"] - fixed_s
-    parent_rest_s = overhead_s - run["shard_prefect_s"] - run["part_files_s"] - run["parent_duckdb_s"]
+    startup_s = input_s + run["process_start_s"]
+    overhead_s = run["wall_s"] - run["model_s"]
+    after_startup_s = overhead_s - startup_s
+    parent_rest_s = after_startup_s - run["shard_prefect_s"] - run["part_files_s"] - run["parent_duckdb_s"]
     return {"documents": run["documents"], "shards": run["shards"], "wall_s": run["wall_s"],
             "model_s": run["model_s"], "input_s": input_s, "process_start_s": run["process_start_s"],
             "shard_prefect_s": run["shard_prefect_s"], "part_files_s": run["part_files_s"],
             "parent_duckdb_s": run["parent_duckdb_s"], "parent_rest_s": parent_rest_s,
             "shard_exit_s": run["shard_exit_s"], "overhead_s": overhead_s,
             "overhead_pct": 100 * overhead_s / run["model_s"],
-            "all_but_model_pct": 100 * (overhead_s + fixed_s) / run["model_s"],
-            "fixed_per_shard_s": fixed_s / run["shards"]}
+            "startup_pct": 100 * startup_s / run["model_s"],
+            "after_startup_pct": 100 * after_startup_s / run["model_s"],
+            "startup_per_shard_s": startup_s / run["shards"]}
 
 
 def check(run: dict) -> None:
@@ -230,8 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, help="parallelism pairs (the least disturbed of each side counts)")
     parser.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=None,
                         help="a sharded run over a few documents first, not counted")
-    add_profile_arguments(parser)
-    args = parser.parse_args(argv)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
 
     work = BENCH_HOME / "work"
@@ -291,11 +296,12 @@ def markdown(payload: dict) -> str:
         ("parts", "parts")])
     cost_table = markdown_table([cost], [
         ("documents", "docs"), ("shards", "shards"), ("wall_s", "wall s"), ("model_s", "model s"),
-        ("input_s", "input s"), ("process_start_s", "process start s"), ("shard_prefect_s", "Prefect in shards s"),
-        ("part_files_s", "part files s"), ("parent_duckdb_s", "parent DuckDB + ingest s"),
-        ("parent_rest_s", "parent rest s"), ("shard_exit_s", "shard exits s (in the two before)"),
-        ("overhead_pct", "overhead ÷ model %"),
-        ("all_but_model_pct", "(overhead + input + process start) ÷ model %")])
+        ("overhead_pct", "overhead ÷ model %"), ("process_start_s", "process start s"),
+        ("input_s", "input + model load s"), ("startup_pct", "of which start-up + model load ÷ model %"),
+        ("shard_prefect_s", "Prefect in shards s"), ("part_files_s", "part files s"),
+        ("parent_duckdb_s", "parent DuckDB + ingest s"), ("parent_rest_s", "parent rest s"),
+        ("shard_exit_s", "shard exits s (in the two before)"),
+        ("after_startup_pct", "overhead after start-up ÷ model %")])
     own_run = ("a run of its own" if cost["run"]["name"] == "three-shards"
                else "the one-worker run above (`--overhead-documents 0`)")
     env = payload["environment"]
@@ -309,19 +315,20 @@ def markdown(payload: dict) -> str:
         f"{par['goal']}x: {'met' if par['meets_goal'] else 'not met'}; the fastest of {args['repeats']} run(s) "
         f"of each side).\n\n{speed}\n\n"
         f"**Overhead**: {cost['documents']} documents in {cost['shards']} shards run one after the other "
-        f"({own_run}), so that the parent's wall time adds up: Prefect + part files + ingest came to "
+        f"({own_run}), so that the parent's wall time adds up. Everything but the models came to "
         f"{cost['overhead_pct']:.1f}% of model time (goal <= {cost['goal_pct']:.0f}%: "
-        f"{'met' if cost['meets_goal'] else 'not met'}). Model time is the shards' own count (their summaries, "
-        f"0.1 s each). Counted apart as fixed costs per shard ({cost['fixed_per_shard_s']:.1f} s each here): input "
-        f"(the parent reading the corpus and counting tokens; each shard reading its manifest, loading the pair, "
-        f"checking the context) and process start (from the parent's launch record to the shard's flow run on "
-        f"the API: the interpreter, importing torch, transformers and Prefect). The overhead is the rest: "
-        f"Prefect in the shards (flow run start, task runs, logs, artifacts), writing part files, the parent's "
-        f"DuckDB (run rows, ingest) and the parent's rest (polls between attempts, shard exits, manifests, "
-        f"attempt rows, its own flow run); of these two, the shards' exits (from a flow run's end until the "
-        f"parent records the attempt ended: the process's exit, the parent's poll, its last ingest of the "
-        f"attempt's parts) are shown apart too. The embedded Prefect API took {payload['startup_s']:.0f} s to start, "
-        f"once, not counted.\n\n{cost_table}")
+        f"{'met' if cost['meets_goal'] else 'not met'}), shard start-up and model load counted: "
+        f"{cost['startup_pct']:.1f}% of model time ({cost['startup_per_shard_s']:.1f} s per shard) went to process "
+        f"start (from the parent's launch record to the shard's flow run on the API: the interpreter, importing "
+        f"torch, transformers and Prefect) and input (the parent reading the corpus and counting tokens; each "
+        f"shard reading its manifest, loading the pair, checking the context). The rest, "
+        f"{cost['after_startup_pct']:.1f}%, is Prefect in the shards (flow run start, task runs, logs, "
+        f"artifacts), writing part files, the parent's DuckDB (run rows, ingest) and the parent's rest (polls "
+        f"between attempts, shard exits, manifests, attempt rows, its own flow run); of these two, the shards' "
+        f"exits (from a flow run's end until the parent records the attempt ended: the process's exit, the "
+        f"parent's poll, its last ingest of the attempt's parts) are shown apart too. Model time is the shards' "
+        f"own count (their summaries, 0.1 s each). The embedded Prefect API took {payload['startup_s']:.0f} s to "
+        f"start, once, not counted.\n\n{cost_table}")
 
 
 if __name__ == "__main__":

@@ -420,7 +420,7 @@ def problems(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: bench is not an installed package, and tests load this module by file path
     # for its load client; only running the benchmark (python -m bench.server_load) needs bench importable.
-    from bench.common import add_profile_arguments, apply_profile, profile_suffix, write_results
+    from bench.common import add_bench_arguments, apply_profile, parse_bench_args, profile_suffix, write_results
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="tiny", help="pair the started server loads")
@@ -441,16 +441,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-tokens", type=int, default=8, help="--mixed: max_tokens of the short requests")
     parser.add_argument("--compare-checkout", type=Path,
                         help="--mixed: also run the load against the server of this checkout (e.g. a git worktree)")
-    add_profile_arguments(parser)
+    add_bench_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     apply_profile(args, MIXED_SIZES if args.mixed else SIZES)
     api_key = os.environ.get(args.api_key_env) or None
     model = args.model or args.pair
     command = shlex.join(["python", "-m", "bench.server_load", *argv])
     if args.mixed:
         return mixed_main(args, model, api_key, command)
-    report: dict[str, Any] = {"config": vars(args), "mix": MIX}
+    report: dict[str, Any] = {"environment": server_environment(args), "config": vars(args), "mix": MIX}
 
     if args.base_url:
         report["batched"] = asyncio.run(bench(args.base_url, model, api_key, args))
@@ -478,6 +478,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if found else 0
 
 
+def server_environment(args: argparse.Namespace) -> dict[str, Any]:
+    """This machine and checkout, and the device and dtype a server started here loads its pair in; a server
+    given by ``--base-url`` runs elsewhere, in a dtype this process cannot know (None)."""
+    from bench.common import environment
+    from sidecar.models.loading import default_device_dtype
+
+    if args.base_url:
+        return environment()
+    device, dtype = default_device_dtype(None, None)
+    return environment(device, dtype)
+
+
 def _commit(checkout: Path) -> str:
     done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip()[:12] or "unknown commit"
@@ -487,7 +499,7 @@ def mixed_main(args: argparse.Namespace, model: str, api_key: str | None, comman
     from bench.common import profile_suffix, write_results
 
     config = vars(args) | {"compare_checkout": str(args.compare_checkout) if args.compare_checkout else None}
-    report: dict[str, Any] = {"config": config, "runs": {}}
+    report: dict[str, Any] = {"environment": server_environment(args), "config": config, "runs": {}}
     if args.base_url:
         report["runs"][f"`{args.base_url}`"] = asyncio.run(bench_mixed(args.base_url, model, api_key, args))
     else:

@@ -27,11 +27,12 @@ import torch
 
 from bench.common import (
     Stopwatch,
-    add_profile_arguments,
+    add_bench_arguments,
     apply_profile,
     environment,
     markdown_table,
     news_documents,
+    parse_bench_args,
     result_name,
     write_results,
 )
@@ -188,8 +189,8 @@ def main() -> None:
     parser.add_argument("--batches")
     parser.add_argument("--forced-runs", type=int)
     parser.add_argument("--seed", type=int, default=7)
-    add_profile_arguments(parser)
-    args = parser.parse_args()
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
     apply_profile(args, SIZES)
     pair = load_pair(args.pair)
     engine = SidecarEngine(pair)

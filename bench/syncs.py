@@ -24,7 +24,14 @@ from unittest import mock
 import torch
 
 import sidecar.decoding.batch as decode_batch
-from bench.common import add_profile_arguments, environment, markdown_table, profile_suffix, write_results
+from bench.common import (
+    add_bench_arguments,
+    environment,
+    markdown_table,
+    parse_bench_args,
+    profile_suffix,
+    write_results,
+)
 from sidecar.decoding.batch import SCHEDULES
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.plan import DRAFT_CONFIDENCE
@@ -103,8 +110,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
     # counts do not depend on the machine's speed, so every profile measures the same sizes under its own name
-    add_profile_arguments(parser)
-    args = parser.parse_args()
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
     pair = tiny_pair()
     rows = [measure(pair, batch, mode, args.new_tokens) for mode in MODES for batch in args.batch]
     rows += [measure(pair, batch, "adaptive", args.new_tokens, schedule=schedule, stream=True)
@@ -116,7 +123,7 @@ def main() -> None:
         ("budget", "budget (forwards + groups)")])
     heading = (f"Host-device synchronisations of one decode, tiny pair, {args.new_tokens} new tokens per row, "
                "gamma 4, prompt lookup on (`python -m bench.syncs`):")
-    payload = {"environment": environment(pair.device), "new_tokens": args.new_tokens, "rows": rows}
+    payload = {"environment": environment(pair.device, pair.dtype), "new_tokens": args.new_tokens, "rows": rows}
     write_results("syncs" + profile_suffix(args.profile), payload,
                   heading + "\n\n" + table)
 

@@ -188,21 +188,30 @@ def _print_roofline_table(rows: Sequence[RooflineRow], title: str, unpriced: str
     if unpriced is not None:
         console.print(f"tagging phase per batch: {unpriced}")
         return
-    # One cell per mode: the batch's tagging prefill next to its decode steps.
+    # One cell per mode: the batch's tagging prefill next to its decode steps; and the instruction line a
+    # sidecar, attended or evicted, adds to the main draft prefill.
     modes = [("attended", "full"), ("evicted", "masked"), *([("standalone", "standalone")] if has_standalone else [])]
-    table = Table(title="tagging phase per batch, ms: prefill + decode steps (projection)", box=box.SIMPLE)
-    for header in ("batch", *(f"{label}\nprefill + decode" for label, _ in modes)):
-        table.add_column(header, justify="right")
-    if has_standalone:
-        table.add_column("evicted saves\n% vs standalone", justify="right")
+    body = []
     for row in rows:
         values = asdict(row)
         cells = [
             f"{_format_number(values[f'{key}_prefill_ms'])} + {_format_number(values[f'{key}_decode_ms'])}"
             for _, key in modes
         ]
+        cells.insert(2, _format_number(row.masked_instruction_ms))
         saving = [_format_number(row.sidecar_saving_pct)] if has_standalone else []
-        table.add_row(str(row.batch), *cells, *saving)
+        body.append([str(row.batch), *cells, *saving])
+    headers = ["batch", *(f"{label}\nprefill +\ndecode" for label, _ in modes)]
+    headers.insert(3, "sidecar\ninstr.\nline")
+    if has_standalone:
+        headers.append("evicted\nsaves %")
+    table = Table(title="tagging phase per batch, ms: prefill + decode steps, a sidecar's instruction line "
+                  "(projection)", box=box.SIMPLE)
+    for index, header in enumerate(headers):
+        # a cell never wraps: its numbers are read together; the headers wrap instead
+        table.add_column(header, justify="right", min_width=max(len(cells[index]) for cells in body))
+    for cells in body:
+        table.add_row(*cells)
     console.print(table)
 
 

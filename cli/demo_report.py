@@ -1,7 +1,8 @@
 """The report ``sidecar demo`` ends with: what the run found, readable in 30 seconds in 80 columns.
 
-Per document a summary head and both tag sets; the cost report's headline (tag tokens per second and
-dollars per million tag tokens, sidecar against standalone, and the KV a request keeps with the
+Per document a summary head and both tag sets; the cost report's headline (the measured verdict, sidecar
+against standalone tagger, and under it the attributed device milliseconds per request, line by line, and
+per tag token it is computed from, the price per million tag tokens, and the KV a request keeps with the
 document evicted or attended); the judge's tally, its controls and whether it is reliable; then where to
 look further. Every line is cut to the
 console's width (at most ``WIDTH``), never wrapped: a table that wraps a summary one word per line is
@@ -78,42 +79,67 @@ def documents_section(findings: DemoFindings) -> Group:
     return Group(*lines)
 
 
-def _number(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.4f}"
 
 
+def _ms(seconds: float | None) -> str:
+    """Milliseconds to about three significant digits, a dash for none."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}" if ms >= 1 else f"{ms:.3f}"
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / MB:.2f} MB"
+
+
+# each mode's lines, as the cost report's table lists them: what its device seconds per request add up from
+LINES = {"sidecar": (("prefill", "prefill_s"), ("decode", "decode_s"), ("instruction", "instruction_s")),
+         "standalone": (("prefill", "prefill_s"), ("decode", "decode_s"))}
+
+
+def _per_request(lines: dict[str, Any], mode: str) -> float:
+    return sum(lines.get(key) or 0.0 for _, key in LINES[mode])
+
+
 def cost_section(headline: dict[str, Any] | None) -> Group:
-    title = Text("Cost of the tagging phase", style="bold")
+    """The measured verdict, then the lines per request it is computed from: each mode's attributed device
+    seconds per request, line by line, and per tag token. The verdict's percentage is computed here from the
+    lines printed under it, so the two cannot disagree."""
+    title = Text("Cost of tagging", style="bold")
     if headline is None:
-        return Group(title, Text("no cost report headline (the cost-report flow did not complete)"))
-    batches = ", ".join(map(str, headline["batch_sizes"]))
-    title.append(f" ({headline['basis']} on {headline['gpu_type']}, batch {batches})", style="")
-    widths = (12, 11, 16, None)
+        return Group(title, Text("no measured cost verdict: no run measured both modes with the engine's "
+                                 "device-time ledger, or the cost-report flow did not complete"))
+    if not all(isinstance(headline.get(mode), dict) for mode in LINES):
+        return Group(title, Text("the cost report's headline has no device-time lines (an older report)"))
+    title.append(f" ({headline['basis']} on {headline['gpu_type']}, batch {headline['batch']}; device time)",
+                 style="")
+    per_token = {mode: _per_request(headline[mode], mode) / headline[mode]["tag_tokens"] for mode in LINES}
+    saving = (1 - per_token["sidecar"] / per_token["standalone"]) * 100
+    verdict = (f"a sidecar tag token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a "
+               f"standalone one ({_ms(per_token['sidecar'])} vs {_ms(per_token['standalone'])} ms)")
+    widths = (14, 14, 14, None)
 
     def row(*texts: str | Text) -> Text:
         return line(*zip(texts, widths, strict=True))
 
+    price = "$ / 1M tag tok" if headline.get("sidecar_usd_per_mtok") is not None else "$ (no price here)"
+    rows = [row(*(Text(h, style="dim") for h in ("", "ms / request", "ms / tag tok", price)))]
+    for mode in LINES:
+        lines = headline[mode]
+        rows.append(row(mode, _ms(_per_request(lines, mode)), _ms(per_token[mode]),
+                        _usd(headline.get(f"{mode}_usd_per_mtok"))))
+        rows += [row(f"  {label}", _ms(lines.get(key)), "", "") for label, key in LINES[mode]]
+    note = line((Text(f"tag tokens per request: {headline['sidecar']['tag_tokens']:.1f} sidecar, "
+                      f"{headline['standalone']['tag_tokens']:.1f} standalone", style="dim"), None))
     kv_evicted, kv_attended = headline.get("kv_evicted_bytes"), headline.get("kv_attended_bytes")
-    kv_standalone = headline.get("kv_standalone_bytes")
-    rows = [
-        row(*(Text(h, style="dim") for h in ("", "tag tok/s", "$ / 1M tag tok", "KV per request"))),
-        row("sidecar", _number(headline["sidecar_tokens_per_s"]), _usd(headline["sidecar_usd_per_mtok"]),
-            f"{_number(kv_evicted and kv_evicted / MB, 2)} MB evicted"),
-        row("", "", "", f"{_number(kv_attended and kv_attended / MB, 2)} MB attended"),
-        row("standalone", _number(headline["standalone_tokens_per_s"]), _usd(headline["standalone_usd_per_mtok"]),
-            f"{_number(kv_standalone and kv_standalone / MB, 2)} MB"),
-    ]
-    saving = (1 - headline["standalone_tokens_per_s"] / headline["sidecar_tokens_per_s"]) * 100
-    verdict = f"a sidecar tag token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a standalone one"
+    kv = [line((f"KV per request: {_mb(kv_evicted)} evicted, {_mb(kv_attended)} attended, "
+                f"{_mb(headline.get('kv_standalone_bytes'))} standalone", None))]
     if kv_evicted and kv_attended:
-        verdict += f"; evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV"
-    if headline["sidecar_usd_per_mtok"] is None:
-        verdict += " (no catalog price for this device: compared in device time)"
-    return Group(title, *rows, Text(verdict))
+        kv.append(line((f"evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV", None)))
+    return Group(line((title, None)), line((verdict, None)), *rows, note, *kv)
 
 
 def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:

@@ -42,9 +42,11 @@ def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequ
                    columns: Sequence[str] | None = None) -> None:
     """Make ``paths`` the relation :data:`SOURCE` on ``con``, with a ``filename`` column: DuckDB reads
     local parts by path (a lazy relation: each statement reads only the columns and rows it needs); other
-    file systems' parts are read by pyarrow (``columns`` only) and registered as Arrow."""
+    file systems' parts are read by pyarrow (``columns`` only) and registered as Arrow. Parts written before a
+    field was added to a record (an attempt of the run before an upgrade) lack its column: it reads as NULL,
+    by name, whichever part comes first (pyarrow does so when it reads a part with :data:`PART_SCHEMA`)."""
     if store.is_local:
-        con.register(SOURCE, con.read_parquet(list(paths), filename=True))
+        con.register(SOURCE, con.read_parquet(list(paths), filename=True, union_by_name=True))
         return
     tables = []
     for path in paths:

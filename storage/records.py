@@ -19,6 +19,8 @@ Phase = Literal["main", "sidecar"]
 RejectReason = Literal["empty", "null", "duplicate_id", "not_utf8", "too_long", "over_context"]
 RunStatus = Literal["running", "completed", "failed"]
 CostSource = Literal["measured", "projected"]
+# what a cost line's tokens/s divides by: the device seconds the engine's ledger attributed, or the roofline's
+CostTiming = Literal["device_ledger", "roofline"]
 # main: sidecar against standalone tags; control: a document's own tags against another's; null: a tag set
 # against itself in reversed order (the migrations hold the same lists as CHECK constraints)
 GameKind = Literal["main", "control", "null"]
@@ -54,13 +56,22 @@ class RejectedDocument:
 
 @dataclass(frozen=True)
 class RequestStats:
-    """Counters of one phase of one request. Seconds and forwards of a batched call are shared by the
-    rows of the batch; ``batch_id`` (in :class:`OutputRecord`) tells which rows ran together.
+    """Counters of one phase of one request: its cost ledger and its latency, apart.
 
-    ``ended_s`` places the phase on its batch's clock: seconds from the start of the engine stream or call
-    the request ran in until this phase was done. Rows of a stream join and leave at different times, so
-    the batch's time is its latest ``ended_s``; None for a batch whose rows all started with it, whose time
-    is its longest ``wall_s``."""
+    Cost: the engine's device-time ledger (``sidecar/runtime/ledger.py``) times every forward on the device
+    and splits its seconds among the rows it served in proportion to their tokens in it. ``prefill_*`` and
+    ``decode_*`` are this row's tokens in prefill and decode forwards, how many forwards it was in, and the
+    device seconds attributed to it from them; ``instruction_*`` (sidecar phase only) are the task's masked
+    instruction tokens in the main row's draft prefill and their share of it: what sidecar mode adds to
+    the main phase, charged to the sidecar (0 for a standalone tagger). All None for a row written by an
+    engine without the ledger, never a made-up 0.
+
+    Latency, wall clock: ``queue_s`` from the row's arrival in its batch until its admission began,
+    ``first_token_s`` until its first token was committed, ``prefill_s``/``decode_s``/``wall_s`` the
+    batch's clock up to this row's end (shared by the rows of a batch; ``batch_id`` in
+    :class:`OutputRecord` tells which rows ran together). ``ended_s`` places the phase on its batch's
+    clock: seconds from the start of the engine stream or call the request ran in until this phase was
+    done; None for a batch whose rows all started with it. None of the wall-clock fields is a cost."""
 
     phase: Phase
     new_tokens: int
@@ -76,6 +87,16 @@ class RequestStats:
     kv_bytes: int | None = field(default=None, metadata={"arrow_type": "int64"})
     batch_size: int | None = None
     ended_s: float | None = None
+    prefill_tokens: int | None = None
+    prefill_forwards: int | None = None
+    prefill_device_s: float | None = None
+    decode_tokens: int | None = None
+    decode_forwards: int | None = None
+    decode_device_s: float | None = None
+    instruction_tokens: int | None = None
+    instruction_device_s: float | None = None
+    queue_s: float | None = None
+    first_token_s: float | None = None
 
     @classmethod
     def main_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
@@ -93,6 +114,7 @@ class RequestStats:
             decode_s=stats.get("decode_seconds"),
             wall_s=stats.get("wall_seconds"),
             batch_size=stats.get("batch_size", batch_size),
+            **_ledger(stats),
         )
 
     @classmethod
@@ -111,7 +133,33 @@ class RequestStats:
             wall_s=stats.get("seconds"),
             kv_bytes=stats.get("kv_bytes"),
             batch_size=stats.get("batch_size") or batch_size,
+            **_ledger(stats),
+            instruction_tokens=_count(stats.get("instruction_tokens")),
+            instruction_device_s=_seconds(stats.get("instruction_device_seconds")),
         )
+
+
+def _count(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _ledger(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The ledger and latency keys both stats dicts share, as ``RequestStats`` fields; an engine without the
+    ledger has none of them, and its rows keep None."""
+    return {
+        "prefill_tokens": _count(stats.get("prefill_tokens")),
+        "prefill_forwards": _count(stats.get("prefill_forwards")),
+        "prefill_device_s": _seconds(stats.get("prefill_device_seconds")),
+        "decode_tokens": _count(stats.get("decode_tokens")),
+        "decode_forwards": _count(stats.get("decode_forwards")),
+        "decode_device_s": _seconds(stats.get("decode_device_seconds")),
+        "queue_s": _seconds(stats.get("queue_seconds")),
+        "first_token_s": _seconds(stats.get("first_token_seconds")),
+    }
 
 
 @dataclass(frozen=True)
@@ -205,7 +253,9 @@ class JudgeSettingsRecord:
 
 @dataclass(frozen=True)
 class CostRecord:
-    """One line of the cost report: a throughput and what a million generated tokens cost."""
+    """One line of the cost report: a throughput and what a million generated tokens cost. ``timed_by`` says
+    what the throughput divides by (``costs`` shows no rate for a measured line without it: one stored
+    before the ledger, from wall time)."""
 
     gpu_type: str
     mode: str
@@ -218,3 +268,4 @@ class CostRecord:
     usd_per_mtok: float | None = None
     run_id: str | None = None
     note: str | None = None
+    timed_by: CostTiming | None = None

@@ -19,7 +19,8 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_quick_benchmark_compares_both_schedules_and_hf_on_identical_outputs(results: Path) -> None:
-    payload = main(["--quick", "--articles", "6"])  # max batch 4: a second group joins either way
+    # a test is no result: it runs on whatever tree it finds
+    payload = main(["--quick", "--allow-dirty", "--articles", "6"])  # max batch 4: a second group joins either way
     assert payload["identity"] == {"main_static_vs_continuous": True, "sidecar_static_vs_continuous": True,
                                    "main_vs_hf_plain": True}
     runs = {r["schedule"]: r for r in payload["runs"]}

@@ -14,7 +14,7 @@ bench_ingest = pytest.importorskip("bench.ingest")
 def test_the_quick_ingest_benchmark_stores_every_row_once_and_reruns_for_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
-    result = bench_ingest.main(["--quick", "--workdir", str(tmp_path / "work")])
+    result = bench_ingest.main(["--quick", "--allow-dirty", "--workdir", str(tmp_path / "work")])
     # 2,000 documents in parts of 250, the last of each an oom reject: 8 parts, 8 rejects
     assert (result["documents"], result["parts"], result["rejects"]) == (2_000, 8, 8)
     assert result["output_rows"] == 2 * (2_000 - 8)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,21 +38,114 @@ def test_splice_replaces_only_its_own_table(tmp_path: Path) -> None:
     assert page.read_text() == after
 
 
-def test_results_carry_commit_date_and_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_carry_commit_date_machine_torch_and_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    common.write_results("example", {"rows": [1]}, "| a |\n|---|\n| 1 |")
+    common.write_results("example", {"environment": common.environment(dtype=torch.bfloat16), "rows": [1]},
+                         "| a |\n|---|\n| 1 |")
     env = json.loads((tmp_path / "example.json").read_text())["environment"]
     assert len(env["commit"]) == 40 and isinstance(env["dirty"], bool)
-    assert env["date"].endswith("Z") and env["platform"] and env["cpu"] and env["torch"]
+    assert env["dirty_files"]["count"] == len(common.uncommitted_files())
+    assert env["date"].endswith("Z") and env["platform"] and env["cpu"] and env["cpus"] and env["torch"]
+    assert env["dtype"] == "bfloat16"
     last = (tmp_path / "example.md").read_text().strip().splitlines()[-1]
     assert last == common.provenance(env)
     assert env["commit"][:12] in last and env["date"][:10] in last and env["cpu"] in last
+    assert last.endswith(f", torch {env['torch']}, bfloat16.")
+    # a benchmark without a model says so: its dtype is None, not absent
+    assert common.environment()["dtype"] is None
+
+
+def test_a_result_without_its_environment_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="lacks its environment's"):
+        common.write_results("example", {"rows": [1]}, "table")
+    assert not (tmp_path / "example.json").exists()
 
 
 def test_a_payload_keeps_the_environment_it_brings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    env = {"commit": "0123456789abcdef", "dirty": True, "date": "2026-01-02T03:04:05Z", "cpu": "CPU Test", "cpus": 2}
+    env = {"commit": "0123456789abcdef", "dirty": True, "dirty_files": {"count": 2, "files": ["a.py", "b.py"]},
+           "date": "2026-01-02T03:04:05Z", "cpu": "CPU Test", "cpus": 2, "torch": "2.9.0", "dtype": "float32"}
     common.write_results("example", {"environment": env}, "table")
     assert json.loads((tmp_path / "example.json").read_text())["environment"] == env
     assert (tmp_path / "example.md").read_text().strip().endswith(
-        "Measured on commit `0123456789ab` with uncommitted changes, 2026-01-02 03:04:05 UTC, CPU Test (2 CPUs).")
+        "Measured on commit `0123456789ab` with uncommitted changes (2 files), 2026-01-02 03:04:05 UTC, CPU Test "
+        "(2 CPUs), torch 2.9.0, float32.")
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A real git checkout with one commit, as the benchmarks' repository."""
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "code.py").write_text("x = 1\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "code.py")
+    git(repo, "commit", "-q", "-m", "one")
+    monkeypatch.setattr(common, "REPO", repo)
+    return repo
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    common.add_bench_arguments(parser)
+    return common.parse_bench_args(parser, argv)
+
+
+def test_a_benchmark_refuses_a_dirty_tree_unless_told_and_records_that_it_was(
+        checkout: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a clean tree, and a benchmark's own outputs beside it, run
+    (checkout / "bench" / "results" / "old.json").write_text("{}")
+    assert parse(["--quick"]).profile == "quick"
+    assert common.environment()["dirty"] is False
+    # a modified tracked file, or a new file the commit lacks, is refused before anything runs
+    for change in (lambda: (checkout / "code.py").write_text("x = 2\n"), lambda: (checkout / "new.py").write_text("")):
+        change()
+        with pytest.raises(SystemExit) as refused:
+            parse(["--quick"])
+        assert refused.value.code == 2
+        [message] = capsys.readouterr().err.splitlines()
+        assert message.startswith("error: the working tree has ") and "--allow-dirty" in message
+    # told, it measures, says so, and the result records the tree and its changed files
+    assert parse(["--quick", "--allow-dirty"]).allow_dirty
+    assert capsys.readouterr().err.startswith("warning: the working tree has 2 uncommitted file(s)")
+    env = common.environment()
+    assert env["dirty"] is True and env["dirty_files"] == {"count": 2, "files": ["code.py", "new.py"]}
+    assert "with uncommitted changes (2 files)" in common.provenance(env)
+
+
+def test_outside_a_git_checkout_no_commit_can_be_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        parse([])
+    assert refused.value.code == 2
+    assert parse(["--allow-dirty"]).allow_dirty
+    assert (common.environment()["commit"], common.environment()["dirty"]) == (None, None)
+
+
+def test_run_all_hands_allow_dirty_to_every_benchmark(checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (checkout / "code.py").write_text("x = 3\n")
+    commands, real_run = [], subprocess.run
+
+    def run(command: list[str], **kwargs):  # the benchmarks are recorded, not run; git still runs
+        if command[0] != sys.executable:
+            return real_run(command, **kwargs)
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(run_all.subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["run_all", "--quick", "--only", "ingest,syncs"])
+    with pytest.raises(SystemExit):
+        run_all.main()
+    assert commands == []  # refused before any benchmark started
+    monkeypatch.setattr(sys, "argv", ["run_all", "--quick", "--only", "ingest,syncs", "--allow-dirty"])
+    run_all.main()
+    assert [c[2:] for c in commands] == [["bench.syncs", "--quick", "--allow-dirty"],
+                                         ["bench.ingest", "--quick", "--allow-dirty"]]

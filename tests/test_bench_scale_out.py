@@ -20,7 +20,7 @@ def test_the_quick_scale_out_benchmark_stores_every_document_once_per_mode_and_a
     from bench import scale_out
 
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
-    payload = scale_out.main(["--quick"])
+    payload = scale_out.main(["--quick", "--allow-dirty"])  # a test is no result: it runs on whatever tree it finds
     args = payload["args"]
     par, cost = payload["parallelism"], payload["overhead"]
     runs = par["one_worker"] + par["two_workers"]
@@ -44,12 +44,19 @@ def test_the_quick_scale_out_benchmark_stores_every_document_once_per_mode_and_a
              "parent_rest_s")
     assert sum(cost[p] for p in parts) == pytest.approx(cost["wall_s"])
     assert cost["model_s"] == pytest.approx(sum(s["model_s"] for s in cost["run"]["per_shard"]))
-    assert cost["overhead_pct"] == pytest.approx(100 * cost["overhead_s"] / cost["model_s"])
     assert all(cost[p] >= 0 for p in parts[:-1])
+    # the overhead is counted whole: everything but the models, shard start-up and model load included
+    assert cost["overhead_s"] == pytest.approx(cost["wall_s"] - cost["model_s"])
+    assert cost["overhead_pct"] == pytest.approx(100 * cost["overhead_s"] / cost["model_s"])
+    startup_s = cost["process_start_s"] + cost["input_s"]
+    assert cost["startup_pct"] == pytest.approx(100 * startup_s / cost["model_s"]) and startup_s > 0
+    assert cost["startup_pct"] + cost["after_startup_pct"] == pytest.approx(cost["overhead_pct"])
 
     saved = json.loads((tmp_path / "results" / "scale_out_quick.json").read_text())
     assert saved["command"] == "python -m bench.scale_out --quick" and saved["parallelism"]["speedup"] == par["speedup"]
     assert saved["overhead"]["overhead_pct"] == cost["overhead_pct"]
     table = (tmp_path / "results" / "scale_out_quick.md").read_text()
     assert "**Real parallelism**" in table and "**Overhead**" in table
+    assert f"Everything but the models came to {cost['overhead_pct']:.1f}% of model time" in table
+    assert "shard start-up and model load counted" in table
     assert table.strip().splitlines()[-1].startswith("Measured on commit")

@@ -163,6 +163,11 @@ def test_tag_tokens_from_measured_counts_keep_the_template_estimates() -> None:
     assert (tokens.document, tokens.summary, tokens.tags) == (723 - 14 - 21, 88, 28)
     assert (tokens.system, tokens.instruction, tokens.sidecar_instruction) == (14, 21, 25)
     assert TagTokens.from_measured(main_prompt=10, summary=5, tags=0.2).document == 0
+    # where the ledger counted them, the sidecar's masked instruction and its feed are the run's own
+    counted = TagTokens.from_measured(main_prompt=722.75, summary=87.75, tags=27.6, sidecar_instruction=31.5,
+                                      sidecar_feed=4.2)
+    assert (counted.sidecar_instruction, counted.sidecar_feed) == (32, 4)
+    assert TagTokens.from_measured(main_prompt=100, summary=5, tags=3, sidecar_feed=0).sidecar_feed == 1
 
 
 def test_catalog_entries_are_complete_and_positive() -> None:
@@ -317,6 +322,28 @@ def test_the_tagging_phase_is_a_prefill_then_a_decode_step_per_further_tag() -> 
     assert (bare.prefill_ms, bare.tag_tokens_per_s, bare.usd_per_million_tag_tokens) == (None, None, None)
 
 
+def test_a_sidecar_is_charged_its_instructions_share_of_the_main_draft_prefill() -> None:
+    facts = ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
+    h100 = load_catalog()["H100 SXM"]
+    tokens = TagTokens(document=600, summary=70, sidecar_instruction=25)
+    workload = Workload.from_model(facts, tokens, "1.5B")
+    # the main row's draft prefill holds the target's prompt and the masked instruction: 14 + 600 + 21 + 25
+    assert tokens.main_prefill == 660
+    main_prefill = prefill_seconds(facts, h100, 64, 660)
+    for mode in ("sidecar", "sidecar_attended"):
+        time = workload.tagging_time(mode, 64, h100)
+        # the ledger's rule: a forward's seconds shared in proportion to tokens
+        assert time.instruction_s == pytest.approx(main_prefill * 25 / 660)
+        assert time.seconds == pytest.approx(time.prefill_s + time.decode_s + time.instruction_s)
+    assert workload.tagging_time("standalone", 64, h100).instruction_s == 0
+    rows = {row.mode: row for row in project(workload, h100, [64])}
+    assert rows["sidecar"].instruction_ms == pytest.approx(main_prefill * 25 / 660 * 1000)
+    assert rows["standalone"].instruction_ms == 0
+    # with no instruction to hide, there is no line
+    plain = Workload.from_model(facts, TagTokens(document=600, summary=70, sidecar_instruction=0), "x")
+    assert plain.tagging_time("sidecar", 64, h100).instruction_s == 0
+
+
 def test_the_study_workload_prices_flops_from_the_study_drafts_shapes() -> None:
     assert STUDY_WORKLOAD.facts == ModelFacts.from_config(Qwen2Config(**QWEN_1_5B))
     # Its token counts give its KV figures at 28 KiB per token.
@@ -461,8 +488,12 @@ def test_cli_shows_prefill_and_decode_with_a_pair_config(tmp_path: Path) -> None
     custom = runner.invoke(app, [*args, "--bandwidth-tbs", "3.35", "--tflops", "989", "--json"])
     assert json.loads(custom.stdout)[1]["standalone_prefill_ms"] == pytest.approx(rows[1]["standalone_prefill_ms"])
     table = runner.invoke(app, [*args, "--gpu", "H100 SXM"])
-    assert "prefill + decode" in table.stdout
-    assert f"{rows[1]['standalone_prefill_ms']:.2f} + {rows[1]['standalone_decode_ms']:.2f}" in table.stdout
+    assert "prefill +" in table.stdout and "instr." in table.stdout
+    # batch 64: standalone prefill + decode, and the sidecar's instruction line beside the evicted one's cells
+    [*_, line] = [line for line in table.stdout.splitlines() if line.strip().startswith("64 ")]
+    assert f"{rows[1]['standalone_prefill_ms']:.2f} + {rows[1]['standalone_decode_ms']:.2f}" in line
+    assert f" {rows[1]['masked_instruction_ms']:.2f} " in line
+    assert rows[1]["masked_instruction_ms"] == rows[1]["full_instruction_ms"] > 0
 
 
 def test_cli_without_a_shape_or_flops_prices_no_prefill(tmp_path: Path) -> None:

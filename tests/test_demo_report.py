@@ -24,16 +24,24 @@ PROBABILITY_TALLY = TEXT_TALLY | {
     "margin": 0.031, "preference_ci": (0.4975, 0.5275)}
 
 
+# 1 vs 1.25 device ms per tag token over 32 tag tokens per request: the sidecar's 32 ms are 2 of prefill, 29 of
+# decode and 1 of its instruction line; the standalone tagger's 40 ms are 10 of prefill and 30 of decode
+HEADLINE = {"gpu_type": "NVIDIA H200", "pair": "qwen2.5-7b", "basis": "measured", "batch": 32,
+            "sidecar": {"tag_tokens": 32.0, "prefill_s": 0.002, "decode_s": 0.029, "instruction_s": 0.001},
+            "standalone": {"tag_tokens": 32.0, "prefill_s": 0.010, "decode_s": 0.030, "instruction_s": 0.0},
+            "sidecar_ms_per_tag_token": 1.0, "standalone_ms_per_tag_token": 1.25, "sidecar_saving_pct": 20.0,
+            "sidecar_tokens_per_s": 1000.0, "standalone_tokens_per_s": 800.0, "usd_per_gpu_hour": 3.5,
+            "sidecar_usd_per_mtok": 0.9722, "standalone_usd_per_mtok": 1.2153,
+            "kv_evicted_bytes": 1.3e6, "kv_attended_bytes": 13.8e6, "kv_standalone_bytes": 1.1e6}
+
+
 def findings(**changes) -> DemoFindings:
     values = dict(
         run_id="nightly-20261201-abc", db_path=Path("data/sidecar.duckdb"),
         rows=[{"doc_id": "a1", "title": "Council budget", "summary": LONG_SUMMARY,
                "sidecar_tags": ["budget", "council", "schools"], "standalone_tags": None}],
         judge=[TEXT_TALLY],
-        headline={"gpu_type": "NVIDIA H200", "pair": "qwen2.5-7b", "basis": "measured", "batch_sizes": [32],
-                  "sidecar_tokens_per_s": 1000.0, "standalone_tokens_per_s": 800.0, "usd_per_gpu_hour": 3.5,
-                  "sidecar_usd_per_mtok": 0.9722, "standalone_usd_per_mtok": 1.2153,
-                  "kv_evicted_bytes": 1.3e6, "kv_attended_bytes": 13.8e6, "kv_standalone_bytes": 1.1e6},
+        headline=HEADLINE,
         html_path=Path("data/cost_report/nightly-20261201-abc/cost_report.html"), seconds=412.0)
     return DemoFindings(**(values | changes))
 
@@ -59,12 +67,23 @@ def test_a_narrower_terminal_gets_a_narrower_report() -> None:
 
 
 def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
-    text = "\n".join(rendered(findings()))
-    assert "measured on NVIDIA H200, batch 32" in text
-    assert "1,000.0" in text and "$0.9722" in text and "$1.2153" in text
-    assert "1.30 MB evicted" in text and "13.80 MB attended" in text
-    # 1000 vs 800 tok/s: a sidecar token costs 20% less; 1.3 of 13.8 MB: eviction frees 91%
-    assert "costs 20% less than a standalone one" in text and "frees 91% of the KV" in text
+    lines = rendered(findings())
+    text = "\n".join(lines)
+    assert "measured on NVIDIA H200, batch 32; device time" in text
+    # 1 vs 1.25 ms per tag token: a sidecar token costs 20% less; 1.3 of 13.8 MB: eviction frees 91%
+    assert "a sidecar tag token costs 20% less than a standalone one (1.00 vs 1.25 ms)" in text
+    assert "frees 91% of the KV" in text
+    # under the verdict, the lines it follows from; the instruction line is the sidecar's own
+    table = lines[lines.index(next(line for line in lines if line.startswith("sidecar "))):]
+    assert table[:7] == [
+        "sidecar        32.0           1.00           $0.9722",
+        "  prefill      2.00",
+        "  decode       29.0",
+        "  instruction  1.00",
+        "standalone     40.0           1.25           $1.2153",
+        "  prefill      10.0",
+        "  decode       30.0"]
+    assert "1.30 MB evicted, 13.80 MB attended, 1.10 MB standalone" in text
     assert "judge   qwen-coder-small (prompt tags-v1)" in text
     assert "sidecar 1 wins, 2 ties, 0 losses of 4; position-consistent 2/3; 1 undecided" in text
     assert "SELECT * FROM results WHERE run_id = 'nightly-20261201-abc';" in text
@@ -85,7 +104,42 @@ def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliabl
 
 def test_missing_parts_say_why() -> None:
     text = "\n".join(rendered(findings(headline=None, judge=[], html_path=None)))
-    assert "no cost report headline" in text and "nothing judged" in text and "cost_report.html" not in text
+    assert "no measured cost verdict" in text and "nothing judged" in text and "cost_report.html" not in text
+    older = {k: v for k, v in HEADLINE.items() if k not in ("sidecar", "standalone")}
+    assert "no device-time lines" in "\n".join(rendered(findings(headline=older)))
+
+
+def test_the_demos_verdict_follows_from_the_numbers_printed_under_it(tmp_path: Path) -> None:
+    """A real run's rows in a real DuckDB file, the cost report's headline.json, the demo's closing lines: the
+    percentage it prints is what the device milliseconds per tag token printed under it give."""
+    import json
+
+    from test_report import drafts, stored_run
+
+    from study.report import write_cost_report
+
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b")
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    everything = rendered(findings(headline=json.loads(report.headline_path.read_text())), width=WIDTH)
+    assert max(map(len, everything)) <= WIDTH
+    start = next(i for i, line in enumerate(everything) if line.startswith("Cost of tagging"))
+    lines = everything[start:everything.index("", start)]
+    [verdict] = [line for line in lines if line.startswith("a sidecar tag token costs")]
+    printed = {line.split()[0]: [float(cell) for cell in line.split()[1:3]] for line in lines
+               if line.startswith(("sidecar ", "standalone "))}
+    per_token = {mode: values[1] for mode, values in printed.items()}
+    saving = (1 - per_token["sidecar"] / per_token["standalone"]) * 100
+    amount, direction = verdict.split("costs ")[1].split("% ")[0], verdict.split("% ")[1].split()[0]
+    assert (int(amount), direction) == (round(abs(saving)), "less" if saving >= 0 else "more")
+    assert f"({per_token['sidecar']:.1f} vs {per_token['standalone']:.1f} ms)" in verdict
+    # per request, each mode's lines add up to its total, and the total over its tag tokens is its ms per tag token
+    for mode, labels in (("sidecar", 3), ("standalone", 2)):
+        start = lines.index(next(line for line in lines if line.startswith(f"{mode} ")))
+        parts = [float(line.split()[1]) for line in lines[start + 1:start + 1 + labels]]
+        assert sum(parts) == pytest.approx(printed[mode][0], rel=0.01)
+    # and it is the cost report's own verdict
+    [measured] = [v for v in report.verdicts if v.basis == "measured"]
+    assert round(abs(measured.sidecar_saving_pct)) == int(amount)
 
 
 def test_summary_head_is_the_first_line_without_its_bullet() -> None:

@@ -22,7 +22,7 @@ from bench.gpu_check.parts import PARTS, errors
 from bench.gpu_check.syncs import SyncCounter
 from bench.gpu_check.throughput import throughput
 
-QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick"]
+QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, 
     monkeypatch.setattr("bench.gpu_check.pairs.is_fetched", lambda name: False)
     monkeypatch.setattr("bench.gpu_check.pairs.local_model_dir", lambda model_id: None)
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [part for part in PARTS if part[0] == "identity"])
-    payload = main(["--device", "cpu", "--quick", "--budget-s", "120"])
+    payload = main(["--device", "cpu", "--quick", "--allow-dirty", "--budget-s", "120"])
     assert set(payload["absent"]) == set(DEFAULT_PAIRS)
     assert "not fetched" in payload["absent"]["qwen-coder-small"] and "not on disk" in payload["absent"]["qwen2.5-7b"]
     assert [p["pair"] for p in payload["pairs"]] == ["tiny"] and "tiny random pair ran instead" in payload["fallback"]

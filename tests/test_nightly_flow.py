@@ -278,7 +278,8 @@ def test_demo_ends_with_a_report_of_what_it_found_in_80_columns(prefect_api, tmp
     assert sum(line.startswith("  standalone ") for line in lines) == 2
     # the demo ran the judge and the cost report after the nightly run, and reports both
     assert "judge: Completed" in result.output and "cost-report: Completed" in result.output
-    assert "cost_report.html" in report and "tag tok/s" in report and "MB evicted" in report
+    # the measured verdict, with the device ms per request and per tag token it follows from under it
+    assert "cost_report.html" in report and "ms / tag tok" in report and "MB evicted" in report
     # the tiny pair's random tags do not parse, so the judge skips both documents (tests/test_demo_report.py
     # renders a tally)
     assert "nothing judged" in report

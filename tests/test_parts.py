@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 from shard_parts import both_modes, record
@@ -25,6 +26,11 @@ from storage import (
 from storage import parts as parts_module
 from storage.connection import RetryPolicy
 from storage.migrate import known_migrations, migrate
+from storage.parts import STATS_TYPE
+
+# the fields migration 007 added to request_stats, and so to the stats of a part
+LEDGER_FIELDS = {"prefill_tokens", "prefill_forwards", "prefill_device_s", "decode_tokens", "decode_forwards",
+                 "decode_device_s", "instruction_tokens", "instruction_device_s", "queue_s", "first_token_s"}
 
 RUN = "run-1"
 DOCS = [Document(f"d{i}", f"Text of document {i}.", i, title=f"Title {i}") for i in range(4)]
@@ -259,6 +265,43 @@ def test_a_pyarrow_uri_location_works(db: Database, tmp_path: Path, location: st
         assert store.filesystem.get_file_info(store.parts(RUN)[0]).type == pafs.FileType.File
 
 
+def without_the_ledger(table: pa.Table) -> pa.Table:
+    """A part as a shard running code from before migration 007 wrote it: its stats lack the ledger fields."""
+    fields = [f for f in STATS_TYPE.value_type if f.name not in LEDGER_FIELDS]
+    old_schema = table.schema.set(table.schema.get_field_index("stats"),
+                                  pa.field("stats", pa.list_(pa.struct(fields))))
+    rows = table.to_pylist()
+    for row in rows:
+        row["stats"] = [{k: v for k, v in stats.items() if k not in LEDGER_FIELDS} for stats in row["stats"] or []]
+    return pa.Table.from_pylist(rows, schema=old_schema)
+
+
+@pytest.mark.parametrize("location", ["local", "mock"])
+def test_parts_carry_the_ledger_and_a_part_from_before_it_ingests_beside_them_without_one(
+        db: Database, tmp_path: Path, location: str) -> None:
+    store = PartStore(tmp_path / "results" if location == "local" else "mock:///results")
+    # the older attempt's part sorts first: its narrower stats must not narrow the newer part's
+    old = shard("s0000-a01-aaaa")
+    table = without_the_ledger(parts_module.part_table(old, both_modes("d0", device_s=1.0), []))
+    parts_module.write_atomically(store.filesystem, f"{store.launch_dir(RUN, old.launch_id)}/part-000001.parquet",
+                                  table)
+    store.writer(shard("s0001-a01-bbbb", 1)).write(both_modes("d1", device_s=1.0), [])
+    assert db.ingest_parts(RUN, store) == IngestResult(parts=2, skipped=0, outputs=4, rejects=0)
+    ledgers = {(r["doc_id"], r["mode"], r["phase"]): r for r in db.query(
+        "SELECT doc_id, mode, phase, prefill_tokens, prefill_device_s, decode_device_s, instruction_tokens, "
+        "instruction_device_s, first_token_s FROM request_stats")}
+    assert ledgers[("d1", "sidecar", "main")] | {"doc_id": None} == {
+        "doc_id": None, "mode": "sidecar", "phase": "main", "prefill_tokens": 50, "prefill_device_s": 0.2,
+        "decode_device_s": 0.8, "instruction_tokens": None, "instruction_device_s": None, "first_token_s": 0.1}
+    tagging = ledgers[("d1", "sidecar", "sidecar")]
+    assert (tagging["instruction_tokens"], tagging["instruction_device_s"]) == (25, 0.01)
+    assert all(v is None for key, row in ledgers.items() if key[0] == "d0"
+               for name, v in row.items() if name not in ("doc_id", "mode", "phase"))
+    [main] = db.query("SELECT requests, ledger_requests, tokens_per_s FROM throughput "
+                      "WHERE mode = 'sidecar' AND phase = 'main'")
+    assert main == {"requests": 2, "ledger_requests": 1, "tokens_per_s": 10.0}
+
+
 # -- attempts and throughput -------------------------------------------------------------------------------
 
 
@@ -291,17 +334,19 @@ def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(
 def test_throughput_has_one_row_per_gpu_type_of_a_run(db: Database, store: PartStore) -> None:
     # both attempts number their batches from 0: a batch is one attempt's, never merged across shards
     store.writer(shard("s0000-a01-aaaa", 0, gpu_type="NVIDIA H100")).write(
-        [record("d0", "sidecar", tokens=40, wall_s=1.0), record("d1", "sidecar", tokens=20, wall_s=0.5)], [])
+        [record("d0", "sidecar", tokens=40, wall_s=1.0, device_s=0.5),
+         record("d1", "sidecar", tokens=20, wall_s=0.5, device_s=0.25)], [])
     store.writer(shard("s0001-a01-bbbb", 1, gpu_type="NVIDIA A10G", host="gpu-b")).write(
-        [record("d2", "sidecar", tokens=30, wall_s=3.0)], [])
+        [record("d2", "sidecar", tokens=30, wall_s=3.0, device_s=2.0)], [])
     db.ingest_parts(RUN, store)
-    rows = db.query("SELECT gpu_type, device, requests, batches, new_tokens, wall_s, tokens_per_s FROM throughput "
-                    "WHERE run_id = ? AND phase = 'main' ORDER BY gpu_type", [RUN])
+    rows = db.query("SELECT gpu_type, device, requests, batches, new_tokens, wall_s, device_s, tokens_per_s "
+                    "FROM throughput WHERE run_id = ? AND phase = 'main' ORDER BY gpu_type", [RUN])
+    # tokens per attributed device second; the batch's wall clock stays beside it as latency
     assert rows == [
         {"gpu_type": "NVIDIA A10G", "device": "cuda:0", "requests": 1, "batches": 1, "new_tokens": 30,
-         "wall_s": 3.0, "tokens_per_s": 10.0},
+         "wall_s": 3.0, "device_s": 2.0, "tokens_per_s": 15.0},
         {"gpu_type": "NVIDIA H100", "device": "cuda:0", "requests": 2, "batches": 1, "new_tokens": 60,
-         "wall_s": 1.0, "tokens_per_s": 60.0}]
+         "wall_s": 1.0, "device_s": 0.75, "tokens_per_s": 80.0}]
     assert len(db.throughput(RUN)) == 4  # two GPU types x two phases
     # the per-request distribution of the cost report too: the run's own row names no GPU
     assert {(m["doc_id"], m["gpu_type"]) for m in db.request_acceptance(RUN)} == {
@@ -353,11 +398,12 @@ def test_migration_006_applies_on_a_database_made_by_005(tmp_path: Path) -> None
                     "target_forwards, draft_forwards, new_tokens, wall_s, ended_s) VALUES "
                     "('r', 'd0', 'sidecar', 'main', 0, 8, 6, 3, 8, 9, 2.0, NULL), "
                     "('r', 'd1', 'sidecar', 'main', 0, 8, 6, 3, 8, 9, 1.0, NULL)")
+    assert migrate(path, RetryPolicy(), known_migrations()[:6]) == 6
+    with duckdb.connect(str(path)) as con:
+        [row] = con.execute("SELECT gpu_type, device, requests, batches, wall_s, tokens_per_s FROM throughput "
+                            "WHERE run_id = 'r'").fetchall()
+    assert row == ("NVIDIA T4", "cuda:0", 2, 1, 2.0, 9.0)  # 007 takes the wall-clock rate away (test_storage)
     db = Database(path)
-    assert db.schema_version == 6
-    [row] = db.throughput("r")
-    assert (row["gpu_type"], row["device"], row["requests"], row["batches"], row["wall_s"], row["tokens_per_s"]) == (
-        "NVIDIA T4", "cuda:0", 2, 1, 2.0, 9.0)
     assert db.query("SELECT launch_id, host, device, gpu_type FROM request_stats LIMIT 1") == [
         {"launch_id": None, "host": None, "device": None, "gpu_type": None}]
     assert db.query("SELECT count(*) AS n FROM ingested_parts") == [{"n": 0}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -13,6 +14,8 @@ from urllib.request import url2pathname
 import pytest
 from transformers import Qwen2Config
 
+from sidecar.decoding.rows import GenerationStats
+from sidecar.tasks.rows import SidecarStats
 from storage import Database
 from storage.records import CostRecord, OutputRecord, RequestStats
 from study.cost import (
@@ -23,10 +26,11 @@ from study.cost import (
     TagTokens,
     Workload,
     load_catalog,
+    prefill_seconds,
 )
 from study.cost.workload import QWEN2_5_1_5B_CONFIG
 from study.report import Measurement, group_measurements, write_cost_report
-from study.report.blocks import fmt, fmt_usd
+from study.report.blocks import fmt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The draft of the rows' pair, qwen2.5-7b: Qwen2.5-1.5B-Instruct's published shapes.
@@ -42,8 +46,10 @@ def drafts(pair: str) -> Qwen2Config:
     return DRAFT_CONFIG
 
 
-def row(gpu_type: str, mode: str, phase: str, batch: int, tokens: float, seconds: float, **extra) -> dict:
-    """A row shaped like the storage ``throughput`` view's, one batch per row."""
+def row(gpu_type: str, mode: str, phase: str, batch: int, tokens: float, device_s: float, **extra) -> dict:
+    """A row shaped like the storage ``throughput`` view's, one batch per row, every request with a ledger:
+    ``device_s`` attributed device seconds, a tenth of them prefill. Its wall clock is three times that, as a
+    stream's clock runs on through other rows' steps: no rate may divide by it."""
     return {
         "run_id": "run-1",
         "pair": "qwen2.5-7b",
@@ -54,14 +60,20 @@ def row(gpu_type: str, mode: str, phase: str, batch: int, tokens: float, seconds
         "requests": batch,
         "batches": 1,
         "new_tokens": tokens,
-        "wall_s": seconds,
-        "tokens_per_s": tokens / seconds,
+        "wall_s": 3 * device_s,
+        "tokens_per_s": tokens / device_s,
         "acceptance_rate": None,
+        "ledger_requests": batch,
+        "ledger_new_tokens": tokens,
+        "device_s": device_s,
+        "prefill_device_s": device_s / 10,
+        "decode_device_s": device_s * 9 / 10,
+        "instruction_device_s": 0.0,
     } | extra
 
 
 def h200_rows(batch: int = 32) -> list[dict]:
-    # Sidecar: 1000 tag tokens in 1.0 s; standalone: the same tokens in 1.25 s, i.e. 20% dearer per token.
+    # Sidecar: 1000 tag tokens in 1.0 device s; standalone: the same tokens in 1.25 s, i.e. 20% dearer per token.
     # Each batch's longest row made 32 tag tokens: 31 decode steps, 20 ms each evicted, 22 ms attended.
     main = {"prompt_tokens": 635.0}  # the target's prompt per request: template, document, instruction
     return [
@@ -83,16 +95,24 @@ def section(markdown: str, heading: str) -> str:
     return markdown.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_rows_accept_the_view_columns_and_the_plain_names() -> None:
-    from_view = Measurement.from_row(row("NVIDIA H200", "sidecar", "sidecar", 8, 320, 0.8, requests=16, batches=2))
-    plain = Measurement.from_row(
-        {"gpu_type": "NVIDIA H200", "mode": "sidecar", "phase": "sidecar", "batch_size": 8, "tokens": 320,
-         "seconds": 0.8, "requests": 16, "batches": 2}
-    )  # fmt: skip
-    assert from_view.tokens == plain.tokens == 320 and from_view.seconds == plain.seconds == 0.8
-    assert from_view.throughput == pytest.approx(400.0)
+def test_rows_read_the_ledger_for_cost_and_the_wall_clock_for_latency_only() -> None:
+    from study.report.measurements import pooled_cost
+
+    view = Measurement.from_row(row("NVIDIA H200", "sidecar", "sidecar", 8, 320, 0.8, requests=16, batches=2,
+                                    ledger_requests=16, instruction_device_s=0.08))
+    assert view.has_ledger and view.tokens == 320 and view.seconds == pytest.approx(2.4)
+    cost = pooled_cost([view])
+    # per request: 20 tag tokens and 0.08 + 0.72 + 0.08 / 16 device seconds; the wall clock's 2.4 s count nowhere
+    assert (cost.tag_tokens, cost.prefill_s, cost.decode_s, cost.instruction_s) == pytest.approx(
+        (20, 0.005, 0.045, 0.005))
+    assert cost.tokens_per_s == pytest.approx(320 / 0.88)
+    # Written without a ledger: no rate, whatever its wall clock says.
+    unledgered = Measurement.from_row({"gpu_type": "NVIDIA H200", "mode": "sidecar", "phase": "sidecar",
+                                       "batch_size": 8, "tokens": 320, "seconds": 0.8, "requests": 16, "batches": 2})
+    assert not unledgered.has_ledger and pooled_cost([unledgered]) is None
+    assert pooled_cost([view, unledgered]) == cost  # and it does not dilute the rows that have one
     # Wall time holds the prefill: without decode times there is no step time rather than a wrong one.
-    assert from_view.step_ms is None and plain.step_ms is None
+    assert view.step_ms is None and unledgered.step_ms is None
     given = Measurement.from_row({**row("T4", "standalone", "sidecar", 4, 10, 1.0), "ms_per_step": 7.5})
     assert given.step_ms == 7.5 and given.is_tagging
     assert not Measurement.from_row(row("T4", "sidecar", "main", 4, 10, 1.0)).is_tagging
@@ -126,7 +146,7 @@ def test_runs_are_pooled_per_gpu_pair_mode_and_batch() -> None:
     ]
     [group] = group_measurements([Measurement.from_row(r) for r in rows])
     assert group.run_ids == ("a", "b")
-    assert group.tag_tokens_per_s == pytest.approx(200.0)  # 400 tokens over 2 s, not the mean of 100 and 300
+    assert group.tag_tokens_per_s == pytest.approx(200.0)  # 400 tokens over 2 device s, not the mean of 100 and 300
     assert group.summary_tokens_per_s == pytest.approx(400.0)
     assert group.acceptance_rate == pytest.approx(0.7)
 
@@ -149,10 +169,11 @@ def test_the_report_leads_with_the_verdict_and_the_usd_plot(tmp_path: Path) -> N
     headings = re.findall(r"^## (.+)$", report.markdown, flags=re.MULTILINE)
     assert headings == ["Verdict per GPU type", "What this report compares", "What was measured", "What was projected",
                         "Calibration: measured ÷ projected", "What the roofline leaves out", "More plots"]  # fmt: skip
-    # the measured verdict, then the $ plot, then the projected verdicts
+    # the verdict table (measured, then projected rows), the $ plot, then the lines the measured verdict adds up
     verdicts = section(report.markdown, "Verdict per GPU type")
     plot = f"]({report.plot_paths['usd_per_mtok'].name})"
-    assert verdicts.index("| measured |") < verdicts.index(plot) < verdicts.index("| projected |")
+    assert verdicts.index("| measured |") < verdicts.index("| projected |") < verdicts.index(plot) \
+        < verdicts.index("| device ms / request | device ms / tag token |")
     # the HTML page says the same in the same order
     page = report.html_path.read_text(encoding="utf-8")
     assert re.findall(r"<h2>(.+?)</h2>", page) == headings
@@ -162,23 +183,53 @@ def test_the_report_leads_with_the_verdict_and_the_usd_plot(tmp_path: Path) -> N
 def test_measured_verdict_says_how_much_cheaper_the_sidecar_is(tmp_path: Path) -> None:
     report = write_cost_report(h200_rows(), tmp_path)
     verdicts = section(report.markdown, "Verdict per GPU type")
-    assert "| GPU type | pair | basis | batch | sidecar tok/s | standalone tok/s |" in verdicts
-    # 1000 vs 800 tag tokens/s at $3.50/h: $0.9722 vs $1.2153 per 1M, the sidecar 20% cheaper.
-    assert "| NVIDIA H200 | qwen2.5-7b | measured | 32 | 1,000 | 800 | $0.9722 | $1.2153 | 20.0% cheaper |" in verdicts
-    assert "a sidecar tag token costs 20.0% less than a standalone tagger's" in verdicts
+    assert "| GPU type | basis | pair | batch 32 | batch 64 | batch 128 |" in verdicts
+    # 1 vs 1.25 device ms per tag token: the sidecar 20% cheaper, and so at $3.50/h $0.9722 vs $1.2153 per 1M
+    assert "| NVIDIA H200 | measured | qwen2.5-7b | 20.0% cheaper | – | – |" in verdicts
+    assert ("a sidecar tag token costs 20.0% less than a standalone tagger's: 1 vs 1.25 device ms per tag token "
+            "($0.9722 vs $1.2153 per 1M tag tokens at $3.50/GPU-hour)") in verdicts
     [measured] = [v for v in report.verdicts if v.basis == "measured"]
     assert measured.sidecar_saving_pct == pytest.approx(20.0)
-    # Every other catalog GPU gets a projected verdict; the measured H200 is not projected again.
-    projected = {v.gpu_type for v in report.verdicts if v.basis == "projected"}
-    assert projected == set(load_catalog()) - {"H200"}
+    # Every catalog GPU gets projected verdicts at the measured batch and 32, 64 and 128, the measured H200 too.
+    projected = {(v.gpu_type, v.batch) for v in report.verdicts if v.basis == "projected"}
+    assert projected == {(gpu, batch) for gpu in load_catalog() for batch in (32, 64, 128)}
+    assert "| H200 | projected | source study shapes: Qwen2.5-7B/1.5B |" in verdicts
 
 
-def test_the_headline_is_the_measured_verdict_with_the_kv_per_request(tmp_path: Path) -> None:
+def test_the_verdict_table_shows_the_measured_batch_and_32_to_128_projected_with_a_note(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(batch=4), tmp_path, draft_config=drafts)
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    _, table, note, *_ = [block for block in verdicts.split("\n\n") if block.strip()]
+    assert table.splitlines()[0] == "| GPU type | basis | pair | batch 4 | batch 32 | batch 64 | batch 128 |"
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    # one measured row at the batch it ran, then a projected row per catalog GPU type, of the measured pair
+    assert [(r[0].lstrip("| "), r[1], r[2]) for r in rows] == [("NVIDIA H200", "measured", "qwen2.5-7b")] + [
+        (gpu, "projected", PAIR_WORKLOAD) for gpu in load_catalog()]
+    assert rows[0][4:] == ["–", "–", "– |"]
+    assert all(cell.rstrip(" |").endswith(("cheaper", "dearer", "even")) for r in rows[1:] for cell in r[3:])
+    # each projected cell is its verdict's saving
+    [h100] = [v for v in report.verdicts if (v.gpu_type, v.pair, v.batch) == ("H100 SXM", PAIR_WORKLOAD, 64)]
+    h100_row = next(r for r in rows if r[0] == "| H100 SXM")
+    assert h100.sidecar_saving_pct > 0 and h100_row[5] == f"{h100.sidecar_saving_pct:.1f}% cheaper"
+    assert "Rows marked measured are this report's runs" in note
+    assert "Rows marked projected are not measurements" in note
+    assert "at batch 4, 32, 64 and 128 (the measured batch 4, and 32-128" in note
+    # the study's shapes are projected too, summed up under the plot rather than in the table
+    assert STUDY not in table and f"Projected with {STUDY} on 7 GPU types" in verdicts
+
+
+def test_the_headline_is_the_measured_verdict_with_its_lines_and_the_kv_per_request(tmp_path: Path) -> None:
     report = write_cost_report(h200_rows(), tmp_path, draft_config=drafts)
     headline = report.headline
-    assert (headline.gpu_type, headline.pair, headline.basis, headline.batch_sizes) == (
-        "NVIDIA H200", "qwen2.5-7b", "measured", (32,))
-    assert (headline.sidecar_tokens_per_s, headline.standalone_tokens_per_s) == (1000, 800)
+    assert (headline.gpu_type, headline.pair, headline.basis, headline.batch) == (
+        "NVIDIA H200", "qwen2.5-7b", "measured", 32)
+    # per request: 1000 / 32 tag tokens, a tenth of the device seconds prefill
+    assert headline.sidecar == pytest.approx({"tag_tokens": 1000 / 32, "prefill_s": 0.1 / 32, "decode_s": 0.9 / 32,
+                                              "instruction_s": 0.0})
+    assert headline.standalone["prefill_s"] == pytest.approx(0.125 / 32)
+    assert (headline.sidecar_ms_per_tag_token, headline.standalone_ms_per_tag_token) == pytest.approx((1.0, 1.25))
+    assert headline.sidecar_saving_pct == pytest.approx(20.0)
+    assert (headline.sidecar_tokens_per_s, headline.standalone_tokens_per_s) == pytest.approx((1000, 800))
     assert headline.sidecar_usd_per_mtok == pytest.approx(0.9722, abs=1e-4)
     assert headline.standalone_usd_per_mtok == pytest.approx(1.2153, abs=1e-4)
     kv = h200_workload().kv_bytes_per_request
@@ -194,60 +245,85 @@ def test_the_headline_is_the_measured_verdict_with_the_kv_per_request(tmp_path: 
 def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:
     report = write_cost_report([], tmp_path)
     assert "Nothing was measured" in report.markdown
-    assert {v.gpu_type for v in report.verdicts} == set(load_catalog())
+    expected = {(gpu, batch) for gpu in load_catalog() for batch in (32, 64, 128)}
+    assert {(v.gpu_type, v.batch) for v in report.verdicts} == expected
     # Evicted, the sidecar still reads its main prompt's KV (3.7 vs 3.0 MB): per step it cannot beat standalone,
-    # but it skips the standalone's prefill of the summary, which at batch 32 weighs more on every catalog GPU.
-    assert all(v.sidecar_split.decode_s > v.standalone_split.decode_s for v in report.verdicts)
+    # but it skips the standalone's prefill of the summary, which from batch 32 on weighs more on every catalog
+    # GPU than that and its instruction line together.
+    assert all(v.sidecar.decode_s > v.standalone.decode_s for v in report.verdicts)
+    assert all(v.sidecar.instruction_s > 0 == v.standalone.instruction_s for v in report.verdicts)
     assert all(v.sidecar_saving_pct > 0 for v in report.verdicts)
-    assert "prefill and decode: a sidecar tag token costs" in section(report.markdown, "Verdict per GPU type")
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    assert "no row is measured" in verdicts
+    assert "prefill, decode and instruction lines: a sidecar tag token costs" in verdicts
     assert {r["source"] for r in report.cost_rows} == {"projected"}
+    assert {r["timed_by"] for r in report.cost_rows} == {"roofline"}
     assert len(report.cost_rows) == len(load_catalog()) * 3 * len(DEFAULT_BATCHES)
 
 
 def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_path: Path) -> None:
     report = write_cost_report([], tmp_path, reference_batch=64)
-    [h100] = [v for v in report.verdicts if v.gpu_type == "H100 SXM"]
+    [h100] = [v for v in report.verdicts if v.gpu_type == "H100 SXM" and v.batch == 64]
     # The standalone tagger's summary prefill is the cost a sidecar avoids: priced, it is cheaper.
     assert h100.sidecar_saving_pct > 5
     # At batch 64 that prefill costs about as much per request as the tag tokens' decode steps.
-    alone, sidecar = h100.standalone_split, h100.sidecar_split
+    alone, sidecar = h100.standalone, h100.sidecar
     assert 0.3 < alone.prefill_s / alone.decode_s < 3
     assert sidecar.prefill_s < alone.prefill_s / 5
-    # The rates are the whole tagging phase's: a batch's tag tokens over its prefill and decode steps.
-    tags = STUDY_WORKLOAD.tokens.tags
-    assert h100.standalone_tokens_per_s == pytest.approx(tags / (alone.prefill_s + alone.decode_s))
-    assert h100.sidecar_tokens_per_s == pytest.approx(tags / (sidecar.prefill_s + sidecar.decode_s))
-    # The verdicts show them side by side, in ms per request.
+    # The sidecar's instruction line: its 25 tokens' share of the main draft prefill, per request.
+    tokens = STUDY_WORKLOAD.tokens
+    main_prefill = prefill_seconds(STUDY_WORKLOAD.facts, load_catalog()["H100 SXM"], 64, tokens.main_prefill)
+    assert sidecar.instruction_s == pytest.approx(main_prefill / 64 * 25 / tokens.main_prefill)
+    # The rates are the whole tagging phase's: a request's tag tokens over its lines.
+    assert h100.standalone_tokens_per_s == pytest.approx(tokens.tags / (alone.prefill_s + alone.decode_s))
+    assert h100.sidecar_tokens_per_s == pytest.approx(
+        tokens.tags / (sidecar.prefill_s + sidecar.decode_s + sidecar.instruction_s))
+    # The lines side by side, in ms per request, at the reference batch.
     verdicts = section(report.markdown, "Verdict per GPU type")
-    assert "| sidecar prefill ms | sidecar decode ms | standalone prefill ms | standalone decode ms |" in verdicts
-    cells = " | ".join(fmt(seconds * 1000) for s in (sidecar, alone) for seconds in (s.prefill_s, s.decode_s))
-    assert f"| H100 SXM | {STUDY} | projected | 64 | {cells} |" in verdicts
-    assert f"| {fmt_usd(h100.standalone_usd_per_mtok)} | {h100.sidecar_saving_pct:.1f}% cheaper |" in verdicts
-    # The cost rows of the projection count the prefill too.
+    assert ("| sidecar prefill ms | sidecar decode ms | sidecar instruction ms | standalone prefill ms | "
+            "standalone decode ms |") in verdicts
+    lines = (sidecar.prefill_s, sidecar.decode_s, sidecar.instruction_s, alone.prefill_s, alone.decode_s)
+    assert f"| H100 SXM | {STUDY} | 64 | {' | '.join(fmt(s * 1000) for s in lines)} |" in verdicts
+    cell = f"{h100.sidecar_saving_pct:.1f}% cheaper"
+    assert f"| H100 SXM | projected | {STUDY} | " in verdicts and cell in verdicts
+    # The cost rows of the projection count every line too.
     row = next(r for r in report.cost_rows if r["gpu_type"] == "H100 SXM" and r["mode"] == "standalone"
                and r["batch_size"] == 64)  # fmt: skip
     assert row["tokens_per_s"] == pytest.approx(h100.standalone_tokens_per_s)
     assert "prefill and decode" in row["note"]
+    sidecar_row = next(r for r in report.cost_rows if r["gpu_type"] == "H100 SXM" and r["mode"] == "sidecar"
+                       and r["batch_size"] == 64)  # fmt: skip
+    assert sidecar_row["tokens_per_s"] == pytest.approx(h100.sidecar_tokens_per_s)
+    assert "instruction line" in sidecar_row["note"]
 
 
-def test_a_measured_verdict_splits_prefill_and_decode_where_both_were_measured(tmp_path: Path) -> None:
+def test_a_measured_verdict_shows_its_lines_per_request_from_the_ledger(tmp_path: Path) -> None:
     rows = [
-        row("NVIDIA H200", "sidecar", "sidecar", 32, 1000, 1.0, prefill_s=0.05, decode_s=0.95),
-        row("NVIDIA H200", "standalone", "sidecar", 32, 1000, 1.25, prefill_s=0.3, decode_s=0.95),
+        row("NVIDIA H200", "sidecar", "sidecar", 32, 1000, 1.0, prefill_device_s=0.05, decode_device_s=0.9,
+            instruction_device_s=0.05),
+        row("NVIDIA H200", "standalone", "sidecar", 32, 1000, 1.25, prefill_device_s=0.3, decode_device_s=0.95),
     ]
-    [verdict] = [v for v in write_cost_report(rows, tmp_path).verdicts if v.basis == "measured"]
-    assert (verdict.sidecar_split.prefill_s, verdict.sidecar_split.decode_s) == pytest.approx((0.05 / 32, 0.95 / 32))
-    assert verdict.standalone_split.prefill_s == pytest.approx(0.3 / 32)
-    # without prefill times there is no split to show
-    [verdict] = [v for v in write_cost_report(h200_rows(), tmp_path / "none").verdicts if v.basis == "measured"]
-    assert verdict.sidecar_split is None and verdict.standalone_split is None
+    report = write_cost_report(rows, tmp_path)
+    [verdict] = [v for v in report.verdicts if v.basis == "measured"]
+    assert (verdict.sidecar.prefill_s, verdict.sidecar.decode_s, verdict.sidecar.instruction_s) == pytest.approx(
+        (0.05 / 32, 0.9 / 32, 0.05 / 32))
+    assert verdict.standalone.prefill_s == pytest.approx(0.3 / 32)
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    for line in ("| sidecar | prefill: catch-up and bridge feed | 1.562 |  |",
+                 "| sidecar | decode: draft steps | 28.12 |  |",
+                 "| sidecar | instruction: its share of the main draft prefill | 1.562 |  |",
+                 "| sidecar | total, 31.25 tag tokens | 31.25 | 1 |",
+                 "| standalone | prefill: whole prompt | 9.375 |  |",
+                 "| standalone | total, 31.25 tag tokens | 39.06 | 1.25 |"):
+        assert f"| NVIDIA H200 | qwen2.5-7b | 32 {line}" in verdicts
 
 
 def test_a_workload_without_a_shape_is_projected_on_decode_steps_only(tmp_path: Path) -> None:
     bare = Workload("bytes only", STUDY_WORKLOAD.weight_bytes_per_step, STUDY_WORKLOAD.kv_bytes_per_request, "")
     report = write_cost_report([], tmp_path, study_workload=bare)
-    assert all(not v.prefill_priced and v.sidecar_split is None for v in report.verdicts)
-    assert "costs 0.7% more than a standalone tagger's" in section(report.markdown, "Verdict per GPU type")
+    assert all(not v.prefill_priced and v.sidecar.instruction_s == 0 for v in report.verdicts)
+    assert "decode steps only: a sidecar tag token costs 0.7% more at batch 32" in section(
+        report.markdown, "Verdict per GPU type")
     assert "decode steps only" in report.verdicts[0].sentence
 
 
@@ -318,7 +394,7 @@ def test_a_device_outside_the_catalog_is_reported_as_measured_only(tmp_path: Pat
     assert f"Measured only (not in the GPU catalog, so no bandwidth or price): {cpu}." in report.markdown
     [verdict] = [v for v in report.verdicts if v.basis == "measured"]
     assert verdict.usd_per_gpu_hour is None and verdict.sidecar_saving_pct == pytest.approx(20.0)
-    assert "in device time (no catalog price for this device)" in verdict.sentence
+    assert "100 vs 125 device ms per tag token (no catalog price for this device)" in verdict.sentence
     measured_rows = [r for r in report.cost_rows if r["source"] == "measured"]
     assert {r["usd_per_mtok"] for r in measured_rows} == {None}
 
@@ -330,24 +406,39 @@ def test_a_gpu_measured_in_one_mode_only_is_named_as_not_compared(tmp_path: Path
 
 
 def stored_run(path: Path, pair: str) -> Database:
-    """A database holding one run of two documents in a batch of 2, tagged as a sidecar and standalone."""
+    """A database holding one run of two documents, stored as the engine writes them (its stats dicts with the
+    device-time ledger): as a sidecar in a stream of batch 2 whose sidecar rows ran beside main rows of later
+    requests, finishing 30 and 34 s into the stream; and by a standalone tagger in a batch of its own."""
     db = Database(path)
     db.start_run("run-1", {}, pair=pair, device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
                  code_version="test", modes=("sidecar", "standalone"))  # fmt: skip
 
-    def output(doc: str, mode: str, tag_seconds: float, accepted: int) -> OutputRecord:
-        # after a shared 0.1 s prefill, d1 tags with 16 tokens and d2 finishes 0.05 s earlier with 12
-        tags, early = (16, 0.0) if doc == "d1" else (12, 0.05)
-        stats = [RequestStats("sidecar", new_tokens=tags, prefill_s=0.1, decode_s=tag_seconds - 0.1 - early,
-                              wall_s=tag_seconds - early, kv_bytes=4_000_000, batch_size=2)]  # fmt: skip
-        if mode == "sidecar":
-            stats.append(RequestStats("main", new_tokens=64, drafted=80, accepted=accepted, target_forwards=20,
-                                      prompt_tokens=500, wall_s=2.0, batch_size=2))  # fmt: skip
-        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
-                            tags=["#a"], batch_id=0, stats=stats)  # fmt: skip
+    def ledger(prefill_tokens: int, prefill_s: float, tokens: int, decode_s: float, **extra: float) -> dict:
+        return {"prefill_tokens": prefill_tokens, "prefill_forwards": 1, "prefill_device_seconds": prefill_s,
+                "decode_tokens": tokens, "decode_forwards": tokens, "decode_device_seconds": decode_s,
+                "queue_seconds": 0.0, "first_token_seconds": 0.1} | extra  # fmt: skip
 
-    db.write_batch("run-1", [output(d, m, s, a) for d, a in (("d1", 60), ("d2", 20))
-                             for m, s in (("sidecar", 0.4), ("standalone", 0.5))])  # fmt: skip
+    def output(doc: str, mode: str, accepted: int) -> OutputRecord:
+        # d1 tags with 16 tokens, d2 with 12; each batch decoded until d1's 16th token, 15 steps after the prefill
+        tags, decode_wall = (16, 0.3) if doc == "d1" else (12, 0.25)
+        if mode == "sidecar":
+            # the sidecar feeds 3 tokens and is charged its 25 instruction tokens' share of the main draft prefill
+            tagging = SidecarStats(new_tokens=tags, feed_tokens=3, feed_seconds=0.01, decode_seconds=decode_wall,
+                                   seconds=decode_wall + 0.01, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
+                3, 0.004, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=25, instruction_device_seconds=0.006)
+            main = GenerationStats(prompt_tokens=500, new_tokens=64, drafted=80, accepted=accepted, target_forwards=20,
+                                   wall_seconds=2.0, batch_size=2).as_dict() | ledger(525, 0.2, 64, 1.0)
+            stats = [replace(RequestStats.main_phase(main), ended_s=2.0 if doc == "d1" else 6.0),
+                     replace(RequestStats.sidecar_phase(tagging), ended_s=30.0 if doc == "d1" else 34.0)]
+        else:
+            tagging = SidecarStats(new_tokens=tags, feed_tokens=90, feed_seconds=0.1, decode_seconds=decode_wall + 0.1,
+                                   seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
+                90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0)
+            stats = [replace(RequestStats.sidecar_phase(tagging), ended_s=0.5 if doc == "d1" else 0.45)]
+        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
+                            tags=["#a"], batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
+
+    db.write_batch("run-1", [output(d, m, a) for d, a in (("d1", 60), ("d2", 20)) for m in ("sidecar", "standalone")])
     return db
 
 
@@ -357,20 +448,61 @@ def test_report_is_fed_by_storage_and_fills_the_costs_table(tmp_path: Path) -> N
                                acceptance=db.request_acceptance("run-1"))  # fmt: skip
 
     [verdict] = [v for v in report.verdicts if v.basis == "measured"]
-    # 28 tag tokens per batch over its longest row's wall time
-    assert (verdict.sidecar_tokens_per_s, verdict.standalone_tokens_per_s) == pytest.approx((70.0, 56.0))
-    # the batch decoded until d1's 16th token: 15 steps after the prefill, in 0.3 s and 0.4 s
+    # 28 tag tokens over 0.3 (sidecar: 0.008 prefill + 0.28 decode + 0.012 instruction) and 0.4 device seconds
+    assert (verdict.sidecar_tokens_per_s, verdict.standalone_tokens_per_s) == pytest.approx((28 / 0.3, 70.0))
+    # latency, not cost: each batch decoded until d1's 16th token, 15 steps after the prefill, in 0.3 and 0.4 s
     step_ms = {r["mode"]: r["ms_per_step"] for r in report.cost_rows if r["source"] == "measured"}
     assert step_ms == pytest.approx({"sidecar": 300 / 15, "standalone": 400 / 15})
     assert "| NVIDIA H200 | qwen2.5-7b | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in report.markdown
+    # the projection of the pair counts the run's own instruction and feed tokens
+    assert (report.headline and report.headline.pair) == "qwen2.5-7b"
     db.write_costs([CostRecord(**r) for r in report.cost_rows])
-    stored = db.query("SELECT source, pair, count(*) AS n FROM cost_estimates GROUP BY ALL ORDER BY source, pair")
+    stored = db.query("SELECT source, pair, timed_by, count(*) AS n FROM cost_estimates GROUP BY ALL "
+                      "ORDER BY source, pair")
     per_projection = len(load_catalog()) * 3 * len(DEFAULT_BATCHES)
     assert stored == [
-        {"source": "measured", "pair": "qwen2.5-7b", "n": 2},
-        {"source": "projected", "pair": PAIR_WORKLOAD, "n": per_projection},
-        {"source": "projected", "pair": STUDY, "n": per_projection},
+        {"source": "measured", "pair": "qwen2.5-7b", "timed_by": "device_ledger", "n": 2},
+        {"source": "projected", "pair": PAIR_WORKLOAD, "timed_by": "roofline", "n": per_projection},
+        {"source": "projected", "pair": STUDY, "timed_by": "roofline", "n": per_projection},
     ]
+    costs = {r["mode"]: r for r in db.query("SELECT * FROM costs WHERE source = 'measured'")}
+    assert costs["sidecar"]["tokens_per_s"] == pytest.approx(verdict.sidecar_tokens_per_s)
+    assert costs["sidecar"]["usd_per_mtok"] == pytest.approx(verdict.sidecar_usd_per_mtok)
+
+
+def ms_per_tag_token(markdown: str, mode: str) -> float:
+    """The 'device ms / tag token' cell of ``mode``'s total line in the table under the measured verdict."""
+    [line] = [line for line in markdown.splitlines() if f"| {mode} | total, " in line]
+    return float(line.strip(" |").split(" | ")[-1])
+
+
+def test_the_measured_verdict_is_the_ratio_of_attributed_seconds_per_tag_token_in_its_table(tmp_path: Path) -> None:
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b")
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    [verdict] = [v for v in report.verdicts if v.basis == "measured"]
+    verdicts = section(report.markdown, "Verdict per GPU type")
+
+    # the table under the verdict: 0.3 s over 28 tag tokens against 0.4 s, per tag token
+    sidecar, standalone = ms_per_tag_token(verdicts, "sidecar"), ms_per_tag_token(verdicts, "standalone")
+    assert (sidecar, standalone) == pytest.approx((300 / 28, 400 / 28), rel=1e-3)
+    # the verdict's ratio is the table's, to the 4 significant digits the table prints
+    verdict_ratio = 1 - verdict.sidecar_saving_pct / 100
+    assert verdict_ratio == pytest.approx(sidecar / standalone, rel=1e-3)
+    # and what the verdict table, its sentence and headline.json print is that saving
+    saving = f"{verdict.sidecar_saving_pct:.1f}%"
+    assert f"| NVIDIA H200 | measured | qwen2.5-7b | {saving} cheaper |" in verdicts
+    assert f"a sidecar tag token costs {saving} less than a standalone tagger's" in verdicts
+    assert json.loads(report.headline_path.read_text())["sidecar_saving_pct"] == verdict.sidecar_saving_pct
+
+    # and the same, exactly, from the rows the engine wrote: attributed seconds per tag token per mode
+    per_token = {r["mode"]: r["s"] for r in db.query(
+        "SELECT mode, sum(prefill_device_s + decode_device_s + coalesce(instruction_device_s, 0)) / sum(new_tokens) "
+        "AS s FROM request_stats WHERE phase = 'sidecar' GROUP BY mode")}
+    assert verdict.sidecar_saving_pct == pytest.approx((1 - per_token["sidecar"] / per_token["standalone"]) * 100)
+    # The stream's clock says the opposite (28 tag tokens by 34 s into the stream against 0.5 s): the accounting
+    # artefact that no rate divides by any more.
+    wall = {r["mode"]: r["new_tokens"] / r["wall_s"] for r in db.throughput("run-1") if r["phase"] == "sidecar"}
+    assert wall["sidecar"] < wall["standalone"] / 10 and verdict.sidecar_saving_pct > 0
 
 
 def test_the_flow_links_each_file_by_its_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

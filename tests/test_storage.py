@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -25,7 +28,7 @@ from storage import (
 )
 from storage.connection import RetryPolicy
 from storage.migrate import Migration, known_migrations, migrate
-from storage.records import AttemptStatus, CostSource, GameKind, JudgeMode, Phase, RunStatus
+from storage.records import AttemptStatus, CostSource, CostTiming, GameKind, JudgeMode, Phase, RunStatus
 from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 from vocab.modes import MODES
@@ -154,6 +157,7 @@ def check_values(path: Path, table: str, column: str) -> tuple[object, ...]:
     ("judgement_games", "kind", get_args(GameKind)),
     ("judge_settings", "mode", get_args(JudgeMode)),
     ("cost_estimates", "source", get_args(CostSource)),
+    ("cost_estimates", "timed_by", get_args(CostTiming)),
     ("documents", "status", get_args(DocumentStatus)),
     ("runs", "status", get_args(RunStatus)),
     ("shard_attempts", "status", get_args(AttemptStatus)),
@@ -365,7 +369,7 @@ def test_results_show_a_document_only_once_all_its_modes_are_written(db: Databas
     assert db.results("other-run") == []
 
 
-def test_throughput_uses_batch_wall_time_and_shared_counters(db: Database) -> None:
+def test_throughput_keeps_batch_wall_time_and_shared_counters_but_no_wall_clock_rate(db: Database) -> None:
     start(db, gpu_type="NVIDIA H200", batch_size=2)
 
     def stats(tokens: int, drafted: int, accepted: int, forwards: int, wall: float) -> list[RequestStats]:
@@ -380,7 +384,8 @@ def test_throughput_uses_batch_wall_time_and_shared_counters(db: Database) -> No
     assert (row["gpu_type"], row["requests"], row["batches"], row["batch_size"]) == ("NVIDIA H200", 3, 2, 2)
     assert row["new_tokens"] == 60
     assert row["wall_s"] == pytest.approx(4.0)
-    assert row["tokens_per_s"] == pytest.approx(15.0)
+    # written without a device-time ledger (an older engine): no rate at all, never 60 tokens / 4.0 s
+    assert (row["tokens_per_s"], row["device_s"], row["ledger_requests"]) == (None, None, 0)
     assert row["acceptance_rate"] == pytest.approx(54 / 72)
     assert row["tokens_per_target_forward"] == pytest.approx(3.0)
 
@@ -398,8 +403,53 @@ def test_a_streamed_batch_takes_until_its_last_row_ended_not_its_longest_row(db:
                              output("d3", "sidecar", ["#a"], 7, stats(20, 2.0, 3.0))])
     [row] = db.query("SELECT * FROM throughput WHERE mode = 'sidecar' AND phase = 'main'")
     assert (row["requests"], row["batches"]) == (3, 1)
-    assert row["wall_s"] == pytest.approx(3.0)
-    assert row["tokens_per_s"] == pytest.approx(55 / 3.0)
+    assert row["wall_s"] == pytest.approx(3.0)  # latency: the stream's clock
+    assert row["tokens_per_s"] is None  # and no rate from it
+
+
+def ledger(tokens: int, prefill_s: float, decode_s: float, **extra: float) -> dict[str, float]:
+    """The ledger keys of an engine stats dict (``GenerationStats.as_dict()``, ``SidecarStats.as_dict()``)."""
+    return {"prefill_tokens": 40, "prefill_forwards": 1, "prefill_device_seconds": prefill_s,
+            "decode_tokens": tokens, "decode_forwards": tokens, "decode_device_seconds": decode_s,
+            "queue_seconds": 0.5, "first_token_seconds": 1.0} | extra
+
+
+def test_throughput_rates_divide_by_attributed_device_seconds_not_the_streams_clock(db: Database) -> None:
+    start(db, batch_size=2)
+    # One stream: d1's and d2's main rows, then their sidecar rows beside the main rows of later requests. On
+    # the stream's clock the sidecar phase ends at 9 s and 10 s; the ledger charged the sidecar rows 0.3 s and
+    # 0.5 s of device time (prefill, decode and the instruction line), the main rows 2 s each.
+    def sidecar(doc: str, tags: int, device: tuple[float, float, float], ended: float) -> OutputRecord:
+        main = RequestStats.main_phase({"new_tokens": 20, "wall_seconds": 4.0, "batch_size": 2}
+                                       | ledger(20, 0.5, 1.5))
+        tagging = RequestStats.sidecar_phase(
+            {"new_tokens": tags, "seconds": 2.0, "feed_tokens": 4, "batch_size": 2}
+            | ledger(tags, device[0], device[1], prefill_tokens=4, instruction_tokens=25,
+                     instruction_device_seconds=device[2]))
+        return output(doc, "sidecar", ["#a"], 3, stats=[replace(main, ended_s=ended - 3),
+                                                        replace(tagging, ended_s=ended)])
+
+    db.write_batch("run-1", [sidecar("d1", 10, (0.05, 0.2, 0.05), 9.0), sidecar("d2", 20, (0.05, 0.4, 0.05), 10.0)])
+    rows = {r["phase"]: r for r in db.query("SELECT * FROM throughput WHERE mode = 'sidecar'")}
+    tagging = rows["sidecar"]
+    assert tagging["wall_s"] == pytest.approx(10.0)  # the stream's clock, kept as latency
+    assert tagging["device_s"] == pytest.approx(0.8)
+    assert tagging["tokens_per_s"] == pytest.approx(30 / 0.8)  # not 30 / 10.0
+    assert (tagging["prefill_device_s"], tagging["decode_device_s"], tagging["instruction_device_s"]) == \
+        pytest.approx((0.1, 0.6, 0.1))
+    assert (tagging["prefill_tokens"], tagging["decode_tokens"], tagging["instruction_tokens"]) == (8, 30, 50)
+    assert (tagging["ledger_requests"], tagging["ledger_new_tokens"]) == (2, 30)
+    assert (tagging["mean_queue_s"], tagging["mean_first_token_s"]) == pytest.approx((0.5, 1.0))
+    main = rows["main"]
+    assert main["tokens_per_s"] == pytest.approx(40 / 4.0)
+    assert main["instruction_device_s"] == 0  # the instruction line is the sidecar's, not the main row's
+
+    # a later request written by an engine without the ledger joins no rate: its tokens and seconds stay out
+    db.write_batch("run-1", [output("d3", "sidecar", ["#a"], 4, stats=[
+        RequestStats.sidecar_phase({"new_tokens": 100, "seconds": 0.1, "batch_size": 2})])])
+    [tagging] = db.query("SELECT * FROM throughput WHERE mode = 'sidecar' AND phase = 'sidecar'")
+    assert (tagging["requests"], tagging["ledger_requests"], tagging["new_tokens"]) == (3, 2, 130)
+    assert tagging["tokens_per_s"] == pytest.approx(30 / 0.8)
 
 
 def test_throughput_has_each_batchs_decode_time_and_longest_row(db: Database) -> None:
@@ -531,12 +581,20 @@ def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
     assert db.query("SELECT verdict FROM judgements") == [{"verdict": "tie"}]  # 0.52 is within 0.05
 
 
-def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
-    path = tmp_path / "old.duckdb"
-    migrate(path, RetryPolicy(), known_migrations()[:2])
+@contextlib.contextmanager
+def old_database(path: Path, version: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A database file at schema ``version`` holding one completed run ``r``, open for the rows code of that
+    version would have written."""
+    migrate(path, RetryPolicy(), known_migrations()[:version])
     with duckdb.connect(str(path)) as con:
         con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
                     "('r', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+        yield con
+
+
+def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 2) as con:
         con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, game, mode_a, mode_b, "
                     "raw_answer, winner) VALUES ('r', 'd', 'j', 'tags-v1', 1, 'sidecar', 'standalone', 'x', 'sidecar'),"
                     " ('r', 'd', 'j', 'tags-v1', 2, 'standalone', 'sidecar', 'y', 'sidecar')")
@@ -547,6 +605,29 @@ def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
         {"verdict": "sidecar", "preference": None, "reliable": False}]
 
 
+def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 6) as con:
+        con.execute("INSERT INTO request_stats (run_id, doc_id, mode, phase, batch_id, drafted, accepted, "
+                    "target_forwards, draft_forwards, new_tokens, wall_s, ended_s) VALUES "
+                    "('r', 'd', 'sidecar', 'sidecar', 0, 0, 0, 0, 12, 12, 1.0, 60.0)")
+        con.execute("INSERT INTO cost_estimates (gpu_type, pair, mode, batch_size, tokens_per_s, usd_per_gpu_hour, "
+                    "source, run_id) VALUES ('NVIDIA H200', 'tiny', 'sidecar', 4, 0.2, 3.5, 'measured', 'r'), "
+                    "('H200', 'tiny', 'sidecar', 4, 900.0, 3.5, 'projected', NULL)")
+    db = Database(path)
+    [stats] = db.query("SELECT prefill_device_s, decode_device_s, instruction_device_s, queue_s FROM request_stats")
+    assert set(stats.values()) == {None}
+    [row] = db.query("SELECT new_tokens, wall_s, tokens_per_s FROM throughput")
+    assert row == {"new_tokens": 12, "wall_s": 60.0, "tokens_per_s": None}
+    costs = {r["source"]: r for r in db.query("SELECT * FROM costs")}
+    # the measured line divided by the stream's wall clock: kept, but no rate and no price any more
+    assert (costs["measured"]["tokens_per_s"], costs["measured"]["usd_per_mtok"], costs["measured"]["timed_by"]) \
+        == (None, None, None)
+    assert costs["projected"]["tokens_per_s"] == 900.0
+    assert costs["projected"]["usd_per_mtok"] == pytest.approx(3.5 / (900 * 3600) * 1e6)
+
+
 def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:
     start(db)
     with pytest.raises(duckdb.ConstraintException):
@@ -554,12 +635,14 @@ def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:
 
 
 def test_costs_derive_price_per_million_tokens_from_hourly_rent(db: Database) -> None:
-    db.write_costs([CostRecord("NVIDIA T4", "standalone", 8, 100.0, "projected", usd_per_gpu_hour=0.59),
-                    CostRecord("NVIDIA H200", "sidecar", 32, 900.0, "measured", usd_per_mtok=1.25)])
+    db.write_costs([CostRecord("NVIDIA T4", "standalone", 8, 100.0, "projected", usd_per_gpu_hour=0.59,
+                               timed_by="roofline"),
+                    CostRecord("NVIDIA H200", "sidecar", 32, 900.0, "measured", usd_per_mtok=1.25,
+                               timed_by="device_ledger")])
     rows = {r["gpu_type"]: r for r in db.query("SELECT * FROM costs")}
     assert rows["NVIDIA T4"]["usd_per_mtok"] == pytest.approx(0.59 / (100.0 * 3600) * 1e6)
     assert rows["NVIDIA H200"]["usd_per_mtok"] == 1.25
-    assert rows["NVIDIA H200"]["source"] == "measured"
+    assert (rows["NVIDIA H200"]["source"], rows["NVIDIA H200"]["tokens_per_s"]) == ("measured", 900.0)
 
 
 def test_query_binds_parameters_and_cannot_change_the_database(db: Database) -> None:
@@ -612,7 +695,8 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     start(db, modes=("sidecar", "sidecar_attended", "standalone"))
     db.record_documents("run-1", [Document("d1", "text", 0)], [RejectedDocument("row:1", "null", 1)])
     both_phases = [RequestStats("main", 12, drafted=16, accepted=10, target_forwards=4, wall_s=2.0),
-                   RequestStats.sidecar_phase({"new_tokens": 6, "seconds": 0.4, "kv_bytes": 3_700_000})]
+                   RequestStats.sidecar_phase({"new_tokens": 6, "seconds": 0.4, "kv_bytes": 3_700_000}
+                                              | ledger(6, 0.01, 0.1, instruction_device_seconds=0.005))]
     db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=both_phases),
                              output("d1", "standalone", ["#b"], stats=both_phases[1:]),
                              output("d1", "sidecar_attended", ["#a", "#town"])])
@@ -626,6 +710,9 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
     for sql in examples:
         assert db.query(sql), f"example returned no rows on a populated database:\n{sql}"
+    # the tagging cost example reads the ledger: (10 + 100 + 5) ms over 6 tag tokens, in both modes here
+    [cost_example] = [e for e in examples if "device_ms_per_tag_token" in e]
+    assert {r["device_ms_per_tag_token"] for r in db.query(cost_example)} == {round(115 / 6, 3)}
 
 
 def test_request_stats_read_the_engine_stats_dicts() -> None:
@@ -643,3 +730,25 @@ def test_request_stats_read_the_engine_stats_dicts() -> None:
         batch_size=0).as_dict(), batch_size=8)
     assert tagging == RequestStats("sidecar", new_tokens=12, draft_forwards=12, prompt_tokens=30, prefill_s=0.05,
                                    decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8)
+
+
+def test_request_stats_read_the_ledger_keys_and_leave_them_none_where_an_engine_has_none() -> None:
+    from sidecar.decoding.rows import GenerationStats
+    from sidecar.tasks.rows import SidecarStats
+
+    keys = ledger(12, 0.02, 0.3)
+    main = RequestStats.main_phase(GenerationStats(new_tokens=12).as_dict() | keys)
+    assert (main.prefill_tokens, main.prefill_forwards, main.prefill_device_s) == (40, 1, 0.02)
+    assert (main.decode_tokens, main.decode_forwards, main.decode_device_s) == (12, 12, 0.3)
+    assert (main.queue_s, main.first_token_s) == (0.5, 1.0)
+    assert (main.instruction_tokens, main.instruction_device_s) == (None, None)  # a sidecar's line
+    tagging = RequestStats.sidecar_phase(SidecarStats(new_tokens=12).as_dict() | keys
+                                         | {"instruction_tokens": 25, "instruction_device_seconds": 0.01})
+    assert (tagging.instruction_tokens, tagging.instruction_device_s, tagging.decode_device_s) == (25, 0.01, 0.3)
+    # stats of an engine without the ledger: NULL in the table, never a made-up 0
+    for old in (RequestStats.main_phase({"new_tokens": 12, "prefill_seconds": 0.1, "wall_seconds": 1.0}),
+                RequestStats.sidecar_phase({"new_tokens": 12, "feed_seconds": 0.1, "seconds": 1.0})):
+        assert {getattr(old, name) for name in ("prefill_tokens", "prefill_forwards", "prefill_device_s",
+                                                "decode_tokens", "decode_forwards", "decode_device_s",
+                                                "instruction_tokens", "instruction_device_s", "queue_s",
+                                                "first_token_s")} == {None}

@@ -11,7 +11,14 @@ import time
 
 import torch
 
-from bench.common import add_profile_arguments, apply_profile, environment, profile_suffix, write_results
+from bench.common import (
+    add_bench_arguments,
+    apply_profile,
+    environment,
+    parse_bench_args,
+    profile_suffix,
+    write_results,
+)
 from bench.gpu_check import __doc__ as OVERVIEW
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.markdown import markdown
@@ -55,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--chars", type=int, help="cut each document to this many characters")
     parser.add_argument("--assisted-documents", type=int, help="prompts HF assisted generation decodes, one by one")
-    add_profile_arguments(parser)
-    args = parser.parse_args(argv)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
     return args
 

@@ -9,11 +9,12 @@ every request's KV cache once, so
     $ per 1M tokens = $/GPU-hour / 3600 / tokens/s x 1e6
 
 With the draft's shape and token counts the whole tagging phase is priced too: a prefill forward (the
-standalone tagger's whole prompt, the sidecar's few fed tokens), then ``tags - 1`` decode steps, so
+standalone tagger's whole prompt, the sidecar's few fed tokens), then ``tags - 1`` decode steps, and for a
+sidecar its instruction's share of the main draft prefill, so
 
-    tag tokens/s = batch x tags / (prefill seconds + (tags - 1) x seconds per step)
+    tag tokens/s = batch x tags / (prefill + (tags - 1) x seconds per step + instruction)
 
-which is what a measured tag tok/s counts (prefill included).
+which is what a measured tag tok/s counts: tag tokens per attributed device second, the same lines.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 class ProjectionRow:
     """One mode at one batch size. ``ms_per_step``, ``tokens_per_s`` and ``usd_per_million_tokens`` are of
     decode steps; ``prefill_ms`` and ``decode_ms`` are one batch's tagging prefill and its ``tags - 1``
-    decode steps, and ``tag_tokens_per_s``/``usd_per_million_tag_tokens`` the whole tagging phase's
-    (None where the workload has no shape to price FLOPs, or the device no FLOP/s)."""
+    decode steps, ``instruction_ms`` a sidecar's share of the batch's main draft prefill (0 standalone),
+    and ``tag_tokens_per_s``/``usd_per_million_tag_tokens`` the whole tagging phase's (None where the
+    workload has no shape to price FLOPs, or the device no FLOP/s)."""
 
     gpu_type: str
     mode: Mode
@@ -48,6 +50,7 @@ class ProjectionRow:
     usd_per_million_tokens: float | None
     prefill_ms: float | None = None
     decode_ms: float | None = None
+    instruction_ms: float | None = None
     tag_tokens_per_s: float | None = None
     usd_per_million_tag_tokens: float | None = None
 
@@ -82,6 +85,7 @@ def _projection_row(
         usd_per_million_tokens=_usd(usd_per_hour, tokens_per_s),
         prefill_ms=None if tagging is None else tagging.prefill_s * 1000,
         decode_ms=None if tagging is None else tagging.decode_s * 1000,
+        instruction_ms=None if tagging is None else tagging.instruction_s * 1000,
         tag_tokens_per_s=tag_tokens_per_s,
         usd_per_million_tag_tokens=_usd(usd_per_hour, tag_tokens_per_s),
     )
@@ -108,9 +112,10 @@ def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCH
 class RooflineRow:
     """Document attended (full KV) against evicted (masked KV) at one batch size; standalone if known.
 
-    The ``*_prefill_ms`` and ``*_decode_ms`` fields are one batch's tagging prefill and its decode steps, and
+    The ``*_prefill_ms`` and ``*_decode_ms`` fields are one batch's tagging prefill and its decode steps,
+    ``*_instruction_ms`` a sidecar's instruction line (its share of the main draft prefill), and
     ``sidecar_saving_pct`` how much less the evicted sidecar's tagging phase takes than the standalone
-    tagger's, both included; None without the draft's shape and token counts or without a FLOP/s peak.
+    tagger's, all lines included; None without the draft's shape and token counts or without a FLOP/s peak.
     """
 
     batch: int
@@ -133,6 +138,8 @@ class RooflineRow:
     full_decode_ms: float | None = None
     masked_decode_ms: float | None = None
     standalone_decode_ms: float | None = None
+    full_instruction_ms: float | None = None
+    masked_instruction_ms: float | None = None
     sidecar_saving_pct: float | None = None
 
 
@@ -193,6 +200,8 @@ def roofline_table(
                 full_decode_ms=full.decode_ms,
                 masked_decode_ms=masked.decode_ms,
                 standalone_decode_ms=None if alone is None else alone.decode_ms,
+                full_instruction_ms=full.instruction_ms,
+                masked_instruction_ms=masked.instruction_ms,
                 sidecar_saving_pct=saving,
             )
         )

@@ -1,10 +1,14 @@
-"""What the tagging phase costs per mode: one prefill forward, then a decode step per further tag token.
+"""What the tagging phase costs per mode: one prefill forward, then a decode step per further tag token, and
+for a sidecar the instruction line it adds to the main phase.
 
 The three modes stored per document (see docs/CONTRACTS.md) differ in the KV cache a tagging step reads
 and in what they prefill: ``sidecar_attended`` keeps the document, ``sidecar`` has evicted it, and both feed
 only a few tokens into a cache that already holds the summary; ``standalone`` is the draft model alone,
-which prefills its whole prompt (template, summary, tag instruction) first. Steps are priced by the
-roofline of ``roofline``.
+which prefills its whole prompt (template, summary, tag instruction) first. A sidecar's instruction rides,
+masked, in the main row's draft prefill: its share of that forward is the sidecar's too. These are the
+lines of the engine's device-time ledger (``sidecar/runtime/ledger.py``), priced by the roofline of
+``roofline`` and shared out by the ledger's rule, in proportion to tokens, so a projected line means what a
+measured one does.
 """
 
 from __future__ import annotations
@@ -49,15 +53,20 @@ class TagTokens:
             raise CostInputError(f"sidecar_feed must be between 1 and the sidecar's prompt, got {self.sidecar_feed}")
 
     @classmethod
-    def from_measured(cls, main_prompt: float, summary: float, tags: float) -> TagTokens:
+    def from_measured(cls, main_prompt: float, summary: float, tags: float, sidecar_instruction: float | None = None,
+                      sidecar_feed: float | None = None) -> TagTokens:
         """From a run's mean counts per request: the main task's prompt as the target sees it (system,
-        document and instruction), the summary and the tags. The document is that prompt less the template
-        estimates, which, like the hashtag instruction, keep their defaults."""
-        return cls(
-            document=max(0, round(main_prompt) - cls.system - cls.instruction),
-            summary=round(summary),
-            tags=max(1, round(tags)),
-        )
+        document and instruction), the summary and the tags; where the run's ledger counted them, the
+        sidecar's masked instruction tokens and the tokens it fed before tagging. The document is that prompt
+        less the template estimates, which, like whatever was not counted, keep their defaults."""
+        instruction = cls.sidecar_instruction if sidecar_instruction is None else round(sidecar_instruction)
+        document = max(0, round(main_prompt) - cls.system - cls.instruction)
+        feed = cls.sidecar_feed
+        if sidecar_feed is not None:
+            # at least one token yields the first tag; at most the whole prompt the sidecar attends
+            feed = min(max(1, round(sidecar_feed)), cls.system + round(summary) + instruction + cls.instruction)
+        return cls(document=document, summary=round(summary), sidecar_instruction=instruction,
+                   tags=max(1, round(tags)), sidecar_feed=feed)
 
     def prompt(self, mode: Mode) -> int:
         """KV entries per request when the first tag token is computed: what the tag tokens attend besides
@@ -79,6 +88,12 @@ class TagTokens:
             return self.prompt(mode), 0
         return self.sidecar_feed, self.prompt(mode) - self.sidecar_feed
 
+    @property
+    def main_prefill(self) -> int:
+        """Tokens of the main row's draft prefill: the target's prompt (system, document, instruction) and the
+        sidecar instruction, hidden from the draft while it drafts."""
+        return self.system + self.document + self.instruction + self.sidecar_instruction
+
     def mean_context(self, mode: Mode) -> float:
         """KV entries per request that a tagging decode step reads, averaged over the tag tokens."""
         # Tag token i is generated reading the prompt plus i earlier tag tokens.
@@ -87,14 +102,16 @@ class TagTokens:
 
 @dataclass(frozen=True)
 class TaggingTime:
-    """Roofline seconds of one batch's tagging phase: its prefill forward, then ``tags - 1`` decode steps."""
+    """Roofline seconds of one batch's tagging phase: its prefill forward, then ``tags - 1`` decode steps; for a
+    sidecar also ``instruction_s``, its instruction's share of the main rows' draft prefill."""
 
     prefill_s: float
     decode_s: float
+    instruction_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.prefill_s + self.decode_s
+        return self.prefill_s + self.decode_s + self.instruction_s
 
 
 @dataclass(frozen=True)
@@ -160,14 +177,21 @@ class Workload:
 
     def tagging_time(self, mode: Mode, batch: int, device: Device) -> TaggingTime | None:
         """One batch's tagging phase on ``device``: the prefill that yields the first tag token, then a decode
-        step per further tag token. None without the draft's shape and token counts."""
+        step per further tag token; for a sidecar, the instruction's share of the batch's main draft prefill,
+        in proportion to its tokens there, as the ledger shares a forward out. None without the draft's shape
+        and token counts."""
         if self.facts is None or self.tokens is None:
             return None
         tokens, context = self.tokens.prefill(mode)
         step = self.step_seconds(mode, batch, device.bandwidth_bytes_s, device.flops_s)
+        instruction_s = 0.0
+        if mode != "standalone" and self.tokens.sidecar_instruction:
+            main = self.tokens.main_prefill
+            instruction_s = prefill_seconds(self.facts, device, batch, main) * self.tokens.sidecar_instruction / main
         return TaggingTime(
             prefill_s=prefill_seconds(self.facts, device, batch, tokens, context),
             decode_s=(self.tokens.tags - 1) * step,
+            instruction_s=instruction_s,
         )
 
 

@@ -1,8 +1,9 @@
 """The report's data: measurements pooled, projected, compared and calibrated, before any text or plot.
 
 Measured step times are calibrated only against the projection of their own pair; the study workload is
-projected on every catalog GPU as an extra, labelled projection. A catalog GPU type with a measured verdict
-gets no projected one.
+projected on every catalog GPU as an extra, labelled projection. Every projection gives a verdict per
+catalog GPU at the measured (reference) batch and at the batch sizes nightly jobs run on GPUs
+(:data:`VERDICT_BATCHES`), measured GPU types included, so a measured row can be read beside its projection.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from study.report.projections import DraftConfig, Projection, pair_workloads
 from study.report.verdicts import Verdict, measured_verdicts, projected_verdict
 
 DEFAULT_REFERENCE_BATCH = 32
+# the batch sizes nightly jobs run on GPUs: every verdict table projects them, whatever batch was measured
+VERDICT_BATCHES = (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class ReportData:
     projections: list[Projection]  # the measured pairs', then the study's
     pair_projections: dict[str, Projection]
     unprojected: list[str]  # why measurements have no projection of their own pair
+    unledgered: list[str]  # "GPU type (pair), batch N": tagging measured without a device-time ledger
+    verdict_batches: list[int]  # the projected verdicts' batch sizes: the reference batch and VERDICT_BATCHES
     calibration: list[tuple[Projection, CalibrationRow]]
     acceptance: dict[AcceptanceKey, list[float]]
     uncatalogued: list[str]
@@ -73,7 +78,8 @@ def assemble(
         reference_batch = max(counts, key=lambda b: (counts[b], b)) if counts else DEFAULT_REFERENCE_BATCH
     if reference_batch < 1:
         raise CostInputError(f"reference_batch must be positive, got {reference_batch}")
-    all_batches = sorted(set(batches) | {reference_batch})
+    verdict_batches = sorted({reference_batch, *VERDICT_BATCHES})
+    all_batches = sorted(set(batches) | set(verdict_batches))
 
     def projection(workload: Workload, pair: str | None = None) -> Projection:
         return Projection(workload, {gpu.name: project(workload, gpu, all_batches) for gpu in catalog.values()}, pair)
@@ -83,13 +89,15 @@ def assemble(
     projections = [*pair_projections.values(), projection(study_workload)]
 
     measured = measured_verdicts(groups, catalog)
-    measured_catalog_names = {gpu.name for v in measured if (gpu := find_gpu(v.gpu_type, catalog)) is not None}
     projected = [
         v
         for p in projections
         for gpu in catalog.values()
-        if gpu.name not in measured_catalog_names and (v := projected_verdict(p.workload, gpu, reference_batch))
+        for batch in verdict_batches
+        if (v := projected_verdict(p.workload, gpu, batch))
     ]
+    unledgered = [f"{g.gpu_type} ({g.pair}), {g.mode} at batch {g.batch_size}" if g.pair
+                  else f"{g.gpu_type}, {g.mode} at batch {g.batch_size}" for g in tag_groups if g.tag_cost is None]
     # Each measured step against the projection of its own pair: another model's projection says nothing.
     calibration = []
     for g in tag_groups:
@@ -113,6 +121,8 @@ def assemble(
         projections=projections,
         pair_projections=pair_projections,
         unprojected=unprojected,
+        unledgered=unledgered,
+        verdict_batches=verdict_batches,
         calibration=calibration,
         acceptance=acceptance_by_key(acceptance),
         uncatalogued=uncatalogued,

@@ -1,10 +1,13 @@
-"""The cost report in one breath: the first measured verdict, and the KV a tagging request keeps per mode.
+"""The cost report in one breath: the first measured verdict with the lines it follows from, and the KV a tagging
+request keeps per mode.
 
-This is what a person reads before opening the report (``sidecar demo`` prints it). Throughput and
-price come from the measured verdict (sidecar with the document evicted against standalone, pooled over
-the batch sizes measured in both modes); the KV per request comes from the roofline workload of the
-same pair, modelled from its measured token counts in the dtype it is loaded in on a GPU, so that
-evicted, attended and standalone are given for every run, also one that never ran attended.
+This is what a person reads before opening the report (``sidecar demo`` prints it). The verdict compares
+attributed device seconds per tag token of the sidecar (evicted; prefill + decode + instruction line) and the
+standalone tagger (prefill + decode) at one measured batch size; each mode's lines per request come with it
+(``sidecar``, ``standalone``: tag tokens and device seconds per line), so a reader can redo the division. The
+KV per request comes from the roofline workload of the same pair, modelled from its measured token counts in
+the dtype it is loaded in on a GPU, so that evicted, attended and standalone are given for every run, also
+one that never ran attended.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from study.report.assemble import ReportData
+from study.report.tagging_cost import TaggingCost
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,13 @@ class Headline:
     gpu_type: str
     pair: str
     basis: str
-    batch_sizes: tuple[int, ...]
+    batch: int
+    # per request: tag_tokens, prefill_s, decode_s, instruction_s (device seconds per line)
+    sidecar: dict[str, float | None]
+    standalone: dict[str, float | None]
+    sidecar_ms_per_tag_token: float
+    standalone_ms_per_tag_token: float
+    sidecar_saving_pct: float  # from the two lines above: 1 - sidecar / standalone ms per tag token
     sidecar_tokens_per_s: float
     standalone_tokens_per_s: float
     usd_per_gpu_hour: float | None
@@ -35,15 +45,24 @@ class Headline:
         return asdict(self)
 
 
+def _lines(cost: TaggingCost) -> dict[str, float | None]:
+    return {"tag_tokens": cost.tag_tokens, "prefill_s": cost.prefill_s, "decode_s": cost.decode_s,
+            "instruction_s": cost.instruction_s}
+
+
 def headline(data: ReportData) -> Headline | None:
-    """None when nothing was measured in both the sidecar and the standalone mode."""
+    """None when nothing was measured in both the sidecar and the standalone mode with a ledger."""
     verdict = next((v for v in data.verdicts if v.basis == "measured"), None)
     if verdict is None:
         return None
     own = data.pair_projections.get(verdict.pair)
     kv = own.workload.kv_bytes_per_request if own is not None else {}
     return Headline(
-        gpu_type=verdict.gpu_type, pair=verdict.pair, basis=verdict.basis, batch_sizes=verdict.batch_sizes,
+        gpu_type=verdict.gpu_type, pair=verdict.pair, basis=verdict.basis, batch=verdict.batch,
+        sidecar=_lines(verdict.sidecar), standalone=_lines(verdict.standalone),
+        sidecar_ms_per_tag_token=verdict.sidecar.seconds_per_tag_token * 1000,
+        standalone_ms_per_tag_token=verdict.standalone.seconds_per_tag_token * 1000,
+        sidecar_saving_pct=verdict.sidecar_saving_pct,
         sidecar_tokens_per_s=verdict.sidecar_tokens_per_s, standalone_tokens_per_s=verdict.standalone_tokens_per_s,
         usd_per_gpu_hour=verdict.usd_per_gpu_hour, sidecar_usd_per_mtok=verdict.sidecar_usd_per_mtok,
         standalone_usd_per_mtok=verdict.standalone_usd_per_mtok, kv_evicted_bytes=kv.get("sidecar"),

@@ -1,7 +1,9 @@
 """Measurements: rows of the storage ``throughput`` view, and their pooling per GPU type, pair, mode and batch.
 
 A row of phase ``main`` is the speculative summary; every other phase, and every ``standalone`` row, is
-tagging work, which is what the costs compare.
+tagging work, which is what the costs compare. Cost is read from the device-time ledger only (attributed
+device seconds, ``study.report.tagging_cost``); wall-clock columns are latency (the decode step time, the
+first token) and never divide a rate. A row without a ledger, written by an older engine, has no rate.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from study.cost import CostInputError
+from study.report.tagging_cost import TaggingCost
 from vocab.modes import MODES, Mode
 
 MAIN_PHASE = "main"
@@ -26,9 +29,18 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
+# the fields of a Measurement that are the throughput view's columns of the same name, read as numbers
+_VIEW_COLUMNS = ("ms_per_step", "acceptance_rate", "mean_kv_bytes", "prompt_tokens", "prefill_s", "decode_s",
+                 "longest_row_tokens", "ledger_requests", "prefill_device_s", "decode_device_s",
+                 "instruction_device_s", "prefill_tokens", "instruction_tokens", "mean_first_token_s")
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """One row of the storage ``throughput`` view (one run, mode and phase)."""
+    """One row of the storage ``throughput`` view (one run, mode and phase): its ledger (requests and new
+    tokens that have one, their attributed device seconds per line, the tokens of their prefill and
+    instruction lines) and its wall-clock latency (``seconds``, ``prefill_s``, ``decode_s``, the mean queue
+    and first-token times)."""
 
     gpu_type: str
     mode: Mode
@@ -36,7 +48,6 @@ class Measurement:
     batch_size: int
     pair: str = ""
     run_id: str | None = None
-    tokens_per_s: float | None = None
     ms_per_step: float | None = None
     acceptance_rate: float | None = None
     tokens: float | None = None
@@ -48,6 +59,14 @@ class Measurement:
     prefill_s: float | None = None
     decode_s: float | None = None
     longest_row_tokens: float | None = None
+    ledger_requests: float | None = None
+    ledger_tokens: float | None = None
+    prefill_device_s: float | None = None
+    decode_device_s: float | None = None
+    instruction_device_s: float | None = None
+    prefill_tokens: float | None = None
+    instruction_tokens: float | None = None
+    mean_first_token_s: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Measurement:
@@ -70,18 +89,12 @@ class Measurement:
             batch_size=int(batch_size),
             pair=str(row.get("pair") or ""),
             run_id=row.get("run_id"),
-            tokens_per_s=_number(row.get("tokens_per_s")),
-            ms_per_step=_number(row.get("ms_per_step")),
-            acceptance_rate=_number(row.get("acceptance_rate")),
             tokens=_number(tokens),
             seconds=_number(seconds),
             requests=requests,
             batches=batches,
-            mean_kv_bytes=_number(row.get("mean_kv_bytes")),
-            prompt_tokens=_number(row.get("prompt_tokens")),
-            prefill_s=_number(row.get("prefill_s")),
-            decode_s=_number(row.get("decode_s")),
-            longest_row_tokens=_number(row.get("longest_row_tokens")),
+            ledger_tokens=_number(row.get("ledger_new_tokens")),
+            **{name: _number(row.get(name)) for name in _VIEW_COLUMNS},
         )
 
     @property
@@ -89,15 +102,14 @@ class Measurement:
         return self.mode == "standalone" or self.phase != MAIN_PHASE
 
     @property
-    def throughput(self) -> float | None:
-        """Tokens/s of the whole batch."""
-        if self.tokens is not None and self.seconds:
-            return self.tokens / self.seconds
-        return self.tokens_per_s
+    def has_ledger(self) -> bool:
+        """Whether some of its requests carry the device-time ledger (its tokens and both phases' seconds)."""
+        return bool(self.ledger_requests) and self.ledger_tokens is not None and \
+            self.prefill_device_s is not None and self.decode_device_s is not None
 
     @property
     def step_ms(self) -> float | None:
-        """Milliseconds per draft decode step of a tagging row, prefill excluded.
+        """Milliseconds per draft decode step of a tagging row, prefill excluded: wall clock, latency.
 
         A batch steps until its longest row finishes, and draft-only decoding takes each row's first token
         from the prefill forward: a batch whose longest row made n tokens ran n - 1 decode steps.
@@ -110,12 +122,22 @@ class Measurement:
         return self.decode_s * 1000 / steps if steps > 0 else None
 
 
-def pooled_throughput(rows: Sequence[Measurement]) -> float | None:
-    """Tokens over seconds when every row has both; otherwise the mean of the rows' tokens/s."""
-    if rows and all(r.tokens is not None and r.seconds for r in rows):
-        return sum(r.tokens or 0 for r in rows) / sum(r.seconds or 0 for r in rows)
-    rates = [r.throughput for r in rows if r.throughput]
-    return sum(rates) / len(rates) if rates else None
+def pooled_cost(rows: Sequence[Measurement]) -> TaggingCost | None:
+    """The lines per request of the rows' ledgered requests, pooled (summed, then divided by the requests);
+    None when no row has a ledger or its requests made no token."""
+    ledgered = [r for r in rows if r.has_ledger]
+    requests = sum(r.ledger_requests or 0 for r in ledgered)
+    tokens = sum(r.ledger_tokens or 0 for r in ledgered)
+    if not requests or not tokens:
+        return None
+    cost = TaggingCost.per_request(
+        requests,
+        tokens,
+        prefill_s=sum(r.prefill_device_s or 0 for r in ledgered),
+        decode_s=sum(r.decode_device_s or 0 for r in ledgered),
+        instruction_s=sum(r.instruction_device_s or 0 for r in ledgered),
+    )
+    return cost if cost.seconds > 0 else None
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -123,11 +145,11 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def _per_batch(seconds: Sequence[float | None], batch_count: float) -> float | None:
-    """Seconds per batch from rows' total seconds, when every row has them."""
-    if not batch_count or any(s is None for s in seconds):
-        return None
-    return sum(s or 0 for s in seconds) / batch_count
+def _weighted_mean(pairs: Sequence[tuple[float | None, float | None]]) -> float | None:
+    """The mean of values weighted by their counts, over the pairs that have both."""
+    present = [(value, count) for value, count in pairs if value is not None and count]
+    total = sum(count for _, count in present)
+    return sum(value * count for value, count in present) / total if total else None
 
 
 GroupKey = tuple[str, str, Mode, int]  # gpu_type, pair, mode, batch_size
@@ -135,7 +157,8 @@ GroupKey = tuple[str, str, Mode, int]  # gpu_type, pair, mode, batch_size
 
 @dataclass(frozen=True)
 class MeasuredGroup:
-    """Measurements of one GPU type, pair, mode and batch size, runs pooled."""
+    """Measurements of one GPU type, pair, mode and batch size, runs pooled: the tagging phase's lines per
+    request (None without a ledger) and its latency, and the main phase's rate and acceptance."""
 
     gpu_type: str
     pair: str
@@ -143,13 +166,17 @@ class MeasuredGroup:
     batch_size: int
     run_ids: tuple[str, ...]
     tag_rows: tuple[Measurement, ...]
-    tag_tokens_per_s: float | None
+    tag_cost: TaggingCost | None
     tag_ms_per_step: float | None
-    tag_seconds_per_batch: float | None
-    tag_prefill_s_per_batch: float | None
+    tag_first_token_s: float | None
     kv_bytes_per_request: float | None
     summary_tokens_per_s: float | None
     acceptance_rate: float | None
+
+    @property
+    def tag_tokens_per_s(self) -> float | None:
+        """Tag tokens per attributed device second."""
+        return None if self.tag_cost is None else self.tag_cost.tokens_per_s
 
 
 def group_measurements(measurements: Sequence[Measurement]) -> list[MeasuredGroup]:
@@ -161,7 +188,7 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[MeasuredGrou
         rows = by_key[key]
         tag = [r for r in rows if r.is_tagging]
         main = [r for r in rows if not r.is_tagging]
-        batch_count = sum(r.batches or 0 for r in tag)
+        summary = pooled_cost(main)
         groups.append(
             MeasuredGroup(
                 gpu_type=key[0],
@@ -170,12 +197,11 @@ def group_measurements(measurements: Sequence[Measurement]) -> list[MeasuredGrou
                 batch_size=key[3],
                 run_ids=tuple(sorted({r.run_id for r in rows if r.run_id})),
                 tag_rows=tuple(tag),
-                tag_tokens_per_s=pooled_throughput(tag),
+                tag_cost=pooled_cost(tag),
                 tag_ms_per_step=_mean([r.step_ms for r in tag]),
-                tag_seconds_per_batch=_per_batch([r.seconds for r in tag], batch_count),
-                tag_prefill_s_per_batch=_per_batch([r.prefill_s for r in tag], batch_count),
+                tag_first_token_s=_weighted_mean([(r.mean_first_token_s, r.requests) for r in tag]),
                 kv_bytes_per_request=_mean([r.mean_kv_bytes for r in tag]),
-                summary_tokens_per_s=pooled_throughput(main),
+                summary_tokens_per_s=None if summary is None else summary.tokens_per_s,
                 acceptance_rate=_mean([r.acceptance_rate for r in main]),
             )
         )

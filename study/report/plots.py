@@ -89,7 +89,8 @@ def plot_usd(
     catalog: Mapping[str, GPU],
 ) -> None:
     """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU, over
-    the tagging phase, prefill included (a projection without the draft's shape: decode steps only)."""
+    the tagging phase, every line included: prefill, decode and a sidecar's instruction line, measured as the
+    ledger's attributed device seconds (a projection without the draft's shape: decode steps only)."""
     gpus = list(projection.rows)
     series: list[tuple[str, str, str | None, list[float | None]]] = []
     for mode in MODES:

@@ -3,8 +3,8 @@
 Each measured pair is projected from its draft's config in the dtype ``load_pair`` gives it on a CUDA
 device, with the measured mean prompt, summary and tag tokens per request. A pair whose config is not on
 this machine, or rows without a pair, get no workload, and the reason is kept for the report. The report
-prices a tag token over the whole tagging phase, prefill included, wherever the workload can price the
-prefill (``tag_tokens_per_s``), as a measured tag tok/s counts it.
+prices a tag token over every line of the tagging phase (prefill, decode, a sidecar's instruction line)
+wherever the workload can price the prefill (``tag_tokens_per_s``), as a measured tag tok/s counts it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Projection:
 
 
 def tag_tokens_per_s(row: ProjectionRow) -> float:
-    """Tag tokens/s over the tagging phase, prefill included, where priced; else over decode steps."""
+    """Tag tokens/s over the tagging phase, every line included, where priced; else over decode steps."""
     return row.tokens_per_s if row.tag_tokens_per_s is None else row.tag_tokens_per_s
 
 
@@ -46,17 +46,28 @@ def tag_usd_per_million(row: ProjectionRow) -> float | None:
     return row.usd_per_million_tokens if row.tag_tokens_per_s is None else row.usd_per_million_tag_tokens
 
 
+def _per_ledgered_request(rows: Sequence[Measurement], tokens: str) -> float | None:
+    """Mean of a ledger token count (``prefill_tokens``, ``instruction_tokens``) per request that has one."""
+    ledgered = [r for r in rows if r.has_ledger and getattr(r, tokens) is not None]
+    requests = sum(r.ledger_requests or 0 for r in ledgered)
+    return sum(getattr(r, tokens) for r in ledgered) / requests if requests else None
+
+
 def _measured_tag_tokens(rows: Sequence[Measurement]) -> TagTokens | None:
-    """Mean token counts per request: the main phase's prompt and summary, and the tags of every mode."""
+    """Mean token counts per request: the main phase's prompt and summary, and the tags of every mode; where
+    the ledger counted them, the evicted sidecar's instruction tokens and its feed before tagging."""
     main = [r for r in rows if not r.is_tagging and r.requests and r.prompt_tokens is not None and r.tokens]
     tag = [r for r in rows if r.is_tagging and r.requests and r.tokens]
     if not main or not tag:
         return None
     main_requests = sum(r.requests or 0 for r in main)
+    sidecar = [r for r in tag if r.mode == "sidecar"]
     return TagTokens.from_measured(
         main_prompt=sum((r.prompt_tokens or 0) * (r.requests or 0) for r in main) / main_requests,
         summary=sum(r.tokens or 0 for r in main) / main_requests,
         tags=sum(r.tokens or 0 for r in tag) / sum(r.requests or 0 for r in tag),
+        sidecar_instruction=_per_ledgered_request(sidecar, "instruction_tokens"),
+        sidecar_feed=_per_ledgered_request(sidecar, "prefill_tokens"),
     )
 
 

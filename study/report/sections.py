@@ -13,7 +13,8 @@ from study.cost import GB, MB, Workload, find_gpu, usd_per_million_tokens
 from study.report.assemble import ReportData
 from study.report.blocks import Block, Bullets, Heading, Image, Paragraph, Table, fmt, fmt_usd
 from study.report.projections import tag_usd_per_million
-from study.report.verdicts import PhaseSplit, Verdict
+from study.report.tagging_cost import TaggingCost
+from study.report.verdicts import Verdict
 from vocab.modes import MODES
 
 
@@ -37,7 +38,7 @@ def report_blocks(data: ReportData) -> list[Block]:
                 "or bursty, and the summary has to be shipped to it; the sidecar reuses the draft already "
                 "resident next to the target. Projections price busy GPU-seconds only.",
                 "Step times leave the prefill out: ms/step, measured and projected, is decode steps only, while "
-                "tag tok/s and $, measured and projected, include it (see tag prefill s/batch).",
+                "tag tok/s and $, measured and projected, count every line (prefill, decode, instruction).",
                 "KV per request is averaged over one request's tag tokens; requests that finish early leave the "
                 "batch and make later steps cheaper.",
             )
@@ -87,151 +88,186 @@ def _introduction(data: ReportData) -> str:
 
 def _saving_cell(verdict: Verdict) -> str:
     saving = verdict.sidecar_saving_pct
-    return f"{abs(saving):.1f}% {'cheaper' if saving >= 0 else 'dearer'}"
+    if round(saving, 1) == 0:
+        return "even"  # within 0.05%: neither "0.0% cheaper" nor "0.0% dearer" says anything
+    return f"{abs(saving):.1f}% {'cheaper' if saving > 0 else 'dearer'}"
 
 
-def _verdict_table(verdicts: Sequence[Verdict]) -> Table:
+def _lead_projections(data: ReportData) -> list[str]:
+    """The workloads whose projections the verdict table shows: the measured pairs', else the study's."""
+    return [p.workload.name for p in data.projections if p.pair is not None] or [data.projections[0].workload.name]
+
+
+def _verdict_table(data: ReportData, measured: Sequence[Verdict], projected: Sequence[Verdict]) -> Table:
+    """One row per GPU type, pair and basis, one column per batch size: the sidecar's saving per tag token."""
+    batches = sorted({v.batch for v in (*measured, *projected)})
+    rows: dict[tuple[str, str, str], dict[int, Verdict]] = {}
+    for v in (*measured, *projected):
+        rows.setdefault((v.gpu_type, v.basis, v.pair), {})[v.batch] = v
     return Table(
-        (
-            "GPU type",
-            "pair",
-            "basis",
-            "batch",
-            "sidecar tok/s",
-            "standalone tok/s",
-            "sidecar $/1M tag tok",
-            "standalone $/1M tag tok",
-            "sidecar vs standalone",
-        ),
+        ("GPU type", "basis", "pair", *(f"batch {b}" for b in batches)),
         tuple(
-            (
-                v.gpu_type,
-                v.pair,
-                v.basis,
-                ", ".join(map(str, v.batch_sizes)),
-                fmt(v.sidecar_tokens_per_s),
-                fmt(v.standalone_tokens_per_s),
-                fmt_usd(v.sidecar_usd_per_mtok),
-                fmt_usd(v.standalone_usd_per_mtok),
-                _saving_cell(v),
-            )
-            for v in verdicts
+            (gpu_type, basis, pair, *(_saving_cell(by_batch[b]) if b in by_batch else "–" for b in batches))
+            for (gpu_type, basis, pair), by_batch in rows.items()
         ),
     )
 
 
+def _verdict_note(data: ReportData, measured: Sequence[Verdict], lead: Sequence[str]) -> str:
+    text = "Each cell: how much cheaper (or dearer) a sidecar tag token is than a standalone tagger's. "
+    if measured:
+        text += (
+            "Rows marked measured are this report's runs at the batch they ran: attributed device seconds per tag "
+            "token from the engine's device-time ledger, the sidecar's prefill + decode + instruction line "
+            "against the standalone tagger's prefill + decode, as the table below adds them up. "
+        )
+    else:
+        text += "Nothing was measured in both modes with a device-time ledger, so no row is measured. "
+    batches = f"{', '.join(map(str, data.verdict_batches[:-1]))} and {data.verdict_batches[-1]}"
+    measured_batches = sorted({v.batch for v in measured})
+    return text + (
+        f"Rows marked projected are not measurements: the roofline of study.cost for {'; '.join(lead)} on the "
+        f"catalog's figures for each GPU type, pricing the same lines, at batch {batches}"
+        + (f" (the measured batch {data.reference_batch}, and 32-128, " if measured_batches else " (")
+        + "the batch sizes nightly jobs run on GPUs)."
+    )
+
+
+def _lines_table(verdicts: Sequence[Verdict]) -> Table:
+    """Each measured verdict's lines per request, in device milliseconds, and per tag token: what it divides."""
+    rows = []
+    for v in verdicts:
+        for mode, cost in (("sidecar", v.sidecar), ("standalone", v.standalone)):
+            lines = [("prefill: catch-up and bridge feed" if mode == "sidecar" else "prefill: whole prompt",
+                      cost.prefill_s), ("decode: draft steps", cost.decode_s)]
+            if mode == "sidecar":
+                lines.append(("instruction: its share of the main draft prefill", cost.instruction_s))
+            for label, seconds in lines:
+                ms = None if seconds is None else seconds * 1000
+                rows.append((v.gpu_type, v.pair, str(v.batch), mode, label, fmt(ms, 4), ""))
+            rows.append((v.gpu_type, v.pair, str(v.batch), mode, f"total, {fmt(cost.tag_tokens, 4)} tag tokens",
+                         fmt(cost.seconds * 1000, 4), fmt(cost.seconds_per_tag_token * 1000, 4)))
+    return Table(("GPU type", "pair", "batch", "mode", "line", "device ms / request", "device ms / tag token"),
+                 tuple(rows))
+
+
 def _split_table(verdicts: Sequence[Verdict]) -> Table:
-    """Each verdict's tagging phase per request, prefill next to decode, in milliseconds."""
+    """Projected verdicts' lines per request, side by side, in milliseconds."""
 
-    def ms(split: PhaseSplit | None) -> tuple[str, str]:
-        return ("–", "–") if split is None else (fmt(split.prefill_s * 1000), fmt(split.decode_s * 1000))
+    def ms(value: float | None) -> str:
+        return fmt(None if value is None else value * 1000)
 
-    headers = ("sidecar prefill ms", "sidecar decode ms", "standalone prefill ms", "standalone decode ms")
+    headers = ("sidecar prefill ms", "sidecar decode ms", "sidecar instruction ms", "standalone prefill ms",
+               "standalone decode ms")
     return Table(
-        ("GPU type", "pair", "basis", "batch", *headers),
+        ("GPU type", "pair", "batch", *headers),
         tuple(
-            (
-                v.gpu_type,
-                v.pair,
-                v.basis,
-                ", ".join(map(str, v.batch_sizes)),
-                *ms(v.sidecar_split),
-                *ms(v.standalone_split),
-            )
+            (v.gpu_type, v.pair, str(v.batch), ms(v.sidecar.prefill_s), ms(v.sidecar.decode_s),
+             ms(v.sidecar.instruction_s if v.prefill_priced else None), ms(v.standalone.prefill_s),
+             ms(v.standalone.decode_s))
             for v in verdicts
         ),
     )
 
 
 def _verdict_section(data: ReportData) -> list[Block]:
-    """The measured verdicts, the $ plot, then the projected ones: the first screen holds the answer and its picture.
-
-    Without measured verdicts the projected ones lead.
-    """
+    """The verdict table, the $ plot, then the lines the measured verdicts follow from: the first screen holds
+    the answer and its picture."""
     blocks: list[Block] = [
         Heading("Verdict per GPU type"),
         Paragraph("Is a sidecar tag token cheaper than one from a standalone deployment of the same draft model?"),
     ]
     measured = [v for v in data.verdicts if v.basis == "measured"]
     projected = [v for v in data.verdicts if v.basis == "projected"]
-    if measured:
-        blocks += [_verdict_table(measured), Bullets(tuple(v.sentence for v in measured))]
-    elif projected:
-        blocks.append(_verdict_table(projected))
+    lead = _lead_projections(data)
+    lead_projected = [v for v in projected if v.pair in lead]
+    if measured or lead_projected:
+        blocks += [_verdict_table(data, measured, lead_projected), Paragraph(_verdict_note(data, measured, lead))]
     else:
         blocks.append(
             Paragraph("No verdict: nothing was measured in both modes and the projection has no standalone KV.")
         )
     blocks.append(Image(data.plot_paths["usd_per_mtok"], "$ per 1M tag tokens, sidecar vs standalone, per GPU type"))
-    if measured and projected:
+    if measured:
         blocks += [
-            Paragraph(f"Projected for the GPU types not measured, at batch {data.reference_batch}:"),
-            _verdict_table(projected),
+            Paragraph(
+                "How the measured verdicts add up: each mode's device seconds per request, line by line, as the "
+                "engine's ledger attributed them (a forward's time shared among the rows it served in proportion "
+                "to their tokens in it), and per tag token. The sidecar's instruction line is what sidecar mode "
+                "adds to the main phase: its masked instruction's share of the main row's draft prefill."
+            ),
+            _lines_table(measured),
+            Bullets(tuple(v.sentence for v in measured)),
         ]
+    if data.unledgered:
+        blocks.append(
+            Paragraph(
+                "Measured without a device-time ledger (rows an engine without it wrote), so without a rate or a "
+                f"verdict: {'; '.join(data.unledgered)}. Their wall clock is no cost: a stream's clock runs on "
+                "through other rows' steps."
+            )
+        )
     for projection in data.projections:
         of_workload = [v for v in projected if v.pair == projection.workload.name]
         if of_workload:
-            blocks.append(Paragraph(_projected_summary(of_workload, projection.workload)))
-    split = [v for v in data.verdicts if v.sidecar_split is not None or v.standalone_split is not None]
-    if split:
+            blocks.append(Paragraph(_projected_summary(of_workload, projection.workload, data.reference_batch)))
+    at_reference = [v for v in projected if v.batch == data.reference_batch and v.prefill_priced]
+    if at_reference:
         blocks += [
             Paragraph(
-                "Prefill and decode per request, side by side: the prefill forward that yields the first tag "
-                "token (the standalone tagger's whole prompt, the sidecar's few fed tokens), then the decode steps "
-                "of the further tag tokens. Measured where the runs timed both; projected on the roofline."
+                f"Projected lines per request at batch {data.reference_batch}, side by side: the prefill forward "
+                "that yields the first tag token (the standalone tagger's whole prompt, the sidecar's few fed "
+                "tokens), the decode steps of the further tag tokens, and the sidecar's instruction line."
             ),
-            _split_table(split),
+            _split_table(at_reference),
         ]
-    blocks.append(
-        Paragraph(
-            "Measured verdicts pool the batch sizes measured in both modes; GPU types without measurements "
-            f"get a projection at batch {data.reference_batch} for each projected workload (pair column)."
-        )
-    )
-    compared = {(v.gpu_type, v.pair) for v in data.verdicts if v.basis == "measured"}
-    uncompared = sorted({(g.gpu_type, g.pair) for g in data.groups if g.tag_rows} - compared)
+    compared = {(v.gpu_type, v.pair) for v in measured}
+    uncompared = sorted({(g.gpu_type, g.pair) for g in data.groups if g.tag_cost is not None} - compared)
     if uncompared:
         names = ", ".join(f"{gpu} ({pair})" if pair else gpu for gpu, pair in uncompared)
         blocks.append(
             Paragraph(
-                "Measured but not compared, for want of sidecar and standalone tagging at a common batch "
-                f"size: {names}."
+                "Measured but not compared, for want of sidecar and standalone tagging with a ledger at a common "
+                f"batch size: {names}."
             )
         )
     return blocks
 
 
-def _projected_summary(verdicts: Sequence[Verdict], workload: Workload) -> str:
-    """One paragraph for all projected verdicts of one workload: how much cheaper, and what the prefill weighs."""
-    savings = [round(v.sidecar_saving_pct, 1) for v in verdicts]
-    low, high = min(savings), max(savings)
-    spread = f"{abs(low):.1f}%" if low == high else f"{min(map(abs, savings)):.1f}-{max(map(abs, savings)):.1f}%"
-    direction = "less" if low >= 0 else "more" if high <= 0 else "more or less"
+def _projected_summary(verdicts: Sequence[Verdict], workload: Workload, reference_batch: int) -> str:
+    """One paragraph for all projected verdicts of one workload: how much cheaper per batch size, and what the
+    prefill weighs at the reference batch."""
+    by_batch: dict[int, list[float]] = {}
+    for v in verdicts:
+        by_batch.setdefault(v.batch, []).append(round(v.sidecar_saving_pct, 1))
     priced = all(v.prefill_priced for v in verdicts)
     text = (
-        f"Projected with {workload.name} on {', '.join(v.gpu_type for v in verdicts)}, batch "
-        f"{verdicts[0].batch_sizes[0]}, {'prefill and decode' if priced else 'decode steps only'}: a sidecar tag "
-        f"token costs {spread} {direction} than a standalone tagger's."
+        f"Projected with {workload.name} on {len({v.gpu_type for v in verdicts})} GPU types, "
+        f"{'prefill, decode and instruction lines' if priced else 'decode steps only'}: a sidecar tag token costs "
+        + "; ".join(f"{_spread(savings)} at batch {batch}" for batch, savings in sorted(by_batch.items()))
+        + " than a standalone tagger's."
     )
-    standalone_share = _prefill_share([v.standalone_split for v in verdicts])
-    sidecar_share = _prefill_share([v.sidecar_split for v in verdicts])
+    at_reference = [v for v in verdicts if v.batch == reference_batch]
+    standalone_share = _prefill_share([v.standalone for v in at_reference])
+    sidecar_share = _prefill_share([v.sidecar for v in at_reference])
     if priced and standalone_share and sidecar_share and workload.tokens is not None:
         prompt, _ = workload.tokens.prefill("standalone")
         feed, cached = workload.tokens.prefill("sidecar")
         text += (
-            f" The standalone tagger prefills its {prompt}-token prompt (template, summary, tag instruction): "
-            f"{standalone_share} of its tagging time. The sidecar feeds {feed} tokens into the cache it kept "
-            f"({cached} entries, document evicted): {sidecar_share} of its own."
+            f" At batch {reference_batch} the standalone tagger prefills its {prompt}-token prompt (template, "
+            f"summary, tag instruction): {standalone_share} of its tagging time. The sidecar feeds {feed} tokens "
+            f"into the cache it kept ({cached} entries, document evicted): {sidecar_share} of its own, beside its "
+            f"instruction line ({workload.tokens.sidecar_instruction} tokens of the main draft prefill)."
         )
     kv = workload.kv_bytes_per_request
-    if high < 0:
+    if all(v.sidecar_saving_pct < 0 for v in at_reference) and at_reference:
         text += (
             f" With the document evicted, the sidecar still reads its main prompt's KV entries "
             f"({kv['sidecar'] / MB:.2f} vs {kv['standalone'] / MB:.2f} MB per request), so per decode step it cannot "
             "beat a standalone tagger"
         )
         text += (
-            "; here the prefill it saves does not make up for that."
+            f"; at batch {reference_batch} the prefill it saves does not make up for that."
             if priced
             else "; what it saves is what this projection leaves out: the standalone's summary prefill (the "
             "workload has no model shape to price it) and its separate deployment."
@@ -239,11 +275,21 @@ def _projected_summary(verdicts: Sequence[Verdict], workload: Workload) -> str:
     return text
 
 
-def _prefill_share(splits: Sequence[PhaseSplit | None]) -> str | None:
-    """The prefill's share of the tagging time, as a percentage or a range of them; None if any is unknown."""
-    if not splits or any(s is None for s in splits):
+def _spread(savings: Sequence[float]) -> str:
+    """'3.1-4.0% less', '2.0% more', or '1.0% more to 2.0% less' across GPU types."""
+    low, high = min(savings), max(savings)
+    if low >= 0 or high <= 0:
+        amounts = sorted({abs(low), abs(high)})
+        amount = f"{amounts[0]:.1f}%" if len(amounts) == 1 else f"{amounts[0]:.1f}-{amounts[1]:.1f}%"
+        return f"{amount} {'less' if low >= 0 else 'more'}"
+    return f"{abs(low):.1f}% more to {high:.1f}% less"
+
+
+def _prefill_share(costs: Sequence[TaggingCost]) -> str | None:
+    """The prefill's share of the tagging time, as a percentage or a range of them; None if any is unpriced."""
+    if not costs or any(c.prefill_s is None for c in costs):
         return None
-    shares = [round(s.prefill_s / (s.prefill_s + s.decode_s) * 100) for s in splits if s is not None]
+    shares = [round((c.prefill_s or 0) / c.seconds * 100) for c in costs]
     return f"{shares[0]}%" if min(shares) == max(shares) else f"{min(shares)}-{max(shares)}%"
 
 
@@ -263,13 +309,13 @@ def _measured_section(data: ReportData) -> list[Block]:
                 str(g.batch_size),
                 str(len(g.run_ids)),
                 fmt(g.tag_tokens_per_s),
+                fmt(None if g.tag_cost is None else g.tag_cost.seconds_per_tag_token * 1000),
+                fmt_usd(usd),
                 fmt(g.tag_ms_per_step),
-                fmt(g.tag_seconds_per_batch),
-                fmt(g.tag_prefill_s_per_batch),
+                fmt(g.tag_first_token_s),
                 fmt(None if g.kv_bytes_per_request is None else g.kv_bytes_per_request / MB),
                 fmt(g.summary_tokens_per_s),
                 fmt(g.acceptance_rate),
-                fmt_usd(usd),
             )
         )
     blocks += [
@@ -281,24 +327,26 @@ def _measured_section(data: ReportData) -> list[Block]:
                 "batch",
                 "runs",
                 "tag tok/s",
-                "tag ms/step",
-                "tag s/batch",
-                "tag prefill s/batch",
+                "device ms/tag tok",
+                "$/1M tag tok",
+                "tag ms/step (wall)",
+                "first tag token s (wall)",
                 "KV MB/request",
                 "summary tok/s",
                 "acceptance",
-                "$/1M tag tok",
             ),
             tuple(table_rows),
         ),
         Paragraph(
-            "Tag tok/s is every tag token of a batch over the batch's tagging wall time, prefill included; "
-            "ms/step is the batches' decode time per decode step, prefill excluded: a batch steps until its "
-            "longest row is done, and the first tag token comes from the prefill, so a batch whose longest row "
-            "made n tokens took n - 1 steps. Prefill s/batch is the tagging prefill (the standalone tagger's "
-            "whole prompt, the sidecar's instruction). Summary tok/s and acceptance (accepted / drafted) come "
-            "from the speculative main phase. $ uses the catalog price of the GPU type; devices outside the "
-            "catalog have none."
+            "Cost: tag tok/s is the tagging rows' tag tokens per attributed device second, every line included "
+            "(prefill, decode and, for a sidecar, its instruction line), from the engine's device-time ledger; "
+            "device ms/tag tok is its inverse and $ its price at the catalog's rent for the GPU type (devices "
+            "outside the catalog have none). A run written without the ledger has none of the three. Latency, "
+            "wall clock, never a cost: ms/step is the batches' decode time per decode step, prefill excluded (a "
+            "batch steps until its longest row is done, and the first tag token comes from the prefill, so a batch "
+            "whose longest row made n tokens took n - 1 steps); first tag token is the mean time from a row's "
+            "arrival in its batch to its first committed token. Summary tok/s (per attributed device second) and "
+            "acceptance (accepted / drafted) come from the speculative main phase."
         ),
     ]
     if data.acceptance:
@@ -376,8 +424,10 @@ def _projection_section(data: ReportData) -> list[Block]:
             "request and time = bytes / bandwidth. The tagging phase starts with a prefill forward that yields "
             "the first tag token: the standalone tagger's whole prompt, compute-bound at batch (FLOPs = 2 x "
             "weights x tokens + 4 x layers x query width x tokens x keys attended, per request), against the "
-            "sidecar's few fed tokens into the cache it kept. Tag tokens/s = batch x tags / (prefill + (tags - 1) "
-            "decode steps), the way a measured tag tok/s counts them, and $ per 1M tag tokens = $/GPU-hour / 3600 "
+            "sidecar's few fed tokens into the cache it kept. A sidecar also carries its instruction line: its "
+            "masked instruction's share of the main row's draft prefill, in proportion to its tokens there, as the "
+            "engine's ledger charges it. Tag tokens/s = batch x tags / (prefill + (tags - 1) decode steps + "
+            "instruction line), the way a measured tag tok/s counts them, and $ per 1M tag tokens = $/GPU-hour / 3600 "
             "/ tag tokens/s x 1e6. Bandwidth, TFLOP/s and rent come from the GPU catalog (study/cost/gpus.json, "
             "with a source per entry). These are projections, not measurements. The full grid of batch sizes is "
             "in the cost rows and the plots."
@@ -409,6 +459,7 @@ def _projection_section(data: ReportData) -> list[Block]:
                         *(fmt(None if row is None else row.ms_per_step) for row in (attended, evicted, alone)),
                         fmt(speedup),
                         *(fmt(None if row is None else row.prefill_ms) for row in (evicted, alone)),
+                        fmt(None if evicted is None else evicted.instruction_ms),
                         *(fmt_usd(None if row is None else tag_usd_per_million(row)) for row in (evicted, alone)),
                     )
                 )
@@ -436,6 +487,7 @@ def _projection_section(data: ReportData) -> list[Block]:
                     "eviction speedup %",
                     "evicted prefill ms",
                     "standalone prefill ms",
+                    "evicted instruction ms",
                     "sidecar $/1M tag tok",
                     "standalone $/1M tag tok",
                 ),

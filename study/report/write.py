@@ -94,7 +94,8 @@ def write_cost_report(
 
 
 def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
-    """Rows for the ``cost_estimates`` table (storage.records.CostRecord's fields)."""
+    """Rows for the ``cost_estimates`` table (storage.records.CostRecord's fields); a measured group without a
+    device-time ledger has no rate, and no row."""
     rows = []
     for g in data.groups:
         if g.tag_tokens_per_s is None:
@@ -112,7 +113,10 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                 "usd_per_mtok": None if price is None else usd_per_million_tokens(price, g.tag_tokens_per_s),
                 "source": "measured",
                 "run_id": g.run_ids[0] if len(g.run_ids) == 1 else None,
-                "note": f"tagging phase, {len(g.run_ids)} run(s) pooled",
+                "note": "tagging phase, tag tokens per attributed device second ("
+                + ("prefill + decode" if g.mode == "standalone" else "prefill + decode + instruction line")
+                + f"), {len(g.run_ids)} run(s) pooled",
+                "timed_by": "device_ledger",
             }
         )
     for projection in data.projections:
@@ -131,7 +135,9 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                     "source": "projected",
                     "run_id": None,
                     "note": f"roofline of {modelled}, tagging phase: "
-                    + ("prefill and decode steps" if r.tag_tokens_per_s is not None else "decode steps only"),
+                    + (("prefill and decode steps" + ("" if r.mode == "standalone" else " and instruction line"))
+                       if r.tag_tokens_per_s is not None else "decode steps only"),
+                    "timed_by": "roofline",
                 }
                 for r in gpu_rows
             ]
