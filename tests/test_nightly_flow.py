@@ -7,6 +7,7 @@ test's subprocesses talk to it too.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -107,6 +108,15 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     out_dir = Path(run.db_path).parent / "cost_report" / counts.run_id
     for name in ("cost_report.md", "cost_report.html", "step_time_vs_batch.png"):
         assert (out_dir / name).stat().st_size > 0
+    # the verdict is the ratio of the device seconds the engine charged per tag token in this run's streams,
+    # where sidecar rows decoded beside main rows
+    per_token = {r["mode"]: r["s"] for r in db.query(
+        "SELECT mode, sum(prefill_device_s + decode_device_s + instruction_device_s) / sum(new_tokens) AS s "
+        "FROM request_stats WHERE run_id = ? AND phase = 'sidecar' GROUP BY mode", [counts.run_id])}
+    headline = json.loads((out_dir / "headline.json").read_text())
+    assert headline["basis"] == "measured"
+    assert headline["sidecar_saving_pct"] == pytest.approx((1 - per_token["sidecar"] / per_token["standalone"])
+                                                           * 100, rel=1e-6)
     # ... and published its artifacts (from its own flow run, a subflow of this one; the keys are shared by
     # every run's report, the description names the run)
     from prefect import get_client

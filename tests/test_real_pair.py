@@ -82,7 +82,7 @@ def test_rows_joining_a_running_batch_decode_as_alone_on_real_news(real_pair, pr
     waiting, outputs, joined = list(enumerate(rows)), {}, 0
     while waiting or batch.busy:
         if waiting and rng.random() < 0.4:
-            joined += bool(batch.rows)
+            joined += bool(batch.target_rows)
             batch.add(*waiting.pop(0))
         outputs.update(batch.step())
     assert joined >= 2

@@ -73,6 +73,12 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, n_docs: int) -> Non
     phases = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, mode, phase)) AS keys FROM request_stats "
                       "WHERE run_id = ?", [run_id])[0]
     assert phases == {"rows": n_docs * 3, "keys": n_docs * 3}  # main + sidecar, and standalone's one phase
+    # the parts carry each row's device-time ledger, a sidecar's instruction line included
+    ledger = db.query("SELECT count(*) FILTER (WHERE prefill_device_s > 0 AND decode_device_s > 0 AND "
+                      "prefill_forwards > 0 AND decode_forwards > 0) AS charged, "
+                      "count(*) FILTER (WHERE mode = 'sidecar' AND phase = 'sidecar' AND instruction_device_s > 0) "
+                      "AS instructions FROM request_stats WHERE run_id = ?", [run_id])[0]
+    assert ledger == {"charged": n_docs * 3, "instructions": n_docs}
     assert len(db.results(run_id)) == n_docs
 
 

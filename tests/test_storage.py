@@ -722,14 +722,18 @@ def test_request_stats_read_the_engine_stats_dicts() -> None:
     main = RequestStats.main_phase(GenerationStats(
         prompt_tokens=400, new_tokens=64, drafted=80, accepted=58, target_forwards=20, draft_forwards=80,
         prefill_seconds=0.2, decode_seconds=3.0, wall_seconds=3.2, batch_size=4).as_dict())
+    # the engine always keeps the ledger: a row it never charged carries zeros, not None
+    ledger_zeros = dict.fromkeys(("prefill_tokens", "prefill_forwards", "decode_tokens", "decode_forwards"), 0) \
+        | dict.fromkeys(("prefill_device_s", "decode_device_s", "queue_s", "first_token_s"), 0.0)
     assert main == RequestStats("main", new_tokens=64, drafted=80, accepted=58, target_forwards=20,
                                 draft_forwards=80, prompt_tokens=400, prefill_s=0.2, decode_s=3.0, wall_s=3.2,
-                                batch_size=4)
+                                batch_size=4, **ledger_zeros)
     tagging = RequestStats.sidecar_phase(SidecarStats(
-        new_tokens=12, feed_tokens=30, feed_seconds=0.05, decode_seconds=0.5, seconds=0.55, kv_bytes=3_700_000,
-        batch_size=0).as_dict(), batch_size=8)
-    assert tagging == RequestStats("sidecar", new_tokens=12, draft_forwards=12, prompt_tokens=30, prefill_s=0.05,
-                                   decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8)
+        new_tokens=12, feed_tokens=30, draft_forwards=13, feed_seconds=0.05, decode_seconds=0.5, seconds=0.55,
+        kv_bytes=3_700_000, batch_size=0).as_dict(), batch_size=8)
+    assert tagging == RequestStats("sidecar", new_tokens=12, draft_forwards=13, prompt_tokens=30, prefill_s=0.05,
+                                   decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8, **ledger_zeros,
+                                   instruction_tokens=0, instruction_device_s=0.0)
 
 
 def test_request_stats_read_the_ledger_keys_and_leave_them_none_where_an_engine_has_none() -> None:
