@@ -699,6 +699,29 @@ def test_letter_probabilities_read_the_first_position_that_holds_a_letter() -> N
         judge.letter_probabilities(judge.answers.Reply("x", [{"x": 0.0}]))
 
 
+@pytest.mark.parametrize("logprob", [float("nan"), 1000.0, float("inf"), 0.5], ids=["nan", "1000", "inf", "0.5"])
+def test_a_malformed_log_probability_is_that_games_error_and_the_other_documents_are_judged(logprob: float) -> None:
+    items = topical_items(3)
+    reads = topical_judge()
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        if items[1].summary not in json.loads(request.content)["messages"][-1]["content"]:
+            return reads(request)
+        body = json.loads(letters_completion(0.6, 0.3).content)
+        token = body["choices"][0]["logprobs"]["content"][0]  # the letter A, chosen and first among the top
+        token["logprob"] = token["top_logprobs"][0]["logprob"] = logprob
+        return json_bytes(json.dumps(body).encode())  # json.dumps writes NaN and Infinity as Python reads them
+
+    results = judge_pairs(items, probability_config(controls=0), make_client(CountingHandler(respond)))
+
+    assert [r.verdict for r in results] == ["sidecar", "error", "sidecar"]
+    bad = results[1].games
+    assert all(g.p_a is None and g.p_b is None and g.raw_answer == "A" for g in bad)
+    assert all(g.error.startswith("JudgeAnswerError") and "not a log probability" in g.error for g in bad)
+    summary = summarize_judgements(results, probability_config(controls=0))
+    assert (summary.wins, summary.errors) == (2, 1) and list(summary.error_docs) == ["doc-1"]
+
+
 # --- retries change the request ---------------------------------------------------------------------
 
 

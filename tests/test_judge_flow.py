@@ -225,6 +225,28 @@ def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable
         assert all(v["preference"] == pytest.approx(0.5) and v["verdict"] == "tie" for v in verdicts)
 
 
+def test_a_malformed_log_probability_fails_its_games_only_and_every_other_game_is_stored(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+
+    def nan_for_doc_y(summary: str, tags_a: list[str], tags_b: list[str]) -> float:
+        return math.nan if "strike" in summary else reads_tags(summary, tags_a, tags_b)
+
+    with letters_endpoint(nan_for_doc_y) as url:
+        state = judge(TOPICAL, judge_model="mock", base_url=url, retries=0, controls=0, db_path=str(db.path),
+                      return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert (summary.wins, summary.errors, list(summary.error_docs)) == (2, 1, ["doc-y"])
+    stored = db.query("SELECT doc_id, count(p_a) AS answered, count(error) AS errors FROM judgement_games "
+                      "WHERE run_id = ? GROUP BY doc_id ORDER BY doc_id", [TOPICAL])
+    assert stored == [{"doc_id": "doc-x", "answered": 2, "errors": 0}, {"doc_id": "doc-y", "answered": 0, "errors": 2},
+                      {"doc_id": "doc-z", "answered": 2, "errors": 0}]
+
+
 def test_key_from_a_secret_block_reaches_the_endpoint_and_never_the_logs(prefect_api, db: Database,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.blocks.system import Secret

@@ -17,6 +17,8 @@ from study.judge.config import JudgeConfig
 
 Choice = Literal["A", "B", "tie"]
 LETTERS = ("A", "B")
+# A log probability is at most 0; an endpoint's float rounding may put it this far above, no further.
+MAX_LOGPROB = 1e-6
 
 
 class JudgeAnswerError(ValueError):
@@ -108,7 +110,8 @@ def ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str
 def letter_probabilities(reply: Reply) -> tuple[float, float]:
     """(P(A), P(B)) at the first generated token whose alternatives hold an answer letter, as the endpoint
     gave them (not normalised). Spellings with leading spaces or in lower case count for their letter; a
-    letter missing from the alternatives counts 0."""
+    letter missing from the alternatives counts 0. A letter's log probability that is NaN or above 0 (a
+    probability above 1) is no answer: ``JudgeAnswerError``, so that it fails this game only."""
     if reply.alternatives is None:
         raise NoLogprobsError("the reply has no log probabilities")
     for alternatives in reply.alternatives:
@@ -116,6 +119,8 @@ def letter_probabilities(reply: Reply) -> tuple[float, float]:
         for token, logprob in alternatives.items():
             letter = token.strip().upper()
             if letter in found:
+                if not logprob <= MAX_LOGPROB:  # NaN compares false too
+                    raise JudgeAnswerError(f"{logprob!r} for the token {token!r} is not a log probability")
                 found[letter] += math.exp(logprob)
         if any(found.values()):
             return min(found["A"], 1.0), min(found["B"], 1.0)
