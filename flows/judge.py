@@ -6,9 +6,11 @@ twice with positions swapped (``study.judge``). The probability mode (prompt ``t
 the endpoint returns log probabilities, probed once per run; otherwise the text mode (``tags-v1``), and
 the artifact says so. Up to ``controls`` documents also get control games (their own tags against
 another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
-a verdict. Every game goes to DuckDB, where the ``judgements`` view derives the verdict and
-``judge_quality`` the control accuracy; below ``threshold`` the run is marked unreliable there and in the
-markdown artifact, which summarises wins, ties, losses, the mean preference and the controls.
+a verdict. A document's games are committed to DuckDB as soon as it is judged, so a judge killed mid-run
+loses only the documents in flight and its rerun skips the rest. There the ``judgements`` view derives
+the verdict and ``judge_quality`` the control accuracy; below ``threshold`` the run is marked unreliable
+there and in the markdown artifact, which summarises wins, ties, losses, the mean preference and the
+controls.
 
 The judge is any OpenAI-compatible endpoint (``base_url``). Without one, the flow starts the project's
 own server on loopback (``sidecar serve``) with ``judge_pair`` and a throwaway key, holding the
@@ -65,14 +67,19 @@ def pending_documents(db: Database, run_id: str, judge_model: str, prompt_versio
 
 
 @task(name="judge-documents", cache_policy=NO_CACHE)
-def judge_documents(items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
+def judge_documents(db: Database, items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
+    """Judge ``items``, committing each document's games as soon as it is judged (see ``judgement_records``)."""
     logger = get_run_logger()
+    settings = judge_settings(config)
 
     def judged(result: JudgeResult) -> None:
+        records = judgement_records(result, config)
+        if records:
+            db.write_judgements(run_id, records, settings)
         progress.advance()
         preference = "" if result.preference is None else f" (preference {result.preference:.3f})"
-        logger.info("document %s judged (%d of %d): %s%s", result.doc_id, progress.done, progress.total,
-                    result.verdict, preference)
+        logger.info("document %s judged (%d of %d): %s%s; %d games stored", result.doc_id, progress.done,
+                    progress.total, result.verdict, preference, len(records))
 
     with RunProgress(f"{_artifact_key(run_id)}-progress", f"Documents of run {run_id} judged", len(items),
                      "doc") as progress:
@@ -88,22 +95,22 @@ def detect_mode(items: list[JudgeItem], config: JudgeConfig) -> Detection:
     return detect_prompt_version(probe, config)
 
 
-@task(name="store-judgements", cache_policy=NO_CACHE)
-def store_judgements(db: Database, run_id: str, results: list[JudgeResult], config: JudgeConfig) -> int:
-    """Write every game of every judged document (skipped documents have none), controls included, with the
-    settings the verdicts are read with; returns the games written."""
-    records = [
+def judgement_records(result: JudgeResult, config: JudgeConfig) -> list[JudgementRecord]:
+    """Every game of a judged document, controls included (a skipped document has none)."""
+    return [
         JudgementRecord(
             doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
             mode_a=game.sides[0], mode_b=game.sides[1], raw_answer=game.raw_answer, winner=game.winner,
             error=game.error, kind=game.kind, p_a=game.p_a, p_b=game.p_b,
             foil_doc_id=result.foil_doc_id if game.kind == "control" else None)
-        for result in results for game in (*result.games, *result.controls)]
-    if records:
-        db.write_judgements(run_id, records, JudgeSettingsRecord(
-            judge_model=config.model, prompt_version=config.prompt_version, mode=config.mode,
-            threshold=config.threshold, margin_floor=config.margin_floor if config.mode == "probability" else None))
-    return len(records)
+        for game in (*result.games, *result.controls)]
+
+
+def judge_settings(config: JudgeConfig) -> JudgeSettingsRecord:
+    """What the run's verdicts are read with, stored beside its games."""
+    return JudgeSettingsRecord(
+        judge_model=config.model, prompt_version=config.prompt_version, mode=config.mode,
+        threshold=config.threshold, margin_floor=config.margin_floor if config.mode == "probability" else None)
 
 
 def api_key_from_block(name: str | None) -> SecretStr | None:
@@ -163,9 +170,9 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
         if detection.prompt_version != config.prompt_version:
             config = config.model_copy(update={"prompt_version": detection.prompt_version})
             items, judged_before = pending_documents(db, run_id, model, config.prompt_version)
-        results = judge_documents(items, config, run_id)
+        results = judge_documents(db, items, config, run_id)
 
-    games = store_judgements(db, run_id, results, config)
+    games = sum(len(result.games) + len(result.controls) for result in results)
     summary = summarize_judgements(results, config, mode_note=detection.note)
     logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored. %s",
                 run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,

@@ -851,7 +851,7 @@ HOSTILE_ANSWER_CHARS = 5 * 1024 * 1024
     ],
 )
 def test_a_hostile_endpoints_huge_answers_are_stored_cut_and_say_so(answer: str, tmp_path) -> None:
-    from flows.judge import store_judgements
+    from flows.judge import judge_settings, judgement_records
     from storage import Database
 
     config = make_config(retries=0)
@@ -859,7 +859,7 @@ def test_a_hostile_endpoints_huge_answers_are_stored_cut_and_say_so(answer: str,
     assert all(g.reason is None or len(g.reason) < 20_000 for g in results[0].games)
     db = Database(tmp_path / "sidecar.duckdb")
     db.start_run("run", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=1)
-    store_judgements.fn(db, "run", results, config)
+    db.write_judgements("run", judgement_records(results[0], config), judge_settings(config))
 
     stored = [row["raw_answer"] for row in db.query("SELECT raw_answer FROM judgement_games ORDER BY game")]
     assert len(stored) == 2

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +25,7 @@ import pytest
 from server.launcher import free_port, running_server
 from storage import Database, Document, OutputRecord
 
+REPO = Path(__file__).resolve().parents[1]
 RUN = "run-Judge_1"
 KEY = "sk-judge-block-3b9f2c71e6d84a05"
 DOCS = {
@@ -149,11 +155,14 @@ def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float]) -> Itera
                              "message": {"role": "assistant", "content": "A" if p >= 0.5 else "B"},
                              "logprobs": {"content": [{**top[0 if p >= 0.5 else 1], "top_logprobs": top}]}}],
             }).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a judge killed while its answer was held
 
         def log_message(self, *args: object) -> None:
             pass
@@ -245,6 +254,90 @@ def test_a_malformed_log_probability_fails_its_games_only_and_every_other_game_i
                       "WHERE run_id = ? GROUP BY doc_id ORDER BY doc_id", [TOPICAL])
     assert stored == [{"doc_id": "doc-x", "answered": 2, "errors": 0}, {"doc_id": "doc-y", "answered": 0, "errors": 2},
                       {"doc_id": "doc-z", "answered": 2, "errors": 0}]
+
+
+class HoldsAfter:
+    """A judge that reads the tags for the first ``answered`` documents it is asked about and holds every
+    request about a later one until ``release`` is set: documents in flight when the judge is killed."""
+
+    def __init__(self, answered: int) -> None:
+        self.limit = answered
+        self.answered: list[str] = []  # summaries
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, summary: str, tags_a: list[str], tags_b: list[str]) -> float:
+        with self._lock:
+            if summary not in self.answered and len(self.answered) < self.limit:
+                self.answered.append(summary)
+            answered = summary in self.answered
+        if not answered:
+            self.held.set()
+            self.release.wait(300)
+        return reads_tags(summary, tags_a, tags_b)
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float) -> object:
+    """``condition()``'s first truthy value within ``timeout_s``, else its last value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
+
+
+def test_a_judge_killed_mid_run_keeps_the_documents_it_finished_and_a_rerun_asks_only_the_rest(
+        prefect_api, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")  # for this process and the killed one
+
+    run_id, summaries = "run-killed-judge", {f"doc-{i}": f"- The topic{i} and the place{i} were reported." for i in
+                                             range(8)}
+    db.start_run(run_id, {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents(run_id, [Document(d, f"Document {d}.", i) for i, d in enumerate(summaries)], [])
+    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, "hashtags", "", tags)
+                            for i, (doc_id, summary) in enumerate(summaries.items())
+                            for mode, tags in (("sidecar", [f"topic{i}", f"place{i}"]), ("standalone", ["news"]))])
+
+    def doc_ids(shown_summaries) -> set[str]:
+        return {doc_id for doc_id, summary in summaries.items() if any(summary in s for s in shown_summaries)}
+
+    gate = HoldsAfter(answered=3)
+    command = [sys.executable, "-m", "cli", "judge", "--run-id", run_id, "--db", str(db.path), "--model", "mock",
+               "--controls", "0"]
+    env = os.environ | prefect_api | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    log = tmp_path / "judge.log"
+    with letters_endpoint(gate) as url, log.open("wb") as out:
+        process = subprocess.Popen([*command, "--base-url", url], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   cwd=tmp_path)
+        try:
+            wait_for(lambda: gate.held.is_set() or process.poll() is not None, 300)
+            assert process.poll() is None and gate.held.is_set(), f"no document was held:\n{log.read_text()}"
+            finished = doc_ids(gate.answered)
+            stored = wait_for(lambda: db.judged_doc_ids(run_id, "mock", "tags-p1") == finished, 60)
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=60)
+        finally:
+            process.kill()
+            gate.release.set()
+    # what the killed judge finished is in DuckDB, each document's games and the settings they are read with
+    assert stored, f"{db.judged_doc_ids(run_id, 'mock', 'tags-p1')} stored of {sorted(finished)} finished"
+    verdicts = db.query("SELECT doc_id, verdict FROM judgements WHERE run_id = ? ORDER BY doc_id", [run_id])
+    assert verdicts == [{"doc_id": doc_id, "verdict": "sidecar"} for doc_id in sorted(finished)]
+
+    asked: list[str] = []
+
+    def recording(summary: str, tags_a: list[str], tags_b: list[str]) -> float:
+        asked.append(summary)
+        return reads_tags(summary, tags_a, tags_b)
+
+    with letters_endpoint(recording) as url:
+        summary = judge(run_id, judge_model="mock", base_url=url, retries=0, controls=0, db_path=str(db.path))
+    assert doc_ids(asked) == set(summaries) - finished
+    assert (summary.total, summary.wins) == (5, 5)
+    assert db.judged_doc_ids(run_id, "mock", "tags-p1") == set(summaries)
+    assert db.query("SELECT count(*) AS n FROM judgement_games WHERE run_id = ?", [run_id]) == [{"n": 16}]
 
 
 def test_key_from_a_secret_block_reaches_the_endpoint_and_never_the_logs(prefect_api, db: Database,
