@@ -869,3 +869,15 @@ def test_a_hostile_endpoints_huge_answers_are_stored_cut_and_say_so(answer: str,
         assert raw[:kept] == answer[:kept]
         # the stored text says it was cut, and how long the answer was
         assert "cut" in raw[kept:] and f"{len(answer):,}" in raw[kept:]
+
+
+def test_a_caller_that_cannot_take_a_result_stops_the_documents_still_queued() -> None:
+    handler = always(verdict_json("tie"))
+
+    def refuse(_result: JudgeResult) -> None:
+        raise OSError("the database is gone")  # as a failed commit of the first judged document
+
+    with pytest.raises(OSError, match="database is gone"):
+        judge_pairs([item(f"doc-{i}") for i in range(6)], make_config(concurrency=1), make_client(handler), refuse)
+    # the first document, and at most the one already started after it: not the four still queued
+    assert len(handler.requests) <= 4

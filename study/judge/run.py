@@ -99,7 +99,7 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     probability mode, which calibrate the margin of every verdict). Documents run concurrently on at most
     ``config.concurrency`` threads, one request in flight per thread. A given ``client`` is used with
     ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it
-    is done, in the calling thread.
+    is done, in the calling thread; when it raises, the documents not yet started are dropped.
     """
     client, redact = _client_and_redactor(config, client)
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
@@ -141,8 +141,13 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
 
         futures = {pool.submit(judge_one, item): index for index, item in enumerate(items)}
         results: list[JudgeResult | None] = [None] * len(items)
-        for future in as_completed(futures):
-            results[futures[future]] = result = future.result()
-            if on_result is not None:
-                on_result(result)
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = result = future.result()
+                if on_result is not None:
+                    on_result(result)
+        except BaseException:
+            # a result nobody can take (its commit failed): judging the queued documents would be lost work
+            pool.shutdown(cancel_futures=True)
+            raise
     return [r for r in results if r is not None]
