@@ -115,6 +115,11 @@ class LockHeldError(StorageError):
         super().__init__(f"{what} is held by {holder.describe()}; {waited} (lock file {path})")
 
 
+class InvalidRunIdError(StorageError, ValueError):
+    """A run id that is not a plain name (``storage.run_keys.check_run_id``); a ValueError, so that a
+    pydantic validator reports it as the field's error."""
+
+
 class UnknownRunError(StorageError):
     """A write names a run that ``start_run`` never created."""
 
