@@ -120,6 +120,11 @@ class InvalidRunIdError(StorageError, ValueError):
     pydantic validator reports it as the field's error."""
 
 
+class ResultsLocationError(StorageError):
+    """A results location (``--results-uri``) that cannot hold part files: a URI pyarrow cannot open, or a
+    directory that cannot be created there (under a regular file, read-only)."""
+
+
 class UnknownRunError(StorageError):
     """A write names a run that ``start_run`` never created."""
 
