@@ -10,9 +10,9 @@ never catches it to print and exit. Exit codes:
       sharded ``nightly`` ended with documents no shard attempt finished, named in the error line),
       or an unexpected error: a bug, printed with its traceback
 2     bad input or usage: an unknown option or a bad value (typer's own usage errors), a missing input
-      file, an input without the columns asked for, a ``--run-id`` that names no run or another run
-      (another corpus or other decisive settings), an unknown model pair, bad cost-model inputs, a model
-      fetch that failed
+      file, an input without the columns asked for, a ``--run-id`` that is not a plain name or names
+      no run or another run (another corpus or other decisive settings), an unknown model pair, bad
+      cost-model inputs, a model fetch that failed, a ``--results-uri`` that cannot hold part files
 3     the database cannot be used: ``--db`` is a directory, not a DuckDB file, under a regular file or
       where nothing may be written, or it has a newer schema than this sidecar knows
 4     busy: another process held the database's lock through every retry (``--lock-wait-s``), runs this
@@ -45,6 +45,8 @@ USER_ERRORS: tuple[tuple[str, str, int], ...] = (
     ("storage.errors", "RunMismatchError", EXIT_BAD_INPUT),
     ("storage.errors", "InputSchemaError", EXIT_BAD_INPUT),
     ("storage.errors", "UnknownRunError", EXIT_BAD_INPUT),
+    ("storage.errors", "InvalidRunIdError", EXIT_BAD_INPUT),
+    ("storage.errors", "ResultsLocationError", EXIT_BAD_INPUT),
     ("sidecar.errors", "InputError", EXIT_BAD_INPUT),
     ("sidecar.errors", "PairError", EXIT_BAD_INPUT),
     ("study.cost.errors", "CostInputError", EXIT_BAD_INPUT),

@@ -11,11 +11,13 @@ from __future__ import annotations
 import typer
 
 from cli.errors import exit_code
+from cli.run_ids import checked_run_id
 from flows.embedded import embedded_prefect
 
 
 def judge_command(
-    run_id: str = typer.Option(..., help="The run whose sidecar and standalone tags are compared."),
+    run_id: str = typer.Option(..., callback=checked_run_id,
+                               help="The run whose sidecar and standalone tags are compared."),
     db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
     base_url: str | None = typer.Option(None, help="OpenAI-compatible endpoint (default: serve --judge-pair)."),
     model: str | None = typer.Option(None, help="The endpoint's model id; required with --base-url."),

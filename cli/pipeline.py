@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli.demo_report import DemoFindings, render
+from cli.run_ids import checked_run_id
 from flows.embedded import embedded_prefect
 from vocab.modes import MODES
 
@@ -47,7 +48,8 @@ def nightly_command(
     id_column: str = typer.Option("id", help="Id column of the corpus."),
     text_column: str = typer.Option("article", help="Text column of the corpus."),
     title_column: str | None = typer.Option(None, help="Optional title column of the corpus."),
-    run_id: str | None = typer.Option(None, help="Resume or name a run (default: from parameters and date)."),
+    run_id: str | None = typer.Option(None, callback=checked_run_id,
+                                      help="Resume or name a run (default: from parameters and date)."),
     commit_every: float = typer.Option(10.0, min=0, help="Commit finished documents at least this often, in "
                                        "seconds (0: as they finish)."),
     lock_wait_s: float = typer.Option(600.0, min=0, help="How long each database write waits while another "

@@ -15,12 +15,13 @@ def serve_command(
     port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
     api_key: str | None = typer.Option(None, envvar=API_KEY_ENV, show_default=False,
                                        help="Require 'Authorization: Bearer <key>' (prefer the env variable)."),
-    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together; others join as slots free."),
-    batch_wait_ms: float = typer.Option(5.0, min=0, help="How long the first request to an idle server waits "
-                                                         "for others to share its prefill."),
+    # the bounds of these four are ServerConfig's, checked before the pair loads
+    max_batch: int = typer.Option(8, help="Most requests decoded together (1-4096); others join as slots free."),
+    batch_wait_ms: float = typer.Option(5.0, help="How long the first request to an idle server waits for "
+                                                  "others to share its prefill (0-60000)."),
     gamma: int = typer.Option(4, min=1, help="Most tokens the draft proposes per step."),
-    max_body_bytes: int = typer.Option(1 << 20, min=1024, help="Larger request bodies get 413."),
-    max_queue: int = typer.Option(256, min=1, help="Requests waiting beyond this get 503."),
+    max_body_bytes: int = typer.Option(1 << 20, help="Larger request bodies get 413 (1 KiB-1 GiB)."),
+    max_queue: int = typer.Option(256, help="Requests waiting beyond this get 503 (1-1000000)."),
     model_name: str | None = typer.Option(None, help="Served model id; default the pair name."),
     insecure: bool = typer.Option(False, "--insecure",
                                   help="Serve a non-loopback --host without an API key: anyone who reaches the "
@@ -30,6 +31,7 @@ def serve_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from server.launcher import serve
 
-    # an unknown pair or a refused keyless host raises its own error, which cli.errors turns into one line
+    # a setting out of bounds, an unknown pair or a refused keyless host raises its own error, which
+    # cli.errors turns into one line
     serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
           max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure)

@@ -1,9 +1,10 @@
 """The ``cost-report`` flow: measured throughput from DuckDB in, the cost report and its plots out.
 
-The report files (markdown, HTML, PNG plots) go next to the database, under ``cost_report/<run or
-all-runs>/``; the cost lines go into the ``cost_estimates`` table; the markdown and the lines are
-published as Prefect artifacts, and the HTML page and each plot as a link artifact to its file (the
-markdown's images are relative links, which the Prefect UI cannot resolve).
+The report files (markdown, HTML, PNG plots) go next to the database, under ``cost_report/<run key>/``
+(``storage.run_keys.run_key``: a run id never names a path) or ``cost_report/all-runs/``; the cost lines
+go into the ``cost_estimates`` table; the markdown and the lines are published as Prefect artifacts, and
+the HTML page and each plot as a link artifact to its file (the markdown's images are relative links,
+which the Prefect UI cannot resolve).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from storage import CostRecord, Database
+from storage.run_keys import check_run_id, run_key
 from study.report import write_cost_report
 
 
@@ -27,12 +29,15 @@ class CostReportResult:
 
 
 def report_dir(db_path: str | Path, run_id: str | None) -> Path:
-    return Path(db_path).parent / "cost_report" / (run_id or "all-runs")
+    """Where the report of ``run_id`` (None: of every run) goes; a run key never reads ``all-runs``."""
+    return Path(db_path).parent / "cost_report" / (run_key(run_id) if run_id is not None else "all-runs")
 
 
 @flow(name="cost-report")
 def cost_report(db_path: str = "data/sidecar.duckdb", run_id: str | None = None) -> CostReportResult:
     """Cost report for one run's measurements, or for every run's when ``run_id`` is not given."""
+    if run_id is not None:
+        check_run_id(run_id)
     logger = get_run_logger()
     db = Database(db_path)
     measurements = db.throughput(run_id)

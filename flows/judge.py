@@ -38,6 +38,7 @@ from pydantic import SecretStr
 from flows.accelerator import holding_accelerator
 from flows.progress import RunProgress
 from storage import Database, JudgementRecord, JudgeSettingsRecord, UnknownRunError
+from storage.run_keys import check_run_id
 from study.judge import (
     DEFAULT_PROMPT_VERSION,
     Detection,
@@ -139,6 +140,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
     ``controls`` documents at most get control games; a control accuracy below ``threshold`` marks the
     run's verdicts unreliable. A locally served judge holds the accelerator as a nightly run does
     (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it takes)."""
+    check_run_id(run_id)
     logger = get_run_logger()
     if base_url is not None and not judge_model:
         raise ValueError("judge_model is required with base_url (the endpoint's model id)")

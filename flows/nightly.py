@@ -253,9 +253,10 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     """The run cut into shards that run elsewhere and write part files, which this process alone ingests;
     a rerun ingests the parts an earlier parent left and plans only the documents still missing."""
     counts = RunCounts(run_id)
+    # an unusable results location is refused before the database is opened: nothing written, no run row
+    store = PartStore.opened(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
-    store = PartStore(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
     with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
         docs, rejects = _read_input(params, counts)
         with counts.timed("storage"):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pipeline import BatchSettings
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks.task import HASHTAGS, SidecarTask
+from storage.run_keys import check_run_id
 from vocab.modes import Mode
 
 # Fields that change where, how fast or when the outputs are made, not what they are.
@@ -71,8 +72,8 @@ class NightlyParams(BaseModel):
         None, ge=0, description="How long to wait while another run holds the accelerator (None: as long "
                                 "as it takes; 0: refuse at once).")
     run_id: str | None = Field(
-        None, min_length=1, max_length=200,
-        description="Resume or name a run; default: derived from these parameters and the scheduled date.")
+        None, description="Resume or name a run: letters, digits, '.', '_' and '-' (a name, never a path); "
+                          "default: derived from these parameters and the scheduled date.")
     trigger_judge: bool = Field(True, description="Run `judge` afterwards (direct runs; deployments use triggers).")
     trigger_cost_report: bool = Field(True, description="Run `cost-report` afterwards (direct runs only).")
     workers: int = Field(
@@ -104,6 +105,11 @@ class NightlyParams(BaseModel):
             raise ValueError(f"give exactly one sidecar task (the database stores one per document and mode), "
                              f"got {len(tasks)}")
         return tasks
+
+    @field_validator("run_id")
+    @classmethod
+    def _plain_run_id(cls, run_id: str | None) -> str | None:
+        return None if run_id is None else check_run_id(run_id)
 
     @field_validator("modes")
     @classmethod

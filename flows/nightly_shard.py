@@ -31,6 +31,7 @@ from sidecar.models.loading import load_pair
 from sidecar.tasks.engine import SidecarEngine
 from storage import Document
 from storage.parts import PartStore, PartWriter, ShardInfo
+from storage.run_keys import check_run_id
 
 
 @flow(name="nightly-shard", flow_run_name="{launch_id}")
@@ -38,6 +39,7 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
                   params: dict[str, Any]) -> RunCounts:
     """Run the documents of attempt ``launch_id`` of shard ``shard`` of run ``run_id``, writing parts under
     ``results_uri``; ``params`` are the run's :class:`NightlyParams` as JSON."""
+    check_run_id(run_id)
     run = NightlyParams.model_validate(params)
     counts = RunCounts(run_id)
     store = PartStore(results_uri)

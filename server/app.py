@@ -2,7 +2,8 @@
 
 Endpoints:
 
-- ``GET /health``: liveness, no key needed.
+- ``GET /health``: liveness, no key needed: 200 ``{"status": "ok", ...}``, or 503 ``{"status": "unhealthy",
+  "reason": ...}`` once the batch worker has died (every request would then be refused).
 - ``GET /v1/models``: the one served model.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
@@ -109,10 +110,14 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
 
     api = APIRouter(dependencies=[Depends(authenticate)])
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
         pair = engine.pair
-        return {"status": "ok", "model": config.model_name, "pair": pair.name, "device": str(pair.device)}
+        about = {"model": config.model_name, "pair": pair.name, "device": str(pair.device)}
+        if service.worker.failure is not None:
+            reason = f"the batch worker has died ({service.worker.failure}); restart the server"
+            return JSONResponse({"status": "unhealthy", "reason": reason, **about}, status_code=503)
+        return {"status": "ok", **about}
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

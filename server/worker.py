@@ -13,7 +13,9 @@ batch at the next step (finish reason "cancelled"), and so do its sidecars if it
 step that raises fails every job in the batch (the engine refusing input 400, out of memory 503, anything
 else 500) and the loop goes on with an empty batch. After the stop sentinel the batch runs until its last
 job is finished. A seeded request decodes the same tokens whatever shares the batch with it
-(``sidecar.decoding.randomness``).
+(``sidecar.decoding.randomness``). Should the loop itself raise, the worker is dead: it answers every job it
+holds or that is queued with 503 ``worker_failed``, refuses new ones the same way, and ``failure`` says why
+(``GET /health`` reports it).
 """
 
 from __future__ import annotations
@@ -174,7 +176,9 @@ class BatchWorker:
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=config.max_queue)
         self._jobs: dict[int, Job] = {}  # the jobs in the batch, by their index there
         self._indices = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="sidecar-worker", daemon=True)
+        # why the loop died ("OverflowError: ..."); None while it runs or after a clean stop
+        self.failure: str | None = None
+        self._thread = threading.Thread(target=self._run, name="sidecar-worker", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -185,10 +189,31 @@ class BatchWorker:
         self._thread.join(timeout)
 
     def submit(self, job: Job) -> None:
+        if self.failure is not None:
+            raise self._failed_error()
         try:
             self.queue.put_nowait(job)
         except queue.Full:
             raise APIError(503, "the server is overloaded; retry later", "server_error", code="overloaded") from None
+        if self.failure is not None:  # it died while this job was being queued: nobody will take it
+            self._refuse_the_rest(self._failed_error())
+
+    def _failed_error(self) -> APIError:
+        return APIError(503, f"the batch worker has died ({self.failure}); restart the server", "server_error",
+                        code="worker_failed")
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            logger.exception("the batch worker died")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            error = self._failed_error()
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+            for job in jobs:
+                job.finish(error=error)
+            self._refuse_the_rest(error)
 
     def _batch(self) -> SidecarBatch:
         with self.stats.lock:
@@ -209,7 +234,8 @@ class BatchWorker:
                 stopping = self._fill(batch, wait=not self._jobs)
             if self._jobs:
                 batch = self._step(batch)
-        self._refuse_the_rest()
+        self._refuse_the_rest(APIError(503, "the server is stopping; retry later", "server_error",
+                                       code="shutting_down"))
 
     def _fill(self, batch: SidecarBatch, wait: bool) -> bool:
         """Move queued jobs into ``batch`` while it has a slot for them; True once the stop sentinel is taken.
@@ -271,16 +297,15 @@ class BatchWorker:
             job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
         return batch
 
-    def _refuse_the_rest(self) -> None:
-        """Answer the jobs queued behind the stop sentinel, which no batch will run."""
+    def _refuse_the_rest(self, error: APIError) -> None:
+        """Answer the queued jobs, which no batch will run (behind the stop sentinel, or after a failure)."""
         while True:
             try:
                 job = self.queue.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                job.finish(error=APIError(503, "the server is stopping; retry later", "server_error",
-                                          code="shutting_down"))
+                job.finish(error=error)
 
     @staticmethod
     def _api_error(exc: Exception, what: str) -> APIError:

@@ -115,6 +115,16 @@ class LockHeldError(StorageError):
         super().__init__(f"{what} is held by {holder.describe()}; {waited} (lock file {path})")
 
 
+class InvalidRunIdError(StorageError, ValueError):
+    """A run id that is not a plain name (``storage.run_keys.check_run_id``); a ValueError, so that a
+    pydantic validator reports it as the field's error."""
+
+
+class ResultsLocationError(StorageError):
+    """A results location (``--results-uri``) that cannot hold part files: a URI pyarrow cannot open, or a
+    directory that cannot be created there (under a regular file, read-only)."""
+
+
 class UnknownRunError(StorageError):
     """A write names a run that ``start_run`` never created."""
 

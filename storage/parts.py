@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from storage.errors import ResultsLocationError
 from storage.records import Document, OutputRecord, RejectedDocument, RequestStats, check_outputs
 from storage.run_keys import run_key
 from storage.tables import record_columns
@@ -157,11 +158,29 @@ class PartStore:
     def __init__(self, uri: str | Path) -> None:
         self.uri = str(uri)
         if "://" in self.uri:
-            self.filesystem, root = pafs.FileSystem.from_uri(self.uri)
+            try:
+                self.filesystem, root = pafs.FileSystem.from_uri(self.uri)
+            except (pa.ArrowException, ValueError, OSError) as exc:
+                raise ResultsLocationError(f"cannot use results location {self.uri}: "
+                                           f"{' '.join(str(exc).split())}") from None
         else:
             # DuckDB reads local parts by path, whatever the working directory is then
             self.filesystem, root = pafs.LocalFileSystem(), Path(self.uri).expanduser().resolve().as_posix()
         self.root = root.rstrip("/")
+
+    @classmethod
+    def opened(cls, uri: str | Path) -> PartStore:
+        """The store at ``uri`` with its root directory made, so that a location that cannot hold parts is
+        refused (:class:`ResultsLocationError`) before a run writes anything anywhere."""
+        store = cls(uri)
+        try:
+            store.filesystem.create_dir(store.root, recursive=True)
+        except (pa.ArrowException, OSError) as exc:
+            blocking = next((p for p in Path(store.root).parents if p.is_file()), None) if store.is_local else None
+            problem = (f"{blocking} is a file, not a directory" if blocking is not None
+                       else " ".join(str(exc).split()))
+            raise ResultsLocationError(f"cannot use results location {store.uri}: {problem}") from None
+        return store
 
     @classmethod
     def beside(cls, db_path: str | Path) -> PartStore:

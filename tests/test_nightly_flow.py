@@ -27,6 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from storage import Database
+from storage.run_keys import run_key
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_CORPUS = REPO / "tests" / "data" / "bad_corpus.parquet"
@@ -105,7 +106,7 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     measured = db.query("SELECT mode, batch_size FROM costs WHERE source = 'measured' AND run_id = ?",
                         [counts.run_id])
     assert {r["mode"] for r in measured} == {"sidecar", "sidecar_attended", "standalone"}
-    out_dir = Path(run.db_path).parent / "cost_report" / counts.run_id
+    out_dir = Path(run.db_path).parent / "cost_report" / run_key(counts.run_id)
     for name in ("cost_report.md", "cost_report.html", "step_time_vs_batch.png"):
         assert (out_dir / name).stat().st_size > 0
     # the verdict is the ratio of the device seconds the engine charged per tag token in this run's streams,

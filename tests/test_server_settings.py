@@ -1,0 +1,45 @@
+"""Server settings are checked at start, within finite bounds, and ``/health`` tells a dead batch worker."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import uvicorn
+from serving import chat, serving
+from typer.testing import CliRunner
+
+from cli.main import app as cli_app
+from server.app import create_app
+from server.config import ServerConfig
+from sidecar import SidecarEngine
+
+
+@pytest.mark.parametrize(("option", "value", "field"), [
+    ("--batch-wait-ms", "inf", "batch_wait_ms"), ("--batch-wait-ms", "1e13", "batch_wait_ms"),
+    ("--batch-wait-ms", "nan", "batch_wait_ms"), ("--batch-wait-ms", "-1", "batch_wait_ms"),
+    ("--max-batch", "100000000", "max_batch"), ("--max-queue", "1000000000000", "max_queue"),
+    ("--max-body-bytes", "1000000000000000", "max_body_bytes")])
+def test_serve_refuses_a_setting_out_of_bounds_with_one_line_before_loading(option: str, value: str, field: str,
+                                                                            monkeypatch) -> None:
+    served: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: served.append(host))
+    result = CliRunner().invoke(cli_app, ["serve", "--pair", "tiny", option, value])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: ") and field in line, line
+    assert served == []
+
+
+def test_health_is_503_with_its_reason_once_the_batch_worker_has_died(tiny) -> None:
+    # a config that skipped validation, as every config could before it had bounds: the worker's wait overflows
+    config = ServerConfig.model_construct(model_name="tiny", batch_wait_ms=float("inf"))
+    with serving(create_app(SidecarEngine(tiny), config)) as (url, _):
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        first = httpx.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=4), timeout=60)
+        health = httpx.get(url + "/health", timeout=10)
+        later = httpx.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=4), timeout=10)
+    assert first.status_code == 503 and later.status_code == 503, (first.text, later.text)
+    assert later.json()["error"]["code"] == "worker_failed"
+    assert health.status_code == 503
+    body = health.json()
+    assert body["status"] == "unhealthy" and "worker" in body["reason"] and "OverflowError" in body["reason"], body
