@@ -34,9 +34,9 @@ from bench.common import (
     profile_suffix,
     write_results,
 )
-from storage import Database, OutputRecord, PartStore, RejectedDocument, RequestStats, ShardInfo
+from storage import Database, Document, OutputRecord, PartStore, RejectedDocument, RequestStats, ShardInfo
 from storage.database import INGEST_CHUNK_PARTS
-from storage.parts import part_table, write_atomically
+from storage.parts import part_table, text_sha256, write_atomically
 
 RUN = "bench-ingest"
 SHARDS = 8
@@ -82,24 +82,35 @@ def template_part(docs: int, seed: int = 0) -> pa.Table:
                       tags=tags, finish_reason="eos", sidecar_finish_reason="eos", batch_id=i // 64)
         records.append(OutputRecord(mode="sidecar", main_tokens=main.new_tokens, stats=[main, tagging], **common))
         records.append(OutputRecord(mode="standalone", stats=[tagging], **common))
-    info = ShardInfo(RUN, "s0000-a01-template", 0, 1, "bench-host", "cuda:0", "NVIDIA H100 80GB HBM3")
-    return part_table(info, records, rejects)
+    info = ShardInfo(RUN, "s0000-a01-template", 0, 1, "bench-host", "cuda:0", "NVIDIA H100 80GB HBM3", "template")
+    return part_table(info, records, rejects, {r.doc_id: "" for r in records})
 
 
-def write_parts(store: PartStore, docs: int, docs_per_part: int) -> tuple[int, int]:
-    """Copies of one template part with ``docs`` document ids in all, over :data:`SHARDS` launches; returns
-    (parts written, bytes of part files)."""
+def _text(doc_id: str) -> str:
+    return f"The text of {doc_id}."
+
+
+def write_parts(store: PartStore, docs: int, docs_per_part: int, nonce: str) -> tuple[int, int, list[Document]]:
+    """Copies of one template part with ``docs`` document ids in all, over :data:`SHARDS` launches, of the run
+    start ``nonce``; returns (parts written, bytes of part files, the documents their outputs are of)."""
     template = template_part(min(docs, docs_per_part))
     names = template.schema.names
     local_ids = [int(d[1:]) for d in template.column("doc_id").to_pylist()]
     parts = 0
+    usable: list[Document] = []
     for first in range(0, docs, docs_per_part):
         count = min(docs_per_part, docs - first)
         table = template.filter(pa.array([i < count for i in local_ids])) if count < len(local_ids) else template
         shard = parts % SHARDS
         launch_id = f"s{shard:04d}-a01-bench{shard:03d}"
         ids = [f"doc-{first + int(d[1:]):07d}" for d in table.column("doc_id").to_pylist()]
+        outputs = [kind == "output" for kind in table.column("kind").to_pylist()]
+        # a document's input row is its number, as a reject's row_index is
+        usable += {d: Document(d, _text(d), int(d[4:]))
+                   for d, output in zip(ids, outputs, strict=True) if output}.values()
         columns = {"doc_id": pa.array(ids, pa.string()),
+                   "text_sha256": pa.array([text_sha256(_text(d)) for d in ids], pa.string()),
+                   "run_nonce": pa.array([nonce] * table.num_rows, pa.string()),
                    "row_index": pc.add(table.column("row_index"), pa.scalar(first, pa.int32())),
                    "launch_id": pa.array([launch_id] * table.num_rows, pa.string()),
                    "shard": pa.array([shard] * table.num_rows, pa.int32())}
@@ -109,7 +120,7 @@ def write_parts(store: PartStore, docs: int, docs_per_part: int) -> tuple[int, i
                          table)
         parts += 1
     size = sum(p.stat().st_size for p in Path(store.run_dir(RUN)).rglob("part-*.parquet"))
-    return parts, size
+    return parts, size, usable
 
 
 def measure(workdir: Path, docs: int, docs_per_part: int, chunk_parts: int = INGEST_CHUNK_PARTS) -> dict:
@@ -117,8 +128,10 @@ def measure(workdir: Path, docs: int, docs_per_part: int, chunk_parts: int = ING
     db.start_run(RUN, {"bench": "ingest"}, "synthetic", None, None, 4, 32, code_version="bench")
     store = PartStore.beside(db.path)
     started = time.perf_counter()
-    parts, part_bytes = write_parts(store, docs, docs_per_part)
+    parts, part_bytes, usable = write_parts(store, docs, docs_per_part, db.get_run(RUN)["nonce"])
     written_s = time.perf_counter() - started
+    # the parts' outputs are checked against the run's documents, as a sharded run's parent has them
+    db.record_documents(RUN, usable, [])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     load_before = os.getloadavg()[0]
     started = time.perf_counter()

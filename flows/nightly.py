@@ -45,7 +45,9 @@ from __future__ import annotations
 import gc
 import socket
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -68,6 +70,7 @@ from pipeline import (
     Shard,
     Window,
     WindowStats,
+    keep_over_context,
     plan_shards,
     plan_windows,
     release_memory,
@@ -255,17 +258,23 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     counts = RunCounts(run_id)
     # an unusable results location is refused before the database is opened: nothing written, no run row
     store = PartStore.opened(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
+    # the pair first: a mistyped one is one error line, before the database holds anything of the run
+    with counts.timed("input"):
+        count_tokens = partial(token_counts, load_tokenizer(params.pair))
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
     with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
         docs, rejects = _read_input(params, counts)
         with counts.timed("storage"):
+            # what a shard found over the context stays rejected: no rerun launches a shard for it again
+            docs, over_context = keep_over_context(docs, db.rejected_documents(run_id))
+            rejects = rejects + over_context
             # the parent holds no accelerator: the run's device and GPU type are its shards', per part
-            db.begin_run(run_id, params.model_dump(mode="json"), pair=params.pair, device=None, gpu_type=None,
-                         gamma=params.gamma, batch_size=params.batch_size, docs=docs, rejects=rejects,
-                         modes=params.modes, identity=params.resume_identity())
+            start = db.begin_run(run_id, params.model_dump(mode="json"), pair=params.pair, device=None,
+                                 gpu_type=None, gamma=params.gamma, batch_size=params.batch_size, docs=docs,
+                                 rejects=rejects, modes=params.modes, identity=params.resume_identity())
         try:
-            missing = _supervise(params, db, store, docs, counts)
+            missing = _supervise(params, db, store, docs, count_tokens, start.nonce, counts)
         except BaseException as exc:
             if not isinstance(exc, DatabaseLockedError):
                 db.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
@@ -281,29 +290,34 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
 
 
 def _supervise(params: NightlyParams, db: Database, store: PartStore, docs: list[Document],
+               count_tokens: Callable[[Sequence[Document]], list[int]], nonce: str,
                counts: RunCounts) -> list[Document]:
-    """Ingest what an earlier parent's attempts left, plan the rest into shards and run them to the end;
-    returns the documents no attempt finished."""
+    """Ingest what an earlier parent's attempts of this start of the run (``nonce``) left, plan the rest into
+    shards and run them to the end; returns the documents no attempt finished."""
     logger = get_run_logger()
     run_id, modes = counts.run_id, list(params.modes)
+    # a deployment's runs are limited by its pool's workers: as many at once as there can be shards
+    max_running = _max_running(params, params.shard_count())
+    supervisor = ShardSupervisor(db, store, _launcher(params), params, run_id, nonce, max_running, counts, logger)
+    supervisor.ingest()
     with counts.timed("storage"):
-        counts.parts += db.ingest_parts(run_id, store).parts
         done = db.done_doc_ids(run_id, modes)
     todo = [d for d in docs if d.doc_id not in done]
     counts.documents, counts.skipped_done = len(docs), len(docs) - len(todo)
-    shards = _plan(params, todo, counts)
-    max_running = _max_running(params, len(shards))
+    shards = _plan(params, todo, count_tokens, counts)
     logger.info("run %s: %d documents, %d already done, %d shards of %s tokens, at most %d at once", run_id,
-                len(docs), counts.skipped_done, len(shards), "/".join(str(s.tokens) for s in shards), max_running)
-    missing = ShardSupervisor(db, store, _launcher(params), params, run_id, max_running, counts, logger).run(shards)
+                len(docs), counts.skipped_done, len(shards), "/".join(str(s.tokens) for s in shards),
+                min(max_running, len(shards)))
+    missing = supervisor.run(shards)
     with counts.timed("storage"):
         counts.done = len(db.done_doc_ids(run_id, modes) - done)
     return missing
 
 
-def _plan(params: NightlyParams, docs: list[Document], counts: RunCounts) -> list[Shard]:
+def _plan(params: NightlyParams, docs: list[Document], count_tokens: Callable[[Sequence[Document]], list[int]],
+          counts: RunCounts) -> list[Shard]:
     with counts.timed("input"):
-        tokens = token_counts(load_tokenizer(params.pair), docs)
+        tokens = count_tokens(docs)
     return plan_shards(docs, params.shard_count(), tokens)
 
 

@@ -6,7 +6,8 @@ the pair and runs the documents' windows as an in-process run does, writing its 
 files (``storage.parts``) at least every ``commit_every_s`` instead of committing them. A part is written
 under a temporary name and renamed, so a killed attempt leaves only complete parts; whatever it finished
 before is kept. Documents over the models' context become rejects in its first part. Each part carries who
-wrote it: run, launch id, shard, attempt, host, device and GPU type.
+wrote it: run, launch id, shard, attempt, host, device and GPU type; and what binds it to the run's start and
+inputs: the run nonce of its manifest, and the SHA-256 of each document's text.
 
 Its parameters are JSON only (``flows.shard_launch.ShardLaunch``), so a deployment's flow run can carry them;
 locally it runs as ``python -m flows.nightly_shard --launch '<ShardLaunch as JSON>'`` (``flows.shard_processes``).
@@ -44,15 +45,18 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
     counts = RunCounts(run_id)
     store = PartStore(results_uri)
     with counts.timed("input"):
-        docs = store.read_manifest(run_id, launch_id)
+        manifest = store.read_manifest(run_id, launch_id)
+    docs = manifest.docs
     what = f"shard {shard} (attempt {attempt}, {launch_id}) of run {run_id}"
     with holding_accelerator(what, run.device_wait_s):
         get_run_logger().info("%s: loading the %s pair for %d documents", what, run.pair, len(docs))
         with counts.timed("input"):
             engine = SidecarEngine(load_pair(run.pair), gamma=run.gamma)
         pair = engine.pair
+        # the run's nonce from the manifest, and the documents' texts, bind the parts to this start of the run
         writer = store.writer(ShardInfo(run_id=run_id, launch_id=launch_id, shard=shard, attempt=attempt,
-                                        host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type))
+                                        host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type,
+                                        run_nonce=manifest.run_nonce), docs)
         _run_shard(engine, run, writer, docs, counts)
     create_markdown_artifact(counts.markdown(), key="nightly-shard-summary", description=f"Nightly {what}")
     return counts

@@ -26,7 +26,7 @@ from flows.nightly_params import NightlyParams
 from flows.shard_launch import FINAL_STATUSES, ShardHandle, ShardLaunch, ShardLauncher, new_launch_id
 from pipeline import RunCounts, Shard
 from storage import Database, Document
-from storage.parts import PartStore
+from storage.parts import Manifest, PartStore
 
 # how often the parent looks at its attempts; it looks at once when its launcher sees one end
 POLL_S = 0.5
@@ -70,13 +70,17 @@ class ShardSupervisor:
     """Runs ``shards`` of run ``run_id`` to the end through ``launcher``, at most ``max_running`` at once."""
 
     def __init__(self, db: Database, store: PartStore, launcher: ShardLauncher, params: NightlyParams, run_id: str,
-                 max_running: int, counts: RunCounts, logger: logging.Logger | logging.LoggerAdapter) -> None:
+                 run_nonce: str, max_running: int, counts: RunCounts,
+                 logger: logging.Logger | logging.LoggerAdapter) -> None:
         self.db, self.store, self.launcher, self.params, self.run_id = db, store, launcher, params, run_id
+        self.run_nonce = run_nonce
         self.max_running, self.counts, self.logger = max_running, counts, logger
         # the run's parts as last listed: how many, and how many of each attempt (by launch id)
         self.last_list = float("-inf")
         self.parts_listed = 0
         self.parts_per_launch: Counter[str] = Counter()
+        # parts refused once (another start's, other texts): not listed again, so refused and logged once
+        self.refused: set[str] = set()
         self.list_every_s = min(params.commit_every_s, params.shard_stall_s / 4)
         # every attempt launched, for the temporary files a killed writer of one left
         self.launched: list[tuple[ShardLaunch, ShardHandle]] = []
@@ -88,13 +92,13 @@ class ShardSupervisor:
             while any(s.state in ("waiting", "running") for s in states):
                 self._launch_waiting(states)
                 self.launcher.wait(POLL_S)
-                self._ingest(due_only=True)
+                self.ingest(due_only=True)
                 for state in states:
                     if state.state == "running":
                         self._check(state)
         finally:
             self._cancel_running(states)
-        self._ingest()
+        self.ingest()
         self._remove_temporary()
         return [doc for s in states if s.state == "given_up" for doc in s.docs]
 
@@ -115,7 +119,7 @@ class ShardSupervisor:
         launch = ShardLaunch(run_id=self.run_id, launch_id=new_launch_id(index, state.attempts), shard=index,
                              attempt=state.attempts, results_uri=self.store.uri,
                              params=self.params.model_dump(mode="json"))
-        self.store.write_manifest(self.run_id, launch.launch_id, state.docs)
+        self.store.write_manifest(self.run_id, launch.launch_id, Manifest(self.run_nonce, state.docs))
         self.logger.info("run %s: shard %d attempt %d (%s): %d documents", self.run_id, index, state.attempts,
                          launch.launch_id, len(state.docs))
         state.launch, state.handle = launch, self.launcher.launch(launch)
@@ -166,7 +170,7 @@ class ShardSupervisor:
         """Record how the attempt ended and decide what follows: settled, relaunched with what is left, or
         given up."""
         assert state.handle is not None and state.launch is not None
-        self._ingest()  # its last parts: what it finished is in the database before the rest is decided
+        self.ingest()  # its last parts: what it finished is in the database before the rest is decided
         if state.recorded_flow_run_id is None:
             self._record(state)
         self.db.finish_attempt(self.run_id, state.launch.launch_id, status, error=error)
@@ -211,19 +215,20 @@ class ShardSupervisor:
         if removed:
             self.logger.info("run %s: removed %d temporary part files of killed writers", self.run_id, removed)
 
-    def _ingest(self, due_only: bool = False) -> None:
+    def ingest(self, due_only: bool = False) -> None:
         """List the run's parts and ingest the new ones; with ``due_only``, only once a listing is due."""
         now = time.monotonic()
         if due_only and now - self.last_list < self.list_every_s:
             return
-        listed = self.store.parts(self.run_id)
+        listed = [path for path in self.store.parts(self.run_id) if path not in self.refused]
         self.last_list = now
         if len(listed) == self.parts_listed:
             return
         self.parts_per_launch = Counter(self.store.part_name(self.run_id, p).split("/", 1)[0] for p in listed)
         with self.counts.timed("storage"):
             result = self.db.ingest_parts(self.run_id, self.store, paths=listed)
-        self.parts_listed = len(listed)
+        self.parts_listed = len(listed) - len(result.refused)
+        self.refused.update(result.refused)
         self.counts.parts += result.parts
         if result.parts:
             self.counts.commits += 1

@@ -21,7 +21,7 @@ single documents, and a document that still runs out is returned as a failure wh
 
 from pipeline.batch_ids import EngineBatch
 from pipeline.commits import PendingCommit, store_documents
-from pipeline.context import context_need, split_by_context
+from pipeline.context import context_need, keep_over_context, split_by_context
 from pipeline.counts import RunCounts
 from pipeline.finished import OOM_REASON, DocumentDone, DocumentFailure, FinishedDocument, OnDocuments
 from pipeline.memory import is_out_of_memory, release_memory
@@ -48,6 +48,7 @@ __all__ = [
     "WindowStats",
     "context_need",
     "is_out_of_memory",
+    "keep_over_context",
     "plan_shards",
     "plan_windows",
     "release_memory",

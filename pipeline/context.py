@@ -46,3 +46,20 @@ def split_by_context(engine: SidecarEngine, docs: Iterable[Document],
                 detail=f"needs {need} tokens (prompt, {settings.max_new_tokens} summary tokens and the sidecar "
                        f"task); the model context is {limit} tokens"))
     return fit, rejects
+
+
+def keep_over_context(docs: Iterable[Document], stored: Iterable[RejectedDocument]
+                      ) -> tuple[list[Document], list[RejectedDocument]]:
+    """``docs`` less those a run already stored as ``over_context`` rejects (the same row, id, title and
+    text), and those rejects: a sharded run's parent has no model to check the context with, and without this
+    every rerun would launch a shard only to reject the same documents again."""
+    over = {r.row_index: r for r in stored if r.reason == "over_context"}
+    fit: list[Document] = []
+    kept: list[RejectedDocument] = []
+    for doc in docs:
+        reject = over.get(doc.row_index)
+        if reject is not None and (reject.doc_id, reject.title, reject.text) == (doc.doc_id, doc.title, doc.text):
+            kept.append(reject)
+        else:
+            fit.append(doc)
+    return fit, kept

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -93,6 +94,9 @@ class RunStart:
 
     resumed: bool
     done_doc_ids: set[str]
+    # what the run's manifests and parts carry, so that only parts launched by a start of this very run (of
+    # this database) are ingested: a run id alone is not unique across databases sharing a results location
+    nonce: str
 
 
 @dataclass(frozen=True)
@@ -127,19 +131,23 @@ class _RunRow:
         return {name: getattr(self, name) for name in RUN_COLUMNS}
 
 
-def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> bool:
+def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> tuple[bool, str]:
+    """Create or restart the run; returns whether it existed, and its nonce (given now to a run without one:
+    a new run, or one created before migration 008)."""
     exists = check_same_run(con, run.run_id, run.columns, run.identity_json)
+    nonce = uuid.uuid4().hex
     if exists:
-        con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL "
-                    "WHERE run_id = ?", [run.run_id])
+        [(nonce,)] = con.execute("UPDATE runs SET status = 'running', finished_at = NULL, error = NULL, "
+                                 "nonce = coalesce(nonce, ?) WHERE run_id = ? RETURNING nonce",
+                                 [nonce, run.run_id]).fetchall()
     else:
         con.execute(
             "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
-            "gamma, batch_size, identity) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "gamma, batch_size, identity, nonce) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run.run_id, run.params_json, run.modes, run.code_version, run.pair, run.device, run.gpu_type,
-             run.gamma, run.batch_size, run.identity_json],
+             run.gamma, run.batch_size, run.identity_json, nonce],
         )
-    return exists
+    return exists, nonce
 
 
 def _check_finish_status(status: str) -> None:
@@ -355,7 +363,7 @@ class Database:
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
                               identity)
-        return in_transaction(self.path, self.retry, lambda con: _start_run(con, run))
+        return in_transaction(self.path, self.retry, lambda con: _start_run(con, run)[0])
 
     def begin_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None, docs: Sequence[Document],
@@ -375,9 +383,9 @@ class Database:
         documents = _documents_write(run_id, docs, rejects)
 
         def work(con: duckdb.DuckDBPyConnection) -> RunStart:
-            resumed = _start_run(con, run)
+            resumed, nonce = _start_run(con, run)
             _write_documents(con, run_id, documents, whole_input=True)
-            return RunStart(resumed, _done_doc_ids(con, run_id, run.modes))
+            return RunStart(resumed, _done_doc_ids(con, run_id, run.modes), nonce)
 
         return in_transaction(self.path, self.retry, work)
 
@@ -411,6 +419,13 @@ class Database:
             _write_documents(con, run_id, documents, whole_input=False)
 
         in_transaction(self.path, self.retry, work)
+
+    def rejected_documents(self, run_id: str) -> list[RejectedDocument]:
+        """The run's stored rejects (none for an unknown run), by input row."""
+        rows = self.query("SELECT doc_id, reject_reason, row_index, reject_detail, title, text FROM documents "
+                          "WHERE run_id = ? AND status = 'rejected' ORDER BY row_index", [run_id])
+        return [RejectedDocument(r["doc_id"], r["reject_reason"], r["row_index"], detail=r["reject_detail"] or "",
+                                 title=r["title"], text=r["text"]) for r in rows]
 
     def done_doc_ids(self, run_id: str, modes: list[str]) -> set[str]:
         """Documents of the run that have every one of ``modes`` written (what a resume can skip)."""
@@ -457,8 +472,10 @@ class Database:
         Outputs and their stats replace stored rows by (run, document, mode), rejects the ``documents`` row
         of their input row (as :meth:`write_batch` does), so a document finished by two attempts is stored
         once per mode. The run must exist (:class:`UnknownRunError`); a part holding rows of another run
-        raises :class:`PartRunMismatchError` and nothing is written. An attempt recorded by
-        :meth:`record_attempt` gets the host, device and GPU type its parts name.
+        raises :class:`PartRunMismatchError` and nothing is written. A part of another start of the run id
+        (another nonce, or none) or with an output of a document the run does not have with that text is
+        refused: not read further, not recorded, logged in one warning line and returned in ``refused``. An
+        attempt recorded by :meth:`record_attempt` gets the host, device and GPU type its parts name.
         """
         if chunk_parts < 1:
             raise ValueError(f"chunk_parts must be at least 1, got {chunk_parts}")
@@ -475,8 +492,11 @@ class Database:
         skipped = len(paths) - len(new)
         if not new:
             return IngestResult(parts=0, skipped=skipped, outputs=0, rejects=0)
-        parts = in_transaction(self.path, self.retry, lambda con: ingest.census(con, run_id, store, new),
-                               commit=False)
+        parts, refused = in_transaction(self.path, self.retry, lambda con: ingest.census(con, run_id, store, new),
+                                        commit=False)
+        if refused:
+            logger.warning("run %s: refused %d parts under %s, none of their rows stored: %s (e.g. %s)", run_id,
+                           len(refused), store.uri, refused[0].reason, refused[0].path)
         written = outputs = rejects = 0
         for start in range(0, len(parts), chunk_parts):
             chunk = parts[start:start + chunk_parts]
@@ -494,7 +514,8 @@ class Database:
         skipped += len(parts) - written
         logger.info("run %s: ingested %d parts (%d outputs, %d rejects) from %s; %d already ingested", run_id,
                     written, outputs, rejects, store.uri, skipped)
-        return IngestResult(parts=written, skipped=skipped, outputs=outputs, rejects=rejects)
+        return IngestResult(parts=written, skipped=skipped, outputs=outputs, rejects=rejects,
+                            refused=tuple(r.path for r in refused))
 
     def record_attempt(self, run_id: str, launch_id: str, shard: int, attempt: int, docs: int,
                        flow_run_id: str | None = None) -> None:

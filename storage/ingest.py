@@ -5,6 +5,12 @@ read by pyarrow and handed over as Arrow. Either way no Python code touches a ro
 one transaction that writes their rows and records them in ``ingested_parts``, so a part is ingested
 entirely or not at all, and once: the parent skips a recorded part without reading it.
 
+A part is ingested only when it belongs to this start of the run and to its documents: every row carries the
+run's nonce (``runs.nonce``, which the attempt's manifest gave it), and every output the SHA-256 of the text
+its document has in ``documents``. Parts of another start under the same run id (a database deleted but not
+its parts, another database sharing the results location) or of other texts are refused before any row is
+written: they are left out, not recorded, and named in one warning line (``Database.ingest_parts``).
+
 Rows replace stored rows by key (``storage.writer``): outputs and their request stats by (run, document,
 mode), rejects the ``documents`` row of their input row, as ``Database.write_batch`` writes them. A key met
 in several parts of one chunk (two attempts that both finished a document) keeps the row of the part last
@@ -25,8 +31,10 @@ from storage.resume import check_same_documents, check_unique_ids
 from storage.tables import SCHEMAS, SHARD_COLUMNS
 from storage.writer import delete_keys, insert_rows
 
-# what the census reads of each part: who wrote it, and whether it holds rejects
-_CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind"]
+# what the census reads of each part: who wrote it, whether it holds rejects, and what binds it to the run
+_CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind", "doc_id", "run_nonce", "text_sha256"]
+# columns parts written by an older sidecar lack; they read as NULL, and such parts are refused
+_BINDING_COLUMNS = ("run_nonce", "text_sha256")
 _CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
                             for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
 SOURCE = "ingest_source"
@@ -46,7 +54,11 @@ def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequ
     field was added to a record (an attempt of the run before an upgrade) lack its column: it reads as NULL,
     by name, whichever part comes first (pyarrow does so when it reads a part with :data:`PART_SCHEMA`)."""
     if store.is_local:
-        con.register(SOURCE, con.read_parquet(list(paths), filename=True, union_by_name=True))
+        parts = con.read_parquet(list(paths), filename=True, union_by_name=True)
+        missing = [name for name in _BINDING_COLUMNS if name not in parts.columns]
+        if missing:
+            parts = parts.project(", ".join(["*", *(f"NULL::VARCHAR AS {name}" for name in missing)]))
+        con.register(SOURCE, parts)
         return
     tables = []
     for path in paths:
@@ -69,26 +81,52 @@ class PartCensus:
     gpu_type: str | None
 
 
-def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore, paths: Sequence[str]) -> list[PartCensus]:
-    """Read who wrote each of ``paths`` (a few small columns); a part holding rows of another run than
-    ``run_id`` raises :class:`PartRunMismatchError` before anything is written."""
+@dataclass(frozen=True)
+class RefusedPart:
+    """A part that is not of this start of the run, or not of its documents: why, in a few words."""
+
+    path: str
+    reason: str
+
+
+def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
+           paths: Sequence[str]) -> tuple[list[PartCensus], list[RefusedPart]]:
+    """Read who wrote each of ``paths`` (a few small columns) and whether it belongs to the run: the parts to
+    ingest, and those refused (another start's nonce, none, or an output of a document the run does not have
+    with that text). A part holding rows of another run than ``run_id`` raises :class:`PartRunMismatchError`
+    before anything is written."""
+    [(nonce,)] = con.execute("SELECT nonce FROM runs WHERE run_id = ?", [run_id]).fetchall()
     register_parts(con, store, paths, _CENSUS_COLUMNS)
+    # the join hashes only the stored texts of the documents the parts name
     found = con.execute(
-        f"SELECT filename, min(run_id), max(run_id), any_value(launch_id), count(*), "
-        f"count(*) FILTER (WHERE kind = 'reject'), any_value(host), any_value(device), any_value(gpu_type) "
-        f"FROM {SOURCE} GROUP BY filename").fetchall()
-    by_path = {}
-    for path, first_run, last_run, launch_id, rows, rejects, host, device, gpu_type in found:
+        f"SELECT p.filename, min(p.run_id), max(p.run_id), any_value(p.launch_id), count(*), "
+        f"count(*) FILTER (WHERE p.kind = 'reject'), any_value(p.host), any_value(p.device), any_value(p.gpu_type), "
+        f"count(*) FILTER (WHERE p.run_nonce IS DISTINCT FROM $nonce), "
+        f"min(p.doc_id) FILTER (WHERE p.kind = 'output' AND (d.text IS NULL OR sha256(d.text) IS DISTINCT FROM "
+        f"p.text_sha256)) "
+        f"FROM {SOURCE} AS p LEFT JOIN documents AS d ON d.run_id = $run_id AND d.doc_id = p.doc_id "
+        f"AND d.status = 'ok' GROUP BY p.filename", {"nonce": nonce, "run_id": run_id}).fetchall()
+    by_path: dict[str, PartCensus] = {}
+    refused: dict[str, RefusedPart] = {}
+    for path, first_run, last_run, launch_id, rows, rejects, host, device, gpu_type, foreign, unknown in found:
         other = first_run if first_run != run_id else last_run
         if other != run_id:
             raise PartRunMismatchError(
                 f"part {path} under {store.uri} holds rows of run {other!r}, not of run {run_id!r}; "
                 f"nothing was ingested. Parts of a run live under its own directory: was a file copied there?")
-        by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, rejects, host, device,
-                                   gpu_type)
+        if foreign:
+            refused[path] = RefusedPart(path, "written for another start of this run id (another or a deleted "
+                                              "database sharing the results location), or by an older sidecar")
+        elif unknown is not None:
+            refused[path] = RefusedPart(path, f"holds outputs of document {unknown!r} that this run does not have "
+                                              f"with that text")
+        else:
+            by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, rejects, host, device,
+                                       gpu_type)
     # a part with no rows has nothing to check; it is recorded all the same, so it is not looked at again
-    return [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, 0, None, None, None)
-            for path, name in ((p, store.part_name(run_id, p)) for p in paths)]
+    accepted = [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, 0, None, None, None)
+                for path, name in ((p, store.part_name(run_id, p)) for p in paths) if path not in refused]
+    return accepted, list(refused.values())
 
 
 @dataclass(frozen=True)

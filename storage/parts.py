@@ -16,24 +16,29 @@ which nothing lists, and which the parent removes once the attempt is over (:met
 A part is one Parquet table with one row per output record or reject (:data:`PART_SCHEMA`):
 
 - who wrote it, the same on every row: ``run_id``, ``launch_id``, ``shard``, ``attempt``, ``host``,
-  ``device``, ``gpu_type`` (:class:`ShardInfo`);
+  ``device``, ``gpu_type`` and ``run_nonce``, the nonce of the run's start that wrote the attempt's manifest
+  (:class:`ShardInfo`);
 - ``kind``: ``output`` (one mode of one document) or ``reject`` (a document that failed, e.g. ``oom``);
-- ``doc_id``: the document (NULL only for a reject of a row whose id was null);
+- ``doc_id``: the document (NULL only for a reject of a row whose id was null), and ``text_sha256``, the
+  SHA-256 of the text the attempt ran (:func:`text_sha256`);
 - an output's columns, NULL on a reject: those of ``OutputRecord`` (``mode``, ``summary``, ``tags``, ...)
   with its per-phase stats as ``stats``, a list of structs with ``RequestStats``' fields;
 - a reject's columns, NULL on an output: those of ``RejectedDocument`` but its id (``reason``,
   ``row_index``, ``detail``, ``title``, ``text``).
 
 The columns are derived from the record dataclasses (``storage.tables.record_columns``), so a field added
-to a record reaches the parts as well as the tables.
+to a record reaches the parts as well as the tables. A manifest carries its run's nonce in its Parquet
+metadata; the attempt copies it to its parts, so the parent can refuse a part that another start of the run
+id launched, and a document's text hash lets it refuse outputs of another text (``storage.ingest``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,12 @@ _TEMPORARY_NAME = re.compile(rf"^\..+{re.escape(_TEMPORARY_SUFFIX)}[0-9a-f]+$")
 _GLOB = re.compile(r"[*?\[\]{}]")
 # a launch id is one directory name: no separators, not hidden
 _LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NONCE_KEY = b"sidecar.run_nonce"
+
+
+def text_sha256(text: str) -> str:
+    """The hex SHA-256 of ``text`` as UTF-8: what DuckDB's ``sha256()`` gives for the stored text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -68,9 +79,12 @@ class ShardInfo:
     host: str
     device: str | None  # e.g. "cuda:0", "cpu"
     gpu_type: str | None  # e.g. "NVIDIA H100 80GB HBM3"; None on a CPU
+    run_nonce: str  # the nonce of the run's start, from the attempt's manifest
 
     def __post_init__(self) -> None:
         check_launch_id(self.launch_id)
+        if not self.run_nonce:
+            raise ValueError("a part needs the nonce of its run's start")
         if self.shard < 0 or self.attempt < 1:
             raise ValueError(f"shard counts from 0 and attempt from 1, got shard {self.shard}, "
                              f"attempt {self.attempt}")
@@ -86,6 +100,7 @@ class IngestResult:
     skipped: int  # parts found already ingested, not read again
     outputs: int  # output rows written now
     rejects: int  # reject rows written now
+    refused: tuple[str, ...] = ()  # paths of parts not of this start of the run, or of other documents; unread
 
 
 def _nullable(fields: Sequence[pa.Field]) -> list[pa.Field]:
@@ -97,9 +112,11 @@ _OUTPUT_FIELDS = record_columns(OutputRecord, skip=("doc_id", "stats"))
 _REJECT_FIELDS = record_columns(RejectedDocument, skip=("doc_id",))
 _SHARD_FIELDS = record_columns(ShardInfo)
 PART_SCHEMA = pa.schema([
-    *_SHARD_FIELDS,
+    # parts written before parts carried a nonce read with it NULL, to be refused rather than fail the read
+    *(f.with_nullable(True) if f.name == "run_nonce" else f for f in _SHARD_FIELDS),
     pa.field("kind", pa.string(), nullable=False),
     pa.field("doc_id", pa.string()),
+    pa.field("text_sha256", pa.string()),
     *_nullable(_OUTPUT_FIELDS),
     pa.field("stats", STATS_TYPE),
     *_nullable(_REJECT_FIELDS),
@@ -117,16 +134,30 @@ def _stats_row(stats: RequestStats) -> dict[str, Any]:
     return {f.name: getattr(stats, f.name) for f in STATS_TYPE.value_type}
 
 
-def part_table(info: ShardInfo, records: Sequence[OutputRecord], rejects: Sequence[RejectedDocument]) -> pa.Table:
-    """The rows of one part, as :data:`PART_SCHEMA` lays them out."""
+@dataclass(frozen=True)
+class Manifest:
+    """An attempt's documents, and the nonce of the run's start that launched it."""
+
+    run_nonce: str
+    docs: list[Document]
+
+
+def part_table(info: ShardInfo, records: Sequence[OutputRecord], rejects: Sequence[RejectedDocument],
+               text_hashes: Mapping[str, str]) -> pa.Table:
+    """The rows of one part, as :data:`PART_SCHEMA` lays them out; ``text_hashes`` are the attempt's documents'
+    :func:`text_sha256` by id."""
     check_outputs(records, "a part")
+    unknown = sorted({r.doc_id for r in records} - set(text_hashes))
+    if unknown:
+        raise ValueError(f"outputs of documents not in the attempt's manifest: {unknown[:5]}")
     shard = asdict(info)
     absent_output = dict.fromkeys([f.name for f in _OUTPUT_FIELDS] + ["stats"])
     absent_reject = dict.fromkeys(f.name for f in _REJECT_FIELDS)
-    rows = [{**shard, "kind": "output", "doc_id": r.doc_id, **absent_reject,
+    rows = [{**shard, "kind": "output", "doc_id": r.doc_id, "text_sha256": text_hashes[r.doc_id], **absent_reject,
              **{f.name: getattr(r, f.name) for f in _OUTPUT_FIELDS},
              "stats": [_stats_row(s) for s in r.stats]} for r in records]
-    rows += [{**shard, "kind": "reject", "doc_id": r.doc_id, **absent_output,
+    rows += [{**shard, "kind": "reject", "doc_id": r.doc_id,
+              "text_sha256": None if r.text is None else text_sha256(r.text), **absent_output,
               **{f.name: getattr(r, f.name) for f in _REJECT_FIELDS}} for r in rejects]
     return pa.Table.from_pylist(rows, schema=PART_SCHEMA)
 
@@ -204,18 +235,23 @@ class PartStore:
         check_launch_id(launch_id)
         return f"{self.run_dir(run_id)}/{launch_id}"
 
-    def write_manifest(self, run_id: str, launch_id: str, docs: Sequence[Document]) -> str:
-        """Write the attempt's documents, atomically; returns the manifest's path."""
-        table = pa.Table.from_pylist([asdict(d) for d in docs], schema=_MANIFEST_SCHEMA)
+    def write_manifest(self, run_id: str, launch_id: str, manifest: Manifest) -> str:
+        """Write the attempt's documents and run nonce, atomically; returns the manifest's path."""
+        table = pa.Table.from_pylist([asdict(d) for d in manifest.docs],
+                                     schema=_MANIFEST_SCHEMA.with_metadata({_NONCE_KEY: manifest.run_nonce}))
         return write_atomically(self.filesystem, f"{self.launch_dir(run_id, launch_id)}/{MANIFEST}", table)
 
-    def read_manifest(self, run_id: str, launch_id: str) -> list[Document]:
+    def read_manifest(self, run_id: str, launch_id: str) -> Manifest:
         path = f"{self.launch_dir(run_id, launch_id)}/{MANIFEST}"
+        nonce = (pq.read_schema(path, filesystem=self.filesystem).metadata or {}).get(_NONCE_KEY)
+        if not nonce:
+            raise ValueError(f"manifest {path} names no run nonce: it was written by an older sidecar")
         table = pq.read_table(path, filesystem=self.filesystem, schema=_MANIFEST_SCHEMA)
-        return [Document(**row) for row in table.to_pylist()]
+        return Manifest(nonce.decode(), [Document(**row) for row in table.to_pylist()])
 
-    def writer(self, info: ShardInfo) -> PartWriter:
-        return PartWriter(self, info)
+    def writer(self, info: ShardInfo, docs: Sequence[Document]) -> PartWriter:
+        """The parts of one attempt, of its manifest's ``docs``."""
+        return PartWriter(self, info, docs)
 
     def parts(self, run_id: str) -> list[str]:
         """The visible part files of the run, sorted by launch id and then by number (the order written)."""
@@ -261,9 +297,10 @@ class PartWriter:
     A writer for a launch that already has parts (a restarted process reusing its launch id) numbers on
     after them, so it never replaces a part the parent may have ingested already."""
 
-    def __init__(self, store: PartStore, info: ShardInfo) -> None:
+    def __init__(self, store: PartStore, info: ShardInfo, docs: Sequence[Document]) -> None:
         self.store = store
         self.info = info
+        self.text_hashes = {d.doc_id: text_sha256(d.text) for d in docs}
         self.directory = store.launch_dir(info.run_id, info.launch_id)
         existing = [seq for _, seq, _ in store._listed(self.directory)]
         self._next_seq = max(existing, default=0) + 1
@@ -273,7 +310,7 @@ class PartWriter:
         empty. The part is visible only once it is complete."""
         if not records and not rejects:
             return None
-        table = part_table(self.info, records, rejects)
+        table = part_table(self.info, records, rejects, self.text_hashes)
         path = write_atomically(self.store.filesystem, f"{self.directory}/part-{self._next_seq:06d}.parquet",
                                 table)
         self._next_seq += 1

@@ -26,7 +26,7 @@ from storage import (
 from storage import parts as parts_module
 from storage.connection import RetryPolicy
 from storage.migrate import known_migrations, migrate
-from storage.parts import STATS_TYPE
+from storage.parts import STATS_TYPE, Manifest, text_sha256
 
 # the fields migration 007 added to request_stats, and so to the stats of a part
 LEDGER_FIELDS = {"prefill_tokens", "prefill_forwards", "prefill_device_s", "decode_tokens", "decode_forwards",
@@ -34,16 +34,30 @@ LEDGER_FIELDS = {"prefill_tokens", "prefill_forwards", "prefill_device_s", "deco
 
 RUN = "run-1"
 DOCS = [Document(f"d{i}", f"Text of document {i}.", i, title=f"Title {i}") for i in range(4)]
+HASHES = {d.doc_id: text_sha256(d.text) for d in DOCS}
 
 
-def begin(db: Database, run_id: str = RUN, gpu_type: str | None = None, device: str | None = None) -> None:
+def begin(db: Database, run_id: str = RUN, gpu_type: str | None = None, device: str | None = None,
+          docs: list[Document] = DOCS) -> str:
+    """Start the run; returns its nonce."""
     # a sharded run's own row names no device: the parent holds none
-    db.begin_run(run_id, {"workers": 2}, "tiny", device, gpu_type, 4, 2, DOCS, [], code_version="test")
+    return db.begin_run(run_id, {"workers": 2}, "tiny", device, gpu_type, 4, 2, docs, [], code_version="test").nonce
+
+
+# the nonce of the run RUN of the test's database (each test has one database)
+NONCE: dict[str, str] = {}
 
 
 def shard(launch_id: str, shard_index: int = 0, attempt: int = 1, gpu_type: str | None = "NVIDIA H100",
-          run_id: str = RUN, host: str = "gpu-a") -> ShardInfo:
-    return ShardInfo(run_id, launch_id, shard_index, attempt, host, "cuda:0", gpu_type)
+          run_id: str = RUN, host: str = "gpu-a", nonce: str | None = None) -> ShardInfo:
+    return ShardInfo(run_id, launch_id, shard_index, attempt, host, "cuda:0", gpu_type,
+                     nonce or NONCE.get(run_id, "no-run-begun"))
+
+
+def attempt_writer(store: PartStore, launch_id: str, *args, docs: list[Document] = DOCS,
+                   **kwargs) -> parts_module.PartWriter:
+    """An attempt's writer (:func:`shard`'s arguments) whose manifest held ``docs``."""
+    return store.writer(shard(launch_id, *args, **kwargs), docs)
 
 
 def oom(doc: Document) -> RejectedDocument:
@@ -60,7 +74,8 @@ def counts(db: Database) -> tuple[int, int, int]:
 @pytest.fixture
 def db(tmp_path: Path) -> Database:
     db = Database(tmp_path / "sidecar.duckdb")
-    begin(db)
+    NONCE.clear()
+    NONCE[RUN] = begin(db)
     return db
 
 
@@ -78,13 +93,13 @@ def test_the_default_location_is_beside_the_database(db: Database, store: PartSt
 
 
 def test_parts_are_numbered_in_order_and_an_empty_write_writes_nothing(store: PartStore) -> None:
-    writer = store.writer(shard("s0000-a01-aaaa"))
+    writer = attempt_writer(store, "s0000-a01-aaaa")
     assert writer.write([], []) is None
     first = writer.write(both_modes("d0"), [])
     second = writer.write([], [oom(DOCS[1])])
     assert [Path(p).name for p in (first, second)] == ["part-000001.parquet", "part-000002.parquet"]
     # a writer for a launch that has parts numbers on, never over a part the parent may have ingested
-    third = store.writer(shard("s0000-a01-aaaa")).write(both_modes("d2"), [])
+    third = attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d2"), [])
     assert Path(third).name == "part-000003.parquet"
     assert store.parts(RUN) == [first, second, third]
     assert store.parts("another run") == []
@@ -96,7 +111,7 @@ def test_a_killed_write_leaves_no_visible_part(db: Database, store: PartStore,
         raise OSError("killed between write and rename")
 
     monkeypatch.setattr(parts_module, "_publish", crash)
-    writer = store.writer(shard("s0000-a01-aaaa"))
+    writer = attempt_writer(store, "s0000-a01-aaaa")
     with pytest.raises(OSError, match="killed"):
         writer.write(both_modes("d0"), [oom(DOCS[1])])
     assert store.parts(RUN) == []
@@ -109,9 +124,9 @@ def test_a_killed_write_leaves_no_visible_part(db: Database, store: PartStore,
     assert db.query("SELECT status FROM documents WHERE doc_id = 'd1'") == [{"status": "ok"}]
     # the next write of the launch is its first visible part
     monkeypatch.undo()
-    assert Path(store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])).name == "part-000001.parquet"
+    assert Path(attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [])).name == "part-000001.parquet"
     # once the attempt is over, its parent deletes what the killed writer left, and only that
-    store.write_manifest(RUN, "s0000-a01-aaaa", DOCS[:1])
+    store.write_manifest(RUN, "s0000-a01-aaaa", Manifest(NONCE[RUN], DOCS[:1]))
     assert store.remove_temporary(RUN, "s0000-a01-aaaa") == 1
     assert sorted(p.name for p in launch_dir.iterdir()) == ["manifest.parquet", "part-000001.parquet"]
     assert store.remove_temporary(RUN, "s0000-a01-aaaa") == 0
@@ -119,9 +134,9 @@ def test_a_killed_write_leaves_no_visible_part(db: Database, store: PartStore,
 
 
 def test_a_manifest_round_trips_and_is_not_a_part(store: PartStore) -> None:
-    path = store.write_manifest(RUN, "s0001-a01-bbbb", DOCS[:3])
+    path = store.write_manifest(RUN, "s0001-a01-bbbb", Manifest("f00d", DOCS[:3]))
     assert Path(path).name == "manifest.parquet" and Path(path).exists()
-    assert store.read_manifest(RUN, "s0001-a01-bbbb") == DOCS[:3]
+    assert store.read_manifest(RUN, "s0001-a01-bbbb") == Manifest("f00d", DOCS[:3])
     assert store.parts(RUN) == []
     assert not [p for p in Path(path).parent.iterdir() if ".tmp-" in p.name]
 
@@ -131,7 +146,7 @@ def test_a_launch_id_must_be_one_plain_directory_name(store: PartStore, launch_i
     with pytest.raises(ValueError, match="launch id"):
         shard(launch_id)
     with pytest.raises(ValueError, match="launch id"):
-        store.write_manifest(RUN, launch_id, DOCS)
+        store.write_manifest(RUN, launch_id, Manifest(NONCE[RUN], DOCS))
 
 
 # -- ingest ----------------------------------------------------------------------------------------------
@@ -139,7 +154,7 @@ def test_a_launch_id_must_be_one_plain_directory_name(store: PartStore, launch_i
 
 def test_ingest_twice_stores_each_document_and_mode_once_and_skips_every_part(db: Database,
                                                                                store: PartStore) -> None:
-    writer = store.writer(shard("s0000-a01-aaaa"))
+    writer = attempt_writer(store, "s0000-a01-aaaa")
     writer.write(both_modes("d0") + both_modes("d1"), [])
     writer.write(both_modes("d2"), [])
     assert db.ingest_parts(RUN, store) == IngestResult(parts=2, skipped=0, outputs=6, rejects=0)
@@ -164,7 +179,7 @@ def test_ingest_twice_stores_each_document_and_mode_once_and_skips_every_part(db
 
 
 def test_an_ingested_part_is_not_read_again(db: Database, store: PartStore) -> None:
-    path = store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])
+    path = attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [])
     db.ingest_parts(RUN, store)
     Path(path).write_bytes(b"not parquet any more")
     assert db.ingest_parts(RUN, store) == IngestResult(parts=0, skipped=1, outputs=0, rejects=0)
@@ -173,8 +188,8 @@ def test_an_ingested_part_is_not_read_again(db: Database, store: PartStore) -> N
 @pytest.mark.parametrize("chunk_parts", [1, 64])
 def test_a_document_finished_by_two_attempts_is_stored_once(db: Database, store: PartStore,
                                                             chunk_parts: int) -> None:
-    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0", summary="first attempt"), [])
-    store.writer(shard("s0000-a02-bbbb", attempt=2)).write(
+    attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0", summary="first attempt"), [])
+    attempt_writer(store, "s0000-a02-bbbb", attempt=2).write(
         both_modes("d0", summary="second attempt") + both_modes("d1"), [])
     result = db.ingest_parts(RUN, store, chunk_parts=chunk_parts)
     assert (result.parts, result.skipped) == (2, 0)
@@ -188,18 +203,18 @@ def test_a_document_finished_by_two_attempts_is_stored_once(db: Database, store:
 
 
 def test_a_rewritten_request_loses_the_stats_of_phases_it_no_longer_brings(db: Database, store: PartStore) -> None:
-    store.writer(shard("s0000-a01-aaaa")).write([record("d0", "sidecar")], [])
+    attempt_writer(store, "s0000-a01-aaaa").write([record("d0", "sidecar")], [])
     db.ingest_parts(RUN, store)
     assert counts(db)[1] == 2
     fewer = record("d0", "sidecar")
     fewer = OutputRecord(**{**fewer.__dict__, "stats": fewer.stats[:1]})
-    store.writer(shard("s0000-a02-bbbb", attempt=2)).write([fewer], [])
+    attempt_writer(store, "s0000-a02-bbbb", attempt=2).write([fewer], [])
     db.ingest_parts(RUN, store)
     assert db.query("SELECT phase FROM request_stats") == [{"phase": "main"}]
 
 
 def test_rejects_land_in_documents_as_write_batch_puts_them(db: Database, store: PartStore, tmp_path: Path) -> None:
-    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [oom(DOCS[1]), oom(DOCS[2])])
+    attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [oom(DOCS[1]), oom(DOCS[2])])
     assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=0, outputs=2, rejects=2)
     direct = Database(tmp_path / "direct.duckdb")
     begin(direct)
@@ -213,16 +228,16 @@ def test_rejects_land_in_documents_as_write_batch_puts_them(db: Database, store:
 
 def test_a_reject_that_names_another_document_is_refused(db: Database, store: PartStore) -> None:
     other = RejectedDocument("intruder", "oom", DOCS[1].row_index, detail="x", title="T", text="other text")
-    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [other])
+    attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [other])
     with pytest.raises(Exception, match="stored other input rows"):
         db.ingest_parts(RUN, store)
     assert counts(db) == (0, 0, 0)
 
 
 def test_a_part_for_another_run_is_refused_and_nothing_is_written(db: Database, store: PartStore) -> None:
-    begin(db, "run-2")
-    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [])
-    stray = store.writer(shard("s0000-a01-cccc", run_id="run-2")).write(both_modes("d1"), [])
+    NONCE["run-2"] = begin(db, "run-2")
+    attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [])
+    stray = attempt_writer(store, "s0000-a01-cccc", run_id="run-2").write(both_modes("d1"), [])
     # a part copied under run-1's directory
     target = Path(store.launch_dir(RUN, "s0009-a01-cccc")) / "part-000001.parquet"
     target.parent.mkdir(parents=True)
@@ -230,6 +245,53 @@ def test_a_part_for_another_run_is_refused_and_nothing_is_written(db: Database, 
     with pytest.raises(PartRunMismatchError, match="run-2") as caught:
         db.ingest_parts(RUN, store, chunk_parts=1)
     assert str(target) in str(caught.value) and "nothing was ingested" in str(caught.value)
+    assert counts(db) == (0, 0, 0)
+
+
+def refused_line(caplog: pytest.LogCaptureFixture) -> str:
+    [line] = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    return line
+
+
+def test_a_part_of_another_start_of_the_run_id_is_refused_in_one_line_and_stores_nothing(
+        db: Database, store: PartStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the same run id started afresh in another database over the same results location: its parts are not
+    # this run's, whatever ids they name
+    other = Database(tmp_path / "other.duckdb")
+    stray = attempt_writer(store, "s0000-a01-aaaa", nonce=begin(other)).write(both_modes("d0", summary="not ours"), [])
+    ours = attempt_writer(store, "s0001-a01-bbbb").write(both_modes("d1"), [])
+    with caplog.at_level("WARNING"):
+        result = db.ingest_parts(RUN, store)
+    assert (result.parts, result.outputs, result.refused) == (1, 2, (stray,))
+    assert "another start of this run id" in refused_line(caplog) and stray in refused_line(caplog)
+    assert db.done_doc_ids(RUN, ["sidecar", "standalone"]) == {"d1"} and counts(db) == (2, 3, 1)
+    assert Path(ours).exists()
+
+
+def test_a_part_of_another_text_or_of_no_document_of_the_run_is_refused(db: Database, store: PartStore,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    changed = [Document("d0", "The text as it was before the corpus changed.", 0, title="Title 0")]
+    edited = attempt_writer(store, "s0000-a01-aaaa", docs=changed).write(both_modes("d0"), [])
+    stranger = [Document("d9", "Not in the run.", 9)]
+    unknown = attempt_writer(store, "s0001-a01-bbbb", docs=stranger).write(both_modes("d9"), [])
+    with caplog.at_level("WARNING"):
+        result = db.ingest_parts(RUN, store)
+    assert (result.parts, sorted(result.refused)) == (0, sorted([edited, unknown]))
+    assert "does not have with that text" in refused_line(caplog)
+    assert counts(db) == (0, 0, 0)
+    # a refused part is not recorded: the run's own parts still go in, and it is refused again, unread
+    attempt_writer(store, "s0002-a01-cccc").write(both_modes("d0"), [])
+    assert db.ingest_parts(RUN, store).parts == 1 and counts(db) == (2, 3, 1)
+
+
+@pytest.mark.parametrize("location", ["local", "mock"])
+def test_a_part_written_before_parts_carried_a_nonce_is_refused(db: Database, tmp_path: Path, location: str) -> None:
+    store = PartStore(tmp_path / "results" if location == "local" else "mock:///results")
+    info = shard("s0000-a01-aaaa")
+    table = parts_module.part_table(info, both_modes("d0"), [], HASHES).drop_columns(["run_nonce", "text_sha256"])
+    path = f"{store.launch_dir(RUN, info.launch_id)}/part-000001.parquet"
+    old = parts_module.write_atomically(store.filesystem, path, table)
+    assert db.ingest_parts(RUN, store).refused == (old,)
     assert counts(db) == (0, 0, 0)
 
 
@@ -241,7 +303,7 @@ def test_ingest_needs_the_run(db: Database, store: PartStore) -> None:
 def test_a_location_duckdb_would_read_as_a_glob_is_read_through_pyarrow(db: Database, tmp_path: Path) -> None:
     store = PartStore(tmp_path / "results [nightly]")
     assert not store.is_local
-    store.writer(shard("s0000-a01-aaaa")).write(both_modes("d0"), [oom(DOCS[1])])
+    attempt_writer(store, "s0000-a01-aaaa").write(both_modes("d0"), [oom(DOCS[1])])
     assert db.ingest_parts(RUN, store) == IngestResult(parts=1, skipped=0, outputs=2, rejects=1)
 
 
@@ -250,9 +312,9 @@ def test_a_pyarrow_uri_location_works(db: Database, tmp_path: Path, location: st
     # file:// is read by DuckDB by path; mock:// (pyarrow's in-memory file system) is read through pyarrow
     store = PartStore((tmp_path / "results").as_uri() if location == "file" else "mock:///results")
     assert store.is_local == (location == "file")
-    store.write_manifest(RUN, "s0000-a01-aaaa", DOCS[:2])
-    assert store.read_manifest(RUN, "s0000-a01-aaaa") == DOCS[:2]
-    writer = store.writer(shard("s0000-a01-aaaa"))
+    store.write_manifest(RUN, "s0000-a01-aaaa", Manifest(NONCE[RUN], DOCS[:2]))
+    assert store.read_manifest(RUN, "s0000-a01-aaaa") == Manifest(NONCE[RUN], DOCS[:2])
+    writer = attempt_writer(store, "s0000-a01-aaaa")
     writer.write(both_modes("d0"), [oom(DOCS[1])])
     writer.write(both_modes("d2"), [])
     assert len(store.parts(RUN)) == 2
@@ -282,10 +344,10 @@ def test_parts_carry_the_ledger_and_a_part_from_before_it_ingests_beside_them_wi
     store = PartStore(tmp_path / "results" if location == "local" else "mock:///results")
     # the older attempt's part sorts first: its narrower stats must not narrow the newer part's
     old = shard("s0000-a01-aaaa")
-    table = without_the_ledger(parts_module.part_table(old, both_modes("d0", device_s=1.0), []))
+    table = without_the_ledger(parts_module.part_table(old, both_modes("d0", device_s=1.0), [], HASHES))
     parts_module.write_atomically(store.filesystem, f"{store.launch_dir(RUN, old.launch_id)}/part-000001.parquet",
                                   table)
-    store.writer(shard("s0001-a01-bbbb", 1)).write(both_modes("d1", device_s=1.0), [])
+    attempt_writer(store, "s0001-a01-bbbb", 1).write(both_modes("d1", device_s=1.0), [])
     assert db.ingest_parts(RUN, store) == IngestResult(parts=2, skipped=0, outputs=4, rejects=0)
     ledgers = {(r["doc_id"], r["mode"], r["phase"]): r for r in db.query(
         "SELECT doc_id, mode, phase, prefill_tokens, prefill_device_s, decode_device_s, instruction_tokens, "
@@ -311,9 +373,9 @@ def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(
     db.record_attempt(RUN, "s0000-a01-aaaa", shard=0, attempt=1, docs=2, flow_run_id="flow-1")
     [row] = db.shard_attempts(RUN)
     assert (row["status"], row["docs"], row["flow_run_id"], row["host"]) == ("running", 2, "flow-1", None)
-    store.writer(shard("s0000-a01-aaaa", host="gpu-a")).write(both_modes("d0"), [])
+    attempt_writer(store, "s0000-a01-aaaa", host="gpu-a").write(both_modes("d0"), [])
     # a part ingested before its attempt was recorded (a parent rerun) names its host all the same
-    store.writer(shard("s0001-a01-bbbb", 1, host="gpu-b", gpu_type="NVIDIA A10G")).write(both_modes("d1"), [])
+    attempt_writer(store, "s0001-a01-bbbb", 1, host="gpu-b", gpu_type="NVIDIA A10G").write(both_modes("d1"), [])
     db.ingest_parts(RUN, store)
     db.record_attempt(RUN, "s0001-a01-bbbb", shard=1, attempt=1, docs=1)
     db.finish_attempt(RUN, "s0000-a01-aaaa", "completed")
@@ -333,10 +395,10 @@ def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(
 
 def test_throughput_has_one_row_per_gpu_type_of_a_run(db: Database, store: PartStore) -> None:
     # both attempts number their batches from 0: a batch is one attempt's, never merged across shards
-    store.writer(shard("s0000-a01-aaaa", 0, gpu_type="NVIDIA H100")).write(
+    attempt_writer(store, "s0000-a01-aaaa", 0, gpu_type="NVIDIA H100").write(
         [record("d0", "sidecar", tokens=40, wall_s=1.0, device_s=0.5),
          record("d1", "sidecar", tokens=20, wall_s=0.5, device_s=0.25)], [])
-    store.writer(shard("s0001-a01-bbbb", 1, gpu_type="NVIDIA A10G", host="gpu-b")).write(
+    attempt_writer(store, "s0001-a01-bbbb", 1, gpu_type="NVIDIA A10G", host="gpu-b").write(
         [record("d2", "sidecar", tokens=30, wall_s=3.0, device_s=2.0)], [])
     db.ingest_parts(RUN, store)
     rows = db.query("SELECT gpu_type, device, requests, batches, new_tokens, wall_s, device_s, tokens_per_s "
@@ -364,14 +426,14 @@ def test_a_run_written_by_itself_reports_its_own_device_and_gpu_type(tmp_path: P
 
 def test_a_run_resumed_elsewhere_reports_each_request_where_it_ran(tmp_path: Path) -> None:
     db = Database(tmp_path / "moved.duckdb")
-    begin(db, gpu_type="NVIDIA H200", device="cuda:0")
+    NONCE[RUN] = begin(db, gpu_type="NVIDIA H200", device="cuda:0")
     db.write_batch(RUN, both_modes("d0"), ran_on=RanOn("host-a", "cuda:0", "NVIDIA H200"))
     # resumed in-process on another GPU type: not refused, and the run's row keeps its first start's
     begin(db, gpu_type="NVIDIA A10G", device="cuda:1")
     db.write_batch(RUN, both_modes("d1"), ran_on=RanOn("host-b", "cuda:1", "NVIDIA A10G"))
     # ... then as shards, and the last documents deferred past a locked file (committed by the next open)
     store = PartStore.beside(db.path)
-    store.writer(shard("s0000-a01-aaaa", gpu_type="NVIDIA H100")).write(both_modes("d2"), [])
+    attempt_writer(store, "s0000-a01-aaaa", gpu_type="NVIDIA H100").write(both_modes("d2"), [])
     db.ingest_parts(RUN, store)
     db.defer_batch(RUN, both_modes("d3"), finish="completed", ran_on=RanOn("host-c", "cpu", "CPU Xeon"))
     db = Database(db.path)
@@ -386,6 +448,18 @@ def test_a_run_resumed_elsewhere_reports_each_request_where_it_ran(tmp_path: Pat
                                                  ("NVIDIA H100", "cuda:0", 1), ("NVIDIA H200", "cuda:0", 1)]
     with pytest.raises(ValueError, match="host"):
         RanOn("", "cpu", None)
+
+
+def test_a_run_created_before_migration_008_gets_a_nonce_at_its_next_start(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    migrate(path, RetryPolicy(), known_migrations()[:7])
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair, gamma, batch_size) VALUES "
+                    "('run-1', 'failed', '{}', ['sidecar', 'standalone'], 'tiny', 4, 2)")
+    db = Database(path)
+    assert db.get_run(RUN)["nonce"] is None
+    nonce = begin(db)
+    assert nonce and db.get_run(RUN)["nonce"] == nonce and begin(db) == nonce
 
 
 def test_migration_006_applies_on_a_database_made_by_005(tmp_path: Path) -> None:

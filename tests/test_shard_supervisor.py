@@ -52,10 +52,10 @@ class ScriptedShard:
             (directory / ".part-000001.parquet.tmp-0123abcd").write_bytes(b"PAR1 half a part")
             self.wrote = True
         if status in ("running", "completed") and not self.wrote:
-            docs = self.store.read_manifest(RUN, self.launch.launch_id)
+            manifest = self.store.read_manifest(RUN, self.launch.launch_id)
             info = ShardInfo(RUN, self.launch.launch_id, self.launch.shard, self.launch.attempt, "gpu-a", "cuda:0",
-                             "NVIDIA H100")
-            self.store.writer(info).write([r for d in docs for r in both_modes(d.doc_id)], [])
+                             "NVIDIA H100", manifest.run_nonce)
+            self.store.writer(info, manifest.docs).write([r for d in manifest.docs for r in both_modes(d.doc_id)], [])
             self.wrote = True
         return status
 
@@ -100,7 +100,7 @@ def supervise(db: Database, store: PartStore, launcher: ScriptedLauncher, **para
                                "shard_retries": 0, "shard_deployment": "nightly-shard/nightly-shard"} | params))
     counts = RunCounts(RUN)
     shards = [Shard(0, DOCS[:2], 20), Shard(1, DOCS[2:], 20)]
-    missing = ShardSupervisor(db, store, launcher, params, RUN, max_running=2, counts=counts,
+    missing = ShardSupervisor(db, store, launcher, params, RUN, db.get_run(RUN)["nonce"], max_running=2, counts=counts,
                               logger=logging.getLogger("test")).run(shards)
     return missing, counts.shard_attempts
 

@@ -34,10 +34,11 @@ SENTENCES = [
 pytestmark = pytest.mark.slow
 
 
-def write_corpus(path: Path, n: int, huge: bool = False) -> Path:
-    """``n`` short documents; with ``huge``, one more beyond the models' context (4096 tokens), id ``huge``."""
+def write_corpus(path: Path, n: int, huge: bool = False, edition: str = "") -> Path:
+    """``n`` short documents; with ``huge``, one more beyond the models' context (4096 tokens), id ``huge``;
+    another ``edition`` gives the same ids other texts."""
     ids = [f"doc-{i:02d}" for i in range(n)]
-    texts = [f"{SENTENCES[i % 3]} Report number {i}." + " More." * (i % 5) for i in range(n)]
+    texts = [f"{edition}{SENTENCES[i % 3]} Report number {i}." + " More." * (i % 5) for i in range(n)]
     if huge:
         ids, texts = [*ids, "huge"], [*texts, " ".join(SENTENCES * 300)]
     pq.write_table(pa.table({"id": ids, "article": texts}), path)
@@ -346,3 +347,59 @@ def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keep
     from cli.errors import EXIT_FAILED, exit_code
 
     assert exit_code(IncompleteRunError("x")) == EXIT_FAILED == 1
+
+
+def test_a_rerun_in_a_new_database_refuses_the_parts_of_the_old_one_and_runs_its_own(prefect_api,
+                                                                                  tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    # two corpora with the same ids and other texts, two databases, one results location, one run id: the
+    # second start must not take the first one's parts for its own
+    results = tmp_path / "results"
+    shared = {"run_id": "same-id", "results_uri": str(results), "workers": 1, "shards": 2, "window": 2,
+              "commit_every_s": 0}
+    first = write_corpus(tmp_path / "first.parquet", 4)
+    nightly(params(tmp_path, first, db_path=str(tmp_path / "first.duckdb"), **shared))
+    second = write_corpus(tmp_path / "second.parquet", 4, edition="Late edition. ")
+    counts = nightly(params(tmp_path, second, db_path=str(tmp_path / "second.duckdb"), **shared))
+    assert counts.shard_attempts == 2, "the second run launched its own shards"
+
+    db = Database(tmp_path / "second.duckdb")
+    assert db.get_run("same-id")["status"] == "completed"
+    assert_each_doc_and_mode_once(db, "same-id", 4)
+    own = {a["launch_id"] for a in attempts(db, "same-id")}
+    ingested = db.query("SELECT DISTINCT launch_id FROM ingested_parts WHERE run_id = 'same-id'")
+    stored = db.query("SELECT DISTINCT launch_id FROM request_stats WHERE run_id = 'same-id'")
+    assert {r["launch_id"] for r in ingested} == {r["launch_id"] for r in stored} == own
+
+
+def test_a_rerun_of_a_completed_run_launches_nothing_for_a_document_over_the_context(prefect_api,
+                                                                                     tmp_path: Path) -> None:
+    from flows.nightly import nightly
+
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 3, huge=True), run_id="over-context",
+                 max_chars=None, workers=1, shards=2, window=2, commit_every_s=0)
+    assert nightly(run).shard_attempts == 2
+    rerun = nightly(run)
+    assert (rerun.shard_attempts, rerun.done, rerun.skipped_done) == (0, 0, 3)
+    db = Database(run.db_path)
+    assert db.get_run("over-context")["status"] == "completed"
+    rejected = db.query("SELECT doc_id, reject_reason FROM documents WHERE run_id = ? AND status = 'rejected'",
+                        ["over-context"])
+    assert rejected == [{"doc_id": "huge", "reject_reason": "over_context"}]
+    assert len(attempts(db, "over-context")) == 2
+
+
+def test_a_mistyped_pair_exits_2_with_one_line_and_writes_no_run(prefect_api, tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "news.parquet", 2)
+    db_path = tmp_path / "sidecar.duckdb"
+    command = [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tinyy", "--db",
+               str(db_path), "--run-id", "typo", "--workers", "1", "--shards", "2", "--no-judge", "--no-cost-report"]
+    env = os.environ | prefect_api | {"PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "tinyy" in errors[0], output
+    assert "Traceback" not in output
+    assert not db_path.exists() or Database(db_path).get_run("typo") is None

@@ -216,8 +216,9 @@ def begin(db: Database, docs: list[Document], rejects: list[RejectedDocument], r
 def test_begin_run_starts_records_and_reads_what_is_done_in_one_go(db: Database) -> None:
     docs = [Document("d1", "text one", 0, "Title one"), Document("d2", "text two", 1)]
     rejects = [RejectedDocument("row:2", "null", 2, detail="id is null")]
-    assert begin(db, docs, rejects) == RunStart(resumed=False, done_doc_ids=set())
+    first = begin(db, docs, rejects)
     run = db.get_run("run-1")
+    assert first == RunStart(resumed=False, done_doc_ids=set(), nonce=run["nonce"]) and len(first.nonce) == 32
     assert (run["status"], run["modes"], run["params"]) == ("running", ["sidecar", "standalone"], {"limit": 4})
     stored = db.query("SELECT doc_id, status, reject_reason FROM documents ORDER BY row_index")
     assert [(r["doc_id"], r["status"], r["reject_reason"]) for r in stored] == [
@@ -226,7 +227,8 @@ def test_begin_run_starts_records_and_reads_what_is_done_in_one_go(db: Database)
     # d1 has every mode, d2 only one: a resume skips d1 alone
     db.write_batch("run-1", [output("d1", "sidecar"), output("d1", "standalone"), output("d2", "sidecar")])
     db.finish_run("run-1", "failed", error="CUDA out of memory")
-    assert begin(db, docs, rejects) == RunStart(resumed=True, done_doc_ids={"d1"})
+    # the run keeps its nonce: its shards' parts stay its own
+    assert begin(db, docs, rejects) == RunStart(resumed=True, done_doc_ids={"d1"}, nonce=first.nonce)
     resumed = db.get_run("run-1")
     assert (resumed["status"], resumed["error"], resumed["finished_at"]) == ("running", None, None)
     assert db.query("SELECT count(*) AS n FROM documents")[0]["n"] == 3
