@@ -173,7 +173,8 @@ def test_a_local_model_is_found_only_with_its_config_and_every_weight_file(tmp_p
 
 
 def test_result_names() -> None:
-    assert result_file_name(parse_args([]), torch.device("cuda"), True) == "gpu_check"
+    # --allow-dirty: the name does not depend on the checkout, and a test must not either
+    assert result_file_name(parse_args(["--allow-dirty"]), torch.device("cuda"), True) == "gpu_check"
     args = parse_args(QUICK_TINY_CPU)
     assert result_file_name(args, torch.device("cpu"), False) == "gpu_check_cpu_tiny_quick"
 
