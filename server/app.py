@@ -26,6 +26,8 @@ Endpoints:
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
   device-time ledger's totals (``device``: forwards, measured seconds, and the seconds charged to each
   phase, which sum to the measured ones) and the server's RSS.
+- ``GET /metrics``: the same totals and per-request traffic, latency, token and speculation counts in the
+  Prometheus text format (``server.metrics`` lists them), for a scraper that sends the key.
 
 Requests run in one continuous batch on one worker thread (``server.worker``): each joins at the first
 step with a free slot and leaves when it is done, whatever the others' settings; a client that disconnects
@@ -45,14 +47,17 @@ from typing import Any
 
 import psutil
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.config import ServerConfig
 from server.errors import APIError, UnexpectedErrors, validation_error
+from server.metrics import ServerMetrics
 from server.schema import ChatCompletionRequest
 from server.service import ChatService
+from server.worker import Job
 from sidecar.tasks.engine import SidecarEngine
 
 
@@ -77,6 +82,7 @@ async def _disconnected(request: Request) -> None:
 
 def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     service = ChatService(engine, config)
+    metrics = ServerMetrics(service.worker)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -89,6 +95,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    app.state.metrics = metrics
     app.add_middleware(UnexpectedErrors)
 
     @app.exception_handler(APIError)
@@ -130,8 +137,31 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         return service.worker.stats.snapshot() | {"queue_depth": service.worker.queue.qsize(),
                                                   "rss_bytes": psutil.Process().memory_info().rss}
 
+    @api.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        arrived = time.monotonic()
+        try:
+            job, req = await submit(request)
+            if req.stream:
+                completion_id, created = f"chatcmpl-{job.id}", int(time.time())
+                return StreamingResponse(metrics.watch_stream(service.stream(req, job, completion_id, created),
+                                                              job, arrived),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            body = await service.answer(req, job, f"chatcmpl-{job.id}", int(time.time()), _disconnected(request))
+        except APIError as exc:
+            metrics.refused(exc.status)
+            raise
+        except Exception:
+            metrics.refused(500)
+            raise
+        metrics.answered(job, job.future.result(), arrived)
+        return JSONResponse(body)
+
+    async def submit(request: Request) -> tuple[Job, ChatCompletionRequest]:
         raw = await _read_body(request, config.max_body_bytes)
         try:
             payload = json.loads(raw)
@@ -145,12 +175,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
             req = ChatCompletionRequest.model_validate(payload)
         except ValidationError as exc:
             raise validation_error(exc) from None
-        job = await service.submit(req)
-        completion_id, created = f"chatcmpl-{job.id}", int(time.time())
-        if req.stream:
-            return StreamingResponse(service.stream(req, job, completion_id, created),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return JSONResponse(await service.answer(req, job, completion_id, created, _disconnected(request)))
+        return await service.submit(req), req
 
     app.include_router(api)
     return app

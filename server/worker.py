@@ -137,6 +137,9 @@ class Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # set from the event loop once the client has gone; the worker reads it between decoding steps
     gone: threading.Event = field(default_factory=threading.Event)
+    # ``time.monotonic()`` when the worker emitted the main output's first and latest tokens (``/metrics``)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -148,6 +151,9 @@ class Job:
         self.future.cancel()
 
     def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
         if self.tokens is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is reading the stream
                 self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
@@ -179,6 +185,11 @@ class BatchWorker:
         # why the loop died ("OverflowError: ..."); None while it runs or after a clean stop
         self.failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="sidecar-worker", daemon=True)
+
+    @property
+    def running(self) -> int:
+        """Requests in the running batch."""
+        return len(self._jobs)
 
     def start(self) -> None:
         self._thread.start()
