@@ -54,8 +54,10 @@ browser:
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# keeps what a run found under test-artifacts/: junit.xml (each test's outcome and seconds) and durations.txt
+# (every test's setup, call and teardown seconds, slowest first); the terminal lists the 15 slowest
 test: lint browser models corpus
-	$(PYTEST) -rs --durations=15
+	$(PYTEST) -rs --durations=15 --junitxml=test-artifacts/junit.xml --durations-file=test-artifacts/durations.txt
 
 test-fast: venv
 	$(PYTEST) -m "not real and not slow"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from durations import write_durations
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -72,6 +73,25 @@ def news_articles() -> list[str]:
         build_news_corpus(path)
     table = pq.read_table(path, columns=["article"])
     return [a[:1500] for a in table.column("article").to_pylist()[:8]]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--durations-file", type=Path, metavar="PATH",
+                     help="write every test's setup, call and teardown seconds to PATH, slowest first")
+
+
+TEST_TIMES: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each phase's seconds per test; under pytest-xdist the controller gets every worker's reports."""
+    TEST_TIMES.setdefault(report.nodeid, {})[report.when] = report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("durations_file")
+    if path is not None and not hasattr(session.config, "workerinput"):  # the controller writes, not a worker
+        write_durations(path, TEST_TIMES)
 
 
 @pytest.hookimpl(tryfirst=True)

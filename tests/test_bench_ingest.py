@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-common = pytest.importorskip("bench.common")
-bench_ingest = pytest.importorskip("bench.ingest")
+from bench import common
+from bench import ingest as bench_ingest
 
 
 def test_the_quick_ingest_benchmark_stores_every_row_once_and_reruns_for_nothing(

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-common = pytest.importorskip("bench.common")
-run_all = pytest.importorskip("bench.run_all")
+from bench import common, run_all
 
 
 def test_every_benchmark_has_its_markers_in_the_benchmarks_page() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-common = pytest.importorskip("bench.common")
+from bench import common
+
 pytestmark = pytest.mark.slow  # four shard processes, each importing torch, transformers and Prefect
 
 

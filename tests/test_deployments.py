@@ -29,7 +29,8 @@ from storage import Database
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = Path(sys.executable).parent / "prefect"
 
-pytestmark = pytest.mark.slow
+# a real Prefect server, deploys and process workers: a test with its module's setup takes up to ~3.5 minutes
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def free_port() -> int:

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("bench.gpu_check")
-
 from bench import common
 from bench.gpu_check.check import NO_CUDA, Check
 from bench.gpu_check.deadline import Deadline

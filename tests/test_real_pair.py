@@ -8,7 +8,8 @@ import torch
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
 from study.analysis import predicted_target_forwards
 
-pytestmark = [pytest.mark.real, pytest.mark.slow]
+# the first test's setup loads the pair and decodes the references with the target alone: ~8 minutes on a busy CPU
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 NEW_TOKENS = 48
 

@@ -25,7 +25,8 @@ from storage import Database
 REPO = Path(__file__).resolve().parents[1]
 FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 
-pytestmark = pytest.mark.slow
+# `sidecar ui` starts a server, deploys and a worker, then a whole nightly run: ~2 minutes on a busy CPU
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def free_port() -> int:

@@ -1,0 +1,40 @@
+"""The suite's own settings: a hung test fails in bounded time instead of holding the run forever, and a run
+keeps every test's time."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_test_has_a_time_limit_covering_its_setup(pytestconfig: pytest.Config) -> None:
+    # pytest-timeout reads an unset `timeout` as no limit; with func_only off, the limit covers the fixtures a
+    # test sets up (the real pair's module fixture decodes its references there)
+    assert 0 < float(pytestconfig.getini("timeout") or 0) <= 600
+    assert not pytestconfig.getini("timeout_func_only")
+
+
+def test_a_run_keeps_every_tests_setup_call_and_teardown_seconds_slowest_first(tmp_path: Path) -> None:
+    # the way `make test` runs: under pytest-xdist, where the workers run the tests and the controller writes
+    path = tmp_path / "artifacts" / "durations.txt"
+    tests = ["tests/test_suite_settings.py::test_every_test_has_a_time_limit_covering_its_setup",
+             "tests/test_shard_plan.py"]
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadfile", "--durations-file", str(path), *tests],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-2000:]
+    header, *lines = path.read_text().splitlines()
+    assert header.split() == ["total", "setup", "call", "teardown", "test"]
+    collected = int(re.search(r"(\d+) passed", ran.stdout).group(1))
+    assert len(lines) == collected > 1
+    totals = [float(line.split()[0]) for line in lines]
+    assert totals == sorted(totals, reverse=True)
+    for line in lines:  # each total is its three phases
+        total, *phases, _ = line.split()
+        assert abs(float(total) - sum(map(float, phases))) < 0.02
