@@ -46,8 +46,8 @@ from bench.common import (
     result_name,
     write_results,
 )
-from bench.engine import FirstTokenClock, new_tokens_until_eos
 from bench.gpu_check.pairs import documents
+from bench.hf_baselines import FirstTokenClock, new_tokens_until_eos
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.decoding.batch import stream_through
 from sidecar.models.pair import ModelPair

@@ -1,24 +1,49 @@
-"""Process-wide settings, read from the environment (``SIDECAR_*``)."""
+"""Process-wide settings, read from the environment (``SIDECAR_*``).
+
+The engine reads them, and the engine runs where only torch and transformers are installed (the GPU check
+on a stock image), so they are read with the standard library rather than pydantic-settings.
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from sidecar.errors import InputError
+
+PREFIX = "SIDECAR_"
+TRUE = {"1", "true", "yes", "on", "t", "y"}
+FALSE = {"0", "false", "no", "off", "f", "n", ""}
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIDECAR_")
+def _env(name: str) -> str | None:
+    return os.environ.get(PREFIX + name.upper())
 
-    home: Path = Path.home() / ".cache" / "sidecar"
+
+def _flag(name: str) -> bool:
+    value = (_env(name) or "").strip().lower()
+    if value not in TRUE | FALSE:
+        raise InputError(f"{PREFIX}{name.upper()}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+    return value in TRUE
+
+
+def _path(name: str) -> Path | None:
+    value = _env(name)
+    return Path(value) if value else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=lambda: _path("home") or Path.home() / ".cache" / "sidecar")
     # where runs take the lock of the accelerator they use; processes that share a device must share
     # this folder (default: ``home``/locks, per user)
-    lock_dir: Path | None = None
+    lock_dir: Path | None = field(default_factory=lambda: _path("lock_dir"))
     # prefill every batch in one forward, as on an accelerator, instead of the CPU's groups of rows
-    one_prefill_forward: bool = False
+    one_prefill_forward: bool = field(default_factory=lambda: _flag("one_prefill_forward"))
     # the Prefect global concurrency limit a run holds a slot of while its pair is loaded: one per GPU on a
     # pool of several (a worker per GPU sets ``gpu-<host>-<index>``), ``gpu`` for a single-GPU server
-    gpu_limit: str = "gpu"
+    gpu_limit: str = field(default_factory=lambda: _env("gpu_limit") or "gpu")
 
 
 def sidecar_home() -> Path:

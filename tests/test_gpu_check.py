@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -225,3 +227,33 @@ def test_the_cuda_parts_bookkeeping_runs_on_cpu_with_the_cuda_calls_faked(check,
     assert "| batch | syncs | target forwards |" in md and "| 1 | 0 |" in md
     assert "Peak memory at batch 2 (8 new tokens, `torch.cuda.max_memory_allocated`): engine 3.0 GB" in md
     assert "| peak GB |" in md
+
+
+# What the stock GPU image (torch, transformers, numpy, pyarrow, tqdm, rich, typer, matplotlib) lacks.
+NOT_ON_GPU_IMAGE = ("pydantic", "pydantic_settings", "prefect", "duckdb", "fastapi", "openai")
+WITHOUT_THEM = """
+import importlib.abc, json, sys
+from pathlib import Path
+
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"No module named {{name!r}} (not on the stock GPU image)")
+        return None
+
+sys.meta_path.insert(0, Missing())
+from bench import common
+from bench.gpu_check.main import main
+from bench.gpu_check.parts import errors
+
+common.RESULTS = Path({results!r})
+payload = main({argv!r})
+print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"])}}))
+"""
+
+
+def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp_path: Path) -> None:
+    script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=QUICK_TINY_CPU)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1}

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import Stopwatch
-from bench.engine import hf_plain_batched, hf_plain_one
 from bench.gpu_check.pairs import documents, load_check_pair
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
+from bench.hf_baselines import hf_plain_batched, hf_plain_one
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.pair import ModelPair
-from sidecar.tasks.engine import SidecarEngine
-from sidecar.tasks.rows import SidecarRequest
+from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, build_prompt
 
 NO_CUDA = "skipped: no CUDA"  # what a CUDA-only part says on another device
 
@@ -63,11 +62,11 @@ def prepare(name: str, spec: str, args: argparse.Namespace) -> tuple[Check, dict
     began = time.monotonic()
     pair = load_check_pair(name, spec, args.device, args.dtype)
     loaded = time.monotonic() - began
-    engine = SidecarEngine(pair)
     texts, source = documents(max(args.identity_prompts, args.assisted_documents,
                                   *(int(b) for b in args.batches.split(",")),
                                   *(int(b) for b in args.sync_batches.split(","))), args.chars)
-    prompts = [engine.prompts(SidecarRequest(t))[0].token_ids for t in texts]
+    # the main output's prompt as the engine builds it (its sidecar tasks are the pipeline's, not the check's)
+    prompts = [build_prompt(pair.tokenizer, t, SUMMARIZE_INSTRUCTION, DEFAULT_SYSTEM).token_ids for t in texts]
     check = Check(pair, prompts, SpeculativeDecoder(pair, gamma=args.gamma), args)
     # first calls pay one-off allocation and kernel selection costs
     warm = prompts[0][:64]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from bench.engine import hf_plain_one
 from bench.gpu_check.check import Check
 from bench.gpu_check.deadline import Deadline
+from bench.hf_baselines import hf_plain_one
 from sidecar.models.pair import ModelPair
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from bench.common import REPO
-from bench.engine import hf_plain_batched
 from bench.gpu_check.check import NO_CUDA, Check
 from bench.gpu_check.deadline import Deadline
+from bench.hf_baselines import hf_plain_batched
 
 SYNC_WARNING = "synchronizing CUDA operation"  # what set_sync_debug_mode("warn") says at each sync
 

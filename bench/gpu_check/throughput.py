@@ -6,10 +6,10 @@ A run is skipped when the latest smaller run of the same method says it would en
 
 from __future__ import annotations
 
-from bench.engine import hf_assisted_one
 from bench.gpu_check.check import Check
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
+from bench.hf_baselines import hf_assisted_one
 
 
 def throughput(check: Check, deadline: Deadline) -> dict:
