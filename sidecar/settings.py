@@ -44,6 +44,9 @@ class Settings:
     # the Prefect global concurrency limit a run holds a slot of while its pair is loaded: one per GPU on a
     # pool of several (a worker per GPU sets ``gpu-<host>-<index>``), ``gpu`` for a single-GPU server
     gpu_limit: str = field(default_factory=lambda: _env("gpu_limit") or "gpu")
+    # the dtype pairs load in when the caller names none: fp32, bf16, fp16, or auto (unset: auto), as
+    # ``sidecar.models.dtype_choice`` chooses
+    dtype: str | None = field(default_factory=lambda: (_env("dtype") or "").strip().lower() or None)
 
 
 def sidecar_home() -> Path:

@@ -14,6 +14,10 @@ from durations import write_durations
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Pairs load in fp32 whatever the machine (a CPU with native bf16 would choose bf16 by timing it): results
+# must not depend on the machine, and the real pair's identity tests compare with HF in fp32. The processes
+# tests start inherit it; tests of the choice itself set their own.
+os.environ["SIDECAR_DTYPE"] = "fp32"
 # the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs,
 # and each pytest-xdist worker's from the other's: two workers are two machines, not two runs on one device
 if os.environ.get("PYTEST_XDIST_WORKER") or "SIDECAR_LOCK_DIR" not in os.environ:

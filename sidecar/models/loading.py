@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
+from sidecar.models.dtype_choice import choose_dtype, requested_dtype
 from sidecar.models.fetch import is_fetched, pair_dir
 from sidecar.models.pair import ModelPair, check_tokenizers, eos_ids
-from sidecar.models.tiny import tiny_pair, tiny_tokenizer
+from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
 
 NAMED_PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
 }
 
 
+def default_device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dtype is None:
-        # bf16 is 5-7x slower than fp32 on this class of CPU; on GPUs bf16 is the native fast path.
-        return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
-    if isinstance(dtype, str):
-        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-                 "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[dtype]
-    return resolved, dtype
+    """The device (default: CUDA if present) and, without timing anything, the dtype asked for
+    (``requested_dtype``), else bf16 on CUDA and fp32 elsewhere: for callers that load no pair.
+    ``load_pair`` chooses by measurement instead (``sidecar.models.dtype_choice``)."""
+    resolved = default_device(device)
+    requested = requested_dtype(dtype)
+    if requested is not None:
+        return resolved, requested.dtype
+    return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
 
 
 def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
@@ -52,6 +57,14 @@ def load_tokenizer(name_or_spec: str = "qwen-coder-small") -> PreTrainedTokenize
     return AutoTokenizer.from_pretrained(pair_model_ids(name_or_spec)[0])
 
 
+def target_shape(name_or_spec: str) -> tuple[int, int]:
+    """(hidden size, intermediate size) of the pair's target, read from its config."""
+    if name_or_spec == "tiny":
+        return TINY_SHAPE
+    config = AutoConfig.from_pretrained(pair_model_ids(name_or_spec)[0])
+    return config.hidden_size, config.intermediate_size
+
+
 def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=GROUPED_SDPA)
     return model.to(device).eval()
@@ -66,7 +79,9 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
     token, so output stays exactly the target's; only acceptance, and what the draft writes alone in
     sidecar tasks, can change.
     """
-    torch_device, torch_dtype = default_device_dtype(device, dtype)
+    torch_device = default_device(device)
+    choice = choose_dtype(torch_device, dtype, *target_shape(name_or_spec))
+    torch_dtype = choice.dtype
     if name_or_spec == "tiny":
         pair = tiny_pair(torch_device, torch_dtype)
     else:
@@ -77,6 +92,7 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
         draft = load_model(draft_id, torch_device, torch_dtype)
         pair = ModelPair(name_or_spec, target, draft, tokenizer, torch_device, torch_dtype,
                          eos_ids(tokenizer, target))
+    pair.dtype_reason = choice.reason
     if draft_int8:
         if torch_device.type != "cpu":
             raise PairError("draft_int8 is a CPU option (dynamic int8 quantization); on GPUs use bf16")

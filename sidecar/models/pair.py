@@ -24,8 +24,12 @@ class ModelPair:
     eos_token_ids: list[int] = field(default_factory=list)
     # draft parameters / target parameters: a prior for what the draft's prefill costs before it is timed
     draft_size_ratio: float | None = None
+    # why the pair runs in ``dtype`` (``sidecar.models.dtype_choice``): reported beside the device
+    dtype_reason: str = ""
 
     def __post_init__(self) -> None:
+        if not self.dtype_reason:
+            self.dtype_reason = f"argument dtype={dtype_name(self.dtype)}"
         if self.draft_size_ratio is None:
             self.draft_size_ratio = self.draft.num_parameters() / self.target.num_parameters()
 
@@ -36,6 +40,15 @@ class ModelPair:
     @property
     def gpu_type(self) -> str:
         return device_name(self.device)
+
+    @property
+    def dtype_report(self) -> str:
+        """``bf16 (auto: bf16 matmul 0.31 ms vs fp32 0.84 ms)``: the dtype and why."""
+        return f"{dtype_name(self.dtype)} ({self.dtype_reason})"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> None:

@@ -42,6 +42,10 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+# (hidden size, intermediate size: twice the hidden, ``tiny_config``) of the tiny pair's models
+TINY_SHAPE = (64, 128)
+
+
 def tiny_config(vocab_size: int, layers: int, hidden: int, seed_scale: float = 0.3) -> Qwen2Config:
     return Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
@@ -58,8 +62,8 @@ def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_nois
     ties and batched/unbatched float differences cannot flip it.
     """
     torch.manual_seed(seed)
-    target = Qwen2ForCausalLM(tiny_config(vocab_size, layers=2, hidden=64)).eval()
-    draft = Qwen2ForCausalLM(tiny_config(draft_vocab_size or vocab_size, layers=2, hidden=64)).eval()
+    target = Qwen2ForCausalLM(tiny_config(vocab_size, layers=2, hidden=TINY_SHAPE[0])).eval()
+    draft = Qwen2ForCausalLM(tiny_config(draft_vocab_size or vocab_size, layers=2, hidden=TINY_SHAPE[0])).eval()
     with torch.no_grad():
         for t_param, d_param in zip(target.parameters(), draft.parameters(), strict=True):
             if t_param.shape == d_param.shape:
