@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from sidecar.settings import DTYPE_HELP
 from sidecar.tasks.prompts import SUMMARIZE_INSTRUCTION
 
 
@@ -26,6 +27,7 @@ def generate(
     column: str = typer.Option("article", help="Text column of a Parquet input."),
     limit: int | None = typer.Option(None, min=1, help="Use only the first N inputs."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
+    dtype: str | None = typer.Option(None, help=DTYPE_HELP),
     instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help="Main instruction after each input ('' for none)."),
     hashtags: bool = typer.Option(True, help="Run the hashtags sidecar on the draft after the main output."),
     max_chars: int = typer.Option(3000, help="Cut each input to this many characters (the source study's 3,000)."),
@@ -50,7 +52,7 @@ def generate(
     if not texts:
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
-    engine = SidecarEngine(load_pair(pair, draft_int8=draft_int8), gamma=gamma)
+    engine = SidecarEngine(load_pair(pair, dtype=dtype, draft_int8=draft_int8), gamma=gamma)
     requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
     results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          batch_size=batch_size)

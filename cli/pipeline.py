@@ -10,6 +10,7 @@ import typer
 from cli.demo_report import DemoFindings, render
 from cli.run_ids import checked_run_id
 from flows.embedded import embedded_prefect
+from sidecar.settings import DTYPE_HELP, pin_dtype
 from vocab.modes import MODES
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def nightly_command(
     corpus: str = typer.Option("data/news.parquet", help="Parquet file, one document per row."),
     limit: int | None = typer.Option(None, min=1, help="Run only the first N usable documents."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
+    dtype: str | None = typer.Option(None, help=DTYPE_HELP + " Sets SIDECAR_DTYPE for the run's processes."),
     db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
     batch_size: int = typer.Option(8, min=1, help="Documents decoded together, at most; they join as others "
                                    "finish."),
@@ -72,6 +74,7 @@ def nightly_command(
                                         "for this long, in seconds."),
 ) -> None:
     """Run the nightly flow once, on an embedded Prefect API (no server needed); a rerun resumes it."""
+    pin_dtype(dtype)
     counts, _ = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, window=window, gamma=gamma,
         max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
@@ -97,11 +100,13 @@ def demo_command(
     limit: int = typer.Option(4, min=1, help="Documents to run."),
     db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair."),
+    dtype: str | None = typer.Option(None, help=DTYPE_HELP),
     batch_size: int = typer.Option(4, min=1, help="Documents decoded together."),
     max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
     title_column: str | None = typer.Option("title", help="Title column of the corpus (empty: none)."),
 ) -> None:
     """Nightly, judge and cost report on a few real news articles, then the results table and its SQL."""
+    pin_dtype(dtype)
     started = time.perf_counter()
     typer.secho("The nightly flow, then the judge and the cost report, on a temporary Prefect API in this\n"
                 "process: no server to set up (`sidecar ui` starts one). What they found is reported last.", fg="cyan")

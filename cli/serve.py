@@ -7,6 +7,7 @@ import logging
 import typer
 
 from server.config import API_KEY_ENV
+from sidecar.settings import DTYPE_HELP
 
 
 def serve_command(
@@ -23,6 +24,7 @@ def serve_command(
     max_body_bytes: int = typer.Option(1 << 20, help="Larger request bodies get 413 (1 KiB-1 GiB)."),
     max_queue: int = typer.Option(256, help="Requests waiting beyond this get 503 (1-1000000)."),
     model_name: str | None = typer.Option(None, help="Served model id; default the pair name."),
+    dtype: str | None = typer.Option(None, help=DTYPE_HELP),
     insecure: bool = typer.Option(False, "--insecure",
                                   help="Serve a non-loopback --host without an API key: anyone who reaches the "
                                        "port can use the model. Without this flag that is refused (exit code 2)."),
@@ -34,4 +36,4 @@ def serve_command(
     # a setting out of bounds, an unknown pair or a refused keyless host raises its own error, which
     # cli.errors turns into one line
     serve(pair, host, port, api_key=api_key, max_batch=max_batch, batch_wait_ms=batch_wait_ms, gamma=gamma,
-          max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure)
+          max_body_bytes=max_body_bytes, max_queue=max_queue, model_name=model_name, insecure=insecure, dtype=dtype)

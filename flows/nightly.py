@@ -190,7 +190,8 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
         # a start that is no resume of the existing run_id (other corpus or settings) is refused unwritten
         start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
                              gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
-                             docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity())
+                             docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity(),
+                             dtype=pair.dtype_report)
     pending = PendingCommit(params.commit_every_s)
     try:
         size = window_size(params.batch_size, params.window)

@@ -135,7 +135,8 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     @api.get("/stats")
     async def stats() -> dict[str, Any]:
         return service.worker.stats.snapshot() | {"queue_depth": service.worker.queue.qsize(),
-                                                  "rss_bytes": psutil.Process().memory_info().rss}
+                                                  "rss_bytes": psutil.Process().memory_info().rss,
+                                                  "dtype": service.engine.pair.dtype_report}
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:

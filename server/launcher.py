@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
           max_batch: int = 8, batch_wait_ms: float = 5.0, gamma: int = 4, max_body_bytes: int = 1 << 20,
-          max_queue: int = 256, model_name: str | None = None, insecure: bool = False) -> None:
+          max_queue: int = 256, model_name: str | None = None, insecure: bool = False,
+          dtype: str | None = None) -> None:
     """Check the config, load the pair, then serve it until interrupted.
 
     Without a key, only a loopback ``host`` is served unless ``insecure`` (``ServerConfig`` raises ``InputError``).
@@ -44,10 +45,10 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, host=host, insecure=insecure,
                           max_batch=max_batch, batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                           max_queue=max_queue)
-    pair = load_pair(pair_name)
+    pair = load_pair(pair_name, dtype=dtype)
     engine = SidecarEngine(pair, gamma=gamma)
-    logger.info("serving pair %s as model %r on %s:%d (auth %s)", pair_name, config.model_name, host, port,
-                "on" if config.api_key else "off")
+    logger.info("serving pair %s (%s) as model %r on %s:%d (auth %s)", pair_name, pair.dtype_report,
+                config.model_name, host, port, "on" if config.api_key else "off")
     if not config.api_key and not is_loopback(host):
         logger.warning("--insecure: no API key on %s; anyone who reaches port %d can use the model", host, port)
     uvicorn.run(create_app(engine, config), host=host, port=port, log_level="info")

@@ -13,6 +13,9 @@ from pathlib import Path
 from sidecar.errors import InputError
 
 PREFIX = "SIDECAR_"
+# the help of the --dtype option of the commands that load a pair (``sidecar.models.dtype_choice``)
+DTYPE_HELP = ("Dtype the pair loads in: fp32, bf16, fp16 or auto (default: $SIDECAR_DTYPE, else auto: bf16 on "
+              "CUDA, on a CPU the faster of bf16 and fp32, timed at load).")
 TRUE = {"1", "true", "yes", "on", "t", "y"}
 FALSE = {"0", "false", "no", "off", "f", "n", ""}
 
@@ -26,6 +29,17 @@ def _flag(name: str) -> bool:
     if value not in TRUE | FALSE:
         raise InputError(f"{PREFIX}{name.upper()}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
     return value in TRUE
+
+
+# what SIDECAR_DTYPE and --dtype accept (``sidecar.models.dtype_choice.DTYPES`` and ``auto``)
+DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16", "auto")
+
+
+def _dtype() -> str | None:
+    value = (_env("dtype") or "").strip().lower()
+    if value and value not in DTYPE_NAMES:
+        raise InputError(f"unknown dtype {value!r} in {PREFIX}DTYPE: use fp32, bf16, fp16 or auto")
+    return value or None
 
 
 def _path(name: str) -> Path | None:
@@ -46,7 +60,15 @@ class Settings:
     gpu_limit: str = field(default_factory=lambda: _env("gpu_limit") or "gpu")
     # the dtype pairs load in when the caller names none: fp32, bf16, fp16, or auto (unset: auto), as
     # ``sidecar.models.dtype_choice`` chooses
-    dtype: str | None = field(default_factory=lambda: (_env("dtype") or "").strip().lower() or None)
+    dtype: str | None = field(default_factory=_dtype)
+
+
+def pin_dtype(dtype: str | None) -> None:
+    """``--dtype`` for this process and those it starts (shards): they read ``SIDECAR_DTYPE``; a bad name is
+    refused here, before anything runs."""
+    if dtype is not None:
+        os.environ[PREFIX + "DTYPE"] = dtype
+        Settings()
 
 
 def sidecar_home() -> Path:

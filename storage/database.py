@@ -113,17 +113,18 @@ class _RunRow:
     gamma: int | None
     batch_size: int | None
     identity_json: str | None
+    dtype: str | None
 
     @classmethod
     def checked(cls, run_id: str, params: dict[str, Any], pair: str, device: str | None, gpu_type: str | None,
                 gamma: int | None, batch_size: int | None, code_version: str | None,
-                modes: Sequence[str], identity: Mapping[str, Any] | None) -> _RunRow:
+                modes: Sequence[str], identity: Mapping[str, Any] | None, dtype: str | None) -> _RunRow:
         unknown = sorted(set(modes) - set(MODES))
         if not modes or unknown:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
         return cls(run_id, json.dumps(params, sort_keys=True, default=str), list(dict.fromkeys(modes)),
                    code_version if code_version is not None else current_code_version(), pair, device,
-                   gpu_type, gamma, batch_size, canonical_identity(identity))
+                   gpu_type, gamma, batch_size, canonical_identity(identity), dtype)
 
     @property
     def columns(self) -> dict[str, Any]:
@@ -143,9 +144,9 @@ def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> tuple[bool, str]
     else:
         con.execute(
             "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
-            "gamma, batch_size, identity, nonce) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "gamma, batch_size, identity, nonce, dtype) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run.run_id, run.params_json, run.modes, run.code_version, run.pair, run.device, run.gpu_type,
-             run.gamma, run.batch_size, run.identity_json, nonce],
+             run.gamma, run.batch_size, run.identity_json, nonce, run.dtype],
         )
     return exists, nonce
 
@@ -348,7 +349,7 @@ class Database:
     def start_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None,
                   code_version: str | None = None, modes: Sequence[str] = ("sidecar", "standalone"),
-                  identity: Mapping[str, Any] | None = None) -> bool:
+                  identity: Mapping[str, Any] | None = None, dtype: str | None = None) -> bool:
         """Create run ``run_id`` with status ``running``; returns True when it already existed.
 
         Starting an existing run (a resume) only sets it running again and clears its finish time and
@@ -359,16 +360,18 @@ class Database:
         parent), and each request-stats row names where it ran (``write_batch``'s ``ran_on``, a part's
         ``ShardInfo``). ``modes`` are the modes each document gets: the ``results`` view shows a document
         once all of them are written. Values in ``params`` and ``identity`` that JSON cannot hold (paths,
-        enums) are stored as their ``str()``.
+        enums) are stored as their ``str()``. ``dtype`` is the pair's dtype and why (``ModelPair.dtype_report``),
+        kept like ``device``.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
-                              identity)
+                              identity, dtype)
         return in_transaction(self.path, self.retry, lambda con: _start_run(con, run)[0])
 
     def begin_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None, docs: Sequence[Document],
                   rejects: Sequence[RejectedDocument], modes: Sequence[str] = ("sidecar", "standalone"),
-                  code_version: str | None = None, identity: Mapping[str, Any] | None = None) -> RunStart:
+                  code_version: str | None = None, identity: Mapping[str, Any] | None = None,
+                  dtype: str | None = None) -> RunStart:
         """:meth:`start_run`, :meth:`record_documents` and :meth:`done_doc_ids` (for ``modes``) in one
         transaction.
 
@@ -379,7 +382,7 @@ class Database:
         failure leaves nothing half done: no run without its documents.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
-                              identity)
+                              identity, dtype)
         documents = _documents_write(run_id, docs, rejects)
 
         def work(con: duckdb.DuckDBPyConnection) -> RunStart:

@@ -91,6 +91,7 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     from sidecar.models.devices import device_name
 
     assert stored["gpu_type"] == device_name(torch.device(stored["device"])), "the GPU type the cost report prices"
+    assert stored["dtype"] == "fp32 (SIDECAR_DTYPE=fp32)", "the dtype and why, beside the device"
     # two windows, each streamed once per mode: two batches per mode and phase in the throughput view
     throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
     assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),

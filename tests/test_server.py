@@ -57,7 +57,8 @@ TAGS_SPEC = {"name": "hashtags", "instruction": HASHTAGS.instruction, "max_token
 def base_url() -> Iterator[str]:
     # A wide admission window, so that concurrent test requests reliably join the idle batch together.
     with running_server("tiny", api_key=KEY, max_batch=8, batch_wait_ms=50,
-                        extra_args=["--max-body-bytes", str(MAX_BODY)], startup_timeout_s=300) as url:
+                        extra_args=["--max-body-bytes", str(MAX_BODY), "--dtype", "fp32"],
+                        startup_timeout_s=300) as url:
         yield url
 
 
@@ -266,6 +267,11 @@ def test_stats_show_the_device_time_ledger_balanced(base_url: str, client: opena
     phases = device["charged_seconds_by_phase"]
     assert sum(phases.values()) == pytest.approx(device["measured_seconds"], rel=0.01)
     assert phases["main"] > 0 and phases["sidecar"] > 0 and phases["instruction"] > 0
+
+
+def test_stats_name_the_dtype_and_why(base_url: str) -> None:
+    """``--dtype`` wins over the ``SIDECAR_DTYPE`` the test session sets, and /stats says so."""
+    assert stats(base_url)["dtype"] == "fp32 (argument dtype=fp32)"
 
 
 def test_a_sidecar_s_usage_is_the_same_alone_and_batched(base_url: str, client: openai.OpenAI) -> None:
