@@ -67,8 +67,9 @@ def pin_dtype(dtype: str | None) -> None:
     """``--dtype`` for this process and those it starts (shards): they read ``SIDECAR_DTYPE``; a bad name is
     refused here, before anything runs."""
     if dtype is not None:
+        if dtype.strip().lower() not in DTYPE_NAMES:
+            raise InputError(f"unknown --dtype {dtype!r}: use fp32, bf16, fp16 or auto")
         os.environ[PREFIX + "DTYPE"] = dtype
-        Settings()
 
 
 def sidecar_home() -> Path:

@@ -623,10 +623,12 @@ class Database:
         return self.query(RESULTS_TABLE_SQL, [run_id])
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Rows of the ``throughput`` view: one run's, or every run's."""
+        """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or
+        every run's."""
+        select = "SELECT t.*, r.dtype FROM throughput AS t LEFT JOIN runs AS r ON r.run_id = t.run_id"
         if run_id is None:
-            return self.query("SELECT * FROM throughput ORDER BY run_id, mode, phase")
-        return self.query("SELECT * FROM throughput WHERE run_id = ? ORDER BY mode, phase", [run_id])
+            return self.query(f"{select} ORDER BY t.run_id, t.mode, t.phase")
+        return self.query(f"{select} WHERE t.run_id = ? ORDER BY t.mode, t.phase", [run_id])
 
     def judge_tally(self, run_id: str) -> list[dict[str, Any]]:
         """The run's ``judgements`` counted per judge model and prompt version: documents, sidecar ``wins``,

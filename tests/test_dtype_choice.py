@@ -5,6 +5,8 @@ The rest of the suite runs pinned to fp32 (``tests/conftest.py``); these tests s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -55,3 +57,11 @@ def test_the_loaded_pair_carries_its_dtype_and_why(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SIDECAR_DTYPE", "auto")
     timed = load_pair("tiny")
     assert timed.dtype in (torch.float32, torch.bfloat16) and timed.dtype_reason.startswith("auto: bf16 matmul ")
+
+
+def test_a_bad_dtype_option_is_refused_before_it_reaches_the_environment() -> None:
+    from sidecar.settings import pin_dtype
+
+    with pytest.raises(InputError, match="unknown --dtype 'fp8'"):
+        pin_dtype("fp8")
+    assert os.environ["SIDECAR_DTYPE"] == "fp32"

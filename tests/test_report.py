@@ -405,13 +405,13 @@ def test_a_gpu_measured_in_one_mode_only_is_named_as_not_compared(tmp_path: Path
     assert "T4" in {v.gpu_type for v in report.verdicts if v.basis == "projected"}
 
 
-def stored_run(path: Path, pair: str) -> Database:
+def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
     """A database holding one run of two documents, stored as the engine writes them (its stats dicts with the
     device-time ledger): as a sidecar in a stream of batch 2 whose sidecar rows ran beside main rows of later
     requests, finishing 30 and 34 s into the stream; and by a standalone tagger in a batch of its own."""
     db = Database(path)
     db.start_run("run-1", {}, pair=pair, device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
-                 code_version="test", modes=("sidecar", "standalone"))  # fmt: skip
+                 code_version="test", modes=("sidecar", "standalone"), dtype=dtype)  # fmt: skip
 
     def ledger(prefill_tokens: int, prefill_s: float, tokens: int, decode_s: float, **extra: float) -> dict:
         return {"prefill_tokens": prefill_tokens, "prefill_forwards": 1, "prefill_device_seconds": prefill_s,
@@ -468,6 +468,12 @@ def test_report_is_fed_by_storage_and_fills_the_costs_table(tmp_path: Path) -> N
     costs = {r["mode"]: r for r in db.query("SELECT * FROM costs WHERE source = 'measured'")}
     assert costs["sidecar"]["tokens_per_s"] == pytest.approx(verdict.sidecar_tokens_per_s)
     assert costs["sidecar"]["usd_per_mtok"] == pytest.approx(verdict.sidecar_usd_per_mtok)
+
+
+def test_the_report_names_the_dtype_each_run_loaded_its_pair_in_and_why(tmp_path: Path) -> None:
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", dtype="bf16 (default on CUDA: bf16)")
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    assert "from 1 run(s) on NVIDIA H200 in bf16 (default on CUDA: bf16) with pair(s) qwen2.5-7b." in report.markdown
 
 
 def ms_per_tag_token(markdown: str, mode: str) -> float:

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
-from sidecar.models.dtype_choice import choose_dtype, requested_dtype
+from sidecar.models.dtype_choice import choose_dtype, parse_dtype
 from sidecar.models.fetch import is_fetched, pair_dir
 from sidecar.models.pair import ModelPair, check_tokenizers, eos_ids
 from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
@@ -22,14 +22,13 @@ def default_device(device: str | None) -> torch.device:
 
 
 def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    """The device (default: CUDA if present) and, without timing anything, the dtype asked for
-    (``requested_dtype``), else bf16 on CUDA and fp32 elsewhere: for callers that load no pair.
-    ``load_pair`` chooses by measurement instead (``sidecar.models.dtype_choice``)."""
+    """The device (default: CUDA if present) and ``dtype``, else the device's default without timing anything
+    or reading ``SIDECAR_DTYPE``: bf16 on CUDA (what ``load_pair`` gives there too), fp32 elsewhere. For
+    callers that load no pair; ``load_pair`` chooses with ``sidecar.models.dtype_choice``."""
     resolved = default_device(device)
-    requested = requested_dtype(dtype)
-    if requested is not None:
-        return resolved, requested.dtype
-    return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        return resolved, parse_dtype(dtype, "the dtype argument")
+    return resolved, dtype or (torch.bfloat16 if resolved.type == "cuda" else torch.float32)
 
 
 def pair_model_ids(name_or_spec: str) -> tuple[str, str]:

@@ -48,6 +48,8 @@ class Measurement:
     batch_size: int
     pair: str = ""
     run_id: str | None = None
+    # the dtype the run's pair loaded in, and why ("bf16 (auto: bf16 matmul 0.31 ms vs fp32 0.84 ms)")
+    dtype: str = ""
     ms_per_step: float | None = None
     acceptance_rate: float | None = None
     tokens: float | None = None
@@ -89,6 +91,7 @@ class Measurement:
             batch_size=int(batch_size),
             pair=str(row.get("pair") or ""),
             run_id=row.get("run_id"),
+            dtype=str(row.get("dtype") or ""),
             tokens=_number(tokens),
             seconds=_number(seconds),
             requests=requests,

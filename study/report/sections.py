@@ -57,7 +57,7 @@ def _introduction(data: ReportData) -> str:
     )
     if data.measurements:
         runs = {m.run_id for m in data.measurements if m.run_id}
-        devices = sorted({m.gpu_type for m in data.measurements})
+        devices = sorted({f"{m.gpu_type} in {m.dtype}" if m.dtype else m.gpu_type for m in data.measurements})
         pairs = sorted({m.pair for m in data.measurements if m.pair})
         text += (
             f"Measured: {len(data.measurements)} throughput rows from {len(runs)} run(s) on {', '.join(devices)}"
