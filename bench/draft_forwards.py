@@ -7,7 +7,8 @@ The same requests (a summary and a hashtag sidecar each, greedy, gamma 4 fixed, 
 every step drafts from the model) run through ``SidecarEngine.run``; a hook on each model's decoder stack
 counts its forwards, prompt prefills included. Since the hooks see only the models, a checkout of an older
 commit counts the same way (``--print`` there), which is how the numbers before sidecar rows rode in the
-draft's proposal forwards were taken. Writes bench/results/draft_forwards.json and .md.
+draft's proposal forwards were taken. The workload is the same at every size (``--quick`` and ``--full`` only
+name the results). Writes bench/results/draft_forwards[_<profile>].json and .md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import argparse
 
 import torch
 
-from bench.common import environment, markdown_table, write_results
+from bench.common import (
+    add_bench_arguments,
+    environment,
+    markdown_table,
+    profile_suffix,
+    refuse_a_dirty_tree,
+    write_results,
+)
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 from sidecar.models.tiny import tiny_pair
 
@@ -45,7 +53,10 @@ def count(pair, batch_size: int) -> dict:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print", action="store_true", help="print the counts, write no results file")
+    add_bench_arguments(parser)
     args = parser.parse_args(argv)
+    if not args.print:  # a results file must name a clean, committed tree
+        refuse_a_dirty_tree(args.allow_dirty)
     torch.set_num_threads(1)
     pair = tiny_pair()
     rows = [count(pair, b) for b in BATCHES]
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         table = markdown_table(rows, [("batch", "batch"), ("requests", "requests"),
                                       ("summary_tokens", "summary tokens"), ("tag_tokens", "tag tokens"),
                                       ("target_forwards", "target forwards"), ("draft_forwards", "draft forwards")])
-        write_results("draft_forwards", {"environment": env, "runs": rows},
+        write_results("draft_forwards" + profile_suffix(args.profile), {"environment": env, "runs": rows},
                       f"Forwards per model for one sidecar workload on the tiny pair, prompt prefills included "
                       f"(`python -m bench.draft_forwards`).\n\n{table}")
     return rows

@@ -33,6 +33,8 @@ BENCHMARKS = [
     ("engine", "bench.engine", "engine_{device}"),
     ("continuous", "bench.continuous", "continuous_{device}"),
     ("sidecar", "bench.sidecar", "sidecar_{device}"),
+    ("tagging_cost", "bench.tagging_cost", "tagging_cost_{device}"),
+    ("draft_forwards", "bench.draft_forwards", "draft_forwards"),
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),
     ("syncs", "bench.syncs", "syncs"),

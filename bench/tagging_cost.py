@@ -1,0 +1,211 @@
+"""What a tag token costs, sidecar against standalone, from the device-time ledger, on one stream of real news.
+
+    python -m bench.tagging_cost            # 20 articles cut to 1500 chars, max batch 8, 64-token summaries
+    python -m bench.tagging_cost --quick    # the tiny random pair, 6 short articles, 16 new tokens
+
+Three runs of the same greedy requests, in one process, each through a fresh engine:
+
+- **sidecar**: summaries with the hashtag sidecar (document evicted), rows joining as slots free;
+- **plain**: the same summaries without a sidecar (they must be the same tokens);
+- **standalone**: the draft as a separate tagger, prompted with each plain summary only.
+
+Measured two ways, so that the ledger's attribution can be checked against a whole measurement:
+
+- **Attributed** (the ledger's rule, ``sidecar.runtime.ledger``): device seconds charged to the sidecar rows
+  (their prefill, their decode) and to their masked instructions in the main rows' draft prefill, against
+  those charged to the standalone rows. This is what the cost report's verdict reads.
+- **Whole**: the sidecar run's measured forward time minus the plain run's (what adding the sidecar cost,
+  main-phase effects included), against the standalone run's; and the same for wall time, end to end: the
+  sidecar run against the plain run plus the standalone run.
+
+GPU projection: each run's recorded forwards replayed through the roofline (``study.cost.replay``) for the
+source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases.
+
+Writes bench/results/tagging_cost_<device>[_<pair>][_<profile>].json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.common import (
+    Stopwatch,
+    add_bench_arguments,
+    apply_profile,
+    environment,
+    markdown_table,
+    parse_bench_args,
+    result_name,
+    write_results,
+)
+from bench.gpu_check.pairs import documents
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
+from sidecar.decoding.batch import stream_through
+from sidecar.runtime.ledger import Ledger
+from study.cost import load_catalog
+from study.cost.replay import replay
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
+
+SIZES = {
+    "quick": {"pair": "tiny", "articles": 6, "chars": 400, "max_new_tokens": 16, "max_batch": 4},
+    "standard": {"pair": "qwen-coder-small", "articles": 20, "chars": 1500, "max_new_tokens": 64, "max_batch": 8},
+    "full": {"pair": "qwen-coder-small", "articles": 64, "chars": 1500, "max_new_tokens": 128, "max_batch": 8},
+}
+TAG_PHASES = ("sidecar", "instruction")  # the ledger labels a sidecar tag token's cost is charged to
+
+
+def ledger_run(ledger: Ledger, wall_s: float, tag_tokens: int) -> dict:
+    """One run's totals: wall time, measured forward time, and seconds charged per ledger label."""
+    return {"wall_s": wall_s, "device_s": ledger.measured_seconds, "charged_s": ledger.charged_seconds,
+            "by_phase": dict(ledger.charged_by_label), "tag_tokens": tag_tokens, "_forwards": list(ledger.records)}
+
+
+def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int) -> tuple[dict, list]:
+    """``requests`` through one continuous batch; the run's totals and its results in request order."""
+    batch = SidecarEngine(pair).batch(max_batch, expected=len(requests), trace_keep=None)
+    with Stopwatch(pair.device) as sw:
+        results = dict(stream_through(batch, requests))
+    ordered = [results[i] for i in range(len(requests))]
+    tags = sum(len(s.token_ids) for r in ordered for s in r.sidecars.values())
+    run = ledger_run(batch.ledger, sw.seconds, tags)
+    # the rows' own accounts, per line, as request_stats stores them
+    stats = [s.stats for r in ordered for s in r.sidecars.values()]
+    run["lines"] = {"prefill": sum(s.prefill_device_seconds for s in stats),
+                    "decode": sum(s.decode_device_seconds for s in stats),
+                    "instruction": sum(s.instruction_device_seconds for s in stats)}
+    return run, ordered
+
+
+def standalone_run(pair, summaries: list[str], max_batch: int) -> tuple[dict, list]:
+    """The standalone tagger over ``summaries``; its batch is captured as it is made, for its ledger."""
+    engine = SidecarEngine(pair)
+    made = []
+    make = engine.decoder.batch
+
+    def capture(*args, **options):
+        made.append(make(*args, trace_keep=None, **options))
+        return made[-1]
+
+    engine.decoder.batch = capture
+    with Stopwatch(pair.device) as sw:
+        outputs = engine.standalone(summaries, [HASHTAGS], batch_size=max_batch)
+    tags = [o["hashtags"] for o in outputs]
+    run = ledger_run(made[0].ledger, sw.seconds, sum(len(t.token_ids) for t in tags))
+    run["lines"] = {"prefill": sum(t.stats.prefill_device_seconds for t in tags),
+                    "decode": sum(t.stats.decode_device_seconds for t in tags), "instruction": 0.0}
+    return run, tags
+
+
+def per_tag_token(seconds: float, run: dict) -> float:
+    return seconds / max(run["tag_tokens"], 1)
+
+
+def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict) -> list[dict]:
+    """Projected ms per tag token on each catalog GPU, attributed and whole, for the study's 7B/1.5B in bf16."""
+    rows = []
+    for gpu in catalog.values():
+        side, base, alone = (replay(r["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu)
+                             for r in (sidecar, plain, standalone))
+        attributed = sum(side.by_phase.get(p, 0.0) for p in TAG_PHASES)
+        rows.append({
+            "gpu": gpu.name,
+            "sidecar_ms": 1000 * per_tag_token(attributed, sidecar),
+            "standalone_ms": 1000 * per_tag_token(alone.seconds, standalone),
+            "saving": 1 - per_tag_token(attributed, sidecar) / per_tag_token(alone.seconds, standalone),
+            "whole_sidecar_ms": 1000 * per_tag_token(side.seconds - base.seconds, sidecar),
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", help="default: qwen-coder-small (tiny with --quick)")
+    parser.add_argument("--articles", type=int)
+    parser.add_argument("--chars", type=int, help="cut each article to this many characters")
+    parser.add_argument("--max-new-tokens", type=int, help="summary tokens")
+    parser.add_argument("--max-batch", type=int)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
+    overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
+    apply_profile(args, SIZES)
+    sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
+
+    pair = load_pair(args.pair)
+    texts, source = documents(args.articles, args.chars)
+    env = environment(pair.device, pair.dtype)
+    # first calls pay one-off allocation and kernel selection costs
+    sidecar_runs(pair, [SidecarRequest(texts[0][:200], sidecars=[HASHTAGS], max_new_tokens=4)] * 2, 2)
+
+    sidecar, with_tags = sidecar_runs(pair, [SidecarRequest(t, sidecars=[HASHTAGS], max_new_tokens=args.max_new_tokens)
+                                             for t in texts], args.max_batch)
+    plain, summaries = sidecar_runs(pair, [SidecarRequest(t, sidecars=[], max_new_tokens=args.max_new_tokens)
+                                           for t in texts], args.max_batch)
+    standalone, _ = standalone_run(pair, [r.main.text for r in summaries], args.max_batch)
+    same_summaries = [r.main.token_ids for r in with_tags] == [r.main.token_ids for r in summaries]
+
+    attributed = sum(sidecar["by_phase"].get(p, 0.0) for p in TAG_PHASES)
+    whole = sidecar["device_s"] - plain["device_s"]
+    measured = {
+        "sidecar_s_per_tag_token": per_tag_token(attributed, sidecar),
+        "standalone_s_per_tag_token": per_tag_token(standalone["device_s"], standalone),
+        "whole_sidecar_s_per_tag_token": per_tag_token(whole, sidecar),
+        "e2e_sidecar_s": sidecar["wall_s"], "e2e_plain_plus_standalone_s": plain["wall_s"] + standalone["wall_s"],
+    }
+    measured["saving"] = 1 - measured["sidecar_s_per_tag_token"] / measured["standalone_s_per_tag_token"]
+    measured["whole_saving"] = 1 - measured["whole_sidecar_s_per_tag_token"] / measured["standalone_s_per_tag_token"]
+    measured["e2e_ratio"] = measured["e2e_plain_plus_standalone_s"] / measured["e2e_sidecar_s"]
+    # the invariant of the ledger, on this run: what the rows carry adds up to what the ledger charged them
+    checks = {"same_summaries": same_summaries,
+              "sidecar_lines_match_ledger": abs(sum(sidecar["lines"].values()) - attributed) <= 0.01 * attributed,
+              "charged_equals_measured": all(abs(r["charged_s"] - r["device_s"]) <= 0.01 * r["device_s"]
+                                             for r in (sidecar, plain, standalone))}
+    gpus = projection(sidecar, plain, standalone, load_catalog())
+    runs = {"sidecar": sidecar, "plain": plain, "standalone": standalone}
+    payload = {"environment": env, "args": vars(args), "set_on_command_line": overridden, "documents": source,
+               "measured": measured, "checks": checks,
+               "runs": {name: {k: v for k, v in r.items() if not k.startswith("_")} for name, r in runs.items()},
+               "gpu_projection": gpus}
+    print(payload["measured"], payload["checks"], flush=True)
+
+    n = max(sidecar["tag_tokens"], 1), max(standalone["tag_tokens"], 1)
+    lines = markdown_table([
+        {"mode": "sidecar", "tags": sidecar["tag_tokens"], **{k: 1000 * v / n[0] for k, v in sidecar["lines"].items()},
+         "total": 1000 * measured["sidecar_s_per_tag_token"]},
+        {"mode": "standalone", "tags": standalone["tag_tokens"],
+         **{k: 1000 * v / n[1] for k, v in standalone["lines"].items()},
+         "total": 1000 * measured["standalone_s_per_tag_token"]},
+    ], [("mode", "mode"), ("tags", "tag tokens"), ("prefill", "prefill ms/tag tok"), ("decode", "decode ms/tag tok"),
+        ("instruction", "instruction ms/tag tok"), ("total", "device ms per tag token")])
+    walls = markdown_table([{"run": name, "wall_s": r["wall_s"], "device_s": r["device_s"],
+                             **{f"{p}_s": r["by_phase"].get(p, 0.0) for p in ("main", *TAG_PHASES, "standalone")}}
+                            for name, r in runs.items()],
+                           [("run", "run"), ("wall_s", "end to end s"), ("device_s", "forwards s"),
+                            ("main_s", "main s"), ("sidecar_s", "sidecar s"), ("instruction_s", "instruction s"),
+                            ("standalone_s", "standalone s")])
+    projected = markdown_table(gpus, [("gpu", "GPU"), ("sidecar_ms", "sidecar ms/tag tok"),
+                                      ("standalone_ms", "standalone ms/tag tok"), ("saving", "saving"),
+                                      ("whole_sidecar_ms", "sidecar, whole, ms/tag tok")])
+    verdict = "cheaper" if measured["saving"] >= 0 else "dearer"
+    markdown = (
+        f"Tagging cost on {env['device']} ({env['dtype']}, {env['threads']} threads), pair `{args.pair}`, "
+        f"{len(texts)} {source} cut to {args.chars} chars, max batch {args.max_batch}, {args.max_new_tokens}-token "
+        f"summaries, hashtag sidecar, greedy ({sizes}; `python -m bench.tagging_cost`).\n\n"
+        f"Attributed by the ledger: a sidecar tag token took {1000 * measured['sidecar_s_per_tag_token']:.1f} device "
+        f"ms, a standalone one {1000 * measured['standalone_s_per_tag_token']:.1f}: the sidecar's is "
+        f"{abs(measured['saving']):.0%} {verdict}.\n\n{lines}\n\n"
+        f"Whole, not attributed: the sidecar run's forwards took {whole:.2f} s more than the plain run's "
+        f"({1000 * measured['whole_sidecar_s_per_tag_token']:.1f} ms per tag token, saving "
+        f"{measured['whole_saving']:.0%}). End to end, the sidecar run took {sidecar['wall_s']:.1f} s against "
+        f"{measured['e2e_plain_plus_standalone_s']:.1f} s for the plain run and the standalone tagger "
+        f"({measured['e2e_ratio']:.2f}x). Same summaries with and without the sidecar: {same_summaries}; "
+        f"rows' lines add up to the ledger: {checks['sidecar_lines_match_ledger']}; charged = measured: "
+        f"{checks['charged_equals_measured']}.\n\n{walls}\n\n"
+        f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
+        f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
+        f"their catalog peaks, at this run's batch; ms per tag token.\n\n{projected}")
+    write_results(result_name("tagging_cost", pair.device, args.pair, args.profile), payload, markdown)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
