@@ -56,7 +56,7 @@ SIZES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="qwen-coder-small")
     parser.add_argument("--articles", type=int)
@@ -74,7 +74,7 @@ def main() -> None:
                              "(batch 1; writes engine_*_lookup_ablation results)")
     parser.add_argument("--dtype", default=None)
     add_bench_arguments(parser)
-    args = parse_bench_args(parser)
+    args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
     batches = [int(b) for b in args.batches.split(",") if b]
 
@@ -196,7 +196,7 @@ def main() -> None:
         row = {"batch": batch, "hf_plain_s": hf["wall_s"], "hf_plain_tps": hf_tokens / hf["wall_s"],
                "engine_s": sw.seconds, "engine_tps": engine_tokens / sw.seconds,
                "engine_prefill_s_per_doc": max(o.stats.prefill_seconds for o in outs) / batch,
-               "gamma_decisions": adaptive.controller.decisions[-20:],
+               "gamma_decisions": list(adaptive.controller.decisions)[-20:],
                "draft_forwards": sum(o.stats.draft_forwards for o in outs),
                "identical": [o.token_ids for o in outs] == hf["tokens"]}
         if not args.skip_assisted:

@@ -68,6 +68,10 @@ def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int) -> tuple[
     ordered = [results[i] for i in range(len(requests))]
     tags = sum(len(s.token_ids) for r in ordered for s in r.sidecars.values())
     run = ledger_run(batch.ledger, sw.seconds, tags)
+    # the main phase's own work: a sidecar that made the draft's proposals worse would show here
+    main = [r.main.stats for r in ordered]
+    run["main"] = {"tokens": sum(m.new_tokens for m in main), "target_forwards": sum(m.target_forwards for m in main),
+                   "drafted": sum(m.drafted for m in main), "accepted": sum(m.accepted for m in main)}
     # the rows' own accounts, per line, as request_stats stores them
     stats = [s.stats for r in ordered for s in r.sidecars.values()]
     run["lines"] = {"prefill": sum(s.prefill_device_seconds for s in stats),
@@ -177,11 +181,15 @@ def main(argv: list[str] | None = None) -> dict:
     ], [("mode", "mode"), ("tags", "tag tokens"), ("prefill", "prefill ms/tag tok"), ("decode", "decode ms/tag tok"),
         ("instruction", "instruction ms/tag tok"), ("total", "device ms per tag token")])
     walls = markdown_table([{"run": name, "wall_s": r["wall_s"], "device_s": r["device_s"],
-                             **{f"{p}_s": r["by_phase"].get(p, 0.0) for p in ("main", *TAG_PHASES, "standalone")}}
+                             **{f"{p}_s": r["by_phase"].get(p, 0.0) for p in ("main", *TAG_PHASES, "standalone")},
+                             **({"target_forwards": r["main"]["target_forwards"],
+                                 "acceptance": r["main"]["accepted"] / max(r["main"]["drafted"], 1)}
+                                if "main" in r else {})}
                             for name, r in runs.items()],
                            [("run", "run"), ("wall_s", "end to end s"), ("device_s", "forwards s"),
                             ("main_s", "main s"), ("sidecar_s", "sidecar s"), ("instruction_s", "instruction s"),
-                            ("standalone_s", "standalone s")])
+                            ("standalone_s", "standalone s"), ("target_forwards", "summary target forwards"),
+                            ("acceptance", "summary acceptance")])
     projected = markdown_table(gpus, [("gpu", "GPU"), ("sidecar_ms", "sidecar ms/tag tok"),
                                       ("standalone_ms", "standalone ms/tag tok"), ("saving", "saving"),
                                       ("whole_sidecar_ms", "sidecar, whole, ms/tag tok")])
