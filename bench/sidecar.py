@@ -37,7 +37,7 @@ from bench.common import (
     write_results,
 )
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
-from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.rows import DecodeRow, DraftHandoff
 from sidecar.decoding.sampling import Sampling
 from sidecar.runtime.forward import forward, logits_at
 from sidecar.runtime.kv_cache import RowKVCache
@@ -147,8 +147,9 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
     """Sidecar-phase decode step time at several batch sizes, document attended vs evicted."""
     snapshots = {}
 
-    def keep(index, output, cache, slot):
+    def keep(handoff: DraftHandoff) -> None:
         _, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
+        cache, slot = handoff.cache, handoff.slot
         main_cols = list(range(len(compound.token_ids), int(cache.lengths[slot])))
         for name, spans in (("evicted", ["prefix", "instruction", "sidecar:hashtags", "suffix"]),
                             ("attended", ["prefix", "document", "instruction", "sidecar:hashtags", "suffix"])):
@@ -156,7 +157,7 @@ def cost(engine: SidecarEngine, document: str, batches: list[int], steps: int) -
 
     bare, compound = engine.prompts(SidecarRequest(document, sidecars=[HASHTAGS]))
     engine.decoder.decode([DecodeRow(bare.token_ids, 48, compound.token_ids, [compound.spans["sidecar:hashtags"]],
-                                     keep_draft=True)], Sampling(), on_finish=keep)
+                                     keep_draft=True)], Sampling(), on_handoff=keep)
     weights = bytes_read_per_step(engine.pair.draft)
     bandwidth = memory_bandwidth_gbs(engine.pair.device)
     rows = []
