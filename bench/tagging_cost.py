@@ -2,6 +2,7 @@
 
     python -m bench.tagging_cost            # 20 articles cut to 1500 chars, max batch 8, 64-token summaries
     python -m bench.tagging_cost --quick    # the tiny random pair, 6 short articles, 16 new tokens
+    python -m bench.tagging_cost --fixed-gamma   # gamma 4 fixed in every run, no adaptive controller
 
 Three runs of the same greedy requests, in one process, each through a fresh engine:
 
@@ -17,6 +18,10 @@ Measured two ways, so that the ledger's attribution can be checked against a who
 - **Whole**: the sidecar run's measured forward time minus the plain run's (what adding the sidecar cost,
   main-phase effects included), against the standalone run's; and the same for wall time, end to end: the
   sidecar run against the plain run plus the standalone run.
+
+The adaptive controller picks gamma from forward times it measures, so the sidecar and plain runs may draft
+differently (each run's summary target forwards and acceptance are in the table); ``--fixed-gamma`` takes the
+controller out, so that the whole measure compares like with like.
 
 GPU projection: each run's recorded forwards replayed through the roofline (``study.cost.replay``) for the
 source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases.
@@ -60,9 +65,9 @@ def ledger_run(ledger: Ledger, wall_s: float, tag_tokens: int) -> dict:
             "by_phase": dict(ledger.charged_by_label), "tag_tokens": tag_tokens, "_forwards": list(ledger.records)}
 
 
-def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int) -> tuple[dict, list]:
+def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int, adaptive: bool = True) -> tuple[dict, list]:
     """``requests`` through one continuous batch; the run's totals and its results in request order."""
-    batch = SidecarEngine(pair).batch(max_batch, expected=len(requests), trace_keep=None)
+    batch = SidecarEngine(pair, adaptive=adaptive).batch(max_batch, expected=len(requests), trace_keep=None)
     with Stopwatch(pair.device) as sw:
         results = dict(stream_through(batch, requests))
     ordered = [results[i] for i in range(len(requests))]
@@ -80,9 +85,9 @@ def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int) -> tuple[
     return run, ordered
 
 
-def standalone_run(pair, summaries: list[str], max_batch: int) -> tuple[dict, list]:
+def standalone_run(pair, summaries: list[str], max_batch: int, adaptive: bool = True) -> tuple[dict, list]:
     """The standalone tagger over ``summaries``; its batch is captured as it is made, for its ledger."""
-    engine = SidecarEngine(pair)
+    engine = SidecarEngine(pair, adaptive=adaptive)
     made = []
     make = engine.decoder.batch
 
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chars", type=int, help="cut each article to this many characters")
     parser.add_argument("--max-new-tokens", type=int, help="summary tokens")
     parser.add_argument("--max-batch", type=int)
+    parser.add_argument("--fixed-gamma", action="store_true", help="gamma 4 in every run, no adaptive controller")
     add_bench_arguments(parser)
     args = parse_bench_args(parser, argv)
     overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
@@ -135,16 +141,17 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
 
     pair = load_pair(args.pair)
+    adaptive = not args.fixed_gamma
     texts, source = documents(args.articles, args.chars)
     env = environment(pair.device, pair.dtype)
     # first calls pay one-off allocation and kernel selection costs
     sidecar_runs(pair, [SidecarRequest(texts[0][:200], sidecars=[HASHTAGS], max_new_tokens=4)] * 2, 2)
 
     sidecar, with_tags = sidecar_runs(pair, [SidecarRequest(t, sidecars=[HASHTAGS], max_new_tokens=args.max_new_tokens)
-                                             for t in texts], args.max_batch)
+                                             for t in texts], args.max_batch, adaptive)
     plain, summaries = sidecar_runs(pair, [SidecarRequest(t, sidecars=[], max_new_tokens=args.max_new_tokens)
-                                           for t in texts], args.max_batch)
-    standalone, _ = standalone_run(pair, [r.main.text for r in summaries], args.max_batch)
+                                           for t in texts], args.max_batch, adaptive)
+    standalone, _ = standalone_run(pair, [r.main.text for r in summaries], args.max_batch, adaptive)
     same_summaries = [r.main.token_ids for r in with_tags] == [r.main.token_ids for r in summaries]
 
     attributed = sum(sidecar["by_phase"].get(p, 0.0) for p in TAG_PHASES)
@@ -194,10 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
                                       ("standalone_ms", "standalone ms/tag tok"), ("saving", "saving"),
                                       ("whole_sidecar_ms", "sidecar, whole, ms/tag tok")])
     verdict = "cheaper" if measured["saving"] >= 0 else "dearer"
+    name = "tagging_cost_fixed_gamma" if args.fixed_gamma else "tagging_cost"
+    schedule = "gamma 4 fixed" if args.fixed_gamma else "adaptive gamma"
+    command = f"python -m bench.tagging_cost{' --fixed-gamma' if args.fixed_gamma else ''}"
     markdown = (
         f"Tagging cost on {env['device']} ({env['dtype']}, {env['threads']} threads), pair `{args.pair}`, "
         f"{len(texts)} {source} cut to {args.chars} chars, max batch {args.max_batch}, {args.max_new_tokens}-token "
-        f"summaries, hashtag sidecar, greedy ({sizes}; `python -m bench.tagging_cost`).\n\n"
+        f"summaries, hashtag sidecar, greedy, {schedule} ({sizes}; `{command}`).\n\n"
         f"Attributed by the ledger: a sidecar tag token took {1000 * measured['sidecar_s_per_tag_token']:.1f} device "
         f"ms, a standalone one {1000 * measured['standalone_s_per_tag_token']:.1f}: the sidecar's is "
         f"{abs(measured['saving']):.0%} {verdict}.\n\n{lines}\n\n"
@@ -211,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
         f"their catalog peaks, at this run's batch; ms per tag token.\n\n{projected}")
-    write_results(result_name("tagging_cost", pair.device, args.pair, args.profile), payload, markdown)
+    write_results(result_name(name, pair.device, args.pair, args.profile), payload, markdown)
     return payload
 
 
