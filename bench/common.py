@@ -187,6 +187,26 @@ def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     return args
 
 
+def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sizes of a benchmark over one stream of articles; each left unset comes from its profile."""
+    parser.add_argument("--pair", help="default: qwen-coder-small (tiny with --quick)")
+    parser.add_argument("--articles", type=int)
+    parser.add_argument("--chars", type=int, help="cut each article to this many characters")
+    parser.add_argument("--max-new-tokens", type=int, help="summary tokens")
+    parser.add_argument("--max-batch", type=int)
+
+
+def parse_sized_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                     sizes: dict[str, dict]) -> tuple[argparse.Namespace, list[str], str]:
+    """``parse_bench_args``, then every size left unset filled from its profile; also the sizes set on the
+    command line, and the line that says which sizes ran ("standard sizes, max_batch set on the command line")."""
+    args = parse_bench_args(parser, argv)
+    overridden = sorted(k for k in sizes[args.profile] if getattr(args, k) is not None)
+    apply_profile(args, sizes)
+    line = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
+    return args, overridden, line
+
+
 def apply_profile(args: argparse.Namespace, sizes: dict[str, dict]) -> None:
     """Fill every size the command line left unset (None) from ``sizes[args.profile]``."""
     for key, value in sizes[args.profile].items():

@@ -39,10 +39,10 @@ import torch
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
-    apply_profile,
+    add_stream_arguments,
     environment,
     markdown_table,
-    parse_bench_args,
+    parse_sized_args,
     result_name,
     write_results,
 )
@@ -177,17 +177,10 @@ def public(run: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", help="default: qwen-coder-small (tiny with --quick)")
-    parser.add_argument("--articles", type=int)
-    parser.add_argument("--chars", type=int, help="cut each article to this many characters")
-    parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--max-batch", type=int)
+    add_stream_arguments(parser)
     parser.add_argument("--skip-hf", action="store_true", help="skip HF plain batched generate")
     add_bench_arguments(parser)
-    args = parse_bench_args(parser, argv)
-    overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
-    apply_profile(args, SIZES)
-    sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
+    args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
 
     pair = load_pair(args.pair)
     engine = SidecarEngine(pair)

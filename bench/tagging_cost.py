@@ -36,10 +36,10 @@ import argparse
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
-    apply_profile,
+    add_stream_arguments,
     environment,
     markdown_table,
-    parse_bench_args,
+    parse_sized_args,
     result_name,
     write_results,
 )
@@ -128,17 +128,10 @@ def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict) -> l
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", help="default: qwen-coder-small (tiny with --quick)")
-    parser.add_argument("--articles", type=int)
-    parser.add_argument("--chars", type=int, help="cut each article to this many characters")
-    parser.add_argument("--max-new-tokens", type=int, help="summary tokens")
-    parser.add_argument("--max-batch", type=int)
+    add_stream_arguments(parser)
     parser.add_argument("--fixed-gamma", action="store_true", help="gamma 4 in every run, no adaptive controller")
     add_bench_arguments(parser)
-    args = parse_bench_args(parser, argv)
-    overridden = sorted(k for k in SIZES[args.profile] if getattr(args, k) is not None)
-    apply_profile(args, SIZES)
-    sizes = f"{args.profile} sizes" + (f", {', '.join(overridden)} set on the command line" if overridden else "")
+    args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
 
     pair = load_pair(args.pair)
     adaptive = not args.fixed_gamma
