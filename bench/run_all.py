@@ -1,6 +1,6 @@
 """Run every benchmark, refresh bench/results/ and the tables of docs/benchmarks.md.
 
-    python -m bench.run_all            # standard sizes (`make bench`): about 30 minutes on a 2-core CPU
+    python -m bench.run_all            # standard sizes (`make bench`): about 2 hours on a 2-core CPU
     python -m bench.run_all --quick    # small sizes (`make bench-quick`): under 5 minutes
     python -m bench.run_all --full     # the sizes the issues specify (`make bench-full`): over an hour
 
