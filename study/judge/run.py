@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import islice
 
 import openai
 
@@ -99,7 +100,8 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     probability mode, which calibrate the margin of every verdict). Documents run concurrently on at most
     ``config.concurrency`` threads, one request in flight per thread. A given ``client`` is used with
     ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it
-    is done, in the calling thread; when it raises, the documents not yet started are dropped.
+    is done, in the calling thread; a queued document starts only after a finished one's result was
+    taken, so when ``on_result`` raises, no queued document is judged.
     """
     client, redact = _client_and_redactor(config, client)
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
@@ -139,15 +141,17 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
                                preference=preference(games) if probability else None, controls=controls,
                                foil_doc_id=None if foil is None else foil.doc_id)
 
-        futures = {pool.submit(judge_one, item): index for index, item in enumerate(items)}
+        # A queued document starts only when a finished one's result was taken: when the caller cannot take
+        # one (its commit failed), no queued document is judged as lost work.
+        queued = iter(enumerate(items))
+        running = {pool.submit(judge_one, item): index for index, item in islice(queued, config.concurrency)}
         results: list[JudgeResult | None] = [None] * len(items)
-        try:
-            for future in as_completed(futures):
-                results[futures[future]] = result = future.result()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[running.pop(future)] = result = future.result()
                 if on_result is not None:
                     on_result(result)
-        except BaseException:
-            # a result nobody can take (its commit failed): judging the queued documents would be lost work
-            pool.shutdown(cancel_futures=True)
-            raise
+                for index, item in islice(queued, 1):
+                    running[pool.submit(judge_one, item)] = index
     return [r for r in results if r is not None]
