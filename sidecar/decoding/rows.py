@@ -17,7 +17,7 @@ from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.sampling import Sampling
 from sidecar.decoding.stops import TokenStops
 from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot
-from sidecar.runtime.ledger import Account
+from sidecar.runtime.ledger import Account, DeviceCost
 
 # (caller's key of the row, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[Hashable, list[int], list[TokenLogprob] | None], None]
@@ -26,7 +26,10 @@ CancelCheck = Callable[[Hashable], bool]
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(DeviceCost):
+    """A row's counters. Cost (the ``DeviceCost`` fields): the device-time ledger's account of the row
+    (``sidecar.runtime.ledger``), tokens it fed, forwards it was in and device seconds charged to it."""
+
     prompt_tokens: int = 0  # tokens the row attends to when it writes its first token
     new_tokens: int = 0
     drafted: int = 0  # by the draft model and by prompt lookup
@@ -44,14 +47,6 @@ class GenerationStats:
     wall_seconds: float = 0.0
     queue_seconds: float = 0.0
     first_token_seconds: float = 0.0
-    # Cost: the device-time ledger's account of the row (``sidecar.runtime.ledger``): tokens it fed, forwards
-    # it was in and the device seconds charged to it, for prefill and for decode.
-    prefill_tokens: int = 0
-    prefill_forwards: int = 0
-    prefill_device_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_forwards: int = 0
-    decode_device_seconds: float = 0.0
     kv_bytes: int = 0  # KV bytes the row held when it finished: what its last step read
     batch_size: int = 1  # rows live once it joined
 
@@ -62,15 +57,6 @@ class GenerationStats:
     @property
     def tokens_per_target_forward(self) -> float:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    def take(self, account: Account) -> None:
-        """Copy the ledger's account of the row in (token counts rounded: a shared feed splits them)."""
-        self.prefill_tokens = round(account.prefill_tokens)
-        self.prefill_forwards = account.prefill_forwards
-        self.prefill_device_seconds = account.prefill_seconds
-        self.decode_tokens = round(account.decode_tokens)
-        self.decode_forwards = account.decode_forwards
-        self.decode_device_seconds = account.decode_seconds
 
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate,

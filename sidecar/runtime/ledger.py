@@ -63,6 +63,31 @@ class Account:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
+@dataclass
+class DeviceCost:
+    """A row's account as its output's stats carry it (token counts rounded: a shared feed splits them)."""
+
+    prefill_tokens: int = 0
+    prefill_forwards: int = 0
+    prefill_device_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_forwards: int = 0
+    decode_device_seconds: float = 0.0
+
+    def take(self, account: Account) -> None:
+        """Copy the ledger's account of the row in."""
+        self.prefill_tokens = round(account.prefill_tokens)
+        self.prefill_forwards = account.prefill_forwards
+        self.prefill_device_seconds = account.prefill_seconds
+        self.decode_tokens = round(account.decode_tokens)
+        self.decode_forwards = account.decode_forwards
+        self.decode_device_seconds = account.decode_seconds
+
+    def cost(self) -> dict[str, int | float]:
+        """The cost fields alone, to carry them into another ``DeviceCost``."""
+        return {name: getattr(self, name) for name in DeviceCost.__dataclass_fields__}
+
+
 @dataclass(frozen=True)
 class Charge:
     """``tokens`` a row had in a forward, charged to ``account`` as ``kind`` work; ``label`` names the

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.decoding.sampling import Sampling
+from sidecar.runtime.ledger import DeviceCost
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks.task import SidecarTask
 
@@ -28,7 +29,7 @@ class SidecarRequest:
 
 
 @dataclass
-class SidecarStats:
+class SidecarStats(DeviceCost):
     """One sidecar (or standalone) output's counters. Latency on the host's wall clock; cost from the device-time
     ledger (``sidecar.runtime.ledger``): a sidecar's prefill is its share of its main row's catch-up feed and
     its own bridge, and ``instruction_*`` is its masked instruction's share of the main row's draft prefill:
@@ -43,12 +44,6 @@ class SidecarStats:
     seconds: float = 0.0
     queue_seconds: float = 0.0
     first_token_seconds: float = 0.0
-    prefill_tokens: int = 0
-    prefill_forwards: int = 0
-    prefill_device_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_forwards: int = 0
-    decode_device_seconds: float = 0.0
     instruction_tokens: int = 0
     instruction_device_seconds: float = 0.0
     kv_bytes: int = 0
