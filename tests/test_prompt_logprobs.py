@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -19,6 +19,8 @@ from sidecar.tasks.prompts import chat_prompt
 KEY = "sk-test-scoring-key"
 TEXT = "The city council approved a new budget on Tuesday after a long debate about schools."
 CONTEXT, CONTINUATION = "The president met leaders in Berlin,", " Moscow and Doha."
+# a chat prompt the tiny target answers past 160 tokens
+LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
 # byte-level BPE splits these characters' bytes across tokens
 ACCENTED = "Prices rose 3.5 percent in Zürich — and in Doha."
 
@@ -192,22 +194,28 @@ def test_an_unknown_model_is_404_on_completions(client: openai.OpenAI) -> None:
     assert info.value.body["code"] == "model_not_found"
 
 
-def test_scoring_leaves_concurrent_generations_as_they_are_alone(client: openai.OpenAI) -> None:
+def test_scoring_leaves_concurrent_generations_as_they_are_alone(base_url: str, client: openai.OpenAI) -> None:
     """Scoring runs between the batch's steps on its worker: rows decoding meanwhile write the same tokens."""
-    def generate(temperature: float) -> str:
-        return client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": TEXT}], max_tokens=60, temperature=temperature,
-            seed=7).choices[0].message.content
-
-    alone = [generate(0), generate(1)]
-    answers: list[str] = [""] * 2
-    threads = [threading.Thread(target=lambda i=i, t=t: answers.__setitem__(i, generate(t)))
-               for i, t in enumerate([0, 1])]
-    for thread in threads:
-        thread.start()
-    scores = [score(client, TEXT, model=model).choices[0].logprobs.token_logprobs
-              for model in ["tiny", "tiny/draft"] * 4]
-    for thread in threads:
-        thread.join()
-    assert answers == alone
-    assert all(s == scores[i % 2] for i, s in enumerate(scores))
+    long = {"model": "tiny", "messages": [{"role": "user", "content": LONG}], "max_tokens": 160, "temperature": 0}
+    seeded = {**long, "max_tokens": 40, "temperature": 1, "seed": 7}
+    alone = [post(base_url, "chat/completions", body).json()["choices"][0] for body in (long, seeded)]
+    assert alone[0]["finish_reason"] == "length", "the long answer must run to its limit"
+    scored_alone = [score(client, TEXT, model).choices[0].logprobs.token_logprobs for model in ("tiny", "tiny/draft")]
+    pieces: list[str] = []
+    scores = None
+    with ThreadPoolExecutor(2) as pool, httpx.stream(
+            "POST", f"{base_url}/chat/completions", json={**long, "stream": True}, timeout=300,
+            headers={"Authorization": f"Bearer {KEY}"}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            pieces.append(json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content") or "")
+            if scores is None and any(pieces):  # the long answer is decoding: score, and sample beside it
+                sampled = pool.submit(post, base_url, "chat/completions", seeded)
+                scores = pool.submit(lambda: [score(client, TEXT, model).choices[0].logprobs.token_logprobs
+                                              for model in ["tiny", "tiny/draft"] * 3])
+        scored_while_decoding = scores is not None and scores.done()
+    assert scored_while_decoding, "the scores, asked for after the long answer began, came before its end"
+    assert "".join(pieces) == alone[0]["message"]["content"]
+    assert sampled.result().json()["choices"][0]["message"]["content"] == alone[1]["message"]["content"]
+    assert scores.result() == scored_alone * 3
