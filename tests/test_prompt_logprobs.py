@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.launcher import running_server
 from server.logprobs import text_offsets
@@ -186,6 +187,21 @@ def test_bad_scoring_requests_are_400(base_url: str, route: str, body: dict, par
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+def test_metrics_count_scoring_requests(base_url: str, client: openai.OpenAI) -> None:
+    def counts() -> tuple[float, float, float]:
+        response = httpx.get(base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        samples = {(s.name, tuple(s.labels.values())): s.value
+                   for family in text_string_to_metric_families(response.text) for s in family.samples}
+        return (samples[("sidecar:requests_total", ("ok",))], samples[("sidecar:requests_total", ("4xx",))],
+                samples[("sidecar:prompt_tokens_total", ())])
+
+    before = counts()
+    scored = score(client, TEXT, model="tiny/draft")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="hi", echo=True, logprobs=6, max_tokens=0)
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + scored.usage.prompt_tokens)
 
 
 def test_an_unknown_model_is_404_on_completions(client: openai.OpenAI) -> None:
