@@ -27,16 +27,17 @@ Endpoints:
   ``continue_final_message`` (the prompt ends inside the last, assistant, message: for scoring it) shape the
   templated prompt. The draft's id takes only ``prompt_logprobs`` with ``max_tokens`` 1 (that token is the
   pair's).
-- ``POST /v1/completions``: OpenAI's legacy completions, as lm-evaluation-harness uses them: ``prompt`` (one
-  string, or a list of one), tokenized as text without a chat template (after the tokenizer's BOS if it
-  adds one), ``max_tokens`` (default 16; 0 with ``echo`` scores the prompt and generates nothing),
-  ``echo``, ``logprobs`` (0..5), ``temperature``, ``top_p``, ``seed``, ``stop``; no ``stream``. With
-  ``echo`` the text is the prompt followed by the completion, and ``logprobs`` covers the prompt's tokens
-  too: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, the first token's logprob and top
-  ``null``, each ``top_logprobs`` entry the token itself and its top alternatives, ``text_offset`` each
-  token's start in the text in characters. The draft's id takes only ``echo`` with ``max_tokens`` 0.
-  Prompt log-probabilities come from one forward of the named model over the prompt, log-softmax in float32
-  of its logits (``sidecar.decoding.scoring``), run by the batch worker between decoding steps.
+- ``POST /v1/completions``: OpenAI's legacy completions, as lm-evaluation-harness uses them: ``prompt``
+  (text, tokenized as text without a chat template after the tokenizer's BOS if it adds one; or token ids,
+  taken as they are; or a list of one such prompt), ``max_tokens`` (default 16; 0 with ``echo`` scores the
+  prompt and generates nothing), ``echo``, ``logprobs`` (0..5), ``temperature``, ``top_p``, ``seed``,
+  ``stop``; no ``stream``. With ``echo`` the text is the prompt followed by the completion, and
+  ``logprobs`` covers the prompt's tokens too: ``{"tokens", "token_logprobs", "top_logprobs",
+  "text_offset"}``, the first token's logprob and top ``null``, each ``top_logprobs`` entry the token
+  itself and its top alternatives, ``text_offset`` each token's start in the text in characters. The
+  draft's id takes only ``echo`` with ``max_tokens`` 0. Prompt log-probabilities come from one forward of
+  the named model over the prompt, log-softmax in float32 of its logits (``sidecar.decoding.scoring``),
+  run by the batch worker between decoding steps.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the

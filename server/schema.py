@@ -173,14 +173,15 @@ class ChatCompletionRequest(RequestModel):
 
 
 class CompletionRequest(RequestModel):
-    """OpenAI's legacy completions: a raw prompt, no chat template; with ``echo`` and ``logprobs`` also each
-    prompt token's log-probability, and ``max_tokens`` 0 to score only."""
+    """OpenAI's legacy completions: a raw prompt (text or token ids), no chat template; with ``echo`` and
+    ``logprobs`` also each prompt token's log-probability, and ``max_tokens`` 0 to score only."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    # one prompt per request; a list of one string is taken as that string (clients batch prompts in lists)
-    prompt: str
+    # one prompt per request: text, or token ids (what lm-evaluation-harness sends by default); a list of one
+    # prompt is taken as that prompt (clients batch prompts in lists)
+    prompt: str | list[int]
     max_tokens: int = Field(16, ge=0)  # OpenAI's default
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
@@ -196,7 +197,7 @@ class CompletionRequest(RequestModel):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: object) -> object:
-        if isinstance(value, list):
+        if isinstance(value, list) and value and all(isinstance(item, str | list) for item in value):
             if len(value) != 1:
                 raise ValueError(f"send one prompt per request, not a list of {len(value)}")
             return value[0]

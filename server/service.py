@@ -204,11 +204,23 @@ class ChatService:
             job.scoring = Job(scoring, loop, loop.create_future())
         return job
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """A completions prompt's ids: the text as text, after the tokenizer's BOS if it adds one."""
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completions prompt's ids: token ids as they are, text as text after the tokenizer's BOS if it adds one."""
+        if isinstance(prompt, list):
+            vocab = len(self.tokenizer)
+            if any(not 0 <= token < vocab for token in prompt):
+                raise APIError(400, f"the prompt's token ids must lie in [0, {vocab}), the tokenizer's vocabulary",
+                               param="prompt")
+            return list(prompt)
         bos = self.tokenizer.bos_token_id
         starts = bos is not None and self.tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
-        return ([bos] if starts else []) + encode(self.tokenizer, text)
+        return ([bos] if starts else []) + encode(self.tokenizer, prompt)
+
+    def prompt_text(self, prompt: str | list[int]) -> str:
+        """A completions prompt as text: token ids spell it as ``text_offset`` counts them."""
+        if isinstance(prompt, str):
+            return prompt
+        return b"".join(self.formatter.width(token) for token in prompt).decode("utf-8", errors="replace")
 
     def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
         if req.stop:
@@ -278,7 +290,7 @@ class ChatService:
             prompt, main = job.work.target_prompt, result
             text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
             finish = self._finish(main, stopped)
-        shown = req.prompt + text if req.echo else text
+        shown = self.prompt_text(req.prompt) + text if req.echo else text
         logprobs: dict[str, list] | None = None
         if req.logprobs is not None:
             ids, entries = (list(prompt), [None, *scores]) if req.echo else ([], [])

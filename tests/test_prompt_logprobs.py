@@ -105,6 +105,16 @@ def test_text_offset_of_split_characters_points_at_their_start(client: openai.Op
     assert text_offsets([b"a", "ü".encode()[:1], "ü".encode()[1:], b"b"]) == [0, 1, 1, 2]
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_prompt_of_token_ids_scores_as_its_text(client: openai.OpenAI, tiny, batched: bool) -> None:
+    """lm-evaluation-harness sends token ids by default, in a list of prompts."""
+    ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
+    as_ids = client.completions.create(model="tiny", prompt=[ids] if batched else ids, echo=True, logprobs=1,
+                                       max_tokens=0).choices[0]
+    as_text = score(client, TEXT).choices[0]
+    assert as_ids.text == TEXT and as_ids.logprobs == as_text.logprobs
+
+
 def test_the_draft_id_scores_with_the_draft(client: openai.OpenAI, tiny) -> None:
     ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
     drafted = score(client, TEXT, model="tiny/draft")
@@ -166,7 +176,10 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     ("completions", {"model": "tiny", "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": "", "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": ["a", "b"], "echo": True, "max_tokens": 0}, "prompt"),
-    ("completions", {"model": "tiny", "prompt": [[1, 2]], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [1, -2], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [[1, 99_999]], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [1, "a"], "echo": True, "max_tokens": 0}, "prompt.str"),
     ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, None),
     ("completions", {"model": "tiny/draft", "prompt": "hi", "max_tokens": 4}, "model"),
     ("completions", {"model": "tiny", "prompt": "city council " * 3000, "echo": True, "max_tokens": 0}, "prompt"),
