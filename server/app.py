@@ -4,7 +4,7 @@ Endpoints:
 
 - ``GET /health``: liveness, no key needed: 200 ``{"status": "ok", ...}``, or 503 ``{"status": "unhealthy",
   "reason": ...}`` once the batch worker has died (every request would then be refused).
-- ``GET /v1/models``: the one served model.
+- ``GET /v1/models``: the served model and ``<served name>/draft``, the pair's draft, which only scores prompts.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
   anything below ``sidecar.decoding.sampling.MIN_SAMPLING_TEMPERATURE``, is greedy and token-identical to the
@@ -20,7 +20,24 @@ Endpoints:
   system, the one user message -> document) and the response has a top-level ``sidecars`` object
   ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
-  ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
+  ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``. vLLM's extensions:
+  ``prompt_logprobs`` (0..5; not with ``stream`` or ``sidecars``) adds a top-level ``prompt_logprobs``, one
+  entry per prompt token: ``null`` for the first, else ``{"<token id>": {"logprob", "rank",
+  "decoded_token"}}`` for the token and its top alternatives; ``add_generation_prompt`` (default true) and
+  ``continue_final_message`` (the prompt ends inside the last, assistant, message: for scoring it) shape the
+  templated prompt. The draft's id takes only ``prompt_logprobs`` with ``max_tokens`` 1 (that token is the
+  pair's).
+- ``POST /v1/completions``: OpenAI's legacy completions, as lm-evaluation-harness uses them: ``prompt``
+  (text, tokenized as text without a chat template after the tokenizer's BOS if it adds one; or token ids,
+  taken as they are; or a list of one such prompt), ``max_tokens`` (default 16; 0 with ``echo`` scores the
+  prompt and generates nothing), ``echo``, ``logprobs`` (0..5), ``temperature``, ``top_p``, ``seed``,
+  ``stop``; no ``stream``. With ``echo`` the text is the prompt followed by the completion, and
+  ``logprobs`` covers the prompt's tokens too: ``{"tokens", "token_logprobs", "top_logprobs",
+  "text_offset"}``, the first token's logprob and top ``null``, each ``top_logprobs`` entry the token
+  itself and its top alternatives, ``text_offset`` each token's start in the text in characters. The
+  draft's id takes only ``echo`` with ``max_tokens`` 0. Prompt log-probabilities come from one forward of
+  the named model over the prompt, log-softmax in float32 of its logits (``sidecar.decoding.scoring``),
+  run by the batch worker between decoding steps.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
@@ -43,7 +60,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -55,10 +72,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.config import ServerConfig
 from server.errors import APIError, UnexpectedErrors, validation_error
 from server.metrics import ServerMetrics
-from server.schema import ChatCompletionRequest
+from server.schema import ChatCompletionRequest, CompletionRequest
 from server.service import ChatService
 from server.worker import Job
+from sidecar.decoding.rows import GenerationOutput
 from sidecar.tasks.engine import SidecarEngine
+
+Req = TypeVar("Req", ChatCompletionRequest, CompletionRequest)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -128,9 +148,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
-        model = {"id": config.model_name, "object": "model", "created": int(service.worker.stats.started),
-                 "owned_by": "sidecar"}
-        return {"object": "list", "data": [model]}
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(service.worker.stats.started), "owned_by": "sidecar"}
+            for name in (config.model_name, service.draft_name)]}
 
     @api.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -162,7 +182,27 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         metrics.answered(job, job.future.result(), arrived)
         return JSONResponse(body)
 
-    async def submit(request: Request) -> tuple[Job, ChatCompletionRequest]:
+    @api.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> JSONResponse:
+        arrived = time.monotonic()
+        try:
+            job, req = await submit(request, CompletionRequest)
+            body = await service.answer_completions(req, job, f"cmpl-{job.id}", int(time.time()),
+                                                    _disconnected(request))
+        except APIError as exc:
+            metrics.refused(exc.status)
+            raise
+        except Exception:
+            metrics.refused(500)
+            raise
+        result = job.future.result()
+        if isinstance(result, GenerationOutput):
+            metrics.answered(job, result, arrived)
+        else:
+            metrics.scored(body["usage"]["prompt_tokens"], arrived)
+        return JSONResponse(body)
+
+    async def submit(request: Request, schema: type[Req] = ChatCompletionRequest) -> tuple[Job, Req]:
         raw = await _read_body(request, config.max_body_bytes)
         try:
             payload = json.loads(raw)
@@ -173,7 +213,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         if not isinstance(payload, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         try:
-            req = ChatCompletionRequest.model_validate(payload)
+            req = schema.model_validate(payload)
         except ValidationError as exc:
             raise validation_error(exc) from None
         return await service.submit(req), req

@@ -1,19 +1,30 @@
-"""The engine's logprob entries as OpenAI's ``logprobs`` object: ``{"content": [...], "refusal": None}``.
+"""The engine's logprob entries as the API spells them: OpenAI's chat ``logprobs``, vLLM's ``prompt_logprobs``,
+and the legacy completions' ``logprobs``.
 
-Each content entry is ``{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}``.
-``token`` is the token decoded alone (special tokens by name; a byte-level piece of a multi-byte character
-decodes to U+FFFD), ``bytes`` its exact UTF-8 bytes, so concatenating the ``bytes`` of a completion's
-tokens gives the bytes of its text.
+Chat: ``{"content": [...], "refusal": None}``, each content entry ``{"token", "logprob", "bytes",
+"top_logprobs": [{"token", "logprob", "bytes"}]}``. ``token`` is the token decoded alone (special tokens by
+name; a byte-level piece of a multi-byte character decodes to U+FFFD), ``bytes`` its exact UTF-8 bytes, so
+concatenating the ``bytes`` of a completion's tokens gives the bytes of its text.
+
+Prompt (vLLM): one entry per prompt token, ``None`` for the first, else ``{"<token id>": {"logprob", "rank",
+"decoded_token"}}`` for the token itself and its top alternatives.
+
+Legacy completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, parallel lists; a
+``top_logprobs`` entry maps token text to logprob for the top alternatives and the token itself, and
+``text_offset`` is where each token starts in the response's ``text``, in characters.
 """
 
 from __future__ import annotations
 
+import codecs
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
 
 from sidecar.decoding.logprobs import TokenLogprob
+from sidecar.decoding.scoring import PromptLogprob
 
 
 class LogprobFormatter:
@@ -55,3 +66,49 @@ class LogprobFormatter:
     def logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
         """OpenAI's ``logprobs`` object, or None when none were asked for."""
         return None if entries is None else {"content": self.content(entries), "refusal": None}
+
+    def prompt_logprobs(self, entries: list[PromptLogprob]) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs`` of a prompt whose tokens after the first have ``entries``: the token
+        itself with its rank, and its top alternatives, ranked 1 on."""
+        def entry(token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+            return {"logprob": logprob, "rank": rank, "decoded_token": self.token(token_id)[0]}
+
+        body: list[dict[str, Any] | None] = [None]
+        body += [{str(e.token_id): entry(e.token_id, e.logprob, e.rank)}
+                 | {str(t): entry(t, p, rank) for rank, (t, p) in enumerate(e.top, 1) if t != e.token_id}
+                 for e in entries]
+        return body
+
+    def width(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` adds to a response's text: none for a special token, which the text skips."""
+        special = token_id in self.tokenizer.added_tokens_decoder and self.tokenizer.added_tokens_decoder[
+            token_id].special
+        return b"" if special else bytes(self.token(token_id)[1])
+
+    def legacy(self, token_ids: Sequence[int], entries: Sequence[PromptLogprob | TokenLogprob | None],
+               start: int) -> dict[str, list]:
+        """The legacy ``logprobs`` of ``token_ids``, their entries parallel (None where a token has none: the
+        prompt's first), placed in the text from character ``start`` on."""
+        top_logprobs: list[dict[str, float] | None] = []
+        for e in entries:
+            if e is None:
+                top_logprobs.append(None)
+                continue
+            top = {self.token(t)[0]: p for t, p in e.top}
+            top.setdefault(self.token(e.token_id)[0], e.logprob)
+            top_logprobs.append(top)
+        return {"tokens": [self.token(t)[0] for t in token_ids],
+                "token_logprobs": [None if e is None else e.logprob for e in entries],
+                "top_logprobs": top_logprobs,
+                "text_offset": text_offsets([self.width(t) for t in token_ids], start)}
+
+
+def text_offsets(pieces: Sequence[bytes], start: int = 0) -> list[int]:
+    """Where each piece starts, in characters from ``start``, in the text the pieces' bytes spell: the whole
+    characters before its first byte, so a piece that begins inside a character points at that character."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, chars = [], start
+    for piece in pieces:
+        offsets.append(chars)
+        chars += len(decoder.decode(piece))
+    return offsets

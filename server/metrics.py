@@ -1,6 +1,8 @@
 """Prometheus metrics of the server (``GET /metrics``), named after vLLM's with our prefix ``sidecar:``.
 
-Per chat-completions request (counted once its answer is known, on the event loop):
+Per chat-completions or completions request (counted once its answer is known, on the event loop; a
+completions request that only scores its prompt, ``max_tokens`` 0, counts its prompt tokens and latency
+under finish reason length):
 
 - ``sidecar:requests_total{outcome}``: ok, 4xx, 5xx, or cancelled (the client left); a streamed request whose
   error arrives in the stream counts under that error's status. ``sidecar:request_success_total
@@ -140,6 +142,13 @@ class ServerMetrics:
         if isinstance(result, DocumentResult):
             for name, output in result.sidecars.items():
                 self.sidecar_tokens.labels(self._sidecar_label(name)).inc(output.stats.new_tokens)
+
+    def scored(self, prompt_tokens: int, arrived: float) -> None:
+        """A request that only scored a prompt of ``prompt_tokens`` tokens (completions with ``max_tokens`` 0)."""
+        self.requests.labels("ok").inc()
+        self.success.labels("length").inc()
+        self.e2e.observe(time.monotonic() - arrived)
+        self.prompt_tokens.inc(prompt_tokens)
 
     def _sidecar_label(self, name: str) -> str:
         if name not in self._sidecar_names and len(self._sidecar_names) >= MAX_SIDECAR_LABELS:

@@ -1,4 +1,4 @@
-"""Chat requests to worker jobs and worker results to OpenAI-shaped responses.
+"""Chat and completions requests to worker jobs and worker results to OpenAI-shaped responses.
 
 A request is validated against the model's context and the decoder's bounds before it is queued, so the
 worker sees only jobs it can run; ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``.
@@ -9,6 +9,12 @@ the non-streamed list even where the text of a token is held back (a partial cha
 Tokenizing prompts and turning tokens into text run on one text thread, never on the event loop, so a
 large request cannot stall other clients or ``/health``. A client that goes away cancels its job: the
 worker skips it or drops it from its batch at the next decoding step.
+
+A prompt's log-probabilities (chat's ``prompt_logprobs``, an ``echo`` of completions with ``logprobs``) are
+a scoring job (``server.worker.ScoreWork``) queued just before the request's generation, or alone when
+``max_tokens`` is 0. The model id ``<served name>/draft`` scores with the pair's draft; it generates nothing
+of its own, so it takes only requests that score: completions with ``echo`` and ``max_tokens`` 0, and chat
+with ``prompt_logprobs`` and ``max_tokens`` 1, whose one token the pair (the target) writes.
 """
 
 from __future__ import annotations
@@ -26,14 +32,14 @@ from pydantic import ValidationError
 from server.config import DEFAULT_MAX_TOKENS, ServerConfig
 from server.errors import APIError, validation_error
 from server.logprobs import LogprobFormatter
-from server.schema import ChatCompletionRequest, SidecarSpec
+from server.schema import ChatCompletionRequest, CompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
-from server.worker import DONE, BatchWorker, Job
+from server.worker import DONE, BatchWorker, Job, ScoreWork
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
-from sidecar.decoding.sampling import Sampling
+from sidecar.decoding.scoring import PromptLogprob
 from sidecar.errors import InputError
 from sidecar.tasks.engine import SidecarEngine
-from sidecar.tasks.prompts import chat_prompt
+from sidecar.tasks.prompts import chat_prompt, encode
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -80,33 +86,75 @@ class ChatService:
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._text_thread, fn, *args)
 
-    async def submit(self, req: ChatCompletionRequest) -> Job:
-        """Tokenize and validate ``req`` on the text thread and queue it for the worker."""
-        job = await self._off_loop(self.job, req, asyncio.get_running_loop())
-        self.worker.submit(job)
+    async def submit(self, req: ChatCompletionRequest | CompletionRequest) -> Job:
+        """Tokenize and validate ``req`` on the text thread and queue it for the worker (its scoring job first)."""
+        make = self.job if isinstance(req, ChatCompletionRequest) else self.completions_job
+        job = await self._off_loop(make, req, asyncio.get_running_loop())
+        try:
+            if job.scoring is not None:
+                self.worker.submit(job.scoring)
+            self.worker.submit(job)
+        except APIError:
+            job.cancel()  # a scoring job already queued is skipped
+            raise
         return job
+
+    async def _results(self, job: Job, disconnected: Awaitable[None]) -> tuple[Any, Any]:
+        """(``job``'s result, its scoring job's or None), unless ``disconnected`` (the client leaving) completes
+        first: then the jobs are cancelled and a 499 answers nobody. A job's error is raised, the other cancelled."""
+        jobs = [job] if job.scoring is None else [job.scoring, job]
+        gone = asyncio.ensure_future(disconnected)
+        try:
+            pending = {j.future for j in jobs}
+            while pending and not gone.done():
+                done, pending = await asyncio.wait([*pending, gone], return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(gone)
+                if any(not f.cancelled() and f.exception() is not None for f in done if f is not gone):
+                    break
+        finally:
+            gone.cancel()
+            if any(not j.future.done() for j in jobs):  # the client has gone, the server is stopping, or one failed
+                job.cancel()
+        for j in jobs:
+            if j.future.done() and not j.future.cancelled() and j.future.exception() is not None:
+                raise j.future.exception()
+        if any(j.future.cancelled() for j in jobs):
+            raise APIError(499, "the client closed the connection", code="client_closed_request")
+        return job.future.result(), None if job.scoring is None else job.scoring.future.result()
 
     async def answer(self, req: ChatCompletionRequest, job: Job, completion_id: str, created: int,
                      disconnected: Awaitable[None]) -> dict[str, Any]:
-        """The non-streamed response, unless ``disconnected`` (the client leaving) completes first: then the
-        job is cancelled and a 499 answers nobody."""
-        gone = asyncio.ensure_future(disconnected)
-        try:
-            await asyncio.wait([job.future, gone], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not job.future.done():  # the client has gone, or the server is stopping
-                job.cancel()
-        if job.future.cancelled():
-            raise APIError(499, "the client closed the connection", code="client_closed_request")
-        return await self._off_loop(self.completion, req, job, job.future.result(), completion_id, created)
+        """The non-streamed chat response (``_results`` says when there is none)."""
+        result, scores = await self._results(job, disconnected)
+        return await self._off_loop(self.completion, req, job, result, completion_id, created, scores)
+
+    async def answer_completions(self, req: CompletionRequest, job: Job, completion_id: str, created: int,
+                                 disconnected: Awaitable[None]) -> dict[str, Any]:
+        """The legacy completions response (``_results`` says when there is none)."""
+        result, scores = await self._results(job, disconnected)
+        return await self._off_loop(self.legacy_completion, req, job, result, scores, completion_id, created)
+
+    def _model(self, name: str) -> str:
+        """"target" or "draft": which of the pair's models the model id ``name`` names."""
+        if name == self.config.model_name:
+            return "target"
+        if name == self.draft_name:
+            return "draft"
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {self.config.model_name!r} "
+                            f"(and scores with {self.draft_name!r})", param="model", code="model_not_found")
+
+    @property
+    def draft_name(self) -> str:
+        """The model id that names the pair's draft (for scoring)."""
+        return f"{self.config.model_name}/draft"
 
     def job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
         """``req`` as the worker's job, its decoding fields set and checked as the engine will check them."""
-        if req.model != self.config.model_name:
-            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
-                                f"{self.config.model_name!r}", param="model", code="model_not_found")
-        sampling = Sampling(req.temperature, req.top_p, req.seed)
+        model = self._model(req.model)
+        if model == "draft" and (req.prompt_logprobs is None or req.limit != 1):
+            raise APIError(400, f"the model {req.model!r} only scores prompts: ask for prompt_logprobs with "
+                                "max_tokens 1 (the one token is the pair's)", param="model")
+        sampling = req.sampling
         work: DecodeRow | SidecarRequest
         try:
             if req.sidecars is not None:
@@ -117,13 +165,62 @@ class ChatService:
                 row = self.engine.decode_row(0, work)
             else:
                 messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
-                prompt = chat_prompt(self.tokenizer, messages)
+                prompt = chat_prompt(self.tokenizer, messages, req.add_generation_prompt, req.continue_final_message)
                 row = work = DecodeRow(prompt, self._max_tokens(req, DecodeRow(prompt, 1)), sampling=sampling,
                                        stop=req.stop, top_logprobs=req.engine_top_logprobs)
             self.engine.decoder.validate([row], 1)
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        return Job(work, loop, loop.create_future(), tokens=asyncio.Queue() if req.stream else None)
+        job = Job(work, loop, loop.create_future(), tokens=asyncio.Queue() if req.stream else None)
+        if req.prompt_logprobs is not None:
+            job.scoring = Job(ScoreWork(model, row.target_prompt, req.prompt_logprobs), loop, loop.create_future())
+        return job
+
+    def completions_job(self, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        """``req`` as the worker's job: the prompt's scoring alone when ``max_tokens`` is 0, else its generation
+        with the scoring job attached when ``echo`` asks for the prompt's logprobs."""
+        model = self._model(req.model)
+        if model == "draft" and req.max_tokens:
+            raise APIError(400, f"the model {req.model!r} only scores prompts: send echo with max_tokens 0",
+                           param="model")
+        prompt = self.prompt_ids(req.prompt)
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        scoring = ScoreWork(model, prompt, req.logprobs or 0)
+        if not req.max_tokens:
+            if len(prompt) > self.engine.pair.max_context:
+                raise APIError(400, f"the prompt has {len(prompt)} tokens, more than the model's context of "
+                                    f"{self.engine.pair.max_context} tokens; shorten it", param="prompt",
+                               code="context_length_exceeded")
+            return Job(scoring, loop, loop.create_future())
+        row = DecodeRow(prompt, self._max_tokens(req, DecodeRow(prompt, 1), "prompt"), sampling=req.sampling,
+                        stop=req.stop, top_logprobs=req.logprobs)
+        try:
+            self.engine.decoder.validate([row], 1)
+        except InputError as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+        job = Job(row, loop, loop.create_future())
+        if req.scores_prompt:
+            job.scoring = Job(scoring, loop, loop.create_future())
+        return job
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completions prompt's ids: token ids as they are, text as text after the tokenizer's BOS if it adds one."""
+        if isinstance(prompt, list):
+            vocab = len(self.tokenizer)
+            if any(not 0 <= token < vocab for token in prompt):
+                raise APIError(400, f"the prompt's token ids must lie in [0, {vocab}), the tokenizer's vocabulary",
+                               param="prompt")
+            return list(prompt)
+        bos = self.tokenizer.bos_token_id
+        starts = bos is not None and self.tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
+        return ([bos] if starts else []) + encode(self.tokenizer, prompt)
+
+    def prompt_text(self, prompt: str | list[int]) -> str:
+        """A completions prompt as text: token ids spell it as ``text_offset`` counts them."""
+        if isinstance(prompt, str):
+            return prompt
+        return b"".join(self.formatter.width(token) for token in prompt).decode("utf-8", errors="replace")
 
     def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
         if req.stop:
@@ -152,7 +249,8 @@ class ChatService:
         hidden = [compound.spans[f"sidecar:{t.name}"] for t in tasks]
         return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden)
 
-    def _max_tokens(self, req: ChatCompletionRequest, row: DecodeRow) -> int:
+    def _max_tokens(self, req: ChatCompletionRequest | CompletionRequest, row: DecodeRow,
+                    param: str = "messages") -> int:
         prompt = max(len(row.target_prompt), len(row.draft_prompt or []))
         # the decoder's own bound (SpeculativeDecoder.validate): prompt + new tokens + gamma + 1 <= context
         room = self.engine.pair.max_context - prompt - self.engine.decoder.gamma - 1
@@ -160,16 +258,16 @@ class ChatService:
             asked = f" plus {req.limit} new tokens" if req.limit is not None else ""
             raise APIError(400, f"the prompt has {prompt} tokens{asked}, more than the model's context of "
                                 f"{self.engine.pair.max_context} tokens allows (room for {max(room, 0)} new "
-                                "tokens); shorten the messages or lower max_tokens",
-                           param="messages", code="context_length_exceeded")
+                                f"tokens); shorten the {param} or lower max_tokens",
+                           param=param, code="context_length_exceeded")
         return req.limit if req.limit is not None else min(DEFAULT_MAX_TOKENS, room)
 
-    def completion(self, req: ChatCompletionRequest, job: Job, result: object, completion_id: str,
-                   created: int) -> dict[str, Any]:
+    def completion(self, req: ChatCompletionRequest, job: Job, result: object, completion_id: str, created: int,
+                   scores: list[PromptLogprob] | None = None) -> dict[str, Any]:
         main, sidecars = self._split(result)
         text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
         body: dict[str, Any] = {
-            "id": completion_id, "object": "chat.completion", "created": created, "model": self.config.model_name,
+            "id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                          "logprobs": self.formatter.logprobs(main.logprobs),
                          "finish_reason": self._finish(main, stopped)}],
@@ -177,7 +275,34 @@ class ChatService:
         }
         if sidecars is not None:
             body["sidecars"] = sidecars
+        if scores is not None:
+            body["prompt_logprobs"] = self.formatter.prompt_logprobs(scores)
         return body
+
+    def legacy_completion(self, req: CompletionRequest, job: Job, result: object, scores: list[PromptLogprob] | None,
+                          completion_id: str, created: int) -> dict[str, Any]:
+        """The completions response; ``result`` is the generation, or the prompt's scores when ``max_tokens``
+        is 0 (which ends at once: finish reason "length")."""
+        if isinstance(job.work, ScoreWork):
+            prompt, main, text, finish, scores = job.work.token_ids, None, "", "length", result
+        else:
+            assert isinstance(result, GenerationOutput) and isinstance(job.work, DecodeRow)
+            prompt, main = job.work.target_prompt, result
+            text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
+            finish = self._finish(main, stopped)
+        shown = self.prompt_text(req.prompt) + text if req.echo else text
+        logprobs: dict[str, list] | None = None
+        if req.logprobs is not None:
+            ids, entries = (list(prompt), [None, *scores]) if req.echo else ([], [])
+            if main is not None and main.logprobs is not None:
+                ids += main.token_ids
+                entries += main.logprobs
+            logprobs = self.formatter.legacy(ids, entries, 0)
+            # tokens after a stop string are not in the text: they start where it ends
+            logprobs["text_offset"] = [min(offset, len(shown)) for offset in logprobs["text_offset"]]
+        return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
+                "choices": [{"index": 0, "text": shown, "logprobs": logprobs, "finish_reason": finish}],
+                "usage": _usage(len(prompt), 0) if main is None else _main_usage(main)}
 
     async def stream(self, req: ChatCompletionRequest, job: Job, completion_id: str,
                      created: int) -> AsyncIterator[bytes]:

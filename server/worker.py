@@ -16,6 +16,11 @@ job is finished. A seeded request decodes the same tokens whatever shares the ba
 (``sidecar.decoding.randomness``). Should the loop itself raise, the worker is dead: it answers every job it
 holds or that is queued with 503 ``worker_failed``, refuses new ones the same way, and ``failure`` says why
 (``GET /health`` reports it).
+
+A scoring job (``ScoreWork``: a prompt's log-probabilities) joins no batch: the worker runs its one forward
+when it takes the job from the queue, between two decoding steps, so it never races the batch's forwards
+and leaves the batch's rows as they were. Its forward is not in the device-time ledger, which accounts
+decoding steps.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from server.config import ServerConfig
 from server.errors import APIError
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.scoring import prompt_logprobs
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
 from sidecar.tasks.engine import SidecarEngine
@@ -93,6 +99,12 @@ class BatchStats:
                            for key in ("forwards", "measured_seconds", "charged_seconds")}
             self.device["charged_seconds_by_phase"] = phases
 
+    def record_scored(self, failed: bool) -> None:
+        """A scoring job the worker ran outside the batch (``ScoreWork``)."""
+        with self.lock:
+            self.requests += 1
+            self.failed_requests += int(failed)
+
     def record_refused(self) -> None:
         """A job the batch refused to take (its error is the job's answer); no step ran for it."""
         with self.lock:
@@ -126,11 +138,24 @@ def cancelled(result: DocumentResult) -> bool:
         s.finish_reason == "cancelled" for s in result.sidecars.values())
 
 
+@dataclass(frozen=True)
+class ScoreWork:
+    """Score ``token_ids`` under the pair's ``model`` ("target" or "draft") with ``top`` alternatives per token;
+    the job's result is ``prompt_logprobs``' list."""
+
+    model: str
+    token_ids: list[int]
+    top: int
+
+    stop = None  # a job's stop strings: scoring writes no text
+
+
 @dataclass
 class Job:
-    """One request as the worker runs it: a plain chat row, or a request with sidecars, its decoding fields set."""
+    """One request as the worker runs it: a plain chat row, a request with sidecars, its decoding fields set,
+    or a prompt to score."""
 
-    work: DecodeRow | SidecarRequest
+    work: DecodeRow | SidecarRequest | ScoreWork
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     tokens: asyncio.Queue | None = None  # (new token ids, their logprobs or None) while streaming, then DONE
@@ -140,6 +165,8 @@ class Job:
     # ``time.monotonic()`` when the worker emitted the main output's first and latest tokens (``/metrics``)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    # the job that scores this one's prompt, queued just before it (``prompt_logprobs``, ``echo``)
+    scoring: Job | None = None
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -148,6 +175,8 @@ class Job:
     def cancel(self) -> None:
         """The client has gone (called on the event loop): skip the job, or stop decoding it."""
         self.gone.set()
+        if self.scoring is not None:
+            self.scoring.cancel()
         self.future.cancel()
 
     def emit(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
@@ -269,8 +298,12 @@ class BatchWorker:
         return False
 
     def _join(self, batch: SidecarBatch, job: Job) -> bool:
-        """Add ``job`` to ``batch``; False when it does not join (its client has gone, or the engine refused it)."""
+        """Add ``job`` to ``batch``; False when it does not join (its client has gone, the engine refused it, or
+        it scores a prompt, which is done now)."""
         if job.gone.is_set():  # a client that went away before its job joined costs nothing
+            return False
+        if isinstance(job.work, ScoreWork):
+            self._score(job, job.work)
             return False
         index = next(self._indices)
         try:
@@ -284,6 +317,18 @@ class BatchWorker:
             return False
         self._jobs[index] = job
         return True
+
+    def _score(self, job: Job, work: ScoreWork) -> None:
+        """Run a scoring job now, on this thread, between two steps of the batch."""
+        model = self.engine.pair.target if work.model == "target" else self.engine.pair.draft
+        try:
+            result = prompt_logprobs(model, work.token_ids, work.top)
+        except Exception as exc:
+            self.stats.record_scored(failed=True)
+            job.finish(error=self._api_error(exc, f"scoring a prompt of {len(work.token_ids)} tokens"))
+            return
+        self.stats.record_scored(failed=False)
+        job.finish(result)
 
     def _step(self, batch: SidecarBatch) -> SidecarBatch:
         """One step of ``batch``; finishes the jobs it completed. Returns the batch to go on with: a fresh one

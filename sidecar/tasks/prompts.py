@@ -43,13 +43,17 @@ class SpannedPrompt:
         return [c for name in names for c in range(*self.spans[name])]
 
 
-def chat_frame(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[str]:
-    """The chat template's own text around each message's content: one piece more than there are messages."""
+def chat_frame(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]],
+               add_generation_prompt: bool = True) -> list[str]:
+    """The chat template's own text around each message's content: one piece more than there are messages.
+    ``add_generation_prompt`` ends it with the assistant's turn opened."""
     marked = [{**message, "content": _CONTENT.format(i)} for i, message in enumerate(messages)]
-    pieces = _CONTENT_RE.split(tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False))
+    pieces = _CONTENT_RE.split(tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt,
+                                                             tokenize=False))
     frame = pieces[::2]
     # a template that edits, drops or branches on content would make the frame spell another chat
-    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
     if [int(i) for i in pieces[1::2]] != list(range(len(messages))) or rendered != _join(frame, messages):
         raise ValueError("the chat template must write every message's content once, in order, unchanged")
     return frame
@@ -96,9 +100,15 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, frame: Sequence[str], conten
     return ids + encode(tokenizer, text)
 
 
-def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
-    """A chat's prompt ids, the assistant's turn opened; the messages' contents are text."""
-    return encode_chat(tokenizer, chat_frame(tokenizer, messages), [m["content"] for m in messages])
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]],
+                add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+    """A chat's prompt ids, the assistant's turn opened unless not ``add_generation_prompt``; the messages'
+    contents are text. ``continue_final_message`` ends the prompt right after the last message's content,
+    inside its turn, as transformers' option of that name does (to continue or to score that message)."""
+    frame = chat_frame(tokenizer, messages, add_generation_prompt and not continue_final_message)
+    if continue_final_message:
+        frame[-1] = ""
+    return encode_chat(tokenizer, frame, [m["content"] for m in messages])
 
 
 def build_prompt(tokenizer: PreTrainedTokenizerBase, document: str, instruction: str, system: str | None,

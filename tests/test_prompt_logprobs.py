@@ -1,0 +1,250 @@
+"""Scoring prompts through the server: legacy completions with ``echo`` and ``logprobs``, vLLM's chat
+``prompt_logprobs``, and the ``<served name>/draft`` model id, against the tiny models run by transformers."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.launcher import running_server
+from server.logprobs import text_offsets
+from sidecar import SpeculativeDecoder
+from sidecar.tasks.prompts import chat_prompt
+
+KEY = "sk-test-scoring-key"
+TEXT = "The city council approved a new budget on Tuesday after a long debate about schools."
+CONTEXT, CONTINUATION = "The president met leaders in Berlin,", " Moscow and Doha."
+# a chat prompt the tiny target answers past 160 tokens
+LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
+# byte-level BPE splits these characters' bytes across tokens
+ACCENTED = "Prices rose 3.5 percent in Zürich — and in Doha."
+
+
+@pytest.fixture(scope="module")
+def base_url() -> str:
+    with running_server("tiny", api_key=KEY, max_batch=8, batch_wait_ms=20, extra_args=["--dtype", "fp32"],
+                        startup_timeout_s=300) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def reference(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """log_softmax in float32 of the logits at every prompt position, by transformers' own forward: [n, V]."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def prompt_reference(model: torch.nn.Module, ids: list[int]) -> list[float]:
+    """Each token's logprob after the tokens before it (the first has none)."""
+    logp = reference(model, ids)
+    return [logp[i - 1, ids[i]].item() for i in range(1, len(ids))]
+
+
+def score(client: openai.OpenAI, prompt: str, model: str = "tiny", logprobs: int = 1):
+    return client.completions.create(model=model, prompt=prompt, echo=True, logprobs=logprobs, max_tokens=0)
+
+
+def post(base_url: str, route: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base_url}/{route}", content=json.dumps(body), timeout=60,
+                      headers={"content-type": "application/json", "Authorization": f"Bearer {KEY}"})
+
+
+def test_models_list_the_draft_for_scoring(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny/draft"]
+
+
+def test_echo_scores_every_prompt_token_as_the_target_does(client: openai.OpenAI, tiny) -> None:
+    response = score(client, TEXT)
+    choice = response.choices[0]
+    ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
+    assert choice.text == TEXT and choice.finish_reason == "length"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(ids), 0)
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [tiny.tokenizer.decode([i]) for i in ids]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, ids), abs=1e-4)
+    best = reference(tiny.target, ids).max(-1).values
+    for i, top in enumerate(logprobs.top_logprobs[1:], 1):
+        # the token itself and the most likely one (the same when the model's best guess was right)
+        assert top[logprobs.tokens[i]] == pytest.approx(logprobs.token_logprobs[i], abs=1e-6)
+        assert max(top.values()) == pytest.approx(best[i - 1].item(), abs=1e-4) and len(top) <= 2
+    offsets = [*logprobs.text_offset, len(TEXT)]
+    assert [TEXT[offsets[i] : offsets[i + 1]] for i in range(len(ids))] == logprobs.tokens
+
+
+def test_text_offset_finds_a_continuation_as_a_judge_does(client: openai.OpenAI, tiny) -> None:
+    """The judge's use: the continuation's tokens are those that start at or after the context's end."""
+    logprobs = score(client, CONTEXT + CONTINUATION, logprobs=0).choices[0].logprobs
+    start = next(i for i, offset in enumerate(logprobs.text_offset) if offset >= len(CONTEXT))
+    context_ids = tiny.tokenizer.encode(CONTEXT, add_special_tokens=False)
+    ids = tiny.tokenizer.encode(CONTEXT + CONTINUATION, add_special_tokens=False)
+    assert ids[: len(context_ids)] == context_ids and start == len(context_ids)
+    assert sum(logprobs.token_logprobs[start:]) == pytest.approx(sum(prompt_reference(tiny.target, ids)[start - 1 :]),
+                                                                 abs=1e-3)
+    assert all(len(top) == 1 for top in logprobs.top_logprobs[1:])  # logprobs 0: the token itself only
+
+
+def test_text_offset_of_split_characters_points_at_their_start(client: openai.OpenAI) -> None:
+    logprobs = score(client, ACCENTED).choices[0].logprobs
+    offsets = [*logprobs.text_offset, len(ACCENTED)]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    pieces = [ACCENTED[offsets[i] : offsets[i + 1]] for i in range(len(logprobs.tokens))]
+    assert "".join(pieces) == ACCENTED
+    assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True) if "\ufffd" not in token)
+    # a character split over three tokens: offsets before it, at it (its first byte starts no whole character)
+    assert text_offsets([b"a", "ü".encode()[:1], "ü".encode()[1:], b"b"]) == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_prompt_of_token_ids_scores_as_its_text(client: openai.OpenAI, tiny, batched: bool) -> None:
+    """lm-evaluation-harness sends token ids by default, in a list of prompts."""
+    ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
+    as_ids = client.completions.create(model="tiny", prompt=[ids] if batched else ids, echo=True, logprobs=1,
+                                       max_tokens=0).choices[0]
+    as_text = score(client, TEXT).choices[0]
+    assert as_ids.text == TEXT and as_ids.logprobs == as_text.logprobs
+
+
+def test_the_draft_id_scores_with_the_draft(client: openai.OpenAI, tiny) -> None:
+    ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
+    drafted = score(client, TEXT, model="tiny/draft")
+    assert drafted.model == "tiny/draft"
+    draft = drafted.choices[0].logprobs.token_logprobs[1:]
+    assert draft == pytest.approx(prompt_reference(tiny.draft, ids), abs=1e-4)
+    assert draft != pytest.approx(prompt_reference(tiny.target, ids), abs=1e-3)
+
+
+def continued_chat(tiny, reply: str) -> tuple[list[dict], list[int]]:
+    """A chat that ends inside the assistant's ``reply``, and its ids as transformers renders it."""
+    messages = [{"role": "user", "content": "Summarize the budget debate."}, {"role": "assistant", "content": reply}]
+    rendered = tiny.tokenizer.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=False,
+                                                  tokenize=False)
+    return messages, tiny.tokenizer.encode(rendered, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(("model", "top"), [("tiny", 0), ("tiny", 3), ("tiny/draft", 0)])
+def test_chat_prompt_logprobs_score_the_templated_prompt(client: openai.OpenAI, tiny, model: str, top: int) -> None:
+    messages, ids = continued_chat(tiny, "The council approved a budget")
+    assert chat_prompt(tiny.tokenizer, messages, add_generation_prompt=False, continue_final_message=True) == ids
+    response = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=1, temperature=0,
+        extra_body={"prompt_logprobs": top, "continue_final_message": True, "add_generation_prompt": False})
+    entries = response.model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    logp = reference(tiny.draft if model == "tiny/draft" else tiny.target, ids)
+    for i, entry in enumerate(entries[1:], 1):
+        own = entry[str(ids[i])]
+        assert own["logprob"] == pytest.approx(logp[i - 1, ids[i]].item(), abs=1e-4)
+        assert own["rank"] == int((logp[i - 1] > logp[i - 1, ids[i]]).sum()) + 1
+        assert own["decoded_token"] == tiny.tokenizer.decode([ids[i]])
+        best = logp[i - 1].topk(top).indices.tolist()
+        assert set(entry) == {str(t) for t in [ids[i], *best]}
+        assert [entry[str(t)]["rank"] for t in best] == list(range(1, top + 1))
+    assert response.usage.completion_tokens == 1
+
+
+def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI, tiny) -> None:
+    ids = tiny.tokenizer.encode(TEXT, add_special_tokens=False)
+    out = SpeculativeDecoder(tiny).generate([ids], 6)[0]
+    response = client.completions.create(model="tiny", prompt=TEXT, echo=True, logprobs=2, max_tokens=6,
+                                         temperature=0)
+    choice = response.choices[0]
+    assert choice.text == TEXT + tiny.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    whole = ids + out.token_ids
+    assert choice.logprobs.tokens == [tiny.tokenizer.decode([i]) for i in whole]
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, whole), abs=1e-4)
+    assert choice.logprobs.text_offset[len(ids)] == len(TEXT)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(ids), 6)
+    plain = client.completions.create(model="tiny", prompt=[TEXT], max_tokens=6, temperature=0).choices[0]
+    assert (plain.text, plain.logprobs) == (choice.text[len(TEXT) :], None)
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("completions", {"model": "tiny", "prompt": "hi", "echo": True, "logprobs": 6, "max_tokens": 0}, "logprobs"),
+    ("completions", {"model": "tiny", "prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    ("completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, None),
+    ("completions", {"model": "tiny", "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": "", "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": ["a", "b"], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [1, -2], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [[1, 99_999]], "echo": True, "max_tokens": 0}, "prompt"),
+    ("completions", {"model": "tiny", "prompt": [1, "a"], "echo": True, "max_tokens": 0}, "prompt.str"),
+    ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, None),
+    ("completions", {"model": "tiny/draft", "prompt": "hi", "max_tokens": 4}, "model"),
+    ("completions", {"model": "tiny", "prompt": "city council " * 3000, "echo": True, "max_tokens": 0}, "prompt"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 6},
+     "prompt_logprobs"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "assistant", "content": "hi"}],
+                          "continue_final_message": True}, None),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                          "continue_final_message": True, "add_generation_prompt": False}, None),
+    ("chat/completions", {"model": "tiny/draft", "messages": [{"role": "user", "content": "hi"}]}, "model"),
+    ("chat/completions", {"model": "tiny/draft", "messages": [{"role": "user", "content": "hi"}],
+                          "prompt_logprobs": 0, "max_tokens": 5}, "model"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0,
+                          "stream": True}, None),
+])
+def test_bad_scoring_requests_are_400(base_url: str, route: str, body: dict, param: str | None) -> None:
+    response = post(base_url, route, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+def test_metrics_count_scoring_requests(base_url: str, client: openai.OpenAI) -> None:
+    def counts() -> tuple[float, float, float]:
+        response = httpx.get(base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        samples = {(s.name, tuple(s.labels.values())): s.value
+                   for family in text_string_to_metric_families(response.text) for s in family.samples}
+        return (samples[("sidecar:requests_total", ("ok",))], samples[("sidecar:requests_total", ("4xx",))],
+                samples[("sidecar:prompt_tokens_total", ())])
+
+    before = counts()
+    scored = score(client, TEXT, model="tiny/draft")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="hi", echo=True, logprobs=6, max_tokens=0)
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + scored.usage.prompt_tokens)
+
+
+def test_an_unknown_model_is_404_on_completions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="tiny/other", prompt="hi", echo=True, max_tokens=0)
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_scoring_leaves_concurrent_generations_as_they_are_alone(base_url: str, client: openai.OpenAI) -> None:
+    """Scoring runs between the batch's steps on its worker: rows decoding meanwhile write the same tokens."""
+    long = {"model": "tiny", "messages": [{"role": "user", "content": LONG}], "max_tokens": 160, "temperature": 0}
+    seeded = {**long, "max_tokens": 40, "temperature": 1, "seed": 7}
+    alone = [post(base_url, "chat/completions", body).json()["choices"][0] for body in (long, seeded)]
+    assert alone[0]["finish_reason"] == "length", "the long answer must run to its limit"
+    scored_alone = [score(client, TEXT, model).choices[0].logprobs.token_logprobs for model in ("tiny", "tiny/draft")]
+    pieces: list[str] = []
+    scores = None
+    with ThreadPoolExecutor(2) as pool, httpx.stream(
+            "POST", f"{base_url}/chat/completions", json={**long, "stream": True}, timeout=300,
+            headers={"Authorization": f"Bearer {KEY}"}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            pieces.append(json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content") or "")
+            if scores is None and any(pieces):  # the long answer is decoding: score, and sample beside it
+                sampled = pool.submit(post, base_url, "chat/completions", seeded)
+                scores = pool.submit(lambda: [score(client, TEXT, model).choices[0].logprobs.token_logprobs
+                                              for model in ["tiny", "tiny/draft"] * 3])
+        scored_while_decoding = scores is not None and scores.done()
+    assert scored_while_decoding, "the scores, asked for after the long answer began, came before its end"
+    assert "".join(pieces) == alone[0]["message"]["content"]
+    assert sampled.result().json()["choices"][0]["message"]["content"] == alone[1]["message"]["content"]
+    assert scores.result() == scored_alone * 3
