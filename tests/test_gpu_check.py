@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,7 +53,10 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     [tiny] = payload["pairs"]
     # fp32 on the tiny pair (peaked logits): the engine is token-identical to HF generate on the target
     assert tiny["identity"]["rows"] == 2 and tiny["identity"]["match_rate"] == 1.0
-    assert tiny["syncs"]["skipped"] == NO_CUDA and tiny["memory"]["skipped"] == NO_CUDA
+    # on a CPU the syncs are the torch calls that would wait on a GPU: measured, and within the budget
+    for run in tiny["syncs"]["runs"]:
+        assert 0 < run["syncs"] <= run["budget"] == run["target_forwards"] + run["draft_forwards"]
+    assert tiny["memory"]["skipped"] == NO_CUDA
     assert tiny["sdpa"]["aten_ops"] and tiny["sdpa"]["backends_alone"]["MATH"] == "works"
     rows = tiny["throughput"]["rows"]
     assert [r["batch"] for r in rows] == [1, 2]
@@ -60,7 +66,8 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["environment"]["commit"] and written["pairs"][0]["identity"]["match_rate"] == 1.0
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
-    assert "2/2 rows identical" in md and "syncs: skipped: no CUDA." in md and "| engine static tok/s |" in md
+    assert "2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
+    assert "| engine static tok/s |" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
 
 
@@ -203,30 +210,138 @@ def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     assert "Could not be loaded" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
-def test_the_cuda_parts_bookkeeping_runs_on_cpu_with_the_cuda_calls_faked(check, monkeypatch) -> None:
-    """On CPU no sync is seen and no memory measured; what is checked is that the parts' own code runs."""
-    for name in ("set_sync_debug_mode", "synchronize", "reset_peak_memory_stats", "empty_cache"):
+def plant_in_the_step(monkeypatch: pytest.MonkeyPatch, extra: Callable[[torch.Tensor], object]) -> None:
+    """Every forward of a decode step (target and draft) also runs ``extra`` on its hidden states."""
+    from sidecar.decoding import step
+
+    real = step.forward
+
+    def forward_and_extra(*args, **kwargs):
+        hidden = real(*args, **kwargs)
+        extra(hidden)
+        return hidden
+
+    monkeypatch.setattr(step, "forward", forward_and_extra)
+
+
+def with_args(check: Check, **sizes) -> Check:
+    return dataclasses.replace(check, args=argparse.Namespace(**vars(check.args) | sizes))
+
+
+def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(results, monkeypatch) -> None:
+    syncs_part = next(part for part in PARTS if part[0] == "syncs")
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [syncs_part])
+    plant_in_the_step(monkeypatch, lambda hidden: hidden[0, 0, 0].item())
+    payload = main(QUICK_TINY_CPU)
+    [tiny] = payload["pairs"]
+    for run in tiny["syncs"]["runs"]:
+        assert not run["within_budget"] and run["syncs"] > run["budget"]
+        assert any(site.startswith("tests/test_gpu_check.py:") for site in run["top_sites"])
+    failures = errors(payload)
+    assert len(failures) == 2 and all(f.startswith("tiny syncs: batch ") and "over the budget" in f for f in failures)
+    assert "**syncs failed**: batch 1:" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+
+
+def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
+    from sidecar.decoding import step
+
+    real, calls = step.logits_at, []
+
+    def runner_up_at_the_first_decode_step(model, hidden, index):
+        logits = real(model, hidden, index)
+        if model is check.pair.target and not calls:
+            calls.append(index)
+            row = logits[0, 0]
+            row[row.topk(2).indices[1]] = row.max() + 1  # one row's next token becomes the target's second best
+        return logits
+
+    monkeypatch.setattr(step, "logits_at", runner_up_at_the_first_decode_step)
+    with torch.inference_mode():
+        result = identity(check, Deadline.after(60))
+    assert calls, "the engine's decode did not reach the target's logits"
+    [div] = result["divergences"]  # the engine may order its rows: which prompt is its first row is its own
+    assert div["hf_token_rank"] == 0 and div["engine_token_rank"] == 1
+    [failure] = result["failed"]
+    assert failure.startswith(f"prompt {div['prompt']} diverges from HF at token {div['position']} ")
+    assert errors({"pairs": [{"pair": "tiny", "identity": result}]}) == [f"tiny identity: {failure}"]
+
+
+def test_the_report_holds_measured_numbers_that_follow_the_settings(check) -> None:
+    parts = {name: run for name, run, _ in PARTS}
+    with torch.inference_mode():
+        short, long = ({name: parts[name](with_args(check, max_new_tokens=n), Deadline.after(60))
+                        for name in ("identity", "syncs")} for n in (4, 12))
+    for result in (short, long):
+        assert result["identity"]["failed"] == [] and result["syncs"]["failed"] == []
+    # more new tokens: more reference tokens, more forwards and more syncs, in the engine and in HF
+    assert [r["hf_tokens"] for r in short["identity"]["per_row"]] == [4, 4]
+    assert [r["hf_tokens"] for r in long["identity"]["per_row"]] == [12, 12]
+    for a, b in zip(short["syncs"]["runs"], long["syncs"]["runs"], strict=True):
+        assert a["batch"] == b["batch"]
+        for key in ("syncs", "target_forwards", "hf_plain_syncs", "hf_plain_steps"):
+            assert 0 < a[key] < b[key], key
+
+
+class FedTokens:
+    """Fake CUDA memory statistics that measure the run: the bytes of the target's embeddings computed since the
+    last reset as the peak, the target's weights as the memory allocated."""
+
+    def __init__(self, pair) -> None:
+        self.pair, self.fed = pair, 0
+        self.hook = pair.target.get_input_embeddings().register_forward_hook(self.count)
+
+    def count(self, module, inputs, output) -> None:
+        self.fed += output.numel() * output.element_size()
+
+    def reset(self, device=None) -> None:
+        self.fed = 0
+
+    def peak(self, device=None) -> int:
+        return self.fed
+
+    def weights(self, device=None) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pair.target.parameters())
+
+
+def test_the_cuda_parts_run_on_cpu_with_the_cuda_calls_faked(check, monkeypatch) -> None:
+    """The CUDA-only code paths run here with CUDA's calls faked: a synchronize planted in the step is counted and
+    fails the check; the memory figures are each run's own measure, not a constant."""
+    for name in ("set_sync_debug_mode", "synchronize", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2**30)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    memory_stats = FedTokens(check.pair)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", memory_stats.reset)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", memory_stats.peak)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", memory_stats.weights)
     monkeypatch.setattr(Check, "cuda", property(lambda self: True))
-    parts = {name: run(check, Deadline.after(60)) for name, run, _ in PARTS
-             if name in ("syncs", "memory", "throughput")}  # the CUDA-only ones, and the one with a peak column
+    # the faked device reports none of the engine's own reads: two planted syncs per forward exceed the budget alone
+    plant_in_the_step(monkeypatch, lambda hidden: (torch.cuda.synchronize(), torch.cuda.synchronize()))
+    try:
+        parts = {name: run(check, Deadline.after(60)) for name, run, _ in PARTS
+                 if name in ("syncs", "memory", "throughput")}  # the CUDA-only ones, and the one with a peak column
+    finally:
+        memory_stats.hook.remove()
     runs = parts["syncs"]["runs"]
     assert [r["batch"] for r in runs] == [1, 2]
     for run in runs:
-        assert run["syncs"] == 0 and run["within_budget"] and run["target_forwards"] > 1
+        decode_forwards = run["target_forwards"] - 1 + run["draft_forwards"]  # the prefill's forward is no step's
+        assert run["syncs"] == 2 * decode_forwards > run["budget"] and not run["within_budget"]
+        [site] = run["top_sites"]
+        assert site.startswith("tests/test_gpu_check.py:") and site.endswith(" synchronize()")
         assert run["hf_plain_steps"] > 1 and run["hf_plain_syncs_per_step"] == 0
-    assert parts["memory"] == {"batch": 2, "max_new_tokens": 8, "weights_gb": 1.0, "engine_static_peak_gb": 3.0,
-                               "hf_plain_peak_gb": 3.0}
-    row = parts["throughput"]["rows"][0]
-    assert row["engine_static_peak_gb"] == 3.0 and row["hf_plain_peak_gb"] == 3.0
+    assert len(parts["syncs"]["failed"]) == 2
+    memory = parts["memory"]
+    assert memory["weights_gb"] == memory_stats.weights() / 2**30 and memory["batch"] == 2
+    one, two = parts["throughput"]["rows"]
+    for key in ("engine_static_peak_gb", "hf_plain_peak_gb"):
+        # two prompts feed more tokens than one: each run's peak is its own
+        assert 0 < one[key] < two[key], key
+    assert memory["engine_static_peak_gb"] == two["engine_static_peak_gb"]
     header = {"pair": "tiny", "dtype": "bfloat16", "device": "cuda:0", "load_s": 1.0, "prompts": "built-in texts",
               "mean_prompt_tokens": 300.0}
     md = pair_markdown(header | parts)
-    assert "| batch | syncs | target forwards |" in md and "| 1 | 0 |" in md
-    assert "Peak memory at batch 2 (8 new tokens, `torch.cuda.max_memory_allocated`): engine 3.0 GB" in md
-    assert "| peak GB |" in md
+    assert "| batch | syncs | target forwards |" in md and f"| 2 | {runs[1]['syncs']} |" in md
+    assert f"engine {memory['engine_static_peak_gb']:.1f} GB" in md and "| peak GB |" in md
+    assert "**syncs failed**: batch " in md
 
 
 # What the stock GPU image (torch, transformers, numpy, pyarrow, tqdm, rich, typer, matplotlib) lacks.

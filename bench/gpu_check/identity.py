@@ -1,8 +1,7 @@
 """The identity part: the engine's greedy output at one batch against HF ``generate`` on the target alone.
 
-HF runs one prompt at a time, the engine all of them in one batch. bf16 rounding differs between batch shapes, so a
-near-tie can flip: every divergence is listed with its position and the target's top-2 logit gap there, and the
-match rate is what it is.
+HF runs one prompt at a time, the engine all of them in one batch. Every divergence is listed with its position and
+the target's top-2 logit gap there, and fails the check.
 """
 
 from __future__ import annotations
@@ -58,7 +57,10 @@ def identity(check: Check, deadline: Deadline) -> dict:
                     "top2_gap": gap["top2_gap"], "hf_token_rank": gap["ranks"][0],
                     "engine_token_rank": gap["ranks"][1]}
         rows.append(row)
+    divergences = [r for r in rows if not r["identical"]]
     return {"batch": len(prompts), "rows_identical": sum(r["identical"] for r in rows), "rows": len(rows),
             "match_rate": sum(r["identical"] for r in rows) / len(rows),
             "tokens_before_divergence": matched / total if total else 1.0,
-            "divergences": [r for r in rows if not r["identical"]], "per_row": rows}
+            "divergences": divergences, "per_row": rows,
+            "failed": [f"prompt {r['prompt']} diverges from HF at token {r['position']} (HF {r['hf_token']}, engine "
+                       f"{r['engine_token']}, target top-2 gap {r['top2_gap']:.3g})" for r in divergences]}

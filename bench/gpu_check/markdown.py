@@ -26,8 +26,8 @@ def identity_markdown(ident: dict, r: dict) -> str:
 def syncs_markdown(result: dict, r: dict) -> str:
     runs = [x | {"where": ", ".join(f"{k} ×{v}" for k, v in list(x.get("top_sites", {}).items())[:3])}
             for x in result["runs"]]
-    return ("Device-to-host synchronisations of one decode (`torch.cuda.set_sync_debug_mode(\"warn\")` and "
-            "`torch.cuda.synchronize` calls), budget: one per target forward plus one per draft forward:\n\n"
+    return (f"Device-to-host synchronisations of one decode (counted by {result['counted_by']}), budget: one per "
+            "target forward plus one per draft forward:\n\n"
             + markdown_table(runs, [
                 ("batch", "batch"), ("syncs", "syncs"), ("target_forwards", "target forwards"),
                 ("draft_forwards", "draft forwards"), ("syncs_per_target_forward", "per target forward"),
@@ -84,6 +84,7 @@ def pair_markdown(r: dict) -> str:
             lines.append(f"\n{part}: {value.get('skipped') or 'error: ' + value['error']}.")
         elif part in RENDERERS:
             lines.append("\n" + RENDERERS[part](value, r))
+        lines += [f"\n**{part} failed**: {why}." for why in value.get("failed", [])]
     return "\n".join(lines)
 
 
