@@ -17,13 +17,14 @@ import torch
 from bench import common
 from bench.gpu_check.check import NO_CUDA, Check
 from bench.gpu_check.deadline import Deadline
-from bench.gpu_check.identity import first_divergence, identity
+from bench.gpu_check.identity import identity
 from bench.gpu_check.main import main, parse_args, result_file_name
 from bench.gpu_check.markdown import pair_markdown
 from bench.gpu_check.pairs import BUILTIN_TEXTS, DEFAULT_PAIRS, load_check_pair, local_model_dir
 from bench.gpu_check.parts import PARTS, errors
 from bench.gpu_check.syncs import SyncCounter
 from bench.gpu_check.throughput import throughput
+from sidecar.decoding.divergence import ROUNDINGS
 
 QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
 
@@ -104,13 +105,6 @@ def test_deadline_shares_and_reasons() -> None:
     assert 29 < Deadline.after(60).share(0.5).left() <= 30
 
 
-def test_first_divergence_counts_a_length_difference() -> None:
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert first_divergence([1, 2, 3], [1, 2]) == 2
-    assert first_divergence([1], [1, 2]) == 1
-
-
 def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(check, monkeypatch) -> None:
     real = check.decoder.generate
 
@@ -128,8 +122,8 @@ def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(che
     assert first > 3, "the tiny target must write more than 3 tokens here for this test to mean anything"
     assert result["rows_identical"] == 1 and result["match_rate"] == 0.5
     [div] = result["divergences"]
-    assert div["prompt"] == 0 and div["position"] == 3
-    assert div["hf_token_rank"] == 0 and div["engine_token_rank"] == 1 and div["top2_gap"] > 0
+    assert div["prompt"] == 0 and div["position"] == 3 and div["verdict"] == "mismatch"  # fp32: exact identity
+    assert div["gap"] == pytest.approx(div["top2_gap"]) and div["top2_gap"] > div["bound"] > 0
     assert result["tokens_before_divergence"] == (3 + second) / (first + second)
 
 
@@ -242,7 +236,9 @@ def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(results, monk
     assert "**syncs failed**: batch 1:" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
-def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
+def engine_takes_the_runner_up_once(check: Check, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Perturbs the engine's first decode-step target forward: one row's next token becomes the target's second
+    best there. HF generate and the reference forward are untouched. Returns the perturbed calls."""
     from sidecar.decoding import step
 
     real, calls = step.logits_at, []
@@ -252,18 +248,53 @@ def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
         if model is check.pair.target and not calls:
             calls.append(index)
             row = logits[0, 0]
-            row[row.topk(2).indices[1]] = row.max() + 1  # one row's next token becomes the target's second best
+            row[row.topk(2).indices[1]] = row.max() + 1
         return logits
 
     monkeypatch.setattr(step, "logits_at", runner_up_at_the_first_decode_step)
+    return calls
+
+
+def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
+    calls = engine_takes_the_runner_up_once(check, monkeypatch)
     with torch.inference_mode():
         result = identity(check, Deadline.after(60))
     assert calls, "the engine's decode did not reach the target's logits"
     [div] = result["divergences"]  # the engine may order its rows: which prompt is its first row is its own
-    assert div["hf_token_rank"] == 0 and div["engine_token_rank"] == 1
+    assert div["verdict"] == "mismatch" and div["gap"] == pytest.approx(div["top2_gap"])
     [failure] = result["failed"]
-    assert failure.startswith(f"prompt {div['prompt']} diverges from HF at token {div['position']} ")
+    assert failure.startswith(f"prompt {div['prompt']} mismatches HF at token {div['position']} ")
     assert errors({"pairs": [{"pair": "tiny", "identity": result}]}) == [f"tiny identity: {failure}"]
+
+
+def runner_up_within(pair, roundings: float) -> torch.utils.hooks.RemovableHandle:
+    """Plants a near-tie in the target: wherever it computes logits (HF generate, the engine, the reference
+    forward) its runner-up is moved to ``roundings`` near-tie bounds below its top logit, the argmax unchanged."""
+    eps = torch.finfo(pair.dtype).eps
+
+    def hook(module, inputs, logits):
+        top = logits.topk(2, dim=-1)
+        bound = ROUNDINGS * eps * top.values[..., :1].abs().clamp(min=1.0)
+        return logits.scatter(-1, top.indices[..., 1:], top.values[..., :1] - roundings * bound)
+
+    return pair.target.get_output_embeddings().register_forward_hook(hook)
+
+
+@pytest.mark.parametrize(("roundings", "verdict"), [(0.5, "near-tie"), (10.0, "mismatch")])
+def test_a_planted_near_tie_passes_identity_and_a_large_gap_fails_it(check, monkeypatch, roundings, verdict) -> None:
+    engine_takes_the_runner_up_once(check, monkeypatch)
+    handle = runner_up_within(check.pair, roundings)
+    try:
+        with torch.inference_mode():
+            result = identity(check, Deadline.after(60))
+    finally:
+        handle.remove()
+    [div] = result["divergences"]
+    # fp32 rounds the planted gap, by a few percent at these logits
+    assert div["verdict"] == verdict and div["gap"] == pytest.approx(roundings * div["bound"], rel=0.2)
+    assert (result["rows_identical"], result["rows_near_tie"], result["rows_mismatch"]) == (
+        (1, 1, 0) if verdict == "near-tie" else (1, 0, 1))
+    assert len(result["failed"]) == (verdict == "mismatch")
 
 
 def test_the_report_holds_measured_numbers_that_follow_the_settings(check) -> None:

@@ -7,8 +7,9 @@ For each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; 
 neither on disk the tiny pair runs and the report says so) it runs these parts, in this order:
 
 1. identity: the engine's greedy output at one batch against HF ``generate`` on the target alone, one prompt
-   at a time. Every divergence is listed with its position and the target's top-2 logit gap there, and fails
-   the check.
+   at a time. Each row is identical, diverged at a near-tie (the two tokens' logits within the rounding of
+   the dtype at their magnitude: allowed, counted) or a mismatch (fails the check), by the rule the identity
+   tests share (``sidecar.decoding.divergence``); every divergence is listed with its position and gap.
 2. syncs: device-to-host synchronisations of one decode, per target forward and by source line, next to HF
    generate's per step: on CUDA from the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` plus explicit
    ``torch.cuda.synchronize`` calls, elsewhere the torch calls that would wait on a GPU. A decode over its
@@ -21,7 +22,7 @@ neither on disk the tiny pair runs and the report says so) it runs these parts, 
 A global deadline (``--budget-s``) bounds the whole check: each pair gets an equal share of what is left, each
 part a share of its pair's time, and a measurement that would not end in time is skipped and says so. A
 measurement in progress is never interrupted, so the check can overrun by at most one of them. The check exits
-non-zero when a pair fails to load, a part raises, or identity or the sync budget fails.
+non-zero when a pair fails to load, a part raises, a row mismatches or a decode syncs over its budget.
 Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.
 Writes bench/results/gpu_check.json and .md (other devices, pairs and sizes get suffixed names).
 """

@@ -11,15 +11,16 @@ from bench.gpu_check import parts
 
 def identity_markdown(ident: dict, r: dict) -> str:
     lines = [f"Identity (engine at batch {ident['batch']} vs HF `generate` on the target alone, batch 1, greedy): "
-             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['tokens_before_divergence']:.1%} of "
-             f"reference tokens before the first divergence. Reduced precision rounds differently at different "
-             f"batch shapes, so where the target's top-2 gap is small a flip is rounding, not a bug; a large gap "
-             f"would be one."]
+             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['rows_near_tie']} diverged at a "
+             f"near-tie (allowed), {ident['rows_mismatch']} mismatched (fail); {ident['tokens_before_divergence']:.1%} "
+             f"of reference tokens before the first divergence. Reduced precision rounds differently at different "
+             f"batch shapes, so where the two tokens' logits are within a few roundings of their magnitude "
+             f"(`sidecar.decoding.divergence`) a flip is rounding, not a bug; a larger gap is one."]
     if ident["divergences"]:
         lines.append("\n" + markdown_table(ident["divergences"], [
             ("prompt", "prompt"), ("position", "first divergence"), ("hf_token", "HF token"),
-            ("engine_token", "engine token"), ("top2_gap", "target top-2 logit gap"),
-            ("engine_token_rank", "engine token's rank")]))
+            ("engine_token", "engine token"), ("gap", "logit gap"), ("bound", "near-tie bound"),
+            ("top2_gap", "target top-2 gap"), ("verdict", "verdict")]))
     return "\n".join(lines)
 
 
