@@ -193,6 +193,26 @@ def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run
     assert errors(payload) == [f"tiny broken: {tiny['broken']['error']}"]
 
 
+def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(results, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the choice is made when the pair loads
+    auto = main([*QUICK_TINY_CPU, "--dtype", "auto"])["pairs"][0]
+    # timed at the tiny target's shapes: which dtype wins depends on the CPU, the reason says by how much
+    assert auto["dtype_reason"].startswith("auto: bf16 matmul ") and auto["dtype"] in ("bfloat16", "float32")
+    assert f"tiny: {'bf16' if auto['dtype'] == 'bfloat16' else 'fp32'} ({auto['dtype_reason']})" in \
+        capsys.readouterr().out
+    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; on cpu" in md
+    # without --dtype: SIDECAR_DTYPE (this suite pins fp32), else auto, as every command that loads a pair
+    pinned = main(QUICK_TINY_CPU)
+    assert (pinned["pairs"][0]["dtype"], pinned["pairs"][0]["dtype_reason"]) == ("float32", "SIDECAR_DTYPE=fp32")
+    assert pinned["environment"]["dtype"] == "float32"
+    monkeypatch.delenv("SIDECAR_DTYPE")
+    assert main(QUICK_TINY_CPU)["pairs"][0]["dtype_reason"].startswith("auto: bf16 matmul ")
+    with pytest.raises(SystemExit) as refused:
+        parse_args([*QUICK_TINY_CPU, "--dtype", "fp64"])
+    assert refused.value.code == 2
+
+
 def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     def unloadable(*args):
         raise OSError("no weights")
@@ -367,8 +387,8 @@ def test_the_cuda_parts_run_on_cpu_with_the_cuda_calls_faked(check, monkeypatch)
         # two prompts feed more tokens than one: each run's peak is its own
         assert 0 < one[key] < two[key], key
     assert memory["engine_static_peak_gb"] == two["engine_static_peak_gb"]
-    header = {"pair": "tiny", "dtype": "bfloat16", "device": "cuda:0", "load_s": 1.0, "prompts": "built-in texts",
-              "mean_prompt_tokens": 300.0}
+    header = {"pair": "tiny", "dtype": "bfloat16", "dtype_reason": "default on CUDA: bf16", "device": "cuda:0",
+              "load_s": 1.0, "prompts": "built-in texts", "mean_prompt_tokens": 300.0}
     md = pair_markdown(header | parts)
     assert "| batch | syncs | target forwards |" in md and f"| 2 | {runs[1]['syncs']} |" in md
     assert f"engine {memory['engine_static_peak_gb']:.1f} GB" in md and "| peak GB |" in md

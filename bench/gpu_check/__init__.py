@@ -4,7 +4,9 @@
     python -m bench.gpu_check --pair tiny --device cpu --quick    # the same code path on the tiny random pair
 
 For each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
-neither on disk the tiny pair runs and the report says so) it runs these parts, in this order:
+neither on disk the tiny pair runs and the report says so) it chooses the dtype as every command that loads a
+pair does (``sidecar.models.dtype_choice``: ``--dtype``, else ``$SIDECAR_DTYPE``, else auto: bf16 on CUDA, on a
+CPU the faster of bf16 and fp32 at the target's shapes), prints it with why, then runs these parts in this order:
 
 1. identity: the engine's greedy output at one batch against HF ``generate`` on the target alone, one prompt
    at a time. Each row is identical, diverged at a near-tie (the two tokens' logits within the rounding of
