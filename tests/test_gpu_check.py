@@ -418,6 +418,7 @@ print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"])}}))
 """
 
 
+@pytest.mark.servers
 def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp_path: Path) -> None:
     script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=QUICK_TINY_CPU)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
