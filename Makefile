@@ -59,8 +59,10 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: lint browser models corpus
 	$(PYTEST) -rs --durations=15 --junitxml=test-artifacts/junit.xml --durations-file=test-artifacts/durations.txt
 
+# no real pair, no slow test and nothing that starts a server or a process (`servers`, tests/servers.py): an
+# unmarked test that starts one fails here saying so
 test-fast: venv
-	$(PYTEST) -m "not real and not slow"
+	$(PYTEST) -m "not real and not slow and not servers"
 
 demo: models corpus
 	$(BIN)/sidecar demo --corpus data/news.parquet --limit 4 --db data/sidecar.duckdb

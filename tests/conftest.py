@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from durations import write_durations
+from servers import SERVER_FIXTURES, refuse_servers
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -96,6 +97,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("durations_file")
     if path is not None and not hasattr(session.config, "workerinput"):  # the controller writes, not a worker
         write_durations(path, TEST_TIMES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a fixture that starts a server is marked ``servers`` (tests/servers.py)."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
+@pytest.fixture(autouse=True)
+def servers_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a run that deselects ``servers`` (`make test-fast`), a test that starts one unmarked fails saying so."""
+    if "not servers" in (request.config.getoption("markexpr") or "") and not request.node.get_closest_marker(
+            "servers"):
+        refuse_servers(monkeypatch)
 
 
 @pytest.hookimpl(tryfirst=True)

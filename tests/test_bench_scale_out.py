@@ -10,7 +10,8 @@ import pytest
 
 from bench import common
 
-pytestmark = pytest.mark.slow  # four shard processes, each importing torch, transformers and Prefect
+# four shard processes, each importing torch, transformers and Prefect
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def test_the_quick_scale_out_benchmark_stores_every_document_once_per_mode_and_accounts_for_its_wall_time(

@@ -94,6 +94,7 @@ class RecordedSteps:
         return max((s.live for batch in self.batches for s in batch.trace.steps), default=0)
 
 
+@pytest.mark.servers
 def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
     recorded = RecordedSteps(monkeypatch)
@@ -126,6 +127,7 @@ def test_a_client_that_drops_its_stream_stops_its_decoding(tiny, monkeypatch) ->
     assert kept_body["choices"][0]["message"]["content"] == full_text(tiny.tokenizer, reference[1].token_ids, ())[0]
 
 
+@pytest.mark.servers
 def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
     recorded = RecordedSteps(monkeypatch)
@@ -144,6 +146,7 @@ def test_a_client_that_gives_up_on_a_plain_request_stops_its_decoding(tiny, monk
     assert (stats["cancelled_requests"], stats["cancelled_tokens"]) == (1, len(gone.token_ids))
 
 
+@pytest.mark.servers
 def test_a_client_that_leaves_during_its_sidecars_ends_them(tiny, monkeypatch) -> None:
     """#34.8: a request whose client leaves while its sidecars decode frees their slots at the next step, and
     the server counts it as cancelled (on 556d98e its 16 sidecars of 1,024 tokens ran on: cancelled_requests 0)."""

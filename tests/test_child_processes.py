@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.servers  # parents, children and Prefect servers in processes, killed for real
 
 REPO = Path(__file__).resolve().parents[1]
 

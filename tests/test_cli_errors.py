@@ -21,6 +21,8 @@ from typer.testing import CliRunner
 
 from storage import Database, DatabaseLockedError, InputSchemaError, SchemaTooNewError, UnknownRunError
 
+pytestmark = pytest.mark.servers  # the CLI in subprocesses
+
 REPO = Path(__file__).resolve().parents[1]
 READ_ONLY_DB = Path("/sys/sidecar-test.duckdb")
 

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 PREFECT = Path(sys.executable).parent / "prefect"
 
 # a real Prefect server, deploys and process workers: a test with its module's setup takes up to ~3.5 minutes
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.servers, pytest.mark.timeout(900)]
 
 
 def free_port() -> int:

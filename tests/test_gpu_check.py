@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,13 +17,14 @@ import torch
 from bench import common
 from bench.gpu_check.check import NO_CUDA, Check
 from bench.gpu_check.deadline import Deadline
-from bench.gpu_check.identity import first_divergence, identity
+from bench.gpu_check.identity import identity
 from bench.gpu_check.main import main, parse_args, result_file_name
 from bench.gpu_check.markdown import pair_markdown
 from bench.gpu_check.pairs import BUILTIN_TEXTS, DEFAULT_PAIRS, load_check_pair, local_model_dir
 from bench.gpu_check.parts import PARTS, errors
 from bench.gpu_check.syncs import SyncCounter
 from bench.gpu_check.throughput import throughput
+from sidecar.decoding.divergence import ROUNDINGS
 
 QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
 
@@ -50,7 +54,10 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     [tiny] = payload["pairs"]
     # fp32 on the tiny pair (peaked logits): the engine is token-identical to HF generate on the target
     assert tiny["identity"]["rows"] == 2 and tiny["identity"]["match_rate"] == 1.0
-    assert tiny["syncs"]["skipped"] == NO_CUDA and tiny["memory"]["skipped"] == NO_CUDA
+    # on a CPU the syncs are the torch calls that would wait on a GPU: measured, and within the budget
+    for run in tiny["syncs"]["runs"]:
+        assert 0 < run["syncs"] <= run["budget"] == run["target_forwards"] + run["draft_forwards"]
+    assert tiny["memory"]["skipped"] == NO_CUDA
     assert tiny["sdpa"]["aten_ops"] and tiny["sdpa"]["backends_alone"]["MATH"] == "works"
     rows = tiny["throughput"]["rows"]
     assert [r["batch"] for r in rows] == [1, 2]
@@ -60,7 +67,8 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["environment"]["commit"] and written["pairs"][0]["identity"]["match_rate"] == 1.0
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
-    assert "2/2 rows identical" in md and "syncs: skipped: no CUDA." in md and "| engine static tok/s |" in md
+    assert "2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
+    assert "| engine static tok/s |" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
 
 
@@ -97,13 +105,6 @@ def test_deadline_shares_and_reasons() -> None:
     assert 29 < Deadline.after(60).share(0.5).left() <= 30
 
 
-def test_first_divergence_counts_a_length_difference() -> None:
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert first_divergence([1, 2, 3], [1, 2]) == 2
-    assert first_divergence([1], [1, 2]) == 1
-
-
 def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(check, monkeypatch) -> None:
     real = check.decoder.generate
 
@@ -121,8 +122,8 @@ def test_a_divergence_is_reported_with_its_position_and_the_targets_top2_gap(che
     assert first > 3, "the tiny target must write more than 3 tokens here for this test to mean anything"
     assert result["rows_identical"] == 1 and result["match_rate"] == 0.5
     [div] = result["divergences"]
-    assert div["prompt"] == 0 and div["position"] == 3
-    assert div["hf_token_rank"] == 0 and div["engine_token_rank"] == 1 and div["top2_gap"] > 0
+    assert div["prompt"] == 0 and div["position"] == 3 and div["verdict"] == "mismatch"  # fp32: exact identity
+    assert div["gap"] == pytest.approx(div["top2_gap"]) and div["top2_gap"] > div["bound"] > 0
     assert result["tokens_before_divergence"] == (3 + second) / (first + second)
 
 
@@ -192,6 +193,26 @@ def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run
     assert errors(payload) == [f"tiny broken: {tiny['broken']['error']}"]
 
 
+def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(results, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the choice is made when the pair loads
+    auto = main([*QUICK_TINY_CPU, "--dtype", "auto"])["pairs"][0]
+    # timed at the tiny target's shapes: which dtype wins depends on the CPU, the reason says by how much
+    assert auto["dtype_reason"].startswith("auto: bf16 matmul ") and auto["dtype"] in ("bfloat16", "float32")
+    assert f"tiny: {'bf16' if auto['dtype'] == 'bfloat16' else 'fp32'} ({auto['dtype_reason']})" in \
+        capsys.readouterr().out
+    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; on cpu" in md
+    # without --dtype: SIDECAR_DTYPE (this suite pins fp32), else auto, as every command that loads a pair
+    pinned = main(QUICK_TINY_CPU)
+    assert (pinned["pairs"][0]["dtype"], pinned["pairs"][0]["dtype_reason"]) == ("float32", "SIDECAR_DTYPE=fp32")
+    assert pinned["environment"]["dtype"] == "float32"
+    monkeypatch.delenv("SIDECAR_DTYPE")
+    assert main(QUICK_TINY_CPU)["pairs"][0]["dtype_reason"].startswith("auto: bf16 matmul ")
+    with pytest.raises(SystemExit) as refused:
+        parse_args([*QUICK_TINY_CPU, "--dtype", "fp64"])
+    assert refused.value.code == 2
+
+
 def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     def unloadable(*args):
         raise OSError("no weights")
@@ -203,30 +224,175 @@ def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     assert "Could not be loaded" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
-def test_the_cuda_parts_bookkeeping_runs_on_cpu_with_the_cuda_calls_faked(check, monkeypatch) -> None:
-    """On CPU no sync is seen and no memory measured; what is checked is that the parts' own code runs."""
-    for name in ("set_sync_debug_mode", "synchronize", "reset_peak_memory_stats", "empty_cache"):
+def plant_in_the_step(monkeypatch: pytest.MonkeyPatch, extra: Callable[[torch.Tensor], object]) -> None:
+    """Every forward of a decode step (target and draft) also runs ``extra`` on its hidden states."""
+    from sidecar.decoding import step
+
+    real = step.forward
+
+    def forward_and_extra(*args, **kwargs):
+        hidden = real(*args, **kwargs)
+        extra(hidden)
+        return hidden
+
+    monkeypatch.setattr(step, "forward", forward_and_extra)
+
+
+def with_args(check: Check, **sizes) -> Check:
+    return dataclasses.replace(check, args=argparse.Namespace(**vars(check.args) | sizes))
+
+
+def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(results, monkeypatch) -> None:
+    syncs_part = next(part for part in PARTS if part[0] == "syncs")
+    monkeypatch.setattr("bench.gpu_check.parts.PARTS", [syncs_part])
+    plant_in_the_step(monkeypatch, lambda hidden: hidden[0, 0, 0].item())
+    payload = main(QUICK_TINY_CPU)
+    [tiny] = payload["pairs"]
+    for run in tiny["syncs"]["runs"]:
+        assert not run["within_budget"] and run["syncs"] > run["budget"]
+        assert any(site.startswith("tests/test_gpu_check.py:") for site in run["top_sites"])
+    failures = errors(payload)
+    assert len(failures) == 2 and all(f.startswith("tiny syncs: batch ") and "over the budget" in f for f in failures)
+    assert "**syncs failed**: batch 1:" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+
+
+def engine_takes_the_runner_up_once(check: Check, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Perturbs the engine's first decode-step target forward: one row's next token becomes the target's second
+    best there. HF generate and the reference forward are untouched. Returns the perturbed calls."""
+    from sidecar.decoding import step
+
+    real, calls = step.logits_at, []
+
+    def runner_up_at_the_first_decode_step(model, hidden, index):
+        logits = real(model, hidden, index)
+        if model is check.pair.target and not calls:
+            calls.append(index)
+            row = logits[0, 0]
+            row[row.topk(2).indices[1]] = row.max() + 1
+        return logits
+
+    monkeypatch.setattr(step, "logits_at", runner_up_at_the_first_decode_step)
+    return calls
+
+
+def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
+    calls = engine_takes_the_runner_up_once(check, monkeypatch)
+    with torch.inference_mode():
+        result = identity(check, Deadline.after(60))
+    assert calls, "the engine's decode did not reach the target's logits"
+    [div] = result["divergences"]  # the engine may order its rows: which prompt is its first row is its own
+    assert div["verdict"] == "mismatch" and div["gap"] == pytest.approx(div["top2_gap"])
+    [failure] = result["failed"]
+    assert failure.startswith(f"prompt {div['prompt']} mismatches HF at token {div['position']} ")
+    assert errors({"pairs": [{"pair": "tiny", "identity": result}]}) == [f"tiny identity: {failure}"]
+
+
+def runner_up_within(pair, roundings: float) -> torch.utils.hooks.RemovableHandle:
+    """Plants a near-tie in the target: wherever it computes logits (HF generate, the engine, the reference
+    forward) its runner-up is moved to ``roundings`` near-tie bounds below its top logit, the argmax unchanged."""
+    eps = torch.finfo(pair.dtype).eps
+
+    def hook(module, inputs, logits):
+        top = logits.topk(2, dim=-1)
+        bound = ROUNDINGS * eps * top.values[..., :1].abs().clamp(min=1.0)
+        return logits.scatter(-1, top.indices[..., 1:], top.values[..., :1] - roundings * bound)
+
+    return pair.target.get_output_embeddings().register_forward_hook(hook)
+
+
+@pytest.mark.parametrize(("roundings", "verdict"), [(0.5, "near-tie"), (10.0, "mismatch")])
+def test_a_planted_near_tie_passes_identity_and_a_large_gap_fails_it(check, monkeypatch, roundings, verdict) -> None:
+    engine_takes_the_runner_up_once(check, monkeypatch)
+    handle = runner_up_within(check.pair, roundings)
+    try:
+        with torch.inference_mode():
+            result = identity(check, Deadline.after(60))
+    finally:
+        handle.remove()
+    [div] = result["divergences"]
+    # fp32 rounds the planted gap, by a few percent at these logits
+    assert div["verdict"] == verdict and div["gap"] == pytest.approx(roundings * div["bound"], rel=0.2)
+    assert (result["rows_identical"], result["rows_near_tie"], result["rows_mismatch"]) == (
+        (1, 1, 0) if verdict == "near-tie" else (1, 0, 1))
+    assert len(result["failed"]) == (verdict == "mismatch")
+
+
+def test_the_report_holds_measured_numbers_that_follow_the_settings(check) -> None:
+    parts = {name: run for name, run, _ in PARTS}
+    with torch.inference_mode():
+        short, long = ({name: parts[name](with_args(check, max_new_tokens=n), Deadline.after(60))
+                        for name in ("identity", "syncs")} for n in (4, 12))
+    for result in (short, long):
+        assert result["identity"]["failed"] == [] and result["syncs"]["failed"] == []
+    # more new tokens: more reference tokens, more forwards and more syncs, in the engine and in HF
+    assert [r["hf_tokens"] for r in short["identity"]["per_row"]] == [4, 4]
+    assert [r["hf_tokens"] for r in long["identity"]["per_row"]] == [12, 12]
+    for a, b in zip(short["syncs"]["runs"], long["syncs"]["runs"], strict=True):
+        assert a["batch"] == b["batch"]
+        for key in ("syncs", "target_forwards", "hf_plain_syncs", "hf_plain_steps"):
+            assert 0 < a[key] < b[key], key
+
+
+class FedTokens:
+    """Fake CUDA memory statistics that measure the run: the bytes of the target's embeddings computed since the
+    last reset as the peak, the target's weights as the memory allocated."""
+
+    def __init__(self, pair) -> None:
+        self.pair, self.fed = pair, 0
+        self.hook = pair.target.get_input_embeddings().register_forward_hook(self.count)
+
+    def count(self, module, inputs, output) -> None:
+        self.fed += output.numel() * output.element_size()
+
+    def reset(self, device=None) -> None:
+        self.fed = 0
+
+    def peak(self, device=None) -> int:
+        return self.fed
+
+    def weights(self, device=None) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pair.target.parameters())
+
+
+def test_the_cuda_parts_run_on_cpu_with_the_cuda_calls_faked(check, monkeypatch) -> None:
+    """The CUDA-only code paths run here with CUDA's calls faked: a synchronize planted in the step is counted and
+    fails the check; the memory figures are each run's own measure, not a constant."""
+    for name in ("set_sync_debug_mode", "synchronize", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2**30)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    memory_stats = FedTokens(check.pair)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", memory_stats.reset)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", memory_stats.peak)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", memory_stats.weights)
     monkeypatch.setattr(Check, "cuda", property(lambda self: True))
-    parts = {name: run(check, Deadline.after(60)) for name, run, _ in PARTS
-             if name in ("syncs", "memory", "throughput")}  # the CUDA-only ones, and the one with a peak column
+    # the faked device reports none of the engine's own reads: two planted syncs per forward exceed the budget alone
+    plant_in_the_step(monkeypatch, lambda hidden: (torch.cuda.synchronize(), torch.cuda.synchronize()))
+    try:
+        parts = {name: run(check, Deadline.after(60)) for name, run, _ in PARTS
+                 if name in ("syncs", "memory", "throughput")}  # the CUDA-only ones, and the one with a peak column
+    finally:
+        memory_stats.hook.remove()
     runs = parts["syncs"]["runs"]
     assert [r["batch"] for r in runs] == [1, 2]
     for run in runs:
-        assert run["syncs"] == 0 and run["within_budget"] and run["target_forwards"] > 1
+        decode_forwards = run["target_forwards"] - 1 + run["draft_forwards"]  # the prefill's forward is no step's
+        assert run["syncs"] == 2 * decode_forwards > run["budget"] and not run["within_budget"]
+        [site] = run["top_sites"]
+        assert site.startswith("tests/test_gpu_check.py:") and site.endswith(" synchronize()")
         assert run["hf_plain_steps"] > 1 and run["hf_plain_syncs_per_step"] == 0
-    assert parts["memory"] == {"batch": 2, "max_new_tokens": 8, "weights_gb": 1.0, "engine_static_peak_gb": 3.0,
-                               "hf_plain_peak_gb": 3.0}
-    row = parts["throughput"]["rows"][0]
-    assert row["engine_static_peak_gb"] == 3.0 and row["hf_plain_peak_gb"] == 3.0
-    header = {"pair": "tiny", "dtype": "bfloat16", "device": "cuda:0", "load_s": 1.0, "prompts": "built-in texts",
-              "mean_prompt_tokens": 300.0}
+    assert len(parts["syncs"]["failed"]) == 2
+    memory = parts["memory"]
+    assert memory["weights_gb"] == memory_stats.weights() / 2**30 and memory["batch"] == 2
+    one, two = parts["throughput"]["rows"]
+    for key in ("engine_static_peak_gb", "hf_plain_peak_gb"):
+        # two prompts feed more tokens than one: each run's peak is its own
+        assert 0 < one[key] < two[key], key
+    assert memory["engine_static_peak_gb"] == two["engine_static_peak_gb"]
+    header = {"pair": "tiny", "dtype": "bfloat16", "dtype_reason": "default on CUDA: bf16", "device": "cuda:0",
+              "load_s": 1.0, "prompts": "built-in texts", "mean_prompt_tokens": 300.0}
     md = pair_markdown(header | parts)
-    assert "| batch | syncs | target forwards |" in md and "| 1 | 0 |" in md
-    assert "Peak memory at batch 2 (8 new tokens, `torch.cuda.max_memory_allocated`): engine 3.0 GB" in md
-    assert "| peak GB |" in md
+    assert "| batch | syncs | target forwards |" in md and f"| 2 | {runs[1]['syncs']} |" in md
+    assert f"engine {memory['engine_static_peak_gb']:.1f} GB" in md and "| peak GB |" in md
+    assert "**syncs failed**: batch " in md
 
 
 # What the stock GPU image (torch, transformers, numpy, pyarrow, tqdm, rich, typer, matplotlib) lacks.
@@ -252,6 +418,7 @@ print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"])}}))
 """
 
 
+@pytest.mark.servers
 def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp_path: Path) -> None:
     script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=QUICK_TINY_CPU)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

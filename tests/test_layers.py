@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sidecar", "storage", "pipeline", "server", "study", "flows", "cli", "vocab")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(),
-                                reason="import-linter is not installed (pip install -e '.[dev]')")
+# lint-imports and Python in subprocesses
+pytestmark = [pytest.mark.servers, pytest.mark.skipif(
+    not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[dev]')")]
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serving import chat, serving
 
@@ -42,6 +43,7 @@ def leave_mid_stream(url: str) -> None:
                 return  # leaving the block closes the connection mid-stream
 
 
+@pytest.mark.servers
 def test_metrics_count_what_concurrent_clients_sent(tiny) -> None:
     app = create_app(SidecarEngine(tiny), ServerConfig(model_name="tiny", max_batch=8, batch_wait_ms=200))
     with serving(app) as (url, _), ThreadPoolExecutor(5) as pool:

@@ -40,7 +40,7 @@ SENTENCES = [
     "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory.",
 ]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def write_corpus(path: Path, n: int) -> Path:

@@ -22,6 +22,8 @@ from test_report import drafts, stored_run
 
 from study.report import CostReport, write_cost_report
 
+pytestmark = pytest.mark.servers  # a headless browser
+
 REPO = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT = 1280, 800  # a typical laptop window
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

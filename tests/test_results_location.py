@@ -28,6 +28,7 @@ def test_an_unusable_results_location_is_refused_when_opened(kind: str, tmp_path
     assert PartStore.opened(str(tmp_path / "new" / "parts")).is_local
 
 
+@pytest.mark.servers
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["unknown-scheme", "under-a-file"])
 def test_nightly_with_an_unusable_results_uri_exits_2_with_one_line_and_writes_nothing(kind: str,

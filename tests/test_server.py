@@ -599,6 +599,7 @@ def inprocess_server(engine: SidecarEngine, config: ServerConfig) -> Iterator[st
         yield f"{url}/v1"
 
 
+@pytest.mark.servers
 def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) -> None:
     engine = SidecarEngine(tiny)
     secret = "internal detail 0xdeadbeef"
@@ -621,6 +622,7 @@ def test_worker_exception_is_a_500_without_traceback(tiny, monkeypatch, caplog) 
         assert ask(client, "hi", max_tokens=4).choices[0].message.content is not None
 
 
+@pytest.mark.servers
 def test_an_unexpected_error_is_a_500_and_the_connection_stays_open(tiny, monkeypatch, caplog) -> None:
     engine = SidecarEngine(tiny)
     secret = "internal detail 0xfeedface"
@@ -681,6 +683,7 @@ def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -
     assert bound == ["0.0.0.0", "0.0.0.0"]
 
 
+@pytest.mark.servers
 def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
     engine = SidecarEngine(tiny)
     step = SidecarBatch.step

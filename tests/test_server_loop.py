@@ -84,6 +84,7 @@ def blocking_steps(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, th
     return entered, release
 
 
+@pytest.mark.servers
 def test_a_short_request_sent_while_a_long_one_decodes_finishes_first(engine: SidecarEngine) -> None:
     with started(engine) as service:  # the expected answers, each decoded alone
         long_alone, short_alone = (asyncio.run(answer(service, chat(p, max_tokens=m))) for p, m in

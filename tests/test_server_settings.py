@@ -30,6 +30,7 @@ def test_serve_refuses_a_setting_out_of_bounds_with_one_line_before_loading(opti
     assert served == []
 
 
+@pytest.mark.servers
 def test_health_is_503_with_its_reason_once_the_batch_worker_has_died(tiny) -> None:
     # a config that skipped validation, as every config could before it had bounds: the worker's wait overflows
     config = ServerConfig.model_construct(model_name="tiny", batch_wait_ms=float("inf"))

@@ -15,6 +15,8 @@ from flows.shard_launch import ShardLaunch, new_launch_id
 from flows.shard_processes import ShardProcess, slot_environment
 from sidecar.models.devices import CPU_SLOT_ENV, accelerator_id
 
+pytestmark = pytest.mark.servers  # shard attempts in processes
+
 
 def test_each_slot_gets_its_share_of_the_cores_or_its_own_gpu() -> None:
     cpu = [slot_environment(slot, 2, gpus=[], cores=5) for slot in range(2)]

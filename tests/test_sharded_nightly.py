@@ -31,7 +31,7 @@ SENTENCES = [
     "Officials said the plan would add jobs at the plant in the north of the state.",
     "The president met leaders in Berlin, Moscow, Beijing and Doha to discuss prices.",
 ]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def write_corpus(path: Path, n: int, huge: bool = False, edition: str = "") -> Path:

@@ -24,6 +24,8 @@ import pytest
 from storage import Database, DatabaseLockedError, LockHeldError, OutputRecord, RequestStats
 from storage.connection import RetryPolicy, attach_file, parse_lock_holder
 
+pytestmark = pytest.mark.servers  # writers and readers in other processes
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST_GIVE_UP = RetryPolicy(attempts=4, first_delay_s=0.01, max_delay_s=0.05)
 PATIENT = RetryPolicy(attempts=40, first_delay_s=0.02, max_delay_s=0.25)

@@ -4,11 +4,13 @@ keeps every test's time."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from servers import UnmarkedServer, refuse_servers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +22,7 @@ def test_every_test_has_a_time_limit_covering_its_setup(pytestconfig: pytest.Con
     assert not pytestconfig.getini("timeout_func_only")
 
 
+@pytest.mark.servers
 def test_a_run_keeps_every_tests_setup_call_and_teardown_seconds_slowest_first(tmp_path: Path) -> None:
     # the way `make test` runs: under pytest-xdist, where the workers run the tests and the controller writes
     path = tmp_path / "artifacts" / "durations.txt"
@@ -38,3 +41,22 @@ def test_a_run_keeps_every_tests_setup_call_and_teardown_seconds_slowest_first(t
     for line in lines:  # each total is its three phases
         total, *phases, _ = line.split()
         assert abs(float(total) - sum(map(float, phases))) < 0.02
+
+
+def test_a_fast_run_refuses_an_unmarked_test_that_starts_a_server_or_a_process(monkeypatch, tmp_path) -> None:
+    refuse_servers(monkeypatch)
+    for command in ([sys.executable, "-c", "pass"], [str(Path(sys.executable).with_name("sidecar")), "--help"],
+                    [str(REPO / "infra" / "gpu-workers.sh")], ["chromium", "--headless"]):
+        with pytest.raises(UnmarkedServer, match="mark it `servers`"):
+            subprocess.Popen(command)
+    with socket.socket() as sock, pytest.raises(UnmarkedServer, match="this test starts a server"):
+        sock.bind(("127.0.0.1", 0))  # binding to learn a free port is no server; listening is
+        sock.listen()
+    # other commands (git, a linter) still run
+    assert subprocess.run(["git", "--version"], capture_output=True, text=True).returncode == 0
+
+
+def test_make_test_fast_deselects_the_tests_that_start_servers(pytestconfig: pytest.Config) -> None:
+    assert any(line.startswith("servers:") for line in pytestconfig.getini("markers"))
+    fast = re.search(r"^test-fast:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1)
+    assert '-m "not real and not slow and not servers"' in fast

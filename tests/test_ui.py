@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 
 # `sidecar ui` starts a server, deploys and a worker, then a whole nightly run: ~2 minutes on a busy CPU
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.servers, pytest.mark.timeout(600)]
 
 
 def free_port() -> int:

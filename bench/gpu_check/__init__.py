@@ -4,14 +4,18 @@
     python -m bench.gpu_check --pair tiny --device cpu --quick    # the same code path on the tiny random pair
 
 For each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
-neither on disk the tiny pair runs and the report says so) it runs these parts, in this order:
+neither on disk the tiny pair runs and the report says so) it chooses the dtype as every command that loads a
+pair does (``sidecar.models.dtype_choice``: ``--dtype``, else ``$SIDECAR_DTYPE``, else auto: bf16 on CUDA, on a
+CPU the faster of bf16 and fp32 at the target's shapes), prints it with why, then runs these parts in this order:
 
 1. identity: the engine's greedy output at one batch against HF ``generate`` on the target alone, one prompt
-   at a time. bf16 rounding differs between batch shapes, so a near-tie can flip: every divergence is listed
-   with its position and the target's top-2 logit gap there, and the match rate is what it is.
-2. syncs (CUDA): device-to-host synchronisations of one decode, counted from the warnings of
-   ``torch.cuda.set_sync_debug_mode("warn")`` plus explicit ``torch.cuda.synchronize`` calls, per target
-   forward and by source line, next to HF generate's per step.
+   at a time. Each row is identical, diverged at a near-tie (the two tokens' logits within the rounding of
+   the dtype at their magnitude: allowed, counted) or a mismatch (fails the check), by the rule the identity
+   tests share (``sidecar.decoding.divergence``); every divergence is listed with its position and gap.
+2. syncs: device-to-host synchronisations of one decode, per target forward and by source line, next to HF
+   generate's per step: on CUDA from the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` plus explicit
+   ``torch.cuda.synchronize`` calls, elsewhere the torch calls that would wait on a GPU. A decode over its
+   budget (one per target forward plus one per draft forward) fails the check.
 3. sdpa: the attention kernels one engine decode runs (profiler), and which SDPA backends alone can run it.
 4. memory (CUDA): ``torch.cuda.max_memory_allocated`` of the engine and of HF generate at the largest batch.
 5. throughput: tokens/s of HF plain (batched), HF assisted (``assistant_model=``, batch 1 only) and the
@@ -19,7 +23,8 @@ neither on disk the tiny pair runs and the report says so) it runs these parts, 
 
 A global deadline (``--budget-s``) bounds the whole check: each pair gets an equal share of what is left, each
 part a share of its pair's time, and a measurement that would not end in time is skipped and says so. A
-measurement in progress is never interrupted, so the check can overrun by at most one of them.
+measurement in progress is never interrupted, so the check can overrun by at most one of them. The check exits
+non-zero when a pair fails to load, a part raises, a row mismatches or a decode syncs over its budget.
 Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.
 Writes bench/results/gpu_check.json and .md (other devices, pairs and sizes get suffixed names).
 """

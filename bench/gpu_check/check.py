@@ -16,7 +16,9 @@ from bench.gpu_check.pairs import documents, load_check_pair
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
 from bench.hf_baselines import hf_plain_batched, hf_plain_one
 from sidecar.decoding.decoder import SpeculativeDecoder
-from sidecar.models.pair import ModelPair
+from sidecar.models.dtype_choice import choose_dtype
+from sidecar.models.loading import target_shape
+from sidecar.models.pair import ModelPair, dtype_name
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION, build_prompt
 
 NO_CUDA = "skipped: no CUDA"  # what a CUDA-only part says on another device
@@ -58,9 +60,13 @@ class Check:
 
 
 def prepare(name: str, spec: str, args: argparse.Namespace) -> tuple[Check, dict]:
-    """Load the pair, build its prompts and warm it up; the report's header for the pair."""
+    """Choose the pair's dtype (printed with why), load the pair, build its prompts and warm it up; the report's
+    header for the pair."""
     began = time.monotonic()
-    pair = load_check_pair(name, spec, args.device, args.dtype)
+    choice = choose_dtype(torch.device(args.device), args.dtype, *target_shape(spec))
+    print(f"{name}: {dtype_name(choice.dtype)} ({choice.reason})", flush=True)
+    pair = load_check_pair(name, spec, args.device, choice.dtype)
+    pair.dtype_reason = choice.reason
     loaded = time.monotonic() - began
     texts, source = documents(max(args.identity_prompts, args.assisted_documents,
                                   *(int(b) for b in args.batches.split(",")),
@@ -73,5 +79,6 @@ def prepare(name: str, spec: str, args: argparse.Namespace) -> tuple[Check, dict
     hf_plain_one(pair, warm, 4)
     check.decoder.generate([warm, warm], max_new_tokens=4, batch_size=2)
     return check, {"pair": name, "loaded_from": spec, "load_s": loaded, "device": str(pair.device),
-                   "dtype": str(pair.dtype).replace("torch.", ""), "prompts": source,
+                   "dtype": str(pair.dtype).replace("torch.", ""), "dtype_reason": pair.dtype_reason,
+                   "prompts": source,
                    "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)}

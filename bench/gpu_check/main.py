@@ -24,7 +24,8 @@ from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.markdown import markdown
 from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
 from bench.gpu_check.parts import check_pair
-from sidecar.models.loading import NAMED_PAIRS, default_device_dtype
+from sidecar.models.loading import NAMED_PAIRS, default_device
+from sidecar.settings import DTYPE_HELP, DTYPE_NAMES
 
 SIZES = {
     "quick": {"identity_prompts": 2, "batches": "1,2", "max_new_tokens": 8, "chars": 400, "assisted_documents": 1,
@@ -53,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"{', '.join(NAMED_PAIRS)} or TARGET,DRAFT; default: {', '.join(DEFAULT_PAIRS)} where "
                              "on disk, else the tiny pair")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
-    parser.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    # each pair's choice and its reason are printed and reported (``sidecar.models.dtype_choice``)
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help=DTYPE_HELP)
     parser.add_argument("--budget-s", type=float, default=480.0, help="global deadline in seconds (default 8 min)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--identity-prompts", type=int)
@@ -73,8 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a lent GPU machine has no network: use what is on disk
     started = time.monotonic()
     deadline = Deadline.after(args.budget_s)
-    device, dtype = default_device_dtype(args.device, args.dtype)
-    args.device, args.dtype = str(device), dtype
+    device = default_device(args.device)
+    args.device = str(device)
     default_pairs = args.pair is None
     names = list(DEFAULT_PAIRS) if default_pairs else args.pair
     resolved = {name: resolve_pair(name) for name in names}
@@ -92,8 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         # each pair gets an equal share of what is left; what one leaves unused goes to the next
         pairs.append(check_pair(name, spec, args, deadline.share(1 / (len(present) - i))))
-    payload = {"environment": environment(device, dtype),
-               "args": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(args).items()},
+    # the dtype measured in, where every pair chose the same one
+    dtypes = {r["dtype"] for r in pairs if "dtype" in r}
+    dtype = getattr(torch, dtypes.pop()) if len(dtypes) == 1 else None
+    payload = {"environment": environment(device, dtype), "args": vars(args),
                "absent": absent, "fallback": fallback, "pairs": pairs, "seconds": time.monotonic() - started}
     write_results(result_file_name(args, device, default_pairs), payload, markdown(payload))
     return payload

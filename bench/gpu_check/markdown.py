@@ -11,23 +11,24 @@ from bench.gpu_check import parts
 
 def identity_markdown(ident: dict, r: dict) -> str:
     lines = [f"Identity (engine at batch {ident['batch']} vs HF `generate` on the target alone, batch 1, greedy): "
-             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['tokens_before_divergence']:.1%} of "
-             f"reference tokens before the first divergence. Reduced precision rounds differently at different "
-             f"batch shapes, so where the target's top-2 gap is small a flip is rounding, not a bug; a large gap "
-             f"would be one."]
+             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['rows_near_tie']} diverged at a "
+             f"near-tie (allowed), {ident['rows_mismatch']} mismatched (fail); {ident['tokens_before_divergence']:.1%} "
+             f"of reference tokens before the first divergence. Reduced precision rounds differently at different "
+             f"batch shapes, so where the two tokens' logits are within a few roundings of their magnitude "
+             f"(`sidecar.decoding.divergence`) a flip is rounding, not a bug; a larger gap is one."]
     if ident["divergences"]:
         lines.append("\n" + markdown_table(ident["divergences"], [
             ("prompt", "prompt"), ("position", "first divergence"), ("hf_token", "HF token"),
-            ("engine_token", "engine token"), ("top2_gap", "target top-2 logit gap"),
-            ("engine_token_rank", "engine token's rank")]))
+            ("engine_token", "engine token"), ("gap", "logit gap"), ("bound", "near-tie bound"),
+            ("top2_gap", "target top-2 gap"), ("verdict", "verdict")]))
     return "\n".join(lines)
 
 
 def syncs_markdown(result: dict, r: dict) -> str:
     runs = [x | {"where": ", ".join(f"{k} ×{v}" for k, v in list(x.get("top_sites", {}).items())[:3])}
             for x in result["runs"]]
-    return ("Device-to-host synchronisations of one decode (`torch.cuda.set_sync_debug_mode(\"warn\")` and "
-            "`torch.cuda.synchronize` calls), budget: one per target forward plus one per draft forward:\n\n"
+    return (f"Device-to-host synchronisations of one decode (counted by {result['counted_by']}), budget: one per "
+            "target forward plus one per draft forward:\n\n"
             + markdown_table(runs, [
                 ("batch", "batch"), ("syncs", "syncs"), ("target_forwards", "target forwards"),
                 ("draft_forwards", "draft forwards"), ("syncs_per_target_forward", "per target forward"),
@@ -74,8 +75,8 @@ RENDERERS = {"identity": identity_markdown, "syncs": syncs_markdown, "sdpa": sdp
 def pair_markdown(r: dict) -> str:
     if "error" in r:
         return f"### `{r['pair']}`\n\nCould not be loaded and warmed up: {r['error']}."
-    lines = [f"### `{r['pair']}` ({r['dtype']} on {r['device']}, loaded in {r['load_s']:.0f} s; prompts: "
-             f"{r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
+    lines = [f"### `{r['pair']}` ({r['dtype']}, {r['dtype_reason']}; on {r['device']}, loaded in {r['load_s']:.0f} s; "
+             f"prompts: {r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
     for part, _, _ in parts.PARTS:  # the module's list, not a copy: the parts check_pair ran, in its order
         value = r.get(part)
         if value is None:
@@ -84,6 +85,7 @@ def pair_markdown(r: dict) -> str:
             lines.append(f"\n{part}: {value.get('skipped') or 'error: ' + value['error']}.")
         elif part in RENDERERS:
             lines.append("\n" + RENDERERS[part](value, r))
+        lines += [f"\n**{part} failed**: {why}." for why in value.get("failed", [])]
     return "\n".join(lines)
 
 

@@ -2,6 +2,8 @@
 
 Each part gets a share of the time its pair has left when it starts. A part that raises is reported and fails the
 check (``errors``) while the others still run; so does a pair that cannot be loaded, and the next pair still runs.
+A part whose measurement breaks its guarantee (a token that differs from HF's, a sync over the budget) lists why
+under ``failed``, which fails the check the same way.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def check_pair(name: str, spec: str, args: argparse.Namespace, deadline: Deadlin
 
 
 def errors(payload: dict) -> list[str]:
-    """Every pair that failed to load and every part that raised: what makes the check exit non-zero."""
-    return [f"{r['pair']}: {r['error']}" for r in payload["pairs"] if "error" in r] + [
-        f"{r['pair']} {part}: {r[part]['error']}" for r in payload["pairs"] for part, _, _ in PARTS
-        if "error" in r.get(part, {})]
+    """Every pair that failed to load, every part that raised and every guarantee a part found broken: what makes
+    the check exit non-zero."""
+    loads = [f"{r['pair']}: {r['error']}" for r in payload["pairs"] if "error" in r]
+    parts = [(r["pair"], part, r.get(part, {})) for r in payload["pairs"] for part, _, _ in PARTS]
+    return loads + [f"{pair} {part}: {why}" for pair, part, result in parts
+                    for why in ([result["error"]] if "error" in result else result.get("failed", []))]
