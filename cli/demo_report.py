@@ -143,7 +143,8 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
 
 
 def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
-    """The mean preference with its interval, the controls, the position bias and, plainly, UNRELIABLE."""
+    """The mean preference with its interval, the controls against the margin, the position bias, the smallest
+    detectable difference and, plainly, UNRELIABLE."""
     lines = []
     if tally["mean_preference"] is not None:
         ci = tally["preference_ci"]
@@ -153,13 +154,19 @@ def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
     accuracy = tally["control_accuracy"]
     bias = "-" if tally["position_bias"] is None else f"{tally['position_bias']:.2f}"
     controls = ("no control answered" if accuracy is None
-                else f"accuracy {accuracy:.2f} over {tally['control_documents']} documents")
+                else f"{tally['control_cleared']} of {tally['control_documents']} cleared the margin")
     lines.append(line((f"controls: {controls}; position bias {bias} (0.5 = none)", None)))
+    lines.append(line((f"separation {_number(tally['separation'])} ± {_number(tally['separation_spread'])}, AUC "
+                       f"{_number(tally['auc'])}; detectable difference {_number(tally['detectable'])}", None)))
     if not tally["reliable"]:
         threshold = tally["threshold"] if tally["threshold"] is not None else 0.75
-        lines.append(line((Text(f"UNRELIABLE: control accuracy below {threshold:.2f}; the verdicts above "
-                                "measure nothing", style="bold red"), None)))
+        lines.append(line((Text(f"UNRELIABLE: under {threshold:.0%} of the controls cleared the margin; "
+                                "verdicts say nothing", style="bold red"), None)))
     return lines
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def judge_section(judge: list[dict[str, Any]]) -> Group:

@@ -214,7 +214,9 @@ def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable
     assert summary.reliable is reliable
     [quality] = db.judge_quality(TOPICAL)
     assert (quality["mode"], quality["control_documents"], quality["reliable"]) == ("probability", 3, reliable)
-    assert quality["control_accuracy"] == summary.control_accuracy == (1.0 if reliable else 0.5)
+    assert quality["control_accuracy"] == summary.control_accuracy == (1.0 if reliable else 0.0)
+    assert quality["auc"] == summary.reliability.auc == (1.0 if reliable else 0.5)
+    assert quality["separation"] == pytest.approx(summary.reliability.easy.mean)
     assert quality["position_bias"] == pytest.approx(summary.position_bias) and quality["position_bias"] > 0.5
     assert quality["margin"] == pytest.approx(summary.margin) and quality["margin"] >= 0.02
     verdicts = db.query("SELECT doc_id, verdict, preference, reliable FROM judgements WHERE run_id = ? "
@@ -406,7 +408,7 @@ def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
         result = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url,
                                           "--model", "mock"])
     assert result.exit_code == 0, result.output
-    assert "Reliable: control accuracy 1.00 over 3 documents" in result.output
+    assert "Reliable (pairwise): controls cleared the margin 0.020 in 3 of 3 documents" in result.output
     assert "| sidecar better | 3 |" in result.output
     assert "Mean preference for the sidecar's tags: 0.800" in result.output
     assert [q["reliable"] for q in db.judge_quality(TOPICAL)] == [True]

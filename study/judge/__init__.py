@@ -14,13 +14,13 @@ from study.judge.config import API_KEY_ENV_VARS, JudgeConfig, JudgeConfigError, 
 from study.judge.controls import control_foils, null_tags
 from study.judge.games import SIDES, GameKind, GameResult, backoff_seconds, request_options
 from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, TEXT_FALLBACK, JudgeMode, render_prompt
+from study.judge.reliability import Method, Reliability, Rung, auc, detectable_difference, mean_interval
 from study.judge.results import JudgeItem, JudgeResult
 from study.judge.run import Detection, detect_prompt_version, judge_pairs
 from study.judge.scoring import (
     Verdict,
     bootstrap_ci,
     calibrated_margin,
-    control_score,
     final_verdict,
     position_bias,
     preference,
@@ -46,17 +46,22 @@ __all__ = [
     "JudgeMode",
     "JudgeResult",
     "JudgeSummary",
+    "Method",
+    "Reliability",
+    "Rung",
     "Verdict",
+    "auc",
     "backoff_seconds",
     "bootstrap_ci",
     "calibrated_margin",
     "control_foils",
-    "control_score",
     "detect_prompt_version",
+    "detectable_difference",
     "final_verdict",
     "judge_pairs",
     "letter_probabilities",
     "make_judge_client",
+    "mean_interval",
     "null_tags",
     "parse_judge_answer",
     "position_bias",

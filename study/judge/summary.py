@@ -9,12 +9,14 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from study.judge.config import JudgeConfig
+from study.judge.games import GameResult
 from study.judge.prompts import JudgeMode
+from study.judge.reliability import Reliability, auc, detectable_difference, rung
 from study.judge.results import JudgeResult
 from study.judge.scoring import (
+    TEXT_MARGIN,
     bootstrap_ci,
     calibrated_margin,
-    control_score,
     position_bias,
     preference,
     text_preference,
@@ -47,20 +49,17 @@ class JudgeSummary(BaseModel):
     position_bias: float | None = None
     threshold: float = 0.75
     reliable: bool = False
+    # the controls against the run's margin: separation, the share that cleared it, AUC, detectable difference
+    reliability: Reliability | None = None
     # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
     mode_note: str | None = None
     error_docs: dict[str, str] = Field(default_factory=dict)
 
     def reliability_line(self) -> str:
         """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not."""
-        if self.control_accuracy is None:
-            return ("UNRELIABLE: no control game was answered (a run needs two documents with different tags), "
-                    "so nothing shows that this judge tells right tags from wrong ones.")
-        accuracy = f"control accuracy {self.control_accuracy:.2f} over {self.control_documents} documents"
-        if self.reliable:
-            return f"Reliable: {accuracy}, at least the threshold {self.threshold:.2f}."
-        return (f"UNRELIABLE: {accuracy}, below the threshold {self.threshold:.2f}: this judge does not tell a "
-                "document's own tags from another's, so its wins, ties and losses measure nothing.")
+        if self.reliability is None:
+            return "UNRELIABLE: nothing was judged."
+        return self.reliability.line()
 
     def to_markdown(self) -> str:
         rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
@@ -89,9 +88,11 @@ class JudgeSummary(BaseModel):
                       f"; a verdict needs more than {_number(self.margin)} from 0.5 (the margin the null games "
                       "calibrated).", ""]
         bias = _number(self.position_bias)
-        lines += [f"Controls: {self.control_documents} documents, accuracy {_number(self.control_accuracy)} "
-                  f"(threshold {self.threshold:.2f}); position bias {bias} (share for the set shown first, "
-                  "0.5 = none).", "", SOURCE_STUDY]
+        detectable = None if self.reliability is None else self.reliability.detectable
+        lines += [f"Controls: {self.control_documents} documents, share clearing the margin "
+                  f"{_number(self.control_accuracy)} (threshold {self.threshold:.2f}); position bias {bias} (share "
+                  "for the set shown first, 0.5 = none); the smallest mean difference this run could detect "
+                  f"{_number(detectable)}.", "", SOURCE_STUDY]
         if self.error_docs:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
             lines += [
@@ -123,9 +124,14 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
     judged = [result for result in results if result.order_consistent is not None]
     consistent = sum(1 for result in judged if result.order_consistent)
     preferences = [result.preference for result in results if result.preference is not None]
-    controls = [score for result in results if (score := _control_basis(result)) is not None]
-    accuracy = statistics.fmean(map(control_score, controls)) if controls else None
     nulls = [preference(result.games_of("null")) for result in results]
+    margin = calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else TEXT_MARGIN
+    controls = [score for result in results if (score := _control_basis(result)) is not None]
+    mains = [score - 0.5 for result in results if (score := _main_basis(result)) is not None]
+    reliability = Reliability(
+        method="pairwise", margin=margin, floor=defaults.margin_floor if mode == "probability" else TEXT_MARGIN,
+        threshold=defaults.threshold, easy=rung("easy", [c - 0.5 for c in controls], margin, margin),
+        auc=auc(controls, [1 - c for c in controls]), detectable=detectable_difference(mains))
     return JudgeSummary(
         total=len(results),
         judged=len(judged),
@@ -141,12 +147,13 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
         mode=mode,
         mean_preference=statistics.fmean(preferences) if preferences else None,
         preference_ci=bootstrap_ci(preferences, defaults.bootstrap_resamples, defaults.seed),
-        margin=calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else None,
+        margin=margin if mode == "probability" else None,
         control_documents=len(controls),
-        control_accuracy=accuracy,
+        control_accuracy=reliability.easy.share,
         position_bias=position_bias(all_games),
         threshold=defaults.threshold,
-        reliable=accuracy is not None and accuracy >= defaults.threshold,
+        reliable=reliability.trusted,
+        reliability=reliability,
         mode_note=mode_note,
         error_docs={
             result.doc_id: "; ".join(f"game {g.game}: {g.error}" for g in result.games if g.error)
@@ -157,6 +164,13 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
 
 
 def _control_basis(result: JudgeResult) -> float | None:
-    games = result.games_of("control")
+    return _basis(result.games_of("control"))
+
+
+def _main_basis(result: JudgeResult) -> float | None:
+    return _basis(result.games_of("main"))
+
+
+def _basis(games: Sequence[GameResult]) -> float | None:
     value = preference(games)
     return value if value is not None else text_preference(games)
