@@ -142,6 +142,10 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
     return Group(line((title, None)), line((verdict, None)), *rows, note, *kv)
 
 
+VERDICTS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tags are better",
+            "tie": "no difference found"}
+
+
 def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
     """The mean preference with its interval, the controls against the margin, the position bias, the smallest
     detectable difference and, plainly, UNRELIABLE."""
@@ -151,18 +155,25 @@ def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
         interval = "" if ci is None else f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
         margin = "" if tally["margin"] is None else f"; tie within {tally['margin']:.3f} of 0.5"
         lines.append(line((f"preference for the sidecar {tally['mean_preference']:.3f}{interval}{margin}", None)))
-    accuracy = tally["control_accuracy"]
     bias = "-" if tally["position_bias"] is None else f"{tally['position_bias']:.2f}"
-    controls = ("no control answered" if accuracy is None
-                else f"{tally['control_cleared']} of {tally['control_documents']} cleared the margin")
-    lines.append(line((f"controls: {controls}; position bias {bias} (0.5 = none)", None)))
+    lines.append(line((f"ladder: {_rungs(tally)}; position bias {bias} (0.5 = none)", None)))
     lines.append(line((f"separation {_number(tally['separation'])} ± {_number(tally['separation_spread'])}, AUC "
                        f"{_number(tally['auc'])}; detectable difference {_number(tally['detectable'])}", None)))
-    if not tally["reliable"]:
-        threshold = tally["threshold"] if tally["threshold"] is not None else 0.75
-        lines.append(line((Text(f"UNRELIABLE: under {threshold:.0%} of the controls cleared the margin; "
-                                "verdicts say nothing", style="bold red"), None)))
+    if tally["reliable"]:
+        lines.append(line((f"verdict: {VERDICTS.get(tally['verdict'], tally['verdict'])}", None)))
+    else:
+        threshold = tally["threshold"] if tally["threshold"] is not None else 0.9
+        lines.append(line((Text(f"UNRELIABLE: easy or null rung under {threshold:.0%}; no verdict",
+                                style="bold red"), None)))
     return lines
+
+
+def _rungs(tally: dict[str, Any]) -> str:
+    """Each rung's passing and answered documents: easy and hard cleared the margin, null tied."""
+    rungs = (("easy", "control_cleared", "control_documents"), ("hard", "hard_cleared", "hard_documents"),
+             ("null", "null_tied", "null_documents"))
+    return ", ".join(f"{name} {'-' if tally[passed] is None else tally[passed]}/{tally[documents]}"
+                     for name, passed, documents in rungs)
 
 
 def _number(value: float | None) -> str:
@@ -182,7 +193,8 @@ def judge_section(judge: list[dict[str, Any]]) -> Group:
             f"; position-consistent {tally['consistent']}/{decided}"
             + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
         lines += _judge_quality_lines(tally)
-    lines.append(Text("Controls: each document's own tags against another's, in both orders.", style="dim"))
+    lines.append(Text("Ladder: own tags against another's (easy), against half another's (hard), against "
+                      "themselves reordered (null, must tie).", style="dim"))
     return Group(title, *lines)
 
 

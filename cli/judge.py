@@ -23,7 +23,8 @@ def judge_command(
     model: str | None = typer.Option(None, help="The endpoint's model id; required with --base-url."),
     judge_pair: str = typer.Option("qwen-coder-small", help="Model pair served as the judge without --base-url."),
     controls: int = typer.Option(20, min=0, help="Documents that also get control games."),
-    threshold: float = typer.Option(0.75, min=0, max=1, help="Control accuracy below which the run is unreliable."),
+    threshold: float = typer.Option(0.9, min=0, max=1, help="Share of easy controls clearing the margin and of null "
+                                    "controls tying below which a method is UNRELIABLE."),
 ) -> None:
     """Judge a finished run's sidecar tags against its standalone tags, with controls, and print the summary."""
     if base_url is not None and not model:

@@ -132,8 +132,9 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     html = out_dir / "cost_report.html"
     quality = {(q["judge_model"], q["prompt_version"]): q for q in db.judge_quality(run_id)}
     judge = [tally | {key: quality.get((tally["judge_model"], tally["prompt_version"]), {}).get(key)
-                      for key in ("control_documents", "control_cleared", "control_accuracy", "separation",
-                                 "separation_spread", "auc", "detectable", "position_bias", "margin", "threshold")}
+                      for key in ("control_documents", "control_cleared", "control_accuracy", "hard_documents",
+                                 "hard_cleared", "null_documents", "null_tied", "separation", "separation_spread",
+                                 "auc", "detectable", "position_bias", "margin", "threshold", "verdict")}
              | {"preference_ci": bootstrap_ci(tally["preferences"])}
              for tally in db.judge_tally(run_id)]
     return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=judge,

@@ -8,7 +8,7 @@ the artifact says so. Up to ``controls`` documents also get control games (their
 another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
 a verdict. A document's games are committed to DuckDB as soon as it is judged, so a judge killed mid-run
 loses only the documents in flight and its rerun skips the rest. There the ``judgements`` view derives
-the verdict and ``judge_quality`` the control accuracy; below ``threshold`` the run is marked unreliable
+the verdict and ``judge_quality`` the control ladder; below ``threshold`` the run is marked UNRELIABLE
 there and in the markdown artifact, which summarises wins, ties, losses, the mean preference and the
 controls.
 
@@ -103,7 +103,7 @@ def judgement_records(result: JudgeResult, config: JudgeConfig) -> list[Judgemen
             doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
             mode_a=game.sides[0], mode_b=game.sides[1], raw_answer=game.raw_answer, winner=game.winner,
             error=game.error, kind=game.kind, p_a=game.p_a, p_b=game.p_b,
-            foil_doc_id=result.foil_doc_id if game.kind == "control" else None)
+            foil_doc_id=result.foil_doc_id if game.kind in ("control", "hard") else None)
         for game in (*result.games, *result.controls)]
 
 
@@ -133,13 +133,14 @@ def _artifact_key(run_id: str) -> str:
 def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
           judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
           retries: int = 2, db_path: str | None = None, prompt_version: str = DEFAULT_PROMPT_VERSION,
-          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.75,
+          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.9,
           device_wait_s: float | None = None) -> JudgeSummary:
     """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally.
 
-    ``controls`` documents at most get control games; a control accuracy below ``threshold`` marks the
-    run's verdicts unreliable. A locally served judge holds the accelerator as a nightly run does
-    (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it takes)."""
+    ``controls`` documents at most climb the control ladder; a method whose easy rung clears the margin, or whose
+    null rung ties, in fewer than ``threshold`` of them is UNRELIABLE. A locally served judge holds the accelerator
+    as a nightly run does (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it
+    takes)."""
     check_run_id(run_id)
     logger = get_run_logger()
     if base_url is not None and not judge_model:

@@ -21,9 +21,10 @@ RunStatus = Literal["running", "completed", "failed"]
 CostSource = Literal["measured", "projected"]
 # what a cost line's tokens/s divides by: the device seconds the engine's ledger attributed, or the roofline's
 CostTiming = Literal["device_ledger", "roofline"]
-# main: sidecar against standalone tags; control: a document's own tags against another's; null: a tag set
-# against itself in reversed order (the migrations hold the same lists as CHECK constraints)
-GameKind = Literal["main", "control", "null"]
+# main: sidecar against standalone tags; control: a document's own tags against another's; hard: against its
+# own with about half replaced by another's; null: a tag set against itself in reversed order (the
+# migrations hold the same lists as CHECK constraints)
+GameKind = Literal["main", "control", "hard", "null"]
 JudgeMode = Literal["probability", "text"]
 # One launch of one shard of a run (``shard_attempts``): running until the parent sees it end.
 AttemptStatus = Literal["running", "completed", "failed", "crashed", "cancelled"]
@@ -218,11 +219,11 @@ class RanOn:
 class JudgementRecord:
     """One game of a pairwise judgement: the judge saw ``mode_a``'s tags first, then ``mode_b``'s.
 
-    Game 2 swaps the positions of game 1. ``winner`` is the winning side, ``"tie"``, or None when the
-    answer could not be parsed or the call failed (``error``). In a ``control`` game the sides are
-    ``own`` and ``other`` (the sidecar tags of ``foil_doc_id``), in a ``null`` game ``original`` and
-    ``reversed``. ``p_a`` and ``p_b`` are the probabilities of answering A and B (probability mode only).
-    """
+    Game 2 swaps the positions of game 1. ``winner`` is the winning side, ``"tie"``, or None when the answer could
+    not be parsed or the call failed (``error``). In a ``control`` game the sides are ``own`` and ``other`` (the
+    sidecar tags of ``foil_doc_id``), in a ``hard`` game ``own`` and ``mixed`` (about half of them replaced by
+    ``foil_doc_id``'s), in a ``null`` game ``original`` and ``reversed``. ``p_a`` and ``p_b`` are the probabilities
+    of answering A and B (probability mode only)."""
 
     doc_id: str
     judge_model: str

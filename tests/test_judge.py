@@ -668,6 +668,31 @@ def test_a_judge_whose_controls_sit_inside_the_margin_is_unreliable() -> None:
     assert "UNRELIABLE (pairwise): controls cleared the margin 0.020 in 0 of 6 documents" in summary.to_markdown()
 
 
+def test_hard_tags_replace_about_half_of_the_own_tags_in_place() -> None:
+    assert judge.hard_tags(["a", "b", "c", "d", "e"], ["x", "b", "y", "z"]) == ["a", "x", "c", "y", "e"]
+    assert judge.hard_tags(["a", "b"], ["b"]) is None  # no foil tag differs: nothing to replace
+    assert judge.hard_tags(["a"], ["x"]) is None  # one tag: replacing it is the easy rung
+
+
+def test_the_ladder_is_played_per_document_and_a_null_rung_that_does_not_tie_leaves_no_verdict() -> None:
+    items = topical_items(6)
+    trusted = summarize_judgements(judge_pairs(items, probability_config(), make_client(topical_judge())),
+                                   probability_config())
+    assert trusted.reliable and trusted.reliability.verdict == "sidecar"
+    assert "Verdict of the run: the sidecar's tags are better (pairwise" in trusted.to_markdown()
+    ladder = trusted.reliability
+    # the hard rung: the own pair of named tags against one named and one foil tag: 0.5 + 0.15
+    assert (ladder.hard.passed, ladder.hard.documents, ladder.hard.mean) == (6, 6, pytest.approx(0.15))
+    assert (ladder.null.passed, ladder.null.documents) == (6, 6)
+
+    # noise that depends on the prompt: the null games of reordered tags no longer tie
+    results = judge_pairs(items, probability_config(), make_client(topical_judge(noise=0.2)))
+    noisy = summarize_judgements(results, probability_config())
+    assert noisy.reliability.null.share < 0.9 and not noisy.reliable
+    assert noisy.reliability.verdict == "UNRELIABLE"
+    assert "Verdict of the run: none, UNRELIABLE" in noisy.to_markdown()
+
+
 def test_the_margin_is_calibrated_from_the_null_games_of_the_run() -> None:
     items = topical_items(6)
     margins = []
@@ -840,7 +865,10 @@ def test_text_mode_controls_count_both_games_for_the_own_tags() -> None:
     assert (summary.mode, summary.control_documents, summary.control_accuracy, summary.reliable) == (
         "text", 3, 1.0, True)
     assert summary.margin is None and all(r.preference is None for r in results)
-    assert not any(r.games_of("null") for r in results)  # null games only calibrate probability verdicts
+    # every rung is played in the text mode too; a judge that reads the tags calls each null game a tie
+    assert all(len(r.games_of(kind)) == 2 for r in results for kind in ("control", "hard", "null"))
+    ladder = summary.reliability
+    assert (ladder.easy.passed, ladder.hard.passed, ladder.null.passed) == (3, 3, 3)
 
     always_a = judge_pairs(items, make_config(controls=20), make_client(always(verdict_json("A"))))
     summary = summarize_judgements(always_a, make_config(controls=20))

@@ -95,9 +95,9 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
     stored = games(db)
     assert len(stored) == 4 and all(g["error"] and g["raw_answer"] is None for g in stored)
     assert db.judged_doc_ids(RUN, "tiny", "tags-p1") == set()
-    # controls and null games were asked too, and failed: no control answered, so the run is not reliable
+    # the control ladder was asked too, and failed: no control answered, so the run is not reliable
     kinds = db.query("SELECT kind, count(*) AS n FROM judgement_games GROUP BY kind ORDER BY kind")
-    assert kinds == [{"kind": "control", "n": 4}, {"kind": "main", "n": 4}, {"kind": "null", "n": 4}]
+    assert kinds == [{"kind": kind, "n": 4} for kind in ("control", "hard", "main", "null")]
     assert not summary.reliable and [q["reliable"] for q in db.judge_quality(RUN)] == [False]
 
     # 2. the embedded default judge (sidecar serve with the tiny pair): the failed documents are asked again,
@@ -229,6 +229,9 @@ def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable
     report = artifacts(state.state_details.flow_run_id)["judge-run-topical"]
     assert "probability mode" in report and "Mean preference" in report
     assert ("UNRELIABLE" in report) is not reliable
+    assert quality["verdict"] == summary.reliability.verdict == ("sidecar" if reliable else "UNRELIABLE")
+    assert db.query("SELECT verdict FROM judge_headline WHERE run_id = ?", [TOPICAL]) == [
+        {"verdict": quality["verdict"]}]
     if reliable:
         # both sidecar tags named against none: P(sidecar) 0.9 shown first, 0.7 shown second
         assert [(v["verdict"], round(v["preference"], 6)) for v in verdicts] == [("sidecar", 0.8)] * 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from vocab.modes import MODES
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
           "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
-VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "costs"}
+VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "costs"}
 
 
 def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
@@ -525,7 +526,7 @@ def probability_game(doc: str, kind: str, number: int, p_subject_first: float, f
                      ) -> JudgementRecord:
     """A probability-mode game whose subject side is shown first in game 1; ``p_subject_first`` is the
     probability the judge gives the set shown first."""
-    subject, other = {"main": ("sidecar", "standalone"), "control": ("own", "other"),
+    subject, other = {"main": ("sidecar", "standalone"), "control": ("own", "other"), "hard": ("own", "mixed"),
                       "null": ("original", "reversed")}[kind]
     first, second = (subject, other) if number == 1 else (other, subject)
     winner = first if p_subject_first > 0.5 else second if p_subject_first < 0.5 else "tie"
@@ -553,11 +554,13 @@ def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_con
         *pair("d1", "null", 0.7, 0.6),    # 0.55: the judge's noise is 0.05
         *pair("d2", "null", 0.5, 0.52),   # 0.49
     ]
-    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.75, 0.02))
+    # a threshold of 0.5: the null rung's d1 (0.05 from even) lies outside the floor of 0.02, d2 inside
+    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.5, 0.02))
 
     [quality] = db.judge_quality("run-1")
     assert quality["margin"] == pytest.approx(0.05)
     assert (quality["control_games"], quality["control_documents"], quality["null_documents"]) == (4, 2, 2)
+    assert (quality["null_tied"], quality["null_ties"]) == (1, 0.5)
     assert quality["control_accuracy"] == (1.0 if reliable else 0.0)
     assert quality["reliable"] is reliable
     first_shown = [g.p_a for g in games]
@@ -572,6 +575,33 @@ def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_con
     assert tally["mean_preference"] == pytest.approx((0.8 + 0.51 + 0.3) / 3)
     assert tally["preferences"] == pytest.approx([0.8, 0.51, 0.3])
     assert db.judged_doc_ids("run-1", "judge-p", "p1") == {"d1", "d2", "d3"}
+
+
+@pytest.mark.parametrize(("null_second_game", "verdict"), [(0.5, "sidecar"), (0.3, "UNRELIABLE")])
+def test_the_ladders_rungs_and_a_verdict_only_from_a_trusted_method(db: Database, null_second_game: float,
+                                                                   verdict: str) -> None:
+    """Easy controls all clear the margin; the hard rung is reported; a null rung that does not tie (d2's
+    preference 0.6, which also widens the margin to 0.1) leaves the run without a verdict."""
+    start(db)
+    games = [*pair("d1", "main", 0.9, 0.3), *pair("d2", "main", 0.8, 0.3), *pair("d3", "main", 0.85, 0.3),
+             *pair("d1", "control", 0.9, 0.1, foil="d2"), *pair("d2", "control", 0.8, 0.2, foil="d3"),
+             *pair("d1", "hard", 0.7, 0.3, foil="d2"), *pair("d2", "hard", 0.5, 0.5, foil="d3"),
+             *pair("d1", "null", 0.5, 0.5), *pair("d2", "null", 0.5, null_second_game)]
+    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.9, 0.02))
+
+    [quality] = db.judge_quality("run-1")
+    assert (quality["control_cleared"], quality["control_documents"]) == (2, 2)
+    assert (quality["hard_cleared"], quality["hard_documents"], quality["hard_accuracy"]) == (1, 2, 0.5)
+    assert quality["null_ties"] == (1.0 if verdict != "UNRELIABLE" else 0.5)
+    assert quality["separation"] == pytest.approx(0.35) and quality["auc"] == 1.0
+    differences = [0.3, 0.25, 0.275]  # (0.9 + 0.7) / 2 - 0.5 and so on
+    se = statistics.stdev(differences) / len(differences) ** 0.5
+    assert quality["mean_difference"] == pytest.approx(0.275)
+    assert quality["difference_low"] == pytest.approx(0.275 - 1.96 * se)
+    assert quality["detectable"] == pytest.approx(2.8 * se)
+    assert (quality["reliable"], quality["verdict"]) == (verdict != "UNRELIABLE", verdict)
+    assert db.query("SELECT * FROM judge_headline") == [
+        {"run_id": "run-1", "trusted": ["judge-p p1"] if verdict != "UNRELIABLE" else [], "verdict": verdict}]
 
 
 def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
@@ -709,6 +739,9 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
         # a judge that passed its control: the examples that read reliable judges have a row
         JudgementRecord("d1", "j", "v1", 1, "own", "other", "A", "own", kind="control", foil_doc_id="d2"),
         JudgementRecord("d1", "j", "v1", 2, "other", "own", "B", "own", kind="control", foil_doc_id="d2"),
+        # and whose null rung tied: each game chose the set shown first
+        JudgementRecord("d1", "j", "v1", 1, "original", "reversed", "A", "original", kind="null"),
+        JudgementRecord("d1", "j", "v1", 2, "reversed", "original", "A", "reversed", kind="null"),
     ], JudgeSettingsRecord("j", "v1", "text", threshold=0.75))
     db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
     for sql in examples:

@@ -11,7 +11,7 @@ retries are switched off so that unusable answers and transport errors share one
 
 from study.judge.answers import Choice, JudgeAnswer, JudgeAnswerError, letter_probabilities, parse_judge_answer
 from study.judge.config import API_KEY_ENV_VARS, JudgeConfig, JudgeConfigError, make_judge_client
-from study.judge.controls import control_foils, null_tags
+from study.judge.controls import control_foils, hard_tags, null_tags
 from study.judge.games import SIDES, GameKind, GameResult, backoff_seconds, request_options
 from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, TEXT_FALLBACK, JudgeMode, render_prompt
 from study.judge.reliability import Method, Reliability, Rung, auc, detectable_difference, mean_interval
@@ -58,6 +58,7 @@ __all__ = [
     "detect_prompt_version",
     "detectable_difference",
     "final_verdict",
+    "hard_tags",
     "judge_pairs",
     "letter_probabilities",
     "make_judge_client",

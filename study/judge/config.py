@@ -34,11 +34,12 @@ class JudgeConfig(BaseModel):
     backoff_max_s: float = Field(default=30.0, ge=0)
     # the text mode's answer budget; the probability mode asks for one token
     max_tokens: int = Field(default=200, ge=16)
-    # documents that also get control games (own tags against another document's, and in the probability
-    # mode a tag set against itself reversed); a run needs two documents with tags for any control
+    # documents that also climb the control ladder (study.judge.controls); a run needs two documents with
+    # tags for any control
     controls: int = Field(default=20, ge=0)
-    # control accuracy below this marks the run's verdicts unreliable
-    threshold: float = Field(default=0.75, ge=0, le=1)
+    # a method is trusted when its easy rung cleared the margin and its null rung tied in at least this
+    # share of documents; otherwise its verdicts are UNRELIABLE
+    threshold: float = Field(default=0.9, ge=0, le=1)
     # the least margin from 0.5 a probability verdict needs, whatever the null games' noise
     margin_floor: float = Field(default=0.02, ge=0, le=0.5)
     # the confidence interval of the mean preference: bootstrap resamples over documents, and their seed

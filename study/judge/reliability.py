@@ -74,21 +74,43 @@ def mean_interval(differences: Sequence[float]) -> tuple[float, float] | None:
     return mean - half, mean + half
 
 
+RunVerdict = Literal["sidecar", "standalone", "tie", "UNRELIABLE"]
+
+
 class Reliability(BaseModel):
-    """A method's controls in one run, and whether its verdicts can be trusted."""
+    """A method's control ladder in one run, and whether its verdicts can be trusted: when the easy rung
+    cleared the margin and the null rung tied, each in at least ``threshold`` of its documents. The hard
+    rung is reported, not required."""
 
     method: Method
     margin: float
     floor: float
     threshold: float
     easy: Rung
+    hard: Rung
+    null: Rung
     auc: float | None = None
     detectable: float | None = None
+    # the normal 95% interval of the mean sidecar-vs-standalone difference (``mean_interval``)
+    interval: tuple[float, float] | None = None
 
     @property
     def trusted(self) -> bool:
-        share = self.easy.share
-        return share is not None and share >= self.threshold
+        return all(share is not None and share >= self.threshold for share in (self.easy.share, self.null.share))
+
+    @property
+    def verdict(self) -> RunVerdict:
+        """The run's verdict by this method: a side when the interval of the mean difference excludes 0, else
+        a tie; UNRELIABLE when the method is not trusted (or nothing was compared)."""
+        if not self.trusted or self.interval is None:
+            return "UNRELIABLE"
+        low, high = self.interval
+        return "sidecar" if low > 0 else "standalone" if high < 0 else "tie"
+
+    def ladder(self) -> str:
+        """The rungs in one line: how many documents passed each."""
+        return "; ".join(f"{r.name} {r.passed}/{r.documents}" + ("" if r.share is None else f" ({r.share:.0%})")
+                         for r in (self.easy, self.hard, self.null))
 
     def line(self) -> str:
         """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not."""
@@ -98,10 +120,10 @@ class Reliability(BaseModel):
                     "tags), so nothing shows that this judge tells right tags from wrong ones.")
         cleared = (f"controls cleared the margin {self.margin:.3f} in {easy.passed} of {easy.documents} documents "
                    f"({easy.share:.0%}, separation {_number(easy.mean)} ± {_number(easy.spread)}, AUC "
-                   f"{_number(self.auc)})")
+                   f"{_number(self.auc)}); ladder {self.ladder()}, null within {self.floor:.3f}")
         if self.trusted:
-            return f"Reliable ({self.method}): {cleared}, at least the threshold {self.threshold:.0%}."
-        return (f"UNRELIABLE ({self.method}): {cleared}, below the threshold {self.threshold:.0%}: this judge does "
+            return f"Reliable ({self.method}): {cleared}; easy and null at least {self.threshold:.0%}."
+        return (f"UNRELIABLE ({self.method}): {cleared}; easy or null below {self.threshold:.0%}: this judge does "
                 "not tell a document's own tags from another's beyond its noise, so its verdicts measure nothing.")
 
 

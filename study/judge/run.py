@@ -1,6 +1,6 @@
-"""Judge many documents: main games, control and null games, in a bounded thread pool.
+"""Judge many documents: main games and the control ladder's games, in a bounded thread pool.
 
-In the probability mode the null games come first, so that the run's margin is known when each
+The null games come first, so that in the probability mode the run's margin is known when each
 document's verdict is; :func:`detect_prompt_version` decides the mode per run from one probe call.
 """
 
@@ -16,7 +16,7 @@ import openai
 
 from study.judge.answers import JudgeAnswerError, ask
 from study.judge.config import JudgeConfig, make_judge_client
-from study.judge.controls import control_foils, null_tags
+from study.judge.controls import control_foils, hard_tags, null_tags
 from study.judge.games import (
     MAX_ERROR_CHARS,
     GameKind,
@@ -96,13 +96,12 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
                 on_result: Callable[[JudgeResult], None] | None = None) -> list[JudgeResult]:
     """Judge every item in two position-swapped games; results come back in the order of ``items``.
 
-    The first ``config.controls`` items with both tag sets also get control games (and null games in the
-    probability mode, which calibrate the margin of every verdict). Documents run concurrently on at most
+    The first ``config.controls`` items with both tag sets also climb the control ladder: easy, hard and null games
+    (the null games also calibrate the margin of every probability verdict). Documents run concurrently on at most
     ``config.concurrency`` threads, one request in flight per thread. A given ``client`` is used with
-    ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it
-    is done, in the calling thread; a queued document starts only after a finished one's result was
-    taken, so when ``on_result`` raises, no queued document is judged.
-    """
+    ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it is done,
+    in the calling thread; a queued document starts only after a finished one's result was taken, so when
+    ``on_result`` raises, no queued document is judged."""
     client, redact = _client_and_redactor(config, client)
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
     foils = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], config.controls)
@@ -117,12 +116,10 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     if not items:
         return []
     with ThreadPoolExecutor(max_workers=min(config.concurrency, len(items)), thread_name_prefix="judge") as pool:
-        null_games: dict[str, list[GameResult]] = {}
-        if probability:
-            nulls = [(item, flipped) for item in judgeable[:config.controls]
-                     if (flipped := null_tags(item.sidecar_tags or [])) is not None]
-            played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags or [], pair[1])), nulls)
-            null_games = {item.doc_id: games for (item, _), games in zip(nulls, played, strict=True)}
+        nulls = [(item, flipped) for item in judgeable[:config.controls]
+                 if (flipped := null_tags(item.sidecar_tags or [])) is not None]
+        played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags or [], pair[1])), nulls)
+        null_games = {item.doc_id: games for (item, _), games in zip(nulls, played, strict=True)}
         margin = calibrated_margin([preference(games) for games in null_games.values()], config.margin_floor)
 
         def judge_one(item: JudgeItem) -> JudgeResult:
@@ -136,6 +133,8 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
             foil = foils.get(item.doc_id)
             if foil is not None:
                 controls += play(item, "control", (item.sidecar_tags, foil.tags))
+                if (mixed := hard_tags(item.sidecar_tags, foil.tags)) is not None:
+                    controls += play(item, "hard", (item.sidecar_tags, mixed))
             verdict = preference_verdict(games, margin) if probability else final_verdict(games)
             return JudgeResult(doc_id=item.doc_id, games=games, verdict=verdict,
                                preference=preference(games) if probability else None, controls=controls,

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from study.judge.config import JudgeConfig
-from study.judge.games import GameResult
+from study.judge.games import GameKind, GameResult
 from study.judge.prompts import JudgeMode
-from study.judge.reliability import Reliability, auc, detectable_difference, rung
+from study.judge.reliability import Reliability, auc, detectable_difference, mean_interval, rung
 from study.judge.results import JudgeResult
 from study.judge.scoring import (
     TEXT_MARGIN,
@@ -47,7 +47,7 @@ class JudgeSummary(BaseModel):
     control_documents: int = 0
     control_accuracy: float | None = None
     position_bias: float | None = None
-    threshold: float = 0.75
+    threshold: float = 0.9
     reliable: bool = False
     # the controls against the run's margin: separation, the share that cleared it, AUC, detectable difference
     reliability: Reliability | None = None
@@ -61,6 +61,17 @@ class JudgeSummary(BaseModel):
             return "UNRELIABLE: nothing was judged."
         return self.reliability.line()
 
+    def verdict_line(self) -> str:
+        """The run's verdict, only from a trusted method: else UNRELIABLE and no verdict."""
+        if self.reliability is None or self.reliability.verdict == "UNRELIABLE":
+            return "none, UNRELIABLE (the judge's controls did not pass)"
+        interval = self.reliability.interval
+        side = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tagger's tags are better",
+                "tie": "no difference found"}[self.reliability.verdict]
+        detectable = _number(self.reliability.detectable)
+        return (f"{side} ({self.reliability.method}; mean difference 95% interval {interval[0]:.3f} to "
+                f"{interval[1]:.3f}; smallest detectable {detectable})")
+
     def to_markdown(self) -> str:
         rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
         lines = ["# Sidecar vs standalone hashtags (LLM judge)", ""]
@@ -68,7 +79,7 @@ class JudgeSummary(BaseModel):
             lines += [f"Judge `{self.model}`, prompt `{self.prompt_version}` ({self.mode} mode).", ""]
         if self.mode_note:
             lines += [self.mode_note, ""]
-        lines += [f"**{self.reliability_line()}**", ""]
+        lines += [f"**{self.reliability_line()}**", "", f"**Verdict of the run: {self.verdict_line()}**", ""]
         lines += [
             "| outcome | documents |",
             "|---|---:|",
@@ -126,12 +137,16 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
     preferences = [result.preference for result in results if result.preference is not None]
     nulls = [preference(result.games_of("null")) for result in results]
     margin = calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else TEXT_MARGIN
-    controls = [score for result in results if (score := _control_basis(result)) is not None]
-    mains = [score - 0.5 for result in results if (score := _main_basis(result)) is not None]
+    controls = _bases(results, "control")
+    mains = [score - 0.5 for score in _bases(results, "main")]
+    floor = defaults.margin_floor if mode == "probability" else TEXT_MARGIN
     reliability = Reliability(
-        method="pairwise", margin=margin, floor=defaults.margin_floor if mode == "probability" else TEXT_MARGIN,
-        threshold=defaults.threshold, easy=rung("easy", [c - 0.5 for c in controls], margin, margin),
-        auc=auc(controls, [1 - c for c in controls]), detectable=detectable_difference(mains))
+        method="pairwise", margin=margin, floor=floor, threshold=defaults.threshold,
+        easy=rung("easy", [c - 0.5 for c in controls], margin, floor),
+        hard=rung("hard", [h - 0.5 for h in _bases(results, "hard")], margin, floor),
+        null=rung("null", [n - 0.5 for n in _bases(results, "null")], margin, floor),
+        auc=auc(controls, [1 - c for c in controls]), detectable=detectable_difference(mains),
+        interval=mean_interval(mains))
     return JudgeSummary(
         total=len(results),
         judged=len(judged),
@@ -163,12 +178,9 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
     )
 
 
-def _control_basis(result: JudgeResult) -> float | None:
-    return _basis(result.games_of("control"))
-
-
-def _main_basis(result: JudgeResult) -> float | None:
-    return _basis(result.games_of("main"))
+def _bases(results: Sequence[JudgeResult], kind: GameKind) -> list[float]:
+    """Per document with both games of ``kind`` answered, its preference for the kind's subject side."""
+    return [score for result in results if (score := _basis(result.games_of(kind))) is not None]
 
 
 def _basis(games: Sequence[GameResult]) -> float | None:
