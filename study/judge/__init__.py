@@ -7,13 +7,33 @@ asks for a JSON verdict and counts a win only when both games agree. Control gam
 run beside the comparison, and a judge that fails them has its run marked unreliable. Calls go through
 the official ``openai`` client to any OpenAI-compatible endpoint, with our own retry loop (the client's
 retries are switched off so that unusable answers and transport errors share one retry budget).
+
+Beside these pairwise games, the likelihood method (``likelihood``, ``likelihood_run``) scores each tag set
+by the judge model's log probability of its tokens given the summary, less given another document's
+summary, through the legacy completions route with ``echo``; both methods climb the same control ladder
+(``controls``) and are read by the same rules (``reliability``).
 """
 
 from study.judge.answers import Choice, JudgeAnswer, JudgeAnswerError, letter_probabilities, parse_judge_answer
 from study.judge.config import API_KEY_ENV_VARS, JudgeConfig, JudgeConfigError, make_judge_client
 from study.judge.controls import control_foils, hard_tags, null_tags
 from study.judge.games import SIDES, GameKind, GameResult, backoff_seconds, request_options
-from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, TEXT_FALLBACK, JudgeMode, render_prompt
+from study.judge.likelihood import NoPromptLogprobsError, TagLikelihood, tag_likelihood
+from study.judge.likelihood_run import (
+    LikelihoodResult,
+    TagScore,
+    likelihood_reliability,
+    score_documents,
+    unavailable_reason,
+)
+from study.judge.prompts import (
+    DEFAULT_PROMPT_VERSION,
+    PROMPTS,
+    SCORER_PROMPTS,
+    TEXT_FALLBACK,
+    JudgeMode,
+    render_prompt,
+)
 from study.judge.reliability import Method, Reliability, Rung, auc, detectable_difference, mean_interval
 from study.judge.results import JudgeItem, JudgeResult
 from study.judge.run import Detection, detect_prompt_version, judge_pairs
@@ -32,6 +52,7 @@ __all__ = [
     "API_KEY_ENV_VARS",
     "DEFAULT_PROMPT_VERSION",
     "PROMPTS",
+    "SCORER_PROMPTS",
     "SIDES",
     "TEXT_FALLBACK",
     "Choice",
@@ -46,9 +67,13 @@ __all__ = [
     "JudgeMode",
     "JudgeResult",
     "JudgeSummary",
+    "LikelihoodResult",
     "Method",
+    "NoPromptLogprobsError",
     "Reliability",
     "Rung",
+    "TagLikelihood",
+    "TagScore",
     "Verdict",
     "auc",
     "backoff_seconds",
@@ -61,6 +86,7 @@ __all__ = [
     "hard_tags",
     "judge_pairs",
     "letter_probabilities",
+    "likelihood_reliability",
     "make_judge_client",
     "mean_interval",
     "null_tags",
@@ -70,5 +96,8 @@ __all__ = [
     "preference_verdict",
     "render_prompt",
     "request_options",
+    "score_documents",
     "summarize_judgements",
+    "tag_likelihood",
+    "unavailable_reason",
 ]

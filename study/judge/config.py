@@ -8,7 +8,7 @@ import httpx
 import openai
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, JudgeMode
+from study.judge.prompts import DEFAULT_PROMPT_VERSION, DEFAULT_SCORER_PROMPTS, PROMPTS, SCORER_PROMPTS, JudgeMode
 
 API_KEY_ENV_VARS = ("SIDECAR_JUDGE_API_KEY", "OPENAI_API_KEY")
 
@@ -42,6 +42,12 @@ class JudgeConfig(BaseModel):
     threshold: float = Field(default=0.9, ge=0, le=1)
     # the least margin from 0.5 a probability verdict needs, whatever the null games' noise
     margin_floor: float = Field(default=0.02, ge=0, le=0.5)
+    # the likelihood method (study.judge.likelihood_run): its scorer prompts, the model that scores besides
+    # ``model`` (another model of the pair, e.g. ``<served name>/draft``: a second judge), and the least
+    # margin of a verdict in nats per token, whatever the null documents' noise
+    likelihood_prompts: tuple[str, ...] = DEFAULT_SCORER_PROMPTS
+    likelihood_model: str | None = None
+    likelihood_floor: float = Field(default=0.1, ge=0)
     # the confidence interval of the mean preference: bootstrap resamples over documents, and their seed
     bootstrap_resamples: int = Field(default=2000, ge=100)
     seed: int = 0
@@ -52,6 +58,20 @@ class JudgeConfig(BaseModel):
         if version not in PROMPTS:
             raise ValueError(f"unknown prompt_version {version!r}; known: {sorted(PROMPTS)}")
         return version
+
+    @field_validator("likelihood_prompts")
+    @classmethod
+    def _known_scorer_prompts(cls, versions: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [version for version in versions if version not in SCORER_PROMPTS]
+        if unknown:
+            raise ValueError(f"unknown likelihood_prompts {unknown}; known: {sorted(SCORER_PROMPTS)}")
+        return versions
+
+    @property
+    def scorers(self) -> list[tuple[str, str]]:
+        """(model, scorer prompt version) of every likelihood score a run asks for."""
+        models = [self.model] + ([self.likelihood_model] if self.likelihood_model else [])
+        return [(model, version) for model in models for version in self.likelihood_prompts]
 
     @property
     def mode(self) -> JudgeMode:
