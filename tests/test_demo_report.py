@@ -88,7 +88,7 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
         "  prefill      10.0",
         "  decode       30.0"]
     assert "1.30 MB evicted, 13.80 MB attended, 1.10 MB standalone" in text
-    assert "judge   qwen-coder-small (prompt tags-v1)" in text
+    assert "judge   qwen-coder-small (pairwise, prompt tags-v1)" in text
     assert "sidecar 1 wins, 2 ties, 0 losses of 4; position-consistent 2/3; 1 undecided" in text
     assert "SELECT * FROM results WHERE run_id = 'nightly-20261201-abc';" in text
     assert "cost_report.html" in text and "412 s in all" in text
@@ -147,6 +147,28 @@ def test_the_demos_verdict_follows_from_the_numbers_printed_under_it(tmp_path: P
     # and it is the cost report's own verdict
     [measured] = [v for v in report.verdicts if v.basis == "measured"]
     assert round(abs(measured.sidecar_saving_pct)) == int(amount)
+
+
+LIKELIHOOD_TALLY = PROBABILITY_TALLY | {
+    "prompt_version": "tags-l2", "method": "likelihood", "wins": 3, "ties": 1, "mean_preference": None,
+    "mean_difference": 0.412, "margin": 0.1, "verdict": "sidecar", "preferences": [], "preference_ci": None}
+UNAVAILABLE = {"judge_model": "qwen-coder-small/draft", "prompt_version": "tags-l2", "method": "likelihood",
+               "documents": 0, "note": "unavailable, the pairwise method's verdict stands: HTTP 404"}
+
+
+def test_the_judge_is_reported_per_method_with_its_ladder_and_the_runs_verdict_from_trusted_methods() -> None:
+    text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY, LIKELIHOOD_TALLY, UNAVAILABLE],
+                                                judge_verdict="sidecar")))
+    assert max(map(len, lines)) <= WIDTH
+    assert "judge   qwen-coder-small (likelihood, prompt tags-l2)" in text
+    assert "sidecar 3 wins, 1 ties, 0 losses of 4\n" in text  # no position consistency without positions
+    assert "sidecar minus standalone 0.412 nats per tag token; tie within 0.100" in text
+    assert "verdict: the sidecar's tags are better" in text
+    assert "judge   qwen-coder-small/draft (likelihood, prompt tags-l2)" in text
+    assert "UNRELIABLE: unavailable, the pairwise method's verdict stands: HTTP 404" in text
+    assert "run verdict (trusted methods only): the sidecar's tags are better" in text
+    nothing = "\n".join(rendered(findings(judge=[TEXT_TALLY], judge_verdict="UNRELIABLE")))
+    assert "run verdict (trusted methods only): UNRELIABLE: no method's controls passed" in nothing
 
 
 def test_summary_head_is_the_first_line_without_its_bullet() -> None:

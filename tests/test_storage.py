@@ -19,6 +19,7 @@ from storage import (
     Database,
     Document,
     JudgementRecord,
+    JudgementScoreRecord,
     JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
@@ -34,7 +35,7 @@ from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 from vocab.modes import MODES
 
-TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
+TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games", "judgement_scores",
           "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
 VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "costs"}
 
@@ -516,9 +517,11 @@ def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     assert db.judged_doc_ids("run-1", "judge-x", "v1") == {"agree", "disagree"}
     assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
     # text-mode games have no preference, and a run without control games is never reliable
-    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "documents": 4, "wins": 0,
-                                        "losses": 1, "ties": 1, "undecided": 2, "consistent": 1,
-                                        "mean_preference": None, "preferences": [], "reliable": False}]
+    # the text mode's differences: -0.5 (both games for the standalone) and 0 (they disagree)
+    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "method": "pairwise",
+                                        "documents": 4, "wins": 0, "losses": 1, "ties": 1, "undecided": 2,
+                                        "consistent": 1, "mean_preference": None, "mean_difference": -0.25,
+                                        "preferences": [], "reliable": False}]
     assert db.judge_tally("run-2") == []
 
 
@@ -601,7 +604,47 @@ def test_the_ladders_rungs_and_a_verdict_only_from_a_trusted_method(db: Database
     assert quality["detectable"] == pytest.approx(2.8 * se)
     assert (quality["reliable"], quality["verdict"]) == (verdict != "UNRELIABLE", verdict)
     assert db.query("SELECT * FROM judge_headline") == [
-        {"run_id": "run-1", "trusted": ["judge-p p1"] if verdict != "UNRELIABLE" else [], "verdict": verdict}]
+        {"run_id": "run-1", "trusted": ["pairwise judge-p p1"] if verdict != "UNRELIABLE" else [], "verdict": verdict}]
+
+
+def scores(doc: str, kind: str, subject_pmi: float, other_pmi: float, model: str = "judge-p",
+           foil: str | None = None) -> list[JudgementScoreRecord]:
+    """A likelihood-scored pair of tag sets whose PMIs are ``subject_pmi`` and ``other_pmi`` (given_own less a
+    given_baseline of -3)."""
+    sides = {"main": ("sidecar", "standalone"), "control": ("own", "other"), "hard": ("own", "mixed"),
+             "null": ("original", "reversed")}[kind]
+    return [JudgementScoreRecord(doc, model, "tags-l2", kind, side, ["t"], "base", given_own=-3 + pmi,
+                                 given_baseline=-3.0, tokens=4, foil_doc_id=foil)
+            for side, pmi in zip(sides, (subject_pmi, other_pmi), strict=True)]
+
+
+def test_likelihood_scores_keep_their_method_and_are_read_by_the_same_ladder(db: Database) -> None:
+    start(db)
+    likelihood = [*scores("d1", "main", 2.0, 1.0), *scores("d2", "main", 1.5, 1.0), *scores("d3", "main", 1.2, 0.9),
+                  *scores("d1", "control", 2.0, -1.0, foil="d2"), *scores("d2", "control", 1.5, -0.5, foil="d3"),
+                  *scores("d1", "hard", 2.0, 1.95, foil="d2"), *scores("d1", "null", 2.0, 1.96)]
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p", "tags-l2", "likelihood", 0.9, 0.1), likelihood)
+    # a second scorer whose endpoint had no prompt log probabilities: settings with the reason, no scores
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p/draft", "tags-l2", "likelihood", 0.9, 0.1,
+                                                         note="HTTP 404 on /completions"))
+
+    documents = db.query("SELECT doc_id, kind, method, difference, own_score, foil_score FROM judge_documents "
+                         "WHERE kind = 'control' ORDER BY doc_id")
+    assert [(d["method"], round(d["difference"], 6), d["own_score"], d["foil_score"]) for d in documents] == [
+        ("likelihood", 3.0, pytest.approx(2.0), pytest.approx(-1.0)),
+        ("likelihood", 2.0, pytest.approx(1.5), pytest.approx(-0.5))]
+    scored, unavailable = db.judge_quality("run-1")  # judge-p, then judge-p/draft
+    assert (scored["method"], scored["mode"], scored["margin"], scored["floor"]) == ("likelihood", "likelihood",
+                                                                                    pytest.approx(0.1), 0.1)
+    assert (scored["control_cleared"], scored["hard_cleared"], scored["null_tied"]) == (2, 0, 1)
+    assert scored["auc"] == 1.0 and scored["reliable"] is True and scored["verdict"] == "sidecar"
+    assert (unavailable["method"], unavailable["reliable"], unavailable["verdict"], unavailable["note"]) == (
+        "likelihood", False, "UNRELIABLE", "HTTP 404 on /completions")
+    verdicts = db.query("SELECT doc_id, method, verdict, difference FROM judgements ORDER BY doc_id")
+    assert [(v["method"], v["verdict"]) for v in verdicts] == [("likelihood", "sidecar")] * 3
+    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d2", "d3"}
+    assert db.query("SELECT trusted, verdict FROM judge_headline") == [
+        {"trusted": ["likelihood judge-p tags-l2"], "verdict": "sidecar"}]
 
 
 def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
@@ -636,6 +679,31 @@ def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
         {"kind": "main", "game": 1, "p_a": None}, {"kind": "main", "game": 2, "p_a": None}]
     assert db.query("SELECT verdict, preference, reliable FROM judgements") == [
         {"verdict": "sidecar", "preference": None, "reliable": False}]
+
+
+def test_migration_010_keeps_stored_games_and_settings_and_rereads_them_by_the_honest_rules(tmp_path: Path) -> None:
+    """A schema-9 run whose one control favoured the own tags by 0.01, inside its margin of 0.02: schema 9
+    called it reliable, 010 keeps every row and calls it UNRELIABLE."""
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 9) as con:
+        con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, kind, game, mode_a, "
+                    "mode_b, raw_answer, winner, p_a, p_b, foil_doc_id) VALUES "
+                    "('r', 'd', 'j', 'tags-p1', 'main', 1, 'sidecar', 'standalone', 'A', 'sidecar', 0.6, 0.4, NULL), "
+                    "('r', 'd', 'j', 'tags-p1', 'main', 2, 'standalone', 'sidecar', 'A', 'standalone', 0.6, 0.4, "
+                    "NULL), "
+                    "('r', 'd', 'j', 'tags-p1', 'control', 1, 'own', 'other', 'A', 'own', 0.61, 0.39, 'e'), "
+                    "('r', 'd', 'j', 'tags-p1', 'control', 2, 'other', 'own', 'A', 'other', 0.59, 0.41, 'e')")
+        con.execute("INSERT INTO judge_settings (run_id, judge_model, prompt_version, mode, threshold, margin_floor) "
+                    "VALUES ('r', 'j', 'tags-p1', 'probability', 0.75, 0.02)")
+        assert con.execute("SELECT reliable FROM judge_quality").fetchall() == [(True,)]
+    db = Database(path)
+    assert db.query("SELECT count(*) AS n FROM judgement_games") == [{"n": 4}]
+    assert db.query("SELECT mode, threshold, margin_floor, note FROM judge_settings") == [
+        {"mode": "probability", "threshold": 0.75, "margin_floor": 0.02, "note": None}]
+    [quality] = db.judge_quality("r")
+    assert (quality["method"], quality["control_cleared"], quality["reliable"], quality["verdict"]) == (
+        "pairwise", 0, False, "UNRELIABLE")
+    assert quality["separation"] == pytest.approx(0.01)
 
 
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(

@@ -20,9 +20,11 @@ from study.judge.controls import control_foils, hard_tags, null_tags
 from study.judge.games import SIDES, GameKind, GameResult, backoff_seconds, request_options
 from study.judge.likelihood import NoPromptLogprobsError, TagLikelihood, tag_likelihood
 from study.judge.likelihood_run import (
+    LikelihoodOutcome,
     LikelihoodResult,
     TagScore,
     likelihood_reliability,
+    score_by_likelihood,
     score_documents,
     unavailable_reason,
 )
@@ -46,7 +48,7 @@ from study.judge.scoring import (
     preference,
     preference_verdict,
 )
-from study.judge.summary import JudgeSummary, summarize_judgements
+from study.judge.summary import JudgeSummary, LikelihoodPart, summarize_judgements, summarize_likelihood
 
 __all__ = [
     "API_KEY_ENV_VARS",
@@ -67,6 +69,8 @@ __all__ = [
     "JudgeMode",
     "JudgeResult",
     "JudgeSummary",
+    "LikelihoodOutcome",
+    "LikelihoodPart",
     "LikelihoodResult",
     "Method",
     "NoPromptLogprobsError",
@@ -96,8 +100,10 @@ __all__ = [
     "preference_verdict",
     "render_prompt",
     "request_options",
+    "score_by_likelihood",
     "score_documents",
     "summarize_judgements",
+    "summarize_likelihood",
     "tag_likelihood",
     "unavailable_reason",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from study.judge.answers import JudgeAnswerError
 from study.judge.config import JudgeConfig
@@ -26,6 +26,7 @@ from study.judge.games import MAX_ERROR_CHARS, SIDES, GameKind, Redactor, Winner
 from study.judge.likelihood import NoPromptLogprobsError, TagLikelihood, tag_likelihood
 from study.judge.reliability import Reliability, auc, detectable_difference, mean_interval, rung
 from study.judge.results import JudgeItem
+from study.judge.run import client_and_redactor
 from study.judge.scoring import Verdict
 
 
@@ -157,6 +158,33 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
     margin = likelihood_margin(results, config)
     return [result if result.verdict == "skipped" else result.model_copy(update={"verdict": verdict(result, margin)})
             for result in results]
+
+
+class LikelihoodOutcome(BaseModel):
+    """What one scorer (model and scorer prompt) gave a run: its results, or why it gave none."""
+
+    model: str
+    prompt_version: str
+    results: list[LikelihoodResult] = Field(default_factory=list)
+    # why the endpoint cannot score by likelihood (then the run's verdict rests on the pairwise method)
+    unavailable: str | None = None
+
+
+def score_by_likelihood(items: list[JudgeItem], config: JudgeConfig, model: str, prompt_version: str,
+                        client: openai.OpenAI | None = None,
+                        on_result: Callable[[LikelihoodResult], None] | None = None) -> LikelihoodOutcome:
+    """Probe once whether ``model`` gives prompt log probabilities, then score ``items`` (``score_documents``);
+    an endpoint that gives none is asked nothing more and the outcome says why."""
+    client, redact = client_and_redactor(config, client)
+    probe = next((item for item in items if item.sidecar_tags and item.standalone_tags), None)
+    if probe is None:
+        return LikelihoodOutcome(model=model, prompt_version=prompt_version)
+    reason = unavailable_reason(probe, config, client, model, prompt_version, redact)
+    if reason is not None:
+        logger.warning("likelihood scoring with %s is unavailable, the pairwise method stands: %s", model, reason)
+        return LikelihoodOutcome(model=model, prompt_version=prompt_version, unavailable=reason)
+    return LikelihoodOutcome(model=model, prompt_version=prompt_version,
+                             results=score_documents(items, config, client, model, prompt_version, redact, on_result))
 
 
 def likelihood_margin(results: list[LikelihoodResult], config: JudgeConfig) -> float:

@@ -44,7 +44,7 @@ class Detection:
     note: str
 
 
-def _client_and_redactor(config: JudgeConfig, client: openai.OpenAI | None) -> tuple[openai.OpenAI, Redactor]:
+def client_and_redactor(config: JudgeConfig, client: openai.OpenAI | None) -> tuple[openai.OpenAI, Redactor]:
     if client is None:
         client = make_judge_client(config)
     else:
@@ -65,7 +65,7 @@ def detect_prompt_version(item: JudgeItem, config: JudgeConfig, client: openai.O
     """
     if config.mode == "text":
         return Detection(config.prompt_version, f"Text mode: prompt {config.prompt_version} asks for a JSON verdict.")
-    client, redact = _client_and_redactor(config, client)
+    client, redact = client_and_redactor(config, client)
     messages = render_prompt(item.summary, item.sidecar_tags or [], item.standalone_tags or [], config.prompt_version)
     fallback = f"the text mode (prompt {TEXT_FALLBACK}) for this run"
     failure: Exception | None = None
@@ -102,7 +102,7 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it is done,
     in the calling thread; a queued document starts only after a finished one's result was taken, so when
     ``on_result`` raises, no queued document is judged."""
-    client, redact = _client_and_redactor(config, client)
+    client, redact = client_and_redactor(config, client)
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
     foils = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], config.controls)
     probability = config.mode == "probability"

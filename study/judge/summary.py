@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from study.judge.config import JudgeConfig
 from study.judge.games import GameKind, GameResult
+from study.judge.likelihood_run import LikelihoodOutcome, likelihood_reliability
 from study.judge.prompts import JudgeMode
 from study.judge.reliability import Reliability, auc, detectable_difference, mean_interval, rung
 from study.judge.results import JudgeResult
@@ -22,8 +23,45 @@ from study.judge.scoring import (
     text_preference,
 )
 
+VERDICT_WORDS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tagger's tags are better",
+                 "tie": "no difference found"}
 SOURCE_STUDY = ("For comparison, the source study's numbers, not ours: on 100 CNN/DailyMail articles its LLM judge "
                 "reported 86 ties, the other 14 split 9-5.")
+
+
+class LikelihoodPart(BaseModel):
+    """One likelihood scorer's (model and scorer prompt's) part of a run."""
+
+    model: str
+    prompt_version: str
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    errors: int = 0
+    reliability: Reliability | None = None
+    # why the endpoint gave no scores: the pairwise method's verdict then stands alone
+    unavailable: str | None = None
+
+    def markdown_row(self) -> str:
+        if self.unavailable is not None:
+            return f"| {self.model} | {self.prompt_version} | unavailable: {self.unavailable} | | |"
+        if self.reliability is None:
+            return f"| {self.model} | {self.prompt_version} | nothing scored | | |"
+        ladder = self.reliability
+        verdict = "UNRELIABLE" if ladder.verdict == "UNRELIABLE" else VERDICT_WORDS[ladder.verdict]
+        return (f"| {self.model} | {self.prompt_version} | {ladder.ladder()}; margin {ladder.margin:.3f}, AUC "
+                f"{_number(ladder.auc)} | {self.wins}/{self.ties}/{self.losses} ({self.errors} errors) | {verdict} |")
+
+
+def summarize_likelihood(outcome: LikelihoodOutcome, config: JudgeConfig) -> LikelihoodPart:
+    """A scorer's verdict counts and ladder, or why it gave nothing."""
+    verdicts = [result.verdict for result in outcome.results]
+    scored = [result for result in outcome.results if result.verdict != "skipped"]
+    return LikelihoodPart(
+        model=outcome.model, prompt_version=outcome.prompt_version, wins=verdicts.count("sidecar"),
+        losses=verdicts.count("standalone"), ties=verdicts.count("tie"), errors=verdicts.count("error"),
+        reliability=likelihood_reliability(outcome.results, config) if scored else None,
+        unavailable=outcome.unavailable)
 
 
 class JudgeSummary(BaseModel):
@@ -51,6 +89,8 @@ class JudgeSummary(BaseModel):
     reliable: bool = False
     # the controls against the run's margin: separation, the share that cleared it, AUC, detectable difference
     reliability: Reliability | None = None
+    # the likelihood method's scorers, each with its own ladder
+    likelihood: list[LikelihoodPart] = Field(default_factory=list)
     # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
     mode_note: str | None = None
     error_docs: dict[str, str] = Field(default_factory=dict)
@@ -61,16 +101,24 @@ class JudgeSummary(BaseModel):
             return "UNRELIABLE: nothing was judged."
         return self.reliability.line()
 
+    def ladders(self) -> list[tuple[str, Reliability]]:
+        """Every method's ladder in this run, named by method, judge model and prompt version."""
+        pairwise = [] if self.reliability is None else [(f"pairwise {self.model} {self.prompt_version}",
+                                                         self.reliability)]
+        return pairwise + [(f"likelihood {part.model} {part.prompt_version}", part.reliability)
+                           for part in self.likelihood if part.reliability is not None]
+
     def verdict_line(self) -> str:
-        """The run's verdict, only from a trusted method: else UNRELIABLE and no verdict."""
-        if self.reliability is None or self.reliability.verdict == "UNRELIABLE":
-            return "none, UNRELIABLE (the judge's controls did not pass)"
-        interval = self.reliability.interval
-        side = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tagger's tags are better",
-                "tie": "no difference found"}[self.reliability.verdict]
-        detectable = _number(self.reliability.detectable)
-        return (f"{side} ({self.reliability.method}; mean difference 95% interval {interval[0]:.3f} to "
-                f"{interval[1]:.3f}; smallest detectable {detectable})")
+        """The run's verdict, only from trusted methods: theirs when they agree, split when they do not,
+        else UNRELIABLE and no verdict."""
+        trusted = [(name, ladder) for name, ladder in self.ladders() if ladder.verdict != "UNRELIABLE"]
+        if not trusted:
+            return "none, UNRELIABLE (no method's controls passed)"
+        said = [f"{name}: {VERDICT_WORDS[ladder.verdict]}, mean difference {_interval(ladder.interval)}, smallest "
+                f"detectable {_number(ladder.detectable)}" for name, ladder in trusted]
+        verdicts = {ladder.verdict for _, ladder in trusted}
+        head = VERDICT_WORDS[verdicts.pop()] if len(verdicts) == 1 else "split between the trusted methods"
+        return f"{head} ({'; '.join(said)})"
 
     def to_markdown(self) -> str:
         rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
@@ -100,6 +148,12 @@ class JudgeSummary(BaseModel):
                       "calibrated).", ""]
         bias = _number(self.position_bias)
         detectable = None if self.reliability is None else self.reliability.detectable
+        if self.likelihood:
+            lines += ["## Likelihood method", "",
+                      "Each tag set scored by its tokens' mean log probability given the summary, less given another "
+                      "document's summary (nats per token); sidecar against standalone by the difference.", "",
+                      "| scorer | prompt | ladder (passed/documents) | sidecar wins/ties/losses | verdict |",
+                      "|---|---|---|---|---|", *(part.markdown_row() for part in self.likelihood), ""]
         lines += [f"Controls: {self.control_documents} documents, share clearing the margin "
                   f"{_number(self.control_accuracy)} (threshold {self.threshold:.2f}); position bias {bias} (share "
                   "for the set shown first, 0.5 = none); the smallest mean difference this run could detect "
@@ -113,6 +167,10 @@ class JudgeSummary(BaseModel):
         return "\n".join(lines) + "\n"
 
 
+def _interval(interval: tuple[float, float] | None) -> str:
+    return "n/a" if interval is None else f"95% interval {interval[0]:.3f} to {interval[1]:.3f}"
+
+
 def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -124,7 +182,7 @@ def _preference(mean: float | None, ci: tuple[float, float] | None) -> str:
 
 
 def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | None = None,
-                         mode_note: str | None = None) -> JudgeSummary:
+                         mode_note: str | None = None, likelihood: Sequence[LikelihoodPart] = ()) -> JudgeSummary:
     """Counts of verdicts, ``order_consistency_rate`` over documents judged without error, and the
     run's quality from its control and null games (see ``study.judge.scoring``)."""
     defaults = JudgeConfig(model="-") if config is None else config
@@ -169,6 +227,7 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
         threshold=defaults.threshold,
         reliable=reliability.trusted,
         reliability=reliability,
+        likelihood=list(likelihood),
         mode_note=mode_note,
         error_docs={
             result.doc_id: "; ".join(f"game {g.game}: {g.error}" for g in result.games if g.error)
