@@ -219,7 +219,7 @@ def next_steps_section(findings: DemoFindings) -> Group:
     lines += [
         Text(f"SQL     duckdb {findings.db_path}"),
         Text(f"        SELECT * FROM results WHERE run_id = '{findings.run_id}';"),
-        Text("        (views: results, throughput, judgements, judge_quality, costs)", style="dim"),
+        Text("        (views: results, throughput, judgements, judge_quality, judge_headline, costs)", style="dim"),
     ]
     return Group(*lines)
 
