@@ -175,3 +175,15 @@ def test_the_scorers_are_every_prompt_with_the_judge_and_the_second_model() -> N
         ("judge-test", "tags-l2"), ("pair/draft", "tags-l2")]
     with pytest.raises(ValueError, match="unknown likelihood_prompts"):
         config(likelihood_prompts=("nope",))
+
+
+def test_a_caller_that_cannot_take_a_result_stops_the_documents_still_queued() -> None:
+    endpoint = EchoEndpoint()
+
+    def refuse(_result) -> None:
+        raise OSError("the database is gone")  # as a failed commit of the first scored document
+
+    with pytest.raises(OSError, match="database is gone"):
+        score_documents(topical_items(6), config(concurrency=1, controls=0), client(endpoint), "m", "tags-l1",
+                        Redactor([]), refuse)
+    assert len(endpoint.requests) == 4  # the first document's two tag sets after two summaries, nothing after

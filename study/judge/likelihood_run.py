@@ -26,7 +26,7 @@ from study.judge.games import MAX_ERROR_CHARS, SIDES, GameKind, Redactor, Winner
 from study.judge.likelihood import NoPromptLogprobsError, TagLikelihood, tag_likelihood
 from study.judge.reliability import Reliability, auc, detectable_difference, mean_interval, rung
 from study.judge.results import JudgeItem
-from study.judge.run import client_and_redactor
+from study.judge.run import client_and_redactor, in_turn
 from study.judge.scoring import Verdict
 
 
@@ -103,7 +103,8 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
                     prompt_version: str, redact: Redactor,
                     on_result: Callable[[LikelihoodResult], None] | None = None) -> list[LikelihoodResult]:
     """Score every item's tag sets; results in the order of ``items``, each heard by ``on_result`` as it
-    comes. The first ``config.controls`` items with both tag sets also score the control ladder."""
+    comes (``in_turn``: when it raises, no queued item is scored). The first ``config.controls`` items with
+    both tag sets also score the control ladder."""
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
     summaries = {item.doc_id: item.summary for item in judgeable}
     baselines = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], len(judgeable))
@@ -148,13 +149,9 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
                                 foil_doc_id=None if foil is None else foil.doc_id)
 
     logger.info("scoring %d documents by likelihood with %s (prompt %s)", len(items), model, prompt_version)
-    results: list[LikelihoodResult] = []
     with ThreadPoolExecutor(max_workers=max(1, min(config.concurrency, len(items))),
                             thread_name_prefix="likelihood") as pool:
-        for result in pool.map(one, items):
-            if on_result is not None:
-                on_result(result)
-            results.append(result)
+        results = in_turn(pool, items, one, config.concurrency, on_result)
     margin = likelihood_margin(results, config)
     return [result if result.verdict == "skipped" else result.model_copy(update={"verdict": verdict(result, margin)})
             for result in results]

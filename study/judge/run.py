@@ -7,10 +7,11 @@ document's verdict is; :func:`detect_prompt_version` decides the mode per run fr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import islice
+from typing import TypeVar
 
 import openai
 
@@ -32,6 +33,8 @@ from study.judge.prompts import PROMPTS, TEXT_FALLBACK, render_prompt
 from study.judge.results import JudgeItem, JudgeResult
 from study.judge.scoring import calibrated_margin, final_verdict, preference, preference_verdict
 
+In = TypeVar("In")
+Out = TypeVar("Out")
 # an endpoint that refuses a request field answers with one of these
 _REFUSED_STATUSES = (400, 404, 422)
 
@@ -140,17 +143,24 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
                                preference=preference(games) if probability else None, controls=controls,
                                foil_doc_id=None if foil is None else foil.doc_id)
 
-        # A queued document starts only when a finished one's result was taken: when the caller cannot take
-        # one (its commit failed), no queued document is judged as lost work.
-        queued = iter(enumerate(items))
-        running = {pool.submit(judge_one, item): index for index, item in islice(queued, config.concurrency)}
-        results: list[JudgeResult | None] = [None] * len(items)
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                results[running.pop(future)] = result = future.result()
-                if on_result is not None:
-                    on_result(result)
-                for index, item in islice(queued, 1):
-                    running[pool.submit(judge_one, item)] = index
+        return in_turn(pool, items, judge_one, config.concurrency, on_result)
+
+
+def in_turn(pool: ThreadPoolExecutor, items: Sequence[In], work: Callable[[In], Out], width: int,
+            on_result: Callable[[Out], None] | None) -> list[Out]:
+    """``work`` on every item on ``pool``, at most ``width`` at a time; results in the order of ``items``, each
+    heard by ``on_result`` in the calling thread as it is done. A queued item starts only when a finished one's
+    result was taken: when the caller cannot take one (its commit failed), no queued item is worked on as
+    lost work."""
+    queued = iter(enumerate(items))
+    running = {pool.submit(work, item): index for index, item in islice(queued, width)}
+    results: list[Out | None] = [None] * len(items)
+    while running:
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[running.pop(future)] = result = future.result()
+            if on_result is not None:
+                on_result(result)
+            for index, item in islice(queued, 1):
+                running[pool.submit(work, item)] = index
     return [r for r in results if r is not None]
