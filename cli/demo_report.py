@@ -30,13 +30,15 @@ class DemoFindings:
     run_id: str
     db_path: Path
     rows: list[dict[str, Any]]
-    # per judge model and prompt version: Database.judge_tally's row with the judge_quality row's control
-    # documents, accuracy, position bias, margin and threshold, and ``preference_ci`` (None without one)
+    # per judge model, prompt version and method: the judge_quality row (its ladder, margin, verdict and
+    # note) with Database.judge_tally's counts (none for a method that gave nothing) and ``preference_ci``
     judge: list[dict[str, Any]]
     # the cost report's headline.json (study.report.Headline as a dict); None when it was not written
     headline: dict[str, Any] | None
     html_path: Path | None
     seconds: float
+    # judge_headline.verdict: the run's verdict from its trusted methods only (None: nothing judged)
+    judge_verdict: str | None = None
 
 
 def summary_head(summary: str) -> str:
@@ -142,40 +144,71 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
     return Group(line((title, None)), line((verdict, None)), *rows, note, *kv)
 
 
+VERDICTS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tags are better",
+            "tie": "no difference found", "split": "the trusted methods disagree"}
+
+
 def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
-    """The mean preference with its interval, the controls, the position bias and, plainly, UNRELIABLE."""
+    """The mean preference with its interval, the controls against the margin, the position bias, the smallest
+    detectable difference and, plainly, UNRELIABLE."""
     lines = []
     if tally["mean_preference"] is not None:
         ci = tally["preference_ci"]
         interval = "" if ci is None else f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})"
         margin = "" if tally["margin"] is None else f"; tie within {tally['margin']:.3f} of 0.5"
         lines.append(line((f"preference for the sidecar {tally['mean_preference']:.3f}{interval}{margin}", None)))
-    accuracy = tally["control_accuracy"]
+    elif tally.get("method") == "likelihood" and tally.get("mean_difference") is not None:
+        lines.append(line((f"sidecar minus standalone {tally['mean_difference']:.3f} nats per tag token; tie within "
+                           f"{_number(tally['margin'])}", None)))
     bias = "-" if tally["position_bias"] is None else f"{tally['position_bias']:.2f}"
-    controls = ("no control answered" if accuracy is None
-                else f"accuracy {accuracy:.2f} over {tally['control_documents']} documents")
-    lines.append(line((f"controls: {controls}; position bias {bias} (0.5 = none)", None)))
-    if not tally["reliable"]:
-        threshold = tally["threshold"] if tally["threshold"] is not None else 0.75
-        lines.append(line((Text(f"UNRELIABLE: control accuracy below {threshold:.2f}; the verdicts above "
-                                "measure nothing", style="bold red"), None)))
+    lines.append(line((f"ladder: {_rungs(tally)}; position bias {bias} (0.5 = none)", None)))
+    lines.append(line((f"separation {_number(tally['separation'])} ± {_number(tally['separation_spread'])}, AUC "
+                       f"{_number(tally['auc'])}; detectable difference {_number(tally['detectable'])}", None)))
+    if tally["reliable"]:
+        lines.append(line((f"verdict: {VERDICTS.get(tally['verdict'], tally['verdict'])}", None)))
+    else:
+        threshold = tally["threshold"] if tally["threshold"] is not None else 0.9
+        lines.append(line((Text(f"UNRELIABLE: easy or null rung under {threshold:.0%}; no verdict",
+                                style="bold red"), None)))
     return lines
 
 
-def judge_section(judge: list[dict[str, Any]]) -> Group:
-    title = Text("Judge: sidecar vs standalone tags, two position-swapped games each", style="bold")
+def _rungs(tally: dict[str, Any]) -> str:
+    """Each rung's passing and answered documents: easy and hard cleared the margin, null tied."""
+    rungs = (("easy", "control_cleared", "control_documents"), ("hard", "hard_cleared", "hard_documents"),
+             ("null", "null_tied", "null_documents"))
+    return ", ".join(f"{name} {'-' if tally[passed] is None else tally[passed]}/{tally[documents]}"
+                     for name, passed, documents in rungs)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def judge_section(judge: list[dict[str, Any]], verdict: str | None = None) -> Group:
+    title = Text("Judge: sidecar vs standalone tags, per method", style="bold")
     if not judge:
         return Group(title, Text("nothing judged: no document had both tag sets parsed, or the judge flow failed"))
     lines = []
     for tally in judge:
+        method = tally.get("method", "pairwise")
+        lines.append(line(("judge", 7), (f"{tally['judge_model']} ({method}, prompt {tally['prompt_version']})", None)))
+        if not tally.get("documents"):
+            note = tally.get("note") or "nothing judged"
+            lines.append(line((Text(f"UNRELIABLE: {note}", style="bold red"), None)))
+            continue
         decided = tally["documents"] - tally["undecided"]
-        lines.append(line(("judge", 7), (f"{tally['judge_model']} (prompt {tally['prompt_version']})", None)))
+        consistent = f"; position-consistent {tally['consistent']}/{decided}" if method == "pairwise" else ""
         lines.append(Text(
             f"sidecar {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses of {tally['documents']}"
-            f"; position-consistent {tally['consistent']}/{decided}"
-            + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
+            + consistent + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
         lines += _judge_quality_lines(tally)
-    lines.append(Text("Controls: each document's own tags against another's, in both orders.", style="dim"))
+    if verdict is not None:
+        said = "UNRELIABLE: no method's controls passed" if verdict == "UNRELIABLE" else VERDICTS.get(verdict, verdict)
+        lines.append(line((Text(f"run verdict (trusted methods only): {said}", style="bold"), None)))
+    lines.append(Text("Pairwise: two position-swapped games; likelihood: tag-token log probability given the "
+                      "summary less given another's. Ladder: own tags against another's (easy), against half "
+                      "another's (hard), against themselves reordered (null, must tie).", style="dim"))
     return Group(title, *lines)
 
 
@@ -186,7 +219,7 @@ def next_steps_section(findings: DemoFindings) -> Group:
     lines += [
         Text(f"SQL     duckdb {findings.db_path}"),
         Text(f"        SELECT * FROM results WHERE run_id = '{findings.run_id}';"),
-        Text("        (views: results, throughput, judgements, judge_quality, costs)", style="dim"),
+        Text("        (views: results, throughput, judgements, judge_quality, judge_headline, costs)", style="dim"),
     ]
     return Group(*lines)
 
@@ -196,8 +229,8 @@ def render(findings: DemoFindings, console: Console | None = None) -> None:
     console = console or Console()
     console.width = min(console.width, WIDTH)
     console.print(Rule(f"sidecar demo: run {findings.run_id}"))
-    for section in (documents_section(findings), cost_section(findings.headline), judge_section(findings.judge),
-                    next_steps_section(findings)):
+    for section in (documents_section(findings), cost_section(findings.headline),
+                    judge_section(findings.judge, findings.judge_verdict), next_steps_section(findings)):
         console.print(section)
         console.print()
     console.print(Rule(f"{findings.seconds:.0f} s in all"))

@@ -23,7 +23,12 @@ def judge_command(
     model: str | None = typer.Option(None, help="The endpoint's model id; required with --base-url."),
     judge_pair: str = typer.Option("qwen-coder-small", help="Model pair served as the judge without --base-url."),
     controls: int = typer.Option(20, min=0, help="Documents that also get control games."),
-    threshold: float = typer.Option(0.75, min=0, max=1, help="Control accuracy below which the run is unreliable."),
+    threshold: float = typer.Option(0.9, min=0, max=1, help="Share of easy controls clearing the margin and of null "
+                                    "controls tying below which a method is UNRELIABLE."),
+    likelihood_prompt: list[str] = typer.Option(["tags-l1", "tags-l2"], help="Scorer prompts of the likelihood "
+                                                "method (repeat the option; 'none' for no likelihood method)."),
+    likelihood_model: str | None = typer.Option(None, help="A second model that scores by likelihood, e.g. the "
+                                                "pair's draft: '<model>/draft'."),
 ) -> None:
     """Judge a finished run's sidecar tags against its standalone tags, with controls, and print the summary."""
     if base_url is not None and not model:
@@ -34,7 +39,9 @@ def judge_command(
         from flows.judge import judge
 
         state = judge(run_id=run_id, judge_model=model, base_url=base_url, judge_pair=judge_pair, db_path=db,
-                      controls=controls, threshold=threshold, return_state=True)
+                      controls=controls, threshold=threshold, return_state=True,
+                      likelihood_prompts=tuple(p for p in likelihood_prompt if p != "none"),
+                      likelihood_model=likelihood_model)
         if not state.is_completed():
             failure = state.result(raise_on_failure=False)
             if isinstance(failure, Exception) and exit_code(failure) is not None:

@@ -130,11 +130,13 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     out_dir = report_dir(db.path, run_id)
     headline = out_dir / "headline.json"
     html = out_dir / "cost_report.html"
-    quality = {(q["judge_model"], q["prompt_version"]): q for q in db.judge_quality(run_id)}
-    judge = [tally | {key: quality.get((tally["judge_model"], tally["prompt_version"]), {}).get(key)
-                      for key in ("control_documents", "control_accuracy", "position_bias", "margin", "threshold")}
-             | {"preference_ci": bootstrap_ci(tally["preferences"])}
-             for tally in db.judge_tally(run_id)]
+    tallies = {(t["judge_model"], t["prompt_version"]): t for t in db.judge_tally(run_id)}
+    judge = []
+    for quality in db.judge_quality(run_id):  # a method that gave nothing (unavailable) has no tally
+        tally = tallies.get((quality["judge_model"], quality["prompt_version"]), {"documents": 0, "preferences": []})
+        judge.append(quality | tally | {"preference_ci": bootstrap_ci(tally["preferences"])})
+    verdict = db.query("SELECT verdict FROM judge_headline WHERE run_id = ?", [run_id])
     return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=judge,
                         headline=json.loads(headline.read_text()) if headline.exists() else None,
-                        html_path=html if html.exists() else None, seconds=seconds)
+                        html_path=html if html.exists() else None, seconds=seconds,
+                        judge_verdict=verdict[0]["verdict"] if verdict else None)

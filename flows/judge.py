@@ -8,7 +8,7 @@ the artifact says so. Up to ``controls`` documents also get control games (their
 another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
 a verdict. A document's games are committed to DuckDB as soon as it is judged, so a judge killed mid-run
 loses only the documents in flight and its rerun skips the rest. There the ``judgements`` view derives
-the verdict and ``judge_quality`` the control accuracy; below ``threshold`` the run is marked unreliable
+the verdict and ``judge_quality`` the control ladder; below ``threshold`` the run is marked UNRELIABLE
 there and in the markdown artifact, which summarises wins, ties, losses, the mean preference and the
 controls.
 
@@ -27,6 +27,7 @@ artifact and the ``judgements`` view count them as errors.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import secrets
 
@@ -37,7 +38,7 @@ from pydantic import SecretStr
 
 from flows.accelerator import holding_accelerator
 from flows.progress import RunProgress
-from storage import Database, JudgementRecord, JudgeSettingsRecord, UnknownRunError
+from storage import Database, JudgementRecord, JudgementScoreRecord, JudgeSettingsRecord, UnknownRunError
 from storage.run_keys import check_run_id
 from study.judge import (
     DEFAULT_PROMPT_VERSION,
@@ -46,10 +47,15 @@ from study.judge import (
     JudgeItem,
     JudgeResult,
     JudgeSummary,
+    LikelihoodPart,
+    LikelihoodResult,
     detect_prompt_version,
     judge_pairs,
+    score_by_likelihood,
     summarize_judgements,
+    summarize_likelihood,
 )
+from study.judge.prompts import DEFAULT_SCORER_PROMPTS, SCORER_PROMPTS
 
 DEFAULT_JUDGE_PAIR = "qwen-coder-small"
 
@@ -57,14 +63,18 @@ DEFAULT_JUDGE_PAIR = "qwen-coder-small"
 @task(name="pending-documents", cache_policy=NO_CACHE)
 def pending_documents(db: Database, run_id: str, judge_model: str, prompt_version: str) -> tuple[list[JudgeItem], int]:
     """(documents of the run not yet judged by this model and prompt, how many were judged before)."""
+    judged = db.judged_doc_ids(run_id, judge_model, prompt_version)
+    everything = run_items(db, run_id)
+    items = [item for item in everything if item.doc_id not in judged]
+    return items, len(everything) - len(items)
+
+
+def run_items(db: Database, run_id: str) -> list[JudgeItem]:
+    """Every document of the run with its summary and both tag sets."""
     if db.get_run(run_id) is None:
         raise UnknownRunError(f"run {run_id!r} does not exist in {db.path}")
-    judged = db.judged_doc_ids(run_id, judge_model, prompt_version)
-    rows = db.results(run_id)
-    items = [JudgeItem(doc_id=row["doc_id"], summary=row["summary"], sidecar_tags=row["sidecar_tags"],
-                       standalone_tags=row["standalone_tags"])
-             for row in rows if row["doc_id"] not in judged]
-    return items, len(rows) - len(items)
+    return [JudgeItem(doc_id=row["doc_id"], summary=row["summary"], sidecar_tags=row["sidecar_tags"],
+                      standalone_tags=row["standalone_tags"]) for row in db.results(run_id)]
 
 
 @task(name="judge-documents", cache_policy=NO_CACHE)
@@ -96,6 +106,42 @@ def detect_mode(items: list[JudgeItem], config: JudgeConfig) -> Detection:
     return detect_prompt_version(probe, config)
 
 
+@task(name="likelihood-scores", cache_policy=NO_CACHE)
+def likelihood_scores(db: Database, items: list[JudgeItem], config: JudgeConfig, run_id: str, model: str,
+                      prompt_version: str) -> LikelihoodPart:
+    """Score ``items`` not yet scored by ``model`` with ``prompt_version``, committing each document's scores as
+    it is done; an endpoint without prompt log probabilities stores its settings with the reason instead."""
+    logger = get_run_logger()
+    scored = db.scored_doc_ids(run_id, model, prompt_version)
+    pending = [item for item in items if item.doc_id not in scored]
+    settings = JudgeSettingsRecord(judge_model=model, prompt_version=prompt_version, mode="likelihood",
+                                   threshold=config.threshold, margin_floor=config.likelihood_floor,
+                                   note=f"scorer prompt {prompt_version}: {SCORER_PROMPTS[prompt_version].note}")
+
+    def done(result: LikelihoodResult) -> None:
+        if result.scores:
+            db.write_judgements(run_id, [], settings, score_records(result, model, prompt_version))
+        logger.info("document %s scored by likelihood (%s, %s): difference %s", result.doc_id, model,
+                    prompt_version, result.difference("main"))
+
+    outcome = score_by_likelihood(pending, config, model, prompt_version, on_result=done)
+    if outcome.unavailable is not None:
+        note = f"unavailable, the pairwise method's verdict stands: {outcome.unavailable}"
+        db.write_judgements(run_id, [], dataclasses.replace(settings, note=note))
+    return summarize_likelihood(outcome, config)
+
+
+def score_records(result: LikelihoodResult, model: str, prompt_version: str) -> list[JudgementScoreRecord]:
+    """Every scored tag set of a document, controls included, with the scorer and prompt that scored it."""
+    return [
+        JudgementScoreRecord(
+            doc_id=result.doc_id, judge_model=model, prompt_version=prompt_version, kind=score.kind, side=score.side,
+            tags=score.tags, baseline_doc_id=result.baseline_doc_id or "", given_own=score.given_own,
+            given_baseline=score.given_baseline, tokens=score.tokens, error=score.error,
+            foil_doc_id=result.foil_doc_id if score.kind in ("control", "hard") else None)
+        for score in result.scores]
+
+
 def judgement_records(result: JudgeResult, config: JudgeConfig) -> list[JudgementRecord]:
     """Every game of a judged document, controls included (a skipped document has none)."""
     return [
@@ -103,7 +149,7 @@ def judgement_records(result: JudgeResult, config: JudgeConfig) -> list[Judgemen
             doc_id=result.doc_id, judge_model=config.model, prompt_version=config.prompt_version, game=game.game,
             mode_a=game.sides[0], mode_b=game.sides[1], raw_answer=game.raw_answer, winner=game.winner,
             error=game.error, kind=game.kind, p_a=game.p_a, p_b=game.p_b,
-            foil_doc_id=result.foil_doc_id if game.kind == "control" else None)
+            foil_doc_id=result.foil_doc_id if game.kind in ("control", "hard") else None)
         for game in (*result.games, *result.controls)]
 
 
@@ -133,13 +179,15 @@ def _artifact_key(run_id: str) -> str:
 def judge(run_id: str, judge_model: str | None = None, base_url: str | None = None,
           judge_pair: str = DEFAULT_JUDGE_PAIR, api_key_secret_block: str | None = None, concurrency: int = 4,
           retries: int = 2, db_path: str | None = None, prompt_version: str = DEFAULT_PROMPT_VERSION,
-          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.75,
-          device_wait_s: float | None = None) -> JudgeSummary:
+          timeout_s: float = 600.0, controls: int = 20, threshold: float = 0.9,
+          device_wait_s: float | None = None, likelihood_prompts: tuple[str, ...] = DEFAULT_SCORER_PROMPTS,
+          likelihood_model: str | None = None) -> JudgeSummary:
     """Judge the run's sidecar vs standalone hashtags; ``base_url`` None serves ``judge_pair`` locally.
 
-    ``controls`` documents at most get control games; a control accuracy below ``threshold`` marks the
-    run's verdicts unreliable. A locally served judge holds the accelerator as a nightly run does
-    (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it takes)."""
+    ``controls`` documents at most climb the control ladder; a method whose easy rung clears the margin, or whose
+    null rung ties, in fewer than ``threshold`` of them is UNRELIABLE. A locally served judge holds the accelerator
+    as a nightly run does (``flows.accelerator``), waiting up to ``device_wait_s`` for it (None: as long as it
+    takes)."""
     check_run_id(run_id)
     logger = get_run_logger()
     if base_url is not None and not judge_model:
@@ -152,7 +200,8 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
     with contextlib.ExitStack() as stack:
         # a CPU-served judge answers in minutes, not seconds: the demo's judge games timed out at 60 s
         settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version,
-                    "timeout_s": timeout_s, "controls": controls, "threshold": threshold}
+                    "timeout_s": timeout_s, "controls": controls, "threshold": threshold,
+                    "likelihood_prompts": tuple(likelihood_prompts), "likelihood_model": likelihood_model}
         needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items)
         if base_url is None:
             key = secrets.token_urlsafe(32)
@@ -173,9 +222,12 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
             config = config.model_copy(update={"prompt_version": detection.prompt_version})
             items, judged_before = pending_documents(db, run_id, model, config.prompt_version)
         results = judge_documents(db, items, config, run_id)
+        scored = run_items(db, run_id) if needs_judge else []
+        likelihood = [likelihood_scores(db, scored, config, run_id, scorer, version)
+                      for scorer, version in config.scorers if scored]
 
     games = sum(len(result.games) + len(result.controls) for result in results)
-    summary = summarize_judgements(results, config, mode_note=detection.note)
+    summary = summarize_judgements(results, config, mode_note=detection.note, likelihood=likelihood)
     logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored. %s",
                 run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,
                 games, summary.reliability_line())

@@ -36,6 +36,7 @@ from storage.records import (
     CostRecord,
     Document,
     JudgementRecord,
+    JudgementScoreRecord,
     JudgeSettingsRecord,
     OutputRecord,
     RanOn,
@@ -567,15 +568,28 @@ class Database:
     # -- judgements and costs ------------------------------------------------------------------------
 
     def write_judgements(self, run_id: str, rows: Sequence[JudgementRecord],
-                         settings: JudgeSettingsRecord | None = None) -> None:
-        """Store judge games, and with ``settings`` what their verdicts are read with, in one transaction;
-        a game or settings row already stored under the same key is replaced."""
+                         settings: JudgeSettingsRecord | None = None,
+                         scores: Sequence[JudgementScoreRecord] = ()) -> None:
+        """Store judge games and likelihood scores, and with ``settings`` what their verdicts are read with, in
+        one transaction; a game, score or settings row already stored under the same key is replaced."""
         records = [row("judgement_games", j, run_id=run_id) for j in rows]
         writes = [TableWrite("judgement_games", arrow_table("judgement_games", records))]
+        if scores:
+            scored = [row("judgement_scores", s, run_id=run_id) for s in scores]
+            writes.append(TableWrite("judgement_scores", arrow_table("judgement_scores", scored)))
         if settings is not None:
             writes.append(TableWrite("judge_settings",
                                      arrow_table("judge_settings", [row("judge_settings", settings, run_id=run_id)])))
         write_tables(self.path, writes, self.retry, check=_require_run(run_id))
+
+    def scored_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
+        """Documents whose main tag sets both have a likelihood score by this model and scorer prompt."""
+        rows = self.query(
+            "SELECT doc_id FROM judgement_scores WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
+            "AND kind = 'main' AND error IS NULL GROUP BY doc_id HAVING count(DISTINCT side) = 2",
+            [run_id, judge_model, prompt_version],
+        )
+        return {row["doc_id"] for row in rows}
 
     def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
         """Documents whose two main games both got an answer: without an error, or with a raw answer that could
@@ -631,18 +645,19 @@ class Database:
         return self.query(f"{select} WHERE t.run_id = ? ORDER BY t.mode, t.phase", [run_id])
 
     def judge_tally(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's ``judgements`` counted per judge model and prompt version: documents, sidecar ``wins``,
+        """The run's ``judgements`` counted per judge model and prompt version (and its ``method``): documents,
+        sidecar ``wins``,
         ``losses`` (standalone won), ``ties``, ``undecided`` (a game without a parsed winner), ``consistent``
         (both position-swapped games named the same winner), ``mean_preference`` and the documents'
         ``preferences`` (probability mode; NULL and empty in the text mode) and ``reliable``."""
         return self.query(
-            "SELECT judge_model, prompt_version, count(*) AS documents, "
+            "SELECT judge_model, prompt_version, any_value(method) AS method, count(*) AS documents, "
             "count(*) FILTER (WHERE verdict = 'sidecar') AS wins, "
             "count(*) FILTER (WHERE verdict = 'standalone') AS losses, "
             "count(*) FILTER (WHERE verdict = 'tie') AS ties, "
             "count(*) FILTER (WHERE verdict IS NULL) AS undecided, "
             "count(*) FILTER (WHERE consistent) AS consistent, "
-            "avg(preference) AS mean_preference, "
+            "avg(preference) AS mean_preference, avg(difference) AS mean_difference, "
             "coalesce(list(preference ORDER BY doc_id) FILTER (WHERE preference IS NOT NULL), []) AS preferences, "
             "bool_and(reliable) AS reliable "
             "FROM judgements WHERE run_id = ? "

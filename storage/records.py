@@ -21,10 +21,13 @@ RunStatus = Literal["running", "completed", "failed"]
 CostSource = Literal["measured", "projected"]
 # what a cost line's tokens/s divides by: the device seconds the engine's ledger attributed, or the roofline's
 CostTiming = Literal["device_ledger", "roofline"]
-# main: sidecar against standalone tags; control: a document's own tags against another's; null: a tag set
-# against itself in reversed order (the migrations hold the same lists as CHECK constraints)
-GameKind = Literal["main", "control", "null"]
-JudgeMode = Literal["probability", "text"]
+# main: sidecar against standalone tags; control: a document's own tags against another's; hard: against its
+# own with about half replaced by another's; null: a tag set against itself in reversed order (the
+# migrations hold the same lists as CHECK constraints)
+GameKind = Literal["main", "control", "hard", "null"]
+# how a judge's verdicts are read: the pairwise method's letters (probability) or JSON (text), or the
+# likelihood method's scores
+JudgeMode = Literal["probability", "text", "likelihood"]
 # One launch of one shard of a run (``shard_attempts``): running until the parent sees it end.
 AttemptStatus = Literal["running", "completed", "failed", "crashed", "cancelled"]
 
@@ -218,11 +221,11 @@ class RanOn:
 class JudgementRecord:
     """One game of a pairwise judgement: the judge saw ``mode_a``'s tags first, then ``mode_b``'s.
 
-    Game 2 swaps the positions of game 1. ``winner`` is the winning side, ``"tie"``, or None when the
-    answer could not be parsed or the call failed (``error``). In a ``control`` game the sides are
-    ``own`` and ``other`` (the sidecar tags of ``foil_doc_id``), in a ``null`` game ``original`` and
-    ``reversed``. ``p_a`` and ``p_b`` are the probabilities of answering A and B (probability mode only).
-    """
+    Game 2 swaps the positions of game 1. ``winner`` is the winning side, ``"tie"``, or None when the answer could
+    not be parsed or the call failed (``error``). In a ``control`` game the sides are ``own`` and ``other`` (the
+    sidecar tags of ``foil_doc_id``), in a ``hard`` game ``own`` and ``mixed`` (about half of them replaced by
+    ``foil_doc_id``'s), in a ``null`` game ``original`` and ``reversed``. ``p_a`` and ``p_b`` are the probabilities
+    of answering A and B (probability mode only)."""
 
     doc_id: str
     judge_model: str
@@ -240,15 +243,38 @@ class JudgementRecord:
 
 
 @dataclass(frozen=True)
+class JudgementScoreRecord:
+    """One tag set of a document scored by the likelihood method: the mean log probability of its tokens
+    after the scorer prompt ``prompt_version`` with the document's summary (``given_own``) and with
+    ``baseline_doc_id``'s (``given_baseline``), by ``judge_model``; their difference is the set's PMI.
+    ``side`` is the kind's subject or other side, as a game's sides are named (``foil_doc_id`` as there)."""
+
+    doc_id: str
+    judge_model: str
+    prompt_version: str
+    kind: GameKind
+    side: str
+    tags: list[str]
+    baseline_doc_id: str
+    given_own: float | None = None
+    given_baseline: float | None = None
+    tokens: int | None = None
+    error: str | None = None
+    foil_doc_id: str | None = None
+
+
+@dataclass(frozen=True)
 class JudgeSettingsRecord:
-    """What a judge flow reads its run's verdicts with: the answer ``mode``, the control accuracy
-    ``threshold`` below which they are unreliable, and the least calibrated margin (probability mode)."""
+    """What a judge flow reads its run's verdicts with: the ``mode``, the share of controls ``threshold``
+    below which they are unreliable, the least calibrated margin (NULL in the text mode), and a ``note``:
+    why the mode is what it is, or why the method gave no scores (an endpoint without log probabilities)."""
 
     judge_model: str
     prompt_version: str
     mode: JudgeMode
     threshold: float
     margin_floor: float | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from storage.records import (
     CostRecord,
     Document,
     JudgementRecord,
+    JudgementScoreRecord,
     JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
@@ -101,6 +102,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "request_stats": pa.schema([RUN_ID, *record_columns(OutputRecord, only=("doc_id", "mode", "batch_id")),
                                 *record_columns(RequestStats), *SHARD_COLUMNS]),
     "judgement_games": pa.schema([RUN_ID, *record_columns(JudgementRecord)]),
+    "judgement_scores": pa.schema([RUN_ID, *record_columns(JudgementScoreRecord)]),
     "judge_settings": pa.schema([RUN_ID, *record_columns(JudgeSettingsRecord)]),
     "cost_estimates": pa.schema(record_columns(CostRecord)),
 }

@@ -24,6 +24,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     # keyed without phase: rewriting a request replaces all its phases
     "request_stats": ("run_id", "doc_id", "mode"),
     "judgement_games": ("run_id", "doc_id", "judge_model", "prompt_version", "kind", "game"),
+    "judgement_scores": ("run_id", "doc_id", "judge_model", "prompt_version", "kind", "side"),
     "judge_settings": ("run_id", "judge_model", "prompt_version"),
     "cost_estimates": ("gpu_type", "pair", "mode", "batch_size", "source", "run_id"),
 }

@@ -16,11 +16,15 @@ LONG_SUMMARY = ("- The city council approved a new budget on Tuesday after a lon
 
 TEXT_TALLY = {"judge_model": "qwen-coder-small", "prompt_version": "tags-v1", "documents": 4, "wins": 1,
               "losses": 0, "ties": 2, "undecided": 1, "consistent": 2, "mean_preference": None, "preferences": [],
-              "reliable": False, "control_documents": 4, "control_accuracy": 0.5, "position_bias": 0.875,
+              "reliable": False, "control_documents": 4, "control_cleared": 2, "control_accuracy": 0.5,
+              "hard_documents": 4, "hard_cleared": 1, "null_documents": 4, "null_tied": 4, "verdict": "UNRELIABLE",
+              "separation": 0.125, "separation_spread": 0.25, "auc": 0.625, "detectable": 0.35, "position_bias": 0.875,
               "margin": None, "threshold": 0.75, "preference_ci": None}
 PROBABILITY_TALLY = TEXT_TALLY | {
     "prompt_version": "tags-p1", "wins": 0, "ties": 4, "undecided": 0, "consistent": 1, "mean_preference": 0.5125,
-    "preferences": [0.49, 0.51, 0.52, 0.53], "reliable": True, "control_accuracy": 1.0, "position_bias": 0.6213,
+    "preferences": [0.49, 0.51, 0.52, 0.53], "reliable": True, "control_cleared": 4, "control_accuracy": 1.0,
+    "hard_cleared": 3, "verdict": "tie", "separation": 0.2,
+    "separation_spread": 0.05, "auc": 1.0, "detectable": 0.021, "position_bias": 0.6213,
     "margin": 0.031, "preference_ci": (0.4975, 0.5275)}
 
 
@@ -84,7 +88,7 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
         "  prefill      10.0",
         "  decode       30.0"]
     assert "1.30 MB evicted, 13.80 MB attended, 1.10 MB standalone" in text
-    assert "judge   qwen-coder-small (prompt tags-v1)" in text
+    assert "judge   qwen-coder-small (pairwise, prompt tags-v1)" in text
     assert "sidecar 1 wins, 2 ties, 0 losses of 4; position-consistent 2/3; 1 undecided" in text
     assert "SELECT * FROM results WHERE run_id = 'nightly-20261201-abc';" in text
     assert "cost_report.html" in text and "412 s in all" in text
@@ -93,11 +97,14 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
 def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliable() -> None:
     text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY, PROBABILITY_TALLY])))
     assert max(map(len, lines)) <= WIDTH
-    assert "controls: accuracy 0.50 over 4 documents; position bias 0.88 (0.5 = none)" in text
-    assert "UNRELIABLE: control accuracy below 0.75; the verdicts above measure nothing" in text
+    assert "ladder: easy 2/4, hard 1/4, null 4/4; position bias 0.88 (0.5 = none)" in text
+    assert "separation 0.125 ± 0.250, AUC 0.625; detectable difference 0.350" in text
+    assert "UNRELIABLE: easy or null rung under 75%; no verdict" in text
     assert text.count("UNRELIABLE") == 1  # the probability judge passed its controls
     assert "preference for the sidecar 0.512 (95% CI 0.497-0.527); tie within 0.031 of 0.5" in text
-    assert "controls: accuracy 1.00 over 4 documents; position bias 0.62 (0.5 = none)" in text
+    assert "ladder: easy 4/4, hard 3/4, null 4/4; position bias 0.62 (0.5 = none)" in text
+    assert "verdict: no difference found" in text
+    assert "separation 0.200 ± 0.050, AUC 1.000; detectable difference 0.021" in text
     narrow = rendered(findings(judge=[TEXT_TALLY, PROBABILITY_TALLY]), width=60)
     assert max(map(len, narrow)) <= 60 and any(line.startswith("UNRELIABLE") for line in narrow)
 
@@ -142,6 +149,28 @@ def test_the_demos_verdict_follows_from_the_numbers_printed_under_it(tmp_path: P
     assert round(abs(measured.sidecar_saving_pct)) == int(amount)
 
 
+LIKELIHOOD_TALLY = PROBABILITY_TALLY | {
+    "prompt_version": "tags-l2", "method": "likelihood", "wins": 3, "ties": 1, "mean_preference": None,
+    "mean_difference": 0.412, "margin": 0.1, "verdict": "sidecar", "preferences": [], "preference_ci": None}
+UNAVAILABLE = {"judge_model": "qwen-coder-small/draft", "prompt_version": "tags-l2", "method": "likelihood",
+               "documents": 0, "note": "unavailable, the pairwise method's verdict stands: HTTP 404"}
+
+
+def test_the_judge_is_reported_per_method_with_its_ladder_and_the_runs_verdict_from_trusted_methods() -> None:
+    text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY, LIKELIHOOD_TALLY, UNAVAILABLE],
+                                                judge_verdict="sidecar")))
+    assert max(map(len, lines)) <= WIDTH
+    assert "judge   qwen-coder-small (likelihood, prompt tags-l2)" in text
+    assert "sidecar 3 wins, 1 ties, 0 losses of 4\n" in text  # no position consistency without positions
+    assert "sidecar minus standalone 0.412 nats per tag token; tie within 0.100" in text
+    assert "verdict: the sidecar's tags are better" in text
+    assert "judge   qwen-coder-small/draft (likelihood, prompt tags-l2)" in text
+    assert "UNRELIABLE: unavailable, the pairwise method's verdict stands: HTTP 404" in text
+    assert "run verdict (trusted methods only): the sidecar's tags are better" in text
+    nothing = "\n".join(rendered(findings(judge=[TEXT_TALLY], judge_verdict="UNRELIABLE")))
+    assert "run verdict (trusted methods only): UNRELIABLE: no method's controls passed" in nothing
+
+
 def test_summary_head_is_the_first_line_without_its_bullet() -> None:
     assert summary_head("\n\n* First point\n- second") == "First point"
     assert summary_head("") == "(empty summary)"
@@ -163,12 +192,15 @@ def test_findings_join_the_tally_with_the_judges_quality_and_interval(tmp_path: 
 
     games = [*pair("d1", "main", "sidecar", "standalone", 0.9, 0.6), *pair("d2", "main", "sidecar", "standalone",
                                                                             0.7, 0.8),
-             *pair("d1", "control", "own", "other", 0.9, 0.2), *pair("d1", "null", "original", "reversed", 0.6, 0.5)]
+             *pair("d1", "control", "own", "other", 0.9, 0.2), *pair("d1", "null", "original", "reversed", 0.51, 0.5)]
     db.write_judgements("r", games, JudgeSettingsRecord("j", "tags-p1", "probability", 0.75, 0.02))
 
     [tally] = read_findings(db, "r", 1.0).judge
-    assert (tally["control_documents"], tally["control_accuracy"], tally["threshold"]) == (1, 1.0, 0.75)
-    assert tally["margin"] == pytest.approx(0.05) and tally["reliable"] is True
+    assert (tally["control_documents"], tally["control_cleared"], tally["control_accuracy"], tally["threshold"]) == (
+        1, 1, 1.0, 0.75)
+    assert (tally["separation"], tally["auc"]) == (pytest.approx(0.35), 1.0)  # (0.9 + 0.8) / 2 - 0.5
+    assert tally["margin"] == pytest.approx(0.02) and tally["reliable"] is True  # the null 0.505 tied
+    assert (tally["null_tied"], tally["null_documents"], tally["verdict"]) == (1, 1, "tie")
     assert tally["mean_preference"] == pytest.approx((0.65 + 0.45) / 2)
     low, high = tally["preference_ci"]
     assert low <= tally["mean_preference"] <= high

@@ -595,9 +595,9 @@ def topical_items(count: int) -> list[JudgeItem]:
             for i in range(count)]
 
 
-def topical_judge(noise: float = 0.0, first_bias: float = 0.1) -> CountingHandler:
-    """P(A) from how many of each set's tags the summary names, plus a pull towards the first position and
-    ``noise`` that depends on the prompt only (the same prompt always gets the same answer)."""
+def topical_judge(noise: float = 0.0, first_bias: float = 0.1, step: float = 0.15) -> CountingHandler:
+    """P(A) from how many of each set's tags the summary names (``step`` per tag), plus a pull towards the
+    first position and ``noise`` that depends on the prompt only (the same prompt always gets the same answer)."""
 
     def respond(request: httpx.Request) -> httpx.Response:
         user = json.loads(request.content)["messages"][-1]["content"]
@@ -605,7 +605,7 @@ def topical_judge(noise: float = 0.0, first_bias: float = 0.1) -> CountingHandle
         tags_a, tags_b = shown_tag_sets(request)
         named = sum(t in summary for t in tags_a) - sum(t in summary for t in tags_b)
         jitter = (zlib.crc32(user.encode()) % 1000 / 999 - 0.5) * 2 * noise
-        p_a = min(0.99, max(0.01, 0.5 + 0.15 * named + first_bias + jitter))
+        p_a = min(0.99, max(0.01, 0.5 + step * named + first_bias + jitter))
         return letters_completion(p_a * 0.9, (1 - p_a) * 0.9)
 
     return CountingHandler(respond)
@@ -621,7 +621,7 @@ def test_a_judge_that_always_answers_a_prefers_nothing_and_its_run_is_unreliable
     assert [r.verdict for r in results] == ["tie"] * 5
     assert all(r.foil_doc_id is not None and len(r.games_of("control")) == 2 for r in results)
     summary = summarize_judgements(results, probability_config())
-    assert summary.control_accuracy == pytest.approx(0.5)  # chance
+    assert summary.control_accuracy == 0.0  # every control exactly even: none clears the margin
     assert summary.position_bias == pytest.approx(1.0, abs=1e-3)
     assert summary.reliable is False
     assert "UNRELIABLE" in summary.to_markdown() and "measure nothing" in summary.to_markdown()
@@ -646,10 +646,51 @@ def test_a_judge_that_reads_the_tags_passes_its_controls_and_its_preference_is_d
     low, high = summary.preference_ci
     assert low <= summary.mean_preference <= high
     assert summary.preference_ci == summarize_judgements(results, probability_config()).preference_ci  # seeded
-    assert "Reliable: control accuracy 1.00 over 6 documents" in summary.to_markdown()
+    assert "Reliable (pairwise): controls cleared the margin 0.020 in 6 of 6 documents" in summary.to_markdown()
     # the foils are a derangement of the sample: nobody's own tags, each document's tags used once
     foils = {r.doc_id: r.foil_doc_id for r in results}
     assert all(doc != foil for doc, foil in foils.items()) and sorted(foils.values()) == sorted(foils)
+
+
+def test_a_judge_whose_controls_sit_inside_the_margin_is_unreliable() -> None:
+    """Every control favours the own tags, by 0.01: inside the run's margin of 0.02 (the floor), so no better
+    than a tie. Counting any control above 0.5 as right called this judge reliable."""
+    items = topical_items(6)
+
+    results = judge_pairs(items, probability_config(), make_client(topical_judge(first_bias=0.1, step=0.005)))
+
+    summary = summarize_judgements(results, probability_config())
+    controls = [judge.preference(r.games_of("control")) for r in results]
+    assert all(0.5 < c < 0.5 + summary.margin for c in controls) and summary.margin == pytest.approx(0.02)
+    assert summary.control_documents == 6 and summary.control_accuracy == 0.0
+    assert summary.reliable is False and summary.reliability.easy.mean == pytest.approx(0.01)
+    assert summary.reliability.auc == 1.0  # the ranking is right; the separation is what is missing
+    assert "UNRELIABLE (pairwise): controls cleared the margin 0.020 in 0 of 6 documents" in summary.to_markdown()
+
+
+def test_hard_tags_replace_about_half_of_the_own_tags_in_place() -> None:
+    assert judge.hard_tags(["a", "b", "c", "d", "e"], ["x", "b", "y", "z"]) == ["a", "x", "c", "y", "e"]
+    assert judge.hard_tags(["a", "b"], ["b"]) is None  # no foil tag differs: nothing to replace
+    assert judge.hard_tags(["a"], ["x"]) is None  # one tag: replacing it is the easy rung
+
+
+def test_the_ladder_is_played_per_document_and_a_null_rung_that_does_not_tie_leaves_no_verdict() -> None:
+    items = topical_items(6)
+    trusted = summarize_judgements(judge_pairs(items, probability_config(), make_client(topical_judge())),
+                                   probability_config())
+    assert trusted.reliable and trusted.reliability.verdict == "sidecar"
+    assert "Verdict of the run: the sidecar's tags are better (pairwise" in trusted.to_markdown()
+    ladder = trusted.reliability
+    # the hard rung: the own pair of named tags against one named and one foil tag: 0.5 + 0.15
+    assert (ladder.hard.passed, ladder.hard.documents, ladder.hard.mean) == (6, 6, pytest.approx(0.15))
+    assert (ladder.null.passed, ladder.null.documents) == (6, 6)
+
+    # noise that depends on the prompt: the null games of reordered tags no longer tie
+    results = judge_pairs(items, probability_config(), make_client(topical_judge(noise=0.2)))
+    noisy = summarize_judgements(results, probability_config())
+    assert noisy.reliability.null.share < 0.9 and not noisy.reliable
+    assert noisy.reliability.verdict == "UNRELIABLE"
+    assert "Verdict of the run: none, UNRELIABLE" in noisy.to_markdown()
 
 
 def test_the_margin_is_calibrated_from_the_null_games_of_the_run() -> None:
@@ -824,11 +865,15 @@ def test_text_mode_controls_count_both_games_for_the_own_tags() -> None:
     assert (summary.mode, summary.control_documents, summary.control_accuracy, summary.reliable) == (
         "text", 3, 1.0, True)
     assert summary.margin is None and all(r.preference is None for r in results)
-    assert not any(r.games_of("null") for r in results)  # null games only calibrate probability verdicts
+    # every rung is played in the text mode too; a judge that reads the tags calls each null game a tie
+    assert all(len(r.games_of(kind)) == 2 for r in results for kind in ("control", "hard", "null"))
+    ladder = summary.reliability
+    assert (ladder.easy.passed, ladder.hard.passed, ladder.null.passed) == (3, 3, 3)
 
     always_a = judge_pairs(items, make_config(controls=20), make_client(always(verdict_json("A"))))
     summary = summarize_judgements(always_a, make_config(controls=20))
-    assert (summary.control_accuracy, summary.position_bias, summary.reliable) == (0.5, 1.0, False)
+    # both games of a control must pick the own tags: a judge that always answers A clears none
+    assert (summary.control_accuracy, summary.position_bias, summary.reliable) == (0.0, 1.0, False)
 
 
 def test_bootstrap_interval_is_seeded_and_brackets_the_mean() -> None:

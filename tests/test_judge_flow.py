@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,10 +96,13 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
     stored = games(db)
     assert len(stored) == 4 and all(g["error"] and g["raw_answer"] is None for g in stored)
     assert db.judged_doc_ids(RUN, "tiny", "tags-p1") == set()
-    # controls and null games were asked too, and failed: no control answered, so the run is not reliable
+    # the control ladder was asked too, and failed: no control answered, so the run is not reliable
     kinds = db.query("SELECT kind, count(*) AS n FROM judgement_games GROUP BY kind ORDER BY kind")
-    assert kinds == [{"kind": "control", "n": 4}, {"kind": "main", "n": 4}, {"kind": "null", "n": 4}]
-    assert not summary.reliable and [q["reliable"] for q in db.judge_quality(RUN)] == [False]
+    assert kinds == [{"kind": kind, "n": 4} for kind in ("control", "hard", "main", "null")]
+    # the likelihood method's scores failed too (its probe decided nothing): every method UNRELIABLE
+    quality = [(q["method"], q["prompt_version"], q["reliable"]) for q in db.judge_quality(RUN)]
+    assert not summary.reliable and quality == [
+        ("likelihood", "tags-l1", False), ("likelihood", "tags-l2", False), ("pairwise", "tags-p1", False)]
 
     # 2. the embedded default judge (sidecar serve with the tiny pair): the failed documents are asked again,
     # in whichever mode the server offers (the text mode where it refuses log probabilities)
@@ -139,22 +143,46 @@ def shown(user_message: str) -> tuple[str, list[str], list[str]]:
     return summary, json.loads(lines["Tag set A"]), json.loads(lines["Tag set B"])
 
 
+def echoed(prompt: str) -> dict:
+    """The legacy completions route's ``echo`` log probabilities of ``prompt``: one token per word; a tag
+    token (holding '#') -0.5 when its word appears before the tags, else -3; other tokens -1."""
+    context = prompt.split(" #", 1)[0]
+    words = list(re.finditer(r"\s*\S+", prompt))
+    logprobs = [None] + [(-0.5 if w.group().strip().lstrip("#") in context else -3.0) if "#" in w.group() else -1.0
+                         for w in words[1:]]
+    return {"tokens": [w.group() for w in words], "token_logprobs": logprobs,
+            "text_offset": [w.start() for w in words], "top_logprobs": None}
+
+
 @contextmanager
-def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float]) -> Iterator[str]:
+def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False) -> Iterator[str]:
     """An OpenAI-shaped chat completions endpoint on loopback whose one-token answer carries the top log
-    probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``."""
+    probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``; with ``echo`` also the legacy
+    completions route with the prompt's log probabilities (``echoed``), else 404 there."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if not self.path.endswith("/chat/completions"):
+                if not echo:
+                    self.send_error(404)
+                    return
+                choice = {"index": 0, "text": request["prompt"], "finish_reason": "length",
+                          "logprobs": echoed(request["prompt"])}
+                self.answer({"id": "cmpl-mock", "object": "text_completion", "created": 0,
+                             "model": request["model"], "choices": [choice]})
+                return
             p = p_a(*shown(request["messages"][-1]["content"]))
             top = [{"token": "A", "logprob": math.log(p)}, {"token": " B", "logprob": math.log(1 - p)}]
-            body = json.dumps({
+            self.answer({
                 "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": request["model"],
                 "choices": [{"index": 0, "finish_reason": "length",
                              "message": {"role": "assistant", "content": "A" if p >= 0.5 else "B"},
                              "logprobs": {"content": [{**top[0 if p >= 0.5 else 1], "top_logprobs": top}]}}],
-            }).encode()
+            })
+
+        def answer(self, reply: dict) -> None:
+            body = json.dumps(reply).encode()
             try:
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -212,9 +240,16 @@ def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable
     summary = state.result()
     assert (summary.prompt_version, summary.mode, summary.judged) == ("tags-p1", "probability", 3)
     assert summary.reliable is reliable
-    [quality] = db.judge_quality(TOPICAL)
+    pairwise, *likelihood = sorted(db.judge_quality(TOPICAL), key=lambda q: q["method"] != "pairwise")
+    quality = pairwise
+    # the endpoint has no /completions: the likelihood method is stored as unavailable, with the reason
+    assert [(q["method"], q["reliable"], q["note"].split(":")[0]) for q in likelihood] == [
+        ("likelihood", False, "unavailable, the pairwise method's verdict stands")] * 2
+    assert "HTTP 404" in likelihood[0]["note"]
     assert (quality["mode"], quality["control_documents"], quality["reliable"]) == ("probability", 3, reliable)
-    assert quality["control_accuracy"] == summary.control_accuracy == (1.0 if reliable else 0.5)
+    assert quality["control_accuracy"] == summary.control_accuracy == (1.0 if reliable else 0.0)
+    assert quality["auc"] == summary.reliability.auc == (1.0 if reliable else 0.5)
+    assert quality["separation"] == pytest.approx(summary.reliability.easy.mean)
     assert quality["position_bias"] == pytest.approx(summary.position_bias) and quality["position_bias"] > 0.5
     assert quality["margin"] == pytest.approx(summary.margin) and quality["margin"] >= 0.02
     verdicts = db.query("SELECT doc_id, verdict, preference, reliable FROM judgements WHERE run_id = ? "
@@ -227,11 +262,44 @@ def test_probability_mode_with_controls_marks_a_judge_that_fails_them_unreliable
     report = artifacts(state.state_details.flow_run_id)["judge-run-topical"]
     assert "probability mode" in report and "Mean preference" in report
     assert ("UNRELIABLE" in report) is not reliable
+    assert quality["verdict"] == summary.reliability.verdict == ("sidecar" if reliable else "UNRELIABLE")
+    assert db.query("SELECT verdict FROM judge_headline WHERE run_id = ?", [TOPICAL]) == [
+        {"verdict": quality["verdict"]}]
     if reliable:
         # both sidecar tags named against none: P(sidecar) 0.9 shown first, 0.7 shown second
         assert [(v["verdict"], round(v["preference"], 6)) for v in verdicts] == [("sidecar", 0.8)] * 3
     else:
         assert all(v["preference"] == pytest.approx(0.5) and v["verdict"] == "tie" for v in verdicts)
+
+
+def test_an_endpoint_with_prompt_log_probabilities_adds_the_likelihood_method_with_its_own_ladder(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    with letters_endpoint(reads_tags, echo=True) as url:
+        state = judge(TOPICAL, judge_model="mock", base_url=url, retries=0, db_path=str(db.path),
+                      likelihood_model="mock/draft", likelihood_prompts=("tags-l2",), return_state=True)
+    summary = state.result()
+    quality = {(q["judge_model"], q["method"]): q for q in db.judge_quality(TOPICAL)}
+    assert set(quality) == {("mock", "pairwise"), ("mock", "likelihood"), ("mock/draft", "likelihood")}
+    for scorer in ("mock", "mock/draft"):
+        ladder = quality[(scorer, "likelihood")]
+        assert (ladder["control_cleared"], ladder["null_tied"], ladder["reliable"]) == (3, 3, True)
+        assert ladder["verdict"] == "sidecar" and ladder["note"].startswith("scorer prompt tags-l2")
+    stored = db.query("SELECT DISTINCT judge_model, prompt_version, kind FROM judgement_scores ORDER BY ALL")
+    assert {(r["judge_model"], r["prompt_version"]) for r in stored} == {("mock", "tags-l2"), ("mock/draft", "tags-l2")}
+    assert {r["kind"] for r in stored} == {"main", "control", "hard", "null"}
+    # each doc's sidecar tags are named in its summary, the standalone's nowhere: a PMI of 2.5 per token
+    verdicts = db.query("SELECT verdict, difference FROM judgements WHERE method = 'likelihood'")
+    assert len(verdicts) == 6 and all(v["verdict"] == "sidecar" and v["difference"] == pytest.approx(2.5)
+                                      for v in verdicts)
+    assert db.query("SELECT verdict FROM judge_headline WHERE run_id = ?", [TOPICAL]) == [{"verdict": "sidecar"}]
+    report = artifacts(state.state_details.flow_run_id)["judge-run-topical"]
+    assert "## Likelihood method" in report and "| mock/draft | tags-l2 | easy 3/3 (100%)" in report
+    assert "Verdict of the run: the sidecar's tags are better (pairwise mock tags-p1" in report
+    assert [part.reliability.trusted for part in summary.likelihood] == [True, True]
 
 
 def test_a_malformed_log_probability_fails_its_games_only_and_every_other_game_is_stored(
@@ -404,12 +472,18 @@ def test_sidecar_judge_runs_the_flow_on_a_finished_run_and_prints_its_summary(
     monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
     with letters_endpoint(reads_tags) as url:
         result = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url,
-                                          "--model", "mock"])
+                                          "--model", "mock", "--likelihood-prompt", "tags-l2",
+                                          "--likelihood-model", "mock/draft"])
     assert result.exit_code == 0, result.output
-    assert "Reliable: control accuracy 1.00 over 3 documents" in result.output
+    # this endpoint has no /completions: both likelihood scorers are stored as unavailable
+    assert [(q["judge_model"], q["prompt_version"], q["verdict"]) for q in db.judge_quality(TOPICAL)
+            if q["method"] == "likelihood"] == [("mock", "tags-l2", "UNRELIABLE"),
+                                                ("mock/draft", "tags-l2", "UNRELIABLE")]
+    assert "| mock/draft | tags-l2 | unavailable: HTTP 404" in result.output
+    assert "Reliable (pairwise): controls cleared the margin 0.020 in 3 of 3 documents" in result.output
     assert "| sidecar better | 3 |" in result.output
     assert "Mean preference for the sidecar's tags: 0.800" in result.output
-    assert [q["reliable"] for q in db.judge_quality(TOPICAL)] == [True]
+    assert [q["reliable"] for q in db.judge_quality(TOPICAL) if q["method"] == "pairwise"] == [True]
 
     missing = CliRunner().invoke(app, ["judge", "--run-id", TOPICAL, "--db", str(db.path), "--base-url", url])
     assert missing.exit_code == 2 and "--model is required" in missing.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from storage import (
     Database,
     Document,
     JudgementRecord,
+    JudgementScoreRecord,
     JudgeSettingsRecord,
     OutputRecord,
     RejectedDocument,
@@ -33,9 +35,9 @@ from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 from vocab.modes import MODES
 
-TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games",
+TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games", "judgement_scores",
           "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
-VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "costs"}
+VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "costs"}
 
 
 def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
@@ -515,9 +517,11 @@ def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     assert db.judged_doc_ids("run-1", "judge-x", "v1") == {"agree", "disagree"}
     assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
     # text-mode games have no preference, and a run without control games is never reliable
-    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "documents": 4, "wins": 0,
-                                        "losses": 1, "ties": 1, "undecided": 2, "consistent": 1,
-                                        "mean_preference": None, "preferences": [], "reliable": False}]
+    # the text mode's differences: -0.5 (both games for the standalone) and 0 (they disagree)
+    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "method": "pairwise",
+                                        "documents": 4, "wins": 0, "losses": 1, "ties": 1, "undecided": 2,
+                                        "consistent": 1, "mean_preference": None, "mean_difference": -0.25,
+                                        "preferences": [], "reliable": False}]
     assert db.judge_tally("run-2") == []
 
 
@@ -525,7 +529,7 @@ def probability_game(doc: str, kind: str, number: int, p_subject_first: float, f
                      ) -> JudgementRecord:
     """A probability-mode game whose subject side is shown first in game 1; ``p_subject_first`` is the
     probability the judge gives the set shown first."""
-    subject, other = {"main": ("sidecar", "standalone"), "control": ("own", "other"),
+    subject, other = {"main": ("sidecar", "standalone"), "control": ("own", "other"), "hard": ("own", "mixed"),
                       "null": ("original", "reversed")}[kind]
     first, second = (subject, other) if number == 1 else (other, subject)
     winner = first if p_subject_first > 0.5 else second if p_subject_first < 0.5 else "tie"
@@ -537,13 +541,14 @@ def pair(doc: str, kind: str, first_game: float, second_game: float, foil: str |
     return [probability_game(doc, kind, 1, first_game, foil), probability_game(doc, kind, 2, second_game, foil)]
 
 
-@pytest.mark.parametrize(("own_wins", "reliable"), [(True, True), (False, False)])
+# own: the control games' P(first shown); 0.7 for the own tags, exactly even, or 0.52: on the right side but
+# inside the run's margin of 0.05, which is no better than even (003 counted it right)
+@pytest.mark.parametrize(("own", "reliable"), [((0.8, 0.4), True), ((0.6, 0.6), False), ((0.53, 0.49), False)])
 def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_control_quality(
-        db: Database, own_wins: bool, reliable: bool) -> None:
+        db: Database, own: tuple[float, float], reliable: bool) -> None:
     start(db)
     # P(first shown) per game; the subject is first in game 1 and second in game 2, so its preference is
     # the mean of game 1's p and 1 - game 2's p
-    own = (0.8, 0.4) if own_wins else (0.6, 0.6)  # 0.7 own, or exactly even
     games = [
         *pair("d1", "main", 0.9, 0.3),    # preference (0.9 + 0.7) / 2 = 0.8: the sidecar's
         *pair("d2", "main", 0.6, 0.58),   # 0.51: within the margin, a tie
@@ -552,12 +557,14 @@ def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_con
         *pair("d1", "null", 0.7, 0.6),    # 0.55: the judge's noise is 0.05
         *pair("d2", "null", 0.5, 0.52),   # 0.49
     ]
-    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.75, 0.02))
+    # a threshold of 0.5: the null rung's d1 (0.05 from even) lies outside the floor of 0.02, d2 inside
+    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.5, 0.02))
 
     [quality] = db.judge_quality("run-1")
     assert quality["margin"] == pytest.approx(0.05)
     assert (quality["control_games"], quality["control_documents"], quality["null_documents"]) == (4, 2, 2)
-    assert quality["control_accuracy"] == (1.0 if own_wins else 0.5)
+    assert (quality["null_tied"], quality["null_ties"]) == (1, 0.5)
+    assert quality["control_accuracy"] == (1.0 if reliable else 0.0)
     assert quality["reliable"] is reliable
     first_shown = [g.p_a for g in games]
     assert quality["position_bias"] == pytest.approx(sum(first_shown) / len(first_shown))
@@ -571,6 +578,73 @@ def test_probability_games_give_debiased_preferences_a_calibrated_margin_and_con
     assert tally["mean_preference"] == pytest.approx((0.8 + 0.51 + 0.3) / 3)
     assert tally["preferences"] == pytest.approx([0.8, 0.51, 0.3])
     assert db.judged_doc_ids("run-1", "judge-p", "p1") == {"d1", "d2", "d3"}
+
+
+@pytest.mark.parametrize(("null_second_game", "verdict"), [(0.5, "sidecar"), (0.3, "UNRELIABLE")])
+def test_the_ladders_rungs_and_a_verdict_only_from_a_trusted_method(db: Database, null_second_game: float,
+                                                                   verdict: str) -> None:
+    """Easy controls all clear the margin; the hard rung is reported; a null rung that does not tie (d2's
+    preference 0.6, which also widens the margin to 0.1) leaves the run without a verdict."""
+    start(db)
+    games = [*pair("d1", "main", 0.9, 0.3), *pair("d2", "main", 0.8, 0.3), *pair("d3", "main", 0.85, 0.3),
+             *pair("d1", "control", 0.9, 0.1, foil="d2"), *pair("d2", "control", 0.8, 0.2, foil="d3"),
+             *pair("d1", "hard", 0.7, 0.3, foil="d2"), *pair("d2", "hard", 0.5, 0.5, foil="d3"),
+             *pair("d1", "null", 0.5, 0.5), *pair("d2", "null", 0.5, null_second_game)]
+    db.write_judgements("run-1", games, JudgeSettingsRecord("judge-p", "p1", "probability", 0.9, 0.02))
+
+    [quality] = db.judge_quality("run-1")
+    assert (quality["control_cleared"], quality["control_documents"]) == (2, 2)
+    assert (quality["hard_cleared"], quality["hard_documents"], quality["hard_accuracy"]) == (1, 2, 0.5)
+    assert quality["null_ties"] == (1.0 if verdict != "UNRELIABLE" else 0.5)
+    assert quality["separation"] == pytest.approx(0.35) and quality["auc"] == 1.0
+    differences = [0.3, 0.25, 0.275]  # (0.9 + 0.7) / 2 - 0.5 and so on
+    se = statistics.stdev(differences) / len(differences) ** 0.5
+    assert quality["mean_difference"] == pytest.approx(0.275)
+    assert quality["difference_low"] == pytest.approx(0.275 - 1.96 * se)
+    assert quality["detectable"] == pytest.approx(2.8 * se)
+    assert (quality["reliable"], quality["verdict"]) == (verdict != "UNRELIABLE", verdict)
+    assert db.query("SELECT * FROM judge_headline") == [
+        {"run_id": "run-1", "trusted": ["pairwise judge-p p1"] if verdict != "UNRELIABLE" else [], "verdict": verdict}]
+
+
+def scores(doc: str, kind: str, subject_pmi: float, other_pmi: float, model: str = "judge-p",
+           foil: str | None = None) -> list[JudgementScoreRecord]:
+    """A likelihood-scored pair of tag sets whose PMIs are ``subject_pmi`` and ``other_pmi`` (given_own less a
+    given_baseline of -3)."""
+    sides = {"main": ("sidecar", "standalone"), "control": ("own", "other"), "hard": ("own", "mixed"),
+             "null": ("original", "reversed")}[kind]
+    return [JudgementScoreRecord(doc, model, "tags-l2", kind, side, ["t"], "base", given_own=-3 + pmi,
+                                 given_baseline=-3.0, tokens=4, foil_doc_id=foil)
+            for side, pmi in zip(sides, (subject_pmi, other_pmi), strict=True)]
+
+
+def test_likelihood_scores_keep_their_method_and_are_read_by_the_same_ladder(db: Database) -> None:
+    start(db)
+    likelihood = [*scores("d1", "main", 2.0, 1.0), *scores("d2", "main", 1.5, 1.0), *scores("d3", "main", 1.2, 0.9),
+                  *scores("d1", "control", 2.0, -1.0, foil="d2"), *scores("d2", "control", 1.5, -0.5, foil="d3"),
+                  *scores("d1", "hard", 2.0, 1.95, foil="d2"), *scores("d1", "null", 2.0, 1.96)]
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p", "tags-l2", "likelihood", 0.9, 0.1), likelihood)
+    # a second scorer whose endpoint had no prompt log probabilities: settings with the reason, no scores
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p/draft", "tags-l2", "likelihood", 0.9, 0.1,
+                                                         note="HTTP 404 on /completions"))
+
+    documents = db.query("SELECT doc_id, kind, method, difference, own_score, foil_score FROM judge_documents "
+                         "WHERE kind = 'control' ORDER BY doc_id")
+    assert [(d["method"], round(d["difference"], 6), d["own_score"], d["foil_score"]) for d in documents] == [
+        ("likelihood", 3.0, pytest.approx(2.0), pytest.approx(-1.0)),
+        ("likelihood", 2.0, pytest.approx(1.5), pytest.approx(-0.5))]
+    scored, unavailable = db.judge_quality("run-1")  # judge-p, then judge-p/draft
+    assert (scored["method"], scored["mode"], scored["margin"], scored["floor"]) == ("likelihood", "likelihood",
+                                                                                    pytest.approx(0.1), 0.1)
+    assert (scored["control_cleared"], scored["hard_cleared"], scored["null_tied"]) == (2, 0, 1)
+    assert scored["auc"] == 1.0 and scored["reliable"] is True and scored["verdict"] == "sidecar"
+    assert (unavailable["method"], unavailable["reliable"], unavailable["verdict"], unavailable["note"]) == (
+        "likelihood", False, "UNRELIABLE", "HTTP 404 on /completions")
+    verdicts = db.query("SELECT doc_id, method, verdict, difference FROM judgements ORDER BY doc_id")
+    assert [(v["method"], v["verdict"]) for v in verdicts] == [("likelihood", "sidecar")] * 3
+    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d2", "d3"}
+    assert db.query("SELECT trusted, verdict FROM judge_headline") == [
+        {"trusted": ["likelihood judge-p tags-l2"], "verdict": "sidecar"}]
 
 
 def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
@@ -605,6 +679,31 @@ def test_migration_003_keeps_stored_games_as_main_games(tmp_path: Path) -> None:
         {"kind": "main", "game": 1, "p_a": None}, {"kind": "main", "game": 2, "p_a": None}]
     assert db.query("SELECT verdict, preference, reliable FROM judgements") == [
         {"verdict": "sidecar", "preference": None, "reliable": False}]
+
+
+def test_migration_010_keeps_stored_games_and_settings_and_rereads_them_by_the_honest_rules(tmp_path: Path) -> None:
+    """A schema-9 run whose one control favoured the own tags by 0.01, inside its margin of 0.02: schema 9
+    called it reliable, 010 keeps every row and calls it UNRELIABLE."""
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 9) as con:
+        con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, kind, game, mode_a, "
+                    "mode_b, raw_answer, winner, p_a, p_b, foil_doc_id) VALUES "
+                    "('r', 'd', 'j', 'tags-p1', 'main', 1, 'sidecar', 'standalone', 'A', 'sidecar', 0.6, 0.4, NULL), "
+                    "('r', 'd', 'j', 'tags-p1', 'main', 2, 'standalone', 'sidecar', 'A', 'standalone', 0.6, 0.4, "
+                    "NULL), "
+                    "('r', 'd', 'j', 'tags-p1', 'control', 1, 'own', 'other', 'A', 'own', 0.61, 0.39, 'e'), "
+                    "('r', 'd', 'j', 'tags-p1', 'control', 2, 'other', 'own', 'A', 'other', 0.59, 0.41, 'e')")
+        con.execute("INSERT INTO judge_settings (run_id, judge_model, prompt_version, mode, threshold, margin_floor) "
+                    "VALUES ('r', 'j', 'tags-p1', 'probability', 0.75, 0.02)")
+        assert con.execute("SELECT reliable FROM judge_quality").fetchall() == [(True,)]
+    db = Database(path)
+    assert db.query("SELECT count(*) AS n FROM judgement_games") == [{"n": 4}]
+    assert db.query("SELECT mode, threshold, margin_floor, note FROM judge_settings") == [
+        {"mode": "probability", "threshold": 0.75, "margin_floor": 0.02, "note": None}]
+    [quality] = db.judge_quality("r")
+    assert (quality["method"], quality["control_cleared"], quality["reliable"], quality["verdict"]) == (
+        "pairwise", 0, False, "UNRELIABLE")
+    assert quality["separation"] == pytest.approx(0.01)
 
 
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(
@@ -708,6 +807,9 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
         # a judge that passed its control: the examples that read reliable judges have a row
         JudgementRecord("d1", "j", "v1", 1, "own", "other", "A", "own", kind="control", foil_doc_id="d2"),
         JudgementRecord("d1", "j", "v1", 2, "other", "own", "B", "own", kind="control", foil_doc_id="d2"),
+        # and whose null rung tied: each game chose the set shown first
+        JudgementRecord("d1", "j", "v1", 1, "original", "reversed", "A", "original", kind="null"),
+        JudgementRecord("d1", "j", "v1", 2, "reversed", "original", "A", "reversed", kind="null"),
     ], JudgeSettingsRecord("j", "v1", "text", threshold=0.75))
     db.write_costs([CostRecord("NVIDIA T4", "standalone", 32, 100.0, "projected", usd_per_gpu_hour=0.59)])
     for sql in examples:

@@ -8,7 +8,7 @@ import httpx
 import openai
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from study.judge.prompts import DEFAULT_PROMPT_VERSION, PROMPTS, JudgeMode
+from study.judge.prompts import DEFAULT_PROMPT_VERSION, DEFAULT_SCORER_PROMPTS, PROMPTS, SCORER_PROMPTS, JudgeMode
 
 API_KEY_ENV_VARS = ("SIDECAR_JUDGE_API_KEY", "OPENAI_API_KEY")
 
@@ -34,13 +34,20 @@ class JudgeConfig(BaseModel):
     backoff_max_s: float = Field(default=30.0, ge=0)
     # the text mode's answer budget; the probability mode asks for one token
     max_tokens: int = Field(default=200, ge=16)
-    # documents that also get control games (own tags against another document's, and in the probability
-    # mode a tag set against itself reversed); a run needs two documents with tags for any control
+    # documents that also climb the control ladder (study.judge.controls); a run needs two documents with
+    # tags for any control
     controls: int = Field(default=20, ge=0)
-    # control accuracy below this marks the run's verdicts unreliable
-    threshold: float = Field(default=0.75, ge=0, le=1)
+    # a method is trusted when its easy rung cleared the margin and its null rung tied in at least this
+    # share of documents; otherwise its verdicts are UNRELIABLE
+    threshold: float = Field(default=0.9, ge=0, le=1)
     # the least margin from 0.5 a probability verdict needs, whatever the null games' noise
     margin_floor: float = Field(default=0.02, ge=0, le=0.5)
+    # the likelihood method (study.judge.likelihood_run): its scorer prompts, the model that scores besides
+    # ``model`` (another model of the pair, e.g. ``<served name>/draft``: a second judge), and the least
+    # margin of a verdict in nats per token, whatever the null documents' noise
+    likelihood_prompts: tuple[str, ...] = DEFAULT_SCORER_PROMPTS
+    likelihood_model: str | None = None
+    likelihood_floor: float = Field(default=0.1, ge=0)
     # the confidence interval of the mean preference: bootstrap resamples over documents, and their seed
     bootstrap_resamples: int = Field(default=2000, ge=100)
     seed: int = 0
@@ -51,6 +58,20 @@ class JudgeConfig(BaseModel):
         if version not in PROMPTS:
             raise ValueError(f"unknown prompt_version {version!r}; known: {sorted(PROMPTS)}")
         return version
+
+    @field_validator("likelihood_prompts")
+    @classmethod
+    def _known_scorer_prompts(cls, versions: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [version for version in versions if version not in SCORER_PROMPTS]
+        if unknown:
+            raise ValueError(f"unknown likelihood_prompts {unknown}; known: {sorted(SCORER_PROMPTS)}")
+        return versions
+
+    @property
+    def scorers(self) -> list[tuple[str, str]]:
+        """(model, scorer prompt version) of every likelihood score a run asks for."""
+        models = [self.model] + ([self.likelihood_model] if self.likelihood_model else [])
+        return [(model, version) for model in models for version in self.likelihood_prompts]
 
     @property
     def mode(self) -> JudgeMode:

@@ -1,9 +1,10 @@
-"""Control games whose right answer is known, played in every run beside the real comparison.
+"""The control ladder: games whose right answer is known, played in every run beside the real comparison.
 
-The first ``limit`` documents get a control: their own sidecar tags against the sidecar tags of the next
-document in that sample (a fixed derangement: a cyclic shift, passing over a document whose tags are the
-same set), so the judge should prefer the own tags. In the probability mode they also get a null game:
-their tags against the same tags reversed, whose true preference is 0.5.
+The first ``limit`` documents climb it. Easy (stored as kind ``control``): their own sidecar tags against
+the sidecar tags of the next document in that sample (a fixed derangement: a cyclic shift, passing over a
+document whose tags are the same set), so the judge should prefer the own tags. Hard: the own tags against
+the same tags with about half replaced by that document's, which the judge should still prefer. Null: the
+own tags against the same tags reversed, whose true preference is even, so the judge must call it a tie.
 """
 
 from __future__ import annotations
@@ -39,3 +40,12 @@ def null_tags(tags: list[str]) -> list[str] | None:
     such a game would ask the same prompt twice and measure nothing."""
     flipped = list(reversed(tags))
     return flipped if flipped != tags else None
+
+
+def hard_tags(tags: list[str], foil: list[str]) -> list[str] | None:
+    """``tags`` with every second one (the 2nd, 4th, ...) replaced by the next of ``foil``'s tags that is not
+    among them: about half replaced, in place so that position does not give the foil's tags away. None when
+    nothing can be replaced (one tag, or no foil tag that differs)."""
+    spare = iter([tag for tag in foil if tag not in tags])
+    mixed = [next(spare, tag) if index % 2 else tag for index, tag in enumerate(tags)]
+    return mixed if mixed != tags else None

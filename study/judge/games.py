@@ -34,13 +34,16 @@ SAMPLING_TEMPERATURE = 0.7
 PROBE_TOP_LOGPROBS = 5
 RETRY_TOP_LOGPROBS = 20  # the most the OpenAI API returns
 
-GameKind = Literal["main", "control", "null"]
-Winner = Literal["sidecar", "standalone", "own", "other", "original", "reversed", "tie"]
+# the comparison and the control ladder's rungs (study.judge.controls): ``control`` is the easy rung
+GameKind = Literal["main", "control", "hard", "null"]
+Winner = Literal["sidecar", "standalone", "own", "other", "mixed", "original", "reversed", "tie"]
 # (the subject side, the side it is compared with) per kind: the sidecar's tags against the standalone
-# tagger's, a document's own tags against another document's, a tag set against itself reversed
+# tagger's, a document's own tags against another document's, against its own with about half replaced
+# by another document's, a tag set against itself reversed
 SIDES: dict[GameKind, tuple[Winner, Winner]] = {
     "main": ("sidecar", "standalone"),
     "control": ("own", "other"),
+    "hard": ("own", "mixed"),
     "null": ("original", "reversed"),
 }
 

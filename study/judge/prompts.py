@@ -1,4 +1,5 @@
-"""The judge's prompt versions; verdicts are only comparable within one version, so callers store it.
+"""The judge's prompt versions, and the likelihood scorer's; verdicts are only comparable within one version,
+so callers store it.
 
 A version fixes its answer mode too: ``probability`` prompts ask for one letter and are read from the
 letters' log probabilities, ``text`` prompts ask for a JSON verdict and are read from the text.
@@ -46,6 +47,30 @@ PROMPTS: dict[str, Prompt] = {
 DEFAULT_PROMPT_VERSION = "tags-p1"
 # what a probability prompt falls back to on an endpoint that returns no log probabilities
 TEXT_FALLBACK = "tags-v1"
+
+
+@dataclass(frozen=True)
+class ScorerPrompt:
+    """The text before the tags; ``{summary}`` is replaced by the summary. It ends in a visible character, so
+    that no token joins its end with the space that starts the tags."""
+
+    before_tags: str
+    # how this wording relates to the taggers' instruction ("Then output 3-5 short hashtags for the summary.",
+    # sidecar.tasks.task.HASHTAGS; the standalone tagger's drops the "Then")
+    note: str
+
+
+# The likelihood method's scorer prompts (study.judge.likelihood). A scorer can favour the tagger whose prompt it
+# resembles, so one version is worded like the taggers' instruction and one unlike either.
+SCORER_PROMPTS: dict[str, ScorerPrompt] = {
+    "tags-l1": ScorerPrompt(
+        before_tags="Summary:\n{summary}\n\nWrite 3-5 short hashtags for this summary.\nHashtags:",
+        note="worded like the taggers' instruction, after the summary as the standalone tagger sees it"),
+    "tags-l2": ScorerPrompt(
+        before_tags="A news desk files each story under a few topic labels.\n\nStory: {summary}\n\nFiled under:",
+        note="unlike either tagger: no instruction, no chat turn, the summary called a story, no tag count"),
+}
+DEFAULT_SCORER_PROMPTS = ("tags-l1", "tags-l2")
 
 
 def render_prompt(summary: str, tags_a: list[str], tags_b: list[str], prompt_version: str) -> list[dict[str, str]]:

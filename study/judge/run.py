@@ -1,22 +1,23 @@
-"""Judge many documents: main games, control and null games, in a bounded thread pool.
+"""Judge many documents: main games and the control ladder's games, in a bounded thread pool.
 
-In the probability mode the null games come first, so that the run's margin is known when each
+The null games come first, so that in the probability mode the run's margin is known when each
 document's verdict is; :func:`detect_prompt_version` decides the mode per run from one probe call.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import islice
+from typing import TypeVar
 
 import openai
 
 from study.judge.answers import JudgeAnswerError, ask
 from study.judge.config import JudgeConfig, make_judge_client
-from study.judge.controls import control_foils, null_tags
+from study.judge.controls import control_foils, hard_tags, null_tags
 from study.judge.games import (
     MAX_ERROR_CHARS,
     GameKind,
@@ -32,6 +33,8 @@ from study.judge.prompts import PROMPTS, TEXT_FALLBACK, render_prompt
 from study.judge.results import JudgeItem, JudgeResult
 from study.judge.scoring import calibrated_margin, final_verdict, preference, preference_verdict
 
+In = TypeVar("In")
+Out = TypeVar("Out")
 # an endpoint that refuses a request field answers with one of these
 _REFUSED_STATUSES = (400, 404, 422)
 
@@ -44,7 +47,7 @@ class Detection:
     note: str
 
 
-def _client_and_redactor(config: JudgeConfig, client: openai.OpenAI | None) -> tuple[openai.OpenAI, Redactor]:
+def client_and_redactor(config: JudgeConfig, client: openai.OpenAI | None) -> tuple[openai.OpenAI, Redactor]:
     if client is None:
         client = make_judge_client(config)
     else:
@@ -65,7 +68,7 @@ def detect_prompt_version(item: JudgeItem, config: JudgeConfig, client: openai.O
     """
     if config.mode == "text":
         return Detection(config.prompt_version, f"Text mode: prompt {config.prompt_version} asks for a JSON verdict.")
-    client, redact = _client_and_redactor(config, client)
+    client, redact = client_and_redactor(config, client)
     messages = render_prompt(item.summary, item.sidecar_tags or [], item.standalone_tags or [], config.prompt_version)
     fallback = f"the text mode (prompt {TEXT_FALLBACK}) for this run"
     failure: Exception | None = None
@@ -96,14 +99,13 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
                 on_result: Callable[[JudgeResult], None] | None = None) -> list[JudgeResult]:
     """Judge every item in two position-swapped games; results come back in the order of ``items``.
 
-    The first ``config.controls`` items with both tag sets also get control games (and null games in the
-    probability mode, which calibrate the margin of every verdict). Documents run concurrently on at most
+    The first ``config.controls`` items with both tag sets also climb the control ladder: easy, hard and null games
+    (the null games also calibrate the margin of every probability verdict). Documents run concurrently on at most
     ``config.concurrency`` threads, one request in flight per thread. A given ``client`` is used with
-    ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it
-    is done, in the calling thread; a queued document starts only after a finished one's result was
-    taken, so when ``on_result`` raises, no queued document is judged.
-    """
-    client, redact = _client_and_redactor(config, client)
+    ``config.timeout_s`` and its own retries switched off. ``on_result`` hears each document's result as it is done,
+    in the calling thread; a queued document starts only after a finished one's result was taken, so when
+    ``on_result`` raises, no queued document is judged."""
+    client, redact = client_and_redactor(config, client)
     judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
     foils = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], config.controls)
     probability = config.mode == "probability"
@@ -117,12 +119,10 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     if not items:
         return []
     with ThreadPoolExecutor(max_workers=min(config.concurrency, len(items)), thread_name_prefix="judge") as pool:
-        null_games: dict[str, list[GameResult]] = {}
-        if probability:
-            nulls = [(item, flipped) for item in judgeable[:config.controls]
-                     if (flipped := null_tags(item.sidecar_tags or [])) is not None]
-            played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags or [], pair[1])), nulls)
-            null_games = {item.doc_id: games for (item, _), games in zip(nulls, played, strict=True)}
+        nulls = [(item, flipped) for item in judgeable[:config.controls]
+                 if (flipped := null_tags(item.sidecar_tags or [])) is not None]
+        played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags or [], pair[1])), nulls)
+        null_games = {item.doc_id: games for (item, _), games in zip(nulls, played, strict=True)}
         margin = calibrated_margin([preference(games) for games in null_games.values()], config.margin_floor)
 
         def judge_one(item: JudgeItem) -> JudgeResult:
@@ -136,22 +136,31 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
             foil = foils.get(item.doc_id)
             if foil is not None:
                 controls += play(item, "control", (item.sidecar_tags, foil.tags))
+                if (mixed := hard_tags(item.sidecar_tags, foil.tags)) is not None:
+                    controls += play(item, "hard", (item.sidecar_tags, mixed))
             verdict = preference_verdict(games, margin) if probability else final_verdict(games)
             return JudgeResult(doc_id=item.doc_id, games=games, verdict=verdict,
                                preference=preference(games) if probability else None, controls=controls,
                                foil_doc_id=None if foil is None else foil.doc_id)
 
-        # A queued document starts only when a finished one's result was taken: when the caller cannot take
-        # one (its commit failed), no queued document is judged as lost work.
-        queued = iter(enumerate(items))
-        running = {pool.submit(judge_one, item): index for index, item in islice(queued, config.concurrency)}
-        results: list[JudgeResult | None] = [None] * len(items)
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                results[running.pop(future)] = result = future.result()
-                if on_result is not None:
-                    on_result(result)
-                for index, item in islice(queued, 1):
-                    running[pool.submit(judge_one, item)] = index
+        return in_turn(pool, items, judge_one, config.concurrency, on_result)
+
+
+def in_turn(pool: ThreadPoolExecutor, items: Sequence[In], work: Callable[[In], Out], width: int,
+            on_result: Callable[[Out], None] | None) -> list[Out]:
+    """``work`` on every item on ``pool``, at most ``width`` at a time; results in the order of ``items``, each
+    heard by ``on_result`` in the calling thread as it is done. A queued item starts only when a finished one's
+    result was taken: when the caller cannot take one (its commit failed), no queued item is worked on as
+    lost work."""
+    queued = iter(enumerate(items))
+    running = {pool.submit(work, item): index for index, item in islice(queued, width)}
+    results: list[Out | None] = [None] * len(items)
+    while running:
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[running.pop(future)] = result = future.result()
+            if on_result is not None:
+                on_result(result)
+            for index, item in islice(queued, 1):
+                running[pool.submit(work, item)] = index
     return [r for r in results if r is not None]

@@ -1,5 +1,5 @@
-"""From games to numbers: debiased preferences, the calibrated margin, verdicts, control scores, the
-position bias and a bootstrap interval. ``storage/migrations/003_judge_controls.sql`` computes the same
+"""From games to numbers: debiased preferences, the calibrated margin, verdicts, the position bias
+and a bootstrap interval. ``storage/migrations/010_judge_ladder.sql`` computes the same
 statistics from the stored games (views ``judge_documents``, ``judge_quality``, ``judgements``).
 
 A document's preference for a side is the mean of what its two position-swapped games give that side, so
@@ -18,8 +18,9 @@ from typing import Literal
 from study.judge.games import GameResult
 
 Verdict = Literal["sidecar", "standalone", "tie", "error", "skipped"]
-# a preference this close to 0.5 is even: float rounding of p and 1 - p must not decide a control
-EVEN_TOLERANCE = 1e-9
+# The text mode's margin: its preferences are 0, 0.25, 0.5, 0.75 and 1, and only both games agreeing
+# (1 or 0) is a verdict, so a control or verdict needs more than 0.25 from 0.5, as ``final_verdict`` does.
+TEXT_MARGIN = 0.25
 
 
 def preference(games: Sequence[GameResult]) -> float | None:
@@ -56,14 +57,6 @@ def preference_verdict(games: Sequence[GameResult], margin: float) -> Verdict:
     if value is None:
         return "error"
     return "sidecar" if value > 0.5 + margin else "standalone" if value < 0.5 - margin else "tie"
-
-
-def control_score(value: float) -> float:
-    """1 when a control's preference favours the document's own tags, 0 when it favours the other
-    document's, 0.5 when even: a judge blind to the tags scores 0.5 on average, chance."""
-    if value > 0.5 + EVEN_TOLERANCE:
-        return 1.0
-    return 0.0 if value < 0.5 - EVEN_TOLERANCE else 0.5
 
 
 def position_bias(games: Sequence[GameResult]) -> float | None:

@@ -9,19 +9,59 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from study.judge.config import JudgeConfig
+from study.judge.games import GameKind, GameResult
+from study.judge.likelihood_run import LikelihoodOutcome, likelihood_reliability
 from study.judge.prompts import JudgeMode
+from study.judge.reliability import Reliability, auc, detectable_difference, mean_interval, rung
 from study.judge.results import JudgeResult
 from study.judge.scoring import (
+    TEXT_MARGIN,
     bootstrap_ci,
     calibrated_margin,
-    control_score,
     position_bias,
     preference,
     text_preference,
 )
 
+VERDICT_WORDS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tagger's tags are better",
+                 "tie": "no difference found"}
 SOURCE_STUDY = ("For comparison, the source study's numbers, not ours: on 100 CNN/DailyMail articles its LLM judge "
                 "reported 86 ties, the other 14 split 9-5.")
+
+
+class LikelihoodPart(BaseModel):
+    """One likelihood scorer's (model and scorer prompt's) part of a run."""
+
+    model: str
+    prompt_version: str
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    errors: int = 0
+    reliability: Reliability | None = None
+    # why the endpoint gave no scores: the pairwise method's verdict then stands alone
+    unavailable: str | None = None
+
+    def markdown_row(self) -> str:
+        if self.unavailable is not None:
+            return f"| {self.model} | {self.prompt_version} | unavailable: {self.unavailable} | | |"
+        if self.reliability is None:
+            return f"| {self.model} | {self.prompt_version} | nothing scored | | |"
+        ladder = self.reliability
+        verdict = "UNRELIABLE" if ladder.verdict == "UNRELIABLE" else VERDICT_WORDS[ladder.verdict]
+        return (f"| {self.model} | {self.prompt_version} | {ladder.ladder()}; margin {ladder.margin:.3f}, AUC "
+                f"{_number(ladder.auc)} | {self.wins}/{self.ties}/{self.losses} ({self.errors} errors) | {verdict} |")
+
+
+def summarize_likelihood(outcome: LikelihoodOutcome, config: JudgeConfig) -> LikelihoodPart:
+    """A scorer's verdict counts and ladder, or why it gave nothing."""
+    verdicts = [result.verdict for result in outcome.results]
+    scored = [result for result in outcome.results if result.verdict != "skipped"]
+    return LikelihoodPart(
+        model=outcome.model, prompt_version=outcome.prompt_version, wins=verdicts.count("sidecar"),
+        losses=verdicts.count("standalone"), ties=verdicts.count("tie"), errors=verdicts.count("error"),
+        reliability=likelihood_reliability(outcome.results, config) if scored else None,
+        unavailable=outcome.unavailable)
 
 
 class JudgeSummary(BaseModel):
@@ -45,22 +85,40 @@ class JudgeSummary(BaseModel):
     control_documents: int = 0
     control_accuracy: float | None = None
     position_bias: float | None = None
-    threshold: float = 0.75
+    threshold: float = 0.9
     reliable: bool = False
+    # the controls against the run's margin: separation, the share that cleared it, AUC, detectable difference
+    reliability: Reliability | None = None
+    # the likelihood method's scorers, each with its own ladder
+    likelihood: list[LikelihoodPart] = Field(default_factory=list)
     # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
     mode_note: str | None = None
     error_docs: dict[str, str] = Field(default_factory=dict)
 
     def reliability_line(self) -> str:
         """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not."""
-        if self.control_accuracy is None:
-            return ("UNRELIABLE: no control game was answered (a run needs two documents with different tags), "
-                    "so nothing shows that this judge tells right tags from wrong ones.")
-        accuracy = f"control accuracy {self.control_accuracy:.2f} over {self.control_documents} documents"
-        if self.reliable:
-            return f"Reliable: {accuracy}, at least the threshold {self.threshold:.2f}."
-        return (f"UNRELIABLE: {accuracy}, below the threshold {self.threshold:.2f}: this judge does not tell a "
-                "document's own tags from another's, so its wins, ties and losses measure nothing.")
+        if self.reliability is None:
+            return "UNRELIABLE: nothing was judged."
+        return self.reliability.line()
+
+    def ladders(self) -> list[tuple[str, Reliability]]:
+        """Every method's ladder in this run, named by method, judge model and prompt version."""
+        pairwise = [] if self.reliability is None else [(f"pairwise {self.model} {self.prompt_version}",
+                                                         self.reliability)]
+        return pairwise + [(f"likelihood {part.model} {part.prompt_version}", part.reliability)
+                           for part in self.likelihood if part.reliability is not None]
+
+    def verdict_line(self) -> str:
+        """The run's verdict, only from trusted methods: theirs when they agree, split when they do not,
+        else UNRELIABLE and no verdict."""
+        trusted = [(name, ladder) for name, ladder in self.ladders() if ladder.verdict != "UNRELIABLE"]
+        if not trusted:
+            return "none, UNRELIABLE (no method's controls passed)"
+        said = [f"{name}: {VERDICT_WORDS[ladder.verdict]}, mean difference {_interval(ladder.interval)}, smallest "
+                f"detectable {_number(ladder.detectable)}" for name, ladder in trusted]
+        verdicts = {ladder.verdict for _, ladder in trusted}
+        head = VERDICT_WORDS[verdicts.pop()] if len(verdicts) == 1 else "split between the trusted methods"
+        return f"{head} ({'; '.join(said)})"
 
     def to_markdown(self) -> str:
         rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
@@ -69,7 +127,7 @@ class JudgeSummary(BaseModel):
             lines += [f"Judge `{self.model}`, prompt `{self.prompt_version}` ({self.mode} mode).", ""]
         if self.mode_note:
             lines += [self.mode_note, ""]
-        lines += [f"**{self.reliability_line()}**", ""]
+        lines += [f"**{self.reliability_line()}**", "", f"**Verdict of the run: {self.verdict_line()}**", ""]
         lines += [
             "| outcome | documents |",
             "|---|---:|",
@@ -89,9 +147,17 @@ class JudgeSummary(BaseModel):
                       f"; a verdict needs more than {_number(self.margin)} from 0.5 (the margin the null games "
                       "calibrated).", ""]
         bias = _number(self.position_bias)
-        lines += [f"Controls: {self.control_documents} documents, accuracy {_number(self.control_accuracy)} "
-                  f"(threshold {self.threshold:.2f}); position bias {bias} (share for the set shown first, "
-                  "0.5 = none).", "", SOURCE_STUDY]
+        detectable = None if self.reliability is None else self.reliability.detectable
+        if self.likelihood:
+            lines += ["## Likelihood method", "",
+                      "Each tag set scored by its tokens' mean log probability given the summary, less given another "
+                      "document's summary (nats per token); sidecar against standalone by the difference.", "",
+                      "| scorer | prompt | ladder (passed/documents) | sidecar wins/ties/losses | verdict |",
+                      "|---|---|---|---|---|", *(part.markdown_row() for part in self.likelihood), ""]
+        lines += [f"Controls: {self.control_documents} documents, share clearing the margin "
+                  f"{_number(self.control_accuracy)} (threshold {self.threshold:.2f}); position bias {bias} (share "
+                  "for the set shown first, 0.5 = none); the smallest mean difference this run could detect "
+                  f"{_number(detectable)}.", "", SOURCE_STUDY]
         if self.error_docs:
             lines += ["", "## Errors", "", "| doc | error |", "|---|---|"]
             lines += [
@@ -99,6 +165,10 @@ class JudgeSummary(BaseModel):
                 for doc_id, error in self.error_docs.items()
             ]
         return "\n".join(lines) + "\n"
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return "n/a" if interval is None else f"95% interval {interval[0]:.3f} to {interval[1]:.3f}"
 
 
 def _number(value: float | None) -> str:
@@ -112,7 +182,7 @@ def _preference(mean: float | None, ci: tuple[float, float] | None) -> str:
 
 
 def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | None = None,
-                         mode_note: str | None = None) -> JudgeSummary:
+                         mode_note: str | None = None, likelihood: Sequence[LikelihoodPart] = ()) -> JudgeSummary:
     """Counts of verdicts, ``order_consistency_rate`` over documents judged without error, and the
     run's quality from its control and null games (see ``study.judge.scoring``)."""
     defaults = JudgeConfig(model="-") if config is None else config
@@ -123,9 +193,18 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
     judged = [result for result in results if result.order_consistent is not None]
     consistent = sum(1 for result in judged if result.order_consistent)
     preferences = [result.preference for result in results if result.preference is not None]
-    controls = [score for result in results if (score := _control_basis(result)) is not None]
-    accuracy = statistics.fmean(map(control_score, controls)) if controls else None
     nulls = [preference(result.games_of("null")) for result in results]
+    margin = calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else TEXT_MARGIN
+    controls = _bases(results, "control")
+    mains = [score - 0.5 for score in _bases(results, "main")]
+    floor = defaults.margin_floor if mode == "probability" else TEXT_MARGIN
+    reliability = Reliability(
+        method="pairwise", margin=margin, floor=floor, threshold=defaults.threshold,
+        easy=rung("easy", [c - 0.5 for c in controls], margin, floor),
+        hard=rung("hard", [h - 0.5 for h in _bases(results, "hard")], margin, floor),
+        null=rung("null", [n - 0.5 for n in _bases(results, "null")], margin, floor),
+        auc=auc(controls, [1 - c for c in controls]), detectable=detectable_difference(mains),
+        interval=mean_interval(mains))
     return JudgeSummary(
         total=len(results),
         judged=len(judged),
@@ -141,12 +220,14 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
         mode=mode,
         mean_preference=statistics.fmean(preferences) if preferences else None,
         preference_ci=bootstrap_ci(preferences, defaults.bootstrap_resamples, defaults.seed),
-        margin=calibrated_margin(nulls, defaults.margin_floor) if mode == "probability" else None,
+        margin=margin if mode == "probability" else None,
         control_documents=len(controls),
-        control_accuracy=accuracy,
+        control_accuracy=reliability.easy.share,
         position_bias=position_bias(all_games),
         threshold=defaults.threshold,
-        reliable=accuracy is not None and accuracy >= defaults.threshold,
+        reliable=reliability.trusted,
+        reliability=reliability,
+        likelihood=list(likelihood),
         mode_note=mode_note,
         error_docs={
             result.doc_id: "; ".join(f"game {g.game}: {g.error}" for g in result.games if g.error)
@@ -156,7 +237,11 @@ def summarize_judgements(results: Sequence[JudgeResult], config: JudgeConfig | N
     )
 
 
-def _control_basis(result: JudgeResult) -> float | None:
-    games = result.games_of("control")
+def _bases(results: Sequence[JudgeResult], kind: GameKind) -> list[float]:
+    """Per document with both games of ``kind`` answered, its preference for the kind's subject side."""
+    return [score for result in results if (score := _basis(result.games_of(kind))) is not None]
+
+
+def _basis(games: Sequence[GameResult]) -> float | None:
     value = preference(games)
     return value if value is not None else text_preference(games)

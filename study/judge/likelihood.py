@@ -1,0 +1,96 @@
+"""The likelihood of a tag set: the judge model's mean log probability of the tags' tokens after a scorer
+prompt that holds a summary, read through the OpenAI API's legacy completions route.
+
+The request echoes the prompt with its log probabilities and generates nothing
+(``echo=True, logprobs=0, max_tokens=0``); the reply's ``choices[0].logprobs`` lists ``tokens``,
+``token_logprobs`` (the first is None: nothing precedes it) and ``text_offset``, each token's first
+character in the prompt. The tags' tokens are those that start at or after the character where the tags
+start. Scorer prompts are versioned (``study.judge.prompts.SCORER_PROMPTS``) and every score keeps the
+version it used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import openai
+from openai.types import Completion
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from study.judge.answers import JudgeAnswerError, problems
+from study.judge.prompts import SCORER_PROMPTS
+
+
+class NoPromptLogprobsError(JudgeAnswerError):
+    """The endpoint gives no log probabilities of a prompt's tokens: no such route, or a reply without them."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class _EchoLogprobs(_Model):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    text_offset: list[int]
+
+
+class _EchoChoice(_Model):
+    logprobs: _EchoLogprobs | None = None
+
+
+class _EchoReply(_Model):
+    choices: list[_EchoChoice] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class TagLikelihood:
+    """The mean log probability per token of a tag set after a prompt, and over how many tokens."""
+
+    mean_logprob: float
+    tokens: int
+
+
+def render_tags(tags: list[str]) -> str:
+    """The tags as a tagger writes them: ``#a #b``, each after a space."""
+    return "".join(f" #{tag.lstrip('#')}" for tag in tags)
+
+
+def scorer_text(summary: str, tags: list[str], prompt_version: str) -> tuple[str, int]:
+    """The text to score and the character where its tags start."""
+    before = SCORER_PROMPTS[prompt_version].before_tags.format(summary=summary.strip())
+    return before + render_tags(tags), len(before)
+
+
+def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: list[str],
+                   prompt_version: str) -> TagLikelihood:
+    """Ask ``model`` for the log probabilities of the scorer text and average those of the tags' tokens.
+
+    ``NoPromptLogprobsError`` when the route is missing or refused (HTTP 404, 400) or the reply has no
+    prompt log probabilities; ``JudgeAnswerError`` for a reply of the wrong shape or values."""
+    text, start = scorer_text(summary, tags, prompt_version)
+    try:
+        completion = client.completions.create(model=model, prompt=text, echo=True, logprobs=0, max_tokens=0)
+    except (openai.NotFoundError, openai.BadRequestError) as exc:
+        raise NoPromptLogprobsError(f"HTTP {exc.status_code} on /completions with echo and logprobs: "
+                                    f"{exc.message}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise JudgeAnswerError(f"response body is not JSON: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(completion, Completion):
+        raise JudgeAnswerError(f"response is not a completion: {str(completion)[:200]!r}")
+    try:
+        choice = _EchoReply.model_validate(completion).choices[0]
+    except ValidationError as exc:
+        raise JudgeAnswerError(f"response is not a completion: {problems(exc)}") from None
+    if choice.logprobs is None or not choice.logprobs.tokens:
+        raise NoPromptLogprobsError("the reply has no log probabilities of the prompt's tokens")
+    echoed = choice.logprobs
+    if not len(echoed.tokens) == len(echoed.token_logprobs) == len(echoed.text_offset):
+        raise JudgeAnswerError("tokens, token_logprobs and text_offset differ in length")
+    tagged = [lp for lp, offset in zip(echoed.token_logprobs, echoed.text_offset, strict=True) if offset >= start]
+    if not tagged:
+        raise JudgeAnswerError(f"no token starts at or after character {start}, where the tags start")
+    if any(lp is None or not lp <= 1e-6 for lp in tagged):  # NaN compares false too
+        raise JudgeAnswerError(f"a tag token's log probability is not one: {tagged}")
+    return TagLikelihood(math.fsum(tagged) / len(tagged), len(tagged))  # type: ignore[arg-type]
