@@ -15,11 +15,12 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from server.launcher import free_port
 
 # Debian keeps the server's binaries (initdb, pg_ctl) off PATH, under one directory per major version
 DEBIAN_BINARIES = Path("/usr/lib/postgresql")
@@ -51,12 +52,6 @@ def unavailable() -> str | None:
         except KeyError:
             return "running as root and there is no postgres user to run the cluster as"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
