@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus browser test test-fast demo ui bench bench-quick bench-full gpu-check lint clean
+.PHONY: venv models corpus browser postgres test test-fast demo ui bench bench-quick bench-full gpu-check lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,15 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
+# PostgreSQL's server for tests/test_deployments_postgres.py (a Prefect server keeping its state in Postgres, as
+# infra/docker-compose.yml runs it): installed where we are root with apt-get (CI), left alone elsewhere, where
+# those tests skip and say why. Debian keeps its binaries in /usr/lib/postgresql/<version>/bin.
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+		&& command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	fi
+
 # pytest processes (pytest-xdist): most tests use one core (the tiny pair on one torch thread); a module's
 # tests stay in one process, so its fixtures (a Prefect server, a loaded pair) are made once
 TEST_WORKERS ?= 2
@@ -56,7 +65,7 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # keeps what a run found under test-artifacts/: junit.xml (each test's outcome and seconds) and durations.txt
 # (every test's setup, call and teardown seconds, slowest first); the terminal lists the 15 slowest
-test: lint browser models corpus
+test: lint browser postgres models corpus
 	$(PYTEST) -rs --durations=15 --junitxml=test-artifacts/junit.xml --durations-file=test-artifacts/durations.txt
 
 # no real pair, no slow test and nothing that starts a server or a process (`servers`, tests/servers.py): an

@@ -1,7 +1,8 @@
 """The ``nightly-shard`` flow: one attempt of one shard of a sharded nightly run, writing part files.
 
 The parent (``flows.nightly``) wrote the attempt's documents to a manifest under the results location and
-alone writes the database; this flow reads the manifest, holds its accelerator (``flows.accelerator``), loads
+alone writes the database; this flow reads the manifest, holds its accelerator (``flows.accelerator``; it says
+in the results location while it waits for it, ``PartStore.write_device_state``), loads
 the pair and runs the documents' windows as an in-process run does, writing its finished documents as part
 files (``storage.parts``) at least every ``commit_every_s`` instead of committing them. A part is written
 under a temporary name and renamed, so a killed attempt leaves only complete parts; whatever it finished
@@ -48,7 +49,10 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
         manifest = store.read_manifest(run_id, launch_id)
     docs = manifest.docs
     what = f"shard {shard} (attempt {attempt}, {launch_id}) of run {run_id}"
+    # the parent's stall clock waits while the device is busy with another run, and starts once it is held
+    store.write_device_state(run_id, launch_id, "waiting")
     with holding_accelerator(what, run.device_wait_s):
+        store.write_device_state(run_id, launch_id, "held")
         get_run_logger().info("%s: loading the %s pair for %d documents", what, run.pair, len(docs))
         with counts.timed("input"):
             engine = SidecarEngine(load_pair(run.pair), gamma=run.gamma)

@@ -11,7 +11,12 @@ after ``shard_retries`` relaunches, its unfinished documents then missing from t
 A lost attempt costs at most its documents in flight plus ``commit_every_s`` of finished ones (the cadence
 of its parts); the parent lists and ingests new parts at that cadence too (every poll when it is 0, and at
 least four times per ``shard_stall_s``), and always before it decides what an ended attempt left undone.
-An attempt's stall clock runs from when a worker took it: waiting in its pool's queue is not a stall.
+An attempt's stall clock runs from when a worker took it: waiting in its pool's queue is not a stall, and
+neither is waiting for its accelerator while another run holds it (the attempt says so in its launch
+directory, ``PartStore.write_device_state``): that wait lasts as long as ``device_wait_s`` allows, and the
+clock starts again once the attempt holds the device. Each shard's phase (to launch, queued for a worker,
+waiting for a device, running, settled, given up) is logged as the counts change, and the seconds attempts
+waited for their devices are in the run's summary.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from flows.nightly_params import NightlyParams
 from flows.shard_launch import FINAL_STATUSES, ShardHandle, ShardLaunch, ShardLauncher, new_launch_id
 from pipeline import RunCounts, Shard
 from storage import Database, Document
-from storage.parts import Manifest, PartStore
+from storage.parts import DeviceState, Manifest, PartStore
 
 # how often the parent looks at its attempts; it looks at once when its launcher sees one end
 POLL_S = 0.5
 # the missing documents a failed run's error names before it only counts them
 NAMED_MISSING = 5
+# where a shard can be (ShardAttempts.phase), in the order the parent lists them
+PHASES = ("to launch", "queued for a worker", "waiting for a device", "running", "settled", "given up")
 
 
 class IncompleteRunError(RuntimeError):
@@ -61,9 +68,23 @@ class ShardAttempts:
     queued_since: float | None = None
     queue_warned: float = 0.0
     parts_seen: int = 0
+    # what the running attempt last said of its accelerator, since when it waits for it, when the parent last
+    # said so and last read what it says
+    device: DeviceState | None = None
+    device_wait_since: float | None = None
+    device_warned: float = 0.0
+    device_read: float = float("-inf")
     recorded_flow_run_id: str | None = None
     state: Literal["waiting", "running", "settled", "given_up"] = "waiting"
     errors: list[str] = field(default_factory=list)
+
+    def phase(self) -> str:
+        """Where the shard is, in words."""
+        if self.state != "running":
+            return {"waiting": "to launch", "settled": "settled", "given_up": "given up"}[self.state]
+        if self.queued_since is not None:
+            return "queued for a worker"
+        return "waiting for a device" if self.device == "waiting" else "running"
 
 
 class ShardSupervisor:
@@ -84,6 +105,7 @@ class ShardSupervisor:
         self.list_every_s = min(params.commit_every_s, params.shard_stall_s / 4)
         # every attempt launched, for the temporary files a killed writer of one left
         self.launched: list[tuple[ShardLaunch, ShardHandle]] = []
+        self.phases_said = ""
 
     def run(self, shards: list[Shard]) -> list[Document]:
         """Every shard settled or given up; returns the documents of the given-up shards still missing."""
@@ -96,6 +118,7 @@ class ShardSupervisor:
                 for state in states:
                     if state.state == "running":
                         self._check(state)
+                self._say_phases(states)
         finally:
             self._cancel_running(states)
         self.ingest()
@@ -127,6 +150,7 @@ class ShardSupervisor:
         self._record(state)
         state.last_change = state.queue_warned = time.monotonic()
         state.parts_seen, state.queued_since, state.state = 0, None, "running"
+        state.device, state.device_wait_since, state.device_read = None, None, float("-inf")
         self.counts.shard_attempts += 1
 
     # -- watching --
@@ -159,17 +183,69 @@ class ShardSupervisor:
         state.queued_since = None
         parts = self.parts_per_launch[state.launch.launch_id]
         if parts > state.parts_seen:
+            if state.device != "held":  # a part was written on the device, whether or not the parent read so
+                self._device_changed(state, "held", time.monotonic())
             state.parts_seen, state.last_change = parts, time.monotonic()
+        elif self._waits_for_device(state):
+            return
         elif time.monotonic() - state.last_change > self.params.shard_stall_s:
             self.logger.warning("run %s: %s stalled (no new part for %g s); cancelling it", self.run_id,
                                 state.launch.launch_id, self.params.shard_stall_s)
             state.handle.cancel()
             self._ended(state, "cancelled", f"stalled: no new part for {self.params.shard_stall_s:g} s")
 
+    def _waits_for_device(self, state: ShardAttempts) -> bool:
+        """Whether the running attempt, with no new part, waits for its accelerator: then the stall clock
+        waits too, and the parent says so once per ``shard_stall_s``. Read at the listing cadence."""
+        assert state.launch is not None
+        now = time.monotonic()
+        if state.device != "held" and now - state.device_read >= self.list_every_s:
+            state.device_read = now
+            said = self.store.read_device_state(self.run_id, state.launch.launch_id)
+            if said is not None and said != state.device:
+                self._device_changed(state, said, now)
+        if state.device != "waiting":
+            return False
+        state.last_change = now
+        if now - state.device_warned > self.params.shard_stall_s:
+            self.logger.warning("run %s: %s still waits for its accelerator after %.0f s (not a stall)", self.run_id,
+                                state.launch.launch_id, now - (state.device_wait_since or now))
+            state.device_warned = now
+        return True
+
+    def _device_changed(self, state: ShardAttempts, said: DeviceState, now: float) -> None:
+        assert state.launch is not None
+        if said == "waiting":
+            self.logger.info("run %s: %s waits for its accelerator (another run may hold it): not a stall; its "
+                             "stall clock starts once it holds it", self.run_id, state.launch.launch_id)
+            state.device_wait_since = state.device_warned = now
+        else:
+            if state.device == "waiting":
+                self.logger.info("run %s: %s holds its accelerator after waiting %.0f s", self.run_id,
+                                 state.launch.launch_id, self._end_device_wait(state, now))
+            state.last_change = now
+        state.device = said
+
+    def _end_device_wait(self, state: ShardAttempts, now: float) -> float:
+        """Count the attempt's wait for its device, if it waited, in the run's summary; returns its seconds."""
+        waited = now - state.device_wait_since if state.device_wait_since is not None else 0.0
+        self.counts.device_wait_seconds += waited
+        state.device_wait_since = None
+        return waited
+
+    def _say_phases(self, states: list[ShardAttempts]) -> None:
+        """Log how many shards are in each phase, when that changes."""
+        phases = Counter(s.phase() for s in states)
+        said = ", ".join(f"{phases[phase]} {phase}" for phase in PHASES if phases[phase])
+        if said != self.phases_said:
+            self.logger.info("run %s: shards: %s", self.run_id, said)
+            self.phases_said = said
+
     def _ended(self, state: ShardAttempts, status: str, error: str | None) -> None:
         """Record how the attempt ended and decide what follows: settled, relaunched with what is left, or
         given up."""
         assert state.handle is not None and state.launch is not None
+        self._end_device_wait(state, time.monotonic())
         self.ingest()  # its last parts: what it finished is in the database before the rest is decided
         if state.recorded_flow_run_id is None:
             self._record(state)

@@ -32,6 +32,8 @@ class RunCounts:
     # a sharded run's parent: the attempts it launched, the part files it ingested
     shard_attempts: int = 0
     parts: int = 0
+    # and how long its attempts waited for their accelerators, held by other runs (not counted as stalls)
+    device_wait_seconds: float = 0.0
     # engine streams and calls given up on out-of-memory and run again smaller
     oom_retries: int = 0
     # where the run's time went: engine calls; DuckDB (every call); reading, tokenizing and checking the
@@ -74,8 +76,9 @@ class RunCounts:
     def _work_line(self) -> str:
         if self.shard_attempts:  # a sharded run's parent: the engine ran in its shards
             return (f"{self.shard_attempts} shard attempts wrote the {self.parts} part files ingested in "
-                    f"{self.commits} transactions ({self.storage_seconds:.2f} s in DuckDB); the engine's counts "
-                    f"are in each shard's summary.")
+                    f"{self.commits} transactions ({self.storage_seconds:.2f} s in DuckDB), after waiting "
+                    f"{self.device_wait_seconds:.0f} s in all for accelerators other runs held; the engine's "
+                    f"counts are in each shard's summary.")
         return (f"{self.windows} windows ({self.engine_batches} engine streams and calls) in {self.commits} commits, "
                 f"{self.oom_retries} out-of-memory retries; "
                 f"{self.model_seconds:.1f} s in the models, {self.storage_seconds:.2f} s in DuckDB, "

@@ -7,6 +7,7 @@ opens; by default ``<db_path>.runs/parts``)::
     <location>/<run_key>/<launch_id>/manifest.parquet                   # the attempt's documents
     <location>/<run_key>/<launch_id>/part-000001.parquet                # finished documents, in order
     <location>/<run_key>/<launch_id>/.part-000002.parquet.tmp-<uuid>    # being written: never listed
+    <location>/<run_key>/<launch_id>/device-state                       # "waiting" or "held": its accelerator
 
 ``run_key`` is ``storage.run_keys.run_key(run_id)``; ``launch_id`` names one attempt of one shard, unique
 across the parent's reruns. Every file is written under a hidden temporary name and then renamed, so a
@@ -26,6 +27,9 @@ A part is one Parquet table with one row per output record or reject (:data:`PAR
 - a reject's columns, NULL on an output: those of ``RejectedDocument`` but its id (``reason``,
   ``row_index``, ``detail``, ``title``, ``text``).
 
+An attempt says in ``device-state`` whether it waits for its accelerator or holds it (:data:`DeviceState`), so
+that the parent does not take a wait for the device, however long, for a stall.
+
 The columns are derived from the record dataclasses (``storage.tables.record_columns``), so a field added
 to a record reaches the parts as well as the tables. A manifest carries its run's nonce in its Parquet
 metadata; the attempt copies it to its parts, so the parent can refuse a part that another start of the run
@@ -41,7 +45,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -53,6 +57,9 @@ from storage.run_keys import run_key
 from storage.tables import record_columns
 
 MANIFEST = "manifest.parquet"
+DEVICE_STATE = "device-state"
+# an attempt's accelerator: waited for (the device lock, or a slot of its concurrency limit), or held
+DeviceState = Literal["waiting", "held"]
 _PART_NAME = re.compile(r"^part-(?P<seq>\d{6,})\.parquet$")
 # write_atomically's temporary files: ".<visible name><suffix><random hex>"
 _TEMPORARY_SUFFIX = ".tmp-"
@@ -167,14 +174,18 @@ def _publish(fs: pafs.FileSystem, source: str, target: str) -> None:
     fs.move(source, target)
 
 
-def write_atomically(fs: pafs.FileSystem, path: str, table: pa.Table) -> str:
-    """Write ``table`` as Parquet to ``path`` through a hidden temporary file in the same directory, renamed
-    once complete; returns ``path``. A failure removes the temporary file where it still can."""
+def write_atomically(fs: pafs.FileSystem, path: str, content: pa.Table | bytes) -> str:
+    """Write ``content`` (a table, as Parquet) to ``path`` through a hidden temporary file in the same
+    directory, renamed once complete; returns ``path``. A failure removes the temporary file where it still can."""
     directory, _, name = path.rpartition("/")
     fs.create_dir(directory, recursive=True)
     temporary = f"{directory}/.{name}{_TEMPORARY_SUFFIX}{uuid.uuid4().hex}"
     try:
-        pq.write_table(table, temporary, filesystem=fs)
+        if isinstance(content, bytes):
+            with fs.open_output_stream(temporary) as out:
+                out.write(content)
+        else:
+            pq.write_table(content, temporary, filesystem=fs)
         _publish(fs, temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -248,6 +259,21 @@ class PartStore:
             raise ValueError(f"manifest {path} names no run nonce: it was written by an older sidecar")
         table = pq.read_table(path, filesystem=self.filesystem, schema=_MANIFEST_SCHEMA)
         return Manifest(nonce.decode(), [Document(**row) for row in table.to_pylist()])
+
+    def write_device_state(self, run_id: str, launch_id: str, state: DeviceState) -> None:
+        """Say whether the attempt waits for its accelerator or holds it (replacing what it said before)."""
+        write_atomically(self.filesystem, f"{self.launch_dir(run_id, launch_id)}/{DEVICE_STATE}", state.encode())
+
+    def read_device_state(self, run_id: str, launch_id: str) -> DeviceState | None:
+        """What the attempt last said of its accelerator; None before it said anything."""
+        try:
+            with self.filesystem.open_input_stream(f"{self.launch_dir(run_id, launch_id)}/{DEVICE_STATE}") as f:
+                said = f.read().decode()
+        except FileNotFoundError:
+            return None
+        if said not in get_args(DeviceState):
+            raise ValueError(f"attempt {launch_id} of run {run_id!r} says its device is {said!r}")
+        return said  # type: ignore[return-value]
 
     def writer(self, info: ShardInfo, docs: Sequence[Document]) -> PartWriter:
         """The parts of one attempt, of its manifest's ``docs``."""

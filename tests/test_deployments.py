@@ -51,17 +51,17 @@ def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
         proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A Prefect server on a free loopback port with its own PREFECT_HOME; yields the environment to reach it."""
-    home = tmp_path_factory.mktemp("prefect-server-home")
+@contextlib.contextmanager
+def prefect_server(home: Path, settings: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """`infra/server.sh` (a Prefect server on a free loopback port) with its own PREFECT_HOME and ``settings``
+    (its database, say), until the block ends; yields the environment to reach it."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
-        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "SIDECAR_REPO": str(REPO)}
+        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_PORT": str(port),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "SIDECAR_REPO": str(REPO), "SIDECAR_PREFECT": str(PREFECT)}
     log = (home / "server.log").open("wb")
-    proc = subprocess.Popen([str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([str(REPO / "infra" / "server.sh")], env=env | (settings or {}), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -79,13 +79,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         log.close()
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Prefect server on its default database, SQLite under its PREFECT_HOME (as `sidecar ui` runs one)."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
+        yield env
+
+
 HOST = "testhost"  # the host name in the GPU workers' limit names (SIDECAR_HOST)
 
 
 @pytest.fixture(scope="module")
 def deployed(server: dict[str, str]) -> dict[str, str]:
     """infra/deploy.sh run against the server for two GPUs of HOST; yields the environment of the scripts."""
-    env = server | {"SIDECAR_PREFECT": str(PREFECT), "SIDECAR_HOST": HOST}
+    env = server | {"SIDECAR_HOST": HOST}
     done = subprocess.run([str(REPO / "infra" / "deploy.sh"), f"{HOST}:2"], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -216,6 +223,7 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
     logs = tmp_path / "logs"
     logs.mkdir()
     with workers(deployed, logs), api_client(deployed) as api:
+        judged_before = {run.id for run in judge_runs(api)}  # by the module's other tests, in any order
         nightly = api.read_deployment_by_name("nightly/nightly")
         # as the UI's form: the deployment's parameters, some changed
         params = nightly.parameters["params"] | {
@@ -225,7 +233,7 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
         shard_logs = {run.name: [log.message for log in api.read_logs(log_filter=LogFilter(
             flow_run_id=LogFilterFlowRunId(any_=[run.id])))] for run in runs["nightly-shard"]}
         shard_pools = {run.work_pool_name for run in runs["nightly-shard"]}
-        judge_runs = [run for run in api.read_flow_runs() if api.read_flow(run.flow_id).name == "judge"]
+        judges = [run for run in judge_runs(api) if run.id not in judged_before]
 
     run_id = runs["nightly"].name
     assert run_id.startswith("nightly-")
@@ -235,7 +243,7 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
              if (found := re.search(r"taking a slot of the '([^']+)' concurrency limit", m))}
     assert taken and taken <= {f"gpu-{HOST}-0", f"gpu-{HOST}-1"}, shard_logs
     # the judge fired once, on the parent's Completed, not on the shards'
-    assert len(judge_runs) == 1, [(r.name, r.parameters) for r in judge_runs]
+    assert len(judges) == 1, [(r.name, r.parameters) for r in judges]
     assert runs["judge"].parameters == {"run_id": run_id, "db_path": str(db_path), "judge_pair": "tiny"}
     assert runs["cost-report"].parameters == {"run_id": run_id, "db_path": str(db_path)}
 

@@ -141,6 +141,20 @@ def test_a_manifest_round_trips_and_is_not_a_part(store: PartStore) -> None:
     assert not [p for p in Path(path).parent.iterdir() if ".tmp-" in p.name]
 
 
+def test_an_attempts_device_state_is_replaced_as_it_changes_and_is_not_a_part(store: PartStore) -> None:
+    assert store.read_device_state(RUN, "s0001-a01-bbbb") is None
+    store.write_device_state(RUN, "s0001-a01-bbbb", "waiting")
+    assert store.read_device_state(RUN, "s0001-a01-bbbb") == "waiting"
+    store.write_device_state(RUN, "s0001-a01-bbbb", "held")
+    assert store.read_device_state(RUN, "s0001-a01-bbbb") == "held"
+    assert store.parts(RUN) == []
+    directory = Path(store.launch_dir(RUN, "s0001-a01-bbbb"))
+    assert [p.name for p in directory.iterdir()] == ["device-state"]
+    (directory / "device-state").write_text("asleep")
+    with pytest.raises(ValueError, match="says its device is 'asleep'"):
+        store.read_device_state(RUN, "s0001-a01-bbbb")
+
+
 @pytest.mark.parametrize("launch_id", ["", "../escape", "a/b", ".hidden"])
 def test_a_launch_id_must_be_one_plain_directory_name(store: PartStore, launch_id: str) -> None:
     with pytest.raises(ValueError, match="launch id"):

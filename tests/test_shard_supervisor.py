@@ -1,6 +1,6 @@
 """flows.shard_supervisor against a real DuckDB file and real part files, with a scripted launcher at the edge
-(what a work pool's flow runs would report): a shard waiting for a worker is not stalled, a running one that
-writes nothing is, and the parent lists parts at the commit cadence, not at every poll."""
+(what a work pool's flow runs would report): a shard waiting for a worker or for its accelerator is not stalled,
+a running one that writes nothing is, and the parent lists parts at the commit cadence, not at every poll."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from shard_parts import both_modes
@@ -23,17 +24,23 @@ MODES = ["sidecar", "standalone"]
 DOCS = [Document(f"d{i}", f"Text of document {i}.", i, title=f"Title {i}") for i in range(4)]
 
 
+# a step of a scripted attempt: a status, or "device": running, and waiting for its accelerator
+Step = ShardStatus | Literal["device"]
+
+
 @dataclass
 class ScriptedShard:
     """An attempt whose status follows ``script``: (status, seconds) steps from its launch, the last one for
-    good. Entering ``running`` it writes its documents' outputs as one part, as a shard would; a
-    ``killed_writer`` leaves only the temporary file of that part, as a SIGKILL mid-write does."""
+    good. In a ``device`` step it runs and says it waits for its accelerator; entering ``running`` it says it
+    holds it and writes its documents' outputs as one part, as a shard would; a ``killed_writer`` leaves only
+    the temporary file of that part, as a SIGKILL mid-write does."""
 
     launch: ShardLaunch
     store: PartStore
-    script: list[tuple[ShardStatus, float]]
+    script: list[tuple[Step, float]]
     killed_writer: bool = False
     launched: float = field(default_factory=time.monotonic)
+    waiting: bool = False
     wrote: bool = False
     cancelled: bool = False
     flow_run_id: str | None = None
@@ -47,6 +54,14 @@ class ScriptedShard:
                 status = step
                 break
             elapsed -= seconds
+        if status == "device":
+            if not self.waiting:
+                self.store.write_device_state(RUN, self.launch.launch_id, "waiting")
+                self.waiting = True
+            return "running"
+        if status in ("running", "completed") and self.waiting:
+            self.store.write_device_state(RUN, self.launch.launch_id, "held")
+            self.waiting = False
         if status != "queued" and not self.wrote and self.killed_writer:
             directory = Path(self.store.launch_dir(RUN, self.launch.launch_id))
             (directory / ".part-000001.parquet.tmp-0123abcd").write_bytes(b"PAR1 half a part")
@@ -64,7 +79,7 @@ class ScriptedShard:
 
 
 class ScriptedLauncher:
-    def __init__(self, store: PartStore, *scripts: list[tuple[ShardStatus, float]],
+    def __init__(self, store: PartStore, *scripts: list[tuple[Step, float]],
                  killed_writers: frozenset[int] = frozenset()) -> None:
         self.store, self.scripts, self.killed_writers, self.handles = store, list(scripts), killed_writers, []
 
@@ -95,10 +110,11 @@ def db(tmp_path: Path) -> Database:
     return db
 
 
-def supervise(db: Database, store: PartStore, launcher: ScriptedLauncher, **params) -> tuple[list[Document], int]:
+def supervise(db: Database, store: PartStore, launcher: ScriptedLauncher, counts: RunCounts | None = None,
+              **params) -> tuple[list[Document], int]:
     params = NightlyParams(**({"corpus": "news.parquet", "pair": "tiny", "modes": MODES, "db_path": str(db.path),
                                "shard_retries": 0, "shard_deployment": "nightly-shard/nightly-shard"} | params))
-    counts = RunCounts(RUN)
+    counts = counts or RunCounts(RUN)
     shards = [Shard(0, DOCS[:2], 20), Shard(1, DOCS[2:], 20)]
     missing = ShardSupervisor(db, store, launcher, params, RUN, db.get_run(RUN)["nonce"], max_running=2, counts=counts,
                               logger=logging.getLogger("test")).run(shards)
@@ -120,6 +136,37 @@ def test_a_shard_waiting_for_a_worker_is_not_stalled_however_long_it_waits(db: D
     assert attempts(db) == [(0, "completed"), (1, "completed")]
     assert not any(h.cancelled for h in launcher.handles)
     assert db.done_doc_ids(RUN, MODES) == {d.doc_id for d in DOCS}
+
+
+def test_a_shard_waiting_for_its_accelerator_is_not_stalled_and_its_wait_is_reported(db: Database, caplog) -> None:
+    store = PartStore.beside(db.path)
+    # shard 1 waits for its accelerator four times the stall limit, then holds it, writes its part and completes
+    launcher = ScriptedLauncher(store, [("running", 0.3), ("completed", 0)],
+                                [("device", 2.0), ("running", 0.3), ("completed", 0)])
+    counts = RunCounts(RUN)
+    with caplog.at_level(logging.INFO, logger="test"):
+        missing, launched = supervise(db, store, launcher, counts, shard_stall_s=0.5, commit_every_s=0)
+    assert (missing, launched) == ([], 2)
+    assert attempts(db) == [(0, "completed"), (1, "completed")]
+    assert not any(h.cancelled for h in launcher.handles)
+    # its own state, in the logs and in the run's summary
+    said = caplog.messages
+    assert any("waits for its accelerator (another run may hold it): not a stall" in m for m in said), said
+    assert any("still waits for its accelerator after" in m for m in said), said
+    assert any(m.endswith("shards: 1 waiting for a device, 1 settled") for m in said), said
+    assert any("holds its accelerator after waiting" in m for m in said), said
+    assert 1.5 < counts.device_wait_seconds < 3.0, counts.device_wait_seconds
+    assert f"after waiting {counts.device_wait_seconds:.0f} s in all for accelerators" in counts.markdown()
+
+
+def test_a_shard_that_holds_its_accelerator_and_writes_nothing_is_stalled(db: Database) -> None:
+    store = PartStore.beside(db.path)
+    # shard 1 waited for its accelerator, holds it since, and writes nothing for twice the stall limit
+    launcher = ScriptedLauncher(store, [("completed", 0)], [("device", 0.5), ("running", 60.0)],
+                                killed_writers=frozenset({1}))
+    missing, _ = supervise(db, store, launcher, shard_stall_s=0.5, commit_every_s=0)
+    assert [d.doc_id for d in missing] == ["d2", "d3"]
+    assert attempts(db) == [(0, "completed"), (1, "cancelled")]
 
 
 def test_a_running_shard_with_no_new_part_is_cancelled_as_stalled(db: Database) -> None:

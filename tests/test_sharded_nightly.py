@@ -215,6 +215,62 @@ def test_a_killed_shard_is_relaunched_with_only_its_unfinished_documents(prefect
     assert manifest_ids(second), "the kill came after shard 0 had finished"
 
 
+# holds the accelerator of the slot whose environment it runs in, as another run would, until its stdin closes
+HOLD_ACCELERATOR = """
+import sys
+from flows.accelerator import accelerator_lock
+from sidecar.models.devices import accelerator_id
+from storage.locks import exclusive
+with exclusive(accelerator_lock(accelerator_id()), "another run", None):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_shard_waiting_for_its_accelerator_is_not_stalled_however_long_it_waits(prefect_api,
+                                                                                tmp_path: Path) -> None:
+    from flows.nightly import nightly
+    from flows.shard_processes import slot_environment, usable_cores
+    from sidecar.models.devices import visible_gpus
+    from storage import PartStore
+
+    # more than a shard takes to start, or to write its first part once it holds its device, on a loaded machine
+    stall_s = 30
+    n_docs = 8
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="device-wait", window=2,
+                 commit_every_s=0, workers=2, shard_retries=0, shard_stall_s=stall_s)
+    # another run holds slot 0's accelerator (its GPU, or on a CPU its share of the cores)
+    env = os.environ | slot_environment(0, 2, visible_gpus(), usable_cores()) | {"PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ACCELERATOR], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    thread = None
+    try:
+        assert holder.stdout.readline() == "held\n"
+        started = time.monotonic()
+        thread, result = run_in_thread(lambda: nightly(run))
+        # shard 1 has its device and writes parts while shard 0 waits for its own; well past the stall limit,
+        # the wait is no stall, and the shard says it waits
+        wait_for(lambda: not thread.is_alive() or [d for d in launch_dirs(run.db_path) if d.name.startswith(
+            "s0001-a01-") and any(d.glob("part-*.parquet"))], 300, "shard 1's first part")
+        time.sleep(max(0.0, started + stall_s + 10 - time.monotonic()))
+        assert thread.is_alive(), result
+        [waiting] = [d.name for d in launch_dirs(run.db_path) if d.name.startswith("s0000-")]
+        assert PartStore.beside(run.db_path).read_device_state("device-wait", waiting) == "waiting"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        if thread is not None:
+            thread.join(timeout=600)
+    assert "error" not in result, result
+    counts = result["value"]
+    assert counts.done == n_docs and counts.shard_attempts == 2
+    assert counts.device_wait_seconds > 0, "the wait is in the run's summary"
+    db = Database(run.db_path)
+    assert [(a["shard"], a["attempt"], a["status"]) for a in attempts(db, "device-wait")] == [
+        (0, 1, "completed"), (1, 1, "completed")]
+    assert_each_doc_and_mode_once(db, "device-wait", n_docs)
+
+
 def test_a_killed_parent_is_resumed_from_its_parts_relaunching_only_what_is_missing(prefect_api,
                                                                                    tmp_path: Path) -> None:
     n_docs = 20
