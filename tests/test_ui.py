@@ -110,11 +110,10 @@ def test_a_nightly_run_from_the_ui_form_completes_and_sigterm_stops_everything(t
             "The city council approved a new budget on Tuesday after a long debate about schools.",
             "Officials said the plan would add jobs at the plant in the north of the state.",
             "A storm closed roads across the county and left thousands without power overnight."]}), corpus)
-        # the form starts from the deployment's parameters; the user changes some fields and submits
-        form = nightly["parameters"]["params"] | {
-            "corpus": str(corpus), "pair": "tiny", "limit": 2, "max_new_tokens": 8, "db_path": str(db_path)}
+        # the fields changed; the server keeps the deployment's other parameters
+        changed = {"corpus": str(corpus), "pair": "tiny", "limit": 2, "max_new_tokens": 8, "db_path": str(db_path)}
         started = httpx.post(f"{api}/deployments/{nightly['id']}/create_flow_run", timeout=10,
-                             json={"parameters": {"params": form}}).raise_for_status().json()
+                             json={"parameters": changed}).raise_for_status().json()
         runs = wait_for(lambda: completed_chain(api, started["id"], logs), ui, logs, timeout_s=600)
 
         run_id = runs["nightly"]["name"]
