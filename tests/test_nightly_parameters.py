@@ -4,6 +4,7 @@ the judge trigger's templates use those names."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,14 @@ def test_the_flow_takes_each_field_at_the_top_level_with_its_description_default
     assert schema["properties"]["batch_size"] | {"description": ""} == {
         "default": 8, "minimum": 1, "maximum": 1024, "type": "integer", "title": "batch_size", "position": 6,
         "description": ""}
+
+
+def test_every_description_reads_the_same_in_the_forms_markdown() -> None:
+    """The UI renders a description as Markdown: a ``<name>`` outside a code span is taken for an HTML tag and lost."""
+    from flows.nightly import NightlyParams
+
+    for name, field in NightlyParams.model_fields.items():
+        assert "<" not in re.sub(r"`[^`]*`", "", field.description or ""), name
 
 
 def test_a_value_a_field_refuses_is_one_clear_error_naming_the_field() -> None:
