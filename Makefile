@@ -41,8 +41,8 @@ lint: venv
 	$(BIN)/ruff check $(CODE)
 	$(BIN)/lint-imports
 
-# Headless Chromium and its driver for tests/test_report_browser.py: installed where we are root with apt-get
-# (CI), left alone elsewhere, where the browser test skips and says why.
+# Headless Chromium and its driver for tests/test_report_browser.py and tests/test_ui.py's run form: installed
+# where we are root with apt-get (CI), left alone elsewhere, where the browser tests skip and say why.
 browser:
 	@if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
 		&& command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \

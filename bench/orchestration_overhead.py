@@ -97,7 +97,7 @@ def plain_loop(params: NightlyParams) -> float:
 def flow_run(params: NightlyParams, plain_s: float | None) -> dict:
     """One nightly flow run, timed whole; its own counters say where the time went."""
     started = time.perf_counter()
-    counts = nightly(params)
+    counts = nightly(**params.model_dump())
     flow_s = time.perf_counter() - started
     prefect_s = flow_s - counts.model_seconds - counts.storage_seconds - counts.input_seconds
     return {

@@ -178,7 +178,7 @@ def sharded_run(work: Path, corpus: Path, name: str, documents: int, workers: in
                            shards=shards, trigger_judge=False, trigger_cost_report=False)
     with threads_per_worker(threads, workers):
         started = time.perf_counter()
-        counts = nightly(params)
+        counts = nightly(**params.model_dump())
         wall_s = time.perf_counter() - started
     db = Database(db_path)
     [run] = db.query("SELECT status FROM runs WHERE run_id = ?", [params.run_id])

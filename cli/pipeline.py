@@ -29,7 +29,7 @@ def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
 
         values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
         params = NightlyParams(**values)
-        counts = nightly(params)
+        counts = nightly(**params.model_dump())
     return counts, Database(params.db_path)
 
 

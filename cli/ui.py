@@ -171,8 +171,9 @@ Prefect UI: {ui}
 Run nightly from the UI:
   1. Open {ui}/deployments and click nightly.
   2. Run (top right) -> Custom run.
-  3. Under params, change what you want, e.g. limit 4 (the first 4 articles)
-     and pair (tiny: random weights, seconds; qwen-coder-small: the real one).
+  3. Change the fields you want, e.g. limit 4 (the first 4 articles) and pair
+     (tiny: random weights, seconds; qwen-coder-small: the real one); every
+     other field keeps the deployment's value.
   4. Submit. The run's page shows its logs, batches and progress; when it
      completes, judge and then cost-report run (Runs lists them).
   Results go to db_path (data/sidecar.duckdb in this checkout by default).

@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -56,6 +57,7 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 
 from flows.accelerator import holding_accelerator
+from flows.model_parameters import takes_fields_of
 from flows.nightly_params import NOT_DECISIVE, PROVEN_BY_STORAGE, NightlyParams
 from flows.progress import PhaseBars, RunProgress
 from flows.shard_launch import ShardLauncher
@@ -91,8 +93,7 @@ __all__ = ["NOT_DECISIVE", "PROVEN_BY_STORAGE", "NightlyParams", "nightly"]
 # Progress goes to the API at most this often: each update is a round trip of some 40 ms.
 PROGRESS_INTERVAL_S = 2.0
 def _params() -> NightlyParams:
-    raw = runtime_flow_run.parameters.get("params")
-    return raw if isinstance(raw, NightlyParams) else NightlyParams.model_validate(raw or {})
+    return NightlyParams.model_validate(runtime_flow_run.parameters)
 
 
 def _run_day() -> datetime:
@@ -120,8 +121,12 @@ def run_window_task(engine: SidecarEngine, window: Window, settings: BatchSettin
 
 
 @flow(name="nightly", flow_run_name=_flow_run_name)
-def nightly(params: NightlyParams = NightlyParams()) -> RunCounts:
+@takes_fields_of(NightlyParams)
+def nightly(**fields: Any) -> RunCounts:
+    """Run a nightly run: its parameters are :class:`NightlyParams`'s fields (call it with
+    ``**params.model_dump()``); a value a field refuses fails the run before anything is read or written."""
     started = time.perf_counter()
+    params = NightlyParams.model_validate(fields)
     run_id = params.resolved_run_id(_run_day())
     counts = _process_sharded(params, run_id) if params.sharded() else _process(params, run_id)
     counts.process_seconds = time.perf_counter() - started

@@ -86,7 +86,7 @@ class NightlyParams(BaseModel):
     results_uri: str | None = Field(
         None, min_length=1,
         description="Where shards write their part files: a directory, a shared mount or a URI pyarrow opens "
-                    "(default: beside the database, <db_path>.runs/parts).")
+                    "(default: beside the database, `<db_path>.runs/parts`).")
     shard_retries: int = Field(2, ge=0, le=100,
                                description="Relaunches per shard after a failed, crashed or stalled attempt.")
     shard_stall_s: float = Field(

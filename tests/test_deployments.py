@@ -141,14 +141,12 @@ def test_deploy_creates_the_four_deployments_on_two_pools_and_a_limit_per_gpu(ap
     [schedule] = nightly.schedules
     assert schedule.active and (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "UTC")
     assert nightly.global_concurrency_limit is None, "parents hold no GPU: two runs go side by side"
-    params = NightlyParams.model_validate(nightly.parameters["params"])
+    params = NightlyParams.model_validate(nightly.parameters)
     assert (params.pair, params.db_path, params.title_column) == ("qwen-coder-small", "data/sidecar.duckdb", "title")
     assert (params.shard_deployment, params.shards, params.results_uri) == ("nightly-shard/nightly-shard", 2, None)
-    # the UI renders the run form from this schema: one object parameter with the model's fields
+    # the UI renders the run form from this schema: one parameter per field of the model
     schema = nightly.parameter_openapi_schema
-    assert list(schema["properties"]) == ["params"]
-    assert {"corpus", "batch_size", "sidecar_tasks", "modes", "run_id", "shards", "shard_deployment"} <= set(
-        schema["definitions"]["NightlyParams"]["properties"])
+    assert list(schema["properties"]) == list(NightlyParams.model_fields)
     # the parent launches the shard deployment by the name it is given
     shard = api.read_deployment_by_name(params.shard_deployment)
     assert shard.id == deployments["nightly-shard"].id
@@ -226,9 +224,10 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
         judged_before = {run.id for run in judge_runs(api)}  # by the module's other tests, in any order
         nightly = api.read_deployment_by_name("nightly/nightly")
         # as the UI's form: the deployment's parameters, some changed
-        params = nightly.parameters["params"] | {
-            "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "db_path": str(db_path)}
-        started = api.create_flow_run_from_deployment(nightly.id, parameters={"params": params})
+        # as the UI's form: the fields changed, the deployment's other parameters kept by the server
+        params = {"corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8,
+                  "db_path": str(db_path)}
+        started = api.create_flow_run_from_deployment(nightly.id, parameters=params)
         [runs] = wait_for_completed_chains(api, [started.id], timeout_s=1200, logs=logs)
         shard_logs = {run.name: [log.message for log in api.read_logs(log_filter=LogFilter(
             flow_run_id=LogFilterFlowRunId(any_=[run.id])))] for run in runs["nightly-shard"]}
@@ -373,10 +372,9 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
         judges_before = len(judge_runs(api))
         nightly = api.read_deployment_by_name("nightly/nightly")
         # windows of 2 and a part per window: shard 0 has written some of its 8 documents when it is killed
-        params = nightly.parameters["params"] | {
-            "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 16, "batch_size": 2,
-            "window": 2, "commit_every_s": 0, "shards": 2, "db_path": str(db_path)}
-        run = api.create_flow_run_from_deployment(nightly.id, parameters={"params": params})
+        params = {"corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 16, "batch_size": 2,
+                  "window": 2, "commit_every_s": 0, "shards": 2, "db_path": str(db_path)}
+        run = api.create_flow_run_from_deployment(nightly.id, parameters=params)
         first = wait_for(lambda: sorted(parts.glob("run-*/s0000-a01-*")), 600, "shard 0's first attempt")[0]
         [attempt] = wait_for(lambda: api.read_flow_runs(flow_run_filter=FlowRunFilter(
             name=FlowRunFilterName(any_=[first.name]))), 60, "its flow run")
@@ -427,10 +425,9 @@ def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
         starts = []
         for run_id, n in docs.items():
             corpus = write_corpus(tmp_path / f"{run_id}.parquet", f"{run_id}-", n)
-            params = nightly.parameters["params"] | {
-                "corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "shards": 1,
-                "run_id": run_id, "db_path": str(db_path)}
-            starts.append(api.create_flow_run_from_deployment(nightly.id, parameters={"params": params}))
+            params = {"corpus": str(corpus), "title_column": None, "pair": "tiny", "max_new_tokens": 8, "shards": 1,
+                      "run_id": run_id, "db_path": str(db_path)}
+            starts.append(api.create_flow_run_from_deployment(nightly.id, parameters=params))
         chains = wait_for_completed_chains(api, [run.id for run in starts], timeout_s=900, logs=logs)
         limits = {}
         for chain in chains:

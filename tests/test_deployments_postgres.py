@@ -28,7 +28,7 @@ from test_deployments import (  # noqa: F401
     test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.servers, pytest.mark.timeout(900)]
 if (reason := unavailable()) is not None:
     pytestmark.append(pytest.mark.skip(reason=reason))
 

@@ -293,7 +293,7 @@ def test_prefect_yaml_puts_parents_on_the_control_pool_and_gpu_work_on_the_gpu_p
     nightly = deployments["nightly"]
     # parents hold no GPU: two runs go side by side (a run id's own lock keeps its parents apart)
     assert "concurrency_limit" not in nightly
-    params = nightly["parameters"]["params"]
+    params = nightly["parameters"]
     flow_name, deployment_name = params["shard_deployment"].split("/")
     assert deployment_name in deployments and isinstance(params["shards"], int) and params["shards"] >= 1
     # the judge fires on the parent's completion only: its flow and deployment, never the shard's

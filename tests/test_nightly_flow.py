@@ -74,7 +74,7 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     corpus = write_corpus(tmp_path / "news.parquet", 5)
     run = params(tmp_path, corpus, modes=["sidecar", "sidecar_attended", "standalone"], title_column="title",
                  trigger_cost_report=True, commit_every_s=3600, window=3)
-    state = nightly(run, return_state=True)
+    state = nightly(**run.model_dump(), return_state=True)
     counts = state.result()
     assert (counts.documents, counts.done, counts.skipped_done, counts.windows) == (5, 5, 0, 2)
     assert counts.commits == 1, "both windows finished within the commit interval: one transaction"
@@ -135,15 +135,15 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     from flows.nightly import nightly
 
     corpus = write_corpus(tmp_path / "news.parquet", 7)
-    first = nightly(params(tmp_path, corpus, limit=4, run_id="resume-me", commit_every_s=0, window=3))
+    first = nightly(**params(tmp_path, corpus, limit=4, run_id="resume-me", commit_every_s=0, window=3).model_dump())
     assert (first.done, first.skipped_done, first.windows, first.commits) == (4, 0, 2, 2)
     # the same run with more documents: the first four are not run again
-    second = nightly(params(tmp_path, corpus, run_id="resume-me"))
+    second = nightly(**params(tmp_path, corpus, run_id="resume-me").model_dump())
     assert (second.documents, second.done, second.skipped_done) == (7, 3, 4)
 
     # without a run id the id comes from the parameters and the date: an identical rerun resumes
-    derived = nightly(params(tmp_path, corpus, limit=2))
-    again = nightly(params(tmp_path, corpus, limit=2, batch_size=1))
+    derived = nightly(**params(tmp_path, corpus, limit=2).model_dump())
+    again = nightly(**params(tmp_path, corpus, limit=2, batch_size=1).model_dump())
     assert derived.run_id == again.run_id and derived.run_id.startswith("nightly-")
     assert (again.done, again.skipped_done, again.windows) == (0, 2, 0)
 
@@ -158,7 +158,7 @@ def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_writte
     from flows.nightly import nightly
     from storage import RunMismatchError
 
-    first = nightly(params(tmp_path, write_corpus(tmp_path / "news.parquet", 3), run_id="taken"))
+    first = nightly(**params(tmp_path, write_corpus(tmp_path / "news.parquet", 3), run_id="taken").model_dump())
     assert first.done == 3
     other = tmp_path / "other.parquet"
     pq.write_table(pa.table({"id": ["x-0", "x-1"], "article": [SENTENCES[1], SENTENCES[2]]}), other)
@@ -170,9 +170,9 @@ def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_writte
 
     before = stored()
     with pytest.raises(RunMismatchError, match="row 0 is 'doc-00' there and 'x-0' here"):
-        nightly(params(tmp_path, other, run_id="taken"))
+        nightly(**params(tmp_path, other, run_id="taken").model_dump())
     with pytest.raises(RunMismatchError, match="max_new_tokens 12 \\(this start: 8\\)"):
-        nightly(params(tmp_path, tmp_path / "news.parquet", run_id="taken", max_new_tokens=8))
+        nightly(**params(tmp_path, tmp_path / "news.parquet", run_id="taken", max_new_tokens=8).model_dump())
     assert stored() == before
     assert db.get_run("taken")["status"] == "completed"
 
@@ -199,7 +199,7 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
     # one sidecar mode: documents finish one by one inside the window; a long commit interval keeps them pending
     run = params(tmp_path, corpus, run_id="crash-k", batch_size=2, window=6, modes=["sidecar"],
                  commit_every_s=3600, max_new_tokens=8)
-    state = nightly(run, return_state=True)
+    state = nightly(**run.model_dump(), return_state=True)
     assert state.is_failed()
     db = Database(run.db_path)
     assert len(handed) == 3 and db.get_run("crash-k")["status"] == "failed"
@@ -207,7 +207,7 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
     crashed_batches = {r["batch_id"] for r in db.query("SELECT batch_id FROM outputs WHERE run_id = 'crash-k'")}
 
     monkeypatch.setattr(flows.nightly, "run_window", real_run_window)
-    resumed = nightly(run)
+    resumed = nightly(**run.model_dump())
     assert (resumed.documents, resumed.done, resumed.skipped_done) == (6, 3, 3)
     assert db.get_run("crash-k")["status"] == "completed" and len(db.results("crash-k")) == 6
     stored = db.query("SELECT count(*) AS rows, count(DISTINCT doc_id) AS docs FROM outputs WHERE run_id = 'crash-k'")
@@ -243,7 +243,7 @@ def test_a_failing_window_keeps_the_finished_ones_and_fails_the_run(prefect_api,
     monkeypatch.setattr(flows.nightly, "run_window", run_window)
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1, window=1,
                  commit_every_s=3600)
-    state = nightly(run, return_state=True)
+    state = nightly(**run.model_dump(), return_state=True)
     assert state.is_failed()
     db = Database(run.db_path)
     # the three windows before the failure were pending a group commit; the failure committed them
@@ -256,7 +256,7 @@ def test_bad_input_rows_are_recorded_with_their_reason(prefect_api, tmp_path: Pa
     from flows.nightly import nightly
 
     # no character limit: the huge row is caught by the token count instead
-    counts = nightly(params(tmp_path, BAD_CORPUS, title_column="title", max_chars=None))
+    counts = nightly(**params(tmp_path, BAD_CORPUS, title_column="title", max_chars=None).model_dump())
     expected = [(doc_id, "over_context" if reason == "too_long" else reason)
                 for doc_id, _, _, reason in bad_corpus_rows()]
     db = Database(tmp_path / "sidecar.duckdb")
@@ -316,7 +316,7 @@ def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Pat
     try:
         finished: dict[str, object] = {}
         with concurrency(gpu_limit(), occupy=1):  # another run has the GPU
-            thread = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
+            thread = threading.Thread(target=lambda: finished.update(counts=nightly(**run.model_dump())))
             thread.start()
             time.sleep(5)
             assert thread.is_alive() and db.get_run("waits") is None, "the run started while the slot was taken"
@@ -436,7 +436,7 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
         monkeypatch.setenv(name, PLANTED_KEY)
     corpus = write_corpus(tmp_path / "news.parquet", 3)
     run = params(tmp_path, corpus, trigger_judge=True, trigger_cost_report=True)
-    counts = nightly(run)
+    counts = nightly(**run.model_dump())
     assert counts.downstream == {"judge": "Completed", "cost-report": "Completed"}
 
     # Give every document tags on both sides, so that an external judge is really called with the key.
@@ -489,7 +489,7 @@ def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_a
     release, started = threading.Event(), threading.Event()
     blocking_first_window(monkeypatch, release, started)
     finished: dict[str, object] = {}
-    first = threading.Thread(target=lambda: finished.update(counts=nightly(run)))
+    first = threading.Thread(target=lambda: finished.update(counts=nightly(**run.model_dump())))
     first.start()
     try:
         assert started.wait(300), "the first run never started its first window"
@@ -548,7 +548,7 @@ def test_a_reader_holding_the_database_for_12_s_only_delays_the_run(prefect_api,
                  commit_every_s=0)
     readers = hold_file_during_second_window(monkeypatch, run.db_path, "12")
     with caplog.at_level(logging.WARNING, logger="storage.connection"):
-        counts = nightly(run)
+        counts = nightly(**run.model_dump())
     [reader] = readers
     assert reader.wait(timeout=60) == 0
     assert (counts.done, counts.commits) == (6, 3)
@@ -564,7 +564,7 @@ def test_a_run_that_gives_up_on_a_locked_database_keeps_its_documents_for_the_ne
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 6), run_id="gives-up", batch_size=2, window=2,
                  commit_every_s=0, lock_wait_s=2)
     readers = hold_file_during_second_window(monkeypatch, run.db_path, "stdin")
-    state = nightly(run, return_state=True)
+    state = nightly(**run.model_dump(), return_state=True)
     [reader] = readers
     assert state.is_failed() and reader.poll() is None
     reader.communicate("done\n", timeout=60)
@@ -602,13 +602,13 @@ def test_embedded_runs_take_turns_on_the_accelerator(prefect_api, tmp_path: Path
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        refused = nightly(params(tmp_path, corpus, run_id="refused", device_wait_s=0), return_state=True)
+        refused = nightly(**params(tmp_path, corpus, run_id="refused", device_wait_s=0).model_dump(), return_state=True)
         assert refused.is_failed()
         with pytest.raises(LockHeldError, match=f"PID {holder.pid} on "):
             refused.result()
         finished: dict[str, object] = {}
         waiting = threading.Thread(target=lambda: finished.update(
-            counts=nightly(params(tmp_path, corpus, run_id="waits-for-device"))))
+            counts=nightly(**params(tmp_path, corpus, run_id="waits-for-device").model_dump())))
         waiting.start()
         time.sleep(5)
         db = Database(tmp_path / "sidecar.duckdb")

@@ -1,21 +1,16 @@
-"""The cost report's HTML page in a real browser: every plot loads and the verdict is on the first screen.
-
-Headless Chromium from Debian's ``chromium`` package, driven by Selenium through Debian's ``chromedriver``
-(``make browser`` installs both on a root machine with apt-get). The driver is given by an explicit Service
-path, so Selenium Manager never runs and nothing is fetched: the browser and its driver come from the same
-Debian release and match. Without them the tests are skipped, saying why. The first screen is kept as a
-screenshot under ``$SIDECAR_TEST_ARTIFACTS`` (default: ``test-artifacts/`` at the repository root).
+"""The cost report's HTML page in a real browser (headless Chromium, tests/browser.py): every plot loads and the
+verdict is on the first screen, kept as a screenshot under ``$SIDECAR_TEST_ARTIFACTS`` (default:
+``test-artifacts/``). Without Chromium the tests are skipped, saying why.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import artifacts_dir, headless_chromium
 
 # The measurements test_report.py feeds the report through storage: one run, sidecar and standalone tagging.
 from test_report import drafts, stored_run
@@ -24,35 +19,16 @@ from study.report import CostReport, write_cost_report
 
 pytestmark = pytest.mark.servers  # a headless browser
 
-REPO = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT = 1280, 800  # a typical laptop window
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 USD_PLOT_ALT = "$ per 1M tag tokens, sidecar vs standalone, per GPU type"
 IMAGES_JS = "return Array.from(document.images, i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}));"
 
 
-def artifacts_dir() -> Path:
-    path = Path(os.environ.get("SIDECAR_TEST_ARTIFACTS") or REPO / "test-artifacts")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("no chromium and chromedriver on PATH: `make browser` installs Debian's (as root, with apt-get)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[dev]'")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    # --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start; the page is our own file.
-    for argument in ("--headless=new", f"--window-size={WIDTH},{HEIGHT}", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    with headless_chromium(WIDTH, HEIGHT) as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")

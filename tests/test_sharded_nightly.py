@@ -135,11 +135,12 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
     n_docs = 20
     corpus = write_corpus(tmp_path / "news.parquet", n_docs, huge=True)
     # no character limit: the huge document is caught by the token check, in its shard
-    one = nightly(params(tmp_path, corpus, run_id="one-worker", window=4, commit_every_s=0, max_chars=None))
+    one = nightly(**params(tmp_path, corpus, run_id="one-worker", window=4, commit_every_s=0,
+                           max_chars=None).model_dump())
     assert one.shard_attempts == 0, "one worker: the run in this process"
     # three shards on two workers: the third waits for a slot
-    two = nightly(params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, max_chars=None,
-                         workers=2, shards=3, trigger_cost_report=True))
+    two = nightly(**params(tmp_path, corpus, run_id="two-workers", window=4, commit_every_s=0, max_chars=None,
+                         workers=2, shards=3, trigger_cost_report=True).model_dump())
     assert two.downstream == {"cost-report": "Completed"}, "the cost report follows the parent, once"
     assert (two.documents, two.done, two.skipped_done, two.shard_attempts) == (n_docs + 1, n_docs, 0, 3)
 
@@ -188,7 +189,7 @@ def test_a_killed_shard_is_relaunched_with_only_its_unfinished_documents(prefect
     corpus = write_corpus(tmp_path / "news.parquet", n_docs)
     run = params(tmp_path, corpus, run_id="shard-killed", batch_size=2, window=2, commit_every_s=0,
                  max_new_tokens=16, workers=2)
-    thread, result = run_in_thread(lambda: nightly(run))
+    thread, result = run_in_thread(lambda: nightly(**run.model_dump()))
     try:
         first = wait_for(lambda: [d for d in launch_dirs(run.db_path)
                                   if d.name.startswith("s0000-a01-") and any(d.glob("part-*.parquet"))],
@@ -327,10 +328,10 @@ def test_a_run_resumes_with_other_workers_and_reports_every_row_under_its_gpu_ty
     corpus = write_corpus(tmp_path / "news.parquet", n_docs)
     run_id = f"workers-{first}-then-{then}"
     # the first start runs the first documents only; a larger limit extends the run
-    begun = nightly(params(tmp_path, corpus, run_id=run_id, limit=started, window=2, commit_every_s=0,
-                           workers=first))
+    begun = nightly(**params(tmp_path, corpus, run_id=run_id, limit=started, window=2, commit_every_s=0,
+                           workers=first).model_dump())
     assert begun.done == started
-    resumed = nightly(params(tmp_path, corpus, run_id=run_id, window=2, commit_every_s=0, workers=then))
+    resumed = nightly(**params(tmp_path, corpus, run_id=run_id, window=2, commit_every_s=0, workers=then).model_dump())
     assert (resumed.skipped_done, resumed.done) == (started, n_docs - started)
     assert (resumed.shard_attempts > 0) == (then > 1), "the resume ran in the mode it was asked for"
 
@@ -381,7 +382,7 @@ def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keep
     n_docs = 12
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="never", window=3,
                  commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=45)
-    state = nightly(run, return_state=True)
+    state = nightly(**run.model_dump(), return_state=True)
     assert state.is_failed()
     with pytest.raises(IncompleteRunError, match="6 documents not finished after 1 relaunches per shard"):
         state.result()
@@ -415,9 +416,9 @@ def test_a_rerun_in_a_new_database_refuses_the_parts_of_the_old_one_and_runs_its
     shared = {"run_id": "same-id", "results_uri": str(results), "workers": 1, "shards": 2, "window": 2,
               "commit_every_s": 0}
     first = write_corpus(tmp_path / "first.parquet", 4)
-    nightly(params(tmp_path, first, db_path=str(tmp_path / "first.duckdb"), **shared))
+    nightly(**params(tmp_path, first, db_path=str(tmp_path / "first.duckdb"), **shared).model_dump())
     second = write_corpus(tmp_path / "second.parquet", 4, edition="Late edition. ")
-    counts = nightly(params(tmp_path, second, db_path=str(tmp_path / "second.duckdb"), **shared))
+    counts = nightly(**params(tmp_path, second, db_path=str(tmp_path / "second.duckdb"), **shared).model_dump())
     assert counts.shard_attempts == 2, "the second run launched its own shards"
 
     db = Database(tmp_path / "second.duckdb")
@@ -435,8 +436,8 @@ def test_a_rerun_of_a_completed_run_launches_nothing_for_a_document_over_the_con
 
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 3, huge=True), run_id="over-context",
                  max_chars=None, workers=1, shards=2, window=2, commit_every_s=0)
-    assert nightly(run).shard_attempts == 2
-    rerun = nightly(run)
+    assert nightly(**run.model_dump()).shard_attempts == 2
+    rerun = nightly(**run.model_dump())
     assert (rerun.shard_attempts, rerun.done, rerun.skipped_done) == (0, 0, 3)
     db = Database(run.db_path)
     assert db.get_run("over-context")["status"] == "completed"
