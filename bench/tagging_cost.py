@@ -4,10 +4,11 @@
     python -m bench.tagging_cost --quick    # the tiny random pair, 6 short articles, 16 new tokens
     python -m bench.tagging_cost --fixed-gamma   # gamma 4 fixed in every run, no adaptive controller
 
-Three runs of the same greedy requests, in one process, each through a fresh engine:
+Four runs of the same greedy requests, in one process, each through a fresh engine:
 
+- **plain**, before and after the sidecar run: the summaries without a sidecar (they must be the same tokens);
+  the two plain runs' difference is the noise floor of the whole measure below;
 - **sidecar**: summaries with the hashtag sidecar (document evicted), rows joining as slots free;
-- **plain**: the same summaries without a sidecar (they must be the same tokens);
 - **standalone**: the draft as a separate tagger, prompted with each plain summary only.
 
 Measured two ways, so that the ledger's attribution can be checked against a whole measurement:
@@ -15,9 +16,12 @@ Measured two ways, so that the ledger's attribution can be checked against a who
 - **Attributed** (the ledger's rule, ``sidecar.runtime.ledger``): device seconds charged to the sidecar rows
   (their prefill, their decode) and to their masked instructions in the main rows' draft prefill, against
   those charged to the standalone rows. This is what the cost report's verdict reads.
-- **Whole**: the sidecar run's measured forward time minus the plain run's (what adding the sidecar cost,
+- **Whole**: the sidecar run's measured forward time minus the plain runs' mean (what adding the sidecar cost,
   main-phase effects included), against the standalone run's; and the same for wall time, end to end: the
   sidecar run against the plain run plus the standalone run.
+
+Each run's forward census (forwards, rows and tokens by model and kind) shows, in counts that do not depend
+on the machine's speed, what work the sidecar added to the main phase, if any.
 
 The adaptive controller picks gamma from forward times it measures, so the sidecar and plain runs may draft
 differently (each run's summary target forwards and acceptance are in the table); ``--fixed-gamma`` takes the
@@ -46,7 +50,7 @@ from bench.common import (
 from bench.gpu_check.pairs import documents
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.decoding.batch import stream_through
-from sidecar.runtime.ledger import Ledger
+from sidecar.runtime.ledger import ForwardRecord, Ledger
 from study.cost import load_catalog
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
@@ -59,10 +63,34 @@ SIZES = {
 TAG_PHASES = ("sidecar", "instruction")  # the ledger labels a sidecar tag token's cost is charged to
 
 
+def census(records: list[ForwardRecord]) -> dict[str, dict]:
+    """Forwards by model and kind: how many, their rows, seconds, and tokens by ledger label. Counts do not
+    depend on the machine's speed, so they show where a difference in seconds between two runs comes from."""
+    out: dict[str, dict] = {}
+    for r in records:
+        c = out.setdefault(f"{r.model} {r.kind}", {"forwards": 0, "rows": 0, "seconds": 0.0, "tokens": {}})
+        c["forwards"] += 1
+        c["rows"] += r.rows
+        c["seconds"] += r.seconds
+        for label, tokens in r.tokens.items():
+            c["tokens"][label] = c["tokens"].get(label, 0.0) + tokens
+    return out
+
+
+def census_row(census: dict[str, dict], key: str) -> dict:
+    """One line of the census table: a model's forwards of one kind in one run."""
+    c = census[key]
+    tags = sum(t for label, t in c["tokens"].items() if label in TAG_PHASES)
+    return {"count": c["forwards"], "rows": c["rows"] / c["forwards"], "main": c["tokens"].get("main", 0.0),
+            "tags": tags, "seconds": c["seconds"], "ms": 1000 * c["seconds"] / c["forwards"]}
+
+
 def ledger_run(ledger: Ledger, wall_s: float, tag_tokens: int) -> dict:
-    """One run's totals: wall time, measured forward time, and seconds charged per ledger label."""
+    """One run's totals: wall time, measured forward time, seconds charged per ledger label, forward census."""
+    records = list(ledger.records)
     return {"wall_s": wall_s, "device_s": ledger.measured_seconds, "charged_s": ledger.charged_seconds,
-            "by_phase": dict(ledger.charged_by_label), "tag_tokens": tag_tokens, "_forwards": list(ledger.records)}
+            "by_phase": dict(ledger.charged_by_label), "tag_tokens": tag_tokens, "census": census(records),
+            "_forwards": records}
 
 
 def sidecar_runs(pair, requests: list[SidecarRequest], max_batch: int, adaptive: bool = True) -> tuple[dict, list]:
@@ -140,19 +168,25 @@ def main(argv: list[str] | None = None) -> dict:
     # first calls pay one-off allocation and kernel selection costs
     sidecar_runs(pair, [SidecarRequest(texts[0][:200], sidecars=[HASHTAGS], max_new_tokens=4)] * 2, 2)
 
+    plain_requests = [SidecarRequest(t, sidecars=[], max_new_tokens=args.max_new_tokens) for t in texts]
+    # the plain run on both sides of the sidecar run: their difference is the whole measure's noise floor
+    plain_before, _ = sidecar_runs(pair, plain_requests, args.max_batch, adaptive)
     sidecar, with_tags = sidecar_runs(pair, [SidecarRequest(t, sidecars=[HASHTAGS], max_new_tokens=args.max_new_tokens)
                                              for t in texts], args.max_batch, adaptive)
-    plain, summaries = sidecar_runs(pair, [SidecarRequest(t, sidecars=[], max_new_tokens=args.max_new_tokens)
-                                           for t in texts], args.max_batch, adaptive)
+    plain, summaries = sidecar_runs(pair, plain_requests, args.max_batch, adaptive)
     standalone, _ = standalone_run(pair, [r.main.text for r in summaries], args.max_batch, adaptive)
     same_summaries = [r.main.token_ids for r in with_tags] == [r.main.token_ids for r in summaries]
 
     attributed = sum(sidecar["by_phase"].get(p, 0.0) for p in TAG_PHASES)
-    whole = sidecar["device_s"] - plain["device_s"]
+    plain_s = (plain_before["device_s"] + plain["device_s"]) / 2
+    whole = sidecar["device_s"] - plain_s
+    noise = abs(plain["device_s"] - plain_before["device_s"])
     measured = {
         "sidecar_s_per_tag_token": per_tag_token(attributed, sidecar),
         "standalone_s_per_tag_token": per_tag_token(standalone["device_s"], standalone),
         "whole_sidecar_s_per_tag_token": per_tag_token(whole, sidecar),
+        "whole_noise_s_per_tag_token": per_tag_token(noise, sidecar),
+        "main_extra_s": sidecar["by_phase"].get("main", 0.0) - plain_s,
         "e2e_sidecar_s": sidecar["wall_s"], "e2e_plain_plus_standalone_s": plain["wall_s"] + standalone["wall_s"],
     }
     measured["saving"] = 1 - measured["sidecar_s_per_tag_token"] / measured["standalone_s_per_tag_token"]
@@ -164,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
               "charged_equals_measured": all(abs(r["charged_s"] - r["device_s"]) <= 0.01 * r["device_s"]
                                              for r in (sidecar, plain, standalone))}
     gpus = projection(sidecar, plain, standalone, load_catalog())
-    runs = {"sidecar": sidecar, "plain": plain, "standalone": standalone}
+    runs = {"sidecar": sidecar, "plain": plain, "plain_before": plain_before, "standalone": standalone}
     payload = {"environment": env, "args": vars(args), "set_on_command_line": overridden, "documents": source,
                "measured": measured, "checks": checks,
                "runs": {name: {k: v for k, v in r.items() if not k.startswith("_")} for name, r in runs.items()},
@@ -190,6 +224,12 @@ def main(argv: list[str] | None = None) -> dict:
                             ("main_s", "main s"), ("sidecar_s", "sidecar s"), ("instruction_s", "instruction s"),
                             ("standalone_s", "standalone s"), ("target_forwards", "summary target forwards"),
                             ("acceptance", "summary acceptance")])
+    forwards = markdown_table([{"run": name, "forwards": f"{model} {kind}", **census_row(r["census"], f"{model} {kind}")}
+                               for name, r in runs.items() for model in ("target", "draft")
+                               for kind in ("prefill", "decode") if f"{model} {kind}" in r["census"]],
+                              [("run", "run"), ("forwards", "forwards"), ("count", "count"),
+                               ("rows", "rows per forward"), ("main", "main tokens"), ("tags", "sidecar tokens"),
+                               ("seconds", "s"), ("ms", "ms per forward")])
     projected = markdown_table(gpus, [("gpu", "GPU"), ("sidecar_ms", "sidecar ms/tag tok"),
                                       ("standalone_ms", "standalone ms/tag tok"), ("saving", "saving"),
                                       ("whole_sidecar_ms", "sidecar, whole, ms/tag tok")])
@@ -204,13 +244,18 @@ def main(argv: list[str] | None = None) -> dict:
         f"Attributed by the ledger: a sidecar tag token took {1000 * measured['sidecar_s_per_tag_token']:.1f} device "
         f"ms, a standalone one {1000 * measured['standalone_s_per_tag_token']:.1f}: the sidecar's is "
         f"{abs(measured['saving']):.0%} {verdict}.\n\n{lines}\n\n"
-        f"Whole, not attributed: the sidecar run's forwards took {whole:.2f} s more than the plain run's "
+        f"Whole, not attributed: the sidecar run's forwards took {whole:.2f} s more than the plain runs' mean "
         f"({1000 * measured['whole_sidecar_s_per_tag_token']:.1f} ms per tag token, saving "
-        f"{measured['whole_saving']:.0%}). End to end, the sidecar run took {sidecar['wall_s']:.1f} s against "
+        f"{measured['whole_saving']:.0%}); the two plain runs differed by {noise:.2f} s "
+        f"({1000 * measured['whole_noise_s_per_tag_token']:.1f} ms per tag token), the noise floor of that "
+        f"measure. The main phase was charged {measured['main_extra_s']:+.2f} s against the plain runs' mean. "
+        f"End to end, the sidecar run took {sidecar['wall_s']:.1f} s against "
         f"{measured['e2e_plain_plus_standalone_s']:.1f} s for the plain run and the standalone tagger "
         f"({measured['e2e_ratio']:.2f}x). Same summaries with and without the sidecar: {same_summaries}; "
         f"rows' lines add up to the ledger: {checks['sidecar_lines_match_ledger']}; charged = measured: "
         f"{checks['charged_equals_measured']}.\n\n{walls}\n\n"
+        f"Forward census: each model's forwards by kind, their rows and the tokens charged to the main rows "
+        f"and to the sidecar (its rows, its instruction, its share of the catch-up feed).\n\n{forwards}\n\n"
         f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
         f"their catalog peaks, at this run's batch; ms per tag token.\n\n{projected}")
