@@ -22,6 +22,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from postgres import unavailable
 from shard_parts import manifest_ids, part_doc_ids
 
 from storage import Database
@@ -84,6 +85,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     """A Prefect server on its default database, SQLite under its PREFECT_HOME (as `sidecar ui` runs one)."""
     with prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def whole_runs_here() -> None:
+    """The three whole-run tests below run on PostgreSQL where a cluster can start here
+    (tests/test_deployments_postgres.py), as production keeps Prefect's state there; on this module's SQLite
+    server only where none can, so that no machine pays for both (~4 minutes)."""
+    if unavailable() is None:
+        pytest.skip("run on PostgreSQL here: tests/test_deployments_postgres.py")
 
 
 HOST = "testhost"  # the host name in the GPU workers' limit names (SIDECAR_HOST)
@@ -208,6 +218,7 @@ def worker_logs(logs: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logs.glob("*.log")))
 
 
+@pytest.mark.usefixtures("whole_runs_here")
 def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_document_once_and_is_judged_once(
         deployed: dict[str, str], tmp_path: Path) -> None:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -356,6 +367,7 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, doc_ids: list[str])
     assert {r["n"] for r in stored} == {1}
 
 
+@pytest.mark.usefixtures("whole_runs_here")
 def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents(
         deployed: dict[str, str], tmp_path: Path) -> None:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -413,6 +425,7 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
     assert len(judges) == 1 and judges_after == judges_before + 1, [(r.name, r.parameters) for r in judges]
 
 
+@pytest.mark.usefixtures("whole_runs_here")
 def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
         deployed: dict[str, str], tmp_path: Path) -> None:
     docs = {"two-a": 10, "two-b": 6}

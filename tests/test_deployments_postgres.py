@@ -34,6 +34,11 @@ if (reason := unavailable()) is not None:
 
 
 @pytest.fixture(scope="module")
+def whole_runs_here() -> None:
+    """Here the whole-run tests always run (on SQLite they skip where this module can run them)."""
+
+
+@pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
     with postgres_cluster() as url:
         yield url
