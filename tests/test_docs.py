@@ -48,3 +48,8 @@ def missing_references(doc: Path, tests: dict[str, set[str]], targets: set[str])
 def test_every_test_target_and_linked_file_a_doc_names_exists(doc: Path) -> None:
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
     assert missing_references(doc, defined_tests(), targets) == []
+
+
+def test_the_readme_stays_within_12_kb() -> None:
+    # the README is the front page: what does not fit belongs in docs/
+    assert (REPO / "README.md").stat().st_size <= 12 * 1024
