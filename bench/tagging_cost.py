@@ -193,6 +193,14 @@ def main(argv: list[str] | None = None) -> dict:
     measured["whole_saving"] = 1 - measured["whole_sidecar_s_per_tag_token"] / measured["standalone_s_per_tag_token"]
     measured["e2e_ratio"] = measured["e2e_plain_plus_standalone_s"] / measured["e2e_sidecar_s"]
     # the invariant of the ledger, on this run: what the rows carry adds up to what the ledger charged them
+    # the target's prefill is the same work in the sidecar and plain runs (the sidecar never rides in it):
+    # how far its seconds differ between runs is how far identical work varies in this process
+    prefills = {name: r["census"]["target prefill"] for name, r in
+                (("sidecar", sidecar), ("plain", plain), ("plain_before", plain_before))}
+    measured["identical_work_s"] = {name: c["seconds"] for name, c in prefills.items()}
+    # with gamma fixed it is identical; the adaptive controller may admit rows at other steps
+    measured["identical_target_prefill_work"] = len({(c["forwards"], c["rows"], tuple(sorted(c["tokens"].items())))
+                                                     for c in prefills.values()}) == 1
     checks = {"same_summaries": same_summaries,
               "sidecar_lines_match_ledger": abs(sum(sidecar["lines"].values()) - attributed) <= 0.01 * attributed,
               "charged_equals_measured": all(abs(r["charged_s"] - r["device_s"]) <= 0.01 * r["device_s"]
@@ -249,6 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
         f"{measured['whole_saving']:.0%}); the two plain runs differed by {noise:.2f} s "
         f"({1000 * measured['whole_noise_s_per_tag_token']:.1f} ms per tag token), the noise floor of that "
         f"measure. The main phase was charged {measured['main_extra_s']:+.2f} s against the plain runs' mean. "
+        f"The target's prefill forwards, the same work in every run "
+        f"({measured['identical_target_prefill_work']}), took "
+        f"{' / '.join(f'{v:.1f}' for v in measured['identical_work_s'].values())} s in the sidecar / plain / "
+        f"earlier plain run: identical work varies that much between runs here. "
         f"End to end, the sidecar run took {sidecar['wall_s']:.1f} s against "
         f"{measured['e2e_plain_plus_standalone_s']:.1f} s for the plain run and the standalone tagger "
         f"({measured['e2e_ratio']:.2f}x). Same summaries with and without the sidecar: {same_summaries}; "
