@@ -61,6 +61,7 @@ SIZES = {
     "full": {"pair": "qwen-coder-small", "articles": 64, "chars": 1500, "max_new_tokens": 128, "max_batch": 8},
 }
 TAG_PHASES = ("sidecar", "instruction")  # the ledger labels a sidecar tag token's cost is charged to
+CENSUS_ORDER = ("target prefill", "target decode", "draft prefill", "draft decode")
 
 
 def census(records: list[ForwardRecord]) -> dict[str, dict]:
@@ -232,9 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
                             ("main_s", "main s"), ("sidecar_s", "sidecar s"), ("instruction_s", "instruction s"),
                             ("standalone_s", "standalone s"), ("target_forwards", "summary target forwards"),
                             ("acceptance", "summary acceptance")])
-    forwards = markdown_table([{"run": name, "forwards": f"{model} {kind}", **census_row(r["census"], f"{model} {kind}")}
-                               for name, r in runs.items() for model in ("target", "draft")
-                               for kind in ("prefill", "decode") if f"{model} {kind}" in r["census"]],
+    forwards = markdown_table([{"run": name, "forwards": key, **census_row(r["census"], key)}
+                               for name, r in runs.items() for key in CENSUS_ORDER if key in r["census"]],
                               [("run", "run"), ("forwards", "forwards"), ("count", "count"),
                                ("rows", "rows per forward"), ("main", "main tokens"), ("tags", "sidecar tokens"),
                                ("seconds", "s"), ("ms", "ms per forward")])
