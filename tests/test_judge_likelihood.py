@@ -15,7 +15,13 @@ from study.judge import JudgeConfig, JudgeItem
 from study.judge.answers import JudgeAnswerError
 from study.judge.games import Redactor
 from study.judge.likelihood import NoPromptLogprobsError, scorer_text, tag_likelihood
-from study.judge.likelihood_run import likelihood_reliability, score_documents, unavailable_reason
+from study.judge.likelihood_run import (
+    LikelihoodResult,
+    TagScore,
+    likelihood_reliability,
+    score_documents,
+    unavailable_reason,
+)
 
 BASE_URL = "http://judge.test/v1"
 API_KEY = "sk-test-0123456789abcdef"
@@ -187,3 +193,30 @@ def test_a_caller_that_cannot_take_a_result_stops_the_documents_still_queued() -
         score_documents(topical_items(6), config(concurrency=1, controls=0), client(endpoint), "m", "tags-l1",
                         Redactor([]), refuse)
     assert len(endpoint.requests) == 4  # the first document's two tag sets after two summaries, nothing after
+
+
+def ladder_results(null_differences: list[float], easy: float = 3.0) -> list[LikelihoodResult]:
+    """One result per null difference: own tags ``easy`` nats per token above the foil's, sides tied."""
+    def scores(kind: str, sides: tuple[str, str], difference: float) -> list[TagScore]:
+        return [TagScore(kind=kind, side=sides[0], tags=["a"], given_own=difference, given_baseline=0.0),
+                TagScore(kind=kind, side=sides[1], tags=["b"], given_own=0.0, given_baseline=0.0)]
+
+    return [LikelihoodResult(doc_id=f"doc-{i}", verdict="tie", scores=[
+        *scores("main", ("sidecar", "standalone"), 0.0), *scores("control", ("own", "other"), easy),
+        *scores("null", ("original", "reversed"), null)]) for i, null in enumerate(null_differences)]
+
+
+def test_the_null_rung_ties_within_twice_its_own_noise_and_fails_on_documents_outside_it() -> None:
+    # reordering moves a likelihood by up to half a nat per token on real news: a noise every document shares
+    shared = ladder_results([0.5, -0.4, 0.3, -0.5, 0.45, -0.35, 0.2, -0.3, 0.4, -0.25])
+    ladder = likelihood_reliability(shared, config())
+    rms = (sum(d * d for d in [0.5, -0.4, 0.3, -0.5, 0.45, -0.35, 0.2, -0.3, 0.4, -0.25]) / 10) ** 0.5
+    assert ladder.margin == pytest.approx(2 * rms) and ladder.null_band == ladder.margin
+    assert (ladder.easy.passed, ladder.null.passed) == (10, 10) and ladder.trusted
+    # two documents whose order moves their likelihood far beyond the others': the null rung fails (8 of 10)
+    outliers = likelihood_reliability(ladder_results([0.01] * 8 + [2.0, -2.0]), config())
+    assert outliers.null.passed == 8 and not outliers.trusted and outliers.verdict == "UNRELIABLE"
+    assert "UNRELIABLE" in outliers.line() and f"null within {outliers.margin:.3f}" in outliers.line()
+    # noise as large as the controls' separation: the easy rung cannot clear the margin it sets
+    noisy = likelihood_reliability(ladder_results([2.0, -2.0] * 5, easy=3.0), config())
+    assert noisy.easy.passed == 0 and not noisy.trusted

@@ -12,6 +12,7 @@ difference 0). Verdicts and controls are read by the same rule as the pairwise m
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -185,8 +186,15 @@ def score_by_likelihood(items: list[JudgeItem], config: JudgeConfig, model: str,
 
 
 def likelihood_margin(results: list[LikelihoodResult], config: JudgeConfig) -> float:
-    """The largest |difference| among the null documents, at least ``config.likelihood_floor``."""
-    return max([config.likelihood_floor, *(abs(d) for r in results if (d := r.difference("null")) is not None)])
+    """Twice the root mean square of the null documents' differences, at least ``config.likelihood_floor``.
+
+    Reordering a tag set changes its likelihood (on real news by up to half a nat per token), so the null
+    rung measures the method's own noise; its true difference is 0, so the root mean square is taken about 0
+    and a bias widens the margin. Two of them bound a normal noise's 95%: a null document outside them is
+    one whose noise the others do not share, which is how the null rung can fail."""
+    nulls = [d for r in results if (d := r.difference("null")) is not None]
+    spread = 2 * math.sqrt(math.fsum(d * d for d in nulls) / len(nulls)) if nulls else 0.0
+    return max(config.likelihood_floor, spread)
 
 
 def verdict(result: LikelihoodResult, margin: float) -> Verdict:
@@ -209,7 +217,8 @@ def likelihood_reliability(results: list[LikelihoodResult], config: JudgeConfig)
     mains = differences("main")
     floor = config.likelihood_floor
     return Reliability(
-        method="likelihood", margin=margin, floor=floor, threshold=config.threshold,
+        method="likelihood", margin=margin, floor=floor, null_band=margin, threshold=config.threshold,
         easy=rung("easy", differences("control"), margin, floor), hard=rung("hard", differences("hard"), margin, floor),
-        null=rung("null", differences("null"), margin, floor), auc=auc(own, foil),
+        # the null rung ties within the margin its own noise sets (``likelihood_margin``)
+        null=rung("null", differences("null"), margin, margin), auc=auc(own, foil),
         detectable=detectable_difference(mains), interval=mean_interval(mains))

@@ -89,6 +89,8 @@ class Reliability(BaseModel):
     easy: Rung
     hard: Rung
     null: Rung
+    # the null rung's tie band: the floor (pairwise), or the margin its own noise sets (likelihood)
+    null_band: float | None = None
     auc: float | None = None
     detectable: float | None = None
     # the normal 95% interval of the mean sidecar-vs-standalone difference (``mean_interval``)
@@ -120,7 +122,8 @@ class Reliability(BaseModel):
                     "tags), so nothing shows that this judge tells right tags from wrong ones.")
         cleared = (f"controls cleared the margin {self.margin:.3f} in {easy.passed} of {easy.documents} documents "
                    f"({easy.share:.0%}, separation {_number(easy.mean)} ± {_number(easy.spread)}, AUC "
-                   f"{_number(self.auc)}); ladder {self.ladder()}, null within {self.floor:.3f}")
+                   f"{_number(self.auc)}); ladder {self.ladder()}, null within "
+                   f"{self.floor if self.null_band is None else self.null_band:.3f}")
         if self.trusted:
             return f"Reliable ({self.method}): {cleared}; easy and null at least {self.threshold:.0%}."
         return (f"UNRELIABLE ({self.method}): {cleared}; easy or null below {self.threshold:.0%}: this judge does "
