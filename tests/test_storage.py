@@ -647,6 +647,22 @@ def test_likelihood_scores_keep_their_method_and_are_read_by_the_same_ladder(db:
         {"trusted": ["likelihood judge-p tags-l2"], "verdict": "sidecar"}]
 
 
+def test_a_likelihood_margin_is_twice_the_null_differences_root_mean_square_and_bands_the_null_rung(
+        db: Database) -> None:
+    start(db)
+    # null differences within half a nat (reordering moves a likelihood), and one far outside them: 3.0
+    likelihood = [*scores("d1", "main", 2.0, 1.0), *scores("d2", "main", 1.5, 1.0), *scores("d3", "main", 1.2, 0.9),
+                  *scores("d1", "control", 2.9, -1.0, foil="d2"), *scores("d2", "control", 2.8, -0.5, foil="d3"),
+                  *scores("d1", "null", 1.0, 0.5), *scores("d2", "null", 1.0, 1.3), *scores("d3", "null", 1.0, 0.6),
+                  *scores("d4", "null", 1.0, 1.2), *scores("d5", "null", 3.0, 0.0)]
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p", "tags-l2", "likelihood", 0.9, 0.1), likelihood)
+    [quality] = db.judge_quality("run-1")
+    margin = 2 * ((0.5**2 + 0.3**2 + 0.4**2 + 0.2**2 + 3.0**2) / 5) ** 0.5  # as likelihood_run.likelihood_margin
+    assert quality["margin"] == pytest.approx(margin) and quality["floor"] == pytest.approx(margin)
+    assert (quality["null_documents"], quality["null_tied"]) == (5, 4)  # 3.0 lies outside 2 x 1.38
+    assert quality["reliable"] is False and quality["verdict"] == "UNRELIABLE"
+
+
 def test_the_margin_never_falls_below_the_runs_floor(db: Database) -> None:
     start(db)
     db.write_judgements("run-1", [*pair("d1", "main", 0.54, 0.5), *pair("d1", "null", 0.5, 0.5)],

@@ -165,9 +165,11 @@ FROM likelihood;
 -- method: 'pairwise' or 'likelihood'; mode: probability, text or likelihood (NULL without settings).
 -- margin: how far from even a verdict or a control must be: the largest |difference| among the null
 -- documents, at least the run's margin_floor; text mode 0.25 (only both games agreeing is a verdict,
--- study.judge.scoring.TEXT_MARGIN); NULL without the run's settings. floor: the null rung's tie band:
--- margin_floor, text mode 0.25 (the null games calibrate the margin, so judging them against it would
--- pass them all by construction).
+-- study.judge.scoring.TEXT_MARGIN); likelihood: twice the null differences' root mean square, at least
+-- margin_floor (study.judge.likelihood_run.likelihood_margin); NULL without the run's settings. floor: the
+-- null rung's tie band: margin_floor, text mode 0.25 (the pairwise null games calibrate the margin, so
+-- judging them against it would pass them all by construction); likelihood: the margin, which a null
+-- document outside the others' noise exceeds.
 -- control_*: the easy rung; hard_*: the hard rung: documents answered and those whose difference exceeds
 -- the margin. null_*: the null documents and those within the floor. control_accuracy, hard_accuracy,
 -- null_ties: the shares. separation, separation_spread: the mean and sample standard deviation of the easy
@@ -192,6 +194,7 @@ noise AS (
         sum(d.answered_games) FILTER (WHERE d.kind = 'control') AS control_games,
         sum(d.first_shown) / nullif(sum(d.answered_games), 0) AS position_bias,
         max(abs(d.difference)) FILTER (WHERE d.kind = 'null') AS null_deviation,
+        sqrt(avg(d.difference * d.difference) FILTER (WHERE d.kind = 'null')) AS null_rms,
         avg(d.difference) FILTER (WHERE d.kind = 'main') AS mean_difference,
         stddev_samp(d.difference) FILTER (WHERE d.kind = 'main')
             / sqrt(count(d.difference) FILTER (WHERE d.kind = 'main')) AS standard_error
@@ -204,9 +207,16 @@ noise AS (
 margins AS (
     SELECT
         n.*, s.mode, s.threshold, s.note,
-        CASE WHEN s.mode = 'text' THEN 0.25 ELSE greatest(s.margin_floor, coalesce(n.null_deviation, 0)) END
-            AS margin,
-        CASE WHEN s.mode = 'text' THEN 0.25 ELSE s.margin_floor END AS floor
+        CASE s.mode
+            WHEN 'text' THEN 0.25
+            WHEN 'likelihood' THEN greatest(s.margin_floor, 2 * coalesce(n.null_rms, 0))
+            ELSE greatest(s.margin_floor, coalesce(n.null_deviation, 0))
+        END AS margin,
+        CASE s.mode
+            WHEN 'text' THEN 0.25
+            WHEN 'likelihood' THEN greatest(s.margin_floor, 2 * coalesce(n.null_rms, 0))
+            ELSE s.margin_floor
+        END AS floor
     FROM noise AS n
     LEFT JOIN judge_settings AS s
         ON s.run_id = n.run_id AND s.judge_model = n.judge_model AND s.prompt_version = n.prompt_version
