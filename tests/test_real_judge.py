@@ -47,7 +47,9 @@ def items(news_parquet: Path) -> list[JudgeItem]:
 
 @pytest.fixture(scope="module")
 def judge_url() -> Iterator[str]:
-    with running_server(PAIR, model_name=PAIR) as url:
+    # the product's choice of dtype, not the suite's fp32: bf16 where this CPU has it halves the server's
+    # memory beside the real-pair tests in the other test process
+    with running_server(PAIR, model_name=PAIR, extra_args=["--dtype", "auto"]) as url:
         yield url
 
 
