@@ -165,7 +165,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
         arrived = time.monotonic()
-        try:
+        with metrics.refusals():
             job, req = await submit(request)
             if req.stream:
                 completion_id, created = f"chatcmpl-{job.id}", int(time.time())
@@ -173,28 +173,16 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
                                                               job, arrived),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             body = await service.answer(req, job, f"chatcmpl-{job.id}", int(time.time()), _disconnected(request))
-        except APIError as exc:
-            metrics.refused(exc.status)
-            raise
-        except Exception:
-            metrics.refused(500)
-            raise
         metrics.answered(job, job.future.result(), arrived)
         return JSONResponse(body)
 
     @api.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> JSONResponse:
         arrived = time.monotonic()
-        try:
+        with metrics.refusals():
             job, req = await submit(request, CompletionRequest)
             body = await service.answer_completions(req, job, f"cmpl-{job.id}", int(time.time()),
                                                     _disconnected(request))
-        except APIError as exc:
-            metrics.refused(exc.status)
-            raise
-        except Exception:
-            metrics.refused(500)
-            raise
         result = job.future.result()
         if isinstance(result, GenerationOutput):
             metrics.answered(job, result, arrived)

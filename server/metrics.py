@@ -123,6 +123,18 @@ class ServerMetrics:
     def refused(self, status: int) -> None:
         self.requests.labels(outcome(status)).inc()
 
+    @contextlib.contextmanager
+    def refusals(self) -> Iterator[None]:
+        """Count a request whose handling raises as refused: an ``APIError`` by its status, anything else 500."""
+        try:
+            yield
+        except APIError as exc:
+            self.refused(exc.status)
+            raise
+        except Exception:
+            self.refused(500)
+            raise
+
     def answered(self, job: Job, result: GenerationOutput | DocumentResult, arrived: float) -> None:
         """A request answered with ``result``; ``arrived`` is its ``time.monotonic()`` at arrival."""
         done = time.monotonic()
