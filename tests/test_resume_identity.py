@@ -164,7 +164,7 @@ def test_the_cli_prints_a_refused_resume_as_one_line_with_exit_code_2(monkeypatc
     import flows.nightly
     from cli.main import app
 
-    def nightly(params):
+    def nightly(**params):
         raise RunMismatchError("run 'run-1' exists with other documents: row 0 is 'a' there, 'x' here")
 
     monkeypatch.setattr(flows.nightly, "nightly", nightly)

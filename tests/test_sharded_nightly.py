@@ -248,7 +248,7 @@ def test_a_shard_waiting_for_its_accelerator_is_not_stalled_however_long_it_wait
     try:
         assert holder.stdout.readline() == "held\n"
         started = time.monotonic()
-        thread, result = run_in_thread(lambda: nightly(run))
+        thread, result = run_in_thread(lambda: nightly(**run.model_dump()))
         # shard 1 has its device and writes parts while shard 0 waits for its own; well past the stall limit,
         # the wait is no stall, and the shard says it waits
         wait_for(lambda: not thread.is_alive() or [d for d in launch_dirs(run.db_path) if d.name.startswith(
