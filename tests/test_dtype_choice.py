@@ -12,7 +12,7 @@ import torch
 
 from sidecar.errors import InputError
 from sidecar.models.cpu_kernels import OneDNNLinear, onednn_available
-from sidecar.models.dtype_choice import choose_dtype, faster_dtype
+from sidecar.models.dtype_choice import choose_dtype, faster_dtype, fastest_seconds
 from sidecar.models.loading import load_pair
 
 CPU = torch.device("cpu")
@@ -24,6 +24,23 @@ def test_bf16_is_chosen_only_where_its_matmul_is_faster() -> None:
     emulated = faster_dtype(bf16_s=4.2e-3, fp32_s=0.84e-3)
     assert emulated.dtype == torch.float32 and emulated.reason == "auto: bf16 matmul 4.20 ms vs fp32 0.84 ms"
     assert faster_dtype(1e-3, 1e-3).dtype == torch.float32  # a tie keeps the reference dtype
+
+
+def test_a_burst_of_load_on_the_faster_dtypes_first_calls_does_not_crown_the_other() -> None:
+    """The faster call is stalled for its warm-up and first six timed calls (a loaded machine's scheduler
+    slices); timed in turn within a budget, each keeps its undisturbed best. Five calls each, as the choice
+    once timed, would have crowned the slower one."""
+    now = [0.0]
+    fast = iter([0.010] * 7 + [0.001] * 10_000)
+    calls = [lambda: now.__setitem__(0, now[0] + next(fast)), lambda: now.__setitem__(0, now[0] + 0.003)]
+    assert fastest_seconds(calls, budget_s=0.05, clock=lambda: now[0]) == pytest.approx([0.001, 0.003])
+    now[0], fast = 0.0, iter([0.010] * 7 + [0.001] * 10_000)
+    assert fastest_seconds(calls, budget_s=0.0, clock=lambda: now[0]) == pytest.approx([0.010, 0.003])
+    # the budget bounds the timing: about budget / call time rounds, then it stops
+    now[0], count = 0.0, [0]
+    counted = [lambda: (now.__setitem__(0, now[0] + 0.001), count.__setitem__(0, count[0] + 1))] * 2
+    fastest_seconds(counted, budget_s=0.02, clock=lambda: now[0])
+    assert 2 * 20 <= count[0] <= 2 * 22
 
 
 def test_the_argument_wins_over_the_environment_which_wins_over_timing(monkeypatch: pytest.MonkeyPatch) -> None:

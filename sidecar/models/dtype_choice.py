@@ -5,11 +5,16 @@ matmuls (AMX, avx512_bf16) runs bf16 faster than fp32, one without emulates bf16
 fp32 (whose Linear layers then run on oneDNN's packed kernels, ``sidecar.models.cpu_kernels``). So a CPU
 times one verify-sized matmul at the target's shapes in each dtype (well under a second) and takes the
 faster; ``SIDECAR_DTYPE=auto`` asks for the same.
+
+A loaded machine stalls a two-thread matmul for a whole scheduler slice now and then, several times its own
+length, so one short burst of timings can crown the wrong dtype. The two are timed in turn, call by call, until
+each has had ``TIMING_BUDGET_S``, and each keeps its fastest call: the one least disturbed by the load.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +29,9 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "float32": torch.float3
 AUTO = "auto"
 # a verify of gamma + 1 = 5 positions for each of 4 rows: the forward a CPU runs most
 VERIFY_ROWS = 4 * 5
-REPEATS = 5
+MIN_CALLS = 5  # timed calls of each dtype at least
+MAX_CALLS = 200  # and at most, however fast
+TIMING_BUDGET_S = 0.15  # seconds of timed calls of each dtype, unless MAX_CALLS come first
 
 
 @dataclass(frozen=True)
@@ -47,28 +54,34 @@ def faster_dtype(bf16_s: float, fp32_s: float) -> DtypeChoice:
     return DtypeChoice(dtype, f"auto: bf16 matmul {bf16_s * 1e3:.2f} ms vs fp32 {fp32_s * 1e3:.2f} ms")
 
 
-def matmul_seconds(dtype: torch.dtype, hidden: int, intermediate: int, rows: int = VERIFY_ROWS,
-                   repeats: int = REPEATS) -> float:
-    """The fastest of ``repeats`` CPU matmuls of ``rows`` x ``hidden`` activations by a ``hidden`` x
-    ``intermediate`` weight (an MLP up projection) in ``dtype``, the least disturbed by the machine's load;
-    fp32 on the packed oneDNN kernel its Linear layers would run on."""
+def matmul_call(dtype: torch.dtype, hidden: int, intermediate: int, rows: int = VERIFY_ROWS) -> Callable[[], object]:
+    """One CPU matmul of ``rows`` x ``hidden`` activations by a ``hidden`` x ``intermediate`` weight (an MLP up
+    projection) in ``dtype``; fp32 on the packed oneDNN kernel its Linear layers would run on."""
     weight = torch.full((intermediate, hidden), 0.01, dtype=dtype)
     x = torch.full((rows, hidden), 0.5, dtype=dtype)
     if dtype == torch.float32 and onednn_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS)
+        return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return lambda: torch.nn.functional.linear(x, weight)
 
-        def matmul() -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    else:
-        def matmul() -> torch.Tensor:
-            return torch.nn.functional.linear(x, weight)
-    best = float("inf")
+
+def fastest_seconds(calls: Sequence[Callable[[], object]], budget_s: float = TIMING_BUDGET_S,
+                    min_calls: int = MIN_CALLS, max_calls: int = MAX_CALLS,
+                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Each call's fastest time, the calls timed in turn (one of each per round, so a burst of load falls on
+    all of them alike) until each has run ``min_calls`` times and ``budget_s`` or ``max_calls`` is spent."""
+    best, spent = [float("inf")] * len(calls), [0.0] * len(calls)
     with torch.inference_mode():
-        matmul()  # the first call picks and prepares its kernel
-        for _ in range(repeats):
-            began = time.perf_counter()
-            matmul()
-            best = min(best, time.perf_counter() - began)
+        for call in calls:
+            call()  # the first call picks and prepares its kernel
+        for done in range(1, max_calls + 1):
+            for i, call in enumerate(calls):
+                began = clock()
+                call()
+                took = clock() - began
+                best[i], spent[i] = min(best[i], took), spent[i] + took
+            if done >= min_calls and min(spent) >= budget_s:
+                break
     return best
 
 
@@ -95,5 +108,6 @@ def choose_dtype(device: torch.device, dtype: str | torch.dtype | None, hidden: 
         return DtypeChoice(torch.bfloat16, "default on CUDA: bf16")
     if device.type != "cpu":
         return DtypeChoice(torch.float32, f"default on {device.type}: fp32")
-    return faster_dtype(matmul_seconds(torch.bfloat16, hidden, intermediate),
-                        matmul_seconds(torch.float32, hidden, intermediate))
+    bf16_s, fp32_s = fastest_seconds([matmul_call(torch.bfloat16, hidden, intermediate),
+                                      matmul_call(torch.float32, hidden, intermediate)])
+    return faster_dtype(bf16_s, fp32_s)
