@@ -30,10 +30,12 @@ KINDS = ("draft", "verify")
 @dataclass(frozen=True)
 class StepCosts:
     """Measured ms per forward by (model, kind, tokens per row): ascending (batch, ms) points; ``source`` says
-    where they were measured. ``target`` and ``draft`` name the table's models that play those roles."""
+    where they were measured, ``device`` on what (the name torch reports, which ``find_gpu`` matches).
+    ``target`` and ``draft`` name the table's models that play those roles."""
 
     points: dict[tuple[str, str, int], list[tuple[int, float]]]
     source: str
+    device: str = ""
     target: str = "7b"
     draft: str = "1.5b"
 
@@ -84,4 +86,4 @@ def load_step_costs(path: str | Path, target: str = "7b", draft: str = "1.5b") -
                              ) from exc
     if not points:
         raise CostInputError(f"{path}: the step-cost table has no measured row")
-    return StepCosts({key: sorted(p) for key, p in points.items()}, source, target, draft)
+    return StepCosts({key: sorted(p) for key, p in points.items()}, source, env["device"], target, draft)
