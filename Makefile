@@ -91,7 +91,7 @@ bench-quick: models corpus
 bench-full: models corpus
 	$(BIN)/python -m bench.run_all --full $(BENCH_ARGS)
 
-# on a GPU: identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check/)
+# on a GPU: step costs, identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check/)
 gpu-check: models corpus
 	$(BIN)/python -m bench.gpu_check
 

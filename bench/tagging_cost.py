@@ -28,7 +28,9 @@ differently (each run's summary target forwards and acceptance are in the table)
 controller out, so that the whole measure compares like with like.
 
 GPU projection: each run's recorded forwards replayed through the roofline (``study.cost.replay``) for the
-source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases.
+source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases. With
+``--step-costs PATH`` (the table ``make gpu-check`` writes: bench/results/gpu_check_step_costs.json) one more row
+prices the decode forwards from those measured steps on the GPU they were measured on, its prefills by the roofline.
 
 Writes bench/results/tagging_cost_<device>[_<pair>][_<profile>].json and .md.
 """
@@ -51,7 +53,7 @@ from bench.gpu_check.pairs import documents
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.decoding.batch import stream_through
 from sidecar.runtime.ledger import ForwardRecord, Ledger
-from study.cost import load_catalog
+from study.cost import GPU, CostInputError, StepCosts, find_gpu, load_catalog, load_step_costs
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
@@ -138,15 +140,25 @@ def per_tag_token(seconds: float, run: dict) -> float:
     return seconds / max(run["tag_tokens"], 1)
 
 
-def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict) -> list[dict]:
-    """Projected ms per tag token on each catalog GPU, attributed and whole, for the study's 7B/1.5B in bf16."""
+def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict,
+               steps: StepCosts | None = None) -> list[dict]:
+    """Projected ms per tag token on each catalog GPU, attributed and whole, for the study's 7B/1.5B in bf16; with
+    ``steps``, one more row on the GPU they were measured on, its decode forwards priced from them."""
+    priced: list[tuple[GPU, StepCosts | None]] = [(gpu, None) for gpu in catalog.values()]
+    if steps is not None:
+        gpu = find_gpu(steps.device, catalog)
+        if gpu is None:
+            raise CostInputError(f"the step costs were measured on {steps.device!r}, which is not in the GPU "
+                                 "catalog: their prefills could not be priced")
+        priced.append((gpu, steps))
     rows = []
-    for gpu in catalog.values():
-        side, base, alone = (replay(r["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu)
+    for gpu, measured in priced:
+        side, base, alone = (replay(r["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu, measured)
                              for r in (sidecar, plain, standalone))
         attributed = sum(side.by_phase.get(p, 0.0) for p in TAG_PHASES)
         rows.append({
             "gpu": gpu.name,
+            "priced_by": side.source,
             "sidecar_ms": 1000 * per_tag_token(attributed, sidecar),
             "standalone_ms": 1000 * per_tag_token(alone.seconds, standalone),
             "saving": 1 - per_tag_token(attributed, sidecar) / per_tag_token(alone.seconds, standalone),
@@ -159,8 +171,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_stream_arguments(parser)
     parser.add_argument("--fixed-gamma", action="store_true", help="gamma 4 in every run, no adaptive controller")
+    parser.add_argument("--step-costs", metavar="PATH",
+                        help="a step-cost table `make gpu-check` wrote: one more projection row priced from it")
     add_bench_arguments(parser)
     args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
+    try:  # before any run: a bad table costs nothing
+        steps = None if args.step_costs is None else load_step_costs(args.step_costs)
+        if steps is not None and find_gpu(steps.device, load_catalog()) is None:
+            raise CostInputError(f"{args.step_costs}: measured on {steps.device!r}, which is not in the GPU catalog")
+    except CostInputError as exc:
+        parser.error(str(exc))
 
     pair = load_pair(args.pair)
     adaptive = not args.fixed_gamma
@@ -206,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
               "sidecar_lines_match_ledger": abs(sum(sidecar["lines"].values()) - attributed) <= 0.01 * attributed,
               "charged_equals_measured": all(abs(r["charged_s"] - r["device_s"]) <= 0.01 * r["device_s"]
                                              for r in (sidecar, plain, standalone))}
-    gpus = projection(sidecar, plain, standalone, load_catalog())
+    gpus = projection(sidecar, plain, standalone, load_catalog(), steps)
     runs = {"sidecar": sidecar, "plain": plain, "plain_before": plain_before, "standalone": standalone}
     payload = {"environment": env, "args": vars(args), "set_on_command_line": overridden, "documents": source,
                "measured": measured, "checks": checks,
@@ -238,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
                               [("run", "run"), ("forwards", "forwards"), ("count", "count"),
                                ("rows", "rows per forward"), ("main", "main tokens"), ("tags", "sidecar tokens"),
                                ("seconds", "s"), ("ms", "ms per forward")])
-    projected = markdown_table(gpus, [("gpu", "GPU"), ("sidecar_ms", "sidecar ms/tag tok"),
+    projected = markdown_table(gpus, [("gpu", "GPU"), ("priced_by", "priced by"), ("sidecar_ms", "sidecar ms/tag tok"),
                                       ("standalone_ms", "standalone ms/tag tok"), ("saving", "saving"),
                                       ("whole_sidecar_ms", "sidecar, whole, ms/tag tok")])
     verdict = "cheaper" if measured["saving"] >= 0 else "dearer"
@@ -270,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"and to the sidecar (its rows, its instruction, its share of the catch-up feed).\n\n{forwards}\n\n"
         f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
-        f"their catalog peaks, at this run's batch; ms per tag token.\n\n{projected}")
+        f"their catalog peaks, at this run's batch; ms per tag token (a row priced by measured step costs, "
+        f"`--step-costs`, takes its decode forwards from them).\n\n{projected}")
     write_results(result_name(name, pair.device, args.pair, args.profile), payload, markdown)
     return payload
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench import common, tagging_cost
-from study.cost import load_catalog
+from sidecar.runtime.ledger import ForwardRecord
+from study.cost import load_catalog, load_step_costs
 
 
 def test_the_quick_tagging_cost_benchmark_adds_up_and_its_verdict_follows_from_its_lines(
@@ -47,3 +48,36 @@ def test_the_quick_tagging_cost_benchmark_adds_up_and_its_verdict_follows_from_i
     assert saved["measured"] == measured
     markdown = (tmp_path / "tagging_cost_cpu_tiny_quick.md").read_text()
     assert f"{abs(measured['saving']):.0%} {'cheaper' if measured['saving'] >= 0 else 'dearer'}" in markdown
+
+
+def test_measured_step_costs_price_one_more_projection_row_on_the_gpu_they_were_measured_on(
+        tmp_path: Path) -> None:
+    table = tmp_path / "steps.json"
+    table.write_text(json.dumps({"environment": {"device": "NVIDIA H200"}, "dtype": "bfloat16", "context": 512,
+                                 "rows": [{"model": "1.5b", "kind": "draft", "gamma": None, "tokens": 1, "batch": 4,
+                                           "ms": 2.0}]}))
+    steps = load_step_costs(table)
+    # a sidecar run of one draft decode step for 4 tag rows, and a standalone run of the same
+    tagging = [ForwardRecord("draft", "decode", 4, 4, 400, {"sidecar": 4}, 0.0)]
+    sidecar = {"_forwards": tagging, "tag_tokens": 4}
+    standalone = {"_forwards": [ForwardRecord("draft", "decode", 4, 4, 400, {"standalone": 4}, 0.0)],
+                  "tag_tokens": 4}
+    plain = {"_forwards": [], "tag_tokens": 0}
+    catalog = load_catalog()
+    rows = tagging_cost.projection(sidecar, plain, standalone, catalog, steps)
+    assert [r["gpu"] for r in rows] == [*(g.name for g in catalog.values()), "H200"]
+    roofline, measured = rows[-2], rows[-1]
+    assert roofline["priced_by"] == "roofline" and measured["priced_by"].startswith("measured on NVIDIA H200")
+    assert measured["sidecar_ms"] == pytest.approx(2.0 / 4) and measured["standalone_ms"] == pytest.approx(2.0 / 4)
+    assert roofline["sidecar_ms"] != pytest.approx(measured["sidecar_ms"])
+
+
+def test_a_step_cost_table_that_cannot_be_used_stops_the_benchmark_before_it_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "steps.json"
+    table.write_text(json.dumps({"environment": {"device": "Some Laptop GPU"}, "dtype": "bfloat16", "context": 512,
+                                 "rows": [{"model": "1.5b", "kind": "draft", "tokens": 1, "batch": 4, "ms": 2.0}]}))
+    with pytest.raises(SystemExit) as exit_:
+        tagging_cost.main(["--quick", "--allow-dirty", "--step-costs", str(table)])
+    assert exit_.value.code == 2
+    assert "measured on 'Some Laptop GPU', which is not in the GPU catalog" in capsys.readouterr().err

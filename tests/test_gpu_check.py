@@ -414,7 +414,8 @@ from bench.gpu_check.parts import errors
 
 common.RESULTS = Path({results!r})
 payload = main({argv!r})
-print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"])}}))
+print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"]),
+                  "step_costs": len(payload["step_costs"].get("rows", []))}}))
 """
 
 
@@ -423,4 +424,5 @@ def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp
     script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=QUICK_TINY_CPU)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1}
+    # the step costs too: a draft step and a verify at each gamma 0-4 of both models at batches 1 and 2
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1, "step_costs": 24}

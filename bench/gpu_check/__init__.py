@@ -1,9 +1,17 @@
-"""One prepared GPU check: identity, synchronisations, SDPA kernels, peak memory and tokens/s, within a deadline.
+"""One prepared GPU check: step costs, identity, synchronisations, SDPA kernels, peak memory and tokens/s, within a
+deadline.
 
     python -m bench.gpu_check                                 # `make gpu-check`: on a GPU, bf16, at most 8 minutes
     python -m bench.gpu_check --pair tiny --device cpu --quick    # the same code path on the tiny random pair
 
-For each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
+First, within a quarter of the budget (what it leaves goes to the pairs), the step costs (``step_costs``): ms
+per forward of random-initialised Qwen2.5-7B and 1.5B in bf16 on the engine's forward path, a draft step and a
+verify at each gamma 0 to ``--gamma`` at each of ``--step-cost-batches`` over ``--step-cost-context`` tokens per
+row, the real shapes on CUDA and small ones elsewhere (``--step-costs``). Their table, with the device, torch,
+dtype and context, goes to NAME_step_costs.json beside the results; ``study.cost.load_step_costs`` reads it, and
+``study.cost.replay`` then prices decode forwards from it in place of the roofline.
+
+Then for each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
 neither on disk the tiny pair runs and the report says so) it chooses the dtype as every command that loads a
 pair does (``sidecar.models.dtype_choice``: ``--dtype``, else ``$SIDECAR_DTYPE``, else auto: bf16 on CUDA, on a
 CPU the faster of bf16 and fp32 at the target's shapes), prints it with why, then runs these parts in this order:
@@ -24,7 +32,8 @@ CPU the faster of bf16 and fp32 at the target's shapes), prints it with why, the
 A global deadline (``--budget-s``) bounds the whole check: each pair gets an equal share of what is left, each
 part a share of its pair's time, and a measurement that would not end in time is skipped and says so. A
 measurement in progress is never interrupted, so the check can overrun by at most one of them. The check exits
-non-zero when a pair fails to load, a part raises, a row mismatches or a decode syncs over its budget.
+non-zero when a pair fails to load, a part (the step costs too) raises, a row mismatches or a decode syncs over its
+budget.
 Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.
 Writes bench/results/gpu_check.json and .md (other devices, pairs and sizes get suffixed names).
 """

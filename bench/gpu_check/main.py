@@ -1,16 +1,18 @@
-"""The command line: ``parse_args`` with its sizes per profile, ``main``, which checks every pair within one global
-deadline and writes the results, and ``result_file_name``.
+"""The command line: ``parse_args`` with its sizes per profile, ``main``, which times the step costs and checks every
+pair within one global deadline and writes the results, and ``result_file_name``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import time
 
 import torch
 
+from bench import common
 from bench.common import (
     add_bench_arguments,
     apply_profile,
@@ -23,18 +25,24 @@ from bench.gpu_check import __doc__ as OVERVIEW
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.markdown import markdown
 from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
-from bench.gpu_check.parts import check_pair
+from bench.gpu_check.parts import check_pair, failure
+from bench.gpu_check.step_costs import STEP_COST_SCALES, step_costs
+from sidecar.models.dtype_choice import requested_dtype
 from sidecar.models.loading import NAMED_PAIRS, default_device
 from sidecar.settings import DTYPE_HELP, DTYPE_NAMES
 
 SIZES = {
     "quick": {"identity_prompts": 2, "batches": "1,2", "max_new_tokens": 8, "chars": 400, "assisted_documents": 1,
-              "sync_batches": "1,2"},
+              "sync_batches": "1,2", "step_cost_batches": "1,2", "step_cost_context": 32},
     "standard": {"identity_prompts": 8, "batches": "1,8,32,64", "max_new_tokens": 64, "chars": 1500,
-                 "assisted_documents": 4, "sync_batches": "1,8,32"},
+                 "assisted_documents": 4, "sync_batches": "1,8,32", "step_cost_batches": "1,8,32,64",
+                 "step_cost_context": 512},
     "full": {"identity_prompts": 16, "batches": "1,8,32,64,128", "max_new_tokens": 128, "chars": 1500,
-             "assisted_documents": 8, "sync_batches": "1,8,32,64"},
+             "assisted_documents": 8, "sync_batches": "1,8,32,64", "step_cost_batches": "1,8,32,64",
+             "step_cost_context": 512},
 }
+# the share of the budget the step costs may take
+STEP_COSTS_SHARE = 0.25
 
 
 def result_file_name(args: argparse.Namespace, device: torch.device, default_pairs: bool) -> str:
@@ -64,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--chars", type=int, help="cut each document to this many characters")
     parser.add_argument("--assisted-documents", type=int, help="prompts HF assisted generation decodes, one by one")
+    parser.add_argument("--step-costs", choices=STEP_COST_SCALES,
+                        help="time forwards of random Qwen2.5-7B and 1.5B: full shapes (default on CUDA), small "
+                             "ones (default elsewhere: the code path only) or off")
+    parser.add_argument("--step-cost-batches", help="comma-separated batch sizes the step costs are timed at")
+    parser.add_argument("--step-cost-context", type=int, help="KV entries per row the timed forwards attend")
     add_bench_arguments(parser)
     args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
@@ -77,7 +90,11 @@ def main(argv: list[str] | None = None) -> dict:
     deadline = Deadline.after(args.budget_s)
     device = default_device(args.device)
     args.device = str(device)
+    args.step_costs = args.step_costs or ("full" if device.type == "cuda" else "small")
     default_pairs = args.pair is None
+    results_name = result_file_name(args, device, default_pairs)
+    # first, within a share of the budget: what the step costs leave unused goes to the pairs
+    steps = measure_step_costs(args, device, deadline.share(STEP_COSTS_SHARE), results_name)
     names = list(DEFAULT_PAIRS) if default_pairs else args.pair
     resolved = {name: resolve_pair(name) for name in names}
     present = [(name, spec) for name, (spec, _) in resolved.items() if spec is not None]
@@ -97,7 +114,28 @@ def main(argv: list[str] | None = None) -> dict:
     # the dtype measured in, where every pair chose the same one
     dtypes = {r["dtype"] for r in pairs if "dtype" in r}
     dtype = getattr(torch, dtypes.pop()) if len(dtypes) == 1 else None
-    payload = {"environment": environment(device, dtype), "args": vars(args),
-               "absent": absent, "fallback": fallback, "pairs": pairs, "seconds": time.monotonic() - started}
-    write_results(result_file_name(args, device, default_pairs), payload, markdown(payload))
+    payload = {"environment": environment(device, dtype), "args": vars(args), "absent": absent,
+               "fallback": fallback, "pairs": pairs, "step_costs": steps, "seconds": time.monotonic() - started}
+    write_results(results_name, payload, markdown(payload))
     return payload
+
+
+def measure_step_costs(args: argparse.Namespace, device: torch.device, deadline: Deadline, name: str) -> dict:
+    """The step-cost part's result; its table, with where it was measured, goes to NAME_step_costs.json."""
+    if args.step_costs == "off":
+        return {"skipped": "off (--step-costs off)"}
+    if reason := deadline.skip_reason():
+        return {"skipped": reason.removeprefix("skipped: ")}
+    requested = requested_dtype(args.dtype)
+    dtype = torch.bfloat16 if requested is None else requested.dtype
+    batches = [int(b) for b in args.step_cost_batches.split(",") if b]
+    try:
+        result = step_costs(args.step_costs, batches, args.gamma, args.step_cost_context, device, dtype, deadline)
+    except Exception as exc:  # reported, and fails the check; the pairs still run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": failure(exc)}
+    table = common.RESULTS / f"{name}_step_costs.json"
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    table.write_text(json.dumps({"environment": environment(device, dtype)} | result, indent=2))
+    return result | {"table": str(table)}

@@ -89,6 +89,28 @@ def pair_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+def step_costs_markdown(s: dict) -> str:
+    """The step-cost table: one row per model and batch, ms per forward of the draft step and of each verify."""
+    if "rows" not in s:
+        return f"Step costs: {s.get('skipped') or 'error: ' + s['error']}."
+    gammas = sorted({r["gamma"] for r in s["rows"] if r["kind"] == "verify"})
+    table: dict[tuple[str, int], dict] = {}
+    for r in s["rows"]:
+        cell = "draft" if r["kind"] == "draft" else f"verify{r['gamma']}"
+        table.setdefault((r["model"], r["batch"]), {"model": r["model"], "batch": r["batch"]})[cell] = r.get("ms", "–")
+    size = ("the published shapes" if s["scale"] == "full"
+            else "small shapes (the code path only: these times say nothing about the real models)")
+    skipped = [f"{r['model']} {r['kind']}{'' if r['gamma'] is None else ' γ=' + str(r['gamma'])} at batch "
+               f"{r['batch']}: {r['skipped']}" for r in s["rows"] if "skipped" in r]
+    skipped += [f"{model}: {reason}" for model, reason in s["skipped_models"].items()]
+    text = (f"Step costs (ms per forward, random-initialised Qwen2.5 at {size}, {s['dtype']}, {s['context']} "
+            f"tokens of context per row, median of {s['repeats']} after {s['warmup']} by {s['timer']}; "
+            f"`{s.get('table', 'not written')}`):\n\n"
+            + markdown_table(list(table.values()), [("model", "model"), ("batch", "batch"), ("draft", "draft step"),
+                                                    *((f"verify{g}", f"verify γ={g}") for g in gammas)]))
+    return text + ("\n\n" + "; ".join(skipped) + "." if skipped else "")
+
+
 def markdown(payload: dict) -> str:
     env = payload["environment"]
     lines = [f"GPU check on {env['device']} ({payload['args']['profile']} sizes, {payload['args']['max_new_tokens']} "
@@ -98,4 +120,6 @@ def markdown(payload: dict) -> str:
     if payload.get("fallback"):
         lines.append(f"\n{payload['fallback']}")
     lines += ["\n" + pair_markdown(r) for r in payload["pairs"]]
+    if "step_costs" in payload:
+        lines.append("\n" + step_costs_markdown(payload["step_costs"]))
     return "\n".join(lines)

@@ -69,9 +69,11 @@ def check_pair(name: str, spec: str, args: argparse.Namespace, deadline: Deadlin
 
 
 def errors(payload: dict) -> list[str]:
-    """Every pair that failed to load, every part that raised and every guarantee a part found broken: what makes
-    the check exit non-zero."""
+    """Every pair that failed to load, every part that raised (the step costs too) and every guarantee a part found
+    broken: what makes the check exit non-zero."""
     loads = [f"{r['pair']}: {r['error']}" for r in payload["pairs"] if "error" in r]
+    if "error" in payload.get("step_costs", {}):
+        loads.append(f"step costs: {payload['step_costs']['error']}")
     parts = [(r["pair"], part, r.get(part, {})) for r in payload["pairs"] for part, _, _ in PARTS]
     return loads + [f"{pair} {part}: {why}" for pair, part, result in parts
                     for why in ([result["error"]] if "error" in result else result.get("failed", []))]

@@ -29,6 +29,9 @@ Python API::
     project(workload, gpu, batches) -> list[ProjectionRow]           # one row per mode x batch
     roofline_table(workload, bandwidth_bytes_s, batches, usd_per_hour=None, flops_s=None) -> list[RooflineRow]
     calibrate(measured_steps, workload, catalog) -> list[CalibrationRow]   # measured / projected
+    load_step_costs(path) -> StepCosts                   # ms per forward the GPU check timed (its step-cost table)
+    StepCosts.seconds(model, kind, tokens, batch)        # a measured forward, in place of the roofline's
+    replay(records, target, draft, device, steps=None)   # a run's forwards priced (``study.cost.replay``)
 """
 
 from study.cost.calibration import CalibrationRow, MeasuredStep, calibrate
@@ -52,6 +55,7 @@ from study.cost.roofline import (
     forward_seconds,
     prefill_seconds,
 )
+from study.cost.step_costs import StepCosts, load_step_costs
 from study.cost.units import DTYPE_BYTES, GB, MB, TB, TERA
 from study.cost.workload import STUDY_WORKLOAD, TaggingTime, TagTokens, Workload
 from vocab.modes import MODES, Mode
@@ -75,6 +79,7 @@ __all__ = [
     "Peaks",
     "ProjectionRow",
     "RooflineRow",
+    "StepCosts",
     "TagTokens",
     "TaggingTime",
     "UnknownGPUError",
@@ -90,6 +95,7 @@ __all__ = [
     "forward_seconds",
     "get_gpu",
     "load_catalog",
+    "load_step_costs",
     "prefill_seconds",
     "project",
     "roofline_table",

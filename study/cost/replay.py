@@ -7,6 +7,10 @@ position of a target decode forward, a verify; at one per row otherwise) and its
 split among the phases by the ledger's own rule: in proportion to the tokens each had in it. So a projected
 row of the cost report means what a measured one does: device seconds charged to a phase. Pure
 arithmetic: a projection, not a timing.
+
+With ``steps`` (``step_costs.load_step_costs``: forwards the GPU check timed) a decode forward the table covers
+is priced from it instead: a target's as a verify of its width, a draft's one-token step as a draft step; a
+prefill, and what the table lacks, stays on the roofline. ``ReplayTime.source`` says which priced it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from sidecar.runtime.ledger import ForwardRecord
 from study.cost.facts import ModelFacts
 from study.cost.roofline import Device, forward_seconds
+from study.cost.step_costs import StepCosts
 
 
 @dataclass(frozen=True)
@@ -28,10 +33,22 @@ class ReplayTime:
     decode_s: float
     by_phase: dict[str, float] = field(default_factory=dict)
     forwards: dict[str, int] = field(default_factory=dict)
+    # "roofline", or where the step costs that priced ``measured_forwards`` of them were measured
+    source: str = "roofline"
+    measured_forwards: int = 0
 
     @property
     def seconds(self) -> float:
         return self.prefill_s + self.decode_s
+
+
+def measured_key(record: ForwardRecord, steps: StepCosts) -> tuple[str, str, int] | None:
+    """The (model, kind, tokens per row) of ``steps`` that prices a recorded forward, or None (the roofline)."""
+    width = max(round(record.padded_tokens / max(record.rows, 1)), 1)
+    if record.kind != "decode":
+        return None
+    key = (steps.target, "verify", width) if record.model == "target" else (steps.draft, "draft", width)
+    return key if steps.covers(*key) else None
 
 
 def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, device: Device) -> float:
@@ -43,16 +60,25 @@ def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, d
     return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
 
 
-def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFacts, device: Device) -> ReplayTime:
-    """Price every forward of ``records`` on ``device`` and charge it to the phases by their tokens."""
+def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFacts, device: Device,
+           steps: StepCosts | None = None) -> ReplayTime:
+    """Price every forward of ``records`` on ``device`` (from ``steps`` where they cover it) and charge it to the
+    phases by their tokens."""
     seconds = {"prefill": 0.0, "decode": 0.0}
     by_phase: dict[str, float] = {}
     forwards = {"target": 0, "draft": 0}
+    measured = 0
     for record in records:
-        time = forward_time(record, target, draft, device)
+        key = None if steps is None else measured_key(record, steps)
+        if key is None:
+            time = forward_time(record, target, draft, device)
+        else:
+            time = steps.seconds(*key, max(record.rows, 1))
+            measured += 1
         seconds[record.kind] += time
         forwards[record.model] += 1
         tokens = sum(record.tokens.values())
         for phase, count in record.tokens.items():
             by_phase[phase] = by_phase.get(phase, 0.0) + (time * count / tokens if tokens else 0.0)
-    return ReplayTime(seconds["prefill"], seconds["decode"], by_phase, forwards)
+    source = "roofline" if steps is None else f"{steps.source} for decode forwards, roofline for the rest"
+    return ReplayTime(seconds["prefill"], seconds["decode"], by_phase, forwards, source, measured)

@@ -1,0 +1,89 @@
+"""Measured step costs: ms per forward the GPU check timed (``bench/gpu_check/step_costs.py``), to price a
+replayed decode forward in place of the roofline's projection.
+
+The table (``bench/results/gpu_check_step_costs.json``) has one row per model (``7b``, ``1.5b``), kind (``draft``:
+one token per row; ``verify``: gamma + 1 tokens per row, logits at each), batch and ``ms``, all at one context
+length per row, with the environment it was measured in. ``StepCosts.seconds`` answers for a measured
+(model, kind, tokens per row) at any batch:
+
+- a measured batch: its time;
+- between two measured batches: linear interpolation between them;
+- below the smallest: the smallest's time (a smaller batch is not slower);
+- above the largest: the largest's time scaled by the batch (a forward's time grows at most linearly with it).
+
+Every row is priced at the table's context length whatever its own: this is a calibration, not a model of
+context. A (model, kind, tokens) the table lacks raises :class:`CostInputError`; ``covers`` says which it has.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.cost.errors import CostInputError
+
+KINDS = ("draft", "verify")
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured ms per forward by (model, kind, tokens per row): ascending (batch, ms) points; ``source`` says
+    where they were measured, ``device`` on what (the name torch reports, which ``find_gpu`` matches).
+    ``target`` and ``draft`` name the table's models that play those roles."""
+
+    points: dict[tuple[str, str, int], list[tuple[int, float]]]
+    source: str
+    device: str = ""
+    target: str = "7b"
+    draft: str = "1.5b"
+
+    def covers(self, model: str, kind: str, tokens: int) -> bool:
+        return (model, kind, tokens) in self.points
+
+    def seconds(self, model: str, kind: str, tokens: int, batch: int) -> float:
+        """Seconds of one forward of ``tokens`` tokens per row at ``batch`` rows (see the module for between
+        and beyond the measured batches)."""
+        if batch < 1:
+            raise CostInputError(f"a forward needs a batch of at least 1, got {batch}")
+        points = self.points.get((model, kind, tokens))
+        if points is None:
+            raise CostInputError(f"the step costs ({self.source}) have no {model} {kind} of {tokens} tokens per row")
+        batches = [b for b, _ in points]
+        i = bisect.bisect_left(batches, batch)
+        if i < len(points) and batches[i] == batch:
+            ms = points[i][1]
+        elif i == 0:
+            ms = points[0][1]
+        elif i == len(points):
+            ms = points[-1][1] * batch / batches[-1]
+        else:
+            (b0, ms0), (b1, ms1) = points[i - 1], points[i]
+            ms = ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+        return ms / 1000
+
+
+def load_step_costs(path: str | Path, target: str = "7b", draft: str = "1.5b") -> StepCosts:
+    """The step-cost table the GPU check wrote at ``path``; rows it skipped are left out."""
+    try:
+        table = json.loads(Path(path).read_text())
+        env, rows = table["environment"], table["rows"]
+        points: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
+        for row in rows:
+            if "ms" not in row:
+                continue
+            if row["kind"] not in KINDS or row["ms"] <= 0 or row["batch"] < 1 or row["tokens"] < 1:
+                raise CostInputError(f"{path}: a row the step costs cannot use: {row}")
+            points.setdefault((row["model"], row["kind"], int(row["tokens"])), []).append((int(row["batch"]),
+                                                                                        float(row["ms"])))
+        source = (f"measured on {env['device']} ({table['dtype']}, {table['context']} tokens of context"
+                  f"{'' if table.get('scale', 'full') == 'full' else ', small shapes: not the real models'})")
+    except CostInputError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CostInputError(f"{path}: not a step-cost table the GPU check wrote ({type(exc).__name__}: {exc})"
+                             ) from exc
+    if not points:
+        raise CostInputError(f"{path}: the step-cost table has no measured row")
+    return StepCosts({key: sorted(p) for key, p in points.items()}, source, env["device"], target, draft)
