@@ -21,6 +21,7 @@ import openai
 import pytest
 import torch
 import uvicorn
+from decoding import target_alone, target_alone_scored
 from serving import serving
 from typer.testing import CliRunner
 
@@ -30,7 +31,7 @@ from server.config import API_KEY_ENV, ServerConfig
 from server.launcher import running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
-from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 from sidecar.decoding.acceptance import warp
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
@@ -85,15 +86,22 @@ def post(base_url: str, body: bytes | dict, key: str | None = KEY, **kwargs: obj
     return httpx.post(base_url + "/chat/completions", content=content, headers=headers, timeout=60, **kwargs)
 
 
-def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
-    """(text, finish_reason) of the target decoding the chat prompt alone, as the server should answer."""
+def chat_prompt_ids(tiny, prompt: str) -> list[int]:
     tok = tiny.tokenizer
     rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                        tokenize=False)
-    out = SpeculativeDecoder(tiny).generate([tok.encode(rendered, add_special_tokens=False)], max_tokens,
-                                            stop=stop)[0]
-    text, stopped = full_text(tok, out.token_ids, stop or ())
-    return text, "stop" if stopped or out.finish_reason == "eos" else "length"
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
+    """(text, finish_reason) the server owes: the target's greedy answer to the chat prompt by HF ``generate``
+    (not by the engine under test), cut before the first stop string it contains."""
+    tokens = target_alone(tiny, chat_prompt_ids(tiny, prompt), max_tokens)
+    text = tiny.tokenizer.decode(tokens, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop or () if s in text]
+    if cuts:
+        return text[: min(cuts)], "stop"
+    return text, "stop" if tokens and tokens[-1] in tiny.eos_token_ids else "length"
 
 
 def stats(base_url: str, key: str | None = KEY) -> dict:
@@ -196,24 +204,20 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
 
 
-def chat_prompt_ids(tiny, prompt: str) -> list[int]:
-    tok = tiny.tokenizer
-    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                       tokenize=False)
-    return tok.encode(rendered, add_special_tokens=False)
-
-
 def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
     response = ask(client, PROMPTS[0], max_tokens=20, logprobs=True, top_logprobs=3)
     content = response.choices[0].logprobs.content
     assert len(content) == response.usage.completion_tokens
-    local = SpeculativeDecoder(tiny).generate([chat_prompt_ids(tiny, PROMPTS[0])], 20, top_logprobs=3)[0]
-    assert [e.token for e in content] == [tiny.tokenizer.decode([t]) for t in local.token_ids]
-    assert [e.logprob for e in content] == pytest.approx([e.logprob for e in local.logprobs], abs=1e-4)
-    for entry in content:
+    # the tokens HF ``generate`` chooses, each scored by the log softmax of the target's logits there
+    tokens, log_softmax = target_alone_scored(tiny, chat_prompt_ids(tiny, PROMPTS[0]), 20)
+    assert [e.token for e in content] == [tiny.tokenizer.decode([t]) for t in tokens]
+    chosen = log_softmax[torch.arange(len(tokens)), tokens].tolist()
+    assert [e.logprob for e in content] == pytest.approx(chosen, abs=1e-4)
+    for entry, row in zip(content, log_softmax, strict=True):
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token  # greedy: the argmax
-        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs),
-                                                                 reverse=True)
+        top = row.topk(3)
+        assert [t.token for t in entry.top_logprobs] == [tiny.tokenizer.decode([i]) for i in top.indices.tolist()]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
     # the bytes spell the text exactly, whatever the tokens' own strings show of a split character
     special = {tiny.tokenizer.decode([t]) for t in tiny.eos_token_ids}
     spelled = b"".join(bytes(e.bytes) for e in content if e.token not in special)
