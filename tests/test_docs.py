@@ -3,6 +3,7 @@ and `sidecar` commands that README.md and docs/*.md cite."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def missing_references(doc: Path, tests: dict[str, set[str]], targets: set[str])
             missing += [f"{where}: {path}" for path in REPO_PATH.findall(code)
                         if path not in WRITTEN and not (REPO / path).exists()]
             missing += [f"{where}: python -m {module}" for module in MODULE.findall(code)
-                        if not is_repo_module(module)]
+                        if not is_module(module)]
     return missing
 
 
@@ -62,9 +63,12 @@ def shown(doc: Path) -> str:
     return str(doc.relative_to(REPO)) if doc.is_relative_to(REPO) else doc.name
 
 
-def is_repo_module(module: str) -> bool:
+def is_module(module: str) -> bool:
+    """A module of this repository's tree, or an installed one (``python -m pytest``)."""
     path = REPO / module.replace(".", "/")
-    return path.with_suffix(".py").exists() or (path / "__main__.py").exists()
+    if (REPO / module.split(".")[0]).is_dir():
+        return path.with_suffix(".py").exists() or (path / "__main__.py").exists()
+    return importlib.util.find_spec(module) is not None
 
 
 def missing_commands(doc: Path, commands: dict[str, set[str] | None]) -> list[str]:
@@ -99,10 +103,11 @@ def test_every_sidecar_command_the_docs_name_exists() -> None:
 def test_the_references_of_a_planted_doc_that_do_not_exist_are_named(tmp_path: Path) -> None:
     doc = tmp_path / "planted.md"
     doc.write_text("Run `python -m bench.no_such_module`, read `sidecar/no_such_file.py`, `tests/test_docs.py`, "
-                   "`python -m bench.gpu_check`;\n`sidecar no-such-command`, `sidecar models fetch`, "
-                   "`sidecar models nope`.\n")
+                   "`python -m bench.gpu_check`, `python -m pytest`, `python -m no_such_package`;\n"
+                   "`sidecar no-such-command`, `sidecar models fetch`, `sidecar models nope`.\n")
     assert sorted(missing_references(doc, defined_tests(), set())) == [
-        "planted.md:1: python -m bench.no_such_module", "planted.md:1: sidecar/no_such_file.py"]
+        "planted.md:1: python -m bench.no_such_module", "planted.md:1: python -m no_such_package",
+        "planted.md:1: sidecar/no_such_file.py"]
     assert missing_commands(doc, {"models": {"fetch"}}) == [
         "planted.md:2: sidecar no-such-command", "planted.md:2: sidecar models nope"]
 
