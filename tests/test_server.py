@@ -190,7 +190,7 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", "Be brief.", tasks))[0].token_ids
     expected = tiny.tokenizer.decode(target_alone(tiny, prompt, 24), skip_special_tokens=True)
     assert response.choices[0].message.content == expected
-    # The sidecar text is not compared with the local run: it depends on how many main tokens the draft
+    # The sidecar text is not compared with a reference: it depends on how many main tokens the draft
     # had cached when the main output finished, i.e. on the speculation schedule (see the engine notes).
     for task in tasks:
         got = body["sidecars"][task.name]
