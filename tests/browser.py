@@ -10,6 +10,7 @@ repository root).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -36,10 +37,12 @@ def artifacts_dir() -> Path:
 @contextlib.contextmanager
 def headless_chromium(width: int, height: int) -> Iterator[Any]:
     """A Selenium driver of a fresh headless Chromium profile with a ``width`` x ``height`` window; the test is
-    skipped, saying why, where Chromium, its driver or Selenium is missing."""
+    skipped, saying why, where Chromium or its driver is missing; Selenium is in the dev extras, so `make test`
+    has it and its absence is a failure."""
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no chromium and chromedriver on PATH: `make browser` installs Debian's (as root, with apt-get)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[dev]'")
+    assert importlib.util.find_spec("selenium") is not None, "selenium is not installed: pip install -e '.[dev]'"
+    from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:

@@ -1,4 +1,5 @@
-"""Helpers the decoding tests share: random prompts for the tiny pair and the target's own greedy output."""
+"""Helpers the decoding tests share: random prompts for the tiny pair, the target's own greedy output by HF
+``generate`` (the reference the engine must equal), and the check that an output came from speculation."""
 
 from __future__ import annotations
 
@@ -13,13 +14,31 @@ def random_prompts(pair, lengths, seed=0):
 
 def target_alone(pair, prompt, max_new_tokens):
     """The target's greedy continuation by HF ``generate``, ending at its first end-of-turn token."""
+    return target_alone_scored(pair, prompt, max_new_tokens)[0]
+
+
+def target_alone_scored(pair, prompt, max_new_tokens) -> tuple[list[int], torch.Tensor]:
+    """(the target's greedy continuation by HF ``generate``, ending at its first end-of-turn token; the log
+    softmax of the target's logits at each of its tokens, [tokens, vocab], from ``generate``'s own forwards)."""
     out = pair.target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                               eos_token_id=pair.eos_token_ids, pad_token_id=0)
-    tokens = out[0, len(prompt):].tolist()
-    for k, token in enumerate(tokens):
-        if token in pair.eos_token_ids:
-            return tokens[: k + 1]
-    return tokens
+                               eos_token_id=pair.eos_token_ids, pad_token_id=0, return_dict_in_generate=True,
+                               output_logits=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    ends = [k for k, token in enumerate(tokens) if token in pair.eos_token_ids]
+    tokens = tokens[: ends[0] + 1] if ends else tokens
+    return tokens, torch.log_softmax(torch.cat(out.logits[: len(tokens)]).float(), -1)
+
+
+def assert_speculated(outputs) -> None:
+    """The outputs came from speculation, not plain decoding: tokens were drafted, some were accepted, and the
+    rows got more than one token per target forward (the prefill counts as one). An identity test whose
+    decoder never drafts would pass on a decoder whose speculation is broken."""
+    stats = [o.stats for o in outputs]
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    tokens, forwards = sum(s.new_tokens for s in stats), sum(s.target_forwards for s in stats)
+    assert drafted > 0, "nothing was drafted: the rows were decoded plainly"
+    assert accepted > 0, f"none of {drafted} drafted tokens was accepted"
+    assert tokens > forwards, f"{tokens} tokens in {forwards} target forwards: speculation gained nothing"
 
 
 def second_token_distances(outputs, exact: torch.Tensor) -> tuple[float, float]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from decoding import random_prompts, second_token_distances, target_alone
+from decoding import assert_speculated, random_prompts, second_token_distances, target_alone
 
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT, draw_key, uniforms
@@ -74,6 +74,7 @@ def test_rows_arriving_at_random_decode_as_alone(eos_pair, adaptive, prefill_for
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive)
     outputs, _, joined = arrive_at_random(decoder, rows, max_batch=5, seed=3)
     assert joined > 3, "rows should join a running batch"
+    assert_speculated(outputs)
     for row, ref, out in zip(rows, references, outputs, strict=True):
         assert out.token_ids == ref.token_ids
         assert out.finish_reason == ref.finish_reason
@@ -89,6 +90,8 @@ def test_static_and_continuous_schedules_give_the_same_tokens(tiny):
     outs = {schedule: SpeculativeDecoder(tiny, gamma=3, adaptive=False).generate(
         prompts, limits, batch_size=4, schedule=schedule) for schedule in ("static", "continuous")}
     assert [o.token_ids for o in outs["static"]] == [o.token_ids for o in outs["continuous"]]
+    assert_speculated(outs["static"])
+    assert_speculated(outs["continuous"])
 
 
 def test_a_continuous_batch_keeps_every_slot_busy_until_the_drain(tiny):
@@ -121,12 +124,14 @@ def test_the_stream_reads_rows_only_when_a_slot_is_free(tiny):
             yield DecodeRow(p, 4 + 3 * (i % 3))
 
     decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=False)
-    finished = []
+    finished, outputs = [], []
     for index, output in decoder.stream(rows(), max_batch=3):
         finished.append(index)
+        outputs.append(output)
         assert len(read) - len(finished) <= 3  # no more rows in memory than slots
         assert output.token_ids == target_alone(tiny, prompts[index], 4 + 3 * (index % 3))
     assert sorted(finished) == list(range(10))
+    assert_speculated(outputs)
 
 
 def test_a_short_request_sent_while_long_ones_run_finishes_first(tiny):

@@ -21,6 +21,7 @@ import openai
 import pytest
 import torch
 import uvicorn
+from decoding import target_alone, target_alone_scored
 from serving import serving
 from typer.testing import CliRunner
 
@@ -30,7 +31,7 @@ from server.config import API_KEY_ENV, ServerConfig
 from server.launcher import running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
-from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, SpeculativeDecoder
+from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 from sidecar.decoding.acceptance import warp
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
@@ -85,15 +86,22 @@ def post(base_url: str, body: bytes | dict, key: str | None = KEY, **kwargs: obj
     return httpx.post(base_url + "/chat/completions", content=content, headers=headers, timeout=60, **kwargs)
 
 
-def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
-    """(text, finish_reason) of the target decoding the chat prompt alone, as the server should answer."""
+def chat_prompt_ids(tiny, prompt: str) -> list[int]:
     tok = tiny.tokenizer
     rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                        tokenize=False)
-    out = SpeculativeDecoder(tiny).generate([tok.encode(rendered, add_special_tokens=False)], max_tokens,
-                                            stop=stop)[0]
-    text, stopped = full_text(tok, out.token_ids, stop or ())
-    return text, "stop" if stopped or out.finish_reason == "eos" else "length"
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+def expected_greedy(tiny, prompt: str, max_tokens: int, stop: list[str] | None = None) -> tuple[str, str]:
+    """(text, finish_reason) the server owes: the target's greedy answer to the chat prompt by HF ``generate``
+    (not by the engine under test), cut before the first stop string it contains."""
+    tokens = target_alone(tiny, chat_prompt_ids(tiny, prompt), max_tokens)
+    text = tiny.tokenizer.decode(tokens, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop or () if s in text]
+    if cuts:
+        return text[: min(cuts)], "stop"
+    return text, "stop" if tokens and tokens[-1] in tiny.eos_token_ids else "length"
 
 
 def stats(base_url: str, key: str | None = KEY) -> dict:
@@ -175,13 +183,14 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     body = response.to_dict()
     assert set(body["sidecars"]) == {"hashtags", "title"}
     assert response.model_extra["sidecars"] == body["sidecars"]
-    engine = SidecarEngine(tiny)
     tasks = [HASHTAGS.model_copy(update={"max_new_tokens": 8, "attend_document": True}),
              HASHTAGS.model_copy(update={"name": "title", "instruction": "Then write a title.", "max_new_tokens": 6,
                                          "parser": "text"})]
-    local = engine.run([SidecarRequest(document, "", "Be brief.", tasks)], max_new_tokens=24)[0]
-    assert response.choices[0].message.content == full_text(tiny.tokenizer, local.main.token_ids, ())[0]
-    # The sidecar text is not compared with the local run: it depends on how many main tokens the draft
+    # the main text is the target's greedy answer by HF generate, sidecars or not; the engine only builds the prompt
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", "Be brief.", tasks))[0].token_ids
+    expected = tiny.tokenizer.decode(target_alone(tiny, prompt, 24), skip_special_tokens=True)
+    assert response.choices[0].message.content == expected
+    # The sidecar text is not compared with a reference: it depends on how many main tokens the draft
     # had cached when the main output finished, i.e. on the speculation schedule (see the engine notes).
     for task in tasks:
         got = body["sidecars"][task.name]
@@ -196,24 +205,20 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
 
 
-def chat_prompt_ids(tiny, prompt: str) -> list[int]:
-    tok = tiny.tokenizer
-    rendered = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                       tokenize=False)
-    return tok.encode(rendered, add_special_tokens=False)
-
-
 def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
     response = ask(client, PROMPTS[0], max_tokens=20, logprobs=True, top_logprobs=3)
     content = response.choices[0].logprobs.content
     assert len(content) == response.usage.completion_tokens
-    local = SpeculativeDecoder(tiny).generate([chat_prompt_ids(tiny, PROMPTS[0])], 20, top_logprobs=3)[0]
-    assert [e.token for e in content] == [tiny.tokenizer.decode([t]) for t in local.token_ids]
-    assert [e.logprob for e in content] == pytest.approx([e.logprob for e in local.logprobs], abs=1e-4)
-    for entry in content:
+    # the tokens HF ``generate`` chooses, each scored by the log softmax of the target's logits there
+    tokens, log_softmax = target_alone_scored(tiny, chat_prompt_ids(tiny, PROMPTS[0]), 20)
+    assert [e.token for e in content] == [tiny.tokenizer.decode([t]) for t in tokens]
+    chosen = log_softmax[torch.arange(len(tokens)), tokens].tolist()
+    assert [e.logprob for e in content] == pytest.approx(chosen, abs=1e-4)
+    for entry, row in zip(content, log_softmax, strict=True):
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token  # greedy: the argmax
-        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs),
-                                                                 reverse=True)
+        top = row.topk(3)
+        assert [t.token for t in entry.top_logprobs] == [tiny.tokenizer.decode([i]) for i in top.indices.tolist()]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
     # the bytes spell the text exactly, whatever the tokens' own strings show of a split character
     special = {tiny.tokenizer.decode([t]) for t in tiny.eos_token_ids}
     spelled = b"".join(bytes(e.bytes) for e in content if e.token not in special)

@@ -21,6 +21,7 @@ from unittest import mock
 
 import pytest
 import torch
+from decoding import assert_speculated
 
 from sidecar.decoding import batch
 from sidecar.decoding.batch import stream_through
@@ -121,6 +122,8 @@ def test_a_decode_syncs_at_most_once_per_forward(tiny, mode: str, batch: int) ->
         assert sum(o.stats.lookup_drafted for o in outputs) > 0
     elif not decoder.adaptive:
         assert forwards.prefills == 2 and forwards.decode["draft"] > 0
+    else:
+        assert_speculated(outputs)  # the adaptive controller's steps, not plain decoding alone
     assert forwards.first_token_reads == 1  # one group: the whole batch joins at once
     assert_within_budget(syncs, forwards, logprobs="top_logprobs" in config.get("generate", {}))
 
