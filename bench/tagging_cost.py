@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
         f"their catalog peaks, at this run's batch; ms per tag token.\n\n{projected}")
-    write_results(result_name(name, pair.device, args.pair, args.profile), payload, markdown)
+    write_results(result_name(name, pair.device, args.pair, args.profile, pair.dtype), payload, markdown)
     return payload
 
 
