@@ -98,6 +98,22 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
     }
 
 
+def pin_pair_dtype(pair: str) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype ``load_pair(pair)`` chooses here (``SIDECAR_DTYPE``, else timed), pinned in
+    ``SIDECAR_DTYPE`` for this process and those it starts (flow runs, shards, servers): a benchmark whose
+    loads happen out of its sight then runs in the dtype its result records and is named by, even where the
+    timing is close enough to go either way from one load to the next."""
+    from sidecar.models.dtype_choice import choose_dtype
+    from sidecar.models.loading import default_device, target_shape
+    from sidecar.models.pair import dtype_name
+    from sidecar.settings import pin_dtype
+
+    device = default_device(None)
+    dtype = choose_dtype(device, None, *target_shape(pair)).dtype
+    pin_dtype(dtype_name(dtype))
+    return device, dtype
+
+
 def refuse_a_dirty_tree(allow_dirty: bool) -> None:
     """A result counts only from a clean, committed tree: exit 2 with a one-line ``error:`` when the checkout
     differs from its commit (or is no git checkout), unless ``allow_dirty``; then say so, as the result will."""

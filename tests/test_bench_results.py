@@ -220,3 +220,24 @@ def test_every_cpu_table_a_bf16_run_fills_has_its_markers() -> None:
     for key in ("engine_bf16", "engine_bf16_full", "continuous_bf16", "sidecar_bf16", "sidecar_bf16_full",
                 "tagging_cost_bf16"):
         assert f"<!-- bench:{key} -->\nnot yet measured in bf16\n<!-- /bench:{key} -->" in text, key
+
+
+def test_the_dtype_a_benchmark_records_is_pinned_for_the_loads_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch
+
+    from sidecar import load_pair
+    from sidecar.models import dtype_choice
+
+    def timed(faster: torch.dtype):  # the CPU's two matmuls, timed close enough to go either way
+        return lambda dtype, *shape, **kwargs: 1.0 if dtype == faster else 1.01
+
+    monkeypatch.setenv("SIDECAR_DTYPE", "auto")
+    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.bfloat16))
+    device, dtype = common.pin_pair_dtype("tiny")
+    assert (device.type, dtype, os.environ["SIDECAR_DTYPE"]) == ("cpu", torch.bfloat16, "bf16")
+    # a flow run, shard or server loading the pair later, where the timing has turned, loads what was recorded
+    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.float32))
+    assert load_pair("tiny").dtype == torch.bfloat16
+    assert common.variant_suffix(device.type, dtype, "quick") == "_bf16_quick"
