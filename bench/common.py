@@ -98,6 +98,22 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
     }
 
 
+def pin_pair_dtype(pair: str) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype ``load_pair(pair)`` chooses here (``SIDECAR_DTYPE``, else timed), pinned in
+    ``SIDECAR_DTYPE`` for this process and those it starts (flow runs, shards, servers): a benchmark whose
+    loads happen out of its sight then runs in the dtype its result records and is named by, even where the
+    timing is close enough to go either way from one load to the next."""
+    from sidecar.models.dtype_choice import choose_dtype
+    from sidecar.models.loading import default_device, target_shape
+    from sidecar.models.pair import dtype_name
+    from sidecar.settings import pin_dtype
+
+    device = default_device(None)
+    dtype = choose_dtype(device, None, *target_shape(pair)).dtype
+    pin_dtype(dtype_name(dtype))
+    return device, dtype
+
+
 def refuse_a_dirty_tree(allow_dirty: bool) -> None:
     """A result counts only from a clean, committed tree: exit 2 with a one-line ``error:`` when the checkout
     differs from its commit (or is no git checkout), unless ``allow_dirty``; then say so, as the result will."""
@@ -146,10 +162,14 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+# the file a benchmark run by bench/run_all.py lists the names of the results it wrote in, one a line
+WRITTEN_ENV = "SIDECAR_BENCH_WRITTEN"
+
+
 def write_results(name: str, payload: dict, markdown: str) -> Path:
     """Write NAME.json and NAME.md under bench/results/ and print the markdown. The payload brings its
     ``environment`` (:func:`environment`: commit, date, machine, torch and dtype), and the markdown gets its
-    provenance line."""
+    provenance line. NAME is also added to the file ``SIDECAR_BENCH_WRITTEN`` names, where set."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     missing = {"commit", "dirty", "date", "cpu", "cpus", "torch", "dtype"} - set(payload.get("environment", {}))
     if missing:
@@ -158,6 +178,9 @@ def write_results(name: str, payload: dict, markdown: str) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     (RESULTS / f"{name}.md").write_text(markdown + "\n")
+    if os.environ.get(WRITTEN_ENV):  # run_all learns the names its child chose (they carry the dtype)
+        with open(os.environ[WRITTEN_ENV], "a") as written:
+            written.write(name + "\n")
     print(markdown)
     print(f"wrote {path}")
     return path
@@ -219,10 +242,32 @@ def profile_suffix(profile: str) -> str:
     return "" if profile == "standard" else f"_{profile}"
 
 
-def result_name(benchmark: str, device: torch.device, pair: str, profile: str) -> str:
-    """engine_cpu, engine_gpu_quick, sidecar_cpu_full, sidecar_cpu_tiny ...: runs on other pairs or at other
-    sizes never overwrite the standard ones."""
-    name = f"{benchmark}_{'gpu' if device.type == 'cuda' else 'cpu'}"
+# the dtype each device's results were first measured in: their names stay unmarked
+REFERENCE_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def dtype_suffix(device_type: str, dtype: torch.dtype | str | None) -> str:
+    """How result names of a dtype are marked: nothing for the device's reference dtype (fp32 on a CPU, bf16
+    on CUDA) or where no model ran (None), ``_bf16`` / ``_fp32`` / ``_fp16`` otherwise."""
+    if dtype is None:
+        return ""
+    name = str(dtype).replace("torch.", "")
+    return "" if name == REFERENCE_DTYPES[device_type] else "_" + SHORT_DTYPES.get(name, name)
+
+
+def variant_suffix(device_type: str, dtype: torch.dtype | str | None, profile: str) -> str:
+    """What follows a result's base name, and a docs/benchmarks.md key: its dtype (:func:`dtype_suffix`), then
+    its size (:func:`profile_suffix`). The one naming rule of results and tables: a bf16 run never overwrites
+    an fp32 one, a quick run never a standard one."""
+    return dtype_suffix(device_type, dtype) + profile_suffix(profile)
+
+
+def result_name(benchmark: str, device: torch.device, pair: str, profile: str, dtype: torch.dtype | None) -> str:
+    """engine_cpu, engine_cpu_bf16_quick, engine_gpu_quick, sidecar_cpu_full, sidecar_cpu_tiny ...: runs on
+    other pairs, in other dtypes or at other sizes never overwrite the standard fp32 (CPU) ones."""
+    device_type = "cuda" if device.type == "cuda" else "cpu"
+    name = f"{benchmark}_{'gpu' if device_type == 'cuda' else 'cpu'}"
     if pair != "qwen-coder-small":
         name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", pair).strip("-")[:40]
-    return name + profile_suffix(profile)
+    return name + variant_suffix(device_type, dtype, profile)

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"recorded them: model, rows, tokens, context) replayed through the roofline of `study.cost` "
         f"(`study/cost/replay.py`) with the source study's Qwen2.5-7B target and 1.5B draft in bf16 at their "
         f"catalog peaks; summary tokens per second.\n\n{projected}")
-    write_results(result_name("continuous", pair.device, args.pair, args.profile), payload, markdown)
+    write_results(result_name("continuous", pair.device, args.pair, args.profile, pair.dtype), payload, markdown)
     return payload
 
 

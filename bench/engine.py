@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"Peak RSS {memory['peak_rss_gb']:.1f} GB; KV per row "
                 f"{memory['target_kv_bytes'] / 1e6:.1f} MB target + "
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
-    name = result_name("engine", pair.device, args.pair, args.profile)
+    name = result_name("engine", pair.device, args.pair, args.profile, pair.dtype)
     write_results(name + ("_lookup_ablation" if args.lookup_ablation else ""), payload, markdown)
 
 

@@ -43,7 +43,6 @@ BENCH_HOME = throwaway_prefect_home("sidecar-bench-prefect-")
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
 from prefect import flow  # noqa: E402
 
 from bench.common import (  # noqa: E402
@@ -53,7 +52,8 @@ from bench.common import (  # noqa: E402
     markdown_table,
     news_documents,
     parse_bench_args,
-    profile_suffix,
+    pin_pair_dtype,
+    variant_suffix,
     write_results,
 )
 from flows.embedded import embedded_prefect  # noqa: E402
@@ -122,6 +122,8 @@ def main() -> None:
     args = parse_bench_args(parser)
     apply_profile(args, SIZES)
 
+    # the flow runs and the plain loops all load the pair in the one dtype the result records
+    device, dtype = pin_pair_dtype("tiny")
     work = BENCH_HOME / "work"
     work.mkdir()
     texts = news_documents(args.documents, args.chars)
@@ -152,7 +154,7 @@ def main() -> None:
     overhead = (flow_s - plain_s) / plain_s
     fastest = min(runs, key=lambda r: r["flow_s"])
 
-    env = environment(torch.device("cpu"), torch.float32)
+    env = environment(device, dtype)
     # other processes on the machine slow the model and Prefect's server alike; keep the load next to the numbers
     payload = {"environment": env | {"load_average_1_5_15": os.getloadavg()}, "args": vars(args),
                "goal_pct": 100 * GOAL, "flow_s": flow_s, "plain_s": plain_s, "flow_vs_plain_pct": 100 * overhead,
@@ -187,7 +189,7 @@ def main() -> None:
         f"{first_run['prefect_s'] + first_run['duckdb_s']:.2f} s). At {residual:.2f} s of Prefect + DuckDB per run, "
         f"that part alone stays within the goal for runs whose model time reaches {residual / GOAL:.0f} s.\n\n"
         f"{table}")
-    write_results("orchestration_overhead" + profile_suffix(args.profile), payload, markdown)
+    write_results("orchestration_overhead" + variant_suffix(device.type, dtype, args.profile), payload, markdown)
 
 
 if __name__ == "__main__":

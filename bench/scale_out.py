@@ -52,7 +52,6 @@ BENCH_HOME = throwaway_prefect_home("sidecar-bench-scale-out-")
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
 from prefect import flow, get_client  # noqa: E402
 from prefect.client.schemas.filters import (  # noqa: E402
     ArtifactFilter,
@@ -71,7 +70,8 @@ from bench.common import (  # noqa: E402
     markdown_table,
     news_documents,
     parse_bench_args,
-    profile_suffix,
+    pin_pair_dtype,
+    variant_suffix,
     write_results,
 )
 from flows.embedded import embedded_prefect  # noqa: E402
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
 
+    # every shard loads the pair in the one dtype the result records
+    device, dtype = pin_pair_dtype("tiny")
     work = BENCH_HOME / "work"
     work.mkdir(exist_ok=True)
     corpus = work / "corpus.parquet"
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
     serial = serial or best_one
     speedup = best_one["wall_s"] / best_two["wall_s"]
     cost = overhead(serial)
-    env = environment(torch.device("cpu"), torch.float32)
+    env = environment(device, dtype)
     command = "python -m bench.scale_out" + {"quick": " --quick", "full": " --full"}.get(args.profile, "")
     payload = {
         "environment": env | {"load_average_1_5_15": os.getloadavg()}, "command": command, "args": vars(args),
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
         "overhead": {"goal_pct": 100 * OVERHEAD_GOAL, **cost,
                      "meets_goal": cost["overhead_pct"] <= 100 * OVERHEAD_GOAL, "run": serial},
     }
-    write_results("scale_out" + profile_suffix(args.profile), payload, markdown(payload))
+    write_results("scale_out" + variant_suffix(device.type, dtype, args.profile), payload, markdown(payload))
     return payload
 
 

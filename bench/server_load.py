@@ -420,7 +420,7 @@ def problems(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: bench is not an installed package, and tests load this module by file path
     # for its load client; only running the benchmark (python -m bench.server_load) needs bench importable.
-    from bench.common import add_bench_arguments, apply_profile, parse_bench_args, profile_suffix, write_results
+    from bench.common import add_bench_arguments, apply_profile, parse_bench_args, write_results
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="tiny", help="pair the started server loads")
@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench.server_load", *argv])
     if args.mixed:
         return mixed_main(args, model, api_key, command)
-    report: dict[str, Any] = {"environment": server_environment(args), "config": vars(args), "mix": MIX}
+    env, suffix = server_environment(args)
+    report: dict[str, Any] = {"environment": env, "config": vars(args), "mix": MIX}
 
     if args.base_url:
         report["batched"] = asyncio.run(bench(args.base_url, model, api_key, args))
@@ -471,23 +472,22 @@ def main(argv: list[str] | None = None) -> int:
         report["speedup_ok_per_s"] = batched["ok_per_s"] / max(unbatched["ok_per_s"], 1e-9)
     found = problems(report)
     report["problems"] = found
-    name = "server_load" + profile_suffix(args.profile)
-    write_results(name, report, to_markdown(report, command))
+    write_results("server_load" + suffix, report, to_markdown(report, command))
     for problem in found:
         print(f"FAILED: {problem}", file=sys.stderr)
     return 1 if found else 0
 
 
-def server_environment(args: argparse.Namespace) -> dict[str, Any]:
-    """This machine and checkout, and the device and dtype a server started here loads its pair in; a server
-    given by ``--base-url`` runs elsewhere, in a dtype this process cannot know (None)."""
-    from bench.common import environment
-    from sidecar.models.loading import default_device_dtype
+def server_environment(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """This machine and checkout, and the device and dtype a server started here loads its pair in, pinned
+    for the servers this run starts (``pin_pair_dtype``); a server given by ``--base-url`` runs elsewhere, in a
+    dtype this process cannot know (None). Also the suffix of the result's name (``variant_suffix``)."""
+    from bench.common import environment, pin_pair_dtype, variant_suffix
 
     if args.base_url:
-        return environment()
-    device, dtype = default_device_dtype(None, None)
-    return environment(device, dtype)
+        return environment(), variant_suffix("cpu", None, args.profile)
+    device, dtype = pin_pair_dtype(args.pair)
+    return environment(device, dtype), variant_suffix(device.type, dtype, args.profile)
 
 
 def _commit(checkout: Path) -> str:
@@ -496,10 +496,11 @@ def _commit(checkout: Path) -> str:
 
 
 def mixed_main(args: argparse.Namespace, model: str, api_key: str | None, command: str) -> int:
-    from bench.common import profile_suffix, write_results
+    from bench.common import write_results
 
     config = vars(args) | {"compare_checkout": str(args.compare_checkout) if args.compare_checkout else None}
-    report: dict[str, Any] = {"environment": server_environment(args), "config": config, "runs": {}}
+    env, suffix = server_environment(args)
+    report: dict[str, Any] = {"environment": env, "config": config, "runs": {}}
     if args.base_url:
         report["runs"][f"`{args.base_url}`"] = asyncio.run(bench_mixed(args.base_url, model, api_key, args))
     else:
@@ -515,7 +516,7 @@ def mixed_main(args: argparse.Namespace, model: str, api_key: str | None, comman
                 report["runs"][label] = asyncio.run(bench_mixed(url, model, api_key, args))
     found = mixed_problems(report)
     report["problems"] = found
-    write_results("server_load_mixed" + profile_suffix(args.profile), report, mixed_markdown(report, command))
+    write_results("server_load_mixed" + suffix, report, mixed_markdown(report, command))
     for problem in found:
         print(f"FAILED: {problem}", file=sys.stderr)
     return 1 if found else 0

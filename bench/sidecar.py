@@ -254,7 +254,7 @@ def main() -> None:
         f"- Tagging latency at batch 1: sidecar {latency['sidecar_s']:.2f}s (feeds {latency['sidecar_feed_tokens']} "
         f"tokens) vs standalone {latency['standalone_s']:.2f}s (prefills {latency['standalone_feed_tokens']}).\n\n"
         f"{table}")
-    write_results(result_name("sidecar", pair.device, args.pair, args.profile), payload, markdown)
+    write_results(result_name("sidecar", pair.device, args.pair, args.profile, pair.dtype), payload, markdown)
 
 
 if __name__ == "__main__":

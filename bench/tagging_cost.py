@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
         f"their catalog peaks, at this run's batch; ms per tag token (a row priced by measured step costs, "
         f"`--step-costs`, takes its decode forwards from them).\n\n{projected}")
-    write_results(result_name(name, pair.device, args.pair, args.profile), payload, markdown)
+    write_results(result_name(name, pair.device, args.pair, args.profile, pair.dtype), payload, markdown)
     return payload
 
 

@@ -148,3 +148,96 @@ def test_run_all_hands_allow_dirty_to_every_benchmark(checkout: Path, monkeypatc
     run_all.main()
     assert [c[2:] for c in commands] == [["bench.syncs", "--quick", "--allow-dirty"],
                                          ["bench.ingest", "--quick", "--allow-dirty"]]
+
+
+def test_result_names_keep_fp32_on_a_cpu_unmarked_and_give_other_dtypes_their_own() -> None:
+    import torch
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+
+    def name(device: torch.device, profile: str, dtype: torch.dtype | None, pair: str = "qwen-coder-small") -> str:
+        return common.result_name("engine", device, pair, profile, dtype)
+
+    # every fp32 CPU result keeps the name it had before the dtype was chosen by timing
+    assert [name(cpu, p, torch.float32) for p in common.PROFILES] == ["engine_cpu_quick", "engine_cpu",
+                                                                       "engine_cpu_full"]
+    assert [name(cpu, p, torch.bfloat16) for p in common.PROFILES] == ["engine_cpu_bf16_quick", "engine_cpu_bf16",
+                                                                        "engine_cpu_bf16_full"]
+    assert name(cpu, "quick", torch.bfloat16, "tiny") == "engine_cpu_tiny_bf16_quick"
+    # on CUDA bf16 is the reference, and fp32 is marked
+    assert (name(gpu, "standard", torch.bfloat16), name(gpu, "full", torch.float32)) == ("engine_gpu",
+                                                                                          "engine_gpu_fp32_full")
+    # no model ran: nothing to mark; the environment's string names the same dtypes as torch's
+    assert common.variant_suffix("cpu", None, "full") == "_full"
+    assert common.variant_suffix("cpu", "bfloat16", "standard") == common.dtype_suffix("cpu", torch.bfloat16) == "_bf16"
+
+
+def test_run_all_splices_a_bf16_result_under_its_own_key_and_leaves_the_fp32_table(
+        checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    page, results = checkout / "docs" / "benchmarks.md", checkout / "bench" / "results"
+    page.parent.mkdir()
+    shutil.copy(run_all.TABLES, page)
+    monkeypatch.setattr(run_all, "REPO", checkout)
+    monkeypatch.setattr(run_all, "TABLES", page)
+    monkeypatch.setattr(run_all, "RESULTS", results)
+    monkeypatch.setattr(common, "RESULTS", results)
+    monkeypatch.setattr(run_all.torch.cuda, "is_available", lambda: False)  # the CPU's tables
+    measured_in, real_run = [torch.float32], subprocess.run
+
+    def benchmark(command: list[str], **kwargs):
+        """The engine benchmark's writing, in the dtype of ``measured_in``; git still runs."""
+        if command[0] != sys.executable:
+            return real_run(command, **kwargs)
+        dtype = measured_in[0]
+        monkeypatch.setenv(common.WRITTEN_ENV, kwargs["env"][common.WRITTEN_ENV])
+        common.write_results(common.result_name("engine", torch.device("cpu"), "qwen-coder-small", "standard", dtype),
+                             {"environment": common.environment(torch.device("cpu"), dtype)}, f"table in {dtype}")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(run_all.subprocess, "run", benchmark)
+    monkeypatch.setattr(sys, "argv", ["run_all", "--only", "engine", "--allow-dirty"])
+
+    def table(key: str) -> str:
+        return page.read_text().split(f"<!-- bench:{key} -->\n")[1].split(f"\n<!-- /bench:{key} -->")[0]
+
+    run_all.main()
+    fp32_table = table("engine")
+    assert fp32_table.startswith("table in torch.float32") and table("engine_bf16") == "not yet measured in bf16"
+    before = page.read_text()
+    measured_in[0] = torch.bfloat16
+    run_all.main()
+    assert table("engine_bf16").startswith("table in torch.bfloat16") and table("engine") == fp32_table
+    assert page.read_text().replace(table("engine_bf16"), "not yet measured in bf16") == before
+    assert sorted(p.name for p in results.iterdir()) == ["engine_cpu.json", "engine_cpu.md", "engine_cpu_bf16.json",
+                                                         "engine_cpu_bf16.md"]
+    assert json.loads((results / "engine_cpu.json").read_text())["environment"]["dtype"] == "float32"
+
+
+def test_every_cpu_table_a_bf16_run_fills_has_its_markers() -> None:
+    text = run_all.TABLES.read_text()
+    for key in ("engine_bf16", "engine_bf16_full", "continuous_bf16", "sidecar_bf16", "sidecar_bf16_full",
+                "tagging_cost_bf16"):
+        assert f"<!-- bench:{key} -->\nnot yet measured in bf16\n<!-- /bench:{key} -->" in text, key
+
+
+def test_the_dtype_a_benchmark_records_is_pinned_for_the_loads_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch
+
+    from sidecar import load_pair
+    from sidecar.models import dtype_choice
+
+    def timed(faster: torch.dtype):  # the CPU's two matmuls, timed close enough to go either way
+        return lambda dtype, *shape, **kwargs: 1.0 if dtype == faster else 1.01
+
+    monkeypatch.setenv("SIDECAR_DTYPE", "auto")
+    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.bfloat16))
+    device, dtype = common.pin_pair_dtype("tiny")
+    assert (device.type, dtype, os.environ["SIDECAR_DTYPE"]) == ("cpu", torch.bfloat16, "bf16")
+    # a flow run, shard or server loading the pair later, where the timing has turned, loads what was recorded
+    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.float32))
+    assert load_pair("tiny").dtype == torch.bfloat16
+    assert common.variant_suffix(device.type, dtype, "quick") == "_bf16_quick"
