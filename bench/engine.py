@@ -31,6 +31,7 @@ from bench.common import (
     write_results,
 )
 from bench.hf_baselines import hf_assisted_one, hf_plain_batched, hf_plain_one, hf_speculative_one
+from bench.identity import compare, exit_on_mismatch, verdict
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.models.cpu_kernels import quantize_int8
 from sidecar.models.loading import load_model, pair_model_ids
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> None:
         engines.append(("engine_no_lookup", SpeculativeDecoder(pair, gamma=args.gamma, prompt_lookup=False)))
         engines.append(("engine_ngram2", SpeculativeDecoder(pair, gamma=args.gamma)))
         engines[-1][1].lookup_min_ngram = 2
+    checked = []  # every comparison with HF's output, for the exit status
+
+    def check(prompt: list[int], reference: list[int], candidate: list[int], label: str) -> dict:
+        checked.append(compare(pair.target, prompt, reference, candidate, label))
+        return checked[-1]
+
     single = []
     for i, prompt in enumerate(prompts[: args.articles]):
         plain = hf_plain_one(pair, prompt, args.max_new_tokens)
@@ -115,9 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         for name, decoder in engines:
             with Stopwatch(pair.device) as sw:
                 out = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)[0]
+            same = check(prompt, plain["tokens"], out.token_ids, f"article {i}, {name}, batch 1")
             row |= {f"{name}_tokens": len(out.token_ids), f"{name}_prefill_s": out.stats.prefill_seconds,
                     f"{name}_decode_s": out.stats.decode_seconds, f"{name}_wall_s": sw.seconds,
-                    f"{name}_identical": out.token_ids == plain["tokens"],
+                    f"{name}_identical": same["identical"], f"{name}_identity": same,
                     f"{name}_tokens_per_target_forward": out.stats.tokens_per_target_forward,
                     f"{name}_draft_forwards": out.stats.draft_forwards,
                     f"{name}_lookup_drafted": out.stats.lookup_drafted,
@@ -125,13 +133,20 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_assisted:
             assisted = hf_assisted_one(pair, prompt, args.max_new_tokens, args.gamma)
             lookup = hf_speculative_one(pair, prompt, args.max_new_tokens, prompt_lookup_num_tokens=args.gamma)
-            row |= {"assisted_wall_s": assisted["wall_s"], "assisted_identical": assisted["tokens"] == plain["tokens"],
-                    "lookup_wall_s": lookup["wall_s"], "lookup_identical": lookup["tokens"] == plain["tokens"]}
+            for method, run in (("assisted", assisted), ("lookup", lookup)):
+                same = check(prompt, plain["tokens"], run["tokens"], f"article {i}, HF {method}")
+                row |= {f"{method}_wall_s": run["wall_s"], f"{method}_identical": same["identical"],
+                        f"{method}_identity": same}
         single.append(row)
         print(row, flush=True)
 
     def total(key: str) -> float:
         return sum(r[key] for r in single)
+
+    def outputs(names: list[str]) -> dict:
+        """The "identical output" fields of a summary row: exact equality and the divergence rule's verdict."""
+        comparisons = [r[f"{name}_identity"] for r in single for name in names]
+        return {"identical": all(c["identical"] for c in comparisons), "identity": verdict(comparisons)}
 
     # decode-phase tokens exclude the first one, which each method gets from its prefill
     names = ("plain", *(name for name, _ in engines))
@@ -143,14 +158,14 @@ def main(argv: list[str] | None = None) -> None:
         "decode_ratio_fixed_gamma": decode_tps["engine_fixed"] / decode_tps["plain"] if args.fixed_gamma else None,
         "e2e_ratio": e2e_tps["engine"] / e2e_tps["plain"],
         "engine_tps": e2e_tps["engine"], "baseline_tps": e2e_tps["plain"],
-        "identical": all(r[f"{name}_identical"] for r in single for name, _ in engines),
+        **outputs([name for name, _ in engines]),
     }]
     if int8 is not None:
         summary_rows.append({"setting": "batch 1, int8 draft", "baseline": "HF plain generate",
                              "decode_ratio": decode_tps["engine_int8"] / decode_tps["plain"],
                              "e2e_ratio": e2e_tps["engine_int8"] / e2e_tps["plain"],
                              "engine_tps": e2e_tps["engine_int8"], "baseline_tps": e2e_tps["plain"],
-                             "identical": all(r["engine_int8_identical"] for r in single)})
+                             **outputs(["engine_int8"])})
     for name, setting in (("engine_no_lookup", "batch 1, no prompt lookup"),
                           ("engine_ngram2", "batch 1, copies after 2-token matches only")):
         if args.lookup_ablation:
@@ -158,23 +173,23 @@ def main(argv: list[str] | None = None) -> None:
                                  "decode_ratio": decode_tps[name] / decode_tps["plain"],
                                  "e2e_ratio": e2e_tps[name] / e2e_tps["plain"], "engine_tps": e2e_tps[name],
                                  "baseline_tps": e2e_tps["plain"],
-                                 "identical": all(r[f"{name}_identical"] for r in single)})
+                                 **outputs([name])})
     if not args.skip_assisted:
         assisted_tps = total("plain_tokens") / total("assisted_wall_s")
         summary_rows.append({"setting": "batch 1", "baseline": "HF assisted generate",
                              "e2e_ratio": e2e_tps["engine"] / assisted_tps, "engine_tps": e2e_tps["engine"],
                              "baseline_tps": assisted_tps,
-                             "identical": all(r["assisted_identical"] for r in single)})
+                             **outputs(["assisted"])})
         lookup_tps = total("plain_tokens") / total("lookup_wall_s")
         summary_rows.append({"setting": "batch 1", "baseline": "HF prompt-lookup generate",
                              "e2e_ratio": e2e_tps["engine"] / lookup_tps, "engine_tps": e2e_tps["engine"],
-                             "baseline_tps": lookup_tps, "identical": all(r["lookup_identical"] for r in single)})
+                             "baseline_tps": lookup_tps, **outputs(["lookup"])})
 
     # HF assisted, one document at a time, on every document a batch decodes: each batch is compared on its
     # own documents (their summaries differ in length, and tokens/s with them). The target's prefill of each
     # is timed too, for the prefill ceiling.
     assisted_runs = [{"article": r["article"], "tokens": r["plain_tokens"], "wall_s": r["assisted_wall_s"],
-                      "prefill_s": r["plain_prefill_s"], "identical": r["assisted_identical"], "token_ids": None}
+                      "prefill_s": r["plain_prefill_s"], "identity": r["assisted_identity"], "token_ids": None}
                      for r in single if "assisted_wall_s" in r]
     if not args.skip_assisted:
         for i in range(len(single), max(batches, default=0)):
@@ -193,12 +208,16 @@ def main(argv: list[str] | None = None) -> None:
         with Stopwatch(pair.device) as sw:
             outs = adaptive.generate(chunk, max_new_tokens=args.max_new_tokens, batch_size=batch)
         engine_tokens = sum(len(o.token_ids) for o in outs)
+        # HF's reference here is its padded batched generate; each divergence is classified from the target's
+        # logits at batch 1 (what bench.identity.compare does), equal to the padded batch's up to rounding
+        identity = [check(p, h, o.token_ids, f"article {j}, engine, batch {batch}")
+                    for j, (p, h, o) in enumerate(zip(chunk, hf["tokens"], outs, strict=True))]
         row = {"batch": batch, "hf_plain_s": hf["wall_s"], "hf_plain_tps": hf_tokens / hf["wall_s"],
                "engine_s": sw.seconds, "engine_tps": engine_tokens / sw.seconds,
                "engine_prefill_s_per_doc": max(o.stats.prefill_seconds for o in outs) / batch,
                "gamma_decisions": list(adaptive.controller.decisions)[-20:],
                "draft_forwards": sum(o.stats.draft_forwards for o in outs),
-               "identical": [o.token_ids for o in outs] == hf["tokens"]}
+               "identical": all(c["identical"] for c in identity), "identity": identity}
         if not args.skip_assisted:
             # HF assisted generation is batch-size 1 only: one document at a time, on this batch's documents
             timed = assisted_runs[:batch]
@@ -206,8 +225,11 @@ def main(argv: list[str] | None = None) -> None:
             row |= {"assisted_documents": len(timed),
                     "assisted_one_at_a_time_tps": sum(r["tokens"] for r in timed) / assisted_s,
                     # documents assisted decoded only for this comparison are checked against the engine's output
-                    "assisted_identical": all(r["identical"] if r["token_ids"] is None
-                                              else r["token_ids"] == outs[r["article"]].token_ids for r in timed),
+                    "assisted_identity": [r["identity"] if r["token_ids"] is None
+                                          else check(prompts[r["article"]], r["token_ids"],
+                                                     outs[r["article"]].token_ids,
+                                                     f"article {r['article']}, engine, batch {batch} vs HF assisted")
+                                          for r in timed],
                     # Any engine must prefill every prompt on the target; on a compute-bound CPU that costs
                     # per prompt what it costs alone, so even with free decoding the engine's lead over
                     # assisted generation is at most assisted time per document / target prefill time.
@@ -215,12 +237,15 @@ def main(argv: list[str] | None = None) -> None:
         batched.append(row)
         summary_rows.append({"setting": f"batch {batch}", "baseline": "HF plain batched generate",
                              "e2e_ratio": row["engine_tps"] / row["hf_plain_tps"], "engine_tps": row["engine_tps"],
-                             "baseline_tps": row["hf_plain_tps"], "identical": row["identical"]})
+                             "baseline_tps": row["hf_plain_tps"], "identical": row["identical"],
+                             "identity": verdict(identity)})
         if row.get("assisted_one_at_a_time_tps"):
             summary_rows.append({"setting": f"batch {batch}", "baseline": "HF assisted, one doc at a time",
                                  "e2e_ratio": row["engine_tps"] / row["assisted_one_at_a_time_tps"],
                                  "engine_tps": row["engine_tps"], "baseline_tps": row["assisted_one_at_a_time_tps"],
-                                 "ceiling": row["prefill_ceiling_vs_assisted"], "identical": row["assisted_identical"]})
+                                 "ceiling": row["prefill_ceiling_vs_assisted"],
+                                 "identical": all(c["identical"] for c in row["assisted_identity"]),
+                                 "identity": verdict(row["assisted_identity"])})
         print(row, flush=True)
 
     # -- acceptance under batching: tokens per target forward vs the teacher-forced prediction --
@@ -245,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown_table(summary_rows, [
         ("setting", "setting"), ("baseline", "vs"), ("decode_ratio", "decode-phase ratio"),
         ("e2e_ratio", "end-to-end ratio"), ("ceiling", "prefill ceiling"), ("engine_tps", "engine tok/s"),
-        ("baseline_tps", "baseline tok/s"), ("identical", "identical output")])
+        ("baseline_tps", "baseline tok/s"), ("identity", "identical output")])
     markdown = (f"Engine on {env['device']} ({env['dtype']}, {env['threads']} threads), pair `{args.pair}`, "
                 f"{args.articles} real news articles cut to {args.chars} chars, {args.max_new_tokens} new tokens, "
                 f"gamma {args.gamma} ({args.profile} sizes).\n\n{table}\n\n"
@@ -259,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
     name = result_name("engine", pair.device, args.pair, args.profile, pair.dtype)
     write_results(name + ("_lookup_ablation" if args.lookup_ablation else ""), payload, markdown)
+    exit_on_mismatch(checked)
 
 
 if __name__ == "__main__":
