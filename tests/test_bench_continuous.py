@@ -22,7 +22,8 @@ def test_the_quick_benchmark_compares_both_schedules_and_hf_on_identical_outputs
     # a test is no result: it runs on whatever tree it finds
     payload = main(["--quick", "--allow-dirty", "--articles", "6"])  # max batch 4: a second group joins either way
     assert payload["identity"] == {"main_static_vs_continuous": True, "sidecar_static_vs_continuous": True,
-                                   "main_vs_hf_plain": True}
+                                   "main_vs_hf_plain": True, "main_vs_hf_plain_verdict": "yes"}
+    assert [c["kind"] for c in payload["divergences_from_hf_plain"]] == ["identical"] * 6
     runs = {r["schedule"]: r for r in payload["runs"]}
     assert set(runs) == {"continuous", "static", "hf_plain_batched"}
     for name in ("continuous", "static"):

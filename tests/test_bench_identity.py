@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import common, engine
+from bench import common, continuous, engine
 from bench.identity import compare, exit_on_mismatch, verdict
 from sidecar.decoding.divergence import MISMATCH, NEAR_TIE
 from sidecar.models.tiny import tiny_pair
@@ -83,3 +83,22 @@ def test_the_engine_bench_writes_its_results_then_exits_non_zero_on_a_mismatch(
     written = json.loads((tmp_path / "engine_cpu_tiny_quick.json").read_text())  # written before the exit
     assert written["batched"][0]["identity"][0]["kind"] == MISMATCH
     assert "MISMATCH 1 of 2" in (tmp_path / "engine_cpu_tiny_quick.md").read_text()
+
+
+def test_the_continuous_bench_writes_its_results_then_exits_non_zero_on_a_mismatch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    hf_plain_stream = continuous.hf_plain_stream
+
+    def planted(pair, prompts, max_batch, max_new):  # HF's second summary starts with the least likely token
+        hf = hf_plain_stream(pair, prompts, max_batch, max_new)
+        hf["_tokens"][1][0] = int(next_logits(pair.target, prompts[1]).argmin())
+        return hf
+
+    monkeypatch.setattr(continuous, "hf_plain_stream", planted)
+    with pytest.raises(SystemExit) as failed:
+        continuous.main(["--quick", "--allow-dirty", "--articles", "2"])
+    assert failed.value.code != 0 and "document 1, continuous: mismatches HF at token 0" in failed.value.code
+    written = json.loads((tmp_path / "continuous_cpu_tiny_quick.json").read_text())
+    assert written["identity"]["main_vs_hf_plain_verdict"] == "MISMATCH 1 of 2"
+    assert [c["kind"] for c in written["divergences_from_hf_plain"]] == ["identical", MISMATCH]
