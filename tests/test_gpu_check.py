@@ -67,7 +67,7 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["environment"]["commit"] and written["pairs"][0]["identity"]["match_rate"] == 1.0
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
-    assert "2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
+    assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
 
@@ -283,7 +283,7 @@ def test_a_perturbed_target_forward_fails_identity(check, monkeypatch) -> None:
     [div] = result["divergences"]  # the engine may order its rows: which prompt is its first row is its own
     assert div["verdict"] == "mismatch" and div["gap"] == pytest.approx(div["top2_gap"])
     [failure] = result["failed"]
-    assert failure.startswith(f"prompt {div['prompt']} mismatches HF at token {div['position']} ")
+    assert failure.startswith(f"prompt {div['prompt']}: mismatches HF at token {div['position']} ")
     assert errors({"pairs": [{"pair": "tiny", "identity": result}]}) == [f"tiny identity: {failure}"]
 
 
@@ -315,6 +315,8 @@ def test_a_planted_near_tie_passes_identity_and_a_large_gap_fails_it(check, monk
     assert (result["rows_identical"], result["rows_near_tie"], result["rows_mismatch"]) == (
         (1, 1, 0) if verdict == "near-tie" else (1, 0, 1))
     assert len(result["failed"]) == (verdict == "mismatch")
+    assert result["identical_output"].startswith("near-ties 1 of 2 (gaps <= " if verdict == "near-tie"
+                                                 else "MISMATCH 1 of 2")
 
 
 def test_the_report_holds_measured_numbers_that_follow_the_settings(check) -> None:

@@ -2,8 +2,9 @@
 
 HF runs one prompt at a time, the engine all of them in one batch. Each row is identical, diverges at a near-tie
 (reduced precision rounds differently at different batch shapes: allowed and counted) or mismatches (fails the
-check), by ``sidecar.decoding.divergence``'s rule, the one the identity tests use: every divergence is listed
-with its position, the gap between the two tokens' logits in the target's reference forward, and the bound.
+check), by ``sidecar.decoding.divergence``'s rule, the one the identity tests use, worded as every bench words
+it (``bench.identity``): every divergence is listed with its position, the gap between the two tokens' logits in
+the target's reference forward, and the bound.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 from bench.gpu_check.check import Check
 from bench.gpu_check.deadline import Deadline
 from bench.hf_baselines import hf_plain_one
-from sidecar.decoding.divergence import MISMATCH, NEAR_TIE, divergence
-
-IDENTICAL = "identical"
+from bench.identity import IDENTICAL, compare, failures, verdict
+from sidecar.decoding.divergence import MISMATCH, NEAR_TIE
 
 
 def identity(check: Check, deadline: Deadline) -> dict:
@@ -26,24 +26,23 @@ def identity(check: Check, deadline: Deadline) -> dict:
     if reason := deadline.skip_reason():
         return {"skipped": reason}
     outs = check.decoder.generate(prompts, max_new_tokens=check.args.max_new_tokens, batch_size=len(prompts))
-    rows, matched, total = [], 0, 0
+    rows, comparisons, matched, total = [], [], 0, 0
     for i, (prompt, reference, out) in enumerate(zip(prompts, references, outs, strict=True)):
-        found = divergence(check.pair.target, prompt, reference, out.token_ids)
+        same = compare(check.pair.target, prompt, reference, out.token_ids, f"prompt {i}")
+        comparisons.append(same)
         total += len(reference)
-        matched += len(reference) if found is None else found.position
+        matched += len(reference) if same["identical"] else same["position"]
         row = {"prompt": i, "prompt_tokens": len(prompt), "hf_tokens": len(reference),
-               "engine_tokens": len(out.token_ids), "verdict": IDENTICAL if found is None else found.kind}
-        if found is not None:
-            row |= {"position": found.position, "hf_token": found.reference_token,
-                    "engine_token": found.candidate_token, "gap": found.gap, "top2_gap": found.top2_gap,
-                    "bound": found.bound}
+               "engine_tokens": len(out.token_ids), "verdict": same["kind"]}
+        if not same["identical"]:
+            row |= {"position": same["position"], "hf_token": same["reference_token"],
+                    "engine_token": same["candidate_token"], "gap": same["gap"], "top2_gap": same["top2_gap"],
+                    "bound": same["bound"]}
         rows.append(row)
     count = {verdict: sum(r["verdict"] == verdict for r in rows) for verdict in (IDENTICAL, NEAR_TIE, MISMATCH)}
     divergences = [r for r in rows if r["verdict"] != IDENTICAL]
     return {"batch": len(prompts), "rows_identical": count[IDENTICAL], "rows_near_tie": count[NEAR_TIE],
             "rows_mismatch": count[MISMATCH], "rows": len(rows), "match_rate": count[IDENTICAL] / len(rows),
             "tokens_before_divergence": matched / total if total else 1.0,
-            "divergences": divergences, "per_row": rows,
-            "failed": [f"prompt {r['prompt']} mismatches HF at token {r['position']} (HF {r['hf_token']}, engine "
-                       f"{r['engine_token']}, logit gap {r['gap']:.3g} above the near-tie bound {r['bound']:.3g})"
-                       for r in divergences if r["verdict"] == MISMATCH]}
+            "identical_output": verdict(comparisons), "divergences": divergences, "per_row": rows,
+            "failed": failures(comparisons)}

@@ -11,11 +11,12 @@ from bench.gpu_check import parts
 
 def identity_markdown(ident: dict, r: dict) -> str:
     lines = [f"Identity (engine at batch {ident['batch']} vs HF `generate` on the target alone, batch 1, greedy): "
-             f"{ident['rows_identical']}/{ident['rows']} rows identical, {ident['rows_near_tie']} diverged at a "
-             f"near-tie (allowed), {ident['rows_mismatch']} mismatched (fail); {ident['tokens_before_divergence']:.1%} "
-             f"of reference tokens before the first divergence. Reduced precision rounds differently at different "
-             f"batch shapes, so where the two tokens' logits are within a few roundings of their magnitude "
-             f"(`sidecar.decoding.divergence`) a flip is rounding, not a bug; a larger gap is one."]
+             f"{ident['identical_output']}: {ident['rows_identical']}/{ident['rows']} rows identical, "
+             f"{ident['rows_near_tie']} diverged at a near-tie (allowed), {ident['rows_mismatch']} mismatched (fail); "
+             f"{ident['tokens_before_divergence']:.1%} of reference tokens before the first divergence. Reduced "
+             f"precision rounds differently at different batch shapes, so where the two tokens' logits are within "
+             f"a few roundings of their magnitude (`sidecar.decoding.divergence`) a flip is rounding, not a bug; "
+             f"a larger gap is one."]
     if ident["divergences"]:
         lines.append("\n" + markdown_table(ident["divergences"], [
             ("prompt", "prompt"), ("position", "first divergence"), ("hf_token", "HF token"),
