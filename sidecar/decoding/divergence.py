@@ -1,5 +1,6 @@
 """Where a greedy output first leaves its reference, and whether that is rounding (a near-tie) or a mismatch: the
-one rule the identity tests and the GPU check (``bench.gpu_check``) share.
+one rule the identity tests, the GPU check (``bench.gpu_check``) and the benchmarks' "identical output" column
+(``bench.identity``) share.
 
 Speculative decoding scores a token in a verify forward of several positions, the reference in a 1-token step
 (and at another batch size). Both compute the same logits, but sum the same products in another order and may
