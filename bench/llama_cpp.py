@@ -7,10 +7,10 @@
 Both run in one process on the same prompts as ``bench.engine`` (the target's summary prompt over real news
 articles, as token ids, so the two tokenize nothing differently), greedy, one article at a time and on the same
 number of CPU threads: llama.cpp (``llama_cpp.Llama``) plain on the 4-bit GGUF file the offline pair was
-converted from, the engine (``SpeculativeDecoder``, default settings) on that pair in the dtype ``load_pair``
-chooses for this machine. The weights differ, so the outputs differ; the table says so. Where llama_cpp is not
-installed it says so in one line and exits 0, so ``make bench`` runs on without it. Writes
-bench/results/llama_cpp_cpu.json and a markdown table.
+converted from, the engine (``SpeculativeDecoder``, default settings) on that pair, its weights dequantized to the
+dtype ``load_pair`` chooses for this machine. The arithmetic differs, so the outputs can; the table says how many
+are identical. Where llama_cpp is not installed it says so in one line and exits 0, so ``make bench`` runs on
+without it. Writes bench/results/llama_cpp_cpu.json and a markdown table.
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ def markdown(row: dict, args: argparse.Namespace, env: dict, sizes: str, quantis
     return (f"Engine vs llama.cpp on {env['device']}, {args.threads} threads each, pair `{PAIR}`, {args.articles} "
             f"real news articles cut to {args.chars} chars, {args.max_new_tokens} new tokens, greedy, one article at "
             f"a time ({sizes}). Tokens/s end to end (prefill included); prefill seconds per article.\n\n{table}\n\n"
-            f"llama.cpp runs the target's {quantisation} GGUF (4-bit weights, plain decoding); the engine runs the "
-            f"same model dequantized to {env['dtype']}, with its draft, so the outputs differ: "
-            f"{row['identical']} of {args.articles} identical.")
+            f"llama.cpp runs the target's {quantisation} GGUF (4-bit weights, 8-bit activations in its dot "
+            f"products, plain decoding); the engine runs those weights dequantized to {env['dtype']}, with its draft, "
+            f"so the outputs can differ: {row['identical']} of {args.articles} identical.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         print(NOT_INSTALLED, flush=True)
         return
-    from llama_cpp import Llama
+    from llama_cpp import Llama, llama_print_system_info
 
     torch.set_num_threads(args.threads)
     pair = load_pair(PAIR, device="cpu")  # llama.cpp is built for the CPU: the engine runs there too
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     row = summary(articles)
     quantisation = OFFLINE_PAIRS[PAIR]["target"].model.rsplit(" ", 1)[-1]
     payload = {"environment": env, "args": vars(args), "summary": row, "articles": articles,
-               "llama_cpp": {"version": importlib.metadata.version("llama-cpp-python"), "quantisation": quantisation},
+               "llama_cpp": {"version": importlib.metadata.version("llama-cpp-python"), "quantisation": quantisation,
+                             "system_info": llama_print_system_info().decode().strip()},  # its CPU features
                "peak_rss_gb": peak_rss_gb()}
     write_results(result_name("llama_cpp", pair.device, PAIR, args.profile), payload,
                   markdown(row, args, env, sizes, quantisation))
