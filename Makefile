@@ -95,7 +95,7 @@ bench-full: models corpus
 # as its prebuilt wheels need a newer glibc than some machines have, and for this machine's CPU (GGML_NATIVE),
 # less AMX: on a Xeon with AMX, 0.3.36's AMX path crashed in its first decode of the Q4_K_M target. No llava
 # (unused). The wheel is kept under $(SIDECAR_HOME)/wheels, so a second run only installs it; the build took
-# 6 min on 2 shared cores (22 min with llava, under heavier load).
+# 6-8 min on 2 shared cores (22 min with llava, under heavier load).
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_WHEELS := $(SIDECAR_HOME)/wheels
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
