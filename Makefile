@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # A CPU machine gets the CPU build of torch from local disk; a CUDA machine the normal CUDA build.
 TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13,<3' || echo 'torch==2.13.0')
 
-.PHONY: venv models corpus browser postgres test test-fast demo ui bench bench-quick bench-full gpu-check lint clean
+.PHONY: venv models corpus browser postgres test test-fast demo ui bench bench-quick bench-full gpu-check llama-cpp lint clean
 
 $(BIN)/sidecar: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -90,6 +90,22 @@ bench-quick: models corpus
 
 bench-full: models corpus
 	$(BIN)/python -m bench.run_all --full $(BENCH_ARGS)
+
+# Optional, for bench/llama_cpp.py only (no other target needs it): llama-cpp-python built once from its sdist,
+# as its prebuilt wheels need a newer glibc than some machines have, and for this machine's CPU (GGML_NATIVE),
+# less AMX: on a Xeon with AMX, 0.3.36's AMX path crashed in its first decode of the Q4_K_M target. No llava
+# (unused). The wheel is kept under $(SIDECAR_HOME)/wheels, so a second run only installs it; the build took
+# 6-8 min on 2 shared cores (22 min with llava, under heavier load).
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_WHEELS := $(SIDECAR_HOME)/wheels
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+llama-cpp: venv
+	@if ! ls $(LLAMA_CPP_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+		CMAKE_ARGS='-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF "-DCMAKE_C_FLAGS=$(NO_AMX)" "-DCMAKE_CXX_FLAGS=$(NO_AMX)"' \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip wheel --no-deps --no-binary llama-cpp-python \
+			-w $(LLAMA_CPP_WHEELS) 'llama-cpp-python==$(LLAMA_CPP_VERSION)'; \
+	fi
+	$(BIN)/python -m pip install -q $(LLAMA_CPP_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 
 # on a GPU: step costs, identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check/)
 gpu-check: models corpus

