@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                "llama_cpp": {"version": importlib.metadata.version("llama-cpp-python"), "quantisation": quantisation,
                              "system_info": llama_print_system_info().decode().strip()},  # its CPU features
                "peak_rss_gb": peak_rss_gb()}
-    write_results(result_name("llama_cpp", pair.device, PAIR, args.profile), payload,
+    write_results(result_name("llama_cpp", pair.device, PAIR, args.profile, pair.dtype), payload,
                   markdown(row, args, env, sizes, quantisation))
 
 

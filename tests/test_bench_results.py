@@ -230,14 +230,14 @@ def test_the_dtype_a_benchmark_records_is_pinned_for_the_loads_it_starts(monkeyp
     from sidecar import load_pair
     from sidecar.models import dtype_choice
 
-    def timed(faster: torch.dtype):  # the CPU's two matmuls, timed close enough to go either way
-        return lambda dtype, *shape, **kwargs: 1.0 if dtype == faster else 1.01
+    def timed(faster: torch.dtype):  # the CPU's two matmuls (bf16, fp32), timed close enough to go either way
+        return lambda calls, **kwargs: [1.0, 1.01] if faster == torch.bfloat16 else [1.01, 1.0]
 
     monkeypatch.setenv("SIDECAR_DTYPE", "auto")
-    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.bfloat16))
+    monkeypatch.setattr(dtype_choice, "fastest_seconds", timed(torch.bfloat16))
     device, dtype = common.pin_pair_dtype("tiny")
     assert (device.type, dtype, os.environ["SIDECAR_DTYPE"]) == ("cpu", torch.bfloat16, "bf16")
     # a flow run, shard or server loading the pair later, where the timing has turned, loads what was recorded
-    monkeypatch.setattr(dtype_choice, "matmul_seconds", timed(torch.float32))
+    monkeypatch.setattr(dtype_choice, "fastest_seconds", timed(torch.float32))
     assert load_pair("tiny").dtype == torch.bfloat16
     assert common.variant_suffix(device.type, dtype, "quick") == "_bf16_quick"

@@ -20,7 +20,8 @@ TOP_DIRS = "|".join(re.escape(p.name) for p in sorted(REPO.iterdir()) if p.is_di
 REPO_PATH = re.compile(rf"(?<![\w./-])((?:{TOP_DIRS})/[\w./-]*\w/?)")
 MODULE = re.compile(r"python3? -m ([\w.]+)")
 SIDECAR_COMMAND = re.compile(r"(?:^|[\s;&|(])sidecar ([a-z][\w-]*)(?: ([a-z][\w-]*))?")
-# what runs write, named as where to find it: not in a fresh checkout (test-artifacts/ is a test run's, .prefect/ a local Prefect home)
+# what runs write, named as where to find it: not in a fresh checkout (test-artifacts/: a test run's; .prefect/:
+# a local Prefect home)
 WRITTEN = {"data/sidecar.duckdb", "bench/results/gpu_check.md", "bench/results/NAME.json",
            "bench/results/gpu_check_step_costs.json"}
 WRITTEN_UNDER = ("test-artifacts/", ".prefect/")
