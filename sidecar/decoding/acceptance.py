@@ -14,6 +14,22 @@ from __future__ import annotations
 
 import torch
 
+# tokens a nucleus is first looked for among: a sampled row's nucleus almost always lies in its most likely few
+# hundred, and ranking them costs a small fraction of sorting the vocabulary (151,936 on Qwen2.5)
+NUCLEUS_CANDIDATES = 512
+
+
+def nucleus_candidates(probs: torch.Tensor, top_p: float | torch.Tensor,
+                       whole: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens each row's nucleus is looked for among, most likely first: on a CPU the NUCLEUS_CANDIDATES
+    most likely where they reach every filtered row's ``top_p``, else (and on an accelerator, where the
+    check would wait for the device, and a sort is cheap) the whole vocabulary sorted."""
+    if probs.device.type == "cpu":
+        ranked, order = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)
+        if bool(((ranked.sum(-1, keepdim=True) >= top_p) | whole).all()):
+            return ranked, order
+    return probs.sort(dim=-1, descending=True)
+
 
 def warp(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Probabilities after temperature and nucleus (top-p) filtering, over the last dimension; the nucleus
@@ -25,14 +41,14 @@ def warp(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float |
         return probs
     if isinstance(top_p, torch.Tensor):
         top_p = top_p.reshape(-1, *[1] * (logits.dim() - 1))
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    whole = torch.as_tensor(top_p, device=probs.device) >= 1.0  # rows that keep every token
+    ranked, order = nucleus_candidates(probs, top_p, whole)  # [..., k] descending, and their token ids
     # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept)
-    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    drop = ranked.cumsum(-1) - ranked >= top_p
     # and never less than the most likely token: a top_p that is 0 in float32 (1e-300) would drop every token
     drop[..., 0] = False
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return filtered / filtered.sum(-1, keepdim=True)
+    filtered = torch.zeros_like(probs).scatter_(-1, order, ranked.masked_fill(drop, 0.0))
+    return torch.where(whole, probs, filtered / filtered.sum(-1, keepdim=True))
 
 
 def sample_with(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
