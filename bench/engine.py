@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import torch
+
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
@@ -80,9 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
 
     pair = load_pair(args.pair, dtype=args.dtype)
-    # the same target with its draft quantized to int8 (CPU): output must stay identical, acceptance may drop
+    # the same target with its draft quantized to int8 (CPU, fp32: torch's dynamic int8 Linear takes float32
+    # activations): output must stay identical, acceptance may drop
     int8 = None
-    if pair.device.type == "cpu" and args.int8_draft and args.pair != "tiny":
+    if pair.device.type == "cpu" and pair.dtype == torch.float32 and args.int8_draft and args.pair != "tiny":
         draft = quantize_int8(load_model(pair_model_ids(args.pair)[1], pair.device, pair.dtype))
         int8 = dataclasses.replace(pair, draft=draft)
     engine = SidecarEngine(pair)

@@ -592,6 +592,15 @@ def test_int8_draft_keeps_output_identical():
         assert out.token_ids == target_alone(pair, prompt, 20)
 
 
+def test_an_int8_draft_in_a_pair_that_is_not_fp32_is_one_clear_error():
+    """torch's dynamic int8 Linear takes float32 activations: a bf16 pair with an int8 draft would load and
+    then fail at its first draft forward."""
+    from sidecar import load_pair
+
+    with pytest.raises(PairError, match=r"draft_int8 needs fp32 .* loads in bf16 \(argument dtype=bf16\)"):
+        load_pair("tiny", dtype="bf16", draft_int8=True)
+
+
 def test_sidecar_engine_skips_the_draft_only_without_sidecar_tasks(tiny):
     from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 

@@ -9,7 +9,7 @@ from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
 from sidecar.models.dtype_choice import choose_dtype, parse_dtype
 from sidecar.models.fetch import is_fetched, pair_dir
-from sidecar.models.pair import ModelPair, check_tokenizers, eos_ids
+from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
 from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
 
 NAMED_PAIRS: dict[str, tuple[str, str]] = {
@@ -95,6 +95,9 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
     if draft_int8:
         if torch_device.type != "cpu":
             raise PairError("draft_int8 is a CPU option (dynamic int8 quantization); on GPUs use bf16")
+        if torch_dtype != torch.float32:
+            raise PairError(f"draft_int8 needs fp32 (torch's dynamic int8 Linear takes float32 activations); the "
+                            f"pair loads in {dtype_name(torch_dtype)} ({choice.reason}): pass dtype='fp32'")
         from sidecar.models.cpu_kernels import quantize_int8
 
         pair.draft = quantize_int8(pair.draft)
