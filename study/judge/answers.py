@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -83,22 +84,34 @@ def problems(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
 
 
-def ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str]], **options: Any) -> Reply:
-    """The judge's reply to ``messages`` with the request ``options``; ``JudgeAnswerError`` for a reply
-    that holds none."""
+Shape = TypeVar("Shape", bound=BaseModel)
+
+
+def validated_reply(request: Callable[[], object], kind: type, shape: type[Shape], what: str) -> Shape:
+    """The endpoint's reply to ``request``, checked to be a ``kind`` (the client's type) and validated as
+    ``shape``; ``JudgeAnswerError`` saying the response is not ``what`` otherwise. The client's own HTTP errors
+    pass through."""
     try:
-        completion = client.chat.completions.create(model=config.model, messages=messages, **options)
+        reply = request()
     # The client decodes a reply declared as JSON with json.loads and lets its errors through: a truncated or
     # mis-encoded body is a ValueError (JSONDecodeError, UnicodeDecodeError), a deeply nested one a RecursionError.
     except (ValueError, RecursionError) as exc:
         raise JudgeAnswerError(f"response body is not JSON: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(completion, ChatCompletion):
+    if not isinstance(reply, kind):
         # The client hands back a plain string when a 200 response is not declared as JSON.
-        raise JudgeAnswerError(f"response is not a chat completion: {str(completion)[:200]!r}")
+        raise JudgeAnswerError(f"response is not {what}: {str(reply)[:200]!r}")
     try:
-        choice = _Reply.model_validate(completion).choices[0]
+        return shape.model_validate(reply)
     except ValidationError as exc:
-        raise JudgeAnswerError(f"response is not a chat completion: {problems(exc)}") from None
+        raise JudgeAnswerError(f"response is not {what}: {problems(exc)}") from None
+
+
+def ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str]], **options: Any) -> Reply:
+    """The judge's reply to ``messages`` with the request ``options``; ``JudgeAnswerError`` for a reply
+    that holds none."""
+    choice = validated_reply(lambda: client.chat.completions.create(model=config.model, messages=messages,
+                                                                    **options),
+                             ChatCompletion, _Reply, "a chat completion").choices[0]
     if choice.message.refusal:
         raise JudgeAnswerError(f"judge refused: {choice.message.refusal}")
     tokens = None if choice.logprobs is None else choice.logprobs.content

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import openai
 from openai.types import Completion
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from study.judge.answers import JudgeAnswerError, problems
+from study.judge.answers import JudgeAnswerError, validated_reply
 from study.judge.prompts import SCORER_PROMPTS
 
 
@@ -71,18 +71,12 @@ def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: list[s
     prompt log probabilities; ``JudgeAnswerError`` for a reply of the wrong shape or values."""
     text, start = scorer_text(summary, tags, prompt_version)
     try:
-        completion = client.completions.create(model=model, prompt=text, echo=True, logprobs=0, max_tokens=0)
+        choice = validated_reply(
+            lambda: client.completions.create(model=model, prompt=text, echo=True, logprobs=0, max_tokens=0),
+            Completion, _EchoReply, "a completion").choices[0]
     except (openai.NotFoundError, openai.BadRequestError) as exc:
         raise NoPromptLogprobsError(f"HTTP {exc.status_code} on /completions with echo and logprobs: "
                                     f"{exc.message}") from exc
-    except (ValueError, RecursionError) as exc:
-        raise JudgeAnswerError(f"response body is not JSON: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(completion, Completion):
-        raise JudgeAnswerError(f"response is not a completion: {str(completion)[:200]!r}")
-    try:
-        choice = _EchoReply.model_validate(completion).choices[0]
-    except ValidationError as exc:
-        raise JudgeAnswerError(f"response is not a completion: {problems(exc)}") from None
     if choice.logprobs is None or not choice.logprobs.tokens:
         raise NoPromptLogprobsError("the reply has no log probabilities of the prompt's tokens")
     echoed = choice.logprobs
