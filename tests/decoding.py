@@ -29,14 +29,17 @@ def target_alone_scored(pair, prompt, max_new_tokens) -> tuple[list[int], torch.
     return tokens, torch.log_softmax(torch.cat(out.logits[: len(tokens)]).float(), -1)
 
 
-def assert_speculated(outputs) -> None:
+def assert_speculated(outputs, accepts: bool = True) -> None:
     """The outputs came from speculation, not plain decoding: tokens were drafted, some were accepted, and the
     rows got more than one token per target forward (the prefill counts as one). An identity test whose
-    decoder never drafts would pass on a decoder whose speculation is broken."""
+    decoder never drafts would pass on a decoder whose speculation is broken. ``accepts=False`` asks only
+    that tokens were drafted: where the data do not let any be accepted reliably."""
     stats = [o.stats for o in outputs]
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     tokens, forwards = sum(s.new_tokens for s in stats), sum(s.target_forwards for s in stats)
     assert drafted > 0, "nothing was drafted: the rows were decoded plainly"
+    if not accepts:
+        return
     assert accepted > 0, f"none of {drafted} drafted tokens was accepted"
     assert tokens > forwards, f"{tokens} tokens in {forwards} target forwards: speculation gained nothing"
 

@@ -28,9 +28,10 @@ def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive, p
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 3, 25, 8, 40, 2, 14], seed=batch_size)
     decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=adaptive)
     outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
-    # adaptive may rightly settle on plain decoding (tiny drafts cost as much as targets), but it first
-    # explores at the full gamma, so its outputs too have speculated
-    assert_speculated(outputs)
+    # adaptive may rightly settle on prompt lookup alone (tiny drafts cost as much as targets, lookup nothing),
+    # whose drafts from random prompts are accepted by chance: at batch 1 it drafted 77-80 tokens, one of them
+    # by the draft model, and 0-2 were accepted from run to run. It drafts, so it did not fall back to plain.
+    assert_speculated(outputs, accepts=not adaptive)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == target_alone(tiny, prompt, 40)
         assert out.finish_reason in {"eos", "length"}
