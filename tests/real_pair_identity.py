@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from sidecar.decoding.divergence import MISMATCH, NEAR_TIE, Divergence, divergence
+from bench.identity import IDENTICAL, compare, failures, verdict
+from sidecar.decoding.divergence import MISMATCH, NEAR_TIE
 from sidecar.models.pair import ModelPair, dtype_name
 
 
@@ -28,21 +28,13 @@ def greedy_references(pair: ModelPair, prompts: list[list[int]], limits: list[in
     return references
 
 
-@dataclass(frozen=True)
-class Outcome:
-    name: str
-    tokens: int  # tokens of the candidate compared with the reference
-    identical: int  # of them, identical up to the first divergence
-    divergence: Divergence | None
-
-
 class Identity:
-    """Greedy outputs checked against their references; a near-tie is reported with its gap, a mismatch fails
-    at ``assert_no_mismatch``."""
+    """Greedy outputs checked against their references (``bench.identity.compare``, the benchmarks' wording); a
+    near-tie is reported with its gap, a mismatch fails at ``assert_no_mismatch``."""
 
     def __init__(self, pair: ModelPair) -> None:
         self.pair = pair
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[dict] = []  # compare's fields, and the candidate's length as "tokens"
         self.reported = 0  # outcomes whose near-ties were warned about
 
     @property
@@ -51,30 +43,26 @@ class Identity:
         return self.pair.dtype == torch.float32
 
     def check(self, name: str, prompt: list[int], reference: list[int], candidate: list[int],
-              finished_by_stop: bool = False) -> Divergence | None:
+              finished_by_stop: bool = False) -> dict:
         """Record how ``candidate`` compares with ``reference``; a row a stop string ended must be a prefix."""
         if finished_by_stop:
             reference = reference[: len(candidate)]
-        found = divergence(self.pair.target, prompt, reference, candidate)
-        identical = len(candidate) if found is None else found.position
-        self.outcomes.append(Outcome(name, len(candidate), identical, found))
-        return found
+        self.outcomes.append(compare(self.pair.target, prompt, reference, candidate, name) | {"tokens": len(candidate)})
+        return self.outcomes[-1]
 
-    def of_kind(self, kind: str) -> list[Outcome]:
-        return [o for o in self.outcomes if o.divergence is not None and o.divergence.kind == kind]
+    def count(self, kind: str) -> int:
+        return sum(o["kind"] == kind for o in self.outcomes)
 
     def assert_no_mismatch(self) -> None:
         """Warn about each near-tie recorded since the last call, then fail on any mismatch."""
         new, self.reported = self.outcomes[self.reported:], len(self.outcomes)
         for o in new:
-            d = o.divergence
-            if d is None or d.kind != NEAR_TIE:
-                continue
-            warnings.warn(f"{o.name}: near-tie in {dtype_name(self.pair.dtype)} at token {d.position} (gap "
-                          f"{d.gap:.3f} <= bound {d.bound:.3f}, top-2 gap {d.top2_gap:.3f}); identical before it",
-                          stacklevel=2)
-        mismatches = self.of_kind(MISMATCH)
-        assert not mismatches, "\n".join(f"{o.name}: {o.divergence}" for o in mismatches)
+            if o["kind"] == NEAR_TIE:
+                warnings.warn(f"{o['label']}: near-tie in {dtype_name(self.pair.dtype)} at token {o['position']} "
+                              f"(gap {o['gap']:.3f} <= bound {o['bound']:.3f}, top-2 gap {o['top2_gap']:.3f}); "
+                              "identical before it", stacklevel=2)
+        mismatches = failures(self.outcomes)
+        assert not mismatches, "\n".join(mismatches)
 
     def write(self, path: Path) -> None:
         """Every outcome of the module's tests, for the run's record (test-artifacts/)."""
@@ -82,6 +70,6 @@ class Identity:
         path.write_text(json.dumps({
             "pair": self.pair.name, "dtype": dtype_name(self.pair.dtype),
             "dtype_reason": getattr(self.pair, "dtype_reason", None),
-            "rows": len(self.outcomes), "identical_rows": sum(o.divergence is None for o in self.outcomes),
-            "near_ties": len(self.of_kind(NEAR_TIE)), "mismatches": len(self.of_kind(MISMATCH)),
-            "outcomes": [asdict(o) for o in self.outcomes]}, indent=1, default=str) + "\n")
+            "rows": len(self.outcomes), "identical_rows": self.count(IDENTICAL), "near_ties": self.count(NEAR_TIE),
+            "mismatches": self.count(MISMATCH), "verdict": verdict(self.outcomes), "outcomes": self.outcomes},
+            indent=1) + "\n")

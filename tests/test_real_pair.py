@@ -39,14 +39,19 @@ def articles(news_parquet) -> list[str]:
     return pq.read_table(news_parquet, columns=["article"]).column("article").to_pylist()
 
 
-def prompt_of(pair, article: str) -> list[int]:
-    return SidecarEngine(pair).prompts(SidecarRequest(article[:900]))[0].token_ids
+@pytest.fixture(scope="module")
+def engine(real_pair) -> SidecarEngine:
+    return SidecarEngine(real_pair, gamma=4)
+
+
+def prompt_of(engine: SidecarEngine, article: str) -> list[int]:
+    return engine.prompts(SidecarRequest(article[:900]))[0].token_ids
 
 
 @pytest.fixture(scope="module")
-def prompts(real_pair, articles) -> list[list[int]]:
+def prompts(engine, articles) -> list[list[int]]:
     """The greedy rows' prompts, in GREEDY's order."""
-    return [prompt_of(real_pair, articles[i]) for i, _ in GREEDY]
+    return [prompt_of(engine, articles[i]) for i, _ in GREEDY]
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +67,13 @@ def identity(real_pair, request) -> Identity:
 
 
 def test_one_stream_from_batch_1_to_32_with_sampled_rows_decodes_every_greedy_row_as_the_target(
-        real_pair, articles, prompts, references, identity) -> None:
+        real_pair, engine, articles, prompts, references, identity) -> None:
     """The default path (adaptive gamma, prompt lookup) in one running batch: one row alone, then 7 join, then
     24 more, and the last 8 as running rows finish; greedy rows of 48 and 128 tokens, one with a stop string,
     among seeded sampled rows. Every greedy row is the target's own greedy output, and speculation did work."""
     greedy = [DecodeRow(p, limit) for p, (_, limit) in zip(prompts, GREEDY, strict=True)]
     greedy[3].stop = ["."]  # its first sentence: a stop string of the reference's own text could lie past a near-tie
-    sampled = [DecodeRow(prompt_of(real_pair, articles[i]), 64, sampling=Sampling(0.8, 0.95, seed=i))
+    sampled = [DecodeRow(prompt_of(engine, articles[i]), 64, sampling=Sampling(0.8, 0.95, seed=i))
                for i in SAMPLED]
     # the first 8 greedy, then the held-out greedy rows spread among the sampled ones
     order = [*range(8), *sorted(range(8, len(greedy) + len(sampled)), key=lambda k: (k * 7) % 31)]
@@ -124,8 +129,7 @@ def test_fixed_gamma_at_batch_8_needs_the_target_forwards_teacher_forcing_predic
         assert max(misses) <= 2 and sum(misses) <= 0.05 * sum(predicted), (misses, predicted)
 
 
-def test_sidecar_hashtags_on_real_news(real_pair, articles, prompts, references, identity) -> None:
-    engine = SidecarEngine(real_pair, gamma=4)
+def test_sidecar_hashtags_on_real_news(engine, articles, prompts, references, identity) -> None:
     attended = HASHTAGS.model_copy(update={"name": "hashtags_attended", "attend_document": True})
     results = engine.run([SidecarRequest(articles[i][:900], sidecars=[HASHTAGS, attended]) for i, _ in GREEDY[:2]],
                          max_new_tokens=48, batch_size=2)

@@ -39,7 +39,7 @@ def identity(check: Check, deadline: Deadline) -> dict:
                     "engine_token": same["candidate_token"], "gap": same["gap"], "top2_gap": same["top2_gap"],
                     "bound": same["bound"]}
         rows.append(row)
-    count = {verdict: sum(r["verdict"] == verdict for r in rows) for verdict in (IDENTICAL, NEAR_TIE, MISMATCH)}
+    count = {kind: sum(r["verdict"] == kind for r in rows) for kind in (IDENTICAL, NEAR_TIE, MISMATCH)}
     divergences = [r for r in rows if r["verdict"] != IDENTICAL]
     return {"batch": len(prompts), "rows_identical": count[IDENTICAL], "rows_near_tie": count[NEAR_TIE],
             "rows_mismatch": count[MISMATCH], "rows": len(rows), "match_rate": count[IDENTICAL] / len(rows),
