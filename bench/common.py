@@ -243,17 +243,21 @@ def profile_suffix(profile: str) -> str:
 
 
 # the dtype each device's results were first measured in: their names stay unmarked
-REFERENCE_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
-SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+REFERENCE_DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}
 
 
 def dtype_suffix(device_type: str, dtype: torch.dtype | str | None) -> str:
     """How result names of a dtype are marked: nothing for the device's reference dtype (fp32 on a CPU, bf16
-    on CUDA) or where no model ran (None), ``_bf16`` / ``_fp32`` / ``_fp16`` otherwise."""
+    on CUDA) or where no model ran (None), ``_bf16`` / ``_fp32`` / ``_fp16`` otherwise. A string is a dtype as
+    a result's environment records it ("bfloat16")."""
+    from sidecar.models.dtype_choice import DTYPES
+    from sidecar.models.pair import dtype_name
+
     if dtype is None:
         return ""
-    name = str(dtype).replace("torch.", "")
-    return "" if name == REFERENCE_DTYPES[device_type] else "_" + SHORT_DTYPES.get(name, name)
+    if isinstance(dtype, str):
+        dtype = DTYPES[dtype.replace("torch.", "")]
+    return "" if dtype == REFERENCE_DTYPES[device_type] else "_" + dtype_name(dtype)
 
 
 def variant_suffix(device_type: str, dtype: torch.dtype | str | None, profile: str) -> str:
