@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from sidecar.settings import DTYPE_HELP
-from sidecar.tasks.prompts import SUMMARIZE_INSTRUCTION
+from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 
 
 def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
@@ -29,6 +29,7 @@ def generate(
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
     dtype: str | None = typer.Option(None, help=DTYPE_HELP),
     instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help="Main instruction after each input ('' for none)."),
+    system: str = typer.Option(DEFAULT_SYSTEM, help="The system prompt before each input ('' for none)."),
     hashtags: bool = typer.Option(True, help="Run the hashtags sidecar on the draft after the main output."),
     max_chars: int = typer.Option(3000, help="Cut each input to this many characters (the source study's 3,000)."),
     max_new_tokens: int = typer.Option(64, min=1),
@@ -53,7 +54,7 @@ def generate(
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
     engine = SidecarEngine(load_pair(pair, dtype=dtype, draft_int8=draft_int8), gamma=gamma)
-    requests = [SidecarRequest(t, instruction, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
+    requests = [SidecarRequest(t, instruction, system or None, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
     results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          batch_size=batch_size)
     if as_json:

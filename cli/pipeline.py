@@ -11,6 +11,7 @@ from cli.demo_report import DemoFindings, render
 from cli.run_ids import checked_run_id
 from flows.embedded import embedded_prefect
 from sidecar.settings import DTYPE_HELP, pin_dtype
+from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from vocab.modes import MODES
 
 if TYPE_CHECKING:
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from storage import Database
 
 pipeline_app = typer.Typer()
+
+INSTRUCTION_HELP = "The main task: what the target writes after each document ('' for none)."
+SYSTEM_HELP = "The system prompt before each document ('' for none)."
 
 
 def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
@@ -45,7 +49,9 @@ def nightly_command(
     window: int | None = typer.Option(None, min=1, help="Documents read ahead and sorted by length before they "
                                       "stream through the engine (default: 8 x batch size)."),
     gamma: int = typer.Option(4, min=1, help="Draft tokens per target forward (adaptive)."),
-    max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Main output tokens per document."),
+    instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help=INSTRUCTION_HELP),
+    system: str = typer.Option(DEFAULT_SYSTEM, help=SYSTEM_HELP),
     modes: str = typer.Option("sidecar,standalone", help=f"Comma-separated: {', '.join(MODES)}."),
     id_column: str = typer.Option("id", help="Id column of the corpus."),
     text_column: str = typer.Option("article", help="Text column of the corpus."),
@@ -77,11 +83,11 @@ def nightly_command(
     pin_dtype(dtype)
     counts, _ = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, window=window, gamma=gamma,
-        max_new_tokens=max_new_tokens, modes=modes, id_column=id_column, text_column=text_column,
-        title_column=title_column, run_id=run_id, commit_every_s=commit_every, lock_wait_s=lock_wait_s,
-        run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge, trigger_cost_report=cost_report,
-        workers=workers, shards=shards, results_uri=results_uri, shard_retries=shard_retries,
-        shard_stall_s=shard_stall_s)
+        max_new_tokens=max_new_tokens, instruction=instruction, system=system, modes=modes, id_column=id_column,
+        text_column=text_column, title_column=title_column, run_id=run_id, commit_every_s=commit_every,
+        lock_wait_s=lock_wait_s, run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge,
+        trigger_cost_report=cost_report, workers=workers, shards=shards, results_uri=results_uri,
+        shard_retries=shard_retries, shard_stall_s=shard_stall_s)
     typer.echo(counts.markdown())
     _echo_downstream(counts)
 
@@ -102,7 +108,9 @@ def demo_command(
     pair: str = typer.Option("qwen-coder-small", help="Model pair."),
     dtype: str | None = typer.Option(None, help=DTYPE_HELP),
     batch_size: int = typer.Option(4, min=1, help="Documents decoded together."),
-    max_new_tokens: int = typer.Option(128, min=1, help="Summary tokens per document."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Main output tokens per document."),
+    instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help=INSTRUCTION_HELP),
+    system: str = typer.Option(DEFAULT_SYSTEM, help=SYSTEM_HELP),
     title_column: str | None = typer.Option("title", help="Title column of the corpus (empty: none)."),
 ) -> None:
     """Nightly, judge and cost report on a few real news articles, then the results table and its SQL."""
@@ -112,8 +120,9 @@ def demo_command(
                 "process: no server to set up (`sidecar ui` starts one). What they found is reported last.", fg="cyan")
     counts, database = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=4,
-        max_new_tokens=max_new_tokens, modes="sidecar,standalone", id_column="id", text_column="article",
-        title_column=title_column or None, run_id=None, trigger_judge=True, trigger_cost_report=True)
+        max_new_tokens=max_new_tokens, instruction=instruction, system=system, modes="sidecar,standalone",
+        id_column="id", text_column="article", title_column=title_column or None, run_id=None, trigger_judge=True,
+        trigger_cost_report=True)
     typer.echo(f"{counts.done} documents done, {counts.skipped_done} already done, "
                f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors.")
     render(findings(database, counts.run_id, time.perf_counter() - started))

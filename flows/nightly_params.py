@@ -49,7 +49,12 @@ class NightlyParams(BaseModel):
                     "together at its end.")
     pair: str = Field("qwen-coder-small", description="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D.")
     gamma: int = Field(4, ge=1, le=16, description="Tokens the draft proposes per target forward (adaptive).")
-    max_new_tokens: int = Field(128, ge=1, le=4096, description="Summary tokens per document.")
+    max_new_tokens: int = Field(128, ge=1, le=4096, description="Main output tokens per document.")
+    instruction: str = Field(
+        SUMMARIZE_INSTRUCTION, max_length=20_000,
+        description="The main task: what the target writes about each document, after it ('' for none).")
+    system: str = Field(DEFAULT_SYSTEM, max_length=20_000,
+                        description="The system prompt before each document ('' for none).")
     commit_every_s: float = Field(
         10.0, ge=0, le=3600,
         description="Commit finished documents at least this often (0: as they finish); a crash loses at "
@@ -127,7 +132,8 @@ class NightlyParams(BaseModel):
         return self.shards or self.workers
 
     def settings(self) -> BatchSettings:
-        return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens)
+        return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens, self.instruction,
+                             self.system or None)
 
     def decisive(self) -> dict[str, object]:
         """The fields that decide what a run computes: all but :data:`NOT_DECISIVE`."""
@@ -136,10 +142,9 @@ class NightlyParams(BaseModel):
     def resume_identity(self) -> dict[str, object]:
         """What a resume of the run must repeat besides what storage checks itself
         (:data:`PROVEN_BY_STORAGE`): the id, text and title columns and ``max_chars`` (which rows are
-        usable), ``max_new_tokens`` and the sidecar task (the outputs), and the prompts the pipeline
-        wraps every document in, which live in code (a changed instruction is another run)."""
-        fields = {k: v for k, v in self.decisive().items() if k not in PROVEN_BY_STORAGE}
-        return fields | {"instruction": SUMMARIZE_INSTRUCTION, "system": DEFAULT_SYSTEM}
+        usable), and ``max_new_tokens``, the ``instruction`` and ``system`` prompts and the sidecar tasks
+        (the outputs)."""
+        return {k: v for k, v in self.decisive().items() if k not in PROVEN_BY_STORAGE}
 
     def resolved_run_id(self, day: datetime) -> str:
         """``run_id``, else ``nightly-YYYYMMDD-<hash of the decisive fields>``: a rerun of the same night

@@ -15,7 +15,7 @@ from vocab.modes import SIDECAR_MODES
 def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:
     """(tokens the document's longest phase needs, the context it has), as the engine will count them."""
     tasks = [settings.mode_task(mode) for mode in settings.modes if mode in SIDECAR_MODES]
-    bare, compound = engine.prompts(SidecarRequest(doc.text, sidecars=tasks[:1]))
+    bare, compound = engine.prompts(SidecarRequest(doc.text, settings.instruction, settings.system, sidecars=tasks[:1]))
     gamma = engine.decoder.gamma
     # the speculative phase checks prompt + new tokens + one draft window against the target's context
     need = max(len(bare.token_ids), len(compound.token_ids)) + settings.max_new_tokens + gamma + 1

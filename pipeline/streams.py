@@ -171,7 +171,8 @@ class WindowRun:
         def requests():
             for doc in chunk:
                 attempt.taken.append(doc)  # the engine takes a request only when it has a slot for it
-                yield SidecarRequest(doc.text, sidecars=tasks, max_new_tokens=self.settings.max_new_tokens)
+                yield SidecarRequest(doc.text, self.settings.instruction, self.settings.system, sidecars=tasks,
+                                     max_new_tokens=self.settings.max_new_tokens)
 
         def on_tokens(index: int, ids: list[int], logprobs: object) -> None:
             # a main output's last tokens are committed in the step that finishes it
@@ -210,8 +211,9 @@ class WindowRun:
             self.stats.engine_batches += 1
             error: str | None = None
             try:
+                # the tagger gets the run's system prompt too: it differs from the sidecar by its context only
                 tagged = self.engine.standalone([summaries[d.doc_id] for d in chunk], [task], batch_size=size,
-                                                on_progress=self._progress("standalone"))
+                                                system=self.settings.system, on_progress=self._progress("standalone"))
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise

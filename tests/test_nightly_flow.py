@@ -301,6 +301,27 @@ def test_demo_ends_with_a_report_of_what_it_found_in_80_columns(prefect_api, tmp
     assert db.query("SELECT count(*) AS n FROM costs WHERE run_id = ?", [run["run_id"]])[0]["n"] > 0
 
 
+def test_the_cli_runs_the_main_task_it_is_given_and_a_resume_with_other_prompts_is_refused(prefect_api,
+                                                                                          tmp_path: Path) -> None:
+    from cli.main import app
+
+    corpus = write_corpus(tmp_path / "news.parquet", 2)
+    db_path = tmp_path / "sidecar.duckdb"
+    args = ["nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", str(db_path), "--max-new-tokens", "6",
+            "--no-judge", "--no-cost-report", "--run-id", "mine", "--modes", "sidecar"]
+    headline = ["--instruction", "Write a one-line headline for the document.", "--system", ""]
+    done = CliRunner().invoke(app, [*args, *headline])
+    assert done.exit_code == 0, done.output
+    [run] = Database(db_path).query("SELECT identity FROM runs")
+    assert json.loads(run["identity"]).items() >= {"instruction": headline[1], "system": ""}.items()
+    again = CliRunner().invoke(app, [*args, *headline])  # the same prompts: the run resumes, nothing left to do
+    assert again.exit_code == 0 and "| skipped, already done | 2 |" in again.output, again.output
+    refused = CliRunner().invoke(app, [*args, "--instruction", "Summarize the document."])
+    assert refused.exit_code == 2, refused.output
+    [line] = refused.output.strip().splitlines()
+    assert line.startswith("error: ") and "instruction" in line and "system" in line and "another run id" in line
+
+
 def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate

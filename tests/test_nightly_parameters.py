@@ -62,3 +62,24 @@ def test_prefect_yaml_gives_the_nightly_defaults_as_top_level_fields_and_the_jud
     assert trigger["parameters"] == {"run_id": "{{ flow_run.name }}", "db_path": "{{ flow_run.parameters.db_path }}",
                                      "judge_pair": "{{ flow_run.parameters.pair }}"}
     assert {"db_path", "pair"} <= set(nightly["parameters"]), "the templates' names have values on every run"
+
+
+def test_the_main_tasks_prompts_are_fields_with_the_summary_prompts_as_defaults_and_decide_the_run() -> None:
+    from datetime import UTC, datetime
+
+    from flows.nightly import NightlyParams
+    from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
+
+    default = NightlyParams()
+    assert (default.instruction, default.system) == (SUMMARIZE_INSTRUCTION, DEFAULT_SYSTEM)
+    assert default.settings().instruction == SUMMARIZE_INSTRUCTION and default.settings().system == DEFAULT_SYSTEM
+    assert NightlyParams(system="").settings().system is None, "'' is no system turn"
+    day = datetime(2026, 12, 5, tzinfo=UTC)
+    headline = NightlyParams(instruction="Write a one-line headline for the document.")
+    terse = NightlyParams(system="You answer in one line.")
+    assert len({p.resolved_run_id(day) for p in (default, headline, terse)}) == 3, "another prompt, another run"
+    for params in (default, headline, terse):
+        assert {k: params.resume_identity()[k] for k in ("instruction", "system")} == {
+            "instruction": params.instruction, "system": params.system}
+    given = deployments()["nightly"]["parameters"]
+    assert (given["instruction"], given["system"]) == (SUMMARIZE_INSTRUCTION, DEFAULT_SYSTEM), "prefect.yaml's"

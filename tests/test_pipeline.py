@@ -146,6 +146,25 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
             assert record.parse_error == output.parse_error
 
 
+def test_the_runs_instruction_and_system_prompt_reach_every_mode(engine: SidecarEngine) -> None:
+    docs = documents(2)
+    instruction, system = "List the places named in the document.", "You answer in one line."
+    custom = BatchSettings(settings().task, ("sidecar", "standalone"), MAX_NEW, instruction, system)
+    by_key = {(r.doc_id, r.mode): r for r in window_records(engine, docs, custom)}
+
+    task = custom.task
+    direct = engine.run([SidecarRequest(d.text, instruction, system, sidecars=[task]) for d in docs],
+                        max_new_tokens=MAX_NEW, batch_size=2)
+    tagger = engine.standalone([r.main.text for r in direct], [task], batch_size=2, system=system)
+    for doc, speculative, alone in zip(docs, direct, tagger, strict=True):
+        assert by_key[(doc.doc_id, "sidecar")].summary == speculative.main.text
+        assert by_key[(doc.doc_id, "sidecar")].sidecar_text == speculative.sidecars["hashtags"].text
+        assert by_key[(doc.doc_id, "standalone")].sidecar_text == alone["hashtags"].text
+    default = window_records(engine, docs, settings("sidecar"))
+    assert [r.summary for r in default] != [by_key[(d.doc_id, "sidecar")].summary for d in docs], \
+        "the tiny pair writes another main output for another prompt: the comparison above can fail"
+
+
 def test_standalone_alone_still_gets_the_target_exact_summary(engine: SidecarEngine) -> None:
     docs = documents(2)
     alone = window_records(engine, docs, settings("standalone"))
