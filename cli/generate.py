@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from sidecar.settings import DTYPE_HELP
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
+
+if TYPE_CHECKING:
+    from sidecar.tasks.rows import SidecarOutput
 
 
 def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
@@ -22,6 +27,13 @@ def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
     return lines[:limit] if limit else lines
 
 
+def _shown(output: SidecarOutput) -> str:
+    """A sidecar output in the table: its parsed value (hashtags joined), else its raw text."""
+    if isinstance(output.parsed, list):
+        return ", ".join(output.parsed)
+    return output.parsed if output.parsed is not None else output.text.strip() or "-"
+
+
 def generate(
     input_path: str = typer.Option(..., "--input", help="A .parquet file (text column) or a text file, one per line."),
     column: str = typer.Option("article", help="Text column of a Parquet input."),
@@ -31,6 +43,8 @@ def generate(
     instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help="Main instruction after each input ('' for none)."),
     system: str = typer.Option(DEFAULT_SYSTEM, help="The system prompt before each input ('' for none)."),
     hashtags: bool = typer.Option(True, help="Run the hashtags sidecar on the draft after the main output."),
+    tasks: str | None = typer.Option(None, help="A .yaml or .json list of sidecar tasks (docs/tasks.md) in place "
+                                     "of the hashtags task."),
     max_chars: int = typer.Option(3000, help="Cut each input to this many characters (the source study's 3,000)."),
     max_new_tokens: int = typer.Option(64, min=1),
     gamma: int = typer.Option(4, min=1),
@@ -48,13 +62,15 @@ def generate(
     from rich.table import Table
 
     from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
+    from sidecar.tasks.tasks_file import load_tasks
 
+    sidecars = load_tasks(tasks) if tasks else [HASHTAGS] if hashtags else []
     texts = [t[:max_chars] for t in read_inputs(input_path, column, limit)]
     if not texts:
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
     engine = SidecarEngine(load_pair(pair, dtype=dtype, draft_int8=draft_int8), gamma=gamma)
-    requests = [SidecarRequest(t, instruction, system or None, sidecars=[HASHTAGS] if hashtags else []) for t in texts]
+    requests = [SidecarRequest(t, instruction, system or None, sidecars=sidecars) for t in texts]
     results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          batch_size=batch_size)
     if as_json:
@@ -64,11 +80,11 @@ def generate(
                                    "sidecars": {k: {"text": v.text, "parsed": v.parsed, "stats": v.stats.as_dict()}
                                                 for k, v in result.sidecars.items()}}))
         return
-    table = Table("#", "output", "hashtags", "tokens", "accepted/drafted", "tok/fwd", show_lines=True)
+    table = Table("#", "output", *(t.name for t in sidecars), "tokens", "accepted/drafted", "tok/fwd",
+                  show_lines=True)
     for i, result in enumerate(results):
         st = result.main.stats
-        tags = result.sidecars.get("hashtags")
-        table.add_row(str(i), result.main.text, ", ".join(tags.parsed) if tags and tags.parsed else "-",
+        table.add_row(str(i), result.main.text, *(_shown(result.sidecars[t.name]) for t in sidecars),
                       str(st.new_tokens), f"{st.accepted}/{st.drafted}", f"{st.tokens_per_target_forward:.2f}")
     Console().print(table)
     tokens = sum(r.main.stats.new_tokens for r in results)

@@ -22,17 +22,32 @@ pipeline_app = typer.Typer()
 
 INSTRUCTION_HELP = "The main task: what the target writes after each document ('' for none)."
 SYSTEM_HELP = "The system prompt before each document ('' for none)."
+TASKS_HELP = "A .yaml or .json list of sidecar tasks (docs/tasks.md) in place of the hashtags task."
+
+
+def _tasks(path: str | None) -> list[dict[str, Any]] | None:
+    """The tasks of ``--tasks``, as NightlyParams's ``sidecar_tasks`` (None: the default)."""
+    if path is None:
+        return None
+    from sidecar.tasks.tasks_file import load_tasks
+
+    return [task.model_dump() for task in load_tasks(path)]
 
 
 def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
+    # a bad parameter, corpus or database raises its own error, which cli.errors turns into one line; the
+    # parameters are checked before a Prefect API starts (NightlyParams imports no Prefect)
+    from flows.nightly_params import NightlyParams
+
+    values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
+    if values.get("sidecar_tasks") is None:
+        values.pop("sidecar_tasks", None)
+    params = NightlyParams(**values)
     # entered before Prefect is imported: its settings read the environment once
-    # a bad parameter, corpus or database raises its own error, which cli.errors turns into one line
     with embedded_prefect():
-        from flows.nightly import NightlyParams, nightly
+        from flows.nightly import nightly
         from storage import Database
 
-        values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
-        params = NightlyParams(**values)
         counts = nightly(**params.model_dump())
     return counts, Database(params.db_path)
 
@@ -52,6 +67,7 @@ def nightly_command(
     max_new_tokens: int = typer.Option(128, min=1, help="Main output tokens per document."),
     instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help=INSTRUCTION_HELP),
     system: str = typer.Option(DEFAULT_SYSTEM, help=SYSTEM_HELP),
+    tasks: str | None = typer.Option(None, help=TASKS_HELP),
     modes: str = typer.Option("sidecar,standalone", help=f"Comma-separated: {', '.join(MODES)}."),
     id_column: str = typer.Option("id", help="Id column of the corpus."),
     text_column: str = typer.Option("article", help="Text column of the corpus."),
@@ -83,8 +99,9 @@ def nightly_command(
     pin_dtype(dtype)
     counts, _ = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, window=window, gamma=gamma,
-        max_new_tokens=max_new_tokens, instruction=instruction, system=system, modes=modes, id_column=id_column,
-        text_column=text_column, title_column=title_column, run_id=run_id, commit_every_s=commit_every,
+        max_new_tokens=max_new_tokens, instruction=instruction, system=system, sidecar_tasks=_tasks(tasks),
+        modes=modes, id_column=id_column, text_column=text_column, title_column=title_column, run_id=run_id,
+        commit_every_s=commit_every,
         lock_wait_s=lock_wait_s, run_wait_s=run_wait_s, device_wait_s=device_wait_s, trigger_judge=judge,
         trigger_cost_report=cost_report, workers=workers, shards=shards, results_uri=results_uri,
         shard_retries=shard_retries, shard_stall_s=shard_stall_s)
@@ -111,6 +128,7 @@ def demo_command(
     max_new_tokens: int = typer.Option(128, min=1, help="Main output tokens per document."),
     instruction: str = typer.Option(SUMMARIZE_INSTRUCTION, help=INSTRUCTION_HELP),
     system: str = typer.Option(DEFAULT_SYSTEM, help=SYSTEM_HELP),
+    tasks: str | None = typer.Option(None, help=TASKS_HELP),
     title_column: str | None = typer.Option("title", help="Title column of the corpus (empty: none)."),
 ) -> None:
     """Nightly, judge and cost report on a few real news articles, then the results table and its SQL."""
@@ -120,9 +138,9 @@ def demo_command(
                 "process: no server to set up (`sidecar ui` starts one). What they found is reported last.", fg="cyan")
     counts, database = _run_nightly(
         corpus=corpus, limit=limit, pair=pair, db_path=db, batch_size=batch_size, gamma=4,
-        max_new_tokens=max_new_tokens, instruction=instruction, system=system, modes="sidecar,standalone",
-        id_column="id", text_column="article", title_column=title_column or None, run_id=None, trigger_judge=True,
-        trigger_cost_report=True)
+        max_new_tokens=max_new_tokens, instruction=instruction, system=system, sidecar_tasks=_tasks(tasks),
+        modes="sidecar,standalone", id_column="id", text_column="article", title_column=title_column or None,
+        run_id=None, trigger_judge=True, trigger_cost_report=True)
     typer.echo(f"{counts.done} documents done, {counts.skipped_done} already done, "
                f"{sum(counts.rejected.values())} rejected, {len(counts.errors)} errors.")
     render(findings(database, counts.run_id, time.perf_counter() - started))

@@ -59,8 +59,11 @@ class NightlyParams(BaseModel):
         10.0, ge=0, le=3600,
         description="Commit finished documents at least this often (0: as they finish); a crash loses at "
                     "most this much finished work plus the documents in flight.")
-    sidecar_tasks: list[SidecarTask] = Field(default_factory=lambda: [HASHTAGS],
-                                             description="The sidecar task the draft runs after the summary.")
+    sidecar_tasks: list[SidecarTask] = Field(
+        default_factory=lambda: [HASHTAGS],
+        description="The sidecar tasks the draft runs after the main output, each with a name, an instruction "
+                    "and optionally max_new_tokens, attend_document, parser and bridge (docs/tasks.md); default: "
+                    "hashtags.")
     modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
                               description="sidecar (document evicted), sidecar_attended, standalone.")
     db_path: str = Field("data/sidecar.duckdb", description="The results database.")

@@ -322,6 +322,25 @@ def test_the_cli_runs_the_main_task_it_is_given_and_a_resume_with_other_prompts_
     assert line.startswith("error: ") and "instruction" in line and "system" in line and "another run id" in line
 
 
+def test_the_cli_runs_the_sidecar_task_of_a_tasks_file_in_every_mode(prefect_api, tmp_path: Path) -> None:
+    from cli.main import app
+
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text("- name: headline\n  instruction: Write a one-line headline for the document.\n"
+                     "  max_new_tokens: 6\n")
+    db_path = tmp_path / "sidecar.duckdb"
+    done = CliRunner().invoke(app, ["nightly", "--corpus", str(write_corpus(tmp_path / "news.parquet", 2)),
+                                    "--pair", "tiny", "--db", str(db_path), "--max-new-tokens", "6", "--no-judge",
+                                    "--no-cost-report", "--tasks", str(tasks)])
+    assert done.exit_code == 0, done.output
+    db = Database(db_path)
+    assert db.query("SELECT mode, sidecar_name, count(*) AS n FROM outputs GROUP BY ALL ORDER BY mode") == [
+        {"mode": "sidecar", "sidecar_name": "headline", "n": 2}, {"mode": "standalone", "sidecar_name": "headline",
+                                                                  "n": 2}]
+    [run] = db.query("SELECT identity FROM runs")
+    assert [t["name"] for t in json.loads(run["identity"])["sidecar_tasks"]] == ["headline"]
+
+
 def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate

@@ -83,3 +83,10 @@ def test_the_main_tasks_prompts_are_fields_with_the_summary_prompts_as_defaults_
             "instruction": params.instruction, "system": params.system}
     given = deployments()["nightly"]["parameters"]
     assert (given["instruction"], given["system"]) == (SUMMARIZE_INSTRUCTION, DEFAULT_SYSTEM), "prefect.yaml's"
+
+
+def test_prefect_yaml_gives_the_hashtags_task_as_the_nightly_sidecar_tasks() -> None:
+    from flows.nightly import NightlyParams
+    from sidecar.tasks.task import HASHTAGS
+
+    assert NightlyParams.model_validate(deployments()["nightly"]["parameters"]).sidecar_tasks == [HASHTAGS]

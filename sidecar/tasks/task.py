@@ -5,17 +5,26 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SidecarTask(BaseModel):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
-    instruction: str = Field(min_length=1, max_length=2000)
-    max_new_tokens: int = Field(32, ge=1, le=1024)
-    attend_document: bool = False
-    parser: Literal["hashtags", "text"] = "text"
-    # text the draft continues from after the main output (the main output's end-of-turn is dropped)
-    bridge: str = "\n\n"
+    """A task the draft runs after the main output (docs/tasks.md). Unknown fields are refused, by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$",
+                      description="The output's name: letters, digits, '_' and '-'; unique among a request's tasks.")
+    instruction: str = Field(min_length=1, max_length=2000,
+                             description="What the draft writes, appended to the user's message as a hidden line "
+                                         "and shown once the main output is final.")
+    max_new_tokens: int = Field(32, ge=1, le=1024, description="At most this many output tokens.")
+    attend_document: bool = Field(False, description="Keep the document in the draft's cache for the task "
+                                                     "(default: evicted; the task sees the main output).")
+    parser: Literal["hashtags", "text"] = Field("text", description="How the output is parsed: hashtags (a list) "
+                                                                   "or text (stripped).")
+    bridge: str = Field("\n\n", description="Text the draft continues from after the main output, whose "
+                                             "end-of-turn is dropped.")
 
     @field_validator("instruction")
     @classmethod
