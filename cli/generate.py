@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -13,17 +14,20 @@ if TYPE_CHECKING:
     from sidecar.tasks.rows import SidecarOutput
 
 
-def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
-    """Prompts from a Parquet file's text column, or one per non-empty line of a text file."""
-    if path.endswith(".parquet"):
+def read_inputs(path: str, column: str, id_column: str | None, limit: int | None) -> list[tuple[str, str]]:
+    """(id, prompt) pairs: from a corpus file's text column (Parquet, JSON Lines or CSV, by extension; ids from
+    ``id_column``, else each row's index), or one per non-empty line of a text file (its line number the id)."""
+    from storage.corpus_files import FORMATS
+
+    if Path(path).suffix.lower() in FORMATS:
         from storage.parquet import read_documents
 
-        documents, rejects = read_documents(path, text_column=column, limit=limit)
+        documents, rejects = read_documents(path, id_column=id_column, text_column=column, limit=limit)
         for reject in rejects:
             typer.secho(f"skipped row {reject.row_index} ({reject.doc_id}): {reject.reason}", fg="yellow", err=True)
-        return [d.text for d in documents]
+        return [(d.doc_id, d.text) for d in documents]
     with open(path, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
+        lines = [(str(number), line.strip()) for number, line in enumerate(f, start=1) if line.strip()]
     return lines[:limit] if limit else lines
 
 
@@ -35,8 +39,11 @@ def _shown(output: SidecarOutput) -> str:
 
 
 def generate(
-    input_path: str = typer.Option(..., "--input", help="A .parquet file (text column) or a text file, one per line."),
-    column: str = typer.Option("article", help="Text column of a Parquet input."),
+    input_path: str = typer.Option(..., "--input", help="A corpus file (.parquet, .jsonl or .csv: its text column) "
+                                   "or a text file, one input per line."),
+    column: str = typer.Option("article", help="Text column of a corpus file."),
+    id_column: str | None = typer.Option(None, help="Id column of a corpus file (default: the row's index; a text "
+                                         "file's inputs are known by their line numbers)."),
     limit: int | None = typer.Option(None, min=1, help="Use only the first N inputs."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
     dtype: str | None = typer.Option(None, help=DTYPE_HELP),
@@ -65,7 +72,8 @@ def generate(
     from sidecar.tasks.tasks_file import load_tasks
 
     sidecars = load_tasks(tasks) if tasks else [HASHTAGS] if hashtags else []
-    texts = [t[:max_chars] for t in read_inputs(input_path, column, limit)]
+    inputs = read_inputs(input_path, column, id_column, limit)
+    ids, texts = [i for i, _ in inputs], [t[:max_chars] for _, t in inputs]
     if not texts:
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
@@ -74,17 +82,17 @@ def generate(
     results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          batch_size=batch_size)
     if as_json:
-        for result in results:
-            typer.echo(json.dumps({"text": result.main.text, "finish_reason": result.main.finish_reason,
+        for doc_id, result in zip(ids, results, strict=True):
+            typer.echo(json.dumps({"id": doc_id, "text": result.main.text, "finish_reason": result.main.finish_reason,
                                    "stats": result.main.stats.as_dict(),
                                    "sidecars": {k: {"text": v.text, "parsed": v.parsed, "stats": v.stats.as_dict()}
                                                 for k, v in result.sidecars.items()}}))
         return
-    table = Table("#", "output", *(t.name for t in sidecars), "tokens", "accepted/drafted", "tok/fwd",
+    table = Table("id", "output", *(t.name for t in sidecars), "tokens", "accepted/drafted", "tok/fwd",
                   show_lines=True)
-    for i, result in enumerate(results):
+    for doc_id, result in zip(ids, results, strict=True):
         st = result.main.stats
-        table.add_row(str(i), result.main.text, *(_shown(result.sidecars[t.name]) for t in sidecars),
+        table.add_row(doc_id, result.main.text, *(_shown(result.sidecars[t.name]) for t in sidecars),
                       str(st.new_tokens), f"{st.accepted}/{st.drafted}", f"{st.tokens_per_target_forward:.2f}")
     Console().print(table)
     tokens = sum(r.main.stats.new_tokens for r in results)

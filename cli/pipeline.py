@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 pipeline_app = typer.Typer()
 
+CORPUS_HELP = "Corpus file, one document per row: .parquet, .jsonl (a JSON object a line) or .csv (a header row)."
 INSTRUCTION_HELP = "The main task: what the target writes after each document ('' for none)."
 SYSTEM_HELP = "The system prompt before each document ('' for none)."
 TASKS_HELP = "A .yaml or .json list of sidecar tasks (docs/tasks.md) in place of the hashtags task."
@@ -36,13 +37,16 @@ def _tasks(path: str | None) -> list[dict[str, Any]] | None:
 
 def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
     # a bad parameter, corpus or database raises its own error, which cli.errors turns into one line; the
-    # parameters are checked before a Prefect API starts (NightlyParams imports no Prefect)
+    # parameters and the corpus's columns are checked before a Prefect API starts (neither imports Prefect)
     from flows.nightly_params import NightlyParams
 
     values["modes"] = [m.strip() for m in values["modes"].split(",") if m.strip()]
     if values.get("sidecar_tasks") is None:
         values.pop("sidecar_tasks", None)
     params = NightlyParams(**values)
+    from storage.parquet import check_corpus
+
+    check_corpus(params.corpus, params.id_column, params.text_column, params.title_column)
     # entered before Prefect is imported: its settings read the environment once
     with embedded_prefect():
         from flows.nightly import nightly
@@ -54,7 +58,7 @@ def _run_nightly(**values: Any) -> tuple[RunCounts, Database]:
 
 @pipeline_app.command("nightly")
 def nightly_command(
-    corpus: str = typer.Option("data/news.parquet", help="Parquet file, one document per row."),
+    corpus: str = typer.Option("data/news.parquet", help=CORPUS_HELP),
     limit: int | None = typer.Option(None, min=1, help="Run only the first N usable documents."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair: tiny, qwen-coder-small, qwen2.5-7b or T,D."),
     dtype: str | None = typer.Option(None, help=DTYPE_HELP + " Sets SIDECAR_DTYPE for the run's processes."),
@@ -119,7 +123,7 @@ def _echo_downstream(counts: RunCounts) -> None:
 
 @pipeline_app.command("demo")
 def demo_command(
-    corpus: str = typer.Option("data/news.parquet", help="Parquet file, one document per row."),
+    corpus: str = typer.Option("data/news.parquet", help=CORPUS_HELP),
     limit: int = typer.Option(4, min=1, help="Documents to run."),
     db: str = typer.Option("data/sidecar.duckdb", help="Results database (DuckDB)."),
     pair: str = typer.Option("qwen-coder-small", help="Model pair."),

@@ -1,4 +1,5 @@
-"""The ``nightly`` flow: Parquet in, the engine over every document in each mode, DuckDB out.
+"""The ``nightly`` flow: a corpus in (Parquet, JSON Lines or CSV), the engine over every document in each mode,
+DuckDB out.
 
 Run directly (``sidecar nightly``, or calling :func:`nightly`) it also runs ``judge`` (with the run's own
 pair served on loopback as the judge) and ``cost-report`` afterwards, as subflows; run from its deployment
@@ -85,7 +86,7 @@ from sidecar.models.loading import load_pair, load_tokenizer
 from sidecar.tasks.engine import SidecarEngine
 from storage import Database, DatabaseLockedError, Document, RanOn, RejectedDocument, RetryPolicy
 from storage.errors import LockHolder
-from storage.parquet import read_documents
+from storage.parquet import check_corpus, read_documents
 from storage.parts import PartStore
 
 __all__ = ["NOT_DECISIVE", "PROVEN_BY_STORAGE", "NightlyParams", "nightly"]
@@ -127,6 +128,8 @@ def nightly(**fields: Any) -> RunCounts:
     ``**params.model_dump()``); a value a field refuses fails the run before anything is read or written."""
     started = time.perf_counter()
     params = NightlyParams.model_validate(fields)
+    # the corpus's format and columns first: an input that cannot be read leaves no database file behind
+    check_corpus(params.corpus, params.id_column, params.text_column, params.title_column)
     run_id = params.resolved_run_id(_run_day())
     counts = _process_sharded(params, run_id) if params.sharded() else _process(params, run_id)
     counts.process_seconds = time.perf_counter() - started

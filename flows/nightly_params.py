@@ -33,7 +33,8 @@ class NightlyParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    corpus: str = Field("data/news.parquet", description="Parquet file with one document per row.")
+    corpus: str = Field("data/news.parquet", description="Corpus file with one document per row: .parquet, .jsonl "
+                                                         "(one JSON object per line) or .csv (with a header row).")
     id_column: str = Field("id", description="Column with a unique document id.")
     text_column: str = Field("article", description="Column with the document text.")
     title_column: str | None = Field(None, description="Optional column with a title, stored with the document.")

@@ -1,8 +1,9 @@
-"""Documents from any Parquet file with an id column and a text column (CNN/DailyMail: ``id``, ``article``).
+"""Documents from a corpus file with an id column and a text column (CNN/DailyMail: ``id``, ``article``):
+Parquet, JSON Lines or CSV, by its extension (``storage.corpus_files``; the module keeps its first format's name).
 
 Columns are checked against the file's schema before a single row is read, so a wrong column name fails
-fast, before any model loads. Every row that cannot be run comes back as a reject with its reason;
-nothing is dropped silently.
+fast, before any model loads or a database is opened (:func:`check_corpus`). Every row that cannot be run
+comes back as a reject with its reason; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from storage.corpus_files import CorpusFile, open_corpus
 from storage.errors import InputSchemaError
 from storage.records import Document, RejectedDocument, RejectReason
-
-_READ_BATCH_ROWS = 1024
 
 
 def _is_text_type(dtype: pa.DataType) -> bool:
@@ -26,9 +25,9 @@ def _is_bytes_type(dtype: pa.DataType) -> bool:
     return pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_binary_view(dtype)
 
 
-def _check_columns(path: Path, schema: pa.Schema, id_column: str, text_column: str,
+def _check_columns(path: Path, schema: pa.Schema, id_column: str | None, text_column: str,
                    title_column: str | None) -> None:
-    wanted = {"id": id_column, "text": text_column}
+    wanted = {"text": text_column} if id_column is None else {"id": id_column, "text": text_column}
     if title_column is not None:
         wanted["title"] = title_column
     missing = [f"{role} column {name!r}" for role, name in wanted.items() if name not in schema.names]
@@ -56,10 +55,23 @@ def _decode(value: object) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def read_documents(path: str | Path, id_column: str = "id", text_column: str = "article",
+def _opened(path: str | Path, id_column: str | None, text_column: str, title_column: str | None) -> CorpusFile:
+    corpus = open_corpus(path, [c for c in (id_column, text_column, title_column) if c is not None])
+    _check_columns(corpus.path, corpus.schema, id_column, text_column, title_column)
+    return corpus
+
+
+def check_corpus(path: str | Path, id_column: str | None = "id", text_column: str = "article",
+                 title_column: str | None = None) -> None:
+    """Raise what :func:`read_documents` would raise before its first row: a missing or unreadable file,
+    an unknown format, a missing column or one of the wrong type."""
+    _opened(path, id_column, text_column, title_column)
+
+
+def read_documents(path: str | Path, id_column: str | None = "id", text_column: str = "article",
                    title_column: str | None = None, max_chars: int | None = None,
                    limit: int | None = None) -> tuple[list[Document], list[RejectedDocument]]:
-    """Read documents and rejects from ``path``.
+    """Read documents and rejects from ``path`` (``id_column`` None: each row's index is its id).
 
     Rejects and their reasons: ``null`` (id or text is null), ``not_utf8`` (binary cell that is not
     UTF-8), ``empty`` (id or text is empty or nothing but whitespace), ``duplicate_id`` (an earlier row
@@ -70,25 +82,18 @@ def read_documents(path: str | Path, id_column: str = "id", text_column: str = "
     is known by its ``row_index``. Ids and texts are kept exactly as stored. ``limit`` stops reading once
     that many usable documents were found; the rejects met on the way are returned too.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input file {path} does not exist")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of documents, got {limit}")
-    try:
-        parquet = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputSchemaError(f"{path} is not a readable Parquet file: {exc}") from exc
-    schema = parquet.schema_arrow
-    _check_columns(path, schema, id_column, text_column, title_column)
+    corpus = _opened(path, id_column, text_column, title_column)
     columns = list(dict.fromkeys(c for c in (id_column, text_column, title_column) if c is not None))
 
     documents: list[Document] = []
     rejects: list[RejectedDocument] = []
     seen_ids: set[str] = set()
     row_index = 0
-    for batch in parquet.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns):
-        ids = batch.column(id_column).to_pylist()
+    for batch in corpus.batches(columns):
+        ids = (batch.column(id_column).to_pylist() if id_column is not None
+               else [str(row_index + i) for i in range(batch.num_rows)])
         texts = batch.column(text_column).to_pylist()
         titles = batch.column(title_column).to_pylist() if title_column is not None else [None] * len(ids)
         for raw_id, raw_text, raw_title in zip(ids, texts, titles, strict=True):

@@ -216,3 +216,24 @@ def test_judge_of_an_unknown_run_exits_2_with_one_line(ran: Ran) -> None:
 @pytest.mark.slow
 def test_demo_on_an_unusable_database_exits_3_with_one_line(ran: Ran) -> None:
     assert_ran_with_one_error_line(ran, "demo-directory", 3)
+
+
+@pytest.mark.parametrize(("corpus", "fragments"), [
+    ("absent.jsonl", ["absent.jsonl", "does not exist"]),
+    ("news.csv", ["news.csv has no text column 'article'", "id, body"]),
+    ("news.xlsx", ["news.xlsx", ".jsonl", "extension"]),
+])
+def test_a_corpus_that_cannot_be_read_creates_no_database_file(tmp_path: Path, corpus: str,
+                                                               fragments: list[str]) -> None:
+    from cli.main import app
+
+    (tmp_path / "news.csv").write_text("id,body\na,The council met.\n")
+    (tmp_path / "news.xlsx").write_text("")
+    db = tmp_path / "out" / "sidecar.duckdb"
+    for command in ("nightly", "demo"):
+        result = CliRunner().invoke(app, [command, "--corpus", str(tmp_path / corpus), "--pair", "tiny", "--db",
+                                          str(db)])
+        assert result.exit_code == 2, result.output
+        [line] = result.output.strip().splitlines()[-1:]
+        assert line.startswith("error: ") and all(f in line for f in fragments), line
+        assert not db.parent.exists()

@@ -341,6 +341,20 @@ def test_the_cli_runs_the_sidecar_task_of_a_tasks_file_in_every_mode(prefect_api
     assert [t["name"] for t in json.loads(run["identity"])["sidecar_tasks"]] == ["headline"]
 
 
+def test_a_jsonl_corpus_runs_and_one_without_its_columns_leaves_no_database_file(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+    from storage import InputSchemaError
+
+    corpus = tmp_path / "news.jsonl"
+    corpus.write_text("".join(json.dumps({"doc": f"d{i}", "body": SENTENCES[i]}) + "\n" for i in range(2)))
+    with pytest.raises(InputSchemaError, match="no id column 'id' and no text column 'article'"):
+        nightly(**params(tmp_path, corpus).model_dump())
+    assert not (tmp_path / "sidecar.duckdb").exists()
+    counts = nightly(**params(tmp_path, corpus, id_column="doc", text_column="body", modes=["sidecar"]).model_dump())
+    assert counts.done == 2
+    assert [r["doc_id"] for r in Database(tmp_path / "sidecar.duckdb").results(counts.run_id)] == ["d0", "d1"]
+
+
 def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate

@@ -154,3 +154,77 @@ def test_the_database_refuses_usable_documents_with_blank_or_repeated_ids(tmp_pa
         with pytest.raises(ValueError, match=match):
             db.begin_run("run-ids", {}, "tiny", "cpu", "cpu", 4, 2, docs=docs, rejects=[], code_version="test")
     assert db.get_run("run-ids") is None
+
+
+# -- JSON Lines and CSV --------------------------------------------------------------------------------------
+
+ROWS = [{"id": "007", "article": "The council met on Tuesday.", "title": "Council"},
+        {"id": "008", "article": "  ", "title": "Blank"},
+        {"id": "007", "article": "Prices rose again.", "title": "Prices"},
+        {"id": "009", "article": "Rain, then sun: a \"mixed\" week.\nSecond line.", "title": "Weather"}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    import pyarrow.csv as pcsv
+
+    pcsv.write_csv(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_jsonl_and_csv_corpora_read_as_their_parquet_twin_does(tmp_path: Path) -> None:
+    parquet = tmp_path / "news.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), parquet)
+    expected = read_documents(parquet, title_column="title")
+    assert [d.doc_id for d in expected[0]] == ["007", "009"]
+    assert [(r.doc_id, r.reason) for r in expected[1]] == [("008", "empty"), ("007", "duplicate_id")]
+    for path in (write_jsonl(tmp_path / "news.jsonl", ROWS), write_jsonl(tmp_path / "news.NDJSON", ROWS),
+                 write_csv(tmp_path / "news.csv", ROWS)):
+        assert read_documents(path, title_column="title") == expected, path
+        assert read_documents(path, title_column="title", limit=1)[0] == expected[0][:1]
+
+
+def test_a_csv_reads_its_id_and_text_columns_as_text(tmp_path: Path) -> None:
+    path = tmp_path / "numbers.csv"
+    path.write_text("doc,body\n007,42\n8,\n")
+    documents, rejects = read_documents(path, id_column="doc", text_column="body")
+    assert [(d.doc_id, d.text) for d in documents] == [("007", "42")]
+    assert [(r.doc_id, r.reason) for r in rejects] == [("8", "empty")]
+
+
+def test_without_an_id_column_each_rows_index_is_its_id(tmp_path: Path) -> None:
+    rows = [{"article": f"Story {i}."} for i in range(2500)]  # more than one read batch
+    documents, _ = read_documents(write_jsonl(tmp_path / "stories.jsonl", rows), id_column=None)
+    assert [d.doc_id for d in documents[:2]] == ["0", "1"] and documents[-1].doc_id == "2499"
+    assert all(d.doc_id == str(d.row_index) for d in documents)
+
+
+def test_bad_jsonl_and_csv_corpora_are_input_schema_errors_naming_the_file(tmp_path: Path) -> None:
+    from storage.parquet import check_corpus
+
+    missing = write_csv(tmp_path / "news.csv", [{"doc": "a", "body": "text"}])
+    with pytest.raises(InputSchemaError, match=r"has no id column 'id' and no text column 'article'.*doc, body"):
+        check_corpus(missing)
+    nested = write_jsonl(tmp_path / "nested.jsonl", [{"id": "a", "article": {"text": "x"}}])
+    with pytest.raises(InputSchemaError, match=r"text column 'article' of .*nested\.jsonl has type struct"):
+        read_documents(nested)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "a", "article": "fine"}\n{"id": "b", "article": \n')
+    with pytest.raises(InputSchemaError, match=r"broken\.jsonl is not a readable JSON Lines file"):
+        read_documents(broken)
+    # a type that changes after the first block is found while reading
+    changing = write_jsonl(tmp_path / "changing.jsonl", [{"id": str(i), "article": "x" * 1000} for i in range(2000)]
+                           + [{"id": "last", "article": 5}])
+    with pytest.raises(InputSchemaError, match=r"changing\.jsonl is not a readable JSON Lines file"):
+        read_documents(changing)
+    (tmp_path / "news.xlsx").write_text("")
+    with pytest.raises(InputSchemaError, match=r"\.parquet, \.jsonl, \.ndjson, \.csv file.*\.xlsx"):
+        check_corpus(tmp_path / "news.xlsx")
+    with pytest.raises(FileNotFoundError, match=r"absent\.jsonl"):
+        check_corpus(tmp_path / "absent.jsonl")
