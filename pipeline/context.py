@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from pipeline.settings import BatchSettings
 from sidecar.tasks.engine import SidecarEngine
-from sidecar.tasks.prompts import encode
 from sidecar.tasks.rows import SidecarRequest
 from storage import Document, RejectedDocument
 from vocab.modes import SIDECAR_MODES
@@ -21,7 +20,7 @@ def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) 
     need = max(len(bare.token_ids), len(compound.token_ids)) + settings.max_new_tokens + gamma + 1
     if tasks:
         # the draft continues the same cache with the bridge and the sidecar task's tokens
-        bridge = len(encode(engine.pair.tokenizer, settings.task.bridge))
+        bridge = len(engine.builder.bridge(settings.task))
         need = max(need, len(compound.token_ids) + settings.max_new_tokens + bridge + settings.task.max_new_tokens + 1)
     limit = min(engine.pair.max_context, int(engine.pair.draft.config.max_position_embeddings))
     return need, limit

@@ -17,7 +17,7 @@ DOCS = [
 ]
 TITLE = SidecarTask(name="title", instruction="Then give the summary a title.", max_new_tokens=6)
 HASHTAGS_ATTENDED = SidecarTask(name="hashtags_attended", instruction=HASHTAGS.instruction,
-                                max_new_tokens=20, attend_document=True, parser="hashtags")
+                                max_new_tokens=20, attend_document=True, parser="hashtags", bridge=HASHTAGS.bridge)
 
 
 def test_target_output_is_identical_with_or_without_sidecars(tiny, prefill_forwards):
@@ -199,6 +199,22 @@ def test_eviction_is_exact_and_document_columns_are_not_read(tiny):
     attended = _sidecar_logits(tiny, masked_cache, prompt, ["prefix", "document", "instruction", "sidecar:hashtags",
                                                             "suffix"], "sidecar:hashtags", bridge)
     assert (attended - masked).abs().max().item() > 1e-2
+
+
+def test_a_task_without_a_bridge_answers_in_a_turn_of_its_own(tiny):
+    """Its default bridge closes the main answer's turn and opens an assistant turn, its control tokens as tokens;
+    the hashtags task keeps the blank line it was measured with."""
+    engine = SidecarEngine(tiny)
+    tok = tiny.tokenizer
+    turn = engine.builder.bridge(TITLE)
+    assert TITLE.bridge is None and tok.decode(turn) == "<|im_end|>\n<|im_start|>assistant\n"
+    assert turn[0] in tiny.eos_token_ids and tok.convert_tokens_to_ids("<|im_start|>") in turn
+    assert engine.builder.bridge(HASHTAGS) == tok.encode("\n\n", add_special_tokens=False)
+    # the engine feeds it: with a blank-line bridge the same request's sidecar attends to that many tokens fewer
+    blank = TITLE.model_copy(update={"bridge": "\n\n"})
+    [own, inline] = [engine.run([SidecarRequest(DOCS[0], sidecars=[task])], max_new_tokens=8)[0].sidecars["title"]
+                     for task in (TITLE, blank)]
+    assert own.stats.context_tokens - inline.stats.context_tokens == len(turn) - len(tok.encode("\n\n"))
 
 
 def test_standalone_tagger_sees_only_the_summary(tiny):

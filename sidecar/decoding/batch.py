@@ -221,6 +221,7 @@ class SlotBatch:
             finished += self._compact()  # rows that finished with their first token
             if self.target_rows or self.draft_rows:
                 plan = self._choose()
+                self._fit_feeds(plan)
                 result = self.runner.run(plan, self.target_rows, self.draft_rows, self._active(self.target_pool),
                                          self._active(self.draft_pool), self.pending_ids)
                 self._record(plan, result)
@@ -597,6 +598,15 @@ class SlotBatch:
         if isinstance(r, MainRow):
             r.output = output
         return output
+
+    def _fit_feeds(self, plan: StepPlan) -> None:
+        """The first draft forward pads every row's feed to the widest; a joining sidecar's bridge may be wider
+        than the ``gamma + 1`` columns each row keeps free past its tokens (``row_columns``), so the draft pool
+        must hold its longest row plus that width."""
+        if self.draft_pool is None or not plan.feeds or not self.draft_pool.live:
+            return
+        widest = max(len(feed) for feed in plan.feeds)
+        self.draft_pool.ensure_capacity(int(self.draft_pool.active.lengths.max()) + widest)
 
     @staticmethod
     def _active(pool: SlotPool | None):

@@ -111,6 +111,19 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str,
     return encode_chat(tokenizer, frame, [m["content"] for m in messages])
 
 
+@cache
+def _turn_bridge(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    messages = [{"role": "user", "content": "question"}, {"role": "assistant", "content": "answer"}]
+    return tuple(encode_chat(tokenizer, chat_frame(tokenizer, messages)[-1:], []))
+
+
+def turn_bridge(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The chat template's own text after an assistant message's content, up to a new assistant turn's
+    content (ChatML: ``<|im_end|>\n<|im_start|>assistant\n``), its control tokens as tokens: a sidecar
+    fed this answers in a turn of its own and ends it with its end-of-turn token."""
+    return list(_turn_bridge(tokenizer))
+
+
 def build_prompt(tokenizer: PreTrainedTokenizerBase, document: str, instruction: str, system: str | None,
                  sidecar_instructions: dict[str, str] | None = None) -> SpannedPrompt:
     """Spans: ``prefix``, ``document``, ``instruction``, ``sidecar:<name>`` for each sidecar, ``suffix``."""

@@ -17,7 +17,7 @@ from sidecar.decoding.sampling import Sampling
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.runtime.slots import row_columns
-from sidecar.tasks.prompts import SpannedPrompt, build_prompt, encode
+from sidecar.tasks.prompts import SpannedPrompt, build_prompt, encode, turn_bridge
 from sidecar.tasks.rows import SidecarRequest
 from sidecar.tasks.task import SidecarTask
 
@@ -63,6 +63,10 @@ class RequestBuilder:
                          top_logprobs=request.top_logprobs, keep_draft=bool(request.sidecars))
 
     def bridge(self, task: SidecarTask) -> list[int]:
+        """What a sidecar is fed after the main output: its ``bridge`` text, or by default the chat template's
+        turn boundary (``turn_bridge``)."""
+        if task.bridge is None:
+            return turn_bridge(self.pair.tokenizer)
         return encode(self.pair.tokenizer, task.bridge)
 
 
