@@ -160,7 +160,8 @@ def test_record_documents_refuses_to_replace_a_row_with_another_document(tmp_pat
     assert snapshot(db) == before
 
 
-def test_the_cli_prints_a_refused_resume_as_one_line_with_exit_code_2(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_prints_a_refused_resume_as_one_line_with_exit_code_2(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
     import flows.nightly
     from cli.main import app
 
@@ -168,7 +169,9 @@ def test_the_cli_prints_a_refused_resume_as_one_line_with_exit_code_2(monkeypatc
         raise RunMismatchError("run 'run-1' exists with other documents: row 0 is 'a' there, 'x' here")
 
     monkeypatch.setattr(flows.nightly, "nightly", nightly)
-    result = CliRunner().invoke(app, ["nightly", "--pair", "tiny", "--run-id", "run-1"])
+    # the command checks the corpus's columns before the flow starts: a real one
+    news = corpus(tmp_path / "news.parquet", ["x"])
+    result = CliRunner().invoke(app, ["nightly", "--corpus", str(news), "--pair", "tiny", "--run-id", "run-1"])
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
         "error: run 'run-1' exists with other documents: row 0 is 'a' there, 'x' here"]
