@@ -27,6 +27,7 @@ from sidecar.decoding import batch
 from sidecar.decoding.batch import stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.runtime import syncs as runtime_syncs
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.syncs import SyncCounter
 from sidecar.runtime.timing import DeviceTimer
 from sidecar.tasks.engine import SidecarEngine
@@ -53,7 +54,7 @@ class Forwards:
         self.prefills = 0
         self.first_token_reads = 0  # prefills that yield first tokens: the target's, and the plain batch's
         self._depth = 0
-        self._handles = [model.base_model.register_forward_hook(self._hook(name))
+        self._handles = [forward_module(model).register_forward_hook(self._hook(name))
                          for name, model in (("target", pair.target), ("draft", pair.draft))]
 
     def _hook(self, name: str) -> Callable:

@@ -165,7 +165,7 @@ class StepRunner:
             context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
             with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
                                      also=self.controller.forward_cost("draft", ids.numel())):
-                hidden = forward(self.pair.draft, cache, ids)
+                hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid)
                 cache.commit(valid)
                 logits = align_vocab(logits_at(self.pair.draft, hidden, index)[:, 0], self.target_vocab)  # [B_d, V]
                 token = logits.argmax(-1)
