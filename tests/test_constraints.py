@@ -181,6 +181,12 @@ def test_end_of_sequence_is_allowed_exactly_when_the_output_is_complete(space):
     assert any(tokenizer.decode([t]) == "s" for t in allowed())  # "sports" can still follow
     matcher.accept(tokenizer.encode("s", add_special_tokens=False)[0])
     assert allowed() == set(ts.eos_ids) and matcher.finished
+    matcher.accept(ts.eos_ids[0])
+    assert matcher.ended and allowed() == set(ts.eos_ids)  # an ended row's later tokens: its end again
+    with pytest.raises(ConstraintViolation, match="after the row's end of sequence"):
+        matcher.accept(ts.eos_ids[0])
+    matcher.rollback(1)
+    assert not matcher.ended and matcher.complete
 
 
 def test_padded_vocabulary_ids_are_never_allowed(space):

@@ -64,6 +64,11 @@ class RowMatcher:
         """Nothing can follow but an end-of-sequence id (or one was accepted)."""
         return self._matcher.is_stopped()
 
+    @property
+    def ended(self) -> bool:
+        """The row has accepted an end-of-sequence id: it takes nothing more (its mask allows only them)."""
+        return bool(self.tokens) and self.tokens[-1] in self.space.eos_ids
+
     def fill(self, out: torch.Tensor) -> None:
         """Write the next-token mask into ``out`` [W] (int32, contiguous, on the host)."""
         _check_mask_row(out, self.words)
@@ -72,6 +77,8 @@ class RowMatcher:
     def accept(self, token: int) -> None:
         """Take the row's chosen ``token``; a token the mask did not allow is a ``ConstraintViolation`` and
         leaves the matcher as it was."""
+        if self.ended:
+            raise ConstraintViolation(f"token {token} after the row's end of sequence")
         if not self.allows(token):
             raise ConstraintViolation(f"token {token} is not allowed by the row's {self.constraint.kind} "
                                       f"after {len(self.tokens)} tokens")
@@ -86,6 +93,8 @@ class RowMatcher:
 
     def allows(self, token: int) -> bool:
         """Whether ``token`` may come next (without computing the whole mask)."""
+        if self.ended:
+            return False
         if token in self.space.eos_ids:  # llguidance's token validation leaves end-of-sequence ids out
             return self._matcher.is_accepting() and not self._matcher.is_error()
         return self._matcher.validate_tokens([token]) == 1
