@@ -56,11 +56,11 @@ class Library:
     rollback: Callable[[Any, int], Any]
 
 
-def llguidance_library(tokenizer) -> Library:
+def llguidance_library(tokenizer, vocab: int) -> Library:
     import llguidance
     import llguidance.hf
 
-    space = llguidance.hf.from_tokenizer(tokenizer, n_vocab=VOCAB)
+    space = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
     lib = Library()
 
     def compile_(kind: str, spec: Any) -> str:
@@ -80,10 +80,10 @@ def llguidance_library(tokenizer) -> Library:
     return lib
 
 
-def xgrammar_library(tokenizer) -> Library:
+def xgrammar_library(tokenizer, vocab: int) -> Library:
     import xgrammar
 
-    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB),
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab),
                                         max_threads=1)
     lib = Library()
 
@@ -104,7 +104,7 @@ def xgrammar_library(tokenizer) -> Library:
     return lib
 
 
-def outlines_core_library(tokenizer) -> Library:
+def outlines_core_library(tokenizer, vocab: int) -> Library:
     import re
 
     import outlines_core
@@ -145,12 +145,13 @@ def outlines_core_library(tokenizer) -> Library:
 LIBRARIES = {"llguidance": llguidance_library, "xgrammar": xgrammar_library, "outlines-core": outlines_core_library}
 
 
-def measure(name: str, tokenizer) -> dict[str, Any]:
+def measure(name: str, tokenizer, vocab: int = VOCAB) -> dict[str, Any]:
+    """One library's times over ``vocab`` logits (tests use the tiny tokenizer's)."""
     started = time.perf_counter()
-    lib = LIBRARIES[name](tokenizer)
+    lib = LIBRARIES[name](tokenizer, vocab)
     out: dict[str, Any] = {"library": name, "tokenizer_s": round(time.perf_counter() - started, 3)}
     eos = set(tokenizer.all_special_ids)
-    bitmask = allocate_bitmask(1, VOCAB)
+    bitmask = allocate_bitmask(1, vocab)
     generator = torch.Generator().manual_seed(0)
     for kind, spec in KINDS:
         started = time.perf_counter()
@@ -162,7 +163,7 @@ def measure(name: str, tokenizer) -> dict[str, Any]:
             matcher = lib.matcher(grammar)
             makes.append(time.perf_counter() - started)
             for _ in range(120):
-                logits = torch.randn(1, VOCAB, generator=generator)
+                logits = torch.randn(1, vocab, generator=generator)
                 started = time.perf_counter()
                 lib.fill(matcher, bitmask)
                 fills.append(time.perf_counter() - started)
@@ -179,7 +180,7 @@ def measure(name: str, tokenizer) -> dict[str, Any]:
         matcher = lib.matcher(grammar)
         lib.fill(matcher, bitmask)
         before = bitmask.clone()
-        logits = torch.randn(1, VOCAB, generator=generator)
+        logits = torch.randn(1, vocab, generator=generator)
         apply_bitmask(logits, bitmask)
         lib.accept(matcher, int(logits.argmax(-1)))
         lib.rollback(matcher, 1)
