@@ -54,7 +54,8 @@ class SpeculativeDecoder:
     drafts up to ``gamma`` (fewer near its limit), copying when its own text offers that many, so that its
     tokens depend on nothing but its own prompt and seed.
 
-    ``capture`` (default: the pair's, else ``SIDECAR_CAPTURE``, else auto) is how forwards run: eager, compiled
+    ``capture`` (default: the pair's, asked at load or attached by an earlier decoder, else ``SIDECAR_CAPTURE``,
+    else auto) is how forwards run: eager, compiled
     or captured as CUDA graphs over bucketed shapes, or Hugging Face's forward (``sidecar.runtime.capture``).
 
     A row asking for ``top_logprobs`` gets each token's log-probability under the target and that many
@@ -71,7 +72,7 @@ class SpeculativeDecoder:
         if not 0 <= draft_confidence <= 1:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.pair = pair
-        use_capture(pair, capture or pair.capture)
+        use_capture(pair, capture or pair.capture or pair.capture_mode or None)
         self.gamma = gamma
         self.adaptive = adaptive
         self.controller = GammaController(gamma, adaptive)

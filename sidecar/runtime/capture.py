@@ -35,6 +35,9 @@ MODES = ("eager", "compile", "cudagraph", "hf")
 AUTO = "auto"  # CUDA: cudagraph; CPU: eager
 # batch buckets: a decode forward's rows are padded up to the next (and at most to the cache's rows)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# a decode forward's query width: exact up to this (the verify's gamma + 1, a draft's feed), else padded up to
+# a power of two (a catching-up row's feed)
+EXACT_WIDTHS = 8
 # eager attention reads the filled columns rounded up to this, so its shapes repeat from step to step
 EAGER_COLUMNS = 64
 
@@ -57,12 +60,23 @@ def resolve_capture(requested: str | None, device: torch.device, model: PreTrain
     return mode, f"{source}={mode}"
 
 
+def capacity_bucket(columns: int) -> int:
+    """The KV columns a pool allocates for rows that need ``columns``: a power of two (at least 64), so that
+    pools made for other prompts mostly share a capacity, and compiled forwards their shapes."""
+    return max(64, 1 << (columns - 1).bit_length())
+
+
 def batch_bucket(rows: int, limit: int) -> int:
     """The bucket ``rows`` pads up to, at most ``limit`` (the cache's rows)."""
     for bucket in BATCH_BUCKETS:
         if bucket >= rows:
             return min(bucket, limit)
     return rows
+
+
+def width_bucket(width: int) -> int:
+    """The query width a decode forward of ``width`` columns pads up to."""
+    return width if width <= EXACT_WIDTHS else 1 << (width - 1).bit_length()
 
 
 @dataclass
@@ -73,9 +87,9 @@ class CaptureCounters:
     compiles: int = 0  # graphs compiled for a shape first seen
     recompiles: int = 0  # graphs compiled again for a shape already compiled: must stay 0
     graph_breaks: int = 0  # must stay 0 (fullgraph=True refuses them: this counts what dynamo reports)
-    forwards: int = 0
+    forwards: int = 0  # prefill's included
     compile_seconds: float = 0.0
-    shapes: Counter = field(default_factory=Counter)  # (batch, width, columns) -> forwards of that shape
+    shapes: Counter = field(default_factory=Counter)  # a decode forward's (batch, width, columns) -> forwards
 
     def as_dict(self) -> dict:
         return {"compiles": self.compiles, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
@@ -136,14 +150,17 @@ class StackRunner:
             query_span = torch.full((view.batch_size, width), -1, dtype=torch.long, device=cache.device)
         elif view.batch_size > batch:
             query_span = torch.nn.functional.pad(query_span, (0, 0, 0, view.batch_size - batch), value=-1)
-        if view.batch_size > batch:
-            ids = torch.nn.functional.pad(ids, (0, 0, 0, view.batch_size - batch))
+        wide = width_bucket(width) if static else width
+        if view.batch_size > batch or wide > width:
+            ids = torch.nn.functional.pad(ids, (0, wide - width, 0, view.batch_size - batch))
+            query_span = torch.nn.functional.pad(query_span, (0, wide - width), value=-1)
         self.counters.forwards += 1
         if not static:
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
-            self.counters.shapes[(view.batch_size, width, attend)] += 1
+            if decode:
+                self.counters.shapes[(view.batch_size, width, attend)] += 1
             return self.stack(ids, rows_dev, query_span, view.keys, view.values, view.visible, view.span, attend)
-        shape = (view.batch_size, width, view.capacity + 1)
+        shape = (view.batch_size, wide, view.capacity + 1)
         self.counters.shapes[shape] += 1
         if self.mode == "cudagraph":
             # the cache's buffers are written in place by every replay: their addresses must be the graph's
@@ -162,17 +179,17 @@ class StackRunner:
             else:
                 self.counters.compiles += new_graphs - graphs
         self._compiled_shapes.add(shape)
-        return hidden[:batch]
+        return hidden[:batch, :width]
 
 
 def attach(model: PreTrainedModel, mode: str) -> StackRunner | None:
-    """Make ``model``'s forwards (``sidecar.runtime.forward.forward``) run in ``mode``; ``hf`` detaches. A
-    runner already attached in that mode stays, with what it compiled."""
-    current = runner_of(model)
-    if current is not None and current.mode == mode:
-        return current
-    runner = None if mode == "hf" else StackRunner(model, mode)
-    model.__dict__["sidecar_runner"] = runner  # not a submodule: the stack only refers to the model's modules
+    """Make ``model``'s forwards (``sidecar.runtime.forward.forward``) run in ``mode``; ``hf`` detaches. The
+    runner of each mode is kept on the model, so switching back reuses what it compiled."""
+    runners = model.__dict__.setdefault("sidecar_runners", {})  # not submodules: they only refer to the model's
+    if mode != "hf" and mode not in runners:
+        runners[mode] = StackRunner(model, mode)
+    runner = runners.get(mode)
+    model.__dict__["sidecar_runner"] = runner
     return runner
 
 
