@@ -38,6 +38,11 @@ Endpoints:
   draft's id takes only ``echo`` with ``max_tokens`` 0. Prompt log-probabilities come from one forward of
   the named model over the prompt, log-softmax in float32 of its logits (``sidecar.decoding.scoring``),
   run by the batch worker between decoding steps.
+- Every other field OpenAI defines for these two routes is accepted only where it cannot change the answer
+  (``user``, ``metadata``, a zero penalty, ``response_format`` of type ``text``, ...) and otherwise refused
+  with a 400 naming it (``server.schema.refusal``); so is any field the server does not know. Output
+  constraints (``response_format`` ``json_object``/``json_schema``, vLLM's ``guided_choice``/``guided_regex``/
+  ``guided_json``) are parsed (``server.schema.OutputConstraint``) and refused as not supported yet.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
@@ -72,7 +77,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.config import ServerConfig
 from server.errors import APIError, UnexpectedErrors, validation_error
 from server.metrics import ServerMetrics
-from server.schema import ChatCompletionRequest, CompletionRequest
+from server.schema import ChatCompletionRequest, CompletionRequest, refusal
 from server.service import ChatService
 from server.worker import Job
 from sidecar.decoding.rows import GenerationOutput
@@ -204,6 +209,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
             req = schema.model_validate(payload)
         except ValidationError as exc:
             raise validation_error(exc) from None
+        if (refused := refusal(req)) is not None:
+            param, why = refused
+            raise APIError(400, why, param=param, code="unsupported_parameter")
         return await service.submit(req), req
 
     app.include_router(api)

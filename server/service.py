@@ -43,6 +43,8 @@ from sidecar.tasks.prompts import chat_prompt, encode
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# the engine's task fields by the names a sidecar spec gives them
+_SPEC_NAMES = {"max_new_tokens": "max_tokens"}
 T = TypeVar("T")
 
 
@@ -233,11 +235,17 @@ class ChatService:
             raise APIError(400, "with sidecars, messages must be one user message (the document), optionally "
                                 "after one system message; earlier turns are not supported", param="messages")
         tasks = []
-        for i, spec in enumerate(req.sidecars or []):
+        for i, raw in enumerate(req.sidecars or []):
+            # the spec's own errors name the client's fields as sent; only the engine's task, built from a valid
+            # spec, names a field by the engine's name (a client's own max_new_tokens stays an unknown field)
             try:
-                tasks.append(SidecarSpec.model_validate(spec).task())
+                spec = SidecarSpec.model_validate(raw)
             except ValidationError as exc:
-                raise validation_error(exc, f"sidecars.{i}.", {"max_new_tokens": "max_tokens"}) from None
+                raise validation_error(exc, f"sidecars.{i}.") from None
+            try:
+                tasks.append(spec.task())
+            except ValidationError as exc:
+                raise validation_error(exc, f"sidecars.{i}.", _SPEC_NAMES) from None
         if not tasks:
             raise APIError(400, "sidecars must list at least one task (or be left out)", param="sidecars")
         # The document is the user's text as is; the main instruction is empty because it is part of that text.
