@@ -16,8 +16,9 @@ Endpoints:
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
   whatever the sampling settings (``sidecar.decoding.logprobs``); each stream chunk carries the entries of the tokens
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
-  attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system message ->
-  system, the one user message -> document) and the response has a top-level ``sidecars`` object
+  attend_document, parser, bridge}`` (``bridge``: the text the draft continues from after the main output,
+  default the engine task's, ``SidecarTask.bridge``); the request then runs through :class:`SidecarEngine`
+  (system message -> system, the one user message -> document) and the response has a top-level ``sidecars`` object
   ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``. vLLM's extensions:

@@ -111,10 +111,13 @@ class SidecarSpec(RequestModel):
     max_tokens: int = 32
     attend_document: bool = False
     parser: Literal["hashtags", "text"] = "text"
+    # the text the draft continues from after the main output; None: the engine task's default
+    bridge: str | None = None
 
     def task(self) -> SidecarTask:
+        given = {} if self.bridge is None else {"bridge": self.bridge}
         return SidecarTask(name=self.name, instruction=self.instruction, max_new_tokens=self.max_tokens,
-                           attend_document=self.attend_document, parser=self.parser)
+                           attend_document=self.attend_document, parser=self.parser, **given)
 
 
 class StreamOptions(RequestModel):

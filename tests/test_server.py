@@ -35,6 +35,8 @@ from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 from sidecar.decoding.acceptance import warp
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
+from sidecar.tasks.prompts import encode
+from sidecar.tasks.task import SidecarTask
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -203,6 +205,18 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     assert text == ask(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]}).choices[0].message.content
     final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
+
+
+def test_a_sidecar_s_bridge_is_set_per_sidecar(client: openai.OpenAI, tiny) -> None:
+    """#41: ``bridge`` over HTTP is the text the draft continues from: its tokens join the sidecar's prompt,
+    and a sidecar without one keeps the engine task's default."""
+    bridge = "\n\nHashtags: #"
+    extra = {"sidecars": [TAGS_SPEC, {**TAGS_SPEC, "name": "bridged", "bridge": bridge}]}
+    sidecars = ask(client, PROMPTS[0], max_tokens=16, extra_body=extra).model_extra["sidecars"]
+    default = SidecarTask.model_fields["bridge"].default
+    longer = len(encode(tiny.tokenizer, bridge)) - len(encode(tiny.tokenizer, default))
+    assert longer > 0
+    assert sidecars["bridged"]["usage"]["prompt_tokens"] == sidecars["hashtags"]["usage"]["prompt_tokens"] + longer
 
 
 def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
@@ -430,6 +444,7 @@ def test_a_lone_surrogate_is_400_and_the_connection_stays_open(base_url: str, fi
     ({"sidecars": [TAGS_SPEC | {"max_tokens": True}]}, "sidecars.0.max_tokens"),
     ({"sidecars": [TAGS_SPEC | {"max_tokens": "8"}]}, "sidecars.0.max_tokens"),
     ({"sidecars": [TAGS_SPEC | {"attend_document": 1}]}, "sidecars.0.attend_document"),
+    ({"sidecars": [TAGS_SPEC | {"bridge": 5}]}, "sidecars.0.bridge"),
 ])
 def test_numbers_and_flags_of_the_wrong_json_type_are_400(base_url: str, fields: dict, param: str) -> None:
     response = post(base_url, {"model": "tiny", "messages": HI, "max_tokens": 2} | fields)
