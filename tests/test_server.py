@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from cli.main import app as cli_app
 from server.app import create_app
 from server.config import API_KEY_ENV, ServerConfig
-from server.launcher import running_server
+from server.launcher import free_port, running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
@@ -694,8 +694,8 @@ def test_config_refuses_a_keyless_server_off_loopback(host: str, api_key: str | 
 
 def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -> None:
     bound: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: bound.append(host))
-    serve = ["serve", "--pair", "tiny", "--host", "0.0.0.0"]
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: bound.append(server.config.host))
+    serve = ["serve", "--pair", "tiny", "--host", "0.0.0.0", "--port", str(free_port())]
     refused = CliRunner().invoke(cli_app, serve, env={API_KEY_ENV: ""})
     assert refused.exit_code == 2 and bound == []
     [line] = refused.output.strip().splitlines()
