@@ -18,8 +18,9 @@ Endpoints:
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
   attend_document, parser, bridge}`` (``bridge``: the text the draft continues from after the main output,
   default the engine task's, ``SidecarTask.bridge``); the request then runs through :class:`SidecarEngine`
-  (system message -> system, the one user message -> document) and the response has a top-level ``sidecars`` object
-  ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
+  (a first system message -> system, the last message, the user's -> document, the turns between ->
+  history, which a sidecar sees only with ``attend_document``) and the response has a top-level ``sidecars``
+  object ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
   ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``. vLLM's extensions:
   ``prompt_logprobs`` (0..5; not with ``stream`` or ``sidecars``) adds a top-level ``prompt_logprobs``, one

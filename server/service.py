@@ -231,9 +231,10 @@ class ChatService:
         system = None
         if messages[0].template_role == "system":
             system, messages = messages[0].text, messages[1:]
-        if len(messages) != 1 or messages[0].role != "user":
-            raise APIError(400, "with sidecars, messages must be one user message (the document), optionally "
-                                "after one system message; earlier turns are not supported", param="messages")
+        if not messages or messages[-1].role != "user":
+            raise APIError(400, "with sidecars, the last message must be the user's: the document the main output "
+                                "answers, after any earlier turns", param="messages")
+        history = [(m.template_role, m.text) for m in messages[:-1]]
         tasks = []
         for i, raw in enumerate(req.sidecars or []):
             # the spec's own errors name the client's fields as sent; only the engine's task, built from a valid
@@ -249,7 +250,8 @@ class ChatService:
         if not tasks:
             raise APIError(400, "sidecars must list at least one task (or be left out)", param="sidecars")
         # The document is the user's text as is; the main instruction is empty because it is part of that text.
-        request = SidecarRequest(document=messages[0].text, instruction="", system=system, sidecars=tasks)
+        request = SidecarRequest(document=messages[-1].text, instruction="", system=system, sidecars=tasks,
+                                 history=history)
         try:
             bare, compound = self.engine.prompts(request)
         except InputError as exc:

@@ -207,6 +207,25 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
     assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
 
 
+def test_sidecars_with_a_multi_message_chat(client: openai.OpenAI, tiny) -> None:
+    """#41: earlier turns before the document (the last user message); the main text is the target's answer to
+    the whole chat by HF generate."""
+    turns = [("user", "What did the council do?"), ("assistant", "It met on Tuesday.")]
+    document = "The city council approved a new budget after a long debate about schools and roads."
+    messages = [{"role": "system", "content": "Be brief."}, *({"role": r, "content": c} for r, c in turns),
+                {"role": "user", "content": document}]
+    response = client.chat.completions.create(model="tiny", temperature=0, max_tokens=24, messages=messages,
+                                              extra_body={"sidecars": [TAGS_SPEC]})
+    task = HASHTAGS.model_copy(update={"max_new_tokens": 8})
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", "Be brief.", [task], history=turns))[0]
+    assert tiny.tokenizer.decode(prompt.token_ids) == tiny.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False)
+    expected = tiny.tokenizer.decode(target_alone(tiny, prompt.token_ids, 24), skip_special_tokens=True)
+    assert response.choices[0].message.content == expected
+    tags = response.model_extra["sidecars"]["hashtags"]
+    assert (tags["parsed"], tags["parse_error"]) == task.parse(tags["text"])
+
+
 def test_a_sidecar_s_bridge_is_set_per_sidecar(client: openai.OpenAI, tiny) -> None:
     """#41: ``bridge`` over HTTP is the text the draft continues from: its tokens join the sidecar's prompt,
     and a sidecar without one keeps the engine task's default."""
@@ -364,8 +383,8 @@ def test_malformed_requests_are_400(base_url: str, body: bytes | dict, param: st
     ([TAGS_SPEC, TAGS_SPEC], None, "sidecars"),
     ([], None, "sidecars"),
     ("hashtags", None, "sidecars"),
-    ([TAGS_SPEC], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                   {"role": "user", "content": "c"}], "messages"),
+    ([TAGS_SPEC], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "messages"),
+    ([TAGS_SPEC], [{"role": "system", "content": "a"}], "messages"),
     ([TAGS_SPEC], [{"role": "user", "content": "   "}], "messages"),
 ])
 def test_bad_sidecar_specs_are_400(client: openai.OpenAI, sidecars: object, messages: list | None,

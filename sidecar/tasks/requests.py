@@ -42,9 +42,9 @@ class RequestBuilder:
         if len(set(names)) != len(names):
             raise InputError(f"sidecar task names must be unique, got {names}")
         tok = self.pair.tokenizer
-        bare = build_prompt(tok, request.document, request.instruction, request.system)
+        bare = build_prompt(tok, request.document, request.instruction, request.system, history=request.history)
         compound = build_prompt(tok, request.document, request.instruction, request.system,
-                                {t.name: t.instruction for t in request.sidecars})
+                                {t.name: t.instruction for t in request.sidecars}, request.history)
         return bare, compound
 
     def decode_row(self, index: int, request: SidecarRequest) -> DecodeRow:
@@ -69,8 +69,10 @@ class RequestBuilder:
 def sidecar_view(compound: SpannedPrompt, task: SidecarTask, main: list[int]) -> tuple[list[int], list[int]]:
     """The draft-cache columns a sidecar continues from (ascending) and, among them, the positions of its
     instruction, to be shown: the compound prompt without the other sidecars' instructions (and without the
-    document unless the task attends to it), then the main output's ``len(main)`` columns."""
-    spans = ["prefix", *(["document"] if task.attend_document else []), "instruction", f"sidecar:{task.name}", "suffix"]
+    document and a chat's earlier turns unless the task attends to it), then the main output's ``len(main)`` columns."""
+    # a chat's earlier turns go with the document: a task that does not attend to it sees neither
+    spans = ["prefix", *(["history", "document"] if task.attend_document else []), "instruction",
+             f"sidecar:{task.name}", "suffix"]
     columns = compound.columns(*spans)
     start = len(compound.token_ids)
     columns += range(start, start + len(main))
