@@ -20,9 +20,12 @@ Endpoints:
   default the engine task's, ``SidecarTask.bridge``); the request then runs through :class:`SidecarEngine`
   (a first system message -> system, the last message, the user's -> document, the turns between ->
   history, which a sidecar sees only with ``attend_document``) and the response has a top-level ``sidecars``
-  object ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
+  object ``{name: {text, parsed, parse_error, finish_reason, usage}}``; with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
-  ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``. vLLM's extensions:
+  Streamed, the choice's ``finish_reason`` follows the main output's last token at once, then each sidecar
+  comes in a chunk of its own (``choices`` empty, ``sidecars`` holding that one), in the request's order, as
+  the sidecars finish decoding; then the usage chunk. ``usage`` also counts ``drafted_tokens`` and
+  ``accepted_tokens``. vLLM's extensions:
   ``prompt_logprobs`` (0..5; not with ``stream`` or ``sidecars``) adds a top-level ``prompt_logprobs``, one
   entry per prompt token: ``null`` for the first, else ``{"<token id>": {"logprob", "rank",
   "decoded_token"}}`` for the token and its top alternatives; ``add_generation_prompt`` (default true) and

@@ -34,7 +34,7 @@ from server.errors import APIError, validation_error
 from server.logprobs import LogprobFormatter
 from server.schema import ChatCompletionRequest, CompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
-from server.worker import DONE, BatchWorker, Job, ScoreWork
+from server.worker import DONE, BatchWorker, Job, MainDone, ScoreWork
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import PromptLogprob
 from sidecar.errors import InputError
@@ -325,16 +325,30 @@ class ChatService:
 
         assert job.tokens is not None
         text = TextStream(self.tokenizer, job.stop)
+        finished = False  # whether the finish chunk went out
         try:
             yield chunk({"role": "assistant", "content": ""})
             done = False
             while not done:
-                # every commit waiting is turned into text in one trip to the text thread
+                # every commit waiting is turned into text in one trip to the text thread; the main output's end
+                # finishes the choice at once, before the sidecars that still decode
                 items = [await job.tokens.get()]
                 while not job.tokens.empty():
                     items.append(job.tokens.get_nowait())
-                done = items[-1] is DONE
-                for piece, logprobs in await self._off_loop(self._pieces, text, items[:-1] if done else items):
+                commits = []
+                for item in items:
+                    if item is DONE or isinstance(item, MainDone):
+                        for piece, logprobs in await self._off_loop(self._pieces, text, commits):
+                            yield chunk({"content": piece}, logprobs=logprobs)
+                        commits = []
+                        done = item is DONE
+                        if isinstance(item, MainDone):
+                            finished = True
+                            async for piece in self._finish_chunks(text, item.output, chunk):
+                                yield piece
+                    else:
+                        commits.append(item)
+                for piece, logprobs in await self._off_loop(self._pieces, text, commits):
                     yield chunk({"content": piece}, logprobs=logprobs)
             try:
                 result = job.future.result()
@@ -343,9 +357,14 @@ class ChatService:
                 yield b"data: [DONE]\n\n"
                 return
             main, sidecars = await self._off_loop(self._split, result)
-            if piece := await self._off_loop(text.finish):
-                yield chunk({"content": piece})
-            yield chunk({}, self._finish(main, text.stopped), **({"sidecars": sidecars} if sidecars else {}))
+            if not finished:
+                async for piece in self._finish_chunks(text, main, chunk):
+                    yield piece
+            # each sidecar in a chunk of its own, in the request's order; no choice, like usage's
+            tasks = job.work.sidecars if isinstance(job.work, SidecarRequest) else []
+            for name in [t.name for t in tasks if t.name in (sidecars or {})]:
+                yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                            "model": self.config.model_name, "choices": [], "sidecars": {name: sidecars[name]}})
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
                             "model": self.config.model_name, "choices": [], "usage": _main_usage(main)})
@@ -353,6 +372,13 @@ class ChatService:
         finally:
             if not job.future.done():  # the client hung up: the worker skips the job or drops it at the next step
                 job.cancel()
+
+    async def _finish_chunks(self, text: TextStream, main: GenerationOutput,
+                             chunk: Callable[..., bytes]) -> AsyncIterator[bytes]:
+        """The text held back until the end (a partial stop string that was none), then the finish reason."""
+        if piece := await self._off_loop(text.finish):
+            yield chunk({"content": piece})
+        yield chunk({}, self._finish(main, text.stopped))
 
     def _pieces(self, text: TextStream, commits: list[tuple[list[int], Any]]) -> list[tuple[str, Any]]:
         """(text released, logprobs JSON) per commit that has either: a chunk per commit when logprobs were

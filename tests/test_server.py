@@ -200,11 +200,12 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
         assert got["finish_reason"] in ("stop", "length")
         assert 0 < got["usage"]["completion_tokens"] <= task.max_new_tokens
         assert got["usage"]["total_tokens"] == got["usage"]["prompt_tokens"] + got["usage"]["completion_tokens"]
-    # streamed: the same main text, the sidecars in the last chunk with a finish_reason
+    # streamed: the same main text, the sidecars in chunks of their own after the finish_reason
     text, chunks = ask_streamed(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]})
     assert text == ask(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]}).choices[0].message.content
     final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
+    assert len(final) == 1 and "sidecars" not in final[0].model_extra
+    assert list(chunks[-1].model_extra["sidecars"]) == ["hashtags"]
 
 
 def test_sidecars_with_a_multi_message_chat(client: openai.OpenAI, tiny) -> None:
@@ -236,6 +237,40 @@ def test_a_sidecar_s_bridge_is_set_per_sidecar(client: openai.OpenAI, tiny) -> N
     longer = len(encode(tiny.tokenizer, bridge)) - len(encode(tiny.tokenizer, default))
     assert longer > 0
     assert sidecars["bridged"]["usage"]["prompt_tokens"] == sidecars["hashtags"]["usage"]["prompt_tokens"] + longer
+
+
+def sse_chunks(base_url: str, body: dict) -> list[dict | str]:
+    """The stream's events in order: each chunk's JSON, then "[DONE]"."""
+    headers = {"content-type": "application/json", "Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", base_url + "/chat/completions", json=body, headers=headers, timeout=120) as response:
+        assert response.status_code == 200
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    return [event if event == "[DONE]" else json.loads(event) for event in events]
+
+
+def test_a_stream_finishes_its_main_output_before_its_sidecars(base_url: str, tiny) -> None:
+    """#41: finish_reason follows the main output's last token at once; each sidecar follows in a chunk of its
+    own (no choices, like the usage chunk), then usage, then [DONE]."""
+    document = PROMPTS[0]
+    specs = [TAGS_SPEC, {"name": "title", "instruction": "Then write a title.", "max_tokens": 6}]
+    events = sse_chunks(base_url, {"model": "tiny", "temperature": 0, "max_tokens": 24, "stream": True,
+                                   "messages": [{"role": "user", "content": document}], "sidecars": specs,
+                                   "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    finish = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["finish_reason"])
+    main, after = chunks[: finish + 1], chunks[finish + 1 :]
+    assert all(c["choices"] and "sidecars" not in c for c in main)
+    assert all(c["choices"][0]["finish_reason"] is None for c in main[:-1])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in main)
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", None, []))[0].token_ids
+    tokens = target_alone(tiny, prompt, 24)
+    assert text == tiny.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert main[-1]["choices"][0]["finish_reason"] == ("stop" if tokens[-1] in tiny.eos_token_ids else "length")
+    *sidecars, usage = after
+    assert [list(c["sidecars"]) for c in sidecars] == [["hashtags"], ["title"]]
+    assert all(c["choices"] == [] for c in sidecars)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(tokens) and "sidecars" not in usage
 
 
 def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
@@ -285,7 +320,7 @@ def test_sidecars_with_logprobs(client: openai.OpenAI) -> None:
     _text, chunks = ask_streamed(client, document, **kwargs)
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in response.choices[0].logprobs.content]
-    final = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["sidecars"]["hashtags"]
+    final = next(c.model_extra["sidecars"]["hashtags"] for c in chunks if not c.choices and "sidecars" in c.model_extra)
     assert len(final["logprobs"]["content"]) == final["usage"]["completion_tokens"] > 0
     assert "logprobs" not in ask(client, document, max_tokens=12,
                                  extra_body={"sidecars": [TAGS_SPEC]}).model_extra["sidecars"]["hashtags"]
