@@ -16,8 +16,11 @@ Endpoints:
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
   whatever the sampling settings (``sidecar.decoding.logprobs``); each stream chunk carries the entries of the tokens
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
-  attend_document, parser, bridge}`` (``bridge``: the text the draft continues from after the main output,
-  default the engine task's, ``SidecarTask.bridge``); the request then runs through :class:`SidecarEngine`
+  attend_document, parser, bridge, stop}`` (``bridge``: the text the draft continues from after the main
+  output, default the engine task's, ``SidecarTask.bridge``; ``stop``: the sidecar's own stop strings, which
+  cut its text, parsed as cut; the draft decodes on to its end of turn or ``max_tokens``, and ``usage``
+  counts those tokens). The request's ``stop`` ends the main output, and the sidecars continue from it
+  without the stop string. The request then runs through :class:`SidecarEngine`
   (a first system message -> system, the last message, the user's -> document, the turns between ->
   history, which a sidecar sees only with ``attend_document``) and the response has a top-level ``sidecars``
   object ``{name: {text, parsed, parse_error, finish_reason, usage}}``; with

@@ -113,6 +113,13 @@ class SidecarSpec(RequestModel):
     parser: Literal["hashtags", "text"] = "text"
     # the text the draft continues from after the main output; None: the engine task's default
     bridge: str | None = None
+    # the sidecar's own stop strings, as the request's stop (which stops the main output)
+    stop: str | list[str] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
+        return stop_strings(value)
 
     def task(self) -> SidecarTask:
         given = {} if self.bridge is None else {"bridge": self.bridge}

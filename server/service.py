@@ -41,6 +41,7 @@ from sidecar.errors import InputError
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.prompts import chat_prompt, encode
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
+from sidecar.tasks.task import SidecarTask
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 # the engine's task fields by the names a sidecar spec gives them
@@ -57,11 +58,19 @@ def _main_usage(main: GenerationOutput) -> dict[str, int]:
     return _usage(main.stats.prompt_tokens, len(main.token_ids), main.stats.drafted, main.stats.accepted)
 
 
-def _sidecar_json(output: SidecarOutput, formatter: LogprobFormatter) -> dict[str, Any]:
+def _sidecar_json(output: SidecarOutput, task: SidecarTask | None, stop: tuple[str, ...],
+                  formatter: LogprobFormatter) -> dict[str, Any]:
+    """A sidecar output as the API gives it: its text cut before its first stop string and parsed again then
+    (the draft decodes a sidecar to its end of turn or limit: the tokens past a stop are counted in usage)."""
     # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
     prompt = output.stats.context_tokens  # what it attends to: the same alone or batched
-    body = {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
-            "finish_reason": _FINISH_REASONS.get(output.finish_reason, output.finish_reason),
+    text, parsed, error = output.text, output.parsed, output.parse_error
+    finish = _FINISH_REASONS.get(output.finish_reason, output.finish_reason)
+    cut = [text.find(s) for s in stop if s in text]
+    if cut and task is not None:
+        text, finish = text[: min(cut)], "stop"
+        parsed, error = task.parse(text)
+    body = {"text": text, "parsed": parsed, "parse_error": error, "finish_reason": finish,
             "usage": _usage(prompt, output.stats.new_tokens)}
     if output.logprobs is not None:
         body["logprobs"] = formatter.logprobs(output.logprobs)
@@ -160,9 +169,9 @@ class ChatService:
         work: DecodeRow | SidecarRequest
         try:
             if req.sidecars is not None:
-                request, row = self._sidecar_request(req)
+                request, row, sidecar_stops = self._sidecar_request(req)
                 work = replace(request, max_new_tokens=self._max_tokens(req, row), sampling=sampling,
-                               top_logprobs=req.engine_top_logprobs)
+                               top_logprobs=req.engine_top_logprobs, stop=req.stop)
                 # the main row as the engine builds it: the draft's context must also hold the sidecar outputs
                 row = self.engine.decode_row(0, work)
             else:
@@ -174,6 +183,8 @@ class ChatService:
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         job = Job(work, loop, loop.create_future(), tokens=asyncio.Queue() if req.stream else None)
+        if req.sidecars is not None:
+            job.sidecar_stops = sidecar_stops
         if req.prompt_logprobs is not None:
             job.scoring = Job(ScoreWork(model, row.target_prompt, req.prompt_logprobs), loop, loop.create_future())
         return job
@@ -224,9 +235,9 @@ class ChatService:
             return prompt
         return b"".join(self.formatter.width(token) for token in prompt).decode("utf-8", errors="replace")
 
-    def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
-        if req.stop:
-            raise APIError(400, "stop is not supported together with sidecars", param="stop")
+    def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow,
+                                                                    dict[str, tuple[str, ...]]]:
+        """(the request, its main row as the target sees it, each sidecar's stop strings)."""
         messages = req.messages
         system = None
         if messages[0].template_role == "system":
@@ -235,7 +246,7 @@ class ChatService:
             raise APIError(400, "with sidecars, the last message must be the user's: the document the main output "
                                 "answers, after any earlier turns", param="messages")
         history = [(m.template_role, m.text) for m in messages[:-1]]
-        tasks = []
+        tasks, stops = [], {}
         for i, raw in enumerate(req.sidecars or []):
             # the spec's own errors name the client's fields as sent; only the engine's task, built from a valid
             # spec, names a field by the engine's name (a client's own max_new_tokens stays an unknown field)
@@ -247,6 +258,7 @@ class ChatService:
                 tasks.append(spec.task())
             except ValidationError as exc:
                 raise validation_error(exc, f"sidecars.{i}.", _SPEC_NAMES) from None
+            stops[spec.name] = tuple(spec.stop or ())
         if not tasks:
             raise APIError(400, "sidecars must list at least one task (or be left out)", param="sidecars")
         # The document is the user's text as is; the main instruction is empty because it is part of that text.
@@ -257,7 +269,7 @@ class ChatService:
         except InputError as exc:
             raise APIError(400, str(exc), param="sidecars" if "sidecar" in str(exc) else "messages") from None
         hidden = [compound.spans[f"sidecar:{t.name}"] for t in tasks]
-        return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden)
+        return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden), stops
 
     def _max_tokens(self, req: ChatCompletionRequest | CompletionRequest, row: DecodeRow,
                     param: str = "messages") -> int:
@@ -274,7 +286,7 @@ class ChatService:
 
     def completion(self, req: ChatCompletionRequest, job: Job, result: object, completion_id: str, created: int,
                    scores: list[PromptLogprob] | None = None) -> dict[str, Any]:
-        main, sidecars = self._split(result)
+        main, sidecars = self._split(result, job)
         text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
         body: dict[str, Any] = {
             "id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
@@ -356,7 +368,7 @@ class ChatService:
                 yield _sse(exc.body())
                 yield b"data: [DONE]\n\n"
                 return
-            main, sidecars = await self._off_loop(self._split, result)
+            main, sidecars = await self._off_loop(self._split, result, job)
             if not finished:
                 async for piece in self._finish_chunks(text, main, chunk):
                     yield piece
@@ -390,9 +402,11 @@ class ChatService:
                 pieces.append((piece, self.formatter.logprobs(entries)))
         return pieces
 
-    def _split(self, result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
+    def _split(self, result: object, job: Job) -> tuple[GenerationOutput, dict[str, Any] | None]:
         if isinstance(result, DocumentResult):
-            return result.main, {name: _sidecar_json(out, self.formatter) for name, out in result.sidecars.items()}
+            tasks = {t.name: t for t in job.work.sidecars} if isinstance(job.work, SidecarRequest) else {}
+            return result.main, {name: _sidecar_json(out, tasks.get(name), job.sidecar_stops.get(name, ()),
+                                                     self.formatter) for name, out in result.sidecars.items()}
         assert isinstance(result, GenerationOutput)
         return result, None
 

@@ -175,6 +175,8 @@ class Job:
     last_token_at: float | None = None
     # the job that scores this one's prompt, queued just before it (``prompt_logprobs``, ``echo``)
     scoring: Job | None = None
+    # each sidecar's own stop strings, by task name: its text is cut at them (``server.service``)
+    sidecar_stops: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def stop(self) -> tuple[str, ...]:

@@ -415,6 +415,7 @@ def test_malformed_requests_are_400(base_url: str, body: bytes | dict, param: st
     # the engine's name for max_tokens is an unknown field, named as sent (#41: it was named max_tokens)
     ([{"name": "t", "instruction": "x", "max_new_tokens": 5}], None, "sidecars.0.max_new_tokens"),
     ([{"name": "t", "instruction": "x", "parser": "yaml"}], None, "sidecars.0.parser"),
+    ([{"name": "t", "instruction": "x", "stop": ["a", ""]}], None, "sidecars.0.stop"),
     ([TAGS_SPEC, TAGS_SPEC], None, "sidecars"),
     ([], None, "sidecars"),
     ("hashtags", None, "sidecars"),
@@ -553,10 +554,35 @@ def test_warp_keeps_the_most_likely_token_however_small_top_p() -> None:
         assert torch.equal(warp(logits, 1.0, top_p), argmax)
 
 
-def test_stop_with_sidecars_is_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        ask(client, "doc", stop=["x"], extra_body={"sidecars": [TAGS_SPEC]})
-    assert info.value.body["param"] == "stop"
+def test_stop_with_sidecars_ends_the_main_output_and_each_sidecar_has_its_own(client: openai.OpenAI, tiny) -> None:
+    """#41: the request's stop ends the main output (the target's answer by HF generate, cut before it), and the
+    sidecars continue from that output without the stop string: as from the same output ended by max_tokens.
+    A sidecar's own stop cuts its text, which is parsed as cut."""
+    tok = tiny.tokenizer
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(PROMPTS[0], "", None, []))[0].token_ids
+    tokens = target_alone(tiny, prompt, 40)
+    full = tok.decode(tokens, skip_special_tokens=True)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    expected = full[: full.find(stop)]
+    kept = max(k for k in range(len(tokens) + 1)
+               if expected.startswith(tok.decode(tokens[:k], skip_special_tokens=True)))
+    assert 0 < kept < len(tokens)
+    spec = {"name": "tags", "instruction": "Then output hashtags.", "max_tokens": 8}
+    stopped = ask(client, PROMPTS[0], max_tokens=40, stop=[stop], extra_body={"sidecars": [spec]})
+    assert stopped.choices[0].message.content == expected and stopped.choices[0].finish_reason == "stop"
+    ended = ask(client, PROMPTS[0], max_tokens=kept, extra_body={"sidecars": [spec]})
+    assert ended.choices[0].message.content == tok.decode(tokens[:kept], skip_special_tokens=True)
+    tags = stopped.model_extra["sidecars"]["tags"]
+    assert tags["usage"]["prompt_tokens"] == ended.model_extra["sidecars"]["tags"]["usage"]["prompt_tokens"]
+
+    text = tags["text"]
+    assert len(text) >= 4
+    own = text[len(text) // 2 : len(text) // 2 + 2]
+    again = ask(client, PROMPTS[0], max_tokens=40, stop=[stop],
+                extra_body={"sidecars": [spec | {"stop": own}]}).model_extra["sidecars"]["tags"]
+    assert again["text"] == text[: text.find(own)] and again["finish_reason"] == "stop"
+    task = SidecarTask(name="tags", instruction=spec["instruction"])
+    assert (again["parsed"], again["parse_error"]) == task.parse(again["text"])
 
 
 def test_over_context_prompt_and_max_tokens_are_400(base_url: str, client: openai.OpenAI) -> None:

@@ -35,7 +35,7 @@ from sidecar.decoding.trace import KEPT_EVENTS
 from sidecar.progress import SIDECAR_TASKS, ProgressCallback
 from sidecar.runtime.ledger import Account
 from sidecar.tasks.prompts import SpannedPrompt
-from sidecar.tasks.requests import RequestBuilder, sidecar_view
+from sidecar.tasks.requests import RequestBuilder, before_stop, sidecar_view
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
 from sidecar.tasks.task import SidecarTask
 
@@ -136,6 +136,8 @@ class SidecarBatch:
         request, compound = pending.request, pending.compound
         main = handoff.output.token_ids
         main = main[:-1] if main and main[-1] in self.pair.eos_token_ids else main
+        if handoff.output.finish_reason == "stop" and request.stop:  # the sidecars see no stop string
+            main = main[: before_stop(self.pair.tokenizer, main, request.stop)]
         sampling = request.sidecar_sampling or request.sampling or Sampling()
         pending.instruction = {}
         for number, task in enumerate(request.sidecars):
