@@ -180,7 +180,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     ("completions", {"model": "tiny", "prompt": [1, -2], "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": [[1, 99_999]], "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": [1, "a"], "echo": True, "max_tokens": 0}, "prompt.str"),
-    ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, None),
+    ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, "stream"),
     ("completions", {"model": "tiny/draft", "prompt": "hi", "max_tokens": 4}, "model"),
     ("completions", {"model": "tiny", "prompt": "city council " * 3000, "echo": True, "max_tokens": 0}, "prompt"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 6},
@@ -193,7 +193,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     ("chat/completions", {"model": "tiny/draft", "messages": [{"role": "user", "content": "hi"}],
                           "prompt_logprobs": 0, "max_tokens": 5}, "model"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0,
-                          "stream": True}, None),
+                          "stream": True}, "prompt_logprobs"),
 ])
 def test_bad_scoring_requests_are_400(base_url: str, route: str, body: dict, param: str | None) -> None:
     response = post(base_url, route, body)

@@ -27,6 +27,8 @@ class SidecarRequest:
     sidecar_sampling: Sampling | None = None
     stop: list[str] | None = None
     top_logprobs: int | None = None
+    # a chat's turns before the document (the last user message), after the system message: (role, content)
+    history: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
