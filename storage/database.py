@@ -235,17 +235,23 @@ def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[R
     check_outputs(rows, "write_batch")
     where = _ran_on_columns(ran_on)
     outputs: list[dict[str, Any]] = []
+    sidecars: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
     for record in rows:
         outputs.append(row("outputs", record, run_id=run_id))
+        sidecars += [row("sidecar_outputs", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode)
+                     for s in record.sidecars]
         stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
                       batch_id=record.batch_id, **where) for s in record.stats]
     outputs_table = arrow_table("outputs", outputs)
+    keys = outputs_table.select(["run_id", "doc_id", "mode"])
     writes = [
         TableWrite("outputs", outputs_table),
+        # clear the outputs of every task of a rewritten request, also of tasks it no longer brings
+        TableWrite("sidecar_outputs", arrow_table("sidecar_outputs", sidecars), replace=keys),
         # clear the stats of every rewritten request, also of those that now bring fewer phases
         TableWrite("request_stats", arrow_table("request_stats", stats),
-                   replace=outputs_table.select(["run_id", "doc_id", "mode"])),
+                   replace=keys),
     ]
     if rejects:
         writes.append(_documents_write(run_id, [], rejects))

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from server.launcher import free_port, running_server
-from storage import Database, Document, OutputRecord
+from storage import Database, Document, OutputRecord, SidecarRecord
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "run-Judge_1"
@@ -48,8 +48,9 @@ def db(tmp_path: Path) -> Database:
     for doc_id, (sidecar_tags, standalone_tags) in DOCS.items():
         summary = f"The council of {doc_id} approved a budget."
         for mode, tags in (("sidecar", sidecar_tags), ("standalone", standalone_tags)):
-            records.append(OutputRecord(doc_id, mode, summary, "hashtags", " ".join(f"#{t}" for t in tags or []),
-                                        tags, parse_error=None if tags else "no hashtags found"))
+            records.append(OutputRecord(doc_id, mode, summary, [SidecarRecord.of(
+                "hashtags", " ".join(f"#{t}" for t in tags or []), tags,
+                parse_error=None if tags else "no hashtags found")]))
     db.write_batch(RUN, records)
     return db
 
@@ -220,7 +221,7 @@ def topical_run(db: Database) -> None:
     topics = {"doc-x": ("flood", "river"), "doc-y": ("strike", "union"), "doc-z": ("harvest", "wheat")}
     db.record_documents(TOPICAL, [Document(d, f"Document {d}.", i) for i, d in enumerate(topics)], [])
     db.write_batch(TOPICAL, [
-        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", "hashtags", "", tags)
+        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", [SidecarRecord.of("hashtags", "", tags)])
         for doc_id, (a, b) in topics.items()
         for mode, tags in (("sidecar", [a, b]), ("standalone", ["news", "today"]))])
 
@@ -364,7 +365,7 @@ def test_a_judge_killed_mid_run_keeps_the_documents_it_finished_and_a_rerun_asks
                                              range(8)}
     db.start_run(run_id, {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
     db.record_documents(run_id, [Document(d, f"Document {d}.", i) for i, d in enumerate(summaries)], [])
-    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, "hashtags", "", tags)
+    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, [SidecarRecord.of("hashtags", "", tags)])
                             for i, (doc_id, summary) in enumerate(summaries.items())
                             for mode, tags in (("sidecar", [f"topic{i}", f"place{i}"]), ("standalone", ["news"]))])
 

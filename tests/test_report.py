@@ -17,7 +17,7 @@ from transformers import Qwen2Config
 from sidecar.decoding.rows import GenerationStats
 from sidecar.tasks.rows import SidecarStats
 from storage import Database
-from storage.records import CostRecord, OutputRecord, RequestStats
+from storage.records import CostRecord, OutputRecord, RequestStats, SidecarRecord
 from study.cost import (
     DEFAULT_BATCHES,
     STUDY_WORKLOAD,
@@ -435,8 +435,8 @@ def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
                                    seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
                 90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0)
             stats = [replace(RequestStats.sidecar_phase(tagging), ended_s=0.5 if doc == "d1" else 0.45)]
-        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
-                            tags=["#a"], batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
+        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecars=[SidecarRecord.of("hashtags", "#a", ["#a"])],
+                            batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
 
     db.write_batch("run-1", [output(d, m, a) for d, a in (("d1", 60), ("d2", 20)) for m in ("sidecar", "standalone")])
     return db

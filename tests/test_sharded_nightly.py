@@ -85,7 +85,9 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, n_docs: int) -> Non
 
 def outputs_of(db: Database, run_id: str) -> list[tuple]:
     return [tuple(r.values()) for r in db.query(
-        "SELECT doc_id, mode, summary, sidecar_text FROM outputs WHERE run_id = ? ORDER BY doc_id, mode", [run_id])]
+        "SELECT o.doc_id, o.mode, o.summary, t.text FROM outputs AS o "
+        "JOIN sidecar_outputs AS t USING (run_id, doc_id, mode) WHERE run_id = ? ORDER BY o.doc_id, o.mode, t.task",
+        [run_id])]
 
 
 # -- processes --
