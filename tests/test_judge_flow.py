@@ -440,6 +440,24 @@ def test_unknown_run_and_missing_model_fail_the_flow(prefect_api, tmp_path: Path
     assert state.is_failed() and "judge_model is required" in str(state.message)
 
 
+def test_a_task_the_judge_cannot_score_is_reported_not_judged_with_why(prefect_api, tmp_path: Path) -> None:
+    """A run whose one task writes headlines: no tag lists, so no judge prompt and no control. The judge says so
+    and asks nothing; it does not call the run UNRELIABLE."""
+    from flows.judge import judge
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("headlines", {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents("headlines", [Document("d1", "The council approved a budget.", 0)], [])
+    db.write_batch("headlines", [OutputRecord("d1", mode, "A budget.", [SidecarRecord.of(
+        "headline", "Council passes budget", "Council passes budget")]) for mode in ("sidecar", "standalone")])
+    summary = judge("headlines", judge_pair="tiny", db_path=str(db.path))
+    line = summary.reliability_line()
+    assert line.startswith("Not judged: task headline is not judged: its outputs are not tag lists"), line
+    assert "UNRELIABLE" not in summary.to_markdown()
+    assert summary.verdict_line() == "none, not judged"
+    assert games(db) == []
+
+
 def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.blocks.system import Secret
 
