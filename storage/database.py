@@ -649,6 +649,14 @@ class Database:
                           "FROM sidecar_outputs WHERE run_id = ? GROUP BY task ORDER BY task", [run_id])
         return {row["task"]: row["lists"] for row in rows}
 
+    def task_costs(self, run_id: str) -> list[dict[str, Any]]:
+        """Per sidecar task and mode of the run: ``outputs``, their ``new_tokens`` and ``device_s`` (the ledger's
+        seconds, summed over the outputs that have them; NULL when none has), by task and mode."""
+        return self.query(
+            "SELECT task, mode, count(*) AS outputs, "
+            "sum(new_tokens) FILTER (WHERE device_s IS NOT NULL) AS new_tokens, sum(device_s) AS device_s "
+            "FROM sidecar_outputs WHERE run_id = ? GROUP BY task, mode ORDER BY task, mode", [run_id])
+
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or
         every run's."""

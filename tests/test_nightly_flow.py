@@ -208,6 +208,12 @@ def test_two_tasks_are_stored_per_document_and_mode_with_the_summary_once(prefec
     assert len(phases) == 6 and all(p["phase"] == p["tasks"] for p in phases)
     results = db.results(counts.run_id)
     assert len(results) == 3 and {r["sidecar_name"] for r in results} == {"hashtags"}
+    # the cost report gives each task its own verdict, in its own words
+    from flows.cost_report import cost_report
+
+    report = cost_report(db_path=run.db_path, run_id=counts.run_id)
+    [tasks] = [path for path in report.files if path.name == "task_costs.md"]
+    assert "per headline token" in tasks.read_text() and "per hashtags token" in tasks.read_text()
 
     before = db.query("SELECT * FROM sidecar_outputs ORDER BY ALL")
     with pytest.raises(RunMismatchError, match=re.escape("sidecar_tasks hashtags, headline (this start: hashtags)")):
