@@ -77,6 +77,23 @@ def run_items(db: Database, run_id: str) -> list[JudgeItem]:
                       standalone_tags=row["standalone_tags"]) for row in db.results(run_id)]
 
 
+def tasks_not_judged(db: Database, run_id: str) -> dict[str, str]:
+    """The run's sidecar tasks the judge cannot score, each with why. It compares tag lists of the one task the
+    ``results`` view shows (``hashtags``, else the run's first task by name: migration 011); another task, or
+    a shown task without tag lists, has no judge prompt and no control, so it is not judged (no verdict, and
+    not an unreliable one)."""
+    tasks = db.sidecar_tasks(run_id)
+    shown = "hashtags" if "hashtags" in tasks else min(tasks, default=None)
+    reasons: dict[str, str] = {}
+    for name, lists in tasks.items():
+        if name != shown:
+            reasons[name] = f"is not judged: the judge compares the tag lists of one task per run (here {shown})"
+        elif not lists:
+            reasons[name] = ("is not judged: its outputs are not tag lists, and the judge has no prompt or control "
+                             "for them")
+    return reasons
+
+
 @task(name="judge-documents", cache_policy=NO_CACHE)
 def judge_documents(db: Database, items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
     """Judge ``items``, committing each document's games as soon as it is judged (see ``judgement_records``)."""
@@ -228,6 +245,7 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
 
     games = sum(len(result.games) + len(result.controls) for result in results)
     summary = summarize_judgements(results, config, mode_note=detection.note, likelihood=likelihood)
+    summary = summary.model_copy(update={"not_judged": tasks_not_judged(db, run_id)})
     logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored. %s",
                 run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,
                 games, summary.reliability_line())

@@ -508,6 +508,20 @@ def test_summary_of_nothing_has_no_rate() -> None:
     assert "n/a" in summary.to_markdown()
 
 
+def test_tasks_the_judge_cannot_score_are_named_not_judged_beside_the_judged_ones() -> None:
+    games = [game(1, "sidecar"), game(2, "sidecar")]
+    judged = summarize_judgements([JudgeResult(doc_id="w1", games=games, verdict=final_verdict(games))],
+                                  make_config())
+    reason = "is not judged: the judge compares the tag lists of one task per run (here hashtags)"
+    markdown = judged.model_copy(update={"not_judged": {"headline": reason}}).to_markdown()
+    assert f"Not judged: task headline {reason}." in markdown
+    # nothing judged and a task that cannot be: not judged, not UNRELIABLE
+    alone = summarize_judgements([]).model_copy(update={"not_judged": {"headline": "is not judged: no tags"}})
+    assert alone.reliability_line() == "Not judged: task headline is not judged: no tags."
+    assert "UNRELIABLE" not in alone.to_markdown() and alone.verdict_line() == "none, not judged"
+    assert summarize_judgements([]).reliability_line().startswith("UNRELIABLE")
+
+
 # --- configuration and secrets ----------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from server.launcher import free_port, running_server
-from storage import Database, Document, OutputRecord
+from storage import Database, Document, OutputRecord, SidecarRecord
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "run-Judge_1"
@@ -48,8 +48,9 @@ def db(tmp_path: Path) -> Database:
     for doc_id, (sidecar_tags, standalone_tags) in DOCS.items():
         summary = f"The council of {doc_id} approved a budget."
         for mode, tags in (("sidecar", sidecar_tags), ("standalone", standalone_tags)):
-            records.append(OutputRecord(doc_id, mode, summary, "hashtags", " ".join(f"#{t}" for t in tags or []),
-                                        tags, parse_error=None if tags else "no hashtags found"))
+            records.append(OutputRecord(doc_id, mode, summary, [SidecarRecord.of(
+                "hashtags", " ".join(f"#{t}" for t in tags or []), tags,
+                parse_error=None if tags else "no hashtags found")]))
     db.write_batch(RUN, records)
     return db
 
@@ -220,7 +221,7 @@ def topical_run(db: Database) -> None:
     topics = {"doc-x": ("flood", "river"), "doc-y": ("strike", "union"), "doc-z": ("harvest", "wheat")}
     db.record_documents(TOPICAL, [Document(d, f"Document {d}.", i) for i, d in enumerate(topics)], [])
     db.write_batch(TOPICAL, [
-        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", "hashtags", "", tags)
+        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", [SidecarRecord.of("hashtags", "", tags)])
         for doc_id, (a, b) in topics.items()
         for mode, tags in (("sidecar", [a, b]), ("standalone", ["news", "today"]))])
 
@@ -364,7 +365,7 @@ def test_a_judge_killed_mid_run_keeps_the_documents_it_finished_and_a_rerun_asks
                                              range(8)}
     db.start_run(run_id, {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
     db.record_documents(run_id, [Document(d, f"Document {d}.", i) for i, d in enumerate(summaries)], [])
-    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, "hashtags", "", tags)
+    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, [SidecarRecord.of("hashtags", "", tags)])
                             for i, (doc_id, summary) in enumerate(summaries.items())
                             for mode, tags in (("sidecar", [f"topic{i}", f"place{i}"]), ("standalone", ["news"]))])
 
@@ -437,6 +438,24 @@ def test_unknown_run_and_missing_model_fail_the_flow(prefect_api, tmp_path: Path
     assert state.is_failed() and "does not exist" in str(state.message)
     state = judge(RUN, base_url="http://127.0.0.1:9/v1", db_path=str(tmp_path / "empty.duckdb"), return_state=True)
     assert state.is_failed() and "judge_model is required" in str(state.message)
+
+
+def test_a_task_the_judge_cannot_score_is_reported_not_judged_with_why(prefect_api, tmp_path: Path) -> None:
+    """A run whose one task writes headlines: no tag lists, so no judge prompt and no control. The judge says so
+    and asks nothing; it does not call the run UNRELIABLE."""
+    from flows.judge import judge
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("headlines", {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents("headlines", [Document("d1", "The council approved a budget.", 0)], [])
+    db.write_batch("headlines", [OutputRecord("d1", mode, "A budget.", [SidecarRecord.of(
+        "headline", "Council passes budget", "Council passes budget")]) for mode in ("sidecar", "standalone")])
+    summary = judge("headlines", judge_pair="tiny", db_path=str(db.path))
+    line = summary.reliability_line()
+    assert line.startswith("Not judged: task headline is not judged: its outputs are not tag lists"), line
+    assert "UNRELIABLE" not in summary.to_markdown()
+    assert summary.verdict_line() == "none, not judged"
+    assert games(db) == []
 
 
 def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,8 @@ from transformers import Qwen2Config
 
 from sidecar.decoding.rows import GenerationStats
 from sidecar.tasks.rows import SidecarStats
-from storage import Database
-from storage.records import CostRecord, OutputRecord, RequestStats
+from storage import Database, Document
+from storage.records import CostRecord, OutputRecord, RequestStats, SidecarRecord
 from study.cost import (
     DEFAULT_BATCHES,
     STUDY_WORKLOAD,
@@ -435,8 +435,8 @@ def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
                                    seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
                 90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0)
             stats = [replace(RequestStats.sidecar_phase(tagging), ended_s=0.5 if doc == "d1" else 0.45)]
-        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
-                            tags=["#a"], batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
+        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecars=[SidecarRecord.of("hashtags", "#a", ["#a"])],
+                            batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
 
     db.write_batch("run-1", [output(d, m, a) for d, a in (("d1", 60), ("d2", 20)) for m in ("sidecar", "standalone")])
     return db
@@ -535,3 +535,30 @@ def test_the_flow_links_each_file_by_its_absolute_path(tmp_path: Path, monkeypat
     # the tiny pair needs no files to be projected, so its measured steps are calibrated
     assert "| NVIDIA H200 | H200 | tiny (bfloat16) | sidecar | 2 |" in markdown
     assert "| NVIDIA H200 | tiny | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in markdown  # acceptance per request
+
+
+def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: Path) -> None:
+    """Per task, from sidecar_outputs: the ledger seconds per token of that task, sidecar against standalone."""
+    from study.report.task_costs import task_costs_markdown, task_verdicts
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("tasks", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents("tasks", [Document(d, f"Text {d}.", i) for i, d in enumerate(("d1", "d2"))], [])
+
+    def record(doc: str, mode: str, headline_s: float | None) -> OutputRecord:
+        return OutputRecord(doc, mode, "s", [
+            SidecarRecord.of("hashtags", "#a", ["a"], new_tokens=4, device_s=0.004 if mode == "sidecar" else 0.008),
+            SidecarRecord.of("headline", "A head", "A head", new_tokens=5, device_s=headline_s)])
+
+    # the headline's standalone rows have no ledger seconds: no verdict for it, and why
+    db.write_batch("tasks", [record(d, "sidecar", 0.01) for d in ("d1", "d2")]
+                   + [record(d, "standalone", None) for d in ("d1", "d2")])
+    hashtags, headline = task_verdicts(db.task_costs("tasks"))
+    assert (hashtags.task, hashtags.sidecar_ms_per_token, hashtags.standalone_ms_per_token) == ("hashtags", 1.0, 2.0)
+    assert hashtags.saving_pct == pytest.approx(50.0)
+    assert hashtags.line() == ("hashtags: the sidecar saves 50.0% per hashtags token "
+                               "(1.000 vs 2.000 ms per hashtags token)")
+    assert headline.line() == "headline: no verdict, no ledger seconds per headline token in standalone"
+    section = task_costs_markdown([hashtags, headline])
+    assert "| headline | 2.000 | n/a | 10 / 0 |" in section and "tag token" not in section
+    assert task_costs_markdown([]) == ""
