@@ -26,7 +26,14 @@ import time
 
 import torch
 
-from bench.common import add_bench_arguments, environment, markdown_table, parse_bench_args, write_results
+from bench.common import (
+    add_bench_arguments,
+    environment,
+    markdown_table,
+    parse_bench_args,
+    variant_suffix,
+    write_results,
+)
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"environment": environment(device, torch.float32), "layers": LAYERS, "profile": args.profile,
                "sizes": sizes, "rows": rows}
     name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu")
-    write_results(name + ("" if args.profile == "standard" else f"_{args.profile}"), payload, heading + "\n\n" + table)
+    write_results(name + variant_suffix(device.type, torch.float32, args.profile), payload, heading + "\n\n" + table)
 
 
 if __name__ == "__main__":

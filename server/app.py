@@ -88,6 +88,7 @@ from server.metrics import ServerMetrics
 from server.schema import ChatCompletionRequest, CompletionRequest, refusal
 from server.service import ChatService
 from server.worker import Job
+from sidecar.decoding.decoder import capture_stats
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.tasks.engine import SidecarEngine
 
@@ -169,7 +170,8 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return service.worker.stats.snapshot() | {"queue_depth": service.worker.queue.qsize(),
                                                   "rss_bytes": psutil.Process().memory_info().rss,
-                                                  "dtype": service.engine.pair.dtype_report}
+                                                  "dtype": service.engine.pair.dtype_report,
+                                                  "capture": capture_stats(service.engine.pair)}
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -347,6 +347,15 @@ def test_stats_name_the_dtype_and_why(base_url: str) -> None:
     assert stats(base_url)["dtype"] == "fp32 (argument dtype=fp32)"
 
 
+def test_stats_name_the_capture_mode_and_count_its_forwards(base_url: str, client: openai.OpenAI) -> None:
+    """The capture mode the engine runs in, why, and each model's counters (#40), after a request."""
+    ask(client, PROMPTS[0], max_tokens=8)
+    capture = stats(base_url)["capture"]
+    assert capture["mode"] == "eager" and capture["reason"].startswith("auto: CPU")
+    assert capture["counters"]["target"]["forwards"] > 0
+    assert capture["counters"]["target"]["graph_breaks"] == 0 == capture["counters"]["target"]["recompiles"]
+
+
 def test_a_sidecar_s_usage_is_the_same_alone_and_batched(base_url: str, client: openai.OpenAI) -> None:
     """#34.9: a sidecar's prompt_tokens is what it attends to, whatever shares its batch (on 556d98e the
     catch-up fed before its decoding counted twice: 79 alone, 80 batched, for the same output)."""

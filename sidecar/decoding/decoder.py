@@ -25,7 +25,7 @@ from sidecar.decoding.sampling import Sampling
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.progress import ProgressCallback
-from sidecar.runtime.capture import attach, resolve_capture
+from sidecar.runtime.capture import attach, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
 
@@ -39,6 +39,14 @@ def use_capture(pair: ModelPair, requested: str | None) -> None:
     attach(pair.target, mode)
     attach(pair.draft, mode)
     pair.capture_mode, pair.capture_reason = mode, reason
+
+
+def capture_stats(pair: ModelPair) -> dict:
+    """The pair's capture mode and why, with each model's counters (compiles, recompiles, graph breaks,
+    forwards, distinct decode shapes) since it was attached: for ``GET /stats`` and run reports."""
+    counters = {name: runner.counters.as_dict() for name, model in (("target", pair.target), ("draft", pair.draft))
+                if (runner := runner_of(model)) is not None}
+    return {"mode": pair.capture_mode, "reason": pair.capture_reason, "counters": counters}
 
 
 class SpeculativeDecoder:
