@@ -38,6 +38,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # a decode forward's query width: exact up to this (the verify's gamma + 1, a draft's feed), else padded up to
 # a power of two (a catching-up row's feed)
 EXACT_WIDTHS = 8
+# calls of a shape by which inductor's CUDA graph trees have warmed it up and recorded its graph
+CAPTURE_CALLS = 3
 # eager attention reads the filled columns rounded up to this, so its shapes repeat from step to step
 EAGER_COLUMNS = 64
 
@@ -89,12 +91,13 @@ class CaptureCounters:
     graph_breaks: int = 0  # must stay 0 (fullgraph=True refuses them: this counts what dynamo reports)
     forwards: int = 0  # prefill's included
     compile_seconds: float = 0.0
+    graph_bytes: int = 0  # CUDA memory the captures reserved (their pools and static buffers); 0 elsewhere
     shapes: Counter = field(default_factory=Counter)  # a decode forward's (batch, width, columns) -> forwards
 
     def as_dict(self) -> dict:
         return {"compiles": self.compiles, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
                 "forwards": self.forwards, "distinct_shapes": len(self.shapes),
-                "compile_seconds": round(self.compile_seconds, 3)}
+                "compile_seconds": round(self.compile_seconds, 3), "graph_bytes": self.graph_bytes}
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -168,10 +171,13 @@ class StackRunner:
                 torch._dynamo.mark_static_address(tensor)
             torch.compiler.cudagraph_mark_step_begin()
         graphs, breaks = _dynamo_counts()
+        reserved = torch.cuda.memory_reserved(view.device) if self.mode == "cudagraph" else 0
         started = time.perf_counter()
         hidden = self._compiled(ids, rows_dev, query_span, view.keys, view.values, view.visible, view.span)
         new_graphs, new_breaks = _dynamo_counts()
         self.counters.graph_breaks += new_breaks - breaks
+        if self.mode == "cudagraph" and self.counters.shapes[shape] <= CAPTURE_CALLS:
+            self.counters.graph_bytes += torch.cuda.memory_reserved(view.device) - reserved
         if new_graphs > graphs:
             self.counters.compile_seconds += time.perf_counter() - started
             if shape in self._compiled_shapes:
