@@ -45,21 +45,29 @@ def assert_parses(task: SidecarTask, output) -> None:
     assert output.parse_error is None, (task.name, output.text, output.parse_error)
 
 
-@pytest.mark.parametrize("gamma", [1, 4])
-def test_constrained_main_rows_equal_constrained_target_only(tiny, gamma):
-    """Each task's constraint on a main row, with a free row in the same batch: the masked verify gives the
-    target's own constrained greedy output, token for token, and leaves the free row as it was."""
+@pytest.mark.parametrize(("gamma", "adaptive", "copying"), [(1, False, False), (4, False, False), (4, True, False),
+                                                        (4, False, True)])
+def test_constrained_main_rows_equal_constrained_target_only(tiny, gamma, adaptive, copying):
+    """Each task's constraint on a main row, with a free row in the same batch: the masked first token,
+    verify (of the draft's proposals, or of prompt lookup's copies) and plain steps (the adaptive controller
+    explores one) give the target's own constrained greedy output, token for token, and leave the free row
+    as it was."""
     space = space_of(tiny)
-    prompts = random_prompts(tiny, [12, 7, 15, 9], seed=gamma)
+    if copying:  # every ordinary token once: lookup always finds a continuation to copy
+        g = torch.Generator().manual_seed(gamma)
+        prompts = [(torch.randperm(len(tiny.tokenizer) - 3, generator=g) + 3).tolist() for _ in range(4)]
+    else:
+        prompts = random_prompts(tiny, [12, 7, 15, 9], seed=gamma + adaptive)
     rows = [DecodeRow(p, LIMIT, constraint=t.constraint) for p, t in zip(prompts, TASKS, strict=False)]
     rows.append(DecodeRow(prompts[-1], 24))
-    outputs = SpeculativeDecoder(tiny, gamma=gamma, adaptive=False).decode(rows, batch_size=len(rows))
+    outputs = SpeculativeDecoder(tiny, gamma=gamma, adaptive=adaptive).decode(rows, batch_size=len(rows))
     for task, prompt, out in zip(TASKS, prompts, outputs, strict=False):
         expected = constrained_greedy(tiny.target, space, task.constraint, prompt, LIMIT)
         assert out.token_ids == expected, task.name
         assert out.finish_reason == "eos" and task.parse(out.text)[1] is None
     assert outputs[-1].token_ids == target_alone(tiny, prompts[-1], 24)
     assert_speculated(outputs[:-1], accepts=False)
+    assert not copying or sum(o.stats.lookup_drafted for o in outputs[:-1]) > 0
 
 
 def test_sampled_constrained_main_rows_follow_the_masked_target(tiny):
