@@ -201,7 +201,7 @@ class StepRunner:
                 logits_kept.append(logits)
             if k + 1 == plan.draft_forwards:
                 break
-            stop = None  # [] or [1]: whether drafting stops here
+            stop = None  # [1]: whether drafting stops here (None: it cannot stop early)
             if drafting_mask is not None:
                 # the argmax's probability, without a softmax over the vocabulary; only drafting rows count
                 confidence = torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
@@ -212,7 +212,7 @@ class StepRunner:
             if constrained_ids is not None:  # [constrained rows' tokens, stop?] in one read
                 read = torch.cat([token.index_select(0, constrained_ids), *([] if stop is None else [stop])])
                 values = read.tolist()
-                for b, chosen_token in zip(constrained, values, strict=False):
+                for b, chosen_token in zip(constrained, values[: len(constrained)], strict=True):
                     if not matchers[b].ended:  # an ended row allows only its end ids, cut by _commit
                         matchers[b].accept(chosen_token)
                 if stop is not None and values[-1]:
