@@ -1,16 +1,16 @@
-"""The verify hook docs/constraints.md plans for the step, run by hand on the tiny pair: speculative greedy
-decoding with masks along the drafts (``RowMatcher.draft_masks``) and rollback of masked proposals gives
-exactly the constrained target-only output, and that output parses."""
+"""The step's verify hook (docs/constraints.md, ``StepRunner._verify``) run by hand on the tiny pair:
+speculative greedy decoding with masks along the drafts (``RowMatcher.draft_masks``) and rollback of masked
+proposals gives exactly the constrained target-only output, and that output parses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from decoding import constrained_greedy, last_logits
 
 from sidecar.decoding.acceptance import accept_greedy
 from sidecar.decoding.constraints import token_space
 from sidecar.decoding.matcher import RowMatcher, allocate_bitmask, apply_bitmask, fill_bitmask
-from sidecar.decoding.step import align_vocab
 from sidecar.tasks.task import SidecarTask
 
 TASKS = [
@@ -23,24 +23,6 @@ TASKS = [
         "required": ["names", "year"], "additionalProperties": False}),
 ]
 LIMIT = 80
-
-
-def last_logits(model, ids: list[int], positions: int, vocab: int) -> torch.Tensor:
-    """The model's logits [positions, vocab] at the last ``positions`` tokens of ``ids`` (whole recompute)."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, -positions:].float()
-    return align_vocab(logits, vocab)
-
-
-def target_only(pair, space, task, prompt: list[int]) -> list[int]:
-    matcher, out = RowMatcher(space, task.constraint), []
-    while len(out) < LIMIT and not (out and out[-1] in space.eos_ids):
-        logits = last_logits(pair.target, prompt + out, 1, space.vocab_size)
-        apply_bitmask(logits, fill_bitmask([matcher], space.vocab_size))
-        token = int(logits.argmax(-1))
-        matcher.accept(token)
-        out.append(token)
-    return out
 
 
 def speculative(pair, space, task, prompt: list[int], gamma: int, mask_drafts: bool) -> list[int]:
@@ -81,7 +63,7 @@ def test_constrained_speculative_greedy_equals_constrained_target_only(tiny, tas
     space = token_space(pair.tokenizer, vocab, pair.eos_token_ids)
     for seed in range(3):
         prompt = torch.randint(3, len(pair.tokenizer), (12,), generator=torch.Generator().manual_seed(seed)).tolist()
-        expected = target_only(pair, space, task, prompt)
+        expected = constrained_greedy(pair.target, space, task.constraint, prompt, LIMIT)
         assert expected[-1] in space.eos_ids, "the budget cut the constrained output"
         assert task.parse(pair.tokenizer.decode(expected[:-1]))[1] is None
         for gamma in (1, 4):

@@ -151,7 +151,7 @@ class SidecarBatch:
             draws = 0 if sampling.greedy else draw_key(sampling.seed, 1 + number)
             self.slots.add_draft((handoff.index, task.name), DraftRow(
                 feed, task.max_new_tokens, draws, snapshot, sampling, request.top_logprobs,
-                carried=handoff.catch_up[number], phase="sidecar"))
+                carried=handoff.catch_up[number], phase="sidecar", constraint=task.constraint))
             pending.instruction[task.name] = handoff.instruction[number]
             self.sidecar_rows += 1
         self.progress(SIDECAR_TASKS, self.sidecar_done, self.sidecar_rows)
