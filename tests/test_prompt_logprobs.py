@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -13,7 +14,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.launcher import running_server
-from server.logprobs import text_offsets
+from server.logprobs import LogprobFormatter, text_offsets
 from sidecar import SpeculativeDecoder
 from sidecar.tasks.prompts import chat_prompt
 
@@ -24,6 +25,15 @@ CONTEXT, CONTINUATION = "The president met leaders in Berlin,", " Moscow and Doh
 LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
 # byte-level BPE splits these characters' bytes across tokens
 ACCENTED = "Prices rose 3.5 percent in Zürich — and in Doha."
+# text the tokenizer (NFC, as Qwen2's) does not take as it is: decomposed accents, combining marks that do not
+# compose, characters outside the BMP, and a mix as a news row holds it
+NOT_NFC = {
+    "decomposed": unicodedata.normalize("NFD", "Café owners in Zürich and Malmö protested, Señor Núñez said."),
+    "combining": "The x\u0301\u0302 and q\u0323\u0307 marks, then a\u0308\u0301 again.",
+    # U+1D15E and U+2F800 are astral and change under NFC (to two astral characters, to U+4E3D)
+    "astral": "Fans cheered \U0001F600\U0001F389 as \U0001D15E and \U0002F800 and \U0001D400 scored e\u0301.",
+    "mixed": "Re\u0301sume\u0301 \U0001F600 of the Zu\u0308rich co\u0302te\u0301 \u2014 e\u0301te\u0301 \U0001F389.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +113,53 @@ def test_text_offset_of_split_characters_points_at_their_start(client: openai.Op
     assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True) if "\ufffd" not in token)
     # a character split over three tokens: offsets before it, at it (its first byte starts no whole character)
     assert text_offsets([b"a", "ü".encode()[:1], "ü".encode()[1:], b"b"]) == [0, 1, 1, 2]
+
+
+def assert_offsets_index(text: str, ids: list[int], offsets: list[int], tokenizer) -> None:
+    """What the tokens before each token spell (as the tokenizer normalises text: NFC) is the characters of
+    ``text`` before its offset, and at most up to the next token's: a token that starts inside a character,
+    or inside what characters normalise to (U+1D15E is two, e and U+0301 one), points at where they start."""
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+    spelled = LogprobFormatter(tokenizer)
+    for i, offset in enumerate(offsets):
+        # only the last character can be incomplete: "ignore" drops just its bytes
+        before = bytes(b for token in ids[:i] for b in spelled.token(token)[1]).decode("utf-8", errors="ignore")
+        following = min([o for o in offsets if o > offset] + [len(text)])
+        up_to, through = (unicodedata.normalize("NFC", text[:end]) for end in (offset, following))
+        assert before.startswith(up_to) and through.startswith(before), (i, offset, up_to, before)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_NFC))
+def test_text_offset_indexes_the_echoed_text_whatever_its_normalisation(client: openai.OpenAI, tiny,
+                                                                         name: str) -> None:
+    """lm-evaluation-harness slices the echoed text at text_offset: offsets of the tokenizer's NFC bytes
+    pointed too early into decomposed text (-6.595 scored against -8.185 for the right span)."""
+    text = NOT_NFC[name]
+    assert unicodedata.normalize("NFC", text) != text
+    choice = score(client, text).choices[0]
+    ids = tiny.tokenizer.encode(text, add_special_tokens=False)
+    assert choice.text == text and len(choice.logprobs.text_offset) == len(ids)
+    assert_offsets_index(text, ids, choice.logprobs.text_offset, tiny.tokenizer)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_NFC))
+def test_a_continuation_after_text_not_in_nfc_is_found_as_a_judge_finds_it(client: openai.OpenAI, tiny,
+                                                                           name: str) -> None:
+    context = NOT_NFC[name]
+    logprobs = score(client, context + CONTINUATION, logprobs=0).choices[0].logprobs
+    start = next(i for i, offset in enumerate(logprobs.text_offset) if offset >= len(context))
+    context_ids = tiny.tokenizer.encode(context, add_special_tokens=False)
+    ids = tiny.tokenizer.encode(context + CONTINUATION, add_special_tokens=False)
+    assert ids[: len(context_ids)] == context_ids and start == len(context_ids)
+    assert tiny.tokenizer.decode(ids[start:]) == CONTINUATION
+
+
+def test_generated_tokens_start_after_the_echoed_prompt_as_sent(client: openai.OpenAI, tiny) -> None:
+    text = NOT_NFC["mixed"]
+    choice = client.completions.create(model="tiny", prompt=text, echo=True, logprobs=1, max_tokens=4,
+                                       temperature=0).choices[0]
+    prompt = len(tiny.tokenizer.encode(text, add_special_tokens=False))
+    assert choice.text.startswith(text) and choice.logprobs.text_offset[prompt] == len(text)
 
 
 @pytest.mark.parametrize("batched", [False, True])
