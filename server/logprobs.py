@@ -10,7 +10,8 @@ Prompt (vLLM): one entry per prompt token, ``None`` for the first, else ``{"<tok
 "decoded_token"}}`` for the token itself and its top alternatives.
 
 Legacy completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, parallel lists; a
-``top_logprobs`` entry maps token text to logprob for the top alternatives and the token itself, and
+``top_logprobs`` entry maps token text to logprob for the top alternatives and the token itself (a token
+whose bytes are not UTF-8 alone, a piece of a split character, as ``bytes:\\xNN...``: ``legacy_token``), and
 ``text_offset`` is where each token starts in the response's ``text``, in characters: of the text as the
 client sent it for an echoed prompt, whatever the tokenizer's normalisation (``offsets_in``).
 """
@@ -80,6 +81,17 @@ class LogprobFormatter:
                  for e in entries]
         return body
 
+    def legacy_token(self, token_id: int) -> str:
+        """A token as the legacy completions spell it in ``tokens`` and as a ``top_logprobs`` key: its text
+        when its bytes are UTF-8 on their own, else ``bytes:`` and each byte as ``\\xNN`` (OpenAI's spelling),
+        so that the pieces of a split character, which all decode to U+FFFD, keep keys of their own."""
+        text, raw = self.token(token_id)
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+        return text
+
     def width(self, token_id: int) -> bytes:
         """The bytes ``token_id`` adds to a response's text: none for a special token, which the text skips."""
         special = token_id in self.tokenizer.added_tokens_decoder and self.tokenizer.added_tokens_decoder[
@@ -115,10 +127,10 @@ class LogprobFormatter:
             if e is None:
                 top_logprobs.append(None)
                 continue
-            top = {self.token(t)[0]: p for t, p in e.top}
-            top.setdefault(self.token(e.token_id)[0], e.logprob)
+            top = {self.legacy_token(t): p for t, p in e.top}
+            top.setdefault(self.legacy_token(e.token_id), e.logprob)
             top_logprobs.append(top)
-        return {"tokens": [self.token(t)[0] for t in token_ids],
+        return {"tokens": [self.legacy_token(t) for t in token_ids],
                 "token_logprobs": [None if e is None else e.logprob for e in entries],
                 "top_logprobs": top_logprobs,
                 "text_offset": list(offsets)}

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.launcher import running_server
 from server.logprobs import LogprobFormatter, text_offsets
 from sidecar import SpeculativeDecoder
+from sidecar.decoding.scoring import PromptLogprob
 from sidecar.tasks.prompts import chat_prompt
 
 KEY = "sk-test-scoring-key"
@@ -110,9 +111,47 @@ def test_text_offset_of_split_characters_points_at_their_start(client: openai.Op
     assert offsets == sorted(offsets) and offsets[0] == 0
     pieces = [ACCENTED[offsets[i] : offsets[i + 1]] for i in range(len(logprobs.tokens))]
     assert "".join(pieces) == ACCENTED
-    assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True) if "\ufffd" not in token)
+    assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True)
+               if not token.startswith("bytes:"))
     # a character split over three tokens: offsets before it, at it (its first byte starts no whole character)
     assert text_offsets([b"a", "ü".encode()[:1], "ü".encode()[1:], b"b"]) == [0, 1, 1, 2]
+
+
+def legacy_token(tokenizer, token_id: int) -> str:
+    """A token as OpenAI's legacy completions spell it: its text, or ``bytes:\\xNN`` for bytes that are not
+    UTF-8 alone."""
+    raw = LogprobFormatter(tokenizer).token(token_id)[1]
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_legacy_tokens_of_split_characters_are_their_bytes_and_never_share_a_key(tiny) -> None:
+    """The pieces of split characters all decode to U+FFFD: keyed by text, they overwrote each other."""
+    formatter = LogprobFormatter(tiny.tokenizer)
+    ids = tiny.tokenizer.encode("Zürich \U0001F600 — é", add_special_tokens=False)
+    pieces = [i for i in ids if "\ufffd" in tiny.tokenizer.decode([i])]
+    assert len(set(pieces)) >= 4
+    entry = PromptLogprob(ids[0], -1.0, 1, tuple((token, -1.0 - n) for n, token in enumerate(dict.fromkeys(pieces))))
+    legacy = formatter.legacy([ids[0], ids[0]], [None, entry], [0, 0])
+    [top] = legacy["top_logprobs"][1:]
+    assert len(top) == len(set(pieces)) + 1  # every alternative and the token itself
+    assert {key for key in top if key.startswith("bytes:")} == {
+        "bytes:" + "".join(f"\\x{b:02x}" for b in formatter.token(t)[1]) for t in set(pieces)}
+    assert "bytes:\\xc3" in top and "bytes:\\xf0" in top  # the first bytes of ü and of the emoji
+
+
+def test_legacy_top_logprobs_from_the_server_give_every_alternative_a_key_of_its_own(client: openai.OpenAI) -> None:
+    text = ACCENTED + " \U0001F600\U0001F389 Malmö, Señor Núñez, 東京."
+    logprobs = score(client, text, logprobs=5).choices[0].logprobs
+    for token, top in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:], strict=True):
+        assert len(top) >= 5 and token in top  # five alternatives, none overwritten, and the token itself
+        assert not any("\ufffd" in key for key in top)
+        for key in (k for k in top if k.startswith("bytes:")):
+            raw = bytes(int(h, 16) for h in key.removeprefix("bytes:").split("\\x")[1:])
+            with pytest.raises(UnicodeDecodeError):
+                raw.decode("utf-8")
 
 
 def assert_offsets_index(text: str, ids: list[int], offsets: list[int], tokenizer) -> None:
@@ -218,7 +257,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     choice = response.choices[0]
     assert choice.text == TEXT + tiny.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     whole = ids + out.token_ids
-    assert choice.logprobs.tokens == [tiny.tokenizer.decode([i]) for i in whole]
+    assert choice.logprobs.tokens == [legacy_token(tiny.tokenizer, i) for i in whole]
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, whole), abs=1e-4)
     assert choice.logprobs.text_offset[len(ids)] == len(TEXT)
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(ids), 6)
