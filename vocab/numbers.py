@@ -34,8 +34,10 @@ def finite(field: str, value: object, low: float = -math.inf, high: float = math
     if not math.isfinite(number):
         raise NumberError(f"{field} must be a finite number, got {value!r}")
     if number < low or (low_open and number == low) or number > high:
-        low_bracket = "(" if low_open else "["
-        raise NumberError(f"{field} must lie in {low_bracket}{low:g}, {high:g}], got {value!r}")
+        if high == math.inf:
+            bound = "positive" if low_open and low == 0 else f"above {low:g}" if low_open else f"at least {low:g}"
+            raise NumberError(f"{field} must be {bound}, got {value!r}")
+        raise NumberError(f"{field} must lie in {'(' if low_open else '['}{low:g}, {high:g}], got {value!r}")
     return number
 
 
@@ -51,7 +53,9 @@ def integer(field: str, value: object, low: int | None = None, high: int | None 
         raise NumberError(f"{field} must be an integer, got {value!r}")
     number = int(value)
     if (low is not None and number < low) or (high is not None and number > high):
-        bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        if high is None:
+            raise NumberError(f"{field} must be an integer of at least {low}, got {value!r}")
+        bounds = f"[{'-inf' if low is None else low}, {high}]"
         raise NumberError(f"{field} must be an integer in {bounds}, got {value!r}")
     return number
 
