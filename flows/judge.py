@@ -138,8 +138,8 @@ def likelihood_scores(db: Database, items: list[JudgeItem], config: JudgeConfig,
 
 def likelihood_pending(db: Database, items: list[JudgeItem], run_id: str, model: str,
                        prompt_version: str) -> list[JudgeItem]:
-    """The documents of ``items`` with both tag sets whose main scores by ``model`` and ``prompt_version`` are
-    not both stored: a document is done only once they are."""
+    """The documents of ``items`` with both tag sets not yet done by ``model`` and ``prompt_version``: a document
+    is done only once its main scores are both stored and none of its scores failed (``scored_doc_ids``)."""
     scored = db.scored_doc_ids(run_id, model, prompt_version)
     return [item for item in items if item.sidecar_tags and item.standalone_tags and item.doc_id not in scored]
 

@@ -331,6 +331,33 @@ def test_a_rerun_scores_by_likelihood_what_a_failed_pass_left_though_every_game_
     assert [v["verdict"] for v in verdicts] == ["sidecar"] * 3
 
 
+def test_a_document_whose_control_score_failed_is_scored_again_on_the_next_run(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+
+    def doc_ys_tags_after_doc_xs_summary(prompt: str) -> bool:  # doc-x's easy control: its foil is doc-y
+        context, tags = prompt.split(" #", 1)
+        return "flood" in context and "strike" in tags
+
+    with letters_endpoint(reads_tags, echo=True, echo_fails=doc_ys_tags_after_doc_xs_summary) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    failed = db.query("SELECT doc_id, kind, side FROM judgement_scores WHERE error IS NOT NULL ORDER BY ALL")
+    # the easy rung, and the hard rung that mixes doc-y's tags in; doc-x's main scores stand
+    assert {(f["doc_id"], f["kind"]) for f in failed} == {("doc-x", "control"), ("doc-x", "hard")}
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-y", "doc-z"}
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.query("SELECT count(*) AS n FROM judgement_scores WHERE error IS NOT NULL") == [{"n": 0}]
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+    [ladder] = [q for q in db.judge_quality(TOPICAL) if q["method"] == "likelihood"]
+    assert (ladder["control_documents"], ladder["control_cleared"]) == (3, 3)
+
+
 def test_a_resumed_likelihood_pass_scores_a_lone_pending_document_against_a_baseline_from_the_whole_run(
         prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     import duckdb

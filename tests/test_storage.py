@@ -679,7 +679,7 @@ def test_the_views_read_a_stored_score_that_is_not_finite_as_missing_never_as_na
     verdicts = {v["doc_id"]: (v["verdict"], v["difference"]) for v in db.query("SELECT * FROM judgements")}
     assert verdicts == {"d1": ("sidecar", pytest.approx(1.0)), "d2": ("sidecar", pytest.approx(0.5)),
                         "d3": ("sidecar", pytest.approx(0.3)), "d4": (None, None)}
-    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d2", "d3"}  # d4 is scored again
+    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d3"}  # d2 (its null rung) and d4 again
 
 
 def test_a_likelihood_margin_is_twice_the_null_differences_root_mean_square_and_bands_the_null_rung(
