@@ -23,8 +23,10 @@ from study.cost import (
     TagTokens,
     Workload,
     check_batches,
+    count,
     get_gpu,
     load_catalog,
+    number,
     roofline_table,
 )
 from vocab.modes import Mode
@@ -33,8 +35,8 @@ cost_app = typer.Typer(no_args_is_help=True, help="Roofline cost projections for
 
 
 def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise CostInputError(f"{name} must be positive, got {value}")
+    if value is not None:
+        number(name, value)  # finite and above 0: NaN and infinity are refused, naming the option
 
 
 def _parse_batches(text: str) -> list[int]:
@@ -65,6 +67,9 @@ def _cli_workload(
             raise CostInputError("give either --pair-config or the --weights-gb/--kv-*-mb numbers, not both")
         if doc_tokens is None or summary_tokens is None:
             raise CostInputError("--pair-config needs --doc-tokens and --summary-tokens")
+        count("--doc-tokens", doc_tokens, 0)
+        count("--summary-tokens", summary_tokens, 0)
+        count("--tag-tokens", tag_tokens)
         if dtype not in DTYPE_BYTES:
             raise CostInputError(f"unknown --dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         tokens = TagTokens(document=doc_tokens, summary=summary_tokens, tags=tag_tokens)

@@ -17,8 +17,18 @@ def read_inputs(path: str, column: str, limit: int | None) -> list[str]:
         for reject in rejects:
             typer.secho(f"skipped row {reject.row_index} ({reject.doc_id}): {reject.reason}", fg="yellow", err=True)
         return [d.text for d in documents]
-    with open(path, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
+    lines = []
+    # line by line as bytes: a line that is not UTF-8 is skipped and named, as a Parquet row is, not the file
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                typer.secho(f"skipped line {number}: not_utf8 ({exc.reason} at byte {exc.start})", fg="yellow",
+                            err=True)
+                continue
+            if line:
+                lines.append(line)
     return lines[:limit] if limit else lines
 
 

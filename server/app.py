@@ -42,7 +42,10 @@ Endpoints:
   ``stop``; no ``stream``. With ``echo`` the text is the prompt followed by the completion, and
   ``logprobs`` covers the prompt's tokens too: ``{"tokens", "token_logprobs", "top_logprobs",
   "text_offset"}``, the first token's logprob and top ``null``, each ``top_logprobs`` entry the token
-  itself and its top alternatives, ``text_offset`` each token's start in the text in characters. The
+  itself and its top alternatives keyed by their text (``bytes:\\xNN...`` for a token whose bytes are not
+  UTF-8 alone, as OpenAI spells it, so that no two share a key), ``text_offset`` each token's start in the
+  text in characters (of the
+  prompt as sent, whatever the tokenizer's normalisation: ``LogprobFormatter.offsets_in``). The
   draft's id takes only ``echo`` with ``max_tokens`` 0. Prompt log-probabilities come from one forward of
   the named model over the prompt, log-softmax in float32 of its logits (``sidecar.decoding.scoring``),
   run by the batch worker between decoding steps.

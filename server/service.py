@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from server.config import DEFAULT_MAX_TOKENS, ServerConfig
 from server.errors import APIError, validation_error
-from server.logprobs import LogprobFormatter
+from server.logprobs import LogprobFormatter, text_offsets
 from server.schema import ChatCompletionRequest, CompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job, MainDone, ScoreWork
@@ -229,6 +229,13 @@ class ChatService:
         starts = bos is not None and self.tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
         return ([bos] if starts else []) + encode(self.tokenizer, prompt)
 
+    def prompt_offsets(self, prompt: str | list[int], token_ids: list[int]) -> list[int]:
+        """Where each prompt token starts in the echoed prompt (``prompt_text``), in characters: a text prompt
+        is echoed as sent, so its offsets come from the tokenizer's own mapping (``offsets_in``)."""
+        if isinstance(prompt, str):
+            return self.formatter.offsets_in(prompt, token_ids)
+        return text_offsets([self.formatter.width(token) for token in token_ids])
+
     def prompt_text(self, prompt: str | list[int]) -> str:
         """A completions prompt as text: token ids spell it as ``text_offset`` counts them."""
         if isinstance(prompt, str):
@@ -315,11 +322,14 @@ class ChatService:
         shown = self.prompt_text(req.prompt) + text if req.echo else text
         logprobs: dict[str, list] | None = None
         if req.logprobs is not None:
-            ids, entries = (list(prompt), [None, *scores]) if req.echo else ([], [])
+            ids, entries, offsets = [], [], []
+            if req.echo:
+                ids, entries, offsets = list(prompt), [None, *scores], self.prompt_offsets(req.prompt, prompt)
             if main is not None and main.logprobs is not None:
                 ids += main.token_ids
                 entries += main.logprobs
-            logprobs = self.formatter.legacy(ids, entries, 0)
+                offsets += text_offsets([self.formatter.width(t) for t in main.token_ids], len(shown) - len(text))
+            logprobs = self.formatter.legacy(ids, entries, offsets)
             # tokens after a stop string are not in the text: they start where it ends
             logprobs["text_offset"] = [min(offset, len(shown)) for offset in logprobs["text_offset"]]
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,

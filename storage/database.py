@@ -589,10 +589,14 @@ class Database:
         write_tables(self.path, writes, self.retry, check=_require_run(run_id))
 
     def scored_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents whose main tag sets both have a likelihood score by this model and scorer prompt."""
+        """Documents done by this model and scorer prompt: both main tag sets have a finite likelihood score and
+        no stored score of theirs (a control's included) failed; a rerun scores the others again."""
         rows = self.query(
             "SELECT doc_id FROM judgement_scores WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
-            "AND kind = 'main' AND error IS NULL GROUP BY doc_id HAVING count(DISTINCT side) = 2",
+            "GROUP BY doc_id HAVING count(DISTINCT side) FILTER (WHERE kind = 'main' AND error IS NULL "
+            "AND isfinite(given_own - given_baseline)) = 2 "
+            "AND count(*) FILTER (WHERE error IS NOT NULL OR NOT coalesce(isfinite(given_own - given_baseline), "
+            "false)) = 0",
             [run_id, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vocab.modes import MODES, Mode
+from vocab.numbers import finite, logprob
 
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]
@@ -302,6 +303,12 @@ class JudgementRecord:
     p_b: float | None = None
     foil_doc_id: str | None = None
 
+    def __post_init__(self) -> None:
+        # a NaN or infinite probability would poison the views' means: refused before it is stored
+        for name in ("p_a", "p_b"):
+            if (value := getattr(self, name)) is not None:
+                finite(f"{name} of {self.doc_id!r} game {self.game}", value, 0.0, 1.0)
+
 
 @dataclass(frozen=True)
 class JudgementScoreRecord:
@@ -322,6 +329,12 @@ class JudgementScoreRecord:
     tokens: int | None = None
     error: str | None = None
     foil_doc_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # an infinite mean log probability makes the PMI NaN in the views: refused before it is stored
+        for name in ("given_own", "given_baseline"):
+            if (value := getattr(self, name)) is not None:
+                logprob(f"{name} of {self.doc_id!r} {self.kind} {self.side}", value)
 
 
 @dataclass(frozen=True)

@@ -216,3 +216,14 @@ def test_judge_of_an_unknown_run_exits_2_with_one_line(ran: Ran) -> None:
 @pytest.mark.slow
 def test_demo_on_an_unusable_database_exits_3_with_one_line(ran: Ran) -> None:
     assert_ran_with_one_error_line(ran, "demo-directory", 3)
+
+
+def test_generate_skips_a_text_line_that_is_not_utf8_and_names_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad line in a text input raised UnicodeDecodeError for the whole file; now it is that line's reject."""
+    from cli.generate import read_inputs
+
+    path = tmp_path / "inputs.txt"
+    path.write_bytes(b"First article.\n\xff\xfe latin-1 caf\xe9\n\nThird article, caf\xc3\xa9.\n")
+    assert read_inputs(str(path), "article", None) == ["First article.", "Third article, café."]
+    assert "skipped line 2: not_utf8" in capsys.readouterr().err

@@ -530,6 +530,14 @@ def test_unknown_prompt_version_is_rejected() -> None:
         make_config(prompt_version="tags-v0")
 
 
+@pytest.mark.parametrize("field", ["timeout_s", "backoff_base_s", "backoff_max_s", "likelihood_floor"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_setting_that_is_not_finite_is_refused_naming_it(field: str, value: float) -> None:
+    """A lone lower bound (``gt=0``, ``ge=0``) lets infinity through, and an infinite timeout waits for ever."""
+    with pytest.raises(ValidationError, match=field):
+        make_config(**{field: value})
+
+
 def test_api_key_from_env_prefers_sidecar_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
     monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-sidecar")
@@ -754,7 +762,8 @@ def test_letter_probabilities_read_the_first_position_that_holds_a_letter() -> N
         judge.letter_probabilities(judge.answers.Reply("x", [{"x": 0.0}]))
 
 
-@pytest.mark.parametrize("logprob", [float("nan"), 1000.0, float("inf"), 0.5], ids=["nan", "1000", "inf", "0.5"])
+@pytest.mark.parametrize("logprob", [float("nan"), 1000.0, float("inf"), 0.5, -float("inf"), -1e308, -1e5],
+                         ids=["nan", "1000", "inf", "0.5", "-inf", "-1e308", "-1e5"])
 def test_a_malformed_log_probability_is_that_games_error_and_the_other_documents_are_judged(logprob: float) -> None:
     items = topical_items(3)
     reads = topical_judge()

@@ -156,10 +156,12 @@ def echoed(prompt: str) -> dict:
 
 
 @contextmanager
-def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False) -> Iterator[str]:
+def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False,
+                     echo_fails: Callable[[str], bool] = lambda prompt: False) -> Iterator[str]:
     """An OpenAI-shaped chat completions endpoint on loopback whose one-token answer carries the top log
     probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``; with ``echo`` also the legacy
-    completions route with the prompt's log probabilities (``echoed``), else 404 there."""
+    completions route with the prompt's log probabilities (``echoed``), else 404 there; a prompt for which
+    ``echo_fails`` is true gets HTTP 500 there."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -167,6 +169,9 @@ def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bo
             if not self.path.endswith("/chat/completions"):
                 if not echo:
                     self.send_error(404)
+                    return
+                if echo_fails(request["prompt"]):
+                    self.send_error(500)
                     return
                 choice = {"index": 0, "text": request["prompt"], "finish_reason": "length",
                           "logprobs": echoed(request["prompt"])}
@@ -301,6 +306,82 @@ def test_an_endpoint_with_prompt_log_probabilities_adds_the_likelihood_method_wi
     assert "## Likelihood method" in report and "| mock/draft | tags-l2 | easy 3/3 (100%)" in report
     assert "Verdict of the run: the sidecar's tags are better (pairwise mock tags-p1" in report
     assert [part.reliability.trusted for part in summary.likelihood] == [True, True]
+
+
+def likelihood_scored(db: Database) -> list[dict]:
+    return db.query("SELECT doc_id, count(*) AS scores, count(error) AS errors FROM judgement_scores "
+                    "WHERE run_id = ? AND kind = 'main' GROUP BY doc_id ORDER BY doc_id", [TOPICAL])
+
+
+def test_a_rerun_scores_by_likelihood_what_a_failed_pass_left_though_every_game_is_stored(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+    with letters_endpoint(reads_tags, echo=True, echo_fails=lambda prompt: True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.judged_doc_ids(TOPICAL, "mock", "tags-p1") == {"doc-x", "doc-y", "doc-z"}
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == set()  # every score failed, with its error stored
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+    verdicts = db.query("SELECT verdict FROM judgements WHERE method = 'likelihood' AND run_id = ?", [TOPICAL])
+    assert [v["verdict"] for v in verdicts] == ["sidecar"] * 3
+
+
+def test_a_document_whose_control_score_failed_is_scored_again_on_the_next_run(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+
+    def doc_ys_tags_after_doc_xs_summary(prompt: str) -> bool:  # doc-x's easy control: its foil is doc-y
+        context, tags = prompt.split(" #", 1)
+        return "flood" in context and "strike" in tags
+
+    with letters_endpoint(reads_tags, echo=True, echo_fails=doc_ys_tags_after_doc_xs_summary) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    failed = db.query("SELECT doc_id, kind, side FROM judgement_scores WHERE error IS NOT NULL ORDER BY ALL")
+    # the easy rung, and the hard rung that mixes doc-y's tags in; doc-x's main scores stand
+    assert {(f["doc_id"], f["kind"]) for f in failed} == {("doc-x", "control"), ("doc-x", "hard")}
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-y", "doc-z"}
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.query("SELECT count(*) AS n FROM judgement_scores WHERE error IS NOT NULL") == [{"n": 0}]
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+    [ladder] = [q for q in db.judge_quality(TOPICAL) if q["method"] == "likelihood"]
+    assert (ladder["control_documents"], ladder["control_cleared"]) == (3, 3)
+
+
+def test_a_resumed_likelihood_pass_scores_a_lone_pending_document_against_a_baseline_from_the_whole_run(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    import duckdb
+
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    first = db.query("SELECT * EXCLUDE (created_at) FROM judgement_scores WHERE doc_id = 'doc-y' ORDER BY ALL")
+    # a likelihood pass killed before doc-y's scores were committed
+    with duckdb.connect(str(db.path)) as con:
+        con.execute("DELETE FROM judgement_scores WHERE doc_id = 'doc-y'")
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-z"}
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    # scored again as the whole pass scored it: the same baseline, ladder and scores
+    assert db.query("SELECT * EXCLUDE (created_at) FROM judgement_scores WHERE doc_id = 'doc-y' ORDER BY ALL"
+                    ) == first
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
 
 
 def test_a_malformed_log_probability_fails_its_games_only_and_every_other_game_is_stored(

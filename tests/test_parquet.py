@@ -154,3 +154,36 @@ def test_the_database_refuses_usable_documents_with_blank_or_repeated_ids(tmp_pa
         with pytest.raises(ValueError, match=match):
             db.begin_run("run-ids", {}, "tiny", "cpu", "cpu", 4, 2, docs=docs, rejects=[], code_version="test")
     assert db.get_run("run-ids") is None
+
+
+def _strings(values: list[bytes | None], dtype: pa.DataType) -> pa.Array:
+    """A string column holding exactly these bytes: a writer need not check that they are UTF-8."""
+    return pa.array(values, pa.binary() if dtype == pa.string() else pa.large_binary()).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [pa.string(), pa.large_string()], ids=["string", "large_string"])
+@pytest.mark.parametrize("column", ["article", "id"])
+def test_a_string_cell_that_is_not_utf8_is_that_rows_reject_and_the_rest_is_read(
+        tmp_path: Path, dtype: pa.DataType, column: str) -> None:
+    """pyarrow decodes a string column whole: one bad cell raised UnicodeDecodeError for the whole corpus."""
+    cells = {"id": [b"a", b"b", b"c", b"d"], "article": [b"First text.", b"Second text.", b"Third.", b"Fourth."],
+             "title": [b"One", b"Two \xff title", b"Three", None]}
+    cells[column][1] = b"caf\xe9 \xff\xfe latin-1"
+    path = tmp_path / "bad_strings.parquet"
+    pq.write_table(pa.table({name: _strings(values, dtype) for name, values in cells.items()}), path)
+
+    documents, rejects = read_documents(path, title_column="title")
+    assert [d.doc_id for d in documents] == ["a", "c", "d"]
+    assert [d.text for d in documents] == ["First text.", "Third.", "Fourth."]
+    [reject] = rejects
+    assert (reject.reason, reject.row_index, reject.detail) == ("not_utf8", 1, f"{column} bytes are not UTF-8")
+    # what could be read is kept: the text of a row whose id is bad, none of a bad text
+    assert (reject.doc_id, reject.text) == ((None, "Second text.") if column == "id" else ("b", None))
+
+
+def test_a_title_that_is_not_utf8_keeps_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "bad_title.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "article": ["One.", "Two."],
+                             "title": _strings([b"Fine", b"Bad \xff title"], pa.string())}), path)
+    documents, rejects = read_documents(path, title_column="title")
+    assert rejects == [] and [d.title for d in documents] == ["Fine", "Bad \ufffd title"]

@@ -684,6 +684,41 @@ def test_likelihood_scores_keep_their_method_and_are_read_by_the_same_ladder(db:
         {"trusted": ["likelihood judge-p tags-l2"], "verdict": "sidecar"}]
 
 
+@pytest.mark.parametrize("value", [float("-inf"), float("nan"), -1e308, 0.5], ids=["-inf", "nan", "-1e308", "0.5"])
+def test_a_score_or_probability_that_is_not_finite_or_out_of_range_is_refused_before_it_is_stored(
+        value: float) -> None:
+    with pytest.raises(ValueError, match="given_baseline of 'd1' main sidecar"):
+        JudgementScoreRecord("d1", "judge-p", "tags-l2", "main", "sidecar", ["t"], "base", given_own=-1.0,
+                             given_baseline=value)
+    with pytest.raises(ValueError, match="p_b of 'd1' game 2"):
+        replace(probability_game("d1", "main", 2, 0.5), p_b=value if value != 0.5 else 1.5)
+
+
+def test_the_views_read_a_stored_score_that_is_not_finite_as_missing_never_as_nan(db: Database) -> None:
+    """-Infinity given both summaries made a PMI of NaN: the null rung's root mean square and the margin became
+    NaN, and the documents compared with it came out standalone-preferred."""
+    start(db)
+    likelihood = [*scores("d1", "main", 2.0, 1.0), *scores("d2", "main", 1.5, 1.0), *scores("d3", "main", 1.2, 0.9),
+                  *scores("d1", "control", 2.0, -1.0, foil="d2"), *scores("d2", "control", 1.5, -0.5, foil="d3"),
+                  *scores("d1", "null", 2.0, 1.96)]
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p", "tags-l2", "likelihood", 0.9, 0.1), likelihood)
+    # rows another client wrote, or this code before it checked: CHECK (given_own <= 1e-6) lets -Infinity in
+    with duckdb.connect(str(db.path)) as con:
+        for doc, kind, side in [("d4", "main", "sidecar"), ("d4", "main", "standalone"), ("d2", "null", "original"),
+                                ("d2", "null", "reversed")]:
+            con.execute("INSERT INTO judgement_scores (run_id, doc_id, judge_model, prompt_version, kind, side, tags, "
+                        "baseline_doc_id, given_own, given_baseline, tokens) VALUES ('run-1', ?, 'judge-p', "
+                        "'tags-l2', ?, ?, ['t'], 'base', '-inf'::DOUBLE, '-inf'::DOUBLE, 4)", [doc, kind, side])
+
+    [quality] = db.judge_quality("run-1")
+    assert quality["margin"] == pytest.approx(0.1) and quality["null_documents"] == 1  # d2 is missing
+    assert (quality["reliable"], quality["verdict"]) == (True, "sidecar")
+    verdicts = {v["doc_id"]: (v["verdict"], v["difference"]) for v in db.query("SELECT * FROM judgements")}
+    assert verdicts == {"d1": ("sidecar", pytest.approx(1.0)), "d2": ("sidecar", pytest.approx(0.5)),
+                        "d3": ("sidecar", pytest.approx(0.3)), "d4": (None, None)}
+    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d3"}  # d2 (its null rung) and d4 again
+
+
 def test_a_likelihood_margin_is_twice_the_null_differences_root_mean_square_and_bands_the_null_rung(
         db: Database) -> None:
     start(db)

@@ -27,10 +27,12 @@ _TINY_CORPUS = (
 
 @cache
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
+    # as Qwen2's tokenizer: text is NFC-normalised before it is split, so a token's text need not be the input's
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,

@@ -36,7 +36,7 @@ Python API::
 
 from study.cost.calibration import CalibrationRow, MeasuredStep, calibrate
 from study.cost.catalog import GPU, find_gpu, get_gpu, load_catalog, usd_per_million_tokens
-from study.cost.errors import CostInputError, UnknownGPUError
+from study.cost.errors import CostInputError, UnknownGPUError, count, number
 from study.cost.facts import ModelFacts, default_dtype, draft_config
 from study.cost.projection import (
     DEFAULT_BATCHES,
@@ -86,6 +86,7 @@ __all__ = [
     "Workload",
     "calibrate",
     "check_batches",
+    "count",
     "decode_step_seconds",
     "default_dtype",
     "draft_config",
@@ -96,6 +97,7 @@ __all__ = [
     "get_gpu",
     "load_catalog",
     "load_step_costs",
+    "number",
     "prefill_seconds",
     "project",
     "roofline_table",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from study.cost.catalog import GPU, usd_per_million_tokens
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 from study.cost.roofline import Peaks
 from study.cost.units import GB
 from study.cost.workload import Workload
@@ -93,8 +93,10 @@ def _projection_row(
 
 def check_batches(batches: Sequence[int]) -> None:
     """Raises :class:`CostInputError` unless ``batches`` is a non-empty list of sizes of at least 1."""
-    if not batches or any(b < 1 for b in batches):
-        raise CostInputError(f"batch sizes must be positive integers, got {list(batches)}")
+    if not batches:
+        raise CostInputError("batch sizes must be positive integers, got none")
+    for batch in batches:
+        count("batch sizes", batch)
 
 
 def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCHES) -> list[ProjectionRow]:
@@ -151,10 +153,9 @@ def roofline_table(
     flops_s: float | None = None,
 ) -> list[RooflineRow]:
     """One row per batch size on a device of ``bandwidth_bytes_s`` (and ``flops_s``, which prices the prefill)."""
-    if bandwidth_bytes_s <= 0:
-        raise CostInputError("bandwidth must be positive")
-    if flops_s is not None and flops_s <= 0:
-        raise CostInputError("FLOP/s must be positive")
+    number("bandwidth", bandwidth_bytes_s)
+    if flops_s is not None:
+        number("FLOP/s", flops_s)
     for mode in SIDECAR_MODES:
         if mode not in workload.kv_bytes_per_request:
             raise CostInputError(f"the workload needs KV bytes per request for {mode}")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 from study.cost.facts import ModelFacts
 
 
@@ -55,16 +55,14 @@ class Peaks:
     flops_s: float
 
     def __post_init__(self) -> None:
-        if self.bandwidth_bytes_s <= 0 or self.flops_s <= 0:
-            raise CostInputError("bandwidth and FLOP/s must be positive")
+        number("bandwidth", self.bandwidth_bytes_s)
+        number("FLOP/s", self.flops_s)
 
 
 def _check(batch: int, tokens: int, context: float) -> None:
-    if batch < 1 or tokens < 1 or context < 0:
-        raise CostInputError(
-            f"a forward needs batch and tokens of at least 1 and a context of at least 0, got {batch}, {tokens}, "
-            f"{context}"
-        )
+    count("a forward's batch", batch)
+    count("a forward's tokens", tokens)
+    number("a forward's context", context, positive=False)
 
 
 def forward_flops(facts: ModelFacts, batch: int, tokens: int, context: float, logits: int = 1) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 from study.cost.facts import ModelFacts
 from study.cost.roofline import Device, forward_flops, prefill_seconds
 from study.cost.units import GB, MB
@@ -45,10 +45,8 @@ class TagTokens:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < 0:
-                raise CostInputError(f"{name} tokens must not be negative, got {value}")
-        if self.tags < 1:
-            raise CostInputError("tags must be at least 1 token")
+            count(f"{name} tokens", value, 0)
+        count("tags tokens", self.tags, 1)
         if not 1 <= self.sidecar_feed <= self.prompt("sidecar"):
             raise CostInputError(f"sidecar_feed must be between 1 and the sidecar's prompt, got {self.sidecar_feed}")
 
@@ -59,6 +57,10 @@ class TagTokens:
         document and instruction), the summary and the tags; where the run's ledger counted them, the
         sidecar's masked instruction tokens and the tokens it fed before tagging. The document is that prompt
         less the template estimates, which, like whatever was not counted, keep their defaults."""
+        for name, value in (("main prompt", main_prompt), ("summary", summary), ("tags", tags),
+                            ("sidecar instruction", sidecar_instruction), ("sidecar feed", sidecar_feed)):
+            if value is not None:
+                number(f"measured mean {name} tokens", value, positive=False)
         instruction = cls.sidecar_instruction if sidecar_instruction is None else round(sidecar_instruction)
         document = max(0, round(main_prompt) - cls.system - cls.instruction)
         feed = cls.sidecar_feed
@@ -131,13 +133,11 @@ class Workload:
     tokens: TagTokens | None = None
 
     def __post_init__(self) -> None:
-        if self.weight_bytes_per_step <= 0:
-            raise CostInputError("weight bytes per step must be positive")
+        number("weight bytes per step", self.weight_bytes_per_step)
         for mode, kv_bytes in self.kv_bytes_per_request.items():
             if mode not in MODES:
                 raise CostInputError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-            if kv_bytes <= 0:
-                raise CostInputError(f"KV bytes per request for {mode} must be positive")
+            number(f"KV bytes per request for {mode}", kv_bytes)
 
     @classmethod
     def from_model(cls, facts: ModelFacts, tokens: TagTokens, name: str) -> Workload:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from study.cost import GPU, CalibrationRow, CostInputError, MeasuredStep, Workload, calibrate, find_gpu, project
+from study.cost import GPU, CalibrationRow, MeasuredStep, Workload, calibrate, count, find_gpu, project
 from study.report.measurements import (
     AcceptanceKey,
     MeasuredGroup,
@@ -76,8 +76,7 @@ def assemble(
         counts = Counter(g.batch_size for g in tag_groups)
         # The most often measured batch size (the largest of a tie), so measured and projected bars meet.
         reference_batch = max(counts, key=lambda b: (counts[b], b)) if counts else DEFAULT_REFERENCE_BATCH
-    if reference_batch < 1:
-        raise CostInputError(f"reference_batch must be positive, got {reference_batch}")
+    count("reference_batch", reference_batch)
     verdict_batches = sorted({reference_batch, *VERDICT_BATCHES})
     all_batches = sorted(set(batches) | set(verdict_batches))
 
