@@ -1,4 +1,4 @@
--- 011_finite_scores: a likelihood score or a game's probability that is not finite counts as missing in
+-- 012_finite_scores: a likelihood score or a game's probability that is not finite counts as missing in
 -- judge_documents (and so in judge_quality, judge_headline and judgements), never as a number. The judge
 -- refuses such values where it reads them (vocab.numbers, study.judge.answers.Logprob) and the records
 -- refuse them before they are stored, but a file written by another client, or before this check, may
