@@ -23,18 +23,7 @@ from study.cost import (
 )
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
-
-
-def host_result(path: Path, eager_ms: float = 5.0, cudagraph_ms: float | None = None, layers: int = 28) -> Path:
-    """A result shaped as ``python -m bench.host_overhead`` writes it (the fields the floor reads, and others)."""
-    rows = [{"mode": "eager", "hf_forward_ms": 7.7, "our_forward_ms": eager_ms, "fixed_ms_per_target_forward": 30.0}]
-    if cudagraph_ms is not None:
-        rows.append({"mode": "cudagraph", "hf_forward_ms": 7.7, "our_forward_ms": cudagraph_ms})
-    payload = {"environment": {"device": "NVIDIA H100 80GB HBM3", "commit": "abc1234"}, "layers": layers,
-               "profile": "standard", "rows": rows}
-    path.write_text(json.dumps(payload))
-    return path
-
+from tests.host_overhead_results import host_result
 
 H100 = get_gpu("H100 SXM", load_catalog())
 

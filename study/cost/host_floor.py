@@ -113,7 +113,8 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise CostInputError(f"{path}: layers must be a positive integer, got {layers!r}")
     env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
-    where = f"measured on {env.get('device', 'an unnamed device')} ({path.name}, commit {env.get('commit')})"
+    commit = str(env.get("commit"))[:12] + (" with uncommitted changes" if env.get("dirty") else "")
+    where = f"measured on {env.get('device', 'an unnamed device')} ({path.name}, commit {commit})"
     rows = {row.get("mode"): row for row in result["rows"] if isinstance(row, dict)}
     floors = {}
     for capture in CAPTURES:
