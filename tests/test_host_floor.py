@@ -8,7 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from sidecar.runtime.ledger import ForwardRecord
 from study.cost import (
     STUDY_WORKLOAD,
@@ -26,6 +28,7 @@ from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 from tests.host_overhead_results import host_result
 
 H100 = get_gpu("H100 SXM", load_catalog())
+runner = CliRunner()
 
 
 def test_each_forward_pays_the_floor_scaled_by_its_models_depth(tmp_path: Path) -> None:
@@ -117,3 +120,44 @@ def test_speculation_refuses_an_acceptance_outside_0_to_1(tmp_path: Path) -> Non
     floors = load_host_floors(host_result(tmp_path / "h.json"))
     with pytest.raises(CostInputError, match="acceptance"):
         speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, Peaks(1e12, 1e15), 1, 10, math.nan, floors.of("eager"))
+
+
+ROOFLINE = ["cost", "roofline", "--weights-gb", "3.09", "--kv-full-mb", "18", "--kv-masked-mb", "3.7", "--gpu", "T4",
+            "--batches", "1,64", "--json"]
+
+
+def test_the_cli_roofline_adds_the_floor_of_the_capture_mode_it_is_asked_for(tmp_path: Path) -> None:
+    floors = str(host_result(tmp_path / "h.json", eager_ms=4.0))
+    bare = runner.invoke(app, ROOFLINE)
+    eager = runner.invoke(app, [*ROOFLINE, "--capture", "eager", "--host-overhead", floors])
+    assert bare.exit_code == 0 and eager.exit_code == 0, eager.output
+    for plain, floored in zip(json.loads(bare.stdout), json.loads(eager.stdout), strict=True):
+        assert (plain["capture"], floored["capture"]) == ("roofline", "eager")
+        assert floored["masked_ms_per_step"] == pytest.approx(plain["masked_ms_per_step"] + 4.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--capture", "graphs"], "--capture must be eager or captured"),
+        (["--host-overhead", "x.json"], "--host-overhead goes with --capture"),
+        (["--capture", "eager", "--host-overhead", "absent.json"], "absent.json"),
+    ],
+)
+def test_the_cli_roofline_refuses_a_capture_it_cannot_price(args: list[str], message: str) -> None:
+    result = runner.invoke(app, [*ROOFLINE, *args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_the_cli_says_where_eager_speculation_loses(tmp_path: Path) -> None:
+    floors = str(host_result(tmp_path / "h.json", eager_ms=8.0))
+    result = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
+                                 "--host-overhead", floors, "--json"])
+    assert result.exit_code == 0, result.output
+    by_capture = {row["capture"]: row for row in json.loads(result.stdout)}
+    assert by_capture["eager"]["speedup"] < 1 < by_capture["captured"]["speedup"]
+    assert by_capture["captured"]["floor_measured"] is False  # no cudagraph row: a lower bound
+    table = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
+                                "--host-overhead", floors])
+    assert "slower" in table.stdout and "lower bound" in table.stdout

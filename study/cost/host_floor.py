@@ -72,7 +72,7 @@ class HostFloors:
     captured: HostFloor
     path: Path
 
-    def of(self, capture: Capture) -> HostFloor:
+    def of(self, capture: str) -> HostFloor:
         if capture not in CAPTURES:
             raise CostInputError(f"unknown capture mode {capture!r}; known: {', '.join(CAPTURES)}")
         return self.eager if capture == "eager" else self.captured
