@@ -26,6 +26,7 @@ from study.cost import (
     TagTokens,
     Workload,
     load_catalog,
+    load_host_floors,
     prefill_seconds,
 )
 from study.cost.workload import QWEN2_5_1_5B_CONFIG
@@ -264,7 +265,9 @@ def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:
 
 
 def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_path: Path) -> None:
-    report = write_cost_report([], tmp_path, reference_batch=64)
+    # a captured floor of its own, so the figures do not hang on the committed host-overhead result
+    floors = host_result(tmp_path / "host_overhead_gpu.json", cudagraph_ms=0.05)
+    report = write_cost_report([], tmp_path, reference_batch=64, host_overhead=floors)
     [h100] = [v for v in report.verdicts if v.gpu_type == "H100 SXM" and v.batch == 64]
     # The standalone tagger's summary prefill is the cost a sidecar avoids: priced, it is cheaper.
     assert h100.sidecar_saving_pct > 5
@@ -274,7 +277,8 @@ def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_
     assert sidecar.prefill_s < alone.prefill_s / 5
     # The sidecar's instruction line: its 25 tokens' share of the main draft prefill, per request.
     tokens = STUDY_WORKLOAD.tokens
-    main_prefill = prefill_seconds(STUDY_WORKLOAD.facts, load_catalog()["H100 SXM"], 64, tokens.main_prefill)
+    main_prefill = prefill_seconds(STUDY_WORKLOAD.facts, load_catalog()["H100 SXM"], 64, tokens.main_prefill,
+                                   host=load_host_floors(floors).captured)
     assert sidecar.instruction_s == pytest.approx(main_prefill / 64 * 25 / tokens.main_prefill)
     # The rates are the whole tagging phase's: a request's tag tokens over its lines.
     assert h100.standalone_tokens_per_s == pytest.approx(tokens.tags / (alone.prefill_s + alone.decode_s))
