@@ -31,6 +31,7 @@ from study.cost import (
     roofline_table,
     speculation_vs_plain,
 )
+from study.cost.speculation import STUDY_CONTEXT
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 from vocab.modes import Mode
 
@@ -253,7 +254,9 @@ def speculation_command(
     acceptance: float = typer.Option(..., help="Accepted / drafted tokens, as the engine measures it (0-1)."),
     gpu: str | None = typer.Option(None, help="One catalog GPU (default: every one)."),
     batches: str = typer.Option("1,8,32", help="Comma-separated batch sizes."),
-    context: float = typer.Option(560.0, help="KV entries per row while decoding."),
+    context: float = typer.Option(
+        STUDY_CONTEXT, help="KV entries per row while decoding (default: the study's, as the report uses)."
+    ),
     gamma: int = typer.Option(DEFAULT_GAMMA, help="Draft tokens per step."),
     host_overhead: Path | None = typer.Option(None, help=HOST_OVERHEAD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),

@@ -22,8 +22,12 @@ from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
 from study.cost.host_floor import HostFloor
 from study.cost.roofline import Device, forward_seconds
+from study.cost.workload import STUDY_TOKENS
 
 DEFAULT_GAMMA = 4  # the benchmark's fixed-gamma step
+# The target's context while it decodes the summary, with the study's counts: system, document and
+# instruction, and half the summary.
+STUDY_CONTEXT = STUDY_TOKENS.system + STUDY_TOKENS.document + STUDY_TOKENS.instruction + STUDY_TOKENS.summary / 2
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from study.cost import (
     GPU,
-    STUDY_WORKLOAD,
     Capture,
     HostFloor,
     HostFloors,
@@ -26,16 +25,12 @@ from study.cost import (
     load_host_floors,
     speculation_vs_plain,
 )
+from study.cost.speculation import STUDY_CONTEXT
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 from study.report.measurements import MeasuredGroup
 
 SPECULATION_BATCHES = (1, 8, 32)
 SPECULATION_PAIR = "Qwen2.5-7B/1.5B"
-# The target's context while it decodes the summary with the study's counts: system, document and instruction,
-# and half the summary.
-_TOKENS = STUDY_WORKLOAD.tokens
-SPECULATION_CONTEXT = (_TOKENS.system + _TOKENS.document + _TOKENS.instruction + _TOKENS.summary / 2
-                       if _TOKENS is not None else 560)
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ def capture_modes(floors: HostFloors | None, groups: Sequence[MeasuredGroup],
         return modes
     for gpu in catalog.values():
         modes.rows[gpu.name] = {
-            capture: [speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, gpu, batch, SPECULATION_CONTEXT, acceptance,
+            capture: [speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, gpu, batch, STUDY_CONTEXT, acceptance,
                                            floors.of(capture)) for batch in SPECULATION_BATCHES]
             for capture in ("eager", "captured")
         }
