@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ CAPTURES: tuple[Capture, ...] = ("eager", "captured")
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 GPU_RESULT = RESULTS / "host_overhead_gpu.json"
 CPU_RESULT = RESULTS / "host_overhead_cpu.json"
+BENCH_LAYERS = 28  # bench.host_overhead's depth (Qwen2.5-1.5B's and -7B's); a result states its own in ``layers``
 # the benchmark's row that gives each capture mode's floor
 BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 
@@ -76,6 +77,11 @@ class HostFloors:
         if capture not in CAPTURES:
             raise CostInputError(f"unknown capture mode {capture!r}; known: {', '.join(CAPTURES)}")
         return self.eager if capture == "eager" else self.captured
+
+
+def unmeasured_captured_floor(why: str) -> HostFloor:
+    """The captured floor where no CUDA-graph measurement exists: 0, and so a lower bound."""
+    return HostFloor("captured", 0.0, BENCH_LAYERS, False, why)
 
 
 def default_host_overhead_path() -> Path | None:
@@ -123,7 +129,7 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
         if row is None:
             if capture == "eager":
                 raise CostInputError(f"{path}: rows has no mode 'eager' row, so no eager host floor")
-            floors[capture] = HostFloor(capture, 0.0, layers, False, f"{path.name} has no {mode} row")
+            floors[capture] = replace(unmeasured_captured_floor(f"{path.name} has no {mode} row"), bench_layers=layers)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
         floors[capture] = HostFloor(capture, ms, layers, True, where)

@@ -25,6 +25,7 @@ from study.cost import (
     load_host_floors,
     speculation_vs_plain,
 )
+from study.cost.host_floor import unmeasured_captured_floor
 from study.cost.speculation import STUDY_CONTEXT
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 from study.report.measurements import MeasuredGroup
@@ -61,8 +62,8 @@ def report_floors(host_overhead: str | Path | None) -> HostFloors | None:
 
 def capture_modes(floors: HostFloors | None, groups: Sequence[MeasuredGroup],
                   catalog: Mapping[str, GPU]) -> CaptureModes:
-    captured = floors.captured if floors is not None else HostFloor(
-        "captured", 0.0, 28, False, "no host-overhead result is committed")
+    captured = floors.captured if floors is not None else unmeasured_captured_floor(
+        "no host-overhead result is committed")
     rates = [g.acceptance_rate for g in groups if g.acceptance_rate is not None]
     acceptance = statistics.fmean(rates) if rates else None
     pairs = tuple(sorted({g.pair for g in groups if g.acceptance_rate is not None and g.pair}))
