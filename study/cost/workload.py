@@ -16,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from study.cost.errors import CostInputError, count, number
 from study.cost.facts import ModelFacts
 from study.cost.roofline import Device, forward_flops, prefill_seconds
 from study.cost.units import GB, MB
 from vocab.modes import MODES, Mode
+
+if TYPE_CHECKING:
+    from study.cost.host_floor import HostFloor
 
 
 @dataclass(frozen=True)
@@ -169,13 +173,17 @@ class Workload:
         # A step that reads n entries feeds one token into a cache of n - 1.
         return forward_flops(self.facts, batch, 1, max(0.0, self.tokens.mean_context(mode) - 1))
 
-    def step_seconds(self, mode: Mode, batch: int, bandwidth_bytes_s: float, flops_s: float | None = None) -> float:
-        """Bytes over bandwidth; with ``flops_s`` and a shape, the longer of that and FLOPs over ``flops_s``."""
+    def step_seconds(self, mode: Mode, batch: int, bandwidth_bytes_s: float, flops_s: float | None = None,
+                     host: HostFloor | None = None) -> float:
+        """Bytes over bandwidth; with ``flops_s`` and a shape, the longer of that and FLOPs over ``flops_s``; plus
+        ``host``'s floor at the draft's depth (the benchmark's depth without a shape)."""
         memory = self.step_bytes(mode, batch) / bandwidth_bytes_s
         flops = self.step_flops(mode, batch)
-        return memory if flops is None or flops_s is None else max(memory, flops / flops_s)
+        roofline = memory if flops is None or flops_s is None else max(memory, flops / flops_s)
+        return roofline + (0.0 if host is None else host.seconds(None if self.facts is None else self.facts.layers))
 
-    def tagging_time(self, mode: Mode, batch: int, device: Device) -> TaggingTime | None:
+    def tagging_time(self, mode: Mode, batch: int, device: Device, host: HostFloor | None = None
+                     ) -> TaggingTime | None:
         """One batch's tagging phase on ``device``: the prefill that yields the first tag token, then a decode
         step per further tag token; for a sidecar, the instruction's share of the batch's main draft prefill,
         in proportion to its tokens there, as the ledger shares a forward out. None without the draft's shape
@@ -183,13 +191,14 @@ class Workload:
         if self.facts is None or self.tokens is None:
             return None
         tokens, context = self.tokens.prefill(mode)
-        step = self.step_seconds(mode, batch, device.bandwidth_bytes_s, device.flops_s)
+        step = self.step_seconds(mode, batch, device.bandwidth_bytes_s, device.flops_s, host)
         instruction_s = 0.0
         if mode != "standalone" and self.tokens.sidecar_instruction:
             main = self.tokens.main_prefill
-            instruction_s = prefill_seconds(self.facts, device, batch, main) * self.tokens.sidecar_instruction / main
+            instruction_s = (prefill_seconds(self.facts, device, batch, main, host=host)
+                             * self.tokens.sidecar_instruction / main)
         return TaggingTime(
-            prefill_s=prefill_seconds(self.facts, device, batch, tokens, context),
+            prefill_s=prefill_seconds(self.facts, device, batch, tokens, context, host=host),
             decode_s=(self.tokens.tags - 1) * step,
             instruction_s=instruction_s,
         )
