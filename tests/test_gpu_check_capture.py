@@ -13,6 +13,7 @@ from bench import common
 from bench.gpu_check import capture_modes as part
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.main import main, parse_args
+from bench.gpu_check.markdown import capture_markdown
 from bench.gpu_check.parts import errors
 from bench.gpu_check.synthetic_pair import AGREEMENT, prompt_for, synthetic_pair
 
@@ -113,6 +114,18 @@ def test_bandwidth_ratios_and_goals_follow_the_numbers() -> None:
     assert verdicts == ["met", "met", "not met: cudagraph speculative γ=4 batch 8: 0.90x"]
     slow = part.goals(part.compare(measured, peak=1e13, bytes_per_token=4 * 10**9))
     assert slow["captured plain reaches >= 70% of memory bandwidth"] == "not met: cudagraph 8%"
+    counted = {"compiles": 0, "recompiles_after_warmup": 0, "graph_breaks": 0, "compile_seconds": 0.0,
+               "distinct_shapes": {"target": 4, "draft": 6}}
+    md = capture_markdown({
+        "pair": "Qwen2.5-7B + 1.5B (random weights)", "dtype": "bfloat16", "agreement": AGREEMENT, "gamma": 4,
+        "prompt_tokens": 64, "new_tokens": 64, "weight_gb_per_token": 4.0, "peak_bandwidth_gb_s": 1000.0,
+        "rows": table, "goals": part.goals(table), "failed": [], "skipped_pairs": {},
+        "modes": [counted | {"mode": "eager", "memory_allocated_gb": 0.0, "memory_reserved_gb": 0.0},
+                  counted | {"mode": "cudagraph", "compiles": 10, "memory_allocated_gb": 1.25,
+                             "memory_reserved_gb": 2.5}]})
+    assert "| cudagraph | plain | 1 | 200 | 80% |" in md and "| eager | plain | 1 | 20 | 8% |" in md
+    assert "| cudagraph | 10 | 0 | 0 | 4 / 6 | 0 | 1.25 | 2.5 |" in md and "1000 GB/s peak" in md
+    assert "captured is never slower than eager at any batch: not met: cudagraph speculative γ=4 batch 8" in md
     unknown = part.compare(measured, peak=None, bytes_per_token=1)
     assert {r["bandwidth_share"] for r in unknown if r["decoding"] == "plain"} == {"unknown"}
     assert part.goals(unknown)["captured plain reaches >= 70% of memory bandwidth"] == "not measured"

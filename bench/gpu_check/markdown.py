@@ -124,7 +124,8 @@ def capture_markdown(c: dict) -> str:
              f"{c['weight_gb_per_token']:.2f} GB of target weights per token, {bandwidth}). Speculative rows: "
              f"fixed γ={c['gamma']}, no prompt lookup, a static batch of identical rows; \"vs plain\" is against "
              "plain decoding in the same mode, \"vs eager\" the same row in eager mode:\n",
-             markdown_table(c["rows"], [
+             markdown_table([r | ({"bandwidth_share": f"{r['bandwidth_share']:.0%}"}
+                                  if isinstance(r.get("bandwidth_share"), float) else {}) for r in c["rows"]], [
                  ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
                  ("bandwidth_share", "share of bandwidth"), ("tokens_per_step", "tokens / target forward"),
                  ("vs_plain", "vs plain"), ("vs_eager", "vs eager"), ("rows_identical_to_plain", "rows = plain"),
@@ -132,7 +133,8 @@ def capture_markdown(c: dict) -> str:
     modes = [m | {"shapes": f"{m['distinct_shapes']['target']} / {m['distinct_shapes']['draft']}"}
              for m in c["modes"]]
     memory = any("memory_allocated_gb" in m for m in modes)
-    lines += ["\nPer mode (memory: after its runs less before its first forward, CUDA graphs' pools included):\n",
+    lines += ["\nPer mode (memory: held once its decoder is gone, less before its first forward: the CUDA graphs' "
+              "pools and static buffers; eager is the baseline):\n",
               markdown_table(modes, [
                   ("mode", "mode"), ("compiles", "compiles"), ("recompiles_after_warmup", "recompiles after warm-up"),
                   ("graph_breaks", "graph breaks"), ("shapes", "distinct shapes (target / draft)"),
