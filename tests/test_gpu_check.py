@@ -72,6 +72,8 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
+    # the pair's parts run in the engine's capture mode, named as its dtype is
+    assert tiny["capture"].startswith("eager (auto: CPU") and f"capture mode {tiny['capture']}; on cpu" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
     # the capture-mode part on its small random pair: plain and speculative rows, each naming its mode
     assert [(r["mode"], r["decoding"], r["batch"]) for r in written["capture"]["rows"]] == [
@@ -208,7 +210,7 @@ def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(resul
     assert f"tiny: {'bf16' if auto['dtype'] == 'bfloat16' else 'fp32'} ({auto['dtype_reason']})" in \
         capsys.readouterr().out
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
-    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; on cpu" in md
+    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; capture mode {auto['capture']}; on cpu" in md
     # without --dtype: SIDECAR_DTYPE (this suite pins fp32), else auto, as every command that loads a pair
     pinned = main(QUICK_TINY_CPU)
     assert (pinned["pairs"][0]["dtype"], pinned["pairs"][0]["dtype_reason"]) == ("float32", "SIDECAR_DTYPE=fp32")

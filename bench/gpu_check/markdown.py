@@ -76,8 +76,9 @@ RENDERERS = {"identity": identity_markdown, "syncs": syncs_markdown, "sdpa": sdp
 def pair_markdown(r: dict) -> str:
     if "error" in r:
         return f"### `{r['pair']}`\n\nCould not be loaded and warmed up: {r['error']}."
-    lines = [f"### `{r['pair']}` ({r['dtype']}, {r['dtype_reason']}; on {r['device']}, loaded in {r['load_s']:.0f} s; "
-             f"prompts: {r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
+    capture = f"capture mode {r['capture']}; " if r.get("capture") else ""
+    lines = [f"### `{r['pair']}` ({r['dtype']}, {r['dtype_reason']}; {capture}on {r['device']}, loaded in "
+             f"{r['load_s']:.0f} s; prompts: {r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
     for part, _, _ in parts.PARTS:  # the module's list, not a copy: the parts check_pair ran, in its order
         value = r.get(part)
         if value is None:
