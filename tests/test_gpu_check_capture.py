@@ -182,3 +182,18 @@ def test_a_shape_first_seen_after_warm_up_is_counted_and_fails_the_check(monkeyp
     assert calls == [1, 1, 1] and compiled["recompiles_after_warmup"] >= 1 and compiled["graph_breaks"] == 0
     assert result["failed"] == [f"compile: {compiled['recompiles_after_warmup']} recompiles after warmup"]
     assert errors({"pairs": [], "capture": result}) == [f"capture modes: {result['failed'][0]}"]
+
+
+def test_a_batch_out_of_memory_is_skipped_and_says_so_while_the_others_run(monkeypatch) -> None:
+    real = part.speculative_decode
+
+    def batch_two_does_not_fit(decoder, prompt, tokens, batch):
+        if batch == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(decoder, prompt, tokens, batch)
+
+    monkeypatch.setattr(part, "speculative_decode", batch_two_does_not_fit)
+    result = part.capture_modes("small", ["eager"], [1, 2, 3], 4, 2, CPU, torch.float32, Deadline.after(120))
+    one, two, three = result["rows"][1:]
+    assert two["skipped"] == "skipped: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)"
+    assert one["tokens_per_s"] > 0 and three["tokens_per_s"] > 0 and result["failed"] == []

@@ -23,7 +23,7 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
 Goals (issue 40), each reported met or not met: the captured plain step reaches >= 70% of memory bandwidth;
 speculation at batch 1 >= 1.5x captured plain; captured is never slower than eager at any batch. A measurement
 that would end past the part's deadline is skipped and says so; a pair that runs out of memory gives way to the
-next smaller one.
+next smaller one; a batch that runs out of memory is skipped and says so.
 """
 
 from __future__ import annotations
@@ -171,13 +171,23 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
             row["skipped"] = reason
             rows.append(row)
             continue
-        speculative_decode(decoder, prompt, limit, batch)  # warm-up: compiles and captures happen here
-        warm = compile_events(counters(pair))
-        began = time.perf_counter()
-        run = max((speculative_decode(decoder, prompt, limit, batch) for _ in range(TIMED_RUNS)),
-                  key=lambda run: run["tokens_per_s"])
+        warm = None
+        try:
+            speculative_decode(decoder, prompt, limit, batch)  # warm-up: compiles and captures happen here
+            warm = compile_events(counters(pair))
+            began = time.perf_counter()
+            run = max((speculative_decode(decoder, prompt, limit, batch) for _ in range(TIMED_RUNS)),
+                      key=lambda run: run["tokens_per_s"])
+        except torch.cuda.OutOfMemoryError as exc:  # a larger batch than the device holds: a limit, not a fault
+            row["skipped"] = f"skipped: out of memory ({str(exc).splitlines()[0][:160]})"
+            rows.append(row)
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        finally:
+            if warm is not None:
+                after_warmup += compile_events(counters(pair)) - warm
         last = (batch, (time.perf_counter() - began) / TIMED_RUNS)
-        after_warmup += compile_events(counters(pair)) - warm
         row |= run
         if "tokens" in rows[0]:  # greedy: every row writes what plain decoding wrote
             row["rows_identical_to_plain"] = sum(r[:tokens] == rows[0]["tokens"] for r in run["rows"])
