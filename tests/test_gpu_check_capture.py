@@ -46,11 +46,13 @@ def test_plain_decoding_writes_the_tables_walk(pair) -> None:
     part.SpeculativeDecoder(pair, capture="eager")
     prompt = prompt_for(pair, 16, 6)
     with torch.inference_mode():
-        tokens, seconds = part.plain_decode(pair, prompt, 6, 40)
+        cache = part.RowKVCache(pair.target, 1, 40)
+        tokens, seconds = part.plain_decode(pair, cache, prompt, 6)
+        again, _ = part.plain_decode(pair, cache, prompt, 6)  # the cache is emptied first: the same walk
     expected = [int(pair.target_next[prompt[-1]])]
     for _ in range(5):
         expected.append(int(pair.target_next[expected[-1]]))
-    assert tokens == expected and seconds > 0
+    assert tokens == expected == again and seconds > 0
 
 
 @pytest.fixture

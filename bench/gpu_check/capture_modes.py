@@ -14,7 +14,9 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   of identical rows at each of ``--capture-batches`` (so every row accepts alike and the step's shapes stay
   those of the warm-up), ``--max-new-tokens`` tokens each; tokens/s of the decode phase (prefill excluded, as
   in plain), its ratio to plain in the same mode, captured over eager at the same batch, and how many rows
-  wrote exactly plain decoding's tokens (greedy: all of them);
+  wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as a user makes
+  it: its KV caches are new, so in cudagraph mode each graph is captured again over their addresses within the
+  timed run (inductor re-records a graph whose static input moved), a cost the product pays per batch;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), distinct shapes and
   compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still holds once its decoder
   is gone and the allocator's free blocks are returned: ``torch.cuda.memory_allocated`` and ``memory_reserved``
@@ -97,10 +99,14 @@ def memory(device: torch.device) -> dict:
     return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device)}
 
 
-def plain_decode(pair: ModelPair, prompt: list[int], tokens: int, capacity: int) -> tuple[list[int], float]:
-    """The target alone, greedy, one token per forward at batch 1: (the tokens, seconds of the decode phase)."""
+def plain_decode(pair: ModelPair, cache: RowKVCache, prompt: list[int], tokens: int) -> tuple[list[int], float]:
+    """The target alone, greedy, one token per forward at batch 1 over ``cache`` (emptied first): (the tokens,
+    seconds of the decode phase). No host read per token: an upper bound on plain decoding's speed.
+
+    Every run reuses one cache: a CUDA graph replays over the buffers it was captured with, and a new cache
+    would make it capture again inside the timed run."""
     model, device = pair.target, pair.device
-    cache = RowKVCache(model, 1, capacity)  # one capacity for warm-up and timed runs: one compiled shape
+    cache.rollback([0])
     hidden = prefill(model, cache, [prompt], None)
     index = torch.zeros(1, 1, dtype=torch.long, device=device)
     token = logits_at(model, hidden, index).argmax(-1)  # [1, 1], stays on the device
@@ -139,7 +145,7 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
     # rows end at EOS before their limit, so no step narrows near a limit: the warm-up's shapes are the run's
     prompt = prompt_for(pair, PROMPT_TOKENS, tokens)
     limit = tokens + 2 * gamma + 2
-    capacity = PROMPT_TOKENS + tokens + PLAIN_WARMUP_TOKENS + 8
+    capacity = PROMPT_TOKENS + tokens + 8
     rows: list[dict] = []
     after_warmup = 0  # compiles and recompiles of the timed runs
     last: tuple[int, float] | None = None  # (batch, seconds) of the latest speculative run
@@ -154,10 +160,12 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
     if reason := deadline.skip_reason(compile_estimate(1)):
         row["skipped"] = reason
     else:
-        plain_decode(pair, prompt, PLAIN_WARMUP_TOKENS, capacity)
+        cache = RowKVCache(pair.target, 1, capacity)
+        plain_decode(pair, cache, prompt, PLAIN_WARMUP_TOKENS)
         warm = compile_events(counters(pair))
-        plain_tokens, seconds = min((plain_decode(pair, prompt, tokens, capacity) for _ in range(TIMED_RUNS)),
+        plain_tokens, seconds = min((plain_decode(pair, cache, prompt, tokens) for _ in range(TIMED_RUNS)),
                                     key=lambda run: run[1])
+        del cache
         after_warmup += compile_events(counters(pair)) - warm
         row |= {"tokens_per_s": (tokens - 1) / seconds, "tokens": plain_tokens}
         plain_seconds = seconds
