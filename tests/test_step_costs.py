@@ -21,7 +21,7 @@ from study.cost import CostInputError, StepCosts, load_catalog, load_step_costs
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
-QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
+QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-check", "off"]
 
 
 @pytest.fixture
