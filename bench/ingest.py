@@ -34,7 +34,16 @@ from bench.common import (
     profile_suffix,
     write_results,
 )
-from storage import Database, Document, OutputRecord, PartStore, RejectedDocument, RequestStats, ShardInfo
+from storage import (
+    Database,
+    Document,
+    OutputRecord,
+    PartStore,
+    RejectedDocument,
+    RequestStats,
+    ShardInfo,
+    SidecarRecord,
+)
 from storage.database import INGEST_CHUNK_PARTS
 from storage.parts import part_table, text_sha256, write_atomically
 
@@ -78,8 +87,9 @@ def template_part(docs: int, seed: int = 0) -> pa.Table:
                                prompt_tokens=rng.randrange(20, 60), prefill_s=0.01, decode_s=0.2, wall_s=0.21,
                                kv_bytes=rng.randrange(1_000_000, 9_000_000), batch_size=32,
                                ended_s=rng.uniform(1, 60))
-        common = dict(doc_id=doc_id, summary=summary, sidecar_name="hashtags", sidecar_text=" ".join(tags),
-                      tags=tags, finish_reason="eos", sidecar_finish_reason="eos", batch_id=i // 64)
+        sidecars = [SidecarRecord.of("hashtags", " ".join(tags), tags, finish_reason="eos",
+                                     new_tokens=tagging.new_tokens)]
+        common = dict(doc_id=doc_id, summary=summary, sidecars=sidecars, finish_reason="eos", batch_id=i // 64)
         records.append(OutputRecord(mode="sidecar", main_tokens=main.new_tokens, stats=[main, tagging], **common))
         records.append(OutputRecord(mode="standalone", stats=[tagging], **common))
     info = ShardInfo(RUN, "s0000-a01-template", 0, 1, "bench-host", "cuda:0", "NVIDIA H100 80GB HBM3", "template")

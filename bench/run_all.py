@@ -45,6 +45,7 @@ BENCHMARKS = [
     ("orchestration", "bench.orchestration_overhead", "orchestration_overhead"),
     ("server", "bench.server_load", "server_load"),
     ("syncs", "bench.syncs", "syncs"),
+    ("host_overhead", "bench.host_overhead", "host_overhead_{device}"),
     ("ingest", "bench.ingest", "ingest_cpu"),
     ("scale_out", "bench.scale_out", "scale_out"),
     # skips, saying so, where llama-cpp-python is not installed (`make llama-cpp`)

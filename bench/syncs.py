@@ -36,6 +36,7 @@ from sidecar.decoding.batch import SCHEDULES
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.plan import DRAFT_CONFIDENCE
 from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.syncs import SyncCounter
 
 BATCHES = (1, 8, 32)
@@ -52,7 +53,7 @@ class ForwardCount:
     def __init__(self, model: torch.nn.Module) -> None:
         self.prefill = self.decode = 0
         self.in_prefill = 0
-        self.handle = model.base_model.register_forward_hook(self._hook)
+        self.handle = forward_module(model).register_forward_hook(self._hook)
 
     def _hook(self, *args) -> None:
         if self.in_prefill:

@@ -17,6 +17,7 @@ def corpus_build(
 
     report = build_news_corpus(out, limit=limit)
     typer.echo(
-        f"wrote {report.written} articles to {report.path} ({report.skipped_empty} with empty text left out; "
+        f"wrote {report.written} articles to {report.path} ({report.skipped_empty} with empty text and "
+        f"{report.skipped_not_utf8} not UTF-8 left out; "
         f'{report.artefacts_found - report.artefacts_left} of {report.artefacts_found} `"?` artefacts cleaned)'
     )

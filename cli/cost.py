@@ -12,29 +12,37 @@ import typer
 
 from study.cost import (
     DEFAULT_BATCHES,
+    DEFAULT_GAMMA,
     DTYPE_BYTES,
     GB,
     MB,
     TB,
     TERA,
     CostInputError,
+    HostFloor,
     ModelFacts,
     RooflineRow,
     TagTokens,
     Workload,
     check_batches,
+    count,
     get_gpu,
     load_catalog,
+    load_host_floors,
+    number,
     roofline_table,
+    speculation_vs_plain,
 )
+from study.cost.speculation import STUDY_CONTEXT
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 from vocab.modes import Mode
 
 cost_app = typer.Typer(no_args_is_help=True, help="Roofline cost projections for the draft's tagging phase.")
 
 
 def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise CostInputError(f"{name} must be positive, got {value}")
+    if value is not None:
+        number(name, value)  # finite and above 0: NaN and infinity are refused, naming the option
 
 
 def _parse_batches(text: str) -> list[int]:
@@ -44,6 +52,20 @@ def _parse_batches(text: str) -> list[int]:
         raise CostInputError(f"--batches must be comma-separated integers, got {text!r}") from exc
     check_batches(batches)
     return batches
+
+
+HOST_OVERHEAD_HELP = "bench.host_overhead's result the host floors come from (default: the committed one)."
+
+
+def _host_floor(capture: str | None, host_overhead: Path | None) -> HostFloor | None:
+    """The floor of ``--capture`` (None: none, the bare roofline), from ``--host-overhead``."""
+    if capture is None:
+        if host_overhead is not None:
+            raise CostInputError("--host-overhead goes with --capture eager|captured")
+        return None
+    if capture not in ("eager", "captured"):
+        raise CostInputError(f"--capture must be eager or captured, got {capture!r}")
+    return load_host_floors(host_overhead).of(capture)
 
 
 def _cli_workload(
@@ -65,6 +87,9 @@ def _cli_workload(
             raise CostInputError("give either --pair-config or the --weights-gb/--kv-*-mb numbers, not both")
         if doc_tokens is None or summary_tokens is None:
             raise CostInputError("--pair-config needs --doc-tokens and --summary-tokens")
+        count("--doc-tokens", doc_tokens, 0)
+        count("--summary-tokens", summary_tokens, 0)
+        count("--tag-tokens", tag_tokens)
         if dtype not in DTYPE_BYTES:
             raise CostInputError(f"unknown --dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         tokens = TagTokens(document=doc_tokens, summary=summary_tokens, tags=tag_tokens)
@@ -98,11 +123,16 @@ def roofline_command(
     tag_tokens: int = typer.Option(32, help="Tag tokens generated per request (with --pair-config)."),
     dtype: str = typer.Option("bf16", help="Weight/KV dtype with --pair-config: bf16, fp16 or fp32."),
     batches: str = typer.Option(",".join(map(str, DEFAULT_BATCHES)), help="Comma-separated batch sizes."),
+    capture: str | None = typer.Option(
+        None, help="eager or captured: each forward pays that mode's host floor (default: none, the bare roofline)."
+    ),
+    host_overhead: Path | None = typer.Option(None, help=HOST_OVERHEAD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
 ) -> None:
     """Decode-step bytes, time, tokens/s and $ per 1M tokens, document attended vs evicted; with --pair-config,
     each batch's tagging prefill and decode side by side."""
     batch_sizes = _parse_batches(batches)
+    host = _host_floor(capture, host_overhead)
     _positive("--bandwidth-tbs", bandwidth_tbs)
     _positive("--tflops", tflops)
     workload = _cli_workload(
@@ -130,7 +160,8 @@ def roofline_command(
         hardware = f"{bandwidth_tbs:g} TB/s" + ("" if tflops is None else f" and {tflops:g} TFLOP/s")
     else:
         raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
-    rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour, flops_s)
+    rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour, flops_s, host)
+    hardware += "; " + ("no host floor (the bare roofline; --capture adds one)" if host is None else host.label)
 
     if as_json:
         typer.echo(json.dumps([asdict(row) for row in rows], indent=2))
@@ -221,6 +252,50 @@ def _format_number(value: Any) -> str:
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}" if value < 1 else f"{value:.2f}"
+
+
+@cost_app.command("speculation")
+def speculation_command(
+    acceptance: float = typer.Option(..., help="Accepted / drafted tokens, as the engine measures it (0-1)."),
+    gpu: str | None = typer.Option(None, help="One catalog GPU (default: every one)."),
+    batches: str = typer.Option("1,8,32", help="Comma-separated batch sizes."),
+    context: float = typer.Option(
+        STUDY_CONTEXT, help="KV entries per row while decoding (default: the study's, as the report uses)."
+    ),
+    gamma: int = typer.Option(DEFAULT_GAMMA, help="Draft tokens per step."),
+    host_overhead: Path | None = typer.Option(None, help=HOST_OVERHEAD_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
+) -> None:
+    """Speculation with Qwen2.5-7B/1.5B against plain decoding, eager and captured, host floors included."""
+    batch_sizes = _parse_batches(batches)
+    if context < 0:
+        raise CostInputError(f"--context must not be negative, got {context}")
+    floors = load_host_floors(host_overhead)
+    catalog = load_catalog()
+    gpus = list(catalog.values()) if gpu is None else [get_gpu(gpu, catalog)]
+    rows = [
+        (chosen.name, speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, chosen, batch, context, acceptance,
+                                           floors.of(capture), gamma))
+        for chosen in gpus
+        for capture in ("eager", "captured")
+        for batch in batch_sizes
+    ]
+    if as_json:
+        typer.echo(json.dumps([{"gpu_type": name, **asdict(row), "speedup": row.speedup} for name, row in rows],
+                              indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Qwen2.5-7B/1.5B, gamma {gamma}, acceptance {acceptance:g}: speculative vs plain ms per "
+                  f"token; {floors.eager.label}; {floors.captured.label}")
+    for header in ("GPU", "capture", "batch", "plain ms/token", "speculative ms/token", "speedup"):
+        table.add_column(header, justify="right")
+    for name, row in rows:
+        table.add_row(name, row.capture, str(row.batch), _format_number(row.plain_s_per_token * 1000),
+                      _format_number(row.speculative_s_per_token * 1000),
+                      f"{row.speedup:.2f}x" + (" slower" if row.slower else ""))
+    Console().print(table)
 
 
 @cost_app.command("gpus")

@@ -39,6 +39,8 @@ class DemoFindings:
     seconds: float
     # judge_headline.verdict: the run's verdict from its trusted methods only (None: nothing judged)
     judge_verdict: str | None = None
+    # the run's sidecar tasks by name (Database.sidecar_tasks): the cost section's words come from them
+    tasks: tuple[str, ...] = ("hashtags",)
 
 
 def summary_head(summary: str) -> str:
@@ -106,11 +108,19 @@ def _per_request(lines: dict[str, Any], mode: str) -> float:
     return sum(lines.get(key) or 0.0 for _, key in LINES[mode])
 
 
-def cost_section(headline: dict[str, Any] | None) -> Group:
+def token_word(tasks: tuple[str, ...]) -> str:
+    """What the cost section calls an output token: a tag token for the hashtags task alone, else a token of
+    the run's task ("headline"), or of its tasks together ("hashtags+headline")."""
+    return "tag" if tuple(tasks) in ((), ("hashtags",)) else "+".join(tasks)
+
+
+def cost_section(headline: dict[str, Any] | None, tasks: tuple[str, ...] = ("hashtags",)) -> Group:
     """The measured verdict, then the lines per request it is computed from: each mode's attributed device
-    seconds per request, line by line, and per tag token. The verdict's percentage is computed here from the
-    lines printed under it, so the two cannot disagree."""
-    title = Text("Cost of tagging", style="bold")
+    seconds per request, line by line, and per output token, named from the run's ``tasks`` (a tag token, a
+    headline token). The verdict's percentage is computed here from the lines printed under it, so the two
+    cannot disagree."""
+    word = token_word(tasks)
+    title = Text("Cost of tagging" if word == "tag" else f"Cost of the {word} sidecar output", style="bold")
     if headline is None:
         return Group(title, Text("no measured cost verdict: no run measured both modes with the engine's "
                                  "device-time ledger, or the cost-report flow did not complete"))
@@ -120,21 +130,22 @@ def cost_section(headline: dict[str, Any] | None) -> Group:
                  style="")
     per_token = {mode: _per_request(headline[mode], mode) / headline[mode]["tag_tokens"] for mode in LINES}
     saving = (1 - per_token["sidecar"] / per_token["standalone"]) * 100
-    verdict = (f"a sidecar tag token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a "
+    verdict = (f"a sidecar {word} token costs {abs(saving):.0f}% {'less' if saving >= 0 else 'more'} than a "
                f"standalone one ({_ms(per_token['sidecar'])} vs {_ms(per_token['standalone'])} ms)")
     widths = (14, 14, 14, None)
 
     def row(*texts: str | Text) -> Text:
         return line(*zip(texts, widths, strict=True))
 
-    price = "$ / 1M tag tok" if headline.get("sidecar_usd_per_mtok") is not None else "$ (no price here)"
-    rows = [row(*(Text(h, style="dim") for h in ("", "ms / request", "ms / tag tok", price)))]
+    short = "tag" if word == "tag" else "out"
+    price = f"$ / 1M {short} tok" if headline.get("sidecar_usd_per_mtok") is not None else "$ (no price here)"
+    rows = [row(*(Text(h, style="dim") for h in ("", "ms / request", f"ms / {short} tok", price)))]
     for mode in LINES:
         lines = headline[mode]
         rows.append(row(mode, _ms(_per_request(lines, mode)), _ms(per_token[mode]),
                         _usd(headline.get(f"{mode}_usd_per_mtok"))))
         rows += [row(f"  {label}", _ms(lines.get(key)), "", "") for label, key in LINES[mode]]
-    note = line((Text(f"tag tokens per request: {headline['sidecar']['tag_tokens']:.1f} sidecar, "
+    note = line((Text(f"{word} tokens per request: {headline['sidecar']['tag_tokens']:.1f} sidecar, "
                       f"{headline['standalone']['tag_tokens']:.1f} standalone", style="dim"), None))
     kv_evicted, kv_attended = headline.get("kv_evicted_bytes"), headline.get("kv_attended_bytes")
     kv = [line((f"KV per request: {_mb(kv_evicted)} evicted, {_mb(kv_attended)} attended, "
@@ -229,7 +240,7 @@ def render(findings: DemoFindings, console: Console | None = None) -> None:
     console = console or Console()
     console.width = min(console.width, WIDTH)
     console.print(Rule(f"sidecar demo: run {findings.run_id}"))
-    for section in (documents_section(findings), cost_section(findings.headline),
+    for section in (documents_section(findings), cost_section(findings.headline, findings.tasks),
                     judge_section(findings.judge, findings.judge_verdict), next_steps_section(findings)):
         console.print(section)
         console.print()

@@ -12,6 +12,7 @@ from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 
 if TYPE_CHECKING:
     from sidecar.tasks.rows import SidecarOutput
+    from sidecar.tasks.task import SidecarTask
 
 
 def read_inputs(path: str, column: str, id_column: str | None, limit: int | None) -> list[tuple[str, str]]:
@@ -26,16 +27,31 @@ def read_inputs(path: str, column: str, id_column: str | None, limit: int | None
         for reject in rejects:
             typer.secho(f"skipped row {reject.row_index} ({reject.doc_id}): {reject.reason}", fg="yellow", err=True)
         return [(d.doc_id, d.text) for d in documents]
-    with open(path, encoding="utf-8") as f:
-        lines = [(str(number), line.strip()) for number, line in enumerate(f, start=1) if line.strip()]
+    lines = []
+    # line by line as bytes: a line that is not UTF-8 is skipped and named, as a corpus row is, not the file
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                typer.secho(f"skipped line {number}: not_utf8 ({exc.reason} at byte {exc.start})", fg="yellow",
+                            err=True)
+                continue
+            if line:
+                lines.append((str(number), line))
     return lines[:limit] if limit else lines
 
 
-def _shown(output: SidecarOutput) -> str:
-    """A sidecar output in the table: its parsed value (hashtags joined), else its raw text."""
-    if isinstance(output.parsed, list):
+def _shown(task: SidecarTask, output: SidecarOutput) -> str:
+    """A sidecar output in the table: its parsed value (hashtags joined, a JSON-schema task's value as JSON),
+    else its raw text."""
+    import json
+
+    if output.parsed is None:
+        return output.text.strip() or "-"
+    if task.parser == "hashtags" and task.constraint is None:
         return ", ".join(output.parsed)
-    return output.parsed if output.parsed is not None else output.text.strip() or "-"
+    return output.parsed if isinstance(output.parsed, str) else json.dumps(output.parsed, ensure_ascii=False)
 
 
 def generate(
@@ -92,7 +108,7 @@ def generate(
                   show_lines=True)
     for doc_id, result in zip(ids, results, strict=True):
         st = result.main.stats
-        table.add_row(doc_id, result.main.text, *(_shown(result.sidecars[t.name]) for t in sidecars),
+        table.add_row(doc_id, result.main.text, *(_shown(t, result.sidecars[t.name]) for t in sidecars),
                       str(st.new_tokens), f"{st.accepted}/{st.drafted}", f"{st.tokens_per_target_forward:.2f}")
     Console().print(table)
     tokens = sum(r.main.stats.new_tokens for r in results)

@@ -170,4 +170,5 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=judge,
                         headline=json.loads(headline.read_text()) if headline.exists() else None,
                         html_path=html if html.exists() else None, seconds=seconds,
-                        judge_verdict=verdict[0]["verdict"] if verdict else None)
+                        judge_verdict=verdict[0]["verdict"] if verdict else None,
+                        tasks=tuple(db.sidecar_tasks(run_id)) or ("hashtags",))

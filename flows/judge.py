@@ -7,7 +7,9 @@ the endpoint returns log probabilities, probed once per run; otherwise the text 
 the artifact says so. Up to ``controls`` documents also get control games (their own tags against
 another document's, in both orders) and, in the probability mode, null games that calibrate the margin of
 a verdict. A document's games are committed to DuckDB as soon as it is judged, so a judge killed mid-run
-loses only the documents in flight and its rerun skips the rest. There the ``judgements`` view derives
+loses only the documents in flight and its rerun skips the rest. The likelihood method resumes on its own:
+a rerun scores every document whose main scores are not both stored, even when every game is, with
+baselines from the whole run. There the ``judgements`` view derives
 the verdict and ``judge_quality`` the control ladder; below ``threshold`` the run is marked UNRELIABLE
 there and in the markdown artifact, which summarises wins, ties, losses, the mean preference and the
 controls.
@@ -77,6 +79,23 @@ def run_items(db: Database, run_id: str) -> list[JudgeItem]:
                       standalone_tags=row["standalone_tags"]) for row in db.results(run_id)]
 
 
+def tasks_not_judged(db: Database, run_id: str) -> dict[str, str]:
+    """The run's sidecar tasks the judge cannot score, each with why. It compares tag lists of the one task the
+    ``results`` view shows (``hashtags``, else the run's first task by name: migration 011); another task, or
+    a shown task without tag lists, has no judge prompt and no control, so it is not judged (no verdict, and
+    not an unreliable one)."""
+    tasks = db.sidecar_tasks(run_id)
+    shown = "hashtags" if "hashtags" in tasks else min(tasks, default=None)
+    reasons: dict[str, str] = {}
+    for name, lists in tasks.items():
+        if name != shown:
+            reasons[name] = f"is not judged: the judge compares the tag lists of one task per run (here {shown})"
+        elif not lists:
+            reasons[name] = ("is not judged: its outputs are not tag lists, and the judge has no prompt or control "
+                             "for them")
+    return reasons
+
+
 @task(name="judge-documents", cache_policy=NO_CACHE)
 def judge_documents(db: Database, items: list[JudgeItem], config: JudgeConfig, run_id: str) -> list[JudgeResult]:
     """Judge ``items``, committing each document's games as soon as it is judged (see ``judgement_records``)."""
@@ -109,26 +128,37 @@ def detect_mode(items: list[JudgeItem], config: JudgeConfig) -> Detection:
 @task(name="likelihood-scores", cache_policy=NO_CACHE)
 def likelihood_scores(db: Database, items: list[JudgeItem], config: JudgeConfig, run_id: str, model: str,
                       prompt_version: str) -> LikelihoodPart:
-    """Score ``items`` not yet scored by ``model`` with ``prompt_version``, committing each document's scores as
-    it is done; an endpoint without prompt log probabilities stores its settings with the reason instead."""
+    """Score the documents of ``items`` (every document of the run) not yet scored by ``model`` with
+    ``prompt_version``, baselines drawn from all of them, committing each document's scores as it is done; an
+    endpoint without prompt log probabilities stores its settings with the reason instead."""
     logger = get_run_logger()
-    scored = db.scored_doc_ids(run_id, model, prompt_version)
-    pending = [item for item in items if item.doc_id not in scored]
+    pending = likelihood_pending(db, items, run_id, model, prompt_version)
     settings = JudgeSettingsRecord(judge_model=model, prompt_version=prompt_version, mode="likelihood",
                                    threshold=config.threshold, margin_floor=config.likelihood_floor,
                                    note=f"scorer prompt {prompt_version}: {SCORER_PROMPTS[prompt_version].note}")
+    logger.info("run %s: %d documents to score by likelihood with %s (%s), %d scored before", run_id, len(pending),
+                model, prompt_version, len(items) - len(pending))
 
     def done(result: LikelihoodResult) -> None:
         if result.scores:
             db.write_judgements(run_id, [], settings, score_records(result, model, prompt_version))
-        logger.info("document %s scored by likelihood (%s, %s): difference %s", result.doc_id, model,
-                    prompt_version, result.difference("main"))
+        outcome = (f"difference {result.difference('main')}" if result.skip_reason is None
+                   else f"skipped: {result.skip_reason}")
+        logger.info("document %s scored by likelihood (%s, %s): %s", result.doc_id, model, prompt_version, outcome)
 
-    outcome = score_by_likelihood(pending, config, model, prompt_version, on_result=done)
+    outcome = score_by_likelihood(pending, config, model, prompt_version, on_result=done, run=items)
     if outcome.unavailable is not None:
         note = f"unavailable, the pairwise method's verdict stands: {outcome.unavailable}"
         db.write_judgements(run_id, [], dataclasses.replace(settings, note=note))
     return summarize_likelihood(outcome, config)
+
+
+def likelihood_pending(db: Database, items: list[JudgeItem], run_id: str, model: str,
+                       prompt_version: str) -> list[JudgeItem]:
+    """The documents of ``items`` with both tag sets not yet done by ``model`` and ``prompt_version``: a document
+    is done only once its main scores are both stored and none of its scores failed (``scored_doc_ids``)."""
+    scored = db.scored_doc_ids(run_id, model, prompt_version)
+    return [item for item in items if item.sidecar_tags and item.standalone_tags and item.doc_id not in scored]
 
 
 def score_records(result: LikelihoodResult, model: str, prompt_version: str) -> list[JudgementScoreRecord]:
@@ -202,7 +232,12 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
         settings = {"model": model, "concurrency": concurrency, "retries": retries, "prompt_version": prompt_version,
                     "timeout_s": timeout_s, "controls": controls, "threshold": threshold,
                     "likelihood_prompts": tuple(likelihood_prompts), "likelihood_model": likelihood_model}
-        needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items)
+        # each method resumes on its own pending work: a rerun after a failed likelihood pass scores what it
+        # left even when every pairwise game is stored
+        everything = run_items(db, run_id)
+        scorers = JudgeConfig(**settings).scorers
+        needs_judge = any(item.sidecar_tags and item.standalone_tags for item in items) or any(
+            likelihood_pending(db, everything, run_id, scorer, version) for scorer, version in scorers)
         if base_url is None:
             key = secrets.token_urlsafe(32)
             if needs_judge:  # the embedded server loads a model pair: only when there is something to ask
@@ -222,12 +257,12 @@ def judge(run_id: str, judge_model: str | None = None, base_url: str | None = No
             config = config.model_copy(update={"prompt_version": detection.prompt_version})
             items, judged_before = pending_documents(db, run_id, model, config.prompt_version)
         results = judge_documents(db, items, config, run_id)
-        scored = run_items(db, run_id) if needs_judge else []
-        likelihood = [likelihood_scores(db, scored, config, run_id, scorer, version)
-                      for scorer, version in config.scorers if scored]
+        likelihood = [likelihood_scores(db, everything, config, run_id, scorer, version)
+                      for scorer, version in config.scorers if needs_judge]
 
     games = sum(len(result.games) + len(result.controls) for result in results)
     summary = summarize_judgements(results, config, mode_note=detection.note, likelihood=likelihood)
+    summary = summary.model_copy(update={"not_judged": tasks_not_judged(db, run_id)})
     logger.info("run %s: %d judged, %d sidecar wins, %d losses, %d ties, %d errors, %d skipped; %d games stored. %s",
                 run_id, summary.judged, summary.wins, summary.losses, summary.ties, summary.errors, summary.skipped,
                 games, summary.reliability_line())

@@ -62,9 +62,9 @@ class NightlyParams(BaseModel):
                     "most this much finished work plus the documents in flight.")
     sidecar_tasks: list[SidecarTask] = Field(
         default_factory=lambda: [HASHTAGS],
-        description="The sidecar tasks the draft runs after the main output, each with a name, an instruction "
-                    "and optionally max_new_tokens, attend_document, parser and bridge (docs/tasks.md); default: "
-                    "hashtags.")
+        description="The sidecar tasks the draft runs after the main output, each from the one main output, with "
+                    "a name, an instruction and optionally max_new_tokens, attend_document, parser, bridge and one "
+                    "constraint (choices, regex or json_schema) (docs/tasks.md); default: hashtags.")
     modes: list[Mode] = Field(default_factory=lambda: ["sidecar", "standalone"],
                               description="sidecar (document evicted), sidecar_attended, standalone.")
     db_path: str = Field("data/sidecar.duckdb", description="The results database.")
@@ -108,11 +108,11 @@ class NightlyParams(BaseModel):
 
     @field_validator("sidecar_tasks")
     @classmethod
-    def _one_task(cls, tasks: list[SidecarTask]) -> list[SidecarTask]:
-        # outputs are stored per (document, mode): one sidecar output each
-        if len(tasks) != 1:
-            raise ValueError(f"give exactly one sidecar task (the database stores one per document and mode), "
-                             f"got {len(tasks)}")
+    def _named_tasks(cls, tasks: list[SidecarTask]) -> list[SidecarTask]:
+        # sidecar_outputs stores one output per (document, mode, task): each task needs its own name
+        names = [t.name for t in tasks]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"give at least one sidecar task, each with its own name, got {names}")
         return tasks
 
     @field_validator("run_id")
@@ -136,7 +136,7 @@ class NightlyParams(BaseModel):
         return self.shards or self.workers
 
     def settings(self) -> BatchSettings:
-        return BatchSettings(self.sidecar_tasks[0], tuple(self.modes), self.max_new_tokens, self.instruction,
+        return BatchSettings(tuple(self.sidecar_tasks), tuple(self.modes), self.max_new_tokens, self.instruction,
                              self.system or None)
 
     def decisive(self) -> dict[str, object]:

@@ -13,15 +13,17 @@ from vocab.modes import SIDECAR_MODES
 
 def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:
     """(tokens the document's longest phase needs, the context it has), as the engine will count them."""
-    tasks = [settings.mode_task(mode) for mode in settings.modes if mode in SIDECAR_MODES]
-    bare, compound = engine.prompts(SidecarRequest(doc.text, settings.instruction, settings.system, sidecars=tasks[:1]))
+    sidecar_modes = [mode for mode in settings.modes if mode in SIDECAR_MODES]
+    tasks = settings.mode_tasks(sidecar_modes[0]) if sidecar_modes else []
+    # the draft's compound prompt holds every task's instruction
+    bare, compound = engine.prompts(SidecarRequest(doc.text, settings.instruction, settings.system, sidecars=tasks))
     gamma = engine.decoder.gamma
     # the speculative phase checks prompt + new tokens + one draft window against the target's context
     need = max(len(bare.token_ids), len(compound.token_ids)) + settings.max_new_tokens + gamma + 1
     if tasks:
-        # the draft continues the same cache with the bridge and the sidecar task's tokens
-        bridge = len(engine.builder.bridge(settings.task))
-        need = max(need, len(compound.token_ids) + settings.max_new_tokens + bridge + settings.task.max_new_tokens + 1)
+        # the draft continues the same cache with each task's bridge and tokens: the longest task counts
+        longest = max(len(engine.builder.bridge(t)) + t.max_new_tokens for t in tasks)
+        need = max(need, len(compound.token_ids) + settings.max_new_tokens + longest + 1)
     limit = min(engine.pair.max_context, int(engine.pair.draft.config.max_position_embeddings))
     return need, limit
 
@@ -43,7 +45,7 @@ def split_by_context(engine: SidecarEngine, docs: Iterable[Document],
             rejects.append(RejectedDocument(
                 doc_id=doc.doc_id, reason="over_context", row_index=doc.row_index, title=doc.title, text=doc.text,
                 detail=f"needs {need} tokens (prompt, {settings.max_new_tokens} summary tokens and the sidecar "
-                       f"task); the model context is {limit} tokens"))
+                       f"tasks); the model context is {limit} tokens"))
     return fit, rejects
 
 

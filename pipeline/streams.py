@@ -1,5 +1,6 @@
 """A window of documents through the engine: a stream per sidecar mode, then the standalone tagger, each
-document handed on as soon as all of its modes are done.
+document handed on as soon as all of its modes are done. Every mode runs all the run's sidecar tasks: a stream's
+rows decode each task from their one main output, the standalone tagger runs each task on the main output.
 
 Invariant: every document of the window is handed to ``on_documents`` exactly once, as a ``DocumentDone``
 with one record per mode or as a ``DocumentFailure``, at the moment its last mode finished.
@@ -86,17 +87,16 @@ class WindowRun:
         summaries: dict[str, str] = {}
         sidecar_modes = [m for m in self.settings.modes if m in SIDECAR_MODES]
         for mode in sidecar_modes:
-            task = self.settings.mode_task(mode)
 
             def keep(doc: Document, result: DocumentResult, batch: EngineBatch, main_ended: float,
-                     ended: float, mode: str = mode, task: SidecarTask = task) -> None:
+                     ended: float, mode: str = mode) -> None:
                 summaries.setdefault(doc.doc_id, result.main.text)
-                done = self._add(doc, batch, partial(sidecar_record, doc, mode, result, task.name,
+                done = self._add(doc, batch, partial(sidecar_record, doc, mode, result,
                                                      main_ended_s=main_ended, sidecar_ended_s=ended))
                 if done is not None:
                     self.on_documents([done])
 
-            alive = self._stream(alive, mode, [task], keep)
+            alive = self._stream(alive, mode, self.settings.mode_tasks(mode), keep)
         if "standalone" in self.settings.modes:
             if not sidecar_modes:  # standalone only: the summaries still come from the speculative pass
 
@@ -201,8 +201,8 @@ class WindowRun:
     # -- standalone: calls --
 
     def _standalone(self, docs: list[Document], summaries: dict[str, str]) -> None:
-        """Tag each summary with the standalone tagger; on OOM split in halves down to single documents."""
-        task = self.settings.mode_task("standalone")
+        """Run each task on each summary with the standalone tagger; on OOM split in halves down to single documents."""
+        tasks = self.settings.mode_tasks("standalone")
         queue: list[tuple[list[Document], int]] = [(docs, self.max_batch)] if docs else []
         while queue:
             chunk, size = queue.pop(0)
@@ -212,7 +212,7 @@ class WindowRun:
             error: str | None = None
             try:
                 # the tagger gets the run's system prompt too: it differs from the sidecar by its context only
-                tagged = self.engine.standalone([summaries[d.doc_id] for d in chunk], [task], batch_size=size,
+                tagged = self.engine.standalone([summaries[d.doc_id] for d in chunk], tasks, batch_size=size,
                                                 system=self.settings.system, on_progress=self._progress("standalone"))
             except Exception as exc:
                 if not is_out_of_memory(exc):
@@ -224,7 +224,7 @@ class WindowRun:
                 # the call hands every output back at its end: that is when the caller has them
                 ended = batch.seconds_at(time.perf_counter())
                 done = [self._add(doc, batch, partial(standalone_record, doc, summaries[doc.doc_id],
-                                                      outputs[task.name], ended_s=ended))
+                                                      outputs, ended_s=ended))
                         for doc, outputs in zip(chunk, tagged, strict=True)]
                 self.on_documents([d for d in done if d is not None])
                 continue

@@ -16,11 +16,20 @@ Endpoints:
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
   whatever the sampling settings (``sidecar.decoding.logprobs``); each stream chunk carries the entries of the tokens
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
-  attend_document, parser}``; the request then runs through :class:`SidecarEngine` (system message ->
-  system, the one user message -> document) and the response has a top-level ``sidecars`` object
-  ``{name: {text, parsed, parse_error, finish_reason, usage}}`` (in the last chunk when streaming); with
+  attend_document, parser, bridge, stop}`` (``bridge``: the text the draft continues from after the main
+  output, default the engine task's, ``SidecarTask.bridge``: the chat template's turn boundary, so the
+  sidecar answers in an assistant turn of its own; ``stop``: the sidecar's own stop strings, which
+  cut its text, parsed as cut; the draft decodes on to its end of turn or ``max_tokens``, and ``usage``
+  counts those tokens). The request's ``stop`` ends the main output, and the sidecars continue from it
+  without the stop string. The request then runs through :class:`SidecarEngine`
+  (a first system message -> system, the last message, the user's -> document, the turns between ->
+  history, which a sidecar sees only with ``attend_document``) and the response has a top-level ``sidecars``
+  object ``{name: {text, parsed, parse_error, finish_reason, usage}}``; with
   ``logprobs`` each also has ``logprobs`` in the same shape, under the draft model that wrote it.
-  ``usage`` also counts ``drafted_tokens`` and ``accepted_tokens``. vLLM's extensions:
+  Streamed, the choice's ``finish_reason`` follows the main output's last token at once, then each sidecar
+  comes in a chunk of its own (``choices`` empty, ``sidecars`` holding that one), in the request's order, as
+  the sidecars finish decoding; then the usage chunk. ``usage`` also counts ``drafted_tokens`` and
+  ``accepted_tokens``. vLLM's extensions:
   ``prompt_logprobs`` (0..5; not with ``stream`` or ``sidecars``) adds a top-level ``prompt_logprobs``, one
   entry per prompt token: ``null`` for the first, else ``{"<token id>": {"logprob", "rank",
   "decoded_token"}}`` for the token and its top alternatives; ``add_generation_prompt`` (default true) and
@@ -34,10 +43,18 @@ Endpoints:
   ``stop``; no ``stream``. With ``echo`` the text is the prompt followed by the completion, and
   ``logprobs`` covers the prompt's tokens too: ``{"tokens", "token_logprobs", "top_logprobs",
   "text_offset"}``, the first token's logprob and top ``null``, each ``top_logprobs`` entry the token
-  itself and its top alternatives, ``text_offset`` each token's start in the text in characters. The
+  itself and its top alternatives keyed by their text (``bytes:\\xNN...`` for a token whose bytes are not
+  UTF-8 alone, as OpenAI spells it, so that no two share a key), ``text_offset`` each token's start in the
+  text in characters (of the
+  prompt as sent, whatever the tokenizer's normalisation: ``LogprobFormatter.offsets_in``). The
   draft's id takes only ``echo`` with ``max_tokens`` 0. Prompt log-probabilities come from one forward of
   the named model over the prompt, log-softmax in float32 of its logits (``sidecar.decoding.scoring``),
   run by the batch worker between decoding steps.
+- Every other field OpenAI defines for these two routes is accepted only where it cannot change the answer
+  (``user``, ``metadata``, a zero penalty, ``response_format`` of type ``text``, ...) and otherwise refused
+  with a 400 naming it (``server.schema.refusal``); so is any field the server does not know. Output
+  constraints (``response_format`` ``json_object``/``json_schema``, vLLM's ``guided_choice``/``guided_regex``/
+  ``guided_json``) are parsed (``server.schema.OutputConstraint``) and refused as not supported yet.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
@@ -72,9 +89,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.config import ServerConfig
 from server.errors import APIError, UnexpectedErrors, validation_error
 from server.metrics import ServerMetrics
-from server.schema import ChatCompletionRequest, CompletionRequest
+from server.schema import ChatCompletionRequest, CompletionRequest, refusal
 from server.service import ChatService
 from server.worker import Job
+from sidecar.decoding.decoder import capture_stats
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.tasks.engine import SidecarEngine
 
@@ -156,7 +174,8 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return service.worker.stats.snapshot() | {"queue_depth": service.worker.queue.qsize(),
                                                   "rss_bytes": psutil.Process().memory_info().rss,
-                                                  "dtype": service.engine.pair.dtype_report}
+                                                  "dtype": service.engine.pair.dtype_report,
+                                                  "capture": capture_stats(service.engine.pair)}
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -204,6 +223,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
             req = schema.model_validate(payload)
         except ValidationError as exc:
             raise validation_error(exc) from None
+        if (refused := refusal(req)) is not None:
+            param, why = refused
+            raise APIError(400, why, param=param, code="unsupported_parameter")
         return await service.submit(req), req
 
     app.include_router(api)

@@ -37,8 +37,12 @@ def validation_error(exc: ValidationError, prefix: str = "", rename: dict[str, s
     def where(loc: tuple) -> str:
         return prefix + ".".join(str((rename or {}).get(str(part), part)) for part in loc)
 
+    def why(error: dict) -> str:
+        # pydantic's "Extra inputs are not permitted" does not say that the server knows no such field
+        return "not a supported field" if error["type"] == "extra_forbidden" else error["msg"]
+
     errors = exc.errors()
-    problems = "; ".join(f"{where(e['loc']) or 'body'}: {e['msg']}" for e in errors[:5])
+    problems = "; ".join(f"{where(e['loc']) or 'body'}: {why(e)}" for e in errors[:5])
     return APIError(400, f"invalid request: {problems}", param=where(errors[0]["loc"]) or None, code="invalid_value")
 
 

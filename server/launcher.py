@@ -23,6 +23,7 @@ import httpx
 
 from server.config import API_KEY_ENV, ServerConfig, is_loopback
 from server.tether import Tether, tether
+from sidecar.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
           max_batch: int = 8, batch_wait_ms: float = 5.0, gamma: int = 4, max_body_bytes: int = 1 << 20,
           max_queue: int = 256, model_name: str | None = None, insecure: bool = False,
           dtype: str | None = None) -> None:
-    """Check the config, load the pair, then serve it until interrupted.
+    """Check the config, bind the port, load the pair, then serve it until interrupted.
 
     Without a key, only a loopback ``host`` is served unless ``insecure`` (``ServerConfig`` raises ``InputError``).
     """
@@ -41,17 +42,35 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     from sidecar.models.loading import load_pair
     from sidecar.tasks.engine import SidecarEngine
 
-    # the config first: a refused one fails before minutes of model loading
+    # the config and the port first: a refused config or a taken port fails before minutes of model loading
     config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, host=host, insecure=insecure,
                           max_batch=max_batch, batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                           max_queue=max_queue)
-    pair = load_pair(pair_name, dtype=dtype)
-    engine = SidecarEngine(pair, gamma=gamma)
-    logger.info("serving pair %s (%s) as model %r on %s:%d (auth %s)", pair_name, pair.dtype_report,
-                config.model_name, host, port, "on" if config.api_key else "off")
-    if not config.api_key and not is_loopback(host):
-        logger.warning("--insecure: no API key on %s; anyone who reaches port %d can use the model", host, port)
-    uvicorn.run(create_app(engine, config), host=host, port=port, log_level="info")
+    with bind(host, port) as sock:
+        pair = load_pair(pair_name, dtype=dtype)
+        engine = SidecarEngine(pair, gamma=gamma)
+        logger.info("serving pair %s (%s) as model %r on %s:%d (auth %s)", pair_name, pair.dtype_report,
+                    config.model_name, host, port, "on" if config.api_key else "off")
+        if not config.api_key and not is_loopback(host):
+            logger.warning("--insecure: no API key on %s; anyone who reaches port %d can use the model", host, port)
+        server = uvicorn.Server(uvicorn.Config(create_app(engine, config), host=host, port=port, log_level="info"))
+        server.run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` as uvicorn binds one, not listening yet (a client that comes while
+    the models load is refused, not left waiting); a port that is taken raises ``InputError`` naming it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    # as uvicorn: a port whose old connections linger in TIME_WAIT is free
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot serve on {host}:{port}: {(exc.strerror or str(exc)).lower()}; stop what holds "
+                         "the port or pass another --port") from None
+    return sock
 
 
 def free_port() -> int:

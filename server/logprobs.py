@@ -10,8 +10,10 @@ Prompt (vLLM): one entry per prompt token, ``None`` for the first, else ``{"<tok
 "decoded_token"}}`` for the token itself and its top alternatives.
 
 Legacy completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, parallel lists; a
-``top_logprobs`` entry maps token text to logprob for the top alternatives and the token itself, and
-``text_offset`` is where each token starts in the response's ``text``, in characters.
+``top_logprobs`` entry maps token text to logprob for the top alternatives and the token itself (a token
+whose bytes are not UTF-8 alone, a piece of a split character, as ``bytes:\\xNN...``: ``legacy_token``), and
+``text_offset`` is where each token starts in the response's ``text``, in characters: of the text as the
+client sent it for an echoed prompt, whatever the tokenizer's normalisation (``offsets_in``).
 """
 
 from __future__ import annotations
@@ -79,28 +81,59 @@ class LogprobFormatter:
                  for e in entries]
         return body
 
+    def legacy_token(self, token_id: int) -> str:
+        """A token as the legacy completions spell it in ``tokens`` and as a ``top_logprobs`` key: its text
+        when its bytes are UTF-8 on their own, else ``bytes:`` and each byte as ``\\xNN`` (OpenAI's spelling),
+        so that the pieces of a split character, which all decode to U+FFFD, keep keys of their own."""
+        text, raw = self.token(token_id)
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+        return text
+
     def width(self, token_id: int) -> bytes:
         """The bytes ``token_id`` adds to a response's text: none for a special token, which the text skips."""
         special = token_id in self.tokenizer.added_tokens_decoder and self.tokenizer.added_tokens_decoder[
             token_id].special
         return b"" if special else bytes(self.token(token_id)[1])
 
+    def offsets_in(self, text: str, token_ids: Sequence[int]) -> list[int]:
+        """Where each of ``token_ids`` starts in ``text`` itself, in characters, when they are ``text``'s
+        encoding (after a BOS the tokenizer adds, which takes no characters).
+
+        The tokenizer may normalise ``text`` before it splits it (Qwen2's: NFC), so the tokens' bytes need not
+        spell ``text``: a decomposed "é" is two characters there and one in the tokens. Its offset mapping says
+        which characters of ``text`` each token came from; a token that begins inside a character, or inside
+        what characters normalise to, points at where they start. (Qwen2's and the tiny pair's mapping keep a
+        token's leading space: no ``trim_offsets``.) A tokenizer without offsets (not a fast one), or ids
+        that are not this encoding, fall back to the tokens' own bytes (``text_offsets``)."""
+        widths = [self.width(t) for t in token_ids]
+        if not getattr(self.tokenizer, "is_fast", False):
+            return text_offsets(widths)
+        encoding = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True,
+                                  return_offsets_mapping=True)
+        lead = len(token_ids) - len(encoding["input_ids"])
+        if lead < 0 or list(token_ids[lead:]) != list(encoding["input_ids"]):
+            return text_offsets(widths)
+        return [0] * lead + [start for start, _ in encoding["offset_mapping"]]
+
     def legacy(self, token_ids: Sequence[int], entries: Sequence[PromptLogprob | TokenLogprob | None],
-               start: int) -> dict[str, list]:
-        """The legacy ``logprobs`` of ``token_ids``, their entries parallel (None where a token has none: the
-        prompt's first), placed in the text from character ``start`` on."""
+               offsets: Sequence[int]) -> dict[str, list]:
+        """The legacy ``logprobs`` of ``token_ids``, their entries and ``text_offset`` parallel (an entry None
+        where a token has none: the prompt's first)."""
         top_logprobs: list[dict[str, float] | None] = []
         for e in entries:
             if e is None:
                 top_logprobs.append(None)
                 continue
-            top = {self.token(t)[0]: p for t, p in e.top}
-            top.setdefault(self.token(e.token_id)[0], e.logprob)
+            top = {self.legacy_token(t): p for t, p in e.top}
+            top.setdefault(self.legacy_token(e.token_id), e.logprob)
             top_logprobs.append(top)
-        return {"tokens": [self.token(t)[0] for t in token_ids],
+        return {"tokens": [self.legacy_token(t) for t in token_ids],
                 "token_logprobs": [None if e is None else e.logprob for e in entries],
                 "top_logprobs": top_logprobs,
-                "text_offset": text_offsets([self.width(t) for t in token_ids], start)}
+                "text_offset": list(offsets)}
 
 
 def text_offsets(pieces: Sequence[bytes], start: int = 0) -> list[int]:

@@ -1,16 +1,27 @@
 """The chat-completions and completions requests as the API accepts them: a validated request is one the server
 can answer as asked.
 
-Unknown fields are ignored, as other OpenAI-compatible servers do; fields that would silently change the
-answer's meaning (``n`` > 1, ``tools``) are refused. Every model here is a :class:`RequestModel`: strict, so
-a number or flag must have its JSON type (``true`` is not 1, ``"1"`` is not a number; a whole number is a
-valid float), and every string in it, however nested, is valid Unicode text.
+Every field OpenAI defines for these routes (and vLLM's ``guided_*`` and prompt extensions) is declared
+here with its type: each is either honoured, accepted because it cannot change the answer (``user``,
+``metadata``), or refused by name with a 400 (:func:`refusal`, the one place that refuses a field whose
+value is well formed). A field not declared is refused too (``extra="forbid"``), never ignored: a client
+whose ``response_format`` or penalty silently did nothing would get another answer than it asked for.
+
+Output constraints (``response_format``, ``guided_choice``, ``guided_regex``, ``guided_json``) are parsed
+into one :class:`OutputConstraint`; until the engine enforces constraints, every one but plain text is
+refused as not supported yet.
+
+Every model here is a :class:`RequestModel`: strict, so a number or flag must have its JSON type (``true``
+is not 1, ``"1"`` is not a number; a whole number is a valid float), and every string in it, however
+nested, is valid Unicode text.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -63,12 +74,15 @@ class TextPart(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     # "developer" is OpenAI's newer name for the system role; tools are not supported.
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    # declared so that they are refused by name (``refusal``), not as unknown fields
     name: str | None = None
+    tool_calls: list[Any] | None = None
+    refusal: str | None = None
 
     @property
     def text(self) -> str:
@@ -77,6 +91,14 @@ class ChatMessage(RequestModel):
     @property
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role
+
+    def refusals(self, where: str) -> Iterator[tuple[str, str]]:
+        if self.name is not None:
+            yield f"{where}.name", "a message's name is not supported: the chat template has no place for it"
+        if self.tool_calls:
+            yield f"{where}.tool_calls", "tool_calls are not supported (nor are tools)"
+        if self.refusal is not None:
+            yield f"{where}.refusal", "an assistant message's refusal is not supported; send its text as content"
 
 
 class SidecarSpec(RequestModel):
@@ -89,25 +111,81 @@ class SidecarSpec(RequestModel):
     max_tokens: int = 32
     attend_document: bool = False
     parser: Literal["hashtags", "text"] = "text"
+    # the text the draft continues from after the main output; None: the engine task's default
+    bridge: str | None = None
+    # the sidecar's own stop strings, as the request's stop (which stops the main output)
+    stop: str | list[str] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
+        return stop_strings(value)
 
     def task(self) -> SidecarTask:
+        given = {} if self.bridge is None else {"bridge": self.bridge}
         return SidecarTask(name=self.name, instruction=self.instruction, max_new_tokens=self.max_tokens,
-                           attend_document=self.attend_document, parser=self.parser)
+                           attend_document=self.attend_document, parser=self.parser, **given)
 
 
 class StreamOptions(RequestModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # refused when true: chunks carry no padding field
 
 
-class ChatCompletionRequest(RequestModel):
-    # Unknown fields (user, metadata, penalties, ...) are ignored like other OpenAI-compatible servers do;
-    # fields that would silently change the answer's meaning are refused below.
-    model_config = ConfigDict(extra="ignore")
+# -- output constraints: OpenAI's response_format and vLLM's guided_* fields --
+
+
+class TextFormat(RequestModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+
+
+class JSONObjectFormat(RequestModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object"]
+
+
+class JSONSchemaSpec(RequestModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    # "schema" would shadow a BaseModel attribute: the field is schema_, spelled "schema" in JSON
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class JSONSchemaFormat(RequestModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What the output must be, whichever field asked for it (``param``): exactly one of ``choices``, a match of
+    ``regex``, or JSON valid under ``json_schema`` (``{}`` for any JSON, ``{"type": "object"}`` for an object)."""
+
+    param: str
+    choices: tuple[str, ...] | None = None
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+class GenerationFields(RequestModel):
+    """The fields both routes share: sampling, stops, the penalties and biases OpenAI has, and constraints."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # OpenAI's own bound (int64).
@@ -116,22 +194,119 @@ class ChatCompletionRequest(RequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    tools: list[Any] | None = None
+    # OpenAI's ranges; only 0 (no penalty) is supported, refused otherwise
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    # an end-user's id: OpenAI uses it for abuse monitoring; it cannot change the answer
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_regex: str | None = None
+    guided_json: dict[str, Any] | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
+        return stop_strings(value)
+
+    @field_validator("guided_json")
+    @classmethod
+    def _json_schema(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        if isinstance(value, str):  # vLLM takes the schema as JSON text too
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON schema: {exc}") from None
+            if not isinstance(value, dict):
+                raise ValueError("a JSON schema is a JSON object")
+        return value
+
+    @property
+    def constraints(self) -> list[OutputConstraint]:
+        """The output constraints asked for, in the order of the fields (at most one is allowed)."""
+        found = []
+        fmt = self.response_format
+        if isinstance(fmt, JSONObjectFormat):
+            found.append(OutputConstraint("response_format", json_schema={"type": "object"}))
+        elif isinstance(fmt, JSONSchemaFormat):
+            found.append(OutputConstraint("response_format", json_schema=fmt.json_schema.schema_))
+        if self.guided_choice is not None:
+            found.append(OutputConstraint("guided_choice", choices=tuple(self.guided_choice)))
+        if self.guided_regex is not None:
+            found.append(OutputConstraint("guided_regex", regex=self.guided_regex))
+        if self.guided_json is not None:
+            found.append(OutputConstraint("guided_json", json_schema=self.guided_json))
+        return found
+
+    @property
+    def constraint(self) -> OutputConstraint | None:
+        """The one output constraint, or None for free text."""
+        return self.constraints[0] if self.constraints else None
+
+    def refusals(self) -> Iterator[tuple[str, str]]:
+        """(param, why) for each well-formed field this server does not honour as asked."""
+        if self.n != 1:
+            yield "n", "n must be 1: one choice per request"
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != 0:
+                yield name, f"{name} is not supported: only 0 (no penalty)"
+        if self.logit_bias:
+            yield "logit_bias", "logit_bias is not supported"
+        if self.stream_options is not None and not self.stream:
+            yield "stream_options", "stream_options is only allowed together with stream true"
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            yield "stream_options.include_obfuscation", "include_obfuscation is not supported"
+        constraints = self.constraints
+        if len(constraints) > 1:
+            named = " and ".join(c.param for c in constraints)
+            yield constraints[1].param, f"give one output constraint, not {named}"
+        for constraint in constraints:
+            yield constraint.param, (f"{constraint.param} is not supported yet: constrained decoding is not in the "
+                                     "engine yet; only response_format of type text is accepted")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.seed)
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     # as OpenAI: the most likely alternatives per token, only together with logprobs
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     sidecars: list[dict[str, Any]] | None = Field(None, max_length=16)
+
+    # OpenAI's fields that cannot change the answer here: accepted (metadata and service tier are billing and
+    # bookkeeping, the cache key a routing hint, parallel_tool_calls moot without tools)
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = None
+    parallel_tool_calls: bool | None = None
+    # OpenAI's fields that would: declared so that they are refused by name (``refusals``)
+    store: bool | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
 
     # vLLM's extensions: each prompt token's log-probability with this many alternatives (the first token's is
     # null), and the prompt ending inside the last message's turn (to continue or score that message)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
-        return stop_strings(value)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -141,22 +316,35 @@ class ChatCompletionRequest(RequestModel):
         return value
 
     @model_validator(mode="after")
-    def _supported(self) -> ChatCompletionRequest:
-        if self.n != 1:
-            raise ValueError("n must be 1: one choice per request")
-        if self.tools:
-            raise ValueError("tools are not supported")
+    def _consistent(self) -> ChatCompletionRequest:
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message ends the prompt inside the last message: set "
                              "add_generation_prompt to false with it")
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message needs the last message to be the assistant's")
-        if self.sidecars is not None and (self.prompt_logprobs is not None or not self.add_generation_prompt):
-            raise ValueError("prompt_logprobs, add_generation_prompt and continue_final_message are not supported "
-                             "together with sidecars")
-        if self.stream and self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported when streaming")
         return self
+
+    def refusals(self) -> Iterator[tuple[str, str]]:
+        yield from super().refusals()
+        for i, message in enumerate(self.messages):
+            yield from message.refusals(f"messages.{i}")
+        if self.tools:
+            yield "tools", "tools are not supported"
+        if self.tool_choice not in (None, "none"):
+            yield "tool_choice", "tool_choice is not supported (tools are not): only \"none\""
+        for name in ("functions", "function_call", "audio", "prediction", "reasoning_effort", "verbosity",
+                     "web_search_options", "moderation"):
+            if getattr(self, name) is not None:
+                yield name, f"{name} is not supported"
+        if self.modalities not in (None, ["text"]):
+            yield "modalities", "modalities is not supported: only [\"text\"]"
+        if self.store:
+            yield "store", "store is not supported: the server keeps no completions"
+        if self.sidecars is not None and (self.prompt_logprobs is not None or not self.add_generation_prompt):
+            yield "sidecars", ("prompt_logprobs, add_generation_prompt and continue_final_message are not "
+                               "supported together with sidecars")
+        if self.stream and self.prompt_logprobs is not None:
+            yield "prompt_logprobs", "prompt_logprobs is not supported when streaming"
 
     @property
     def engine_top_logprobs(self) -> int | None:
@@ -167,30 +355,17 @@ class ChatCompletionRequest(RequestModel):
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.seed)
 
-
-class CompletionRequest(RequestModel):
+class CompletionRequest(GenerationFields):
     """OpenAI's legacy completions: a raw prompt (text or token ids), no chat template; with ``echo`` and
     ``logprobs`` also each prompt token's log-probability, and ``max_tokens`` 0 to score only."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
     # one prompt per request: text, or token ids (what lm-evaluation-harness sends by default); a list of one
     # prompt is taken as that prompt (clients batch prompts in lists)
     prompt: str | list[int]
     max_tokens: int = Field(16, ge=0)  # OpenAI's default
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    n: int = 1
     best_of: int | None = None
     suffix: str | None = None
 
@@ -203,22 +378,20 @@ class CompletionRequest(RequestModel):
             return value[0]
         return value
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, value: str | list[str] | None) -> list[str] | None:
-        return stop_strings(value)
-
     @model_validator(mode="after")
-    def _supported(self) -> CompletionRequest:
-        if self.n != 1 or self.best_of not in (None, 1):
-            raise ValueError("n and best_of must be 1: one choice per request")
-        if self.stream:
-            raise ValueError("stream is not supported on /v1/completions")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
+    def _consistent(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens 0 generates nothing: it is for scoring the prompt, with echo true")
         return self
+
+    def refusals(self) -> Iterator[tuple[str, str]]:
+        yield from super().refusals()
+        if self.best_of not in (None, 1):
+            yield "best_of", "best_of must be 1: one choice per request"
+        if self.stream:
+            yield "stream", "stream is not supported on /v1/completions"
+        if self.suffix:
+            yield "suffix", "suffix is not supported"
 
     @property
     def scores_prompt(self) -> bool:
@@ -229,9 +402,13 @@ class CompletionRequest(RequestModel):
     def limit(self) -> int:
         return self.max_tokens
 
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.seed)
+
+def refusal(req: ChatCompletionRequest | CompletionRequest) -> tuple[str, str] | None:
+    """(param, why) of the first field of a valid ``req`` that this server does not honour; None if it honours all.
+
+    The one place a well-formed field is refused: when the engine learns a feature (constrained decoding),
+    its refusal goes from here and the service passes the parsed field on."""
+    return next(iter(req.refusals()), None)
 
 
 def stop_strings(value: str | list[str] | None) -> list[str] | None:

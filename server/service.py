@@ -31,18 +31,21 @@ from pydantic import ValidationError
 
 from server.config import DEFAULT_MAX_TOKENS, ServerConfig
 from server.errors import APIError, validation_error
-from server.logprobs import LogprobFormatter
+from server.logprobs import LogprobFormatter, text_offsets
 from server.schema import ChatCompletionRequest, CompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
-from server.worker import DONE, BatchWorker, Job, ScoreWork
+from server.worker import DONE, BatchWorker, Job, MainDone, ScoreWork
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import PromptLogprob
 from sidecar.errors import InputError
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.prompts import chat_prompt, encode
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
+from sidecar.tasks.task import SidecarTask
 
 _FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# the engine's task fields by the names a sidecar spec gives them
+_SPEC_NAMES = {"max_new_tokens": "max_tokens"}
 T = TypeVar("T")
 
 
@@ -55,11 +58,19 @@ def _main_usage(main: GenerationOutput) -> dict[str, int]:
     return _usage(main.stats.prompt_tokens, len(main.token_ids), main.stats.drafted, main.stats.accepted)
 
 
-def _sidecar_json(output: SidecarOutput, formatter: LogprobFormatter) -> dict[str, Any]:
+def _sidecar_json(output: SidecarOutput, task: SidecarTask | None, stop: tuple[str, ...],
+                  formatter: LogprobFormatter) -> dict[str, Any]:
+    """A sidecar output as the API gives it: its text cut before its first stop string and parsed again then
+    (the draft decodes a sidecar to its end of turn or limit: the tokens past a stop are counted in usage)."""
     # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
     prompt = output.stats.context_tokens  # what it attends to: the same alone or batched
-    body = {"text": output.text, "parsed": output.parsed, "parse_error": output.parse_error,
-            "finish_reason": _FINISH_REASONS.get(output.finish_reason, output.finish_reason),
+    text, parsed, error = output.text, output.parsed, output.parse_error
+    finish = _FINISH_REASONS.get(output.finish_reason, output.finish_reason)
+    cut = [text.find(s) for s in stop if s in text]
+    if cut and task is not None:
+        text, finish = text[: min(cut)], "stop"
+        parsed, error = task.parse(text)
+    body = {"text": text, "parsed": parsed, "parse_error": error, "finish_reason": finish,
             "usage": _usage(prompt, output.stats.new_tokens)}
     if output.logprobs is not None:
         body["logprobs"] = formatter.logprobs(output.logprobs)
@@ -158,9 +169,9 @@ class ChatService:
         work: DecodeRow | SidecarRequest
         try:
             if req.sidecars is not None:
-                request, row = self._sidecar_request(req)
+                request, row, sidecar_stops = self._sidecar_request(req)
                 work = replace(request, max_new_tokens=self._max_tokens(req, row), sampling=sampling,
-                               top_logprobs=req.engine_top_logprobs)
+                               top_logprobs=req.engine_top_logprobs, stop=req.stop)
                 # the main row as the engine builds it: the draft's context must also hold the sidecar outputs
                 row = self.engine.decode_row(0, work)
             else:
@@ -172,6 +183,8 @@ class ChatService:
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         job = Job(work, loop, loop.create_future(), tokens=asyncio.Queue() if req.stream else None)
+        if req.sidecars is not None:
+            job.sidecar_stops = sidecar_stops
         if req.prompt_logprobs is not None:
             job.scoring = Job(ScoreWork(model, row.target_prompt, req.prompt_logprobs), loop, loop.create_future())
         return job
@@ -216,38 +229,54 @@ class ChatService:
         starts = bos is not None and self.tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
         return ([bos] if starts else []) + encode(self.tokenizer, prompt)
 
+    def prompt_offsets(self, prompt: str | list[int], token_ids: list[int]) -> list[int]:
+        """Where each prompt token starts in the echoed prompt (``prompt_text``), in characters: a text prompt
+        is echoed as sent, so its offsets come from the tokenizer's own mapping (``offsets_in``)."""
+        if isinstance(prompt, str):
+            return self.formatter.offsets_in(prompt, token_ids)
+        return text_offsets([self.formatter.width(token) for token in token_ids])
+
     def prompt_text(self, prompt: str | list[int]) -> str:
         """A completions prompt as text: token ids spell it as ``text_offset`` counts them."""
         if isinstance(prompt, str):
             return prompt
         return b"".join(self.formatter.width(token) for token in prompt).decode("utf-8", errors="replace")
 
-    def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow]:
-        if req.stop:
-            raise APIError(400, "stop is not supported together with sidecars", param="stop")
+    def _sidecar_request(self, req: ChatCompletionRequest) -> tuple[SidecarRequest, DecodeRow,
+                                                                    dict[str, tuple[str, ...]]]:
+        """(the request, its main row as the target sees it, each sidecar's stop strings)."""
         messages = req.messages
         system = None
         if messages[0].template_role == "system":
             system, messages = messages[0].text, messages[1:]
-        if len(messages) != 1 or messages[0].role != "user":
-            raise APIError(400, "with sidecars, messages must be one user message (the document), optionally "
-                                "after one system message; earlier turns are not supported", param="messages")
-        tasks = []
-        for i, spec in enumerate(req.sidecars or []):
+        if not messages or messages[-1].role != "user":
+            raise APIError(400, "with sidecars, the last message must be the user's: the document the main output "
+                                "answers, after any earlier turns", param="messages")
+        history = [(m.template_role, m.text) for m in messages[:-1]]
+        tasks, stops = [], {}
+        for i, raw in enumerate(req.sidecars or []):
+            # the spec's own errors name the client's fields as sent; only the engine's task, built from a valid
+            # spec, names a field by the engine's name (a client's own max_new_tokens stays an unknown field)
             try:
-                tasks.append(SidecarSpec.model_validate(spec).task())
+                spec = SidecarSpec.model_validate(raw)
             except ValidationError as exc:
-                raise validation_error(exc, f"sidecars.{i}.", {"max_new_tokens": "max_tokens"}) from None
+                raise validation_error(exc, f"sidecars.{i}.") from None
+            try:
+                tasks.append(spec.task())
+            except ValidationError as exc:
+                raise validation_error(exc, f"sidecars.{i}.", _SPEC_NAMES) from None
+            stops[spec.name] = tuple(spec.stop or ())
         if not tasks:
             raise APIError(400, "sidecars must list at least one task (or be left out)", param="sidecars")
         # The document is the user's text as is; the main instruction is empty because it is part of that text.
-        request = SidecarRequest(document=messages[0].text, instruction="", system=system, sidecars=tasks)
+        request = SidecarRequest(document=messages[-1].text, instruction="", system=system, sidecars=tasks,
+                                 history=history)
         try:
             bare, compound = self.engine.prompts(request)
         except InputError as exc:
             raise APIError(400, str(exc), param="sidecars" if "sidecar" in str(exc) else "messages") from None
         hidden = [compound.spans[f"sidecar:{t.name}"] for t in tasks]
-        return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden)
+        return request, DecodeRow(bare.token_ids, 1, compound.token_ids, hidden), stops
 
     def _max_tokens(self, req: ChatCompletionRequest | CompletionRequest, row: DecodeRow,
                     param: str = "messages") -> int:
@@ -264,7 +293,7 @@ class ChatService:
 
     def completion(self, req: ChatCompletionRequest, job: Job, result: object, completion_id: str, created: int,
                    scores: list[PromptLogprob] | None = None) -> dict[str, Any]:
-        main, sidecars = self._split(result)
+        main, sidecars = self._split(result, job)
         text, stopped = full_text(self.tokenizer, main.token_ids, job.stop)
         body: dict[str, Any] = {
             "id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
@@ -293,11 +322,14 @@ class ChatService:
         shown = self.prompt_text(req.prompt) + text if req.echo else text
         logprobs: dict[str, list] | None = None
         if req.logprobs is not None:
-            ids, entries = (list(prompt), [None, *scores]) if req.echo else ([], [])
+            ids, entries, offsets = [], [], []
+            if req.echo:
+                ids, entries, offsets = list(prompt), [None, *scores], self.prompt_offsets(req.prompt, prompt)
             if main is not None and main.logprobs is not None:
                 ids += main.token_ids
                 entries += main.logprobs
-            logprobs = self.formatter.legacy(ids, entries, 0)
+                offsets += text_offsets([self.formatter.width(t) for t in main.token_ids], len(shown) - len(text))
+            logprobs = self.formatter.legacy(ids, entries, offsets)
             # tokens after a stop string are not in the text: they start where it ends
             logprobs["text_offset"] = [min(offset, len(shown)) for offset in logprobs["text_offset"]]
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
@@ -315,16 +347,30 @@ class ChatService:
 
         assert job.tokens is not None
         text = TextStream(self.tokenizer, job.stop)
+        finished = False  # whether the finish chunk went out
         try:
             yield chunk({"role": "assistant", "content": ""})
             done = False
             while not done:
-                # every commit waiting is turned into text in one trip to the text thread
+                # every commit waiting is turned into text in one trip to the text thread; the main output's end
+                # finishes the choice at once, before the sidecars that still decode
                 items = [await job.tokens.get()]
                 while not job.tokens.empty():
                     items.append(job.tokens.get_nowait())
-                done = items[-1] is DONE
-                for piece, logprobs in await self._off_loop(self._pieces, text, items[:-1] if done else items):
+                commits = []
+                for item in items:
+                    if item is DONE or isinstance(item, MainDone):
+                        for piece, logprobs in await self._off_loop(self._pieces, text, commits):
+                            yield chunk({"content": piece}, logprobs=logprobs)
+                        commits = []
+                        done = item is DONE
+                        if isinstance(item, MainDone):
+                            finished = True
+                            async for piece in self._finish_chunks(text, item.output, chunk):
+                                yield piece
+                    else:
+                        commits.append(item)
+                for piece, logprobs in await self._off_loop(self._pieces, text, commits):
                     yield chunk({"content": piece}, logprobs=logprobs)
             try:
                 result = job.future.result()
@@ -332,10 +378,15 @@ class ChatService:
                 yield _sse(exc.body())
                 yield b"data: [DONE]\n\n"
                 return
-            main, sidecars = await self._off_loop(self._split, result)
-            if piece := await self._off_loop(text.finish):
-                yield chunk({"content": piece})
-            yield chunk({}, self._finish(main, text.stopped), **({"sidecars": sidecars} if sidecars else {}))
+            main, sidecars = await self._off_loop(self._split, result, job)
+            if not finished:
+                async for piece in self._finish_chunks(text, main, chunk):
+                    yield piece
+            # each sidecar in a chunk of its own, in the request's order; no choice, like usage's
+            tasks = job.work.sidecars if isinstance(job.work, SidecarRequest) else []
+            for name in [t.name for t in tasks if t.name in (sidecars or {})]:
+                yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                            "model": self.config.model_name, "choices": [], "sidecars": {name: sidecars[name]}})
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
                             "model": self.config.model_name, "choices": [], "usage": _main_usage(main)})
@@ -343,6 +394,13 @@ class ChatService:
         finally:
             if not job.future.done():  # the client hung up: the worker skips the job or drops it at the next step
                 job.cancel()
+
+    async def _finish_chunks(self, text: TextStream, main: GenerationOutput,
+                             chunk: Callable[..., bytes]) -> AsyncIterator[bytes]:
+        """The text held back until the end (a partial stop string that was none), then the finish reason."""
+        if piece := await self._off_loop(text.finish):
+            yield chunk({"content": piece})
+        yield chunk({}, self._finish(main, text.stopped))
 
     def _pieces(self, text: TextStream, commits: list[tuple[list[int], Any]]) -> list[tuple[str, Any]]:
         """(text released, logprobs JSON) per commit that has either: a chunk per commit when logprobs were
@@ -354,9 +412,11 @@ class ChatService:
                 pieces.append((piece, self.formatter.logprobs(entries)))
         return pieces
 
-    def _split(self, result: object) -> tuple[GenerationOutput, dict[str, Any] | None]:
+    def _split(self, result: object, job: Job) -> tuple[GenerationOutput, dict[str, Any] | None]:
         if isinstance(result, DocumentResult):
-            return result.main, {name: _sidecar_json(out, self.formatter) for name, out in result.sidecars.items()}
+            tasks = {t.name: t for t in job.work.sidecars} if isinstance(job.work, SidecarRequest) else {}
+            return result.main, {name: _sidecar_json(out, tasks.get(name), job.sidecar_stops.get(name, ()),
+                                                     self.formatter) for name, out in result.sidecars.items()}
         assert isinstance(result, GenerationOutput)
         return result, None
 

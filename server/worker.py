@@ -43,7 +43,7 @@ import torch
 from server.config import ServerConfig
 from server.errors import APIError
 from sidecar.decoding.logprobs import TokenLogprob
-from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import prompt_logprobs
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
@@ -132,6 +132,13 @@ class BatchStats:
 DONE = object()  # end of a job's token stream
 
 
+@dataclass(frozen=True)
+class MainDone:
+    """In a job's token stream: its main output is final (its sidecars, if any, still decode)."""
+
+    output: GenerationOutput
+
+
 def cancelled(result: DocumentResult) -> bool:
     """Whether a request ended because its client left: during its main output or its sidecars."""
     return result.main.finish_reason == "cancelled" or any(
@@ -158,7 +165,8 @@ class Job:
     work: DecodeRow | SidecarRequest | ScoreWork
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    tokens: asyncio.Queue | None = None  # (new token ids, their logprobs or None) while streaming, then DONE
+    # while streaming: (new token ids, their logprobs or None), MainDone once the main output is final, then DONE
+    tokens: asyncio.Queue | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # set from the event loop once the client has gone; the worker reads it between decoding steps
     gone: threading.Event = field(default_factory=threading.Event)
@@ -167,6 +175,8 @@ class Job:
     last_token_at: float | None = None
     # the job that scores this one's prompt, queued just before it (``prompt_logprobs``, ``echo``)
     scoring: Job | None = None
+    # each sidecar's own stop strings, by task name: its text is cut at them (``server.service``)
+    sidecar_stops: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -186,6 +196,12 @@ class Job:
         if self.tokens is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is reading the stream
                 self.loop.call_soon_threadsafe(self.tokens.put_nowait, (ids, logprobs))
+
+    def main_done(self, output: GenerationOutput) -> None:
+        """The main output is final: a stream can finish it before the sidecars (after the tokens emitted)."""
+        if self.tokens is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is reading the stream
+                self.loop.call_soon_threadsafe(self.tokens.put_nowait, MainDone(output))
 
     def finish(self, result: object = None, error: BaseException | None = None) -> None:
         def resolve() -> None:
@@ -258,10 +274,14 @@ class BatchWorker:
     def _batch(self) -> SidecarBatch:
         with self.stats.lock:
             self._earlier_device = self.stats.device  # what the batches before this one charged
-        return self.engine.batch(self.config.max_batch, on_tokens=self._on_tokens, cancelled=self._cancelled)
+        return self.engine.batch(self.config.max_batch, on_tokens=self._on_tokens, cancelled=self._cancelled,
+                                 on_main=self._on_main)
 
     def _on_tokens(self, index: int, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         self._jobs[index].emit(ids, logprobs)
+
+    def _on_main(self, index: int, output: GenerationOutput) -> None:
+        self._jobs[index].main_done(output)
 
     def _cancelled(self, index: int) -> bool:
         return self._jobs[index].gone.is_set()

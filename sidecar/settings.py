@@ -42,6 +42,18 @@ def _dtype() -> str | None:
     return value or None
 
 
+# what SIDECAR_CAPTURE and the capture arguments accept (``sidecar.runtime.capture``)
+CAPTURE_NAMES = ("auto", "eager", "compile", "cudagraph", "hf")
+
+
+def parse_capture(value: str | None, source: str) -> str | None:
+    """A capture mode's name, lower-cased (None: not given); an unknown name is one line naming ``source``."""
+    name = (value or "").strip().lower()
+    if name and name not in CAPTURE_NAMES:
+        raise InputError(f"unknown capture mode {value!r} in {source}: use auto, eager, compile, cudagraph or hf")
+    return name or None
+
+
 def _path(name: str) -> Path | None:
     value = _env(name)
     return Path(value) if value else None
@@ -61,6 +73,9 @@ class Settings:
     # the dtype pairs load in when the caller names none: fp32, bf16, fp16, or auto (unset: auto), as
     # ``sidecar.models.dtype_choice`` chooses
     dtype: str | None = field(default_factory=_dtype)
+    # how decode forwards run: auto, eager, compile, cudagraph or hf (unset: auto), as
+    # ``sidecar.runtime.capture`` resolves it
+    capture: str | None = field(default_factory=lambda: parse_capture(_env("capture"), f"{PREFIX}CAPTURE"))
 
 
 def pin_dtype(dtype: str | None) -> None:

@@ -34,6 +34,7 @@ from storage.records import (
     RanOn,
     RejectedDocument,
     RequestStats,
+    SidecarRecord,
 )
 from vocab.modes import MODES, SIDECAR_MODES
 
@@ -67,6 +68,7 @@ __all__ = [
     "RunStart",
     "SchemaTooNewError",
     "ShardInfo",
+    "SidecarRecord",
     "StorageError",
     "UnknownAttemptError",
     "UnknownRunError",

@@ -2,8 +2,10 @@
 Lines (``.jsonl``, ``.ndjson``: one JSON object per line) or CSV (``.csv``, with a header row).
 
 pyarrow reads all three (``pyarrow.parquet``, ``pyarrow.json``, ``pyarrow.csv``), streaming, so a large
-corpus is never held whole. A CSV's chosen columns are read as text, so an id like ``007`` stays ``007``;
-JSON values keep their JSON types. A file that cannot be read, or whose rows change type half-way, is an
+corpus is never held whole. A CSV's chosen columns are read as bytes, so an id like ``007`` stays ``007``
+and a cell that is not UTF-8 is not the whole file's error (pyarrow checks a CSV's string columns as it
+reads them; ``storage.parquet`` decodes every format's text cells one by one); JSON values keep their JSON
+types. A file that cannot be read, or whose rows change type half-way, is an
 :class:`InputSchemaError` naming it.
 """
 
@@ -52,7 +54,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def open_corpus(path: str | Path, text_columns: Sequence[str] = ()) -> CorpusFile:
-    """Open ``path`` by its extension; ``text_columns`` of a CSV are read as text."""
+    """Open ``path`` by its extension; ``text_columns`` of a CSV are read as bytes."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
@@ -67,7 +69,7 @@ def open_corpus(path: str | Path, text_columns: Sequence[str] = ()) -> CorpusFil
         if kind == "CSV":
             reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
                                    convert_options=pcsv.ConvertOptions(
-                                       column_types={name: pa.string() for name in text_columns}))
+                                       column_types={name: pa.binary() for name in text_columns}))
         else:
             reader = pjson.open_json(path, read_options=pjson.ReadOptions(block_size=_BLOCK_BYTES))
     except (pa.ArrowInvalid, OSError) as exc:

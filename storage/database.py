@@ -235,17 +235,23 @@ def _batch_writes(run_id: str, rows: Sequence[OutputRecord], rejects: Sequence[R
     check_outputs(rows, "write_batch")
     where = _ran_on_columns(ran_on)
     outputs: list[dict[str, Any]] = []
+    sidecars: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
     for record in rows:
         outputs.append(row("outputs", record, run_id=run_id))
+        sidecars += [row("sidecar_outputs", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode)
+                     for s in record.sidecars]
         stats += [row("request_stats", s, run_id=run_id, doc_id=record.doc_id, mode=record.mode,
                       batch_id=record.batch_id, **where) for s in record.stats]
     outputs_table = arrow_table("outputs", outputs)
+    keys = outputs_table.select(["run_id", "doc_id", "mode"])
     writes = [
         TableWrite("outputs", outputs_table),
+        # clear the outputs of every task of a rewritten request, also of tasks it no longer brings
+        TableWrite("sidecar_outputs", arrow_table("sidecar_outputs", sidecars), replace=keys),
         # clear the stats of every rewritten request, also of those that now bring fewer phases
         TableWrite("request_stats", arrow_table("request_stats", stats),
-                   replace=outputs_table.select(["run_id", "doc_id", "mode"])),
+                   replace=keys),
     ]
     if rejects:
         writes.append(_documents_write(run_id, [], rejects))
@@ -583,10 +589,14 @@ class Database:
         write_tables(self.path, writes, self.retry, check=_require_run(run_id))
 
     def scored_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents whose main tag sets both have a likelihood score by this model and scorer prompt."""
+        """Documents done by this model and scorer prompt: both main tag sets have a finite likelihood score and
+        no stored score of theirs (a control's included) failed; a rerun scores the others again."""
         rows = self.query(
             "SELECT doc_id FROM judgement_scores WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
-            "AND kind = 'main' AND error IS NULL GROUP BY doc_id HAVING count(DISTINCT side) = 2",
+            "GROUP BY doc_id HAVING count(DISTINCT side) FILTER (WHERE kind = 'main' AND error IS NULL "
+            "AND isfinite(given_own - given_baseline)) = 2 "
+            "AND count(*) FILTER (WHERE error IS NOT NULL OR NOT coalesce(isfinite(given_own - given_baseline), "
+            "false)) = 0",
             [run_id, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}
@@ -635,6 +645,21 @@ class Database:
     def results_table(self, run_id: str) -> list[dict[str, Any]]:
         """The run's rows of the ``results`` view, as :data:`RESULTS_TABLE_SQL` selects them."""
         return self.query(RESULTS_TABLE_SQL, [run_id])
+
+    def sidecar_tasks(self, run_id: str) -> dict[str, bool]:
+        """The run's sidecar tasks (by name) with whether any of their outputs parsed as a list (of tags): what a
+        judge of tag lists can compare; empty for a run without outputs."""
+        rows = self.query("SELECT task, bool_or(coalesce(json_type(parsed) = 'ARRAY', false)) AS lists "
+                          "FROM sidecar_outputs WHERE run_id = ? GROUP BY task ORDER BY task", [run_id])
+        return {row["task"]: row["lists"] for row in rows}
+
+    def task_costs(self, run_id: str) -> list[dict[str, Any]]:
+        """Per sidecar task and mode of the run: ``outputs``, their ``new_tokens`` and ``device_s`` (the ledger's
+        seconds, summed over the outputs that have them; NULL when none has), by task and mode."""
+        return self.query(
+            "SELECT task, mode, count(*) AS outputs, "
+            "sum(new_tokens) FILTER (WHERE device_s IS NOT NULL) AS new_tokens, sum(device_s) AS device_s "
+            "FROM sidecar_outputs WHERE run_id = ? GROUP BY task, mode ORDER BY task, mode", [run_id])
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or

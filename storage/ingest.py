@@ -11,10 +11,11 @@ its document has in ``documents``. Parts of another start under the same run id 
 its parts, another database sharing the results location) or of other texts are refused before any row is
 written: they are left out, not recorded, and named in one warning line (``Database.ingest_parts``).
 
-Rows replace stored rows by key (``storage.writer``): outputs and their request stats by (run, document,
-mode), rejects the ``documents`` row of their input row, as ``Database.write_batch`` writes them. A key met
-in several parts of one chunk (two attempts that both finished a document) keeps the row of the part last
-by path, so each (run, document, mode) is stored once whatever was retried.
+Rows replace stored rows by key (``storage.writer``): outputs, their tasks' outputs (``sidecar_outputs``) and
+their request stats by (run, document, mode), rejects the ``documents`` row of their input row, as
+``Database.write_batch`` writes them. A key met in several parts of one chunk (two attempts that both finished
+a document) keeps the row of the part last by path, so each (run, document, mode) is stored once whatever was
+retried.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from storage.tables import SCHEMAS, SHARD_COLUMNS
 from storage.writer import delete_keys, insert_rows
 
 # what the census reads of each part: who wrote it, whether it holds rejects, and what binds it to the run
-_CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind", "doc_id", "run_nonce", "text_sha256"]
-# columns parts written by an older sidecar lack; they read as NULL, and such parts are refused
-_BINDING_COLUMNS = ("run_nonce", "text_sha256")
+_CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind", "doc_id", "run_nonce", "text_sha256",
+                   "sidecars"]
+# columns parts written by an older sidecar lack; they read as NULL, and such parts are refused (an output
+# without ``sidecars`` was written before migration 011 kept its tasks' outputs apart)
+_BINDING_COLUMNS = ("run_nonce", "text_sha256", "sidecars")
 _CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
                             for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
 SOURCE = "ingest_source"
@@ -43,6 +46,7 @@ _KEYS = "ingest_keys"
 _KEPT = "ingest_kept"
 _OUTPUT_ROWS = "ingest_output_rows"
 _STATS_ROWS = "ingest_stats_rows"
+_SIDECAR_ROWS = "ingest_sidecar_rows"
 _REJECTS = "ingest_rejects"
 
 
@@ -101,7 +105,7 @@ def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
     found = con.execute(
         f"SELECT p.filename, min(p.run_id), max(p.run_id), any_value(p.launch_id), count(*), "
         f"count(*) FILTER (WHERE p.kind = 'reject'), any_value(p.host), any_value(p.device), any_value(p.gpu_type), "
-        f"count(*) FILTER (WHERE p.run_nonce IS DISTINCT FROM $nonce), "
+        f"count(*) FILTER (WHERE p.run_nonce IS DISTINCT FROM $nonce OR (p.kind = 'output' AND p.sidecars IS NULL)), "
         f"min(p.doc_id) FILTER (WHERE p.kind = 'output' AND (d.text IS NULL OR sha256(d.text) IS DISTINCT FROM "
         f"p.text_sha256)) "
         f"FROM {SOURCE} AS p LEFT JOIN documents AS d ON d.run_id = $run_id AND d.doc_id = p.doc_id "
@@ -116,7 +120,8 @@ def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
                 f"nothing was ingested. Parts of a run live under its own directory: was a file copied there?")
         if foreign:
             refused[path] = RefusedPart(path, "written for another start of this run id (another or a deleted "
-                                              "database sharing the results location), or by an older sidecar")
+                                              "database sharing the results location), or by an older sidecar "
+                                              "(without the run's nonce or its tasks' outputs)")
         elif unknown is not None:
             refused[path] = RefusedPart(path, f"holds outputs of document {unknown!r} that this run does not have "
                                               f"with that text")
@@ -154,9 +159,14 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
     request_keys = ", ".join(["run_id", "doc_id", "mode", "batch_id", *(c.name for c in SHARD_COLUMNS)])
     con.execute(f"CREATE OR REPLACE TEMP VIEW {_STATS_ROWS} AS SELECT {request_keys}, "
                 f"unnest(stats, recursive := true) FROM {_KEPT}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SIDECAR_ROWS} AS SELECT run_id, doc_id, mode, "
+                f"unnest(sidecars, recursive := true) FROM {_KEPT}")
     if outputs:
         delete_keys(con, "outputs", _KEYS)
         insert_rows(con, "outputs", _OUTPUT_ROWS)
+        # so are the outputs of every task of a rewritten request
+        delete_keys(con, "sidecar_outputs", _KEYS)
+        insert_rows(con, "sidecar_outputs", _SIDECAR_ROWS)
         # the stats of every rewritten request go, also of those that now bring fewer phases
         delete_keys(con, "request_stats", _KEYS)
         insert_rows(con, "request_stats", _STATS_ROWS)
@@ -170,7 +180,7 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
         f"UPDATE shard_attempts AS a SET host = c.host, device = c.device, gpu_type = c.gpu_type "
         f"FROM (SELECT DISTINCT launch_id, host, device, gpu_type FROM {_CENSUS} WHERE host IS NOT NULL) AS c "
         f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id", {"run_id": run_id})
-    for view in (_STATS_ROWS, _OUTPUT_ROWS, _KEPT):
+    for view in (_STATS_ROWS, _SIDECAR_ROWS, _OUTPUT_ROWS, _KEPT):
         con.execute(f"DROP VIEW {view}")
     for table in (_KEYS, _REJECTS):
         con.execute(f"DROP TABLE IF EXISTS {table}")

@@ -45,6 +45,22 @@ def _check_columns(path: Path, schema: pa.Schema, id_column: str | None, text_co
             raise InputSchemaError(f"{role} column {name!r} of {path} has type {dtype}; expected string or binary")
 
 
+def _cells(batch: pa.RecordBatch, name: str) -> list[object]:
+    """A column's cells as Python values, a text column's as bytes: pyarrow decodes a whole string column at
+    once and one cell that is not UTF-8 (a Parquet writer need not check, nor does pyarrow's JSON reader)
+    raises for the whole file; as bytes each cell is decoded on its own (``_decode``), so a bad one is that
+    row's reject. A CSV's columns come as bytes already (``storage.corpus_files``)."""
+    column = batch.column(name)
+    dtype = column.type
+    if pa.types.is_string(dtype):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(dtype):
+        column = column.cast(pa.large_binary())
+    elif pa.types.is_string_view(dtype):
+        column = column.cast(pa.binary_view())
+    return column.to_pylist()
+
+
 def _decode(value: object) -> str | None:
     """A cell as text; None when it is bytes that are not UTF-8. Non-text ids (integers) become str."""
     if isinstance(value, bytes):
@@ -73,8 +89,10 @@ def read_documents(path: str | Path, id_column: str | None = "id", text_column: 
                    limit: int | None = None) -> tuple[list[Document], list[RejectedDocument]]:
     """Read documents and rejects from ``path`` (``id_column`` None: each row's index is its id).
 
-    Rejects and their reasons: ``null`` (id or text is null), ``not_utf8`` (binary cell that is not
-    UTF-8), ``empty`` (id or text is empty or nothing but whitespace), ``duplicate_id`` (an earlier row
+    Rejects and their reasons: ``null`` (id or text is null), ``not_utf8`` (a string or binary cell that is
+    not UTF-8: every text column is read as bytes and decoded cell by cell, so one bad cell is that row's
+    reject and the rest of the file is read; a title that is not UTF-8 keeps its text with U+FFFD for the
+    bad bytes), ``empty`` (id or text is empty or nothing but whitespace), ``duplicate_id`` (an earlier row
     had the id; the first row keeps its own verdict), ``too_long`` (more than ``max_chars`` characters).
     The detail names the column. A document's id is the key of its outputs, so only a non-blank id that
     no earlier row has makes a row usable. A reject keeps the id as read; when there is none (null or not
@@ -92,10 +110,10 @@ def read_documents(path: str | Path, id_column: str | None = "id", text_column: 
     seen_ids: set[str] = set()
     row_index = 0
     for batch in corpus.batches(columns):
-        ids = (batch.column(id_column).to_pylist() if id_column is not None
+        ids = (_cells(batch, id_column) if id_column is not None
                else [str(row_index + i) for i in range(batch.num_rows)])
-        texts = batch.column(text_column).to_pylist()
-        titles = batch.column(title_column).to_pylist() if title_column is not None else [None] * len(ids)
+        texts = _cells(batch, text_column)
+        titles = _cells(batch, title_column) if title_column is not None else [None] * len(ids)
         for raw_id, raw_text, raw_title in zip(ids, texts, titles, strict=True):
             if limit is not None and len(documents) >= limit:
                 return documents, rejects

@@ -22,8 +22,9 @@ A part is one Parquet table with one row per output record or reject (:data:`PAR
 - ``kind``: ``output`` (one mode of one document) or ``reject`` (a document that failed, e.g. ``oom``);
 - ``doc_id``: the document (NULL only for a reject of a row whose id was null), and ``text_sha256``, the
   SHA-256 of the text the attempt ran (:func:`text_sha256`);
-- an output's columns, NULL on a reject: those of ``OutputRecord`` (``mode``, ``summary``, ``tags``, ...)
-  with its per-phase stats as ``stats``, a list of structs with ``RequestStats``' fields;
+- an output's columns, NULL on a reject: those of ``OutputRecord`` (``mode``, ``summary``, ...) with its
+  sidecar tasks' outputs as ``sidecars``, a list of structs with ``SidecarRecord``'s fields, and its
+  per-phase stats as ``stats``, a list of structs with ``RequestStats``' fields;
 - a reject's columns, NULL on an output: those of ``RejectedDocument`` but its id (``reason``,
   ``row_index``, ``detail``, ``title``, ``text``).
 
@@ -52,7 +53,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import ResultsLocationError
-from storage.records import Document, OutputRecord, RejectedDocument, RequestStats, check_outputs
+from storage.records import Document, OutputRecord, RejectedDocument, RequestStats, SidecarRecord, check_outputs
 from storage.run_keys import run_key
 from storage.tables import record_columns
 
@@ -115,7 +116,11 @@ def _nullable(fields: Sequence[pa.Field]) -> list[pa.Field]:
 
 
 STATS_TYPE = pa.list_(pa.struct(record_columns(RequestStats)))
-_OUTPUT_FIELDS = record_columns(OutputRecord, skip=("doc_id", "stats"))
+# JSON as its plain string storage: pyarrow builds no extension type inside a struct from Python rows, and the
+# ingest's insert makes the text JSON again
+SIDECARS_TYPE = pa.list_(pa.struct([f.with_type(f.type.storage_type) if isinstance(f.type, pa.BaseExtensionType) else f
+                                    for f in record_columns(SidecarRecord)]))
+_OUTPUT_FIELDS = record_columns(OutputRecord, skip=("doc_id", "sidecars", "stats"))
 _REJECT_FIELDS = record_columns(RejectedDocument, skip=("doc_id",))
 _SHARD_FIELDS = record_columns(ShardInfo)
 PART_SCHEMA = pa.schema([
@@ -125,6 +130,7 @@ PART_SCHEMA = pa.schema([
     pa.field("doc_id", pa.string()),
     pa.field("text_sha256", pa.string()),
     *_nullable(_OUTPUT_FIELDS),
+    pa.field("sidecars", SIDECARS_TYPE),
     pa.field("stats", STATS_TYPE),
     *_nullable(_REJECT_FIELDS),
 ])
@@ -137,8 +143,8 @@ def check_launch_id(launch_id: str) -> None:
                          f"got {launch_id!r}")
 
 
-def _stats_row(stats: RequestStats) -> dict[str, Any]:
-    return {f.name: getattr(stats, f.name) for f in STATS_TYPE.value_type}
+def _struct_row(record: RequestStats | SidecarRecord, of: pa.ListType) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in of.value_type}
 
 
 @dataclass(frozen=True)
@@ -158,11 +164,12 @@ def part_table(info: ShardInfo, records: Sequence[OutputRecord], rejects: Sequen
     if unknown:
         raise ValueError(f"outputs of documents not in the attempt's manifest: {unknown[:5]}")
     shard = asdict(info)
-    absent_output = dict.fromkeys([f.name for f in _OUTPUT_FIELDS] + ["stats"])
+    absent_output = dict.fromkeys([f.name for f in _OUTPUT_FIELDS] + ["sidecars", "stats"])
     absent_reject = dict.fromkeys(f.name for f in _REJECT_FIELDS)
     rows = [{**shard, "kind": "output", "doc_id": r.doc_id, "text_sha256": text_hashes[r.doc_id], **absent_reject,
              **{f.name: getattr(r, f.name) for f in _OUTPUT_FIELDS},
-             "stats": [_stats_row(s) for s in r.stats]} for r in records]
+             "sidecars": [_struct_row(s, SIDECARS_TYPE) for s in r.sidecars],
+             "stats": [_struct_row(s, STATS_TYPE) for s in r.stats]} for r in records]
     rows += [{**shard, "kind": "reject", "doc_id": r.doc_id,
               "text_sha256": None if r.text is None else text_sha256(r.text), **absent_output,
               **{f.name: getattr(r, f.name) for f in _REJECT_FIELDS}} for r in rejects]

@@ -7,11 +7,13 @@ tables that store them; ``storage.tables`` derives the Arrow schemas from the an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vocab.modes import MODES, Mode
+from vocab.numbers import finite, logprob
 
 # A request's stats are stored per phase: the speculative main task, then the draft-only sidecar task.
 Phase = Literal["main", "sidecar"]
@@ -141,6 +143,39 @@ class RequestStats:
             instruction_device_s=_seconds(stats.get("instruction_device_seconds")),
         )
 
+    @classmethod
+    def together(cls, parts: Sequence[RequestStats]) -> RequestStats:
+        """One phase's stats of several outputs of one request (its sidecar tasks) as one row: counts, bytes and
+        device seconds add up; the batch clock's fields (``*_s`` but ``queue_s``/``first_token_s``, which take
+        the earliest) and ``batch_size`` take the latest or largest. A count some part lacks stays None. One
+        part comes back unchanged."""
+        if not parts:
+            raise ValueError("together needs at least one RequestStats")
+        phases = {p.phase for p in parts}
+        if len(phases) != 1:
+            raise ValueError(f"together joins stats of one phase, got {sorted(phases)}")
+        if len(parts) == 1:
+            return parts[0]
+        merged: dict[str, Any] = {"phase": parts[0].phase}
+        for name in cls.__dataclass_fields__:
+            if name == "phase":
+                continue
+            values = [getattr(p, name) for p in parts]
+            if any(v is None for v in values):
+                merged[name] = None
+            elif name in _LATEST:
+                merged[name] = max(values)
+            elif name in _EARLIEST:
+                merged[name] = min(values)
+            else:
+                merged[name] = sum(values)
+        return cls(**merged)
+
+
+# RequestStats fields that are moments or sizes of the shared batch, not amounts: joined by max or min
+_LATEST = frozenset({"prefill_s", "decode_s", "wall_s", "batch_size", "ended_s"})
+_EARLIEST = frozenset({"queue_s", "first_token_s"})
+
 
 def _count(value: Any) -> int | None:
     return None if value is None else int(value)
@@ -166,31 +201,55 @@ def _ledger(stats: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class SidecarRecord:
+    """One sidecar task's output for one document in one mode (``sidecar_outputs``).
+
+    ``parsed`` is the task parser's value as JSON text (a list of tags, a string), None when the text could not
+    be parsed (``parse_error`` says why); ``text`` is kept either way. ``new_tokens`` and ``device_s`` are this
+    task's own tokens and its share of the device-time ledger (its prefill, decode and masked instruction
+    seconds; None from an engine without the ledger); the request's sidecar phase in ``request_stats`` holds
+    all its tasks together."""
+
+    task: str
+    text: str
+    parsed: str | None = field(metadata={"arrow_type": "json"})
+    parse_error: str | None = None
+    finish_reason: str | None = None
+    new_tokens: int | None = None
+    device_s: float | None = None
+
+    @classmethod
+    def of(cls, task: str, text: str, value: Any, **fields: Any) -> SidecarRecord:
+        """A task's output with its parsed ``value`` (None: not parsed) encoded as JSON."""
+        return cls(task, text, None if value is None else json.dumps(value), **fields)
+
+    def value(self) -> Any:
+        """``parsed`` decoded (None when it could not be parsed)."""
+        return None if self.parsed is None else json.loads(self.parsed)
+
+
+@dataclass(frozen=True)
 class OutputRecord:
     """Everything stored for one document in one mode; written together by ``Database.write_batch``.
 
     ``summary`` is the main output for the sidecar modes and the summary given to the tagger in
-    ``standalone`` mode (``main_tokens`` then None). ``tags`` is None when the sidecar text could not
-    be parsed (``parse_error`` says why).
+    ``standalone`` mode (``main_tokens`` then None); ``sidecars`` holds one output per sidecar task, all
+    decoded from that one main output.
     """
 
     doc_id: str
     mode: Mode
     summary: str
-    sidecar_name: str
-    sidecar_text: str
-    tags: list[str] | None
+    sidecars: list[SidecarRecord]
     main_tokens: int | None = None
-    parse_error: str | None = None
     finish_reason: str | None = None
-    sidecar_finish_reason: str | None = None
     batch_id: int | None = None
     stats: list[RequestStats] = field(default_factory=list)
 
 
 def check_outputs(rows: Sequence[OutputRecord], writer: str) -> None:
     """Refuse what one write cannot hold: two rows for one (doc_id, mode), an unknown mode, two stats rows for
-    one phase of a request. ``writer`` names the write in the message."""
+    one phase of a request, two outputs of one task in a request. ``writer`` names the write in the message."""
     keys = [(r.doc_id, r.mode) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{writer} got two rows for the same (doc_id, mode)")
@@ -200,6 +259,9 @@ def check_outputs(rows: Sequence[OutputRecord], writer: str) -> None:
         phases = [s.phase for s in record.stats]
         if len(set(phases)) != len(phases):
             raise ValueError(f"{record.doc_id!r}/{record.mode}: two stats rows for one phase {phases}")
+        tasks = [s.task for s in record.sidecars]
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"{record.doc_id!r}/{record.mode}: two outputs of one sidecar task {tasks}")
 
 
 @dataclass(frozen=True)
@@ -241,6 +303,12 @@ class JudgementRecord:
     p_b: float | None = None
     foil_doc_id: str | None = None
 
+    def __post_init__(self) -> None:
+        # a NaN or infinite probability would poison the views' means: refused before it is stored
+        for name in ("p_a", "p_b"):
+            if (value := getattr(self, name)) is not None:
+                finite(f"{name} of {self.doc_id!r} game {self.game}", value, 0.0, 1.0)
+
 
 @dataclass(frozen=True)
 class JudgementScoreRecord:
@@ -261,6 +329,12 @@ class JudgementScoreRecord:
     tokens: int | None = None
     error: str | None = None
     foil_doc_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # an infinite mean log probability makes the PMI NaN in the views: refused before it is stored
+        for name in ("given_own", "given_baseline"):
+            if (value := getattr(self, name)) is not None:
+                logprob(f"{name} of {self.doc_id!r} {self.kind} {self.side}", value)
 
 
 @dataclass(frozen=True)

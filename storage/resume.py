@@ -54,13 +54,34 @@ def _show(value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
+def _names(value: Any) -> list[str] | None:
+    """The names of a list of named settings (the sidecar tasks), else None."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+        return [str(v["name"]) for v in value]
+    return None
+
+
+def _named_difference(key: str, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str:
+    """How two lists of named settings differ, by name: another list of names, or the fields one of them
+    changed (a JSON dump of whole task lists would be cut off before the difference)."""
+    names_before, names_now = _names(before), _names(now)
+    if names_before != names_now:
+        return f"{key} {', '.join(names_before or [])} (this start: {', '.join(names_now or [])})"
+    changed = [f"{b['name']}.{field}" for b, n in zip(before, now, strict=True)
+               for field in sorted(set(b) | set(n)) if b.get(field) != n.get(field)]
+    return f"{key} differ in {', '.join(changed)}"
+
+
 def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any], missing: str) -> list[str]:
-    """``key stored (this start: wanted)`` for each key whose values differ; ``missing`` shows an absent one."""
+    """``key stored (this start: wanted)`` for each key whose values differ; ``missing`` shows an absent one.
+    Lists of named settings (the sidecar tasks) are told apart by their names, or by the fields that differ."""
     absent = object()
     found = []
     for key in sorted(set(stored) | set(wanted)):
         before, now = stored.get(key, absent), wanted.get(key, absent)
-        if before != now:
+        if before != now and _names(before) is not None and _names(now) is not None:
+            found.append(_named_difference(key, before, now))
+        elif before != now:
             shown_before = missing if before is absent else _show(before)
             shown_now = missing if now is absent else _show(now)
             found.append(f"{key} {shown_before} (this start: {shown_now})")

@@ -27,6 +27,7 @@ from storage.records import (
     RejectedDocument,
     RejectReason,
     RequestStats,
+    SidecarRecord,
 )
 
 DocumentStatus = Literal["ok", "rejected"]
@@ -64,7 +65,9 @@ def _arrow_type(hint: Any, metadata: Mapping[str, Any]) -> tuple[pa.DataType, bo
         [inner] = [arg for arg in get_args(hint) if arg is not type(None)]
         return _arrow_type(inner, metadata)[0], True
     if "arrow_type" in metadata:
-        return pa.type_for_alias(metadata["arrow_type"]), False
+        # JSON text travels as Arrow's canonical JSON extension type, which DuckDB reads as its JSON type
+        alias = metadata["arrow_type"]
+        return (pa.json_() if alias == "json" else pa.type_for_alias(alias)), False
     if origin is Literal:
         [kind] = {type(arg) for arg in get_args(hint)}
         return _arrow_type(kind, metadata)
@@ -96,8 +99,11 @@ SHARD_COLUMNS = [pa.field(name, pa.string()) for name in ("launch_id", "host", "
 
 SCHEMAS: dict[str, pa.Schema] = {
     "documents": pa.schema([RUN_ID, *record_columns(DocumentRow)]),
-    # the stats are rows of their own table
-    "outputs": pa.schema([RUN_ID, *record_columns(OutputRecord, skip=("stats",))]),
+    # the sidecar outputs and the stats are rows of their own tables
+    "outputs": pa.schema([RUN_ID, *record_columns(OutputRecord, skip=("sidecars", "stats"))]),
+    # each sidecar task's output carries its request's key from the OutputRecord it belongs to
+    "sidecar_outputs": pa.schema([RUN_ID, *record_columns(OutputRecord, only=("doc_id", "mode")),
+                                  *record_columns(SidecarRecord)]),
     # a request's stats carry its key and batch from the OutputRecord they belong to
     "request_stats": pa.schema([RUN_ID, *record_columns(OutputRecord, only=("doc_id", "mode", "batch_id")),
                                 *record_columns(RequestStats), *SHARD_COLUMNS]),

@@ -21,6 +21,8 @@ from storage.connection import RetryPolicy, in_transaction
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "documents": ("run_id", "row_index"),
     "outputs": ("run_id", "doc_id", "mode"),
+    # keyed without task, as request_stats without phase: rewriting a request replaces all its tasks' outputs
+    "sidecar_outputs": ("run_id", "doc_id", "mode"),
     # keyed without phase: rewriting a request replaces all its phases
     "request_stats": ("run_id", "doc_id", "mode"),
     "judgement_games": ("run_id", "doc_id", "judge_model", "prompt_version", "kind", "game"),

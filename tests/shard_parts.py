@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from storage import OutputRecord, RequestStats
+from storage import OutputRecord, RequestStats, SidecarRecord
 
 
 def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 0, tokens: int = 10,
@@ -31,9 +31,10 @@ def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 
                        "decode_tokens": 5, "decode_forwards": 5, "decode_device_seconds": device_s * 7 / 100,
                        "instruction_tokens": 25, "instruction_device_seconds": device_s / 100}
         stats.append(RequestStats.sidecar_phase({"new_tokens": 5, "seconds": 0.5, "kv_bytes": 3_000_000} | tagging))
-    return OutputRecord(doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags", sidecar_text="#a #b",
-                        tags=["#a", "#b"], main_tokens=None if mode == "standalone" else tokens,
-                        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id, stats=stats)
+    return OutputRecord(doc_id=doc_id, mode=mode, summary=summary,
+                        sidecars=[SidecarRecord.of("hashtags", "#a #b", ["#a", "#b"], finish_reason="eos")],
+                        main_tokens=None if mode == "standalone" else tokens, finish_reason="eos",
+                        batch_id=batch_id, stats=stats)
 
 
 def both_modes(doc_id: str, **kwargs) -> list[OutputRecord]:

@@ -237,3 +237,14 @@ def test_a_corpus_that_cannot_be_read_creates_no_database_file(tmp_path: Path, c
         [line] = result.output.strip().splitlines()[-1:]
         assert line.startswith("error: ") and all(f in line for f in fragments), line
         assert not db.parent.exists()
+
+
+def test_generate_skips_a_text_line_that_is_not_utf8_and_names_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad line in a text input raised UnicodeDecodeError for the whole file; now it is that line's reject."""
+    from cli.generate import read_inputs
+
+    path = tmp_path / "inputs.txt"
+    path.write_bytes(b"First article.\n\xff\xfe latin-1 caf\xe9\n\nThird article, caf\xc3\xa9.\n")
+    assert read_inputs(str(path), "article", None, None) == [("1", "First article."), ("4", "Third article, café.")]
+    assert "skipped line 2: not_utf8" in capsys.readouterr().err

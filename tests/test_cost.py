@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -41,7 +42,8 @@ from study.cost import (
     roofline_table,
     usd_per_million_tokens,
 )
-from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+from study.report.measurements import Measurement
 
 # Published shapes (the models' config.json on the Hugging Face hub); 7B and 1.5B as the cost model spells them.
 QWEN_7B = QWEN2_5_7B_CONFIG
@@ -407,6 +409,57 @@ def test_workload_rejects_non_positive_sizes() -> None:
         roofline_table(STUDY_WORKLOAD, 2 * TB, [0, 4])
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_every_cost_input_is_finite_or_refused_naming_it(value: float) -> None:
+    checks = {
+        "weight bytes per step": lambda: Workload("w", value, {"sidecar": 1.0}, ""),
+        "KV bytes per request for sidecar": lambda: Workload("w", 1.0, {"sidecar": value}, ""),
+        "bandwidth": lambda: roofline_table(STUDY_WORKLOAD, value, [4]),
+        "FLOP/s": lambda: Peaks(2 * TB, value),
+        "measured mean summary tokens": lambda: TagTokens.from_measured(600, value, 20),
+        "H200 sidecar ms_per_step": lambda: MeasuredStep("H200", "sidecar", 8, ms_per_step=value),
+        "a forward's context": lambda: forward_flops(QWEN2_5_1_5B, 1, 1, value),
+    }
+    for field, check in checks.items():
+        with pytest.raises(CostInputError, match=f"{re.escape(field)} must be a finite number"):
+            check()
+
+
+@pytest.mark.parametrize("value", [1.9, 1.2, 2.0, "2", True], ids=["1.9", "1.2", "2.0", "string", "bool"])
+def test_every_integer_cost_input_is_an_integer_not_a_float_made_one(value: object) -> None:
+    checks = {
+        "document tokens": lambda: TagTokens(document=value, summary=50),
+        "batch sizes": lambda: roofline_table(STUDY_WORKLOAD, 2 * TB, [value]),
+        "batch": lambda: MeasuredStep("H200", "sidecar", value, ms_per_step=1.0),
+        "dtype_bytes": lambda: ModelFacts.from_config(Qwen2Config(**QWEN_1_5B), value),
+        "a forward's batch": lambda: forward_flops(QWEN2_5_1_5B, value, 1, 0.0),
+    }
+    for field, check in checks.items():
+        with pytest.raises(CostInputError, match=f"{re.escape(field)} must be an integer, got"):
+            check()
+
+
+@pytest.mark.parametrize("field", ["bandwidth_gb_s", "dense_tflops", "usd_per_hour"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-1", "0", '"fast"'])
+def test_a_catalog_entry_that_is_not_finite_and_positive_is_refused_naming_it(tmp_path: Path, field: str,
+                                                                                value: str) -> None:
+    entry = {"name": "X1", "bandwidth_gb_s": 1000, "dense_tflops": 100, "tflops_dtype": "bf16", "usd_per_hour": 2.0,
+             "source": "test"}
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"gpus": [entry]}).replace(f'"{field}": {json.dumps(entry[field])}',
+                                                          f'"{field}": {value}'))
+    with pytest.raises(CostInputError, match=f"catalog entry 'X1' {field} must be"):
+        load_catalog(path)
+
+
+def test_a_measured_batch_size_of_1_9_is_refused_not_read_as_1() -> None:
+    row = {"mode": "sidecar", "gpu_type": "H200", "phase": "main", "batch_size": 1.9, "tokens": 10, "seconds": 1}
+    with pytest.raises(CostInputError, match="positive integer batch_size"):
+        Measurement.from_row(row)
+    with pytest.raises(CostInputError, match="seconds must be a finite number"):
+        Measurement.from_row(row | {"batch_size": 2, "seconds": float("inf")})
+
+
 def test_calibration_divides_measured_by_projected() -> None:
     catalog = load_catalog()
     projected_ms = STUDY_WORKLOAD.step_seconds("sidecar", 32, catalog["H200"].bandwidth_bytes_s) * 1000
@@ -514,11 +567,20 @@ def test_cli_without_a_shape_or_flops_prices_no_prefill(tmp_path: Path) -> None:
         (["--gpu", "T4", "--bandwidth-tbs", "2"], "exactly one of --gpu and --bandwidth-tbs"),
         (["--bandwidth-tbs", "0"], "--bandwidth-tbs must be positive"),
         (["--bandwidth-tbs", "2", "--kv-full-mb", "-18"], "--kv-full-mb must be positive"),
-        (["--bandwidth-tbs", "2", "--batches", "0,4"], "batch sizes must be positive"),
+        (["--bandwidth-tbs", "2", "--batches", "0,4"], "batch sizes must be an integer of at least 1, got 0"),
         (["--bandwidth-tbs", "2", "--batches", "one"], "comma-separated integers"),
         (["--bandwidth-tbs", "2", "--pair-config", "x"], "either --pair-config or"),
         (["--bandwidth-tbs", "2", "--tflops", "0"], "--tflops must be positive"),
         (["--gpu", "T4", "--tflops", "65"], "--tflops goes with --bandwidth-tbs"),
+        # a check written `<= 0` let these through: NaN and infinity in every float option
+        (["--bandwidth-tbs", "nan"], "--bandwidth-tbs must be a finite number, got nan"),
+        (["--bandwidth-tbs", "inf"], "--bandwidth-tbs must be a finite number, got inf"),
+        (["--bandwidth-tbs", "2", "--tflops", "inf"], "--tflops must be a finite number"),
+        (["--bandwidth-tbs", "2", "--weights-gb", "inf"], "--weights-gb must be a finite number"),
+        (["--bandwidth-tbs", "2", "--kv-full-mb", "nan"], "--kv-full-mb must be a finite number"),
+        (["--bandwidth-tbs", "2", "--kv-masked-mb", "-inf"], "--kv-masked-mb must be a finite number"),
+        (["--bandwidth-tbs", "2", "--kv-standalone-mb", "NaN"], "--kv-standalone-mb must be a finite number"),
+        (["--bandwidth-tbs", "2", "--batches", "1.9"], "comma-separated integers"),
     ],
 )
 def test_cli_errors_say_what_is_wrong(args: list[str], message: str) -> None:

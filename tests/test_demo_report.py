@@ -94,6 +94,19 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
     assert "cost_report.html" in text and "412 s in all" in text
 
 
+@pytest.mark.parametrize(("tasks", "said"), [
+    (("headline",), ["Cost of the headline sidecar output", "a sidecar headline token costs 20% less",
+                     "headline tokens per request: 32.0 sidecar", "ms / out tok"]),
+    (("hashtags", "headline"), ["a sidecar hashtags+headline token costs 20% less",
+                                "hashtags+headline tokens per request"]),
+])
+def test_the_cost_section_names_the_runs_tasks_not_tags(tasks: tuple[str, ...], said: list[str]) -> None:
+    text = "\n".join(rendered(findings(tasks=tasks)))
+    assert all(words in text for words in said), text
+    assert "tag token" not in text and "tag tok" not in text
+    assert all(len(line) <= WIDTH for line in rendered(findings(tasks=tasks), width=WIDTH))
+
+
 def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliable() -> None:
     text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY, PROBABILITY_TALLY])))
     assert max(map(len, lines)) <= WIDTH

@@ -23,7 +23,9 @@ SIDECAR_COMMAND = re.compile(r"(?:^|[\s;&|(])sidecar ([a-z][\w-]*)(?: ([a-z][\w-
 # what runs write, named as where to find it: not in a fresh checkout (test-artifacts/: a test run's; .prefect/:
 # a local Prefect home)
 WRITTEN = {"data/sidecar.duckdb", "bench/results/gpu_check.md", "bench/results/NAME.json",
-           "bench/results/gpu_check_step_costs.json"}
+           "bench/results/gpu_check_step_costs.json",
+           # the host-overhead benchmark's results, committed once run on a quiet machine (and a GPU)
+           "bench/results/host_overhead_gpu.json", "bench/results/host_overhead_cpu.json"}
 WRITTEN_UNDER = ("test-artifacts/", ".prefect/")
 
 

@@ -16,6 +16,7 @@ from sidecar.decoding.acceptance import accept_greedy, accept_sampled
 from sidecar.models.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.models.pair import check_tokenizers
 from sidecar.models.tiny import tiny_pair, tiny_tokenizer
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.forward import forward, logits_at, prefill, shared_prefix_length
 from sidecar.runtime.kv_cache import RowKVCache, compaction_order
 from sidecar.runtime.prefill_plan import PrefillPlanner
@@ -221,9 +222,9 @@ def test_shared_prompt_prefix_is_computed_once_and_copied(tiny, budget, monkeypa
     spans = [[], [(9, 11)], [], [(6, 8)]]
     fed_tokens = []
 
-    def counting_forward(model, cache, ids, span=None):
+    def counting_forward(model, cache, ids, span=None, *args, **kwargs):
         fed_tokens[-1] += ids.numel()
-        return forward(model, cache, ids, span)
+        return forward(model, cache, ids, span, *args, **kwargs)
 
     monkeypatch.setattr("sidecar.runtime.forward.forward", counting_forward)
     results = []
@@ -273,7 +274,7 @@ def test_one_prefill_forward_is_forced_by_the_setting(tiny, monkeypatch, one_for
         monkeypatch.delenv("SIDECAR_ONE_PREFILL_FORWARD", raising=False)
     prompts = random_prompts(tiny, [40] * 8, seed=4)  # 320 padded tokens: two groups on a CPU
     calls = []
-    handle = tiny.target.base_model.register_forward_hook(lambda module, args, kwargs, out: calls.append(1),
+    handle = forward_module(tiny.target).register_forward_hook(lambda module, args, kwargs, out: calls.append(1),
                                                           with_kwargs=True)
     try:
         cache = RowKVCache(tiny.target, len(prompts), 48)
@@ -484,7 +485,7 @@ def learned_controller(decoder: SpeculativeDecoder, draft_step_s: float, draft_p
 def test_draft_prefill_is_skipped_when_speculation_cannot_repay_it(tiny, monkeypatch):
     prompts = random_prompts(tiny, [12, 30, 7, 21], seed=3)
     draft_calls = []
-    handle = tiny.draft.base_model.register_forward_hook(lambda *_: draft_calls.append(1))
+    handle = forward_module(tiny.draft).register_forward_hook(lambda *_: draft_calls.append(1))
     try:
         expensive = SpeculativeDecoder(tiny, gamma=4)
         learned_controller(expensive, draft_step_s=0.5, draft_prefill_s_per_token=1.0)

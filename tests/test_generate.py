@@ -52,3 +52,23 @@ def test_generate_reads_a_jsonl_or_csv_corpus_and_prints_each_outputs_id(tmp_pat
     result = CliRunner().invoke(app, ["generate", "--input", str(text), "--pair", "tiny", "--max-new-tokens", "4",
                                       "--no-hashtags", "--json"])
     assert [json.loads(line)["id"] for line in result.output.splitlines() if line.startswith("{")] == ["1", "3"]
+
+
+def test_generate_shows_a_constrained_tasks_json_value_in_its_table(tmp_path: Path) -> None:
+    """A JSON-schema task's value (here an integer) is no string: the table refused to render it."""
+    from cli.main import app
+
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("The council approved the budget on Tuesday.\n")
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"name": "digit", "instruction": "Give one digit.", "max_new_tokens": 4,
+                                  "json_schema": {"type": "integer", "minimum": 0, "maximum": 9}}]))
+    args = ["generate", "--input", str(inputs), "--pair", "tiny", "--max-new-tokens", "4", "--tasks", str(tasks)]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    value = row["sidecars"]["digit"]["parsed"]
+    assert isinstance(value, int) and 0 <= value <= 9, row
+    table = CliRunner().invoke(app, args, terminal_width=200)
+    assert table.exit_code == 0, table.output
+    assert "digit" in table.output and f"│ {value} " in table.output, table.output

@@ -26,7 +26,10 @@ from bench.gpu_check.syncs import SyncCounter
 from bench.gpu_check.throughput import throughput
 from sidecar.decoding.divergence import ROUNDINGS
 
-QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
+# the capture-mode part compiles on a CPU: its own tests (test_gpu_check_capture.py) run it, and those of every part
+# run it in eager mode
+EVERY_PART = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-modes", "eager"]
+QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-check", "off"]
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def check() -> Check:
 
 
 def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path) -> None:
-    payload = main(QUICK_TINY_CPU)
+    payload = main(EVERY_PART)
     assert errors(payload) == []
     [tiny] = payload["pairs"]
     # fp32 on the tiny pair (peaked logits): the engine is token-identical to HF generate on the target
@@ -69,7 +72,13 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
+    # the pair's parts run in the engine's capture mode, named as its dtype is
+    assert tiny["capture"].startswith("eager (auto: CPU") and f"capture mode {tiny['capture']}; on cpu" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
+    # the capture-mode part on its small random pair: plain and speculative rows, each naming its mode
+    assert [(r["mode"], r["decoding"], r["batch"]) for r in written["capture"]["rows"]] == [
+        ("eager", "plain", 1), ("eager", "speculative γ=4", 1), ("eager", "speculative γ=4", 2)]
+    assert "| eager | speculative γ=4 | 2 |" in md
 
 
 def test_a_spent_budget_skips_what_is_left_and_says_so(results: Path) -> None:
@@ -152,7 +161,7 @@ def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, 
     monkeypatch.setattr("bench.gpu_check.pairs.is_fetched", lambda name: False)
     monkeypatch.setattr("bench.gpu_check.pairs.local_model_dir", lambda model_id: None)
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [part for part in PARTS if part[0] == "identity"])
-    payload = main(["--device", "cpu", "--quick", "--allow-dirty", "--budget-s", "120"])
+    payload = main(["--device", "cpu", "--quick", "--allow-dirty", "--budget-s", "120", "--capture-check", "off"])
     assert set(payload["absent"]) == set(DEFAULT_PAIRS)
     assert "not fetched" in payload["absent"]["qwen-coder-small"] and "not on disk" in payload["absent"]["qwen2.5-7b"]
     assert [p["pair"] for p in payload["pairs"]] == ["tiny"] and "tiny random pair ran instead" in payload["fallback"]
@@ -201,7 +210,7 @@ def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(resul
     assert f"tiny: {'bf16' if auto['dtype'] == 'bfloat16' else 'fp32'} ({auto['dtype_reason']})" in \
         capsys.readouterr().out
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
-    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; on cpu" in md
+    assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; capture mode {auto['capture']}; on cpu" in md
     # without --dtype: SIDECAR_DTYPE (this suite pins fp32), else auto, as every command that loads a pair
     pinned = main(QUICK_TINY_CPU)
     assert (pinned["pairs"][0]["dtype"], pinned["pairs"][0]["dtype_reason"]) == ("float32", "SIDECAR_DTYPE=fp32")
@@ -417,14 +426,17 @@ from bench.gpu_check.parts import errors
 common.RESULTS = Path({results!r})
 payload = main({argv!r})
 print(json.dumps({{"errors": errors(payload), "pairs": len(payload["pairs"]),
-                  "step_costs": len(payload["step_costs"].get("rows", []))}}))
+                  "step_costs": len(payload["step_costs"].get("rows", [])),
+                  "capture": len(payload["capture"].get("rows", []))}}))
 """
 
 
 @pytest.mark.servers
 def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp_path: Path) -> None:
-    script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=QUICK_TINY_CPU)
+    script = WITHOUT_THEM.format(blocked=set(NOT_ON_GPU_IMAGE), results=str(tmp_path), argv=EVERY_PART)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    # the step costs too: a draft step and a verify at each gamma 0-4 of both models at batches 1 and 2
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1, "step_costs": 24}
+    # the step costs too: a draft step and a verify at each gamma 0-4 of both models at batches 1 and 2; and the
+    # capture modes: plain, then speculative at batches 1 and 2
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1, "step_costs": 24,
+                                                                "capture": 3}

@@ -508,12 +508,34 @@ def test_summary_of_nothing_has_no_rate() -> None:
     assert "n/a" in summary.to_markdown()
 
 
+def test_tasks_the_judge_cannot_score_are_named_not_judged_beside_the_judged_ones() -> None:
+    games = [game(1, "sidecar"), game(2, "sidecar")]
+    judged = summarize_judgements([JudgeResult(doc_id="w1", games=games, verdict=final_verdict(games))],
+                                  make_config())
+    reason = "is not judged: the judge compares the tag lists of one task per run (here hashtags)"
+    markdown = judged.model_copy(update={"not_judged": {"headline": reason}}).to_markdown()
+    assert f"Not judged: task headline {reason}." in markdown
+    # nothing judged and a task that cannot be: not judged, not UNRELIABLE
+    alone = summarize_judgements([]).model_copy(update={"not_judged": {"headline": "is not judged: no tags"}})
+    assert alone.reliability_line() == "Not judged: task headline is not judged: no tags."
+    assert "UNRELIABLE" not in alone.to_markdown() and alone.verdict_line() == "none, not judged"
+    assert summarize_judgements([]).reliability_line().startswith("UNRELIABLE")
+
+
 # --- configuration and secrets ----------------------------------------------------------------------
 
 
 def test_unknown_prompt_version_is_rejected() -> None:
     with pytest.raises(ValidationError, match="prompt_version"):
         make_config(prompt_version="tags-v0")
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "backoff_base_s", "backoff_max_s", "likelihood_floor"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_setting_that_is_not_finite_is_refused_naming_it(field: str, value: float) -> None:
+    """A lone lower bound (``gt=0``, ``ge=0``) lets infinity through, and an infinite timeout waits for ever."""
+    with pytest.raises(ValidationError, match=field):
+        make_config(**{field: value})
 
 
 def test_api_key_from_env_prefers_sidecar_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -740,7 +762,8 @@ def test_letter_probabilities_read_the_first_position_that_holds_a_letter() -> N
         judge.letter_probabilities(judge.answers.Reply("x", [{"x": 0.0}]))
 
 
-@pytest.mark.parametrize("logprob", [float("nan"), 1000.0, float("inf"), 0.5], ids=["nan", "1000", "inf", "0.5"])
+@pytest.mark.parametrize("logprob", [float("nan"), 1000.0, float("inf"), 0.5, -float("inf"), -1e308, -1e5],
+                         ids=["nan", "1000", "inf", "0.5", "-inf", "-1e308", "-1e5"])
 def test_a_malformed_log_probability_is_that_games_error_and_the_other_documents_are_judged(logprob: float) -> None:
     items = topical_items(3)
     reads = topical_judge()

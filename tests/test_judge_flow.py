@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from server.launcher import free_port, running_server
-from storage import Database, Document, OutputRecord
+from storage import Database, Document, OutputRecord, SidecarRecord
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "run-Judge_1"
@@ -48,8 +48,9 @@ def db(tmp_path: Path) -> Database:
     for doc_id, (sidecar_tags, standalone_tags) in DOCS.items():
         summary = f"The council of {doc_id} approved a budget."
         for mode, tags in (("sidecar", sidecar_tags), ("standalone", standalone_tags)):
-            records.append(OutputRecord(doc_id, mode, summary, "hashtags", " ".join(f"#{t}" for t in tags or []),
-                                        tags, parse_error=None if tags else "no hashtags found"))
+            records.append(OutputRecord(doc_id, mode, summary, [SidecarRecord.of(
+                "hashtags", " ".join(f"#{t}" for t in tags or []), tags,
+                parse_error=None if tags else "no hashtags found")]))
     db.write_batch(RUN, records)
     return db
 
@@ -155,10 +156,12 @@ def echoed(prompt: str) -> dict:
 
 
 @contextmanager
-def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False) -> Iterator[str]:
+def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False,
+                     echo_fails: Callable[[str], bool] = lambda prompt: False) -> Iterator[str]:
     """An OpenAI-shaped chat completions endpoint on loopback whose one-token answer carries the top log
     probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``; with ``echo`` also the legacy
-    completions route with the prompt's log probabilities (``echoed``), else 404 there."""
+    completions route with the prompt's log probabilities (``echoed``), else 404 there; a prompt for which
+    ``echo_fails`` is true gets HTTP 500 there."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -166,6 +169,9 @@ def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bo
             if not self.path.endswith("/chat/completions"):
                 if not echo:
                     self.send_error(404)
+                    return
+                if echo_fails(request["prompt"]):
+                    self.send_error(500)
                     return
                 choice = {"index": 0, "text": request["prompt"], "finish_reason": "length",
                           "logprobs": echoed(request["prompt"])}
@@ -220,7 +226,7 @@ def topical_run(db: Database) -> None:
     topics = {"doc-x": ("flood", "river"), "doc-y": ("strike", "union"), "doc-z": ("harvest", "wheat")}
     db.record_documents(TOPICAL, [Document(d, f"Document {d}.", i) for i, d in enumerate(topics)], [])
     db.write_batch(TOPICAL, [
-        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", "hashtags", "", tags)
+        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", [SidecarRecord.of("hashtags", "", tags)])
         for doc_id, (a, b) in topics.items()
         for mode, tags in (("sidecar", [a, b]), ("standalone", ["news", "today"]))])
 
@@ -302,6 +308,82 @@ def test_an_endpoint_with_prompt_log_probabilities_adds_the_likelihood_method_wi
     assert [part.reliability.trusted for part in summary.likelihood] == [True, True]
 
 
+def likelihood_scored(db: Database) -> list[dict]:
+    return db.query("SELECT doc_id, count(*) AS scores, count(error) AS errors FROM judgement_scores "
+                    "WHERE run_id = ? AND kind = 'main' GROUP BY doc_id ORDER BY doc_id", [TOPICAL])
+
+
+def test_a_rerun_scores_by_likelihood_what_a_failed_pass_left_though_every_game_is_stored(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+    with letters_endpoint(reads_tags, echo=True, echo_fails=lambda prompt: True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.judged_doc_ids(TOPICAL, "mock", "tags-p1") == {"doc-x", "doc-y", "doc-z"}
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == set()  # every score failed, with its error stored
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+    verdicts = db.query("SELECT verdict FROM judgements WHERE method = 'likelihood' AND run_id = ?", [TOPICAL])
+    assert [v["verdict"] for v in verdicts] == ["sidecar"] * 3
+
+
+def test_a_document_whose_control_score_failed_is_scored_again_on_the_next_run(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+
+    def doc_ys_tags_after_doc_xs_summary(prompt: str) -> bool:  # doc-x's easy control: its foil is doc-y
+        context, tags = prompt.split(" #", 1)
+        return "flood" in context and "strike" in tags
+
+    with letters_endpoint(reads_tags, echo=True, echo_fails=doc_ys_tags_after_doc_xs_summary) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    failed = db.query("SELECT doc_id, kind, side FROM judgement_scores WHERE error IS NOT NULL ORDER BY ALL")
+    # the easy rung, and the hard rung that mixes doc-y's tags in; doc-x's main scores stand
+    assert {(f["doc_id"], f["kind"]) for f in failed} == {("doc-x", "control"), ("doc-x", "hard")}
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-y", "doc-z"}
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    assert db.query("SELECT count(*) AS n FROM judgement_scores WHERE error IS NOT NULL") == [{"n": 0}]
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+    [ladder] = [q for q in db.judge_quality(TOPICAL) if q["method"] == "likelihood"]
+    assert (ladder["control_documents"], ladder["control_cleared"]) == (3, 3)
+
+
+def test_a_resumed_likelihood_pass_scores_a_lone_pending_document_against_a_baseline_from_the_whole_run(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    import duckdb
+
+    from flows.judge import judge
+
+    topical_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    settings = {"judge_model": "mock", "retries": 0, "db_path": str(db.path), "likelihood_prompts": ("tags-l2",)}
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    first = db.query("SELECT * EXCLUDE (created_at) FROM judgement_scores WHERE doc_id = 'doc-y' ORDER BY ALL")
+    # a likelihood pass killed before doc-y's scores were committed
+    with duckdb.connect(str(db.path)) as con:
+        con.execute("DELETE FROM judgement_scores WHERE doc_id = 'doc-y'")
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-z"}
+
+    with letters_endpoint(reads_tags, echo=True) as url:
+        judge(TOPICAL, base_url=url, **settings)
+    # scored again as the whole pass scored it: the same baseline, ladder and scores
+    assert db.query("SELECT * EXCLUDE (created_at) FROM judgement_scores WHERE doc_id = 'doc-y' ORDER BY ALL"
+                    ) == first
+    assert db.scored_doc_ids(TOPICAL, "mock", "tags-l2") == {"doc-x", "doc-y", "doc-z"}
+
+
 def test_a_malformed_log_probability_fails_its_games_only_and_every_other_game_is_stored(
         prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.judge import judge
@@ -364,7 +446,7 @@ def test_a_judge_killed_mid_run_keeps_the_documents_it_finished_and_a_rerun_asks
                                              range(8)}
     db.start_run(run_id, {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
     db.record_documents(run_id, [Document(d, f"Document {d}.", i) for i, d in enumerate(summaries)], [])
-    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, "hashtags", "", tags)
+    db.write_batch(run_id, [OutputRecord(doc_id, mode, summary, [SidecarRecord.of("hashtags", "", tags)])
                             for i, (doc_id, summary) in enumerate(summaries.items())
                             for mode, tags in (("sidecar", [f"topic{i}", f"place{i}"]), ("standalone", ["news"]))])
 
@@ -437,6 +519,24 @@ def test_unknown_run_and_missing_model_fail_the_flow(prefect_api, tmp_path: Path
     assert state.is_failed() and "does not exist" in str(state.message)
     state = judge(RUN, base_url="http://127.0.0.1:9/v1", db_path=str(tmp_path / "empty.duckdb"), return_state=True)
     assert state.is_failed() and "judge_model is required" in str(state.message)
+
+
+def test_a_task_the_judge_cannot_score_is_reported_not_judged_with_why(prefect_api, tmp_path: Path) -> None:
+    """A run whose one task writes headlines: no tag lists, so no judge prompt and no control. The judge says so
+    and asks nothing; it does not call the run UNRELIABLE."""
+    from flows.judge import judge
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("headlines", {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents("headlines", [Document("d1", "The council approved a budget.", 0)], [])
+    db.write_batch("headlines", [OutputRecord("d1", mode, "A budget.", [SidecarRecord.of(
+        "headline", "Council passes budget", "Council passes budget")]) for mode in ("sidecar", "standalone")])
+    summary = judge("headlines", judge_pair="tiny", db_path=str(db.path))
+    line = summary.reliability_line()
+    assert line.startswith("Not judged: task headline is not judged: its outputs are not tag lists"), line
+    assert "UNRELIABLE" not in summary.to_markdown()
+    assert summary.verdict_line() == "none, not judged"
+    assert games(db) == []
 
 
 def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:

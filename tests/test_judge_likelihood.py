@@ -4,8 +4,10 @@ that answers the legacy completions route with the prompt's log probabilities (`
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -220,3 +222,51 @@ def test_the_null_rung_ties_within_twice_its_own_noise_and_fails_on_documents_ou
     # noise as large as the controls' separation: the easy rung cannot clear the margin it sets
     noisy = likelihood_reliability(ladder_results([2.0, -2.0] * 5, easy=3.0), config())
     assert noisy.easy.passed == 0 and not noisy.trusted
+
+
+def logprob_at(value: float, where: str) -> Callable[[httpx.Request], httpx.Response]:
+    """The echo endpoint with ``value`` as the log probability of the first tag token (``where`` "tag") or of
+    the first prompt token after the first (``where`` "prompt"); json writes NaN and Infinity as Python reads
+    them."""
+    def respond(request: httpx.Request) -> httpx.Response:
+        body = EchoEndpoint()(request).json()
+        logprobs = body["choices"][0]["logprobs"]
+        index = next(i for i, t in enumerate(logprobs["tokens"]) if "#" in t) if where == "tag" else 1
+        logprobs["token_logprobs"][index] = value
+        return httpx.Response(200, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    return respond
+
+
+@pytest.mark.parametrize("where", ["tag", "prompt"])
+@pytest.mark.parametrize("value", [-math.inf, math.inf, math.nan, -1e308, -1e5, 0.5, 1e308],
+                         ids=["-inf", "inf", "nan", "-1e308", "-1e5", "0.5", "1e308"])
+def test_a_log_probability_that_is_not_finite_or_not_in_minus_1e4_to_0_is_refused_naming_its_field(
+        value: float, where: str) -> None:
+    with pytest.raises(JudgeAnswerError, match=r"token_logprobs\.\d+: .*a log probability must"):
+        tag_likelihood(client(logprob_at(value, where)), "m", "- The flood.", ["flood", "river"], "tags-l1")
+
+
+def test_the_floor_of_a_log_probability_is_minus_1e4_and_an_endpoints_floor_of_minus_9999_is_read() -> None:
+    scored = tag_likelihood(client(logprob_at(-9999.0, "tag")), "m", "- The flood.", ["flood"], "tags-l1")
+    assert scored.mean_logprob == -9999.0
+
+
+def test_huge_log_probabilities_fail_their_scores_only_and_the_pass_goes_on() -> None:
+    """Two tag tokens of -1e308 overflowed ``math.fsum`` and crashed the pass; now they are that score's error."""
+    items = topical_items(3)
+
+    def huge_for_today(request: httpx.Request) -> httpx.Response:
+        body = EchoEndpoint()(request).json()
+        if "today" in json.loads(request.content)["prompt"] and items[1].summary in json.loads(request.content)[
+                "prompt"]:
+            logprobs = body["choices"][0]["logprobs"]
+            logprobs["token_logprobs"] = [lp if lp is None or "#" not in t else -1e308
+                                          for t, lp in zip(logprobs["tokens"], logprobs["token_logprobs"],
+                                                           strict=True)]
+        return httpx.Response(200, json=body)
+
+    results = score_documents(items, config(), client(huge_for_today), "m", "tags-l1", Redactor([]))
+    # doc-1's summary is doc-0's baseline too: both standalone scores fail, the rest stand
+    assert [r.verdict for r in results] == ["error", "error", "sidecar"]
+    assert all("a log probability must" in r.score("main", "standalone").error for r in results[:2])
+    assert all(r.score("main", "sidecar").pmi == pytest.approx(2.5) for r in results)

@@ -16,6 +16,7 @@ import torch
 from sidecar.decoding.batch import SlotBatch, stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.rows import DecodeRow
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.ledger import Account, Charge, Ledger
 from sidecar.runtime.timing import DeviceTimer
 from sidecar.tasks.engine import SidecarEngine
@@ -33,8 +34,8 @@ class ForwardHooks:
         self.count, self.seconds, self._start = 0, 0.0, 0.0
         self._handles = []
         for model in (pair.target, pair.draft):
-            self._handles.append(model.base_model.register_forward_pre_hook(self._pre))
-            self._handles.append(model.base_model.register_forward_hook(self._post))
+            self._handles.append(forward_module(model).register_forward_pre_hook(self._pre))
+            self._handles.append(forward_module(model).register_forward_hook(self._post))
 
     def _pre(self, *_) -> None:
         self._start = time.perf_counter()

@@ -177,6 +177,50 @@ def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_writte
     assert db.get_run("taken")["status"] == "completed"
 
 
+def test_two_tasks_are_stored_per_document_and_mode_with_the_summary_once(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+    from sidecar.tasks.task import HASHTAGS
+    from storage import RunMismatchError
+
+    headline = {"name": "headline", "instruction": "Then write a one-line headline for the summary.",
+                "max_new_tokens": 8}
+    corpus = write_corpus(tmp_path / "news.parquet", 3)
+    run = params(tmp_path, corpus, run_id="two-tasks", sidecar_tasks=[HASHTAGS.model_dump(), headline])
+    counts = nightly(**run.model_dump())
+    assert counts.done == 3 and counts.errors == {}
+    db = Database(run.db_path)
+    assert db.query("SELECT count(*) AS n, count(DISTINCT (doc_id, mode)) AS keys FROM outputs") == [
+        {"n": 6, "keys": 6}], "the summary once per document and mode"
+    tasks = db.query("SELECT doc_id, mode, list(task ORDER BY task) AS tasks, bool_and(new_tokens > 0) AS tokens, "
+                     "bool_and(device_s > 0) AS charged FROM sidecar_outputs WHERE run_id = ? GROUP BY ALL "
+                     "ORDER BY ALL", [counts.run_id])
+    assert [(t["doc_id"], t["mode"]) for t in tasks] == [
+        (f"doc-{i:02d}", mode) for i in range(3) for mode in ("sidecar", "standalone")]
+    assert all(t["tasks"] == ["hashtags", "headline"] and t["tokens"] and t["charged"] for t in tasks)
+    # a parsed headline is a JSON string, parsed hashtags a list
+    kinds = db.query("SELECT task, list_distinct(list(json_type(parsed))) AS kinds FROM sidecar_outputs "
+                     "WHERE parsed IS NOT NULL GROUP BY task ORDER BY task")
+    assert [(k["task"], set(k["kinds"])) for k in kinds] == [("hashtags", {"ARRAY"}), ("headline", {"VARCHAR"})]
+    # the request's sidecar phase holds both tasks' tokens
+    phases = db.query("SELECT s.new_tokens AS phase, sum(t.new_tokens) AS tasks FROM request_stats AS s "
+                      "JOIN sidecar_outputs AS t USING (run_id, doc_id, mode) WHERE s.phase = 'sidecar' "
+                      "GROUP BY s.run_id, s.doc_id, s.mode, s.new_tokens")
+    assert len(phases) == 6 and all(p["phase"] == p["tasks"] for p in phases)
+    results = db.results(counts.run_id)
+    assert len(results) == 3 and {r["sidecar_name"] for r in results} == {"hashtags"}
+    # the cost report gives each task its own verdict, in its own words
+    from flows.cost_report import cost_report
+
+    report = cost_report(db_path=run.db_path, run_id=counts.run_id)
+    [tasks] = [path for path in report.files if path.name == "task_costs.md"]
+    assert "per headline token" in tasks.read_text() and "per hashtags token" in tasks.read_text()
+
+    before = db.query("SELECT * FROM sidecar_outputs ORDER BY ALL")
+    with pytest.raises(RunMismatchError, match=re.escape("sidecar_tasks hashtags, headline (this start: hashtags)")):
+        nightly(**params(tmp_path, corpus, run_id="two-tasks").model_dump())
+    assert db.query("SELECT * FROM sidecar_outputs ORDER BY ALL") == before
+
+
 def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each_once(prefect_api, tmp_path: Path,
                                                                                     monkeypatch) -> None:
     import flows.nightly
@@ -322,23 +366,28 @@ def test_the_cli_runs_the_main_task_it_is_given_and_a_resume_with_other_prompts_
     assert line.startswith("error: ") and "instruction" in line and "system" in line and "another run id" in line
 
 
-def test_the_cli_runs_the_sidecar_task_of_a_tasks_file_in_every_mode(prefect_api, tmp_path: Path) -> None:
+def test_the_cli_runs_every_sidecar_task_of_a_tasks_file_in_every_mode(prefect_api, tmp_path: Path) -> None:
     from cli.main import app
 
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text("- name: headline\n  instruction: Write a one-line headline for the document.\n"
-                     "  max_new_tokens: 6\n")
+                     "  max_new_tokens: 6\n"
+                     "- name: topic\n  instruction: Give the document's topic.\n  max_new_tokens: 16\n"
+                     "  choices: [politics, business, sports]\n")
     db_path = tmp_path / "sidecar.duckdb"
     done = CliRunner().invoke(app, ["nightly", "--corpus", str(write_corpus(tmp_path / "news.parquet", 2)),
                                     "--pair", "tiny", "--db", str(db_path), "--max-new-tokens", "6", "--no-judge",
                                     "--no-cost-report", "--tasks", str(tasks)])
     assert done.exit_code == 0, done.output
     db = Database(db_path)
-    assert db.query("SELECT mode, sidecar_name, count(*) AS n FROM outputs GROUP BY ALL ORDER BY mode") == [
-        {"mode": "sidecar", "sidecar_name": "headline", "n": 2}, {"mode": "standalone", "sidecar_name": "headline",
-                                                                  "n": 2}]
+    assert db.query("SELECT mode, task, count(*) AS n FROM sidecar_outputs GROUP BY ALL ORDER BY mode, task") == [
+        {"mode": mode, "task": task, "n": 2} for mode in ("sidecar", "standalone") for task in ("headline", "topic")]
+    # the choices are enforced while decoding: 16 tokens hold any of them
+    topics = db.query("SELECT parsed, parse_error FROM sidecar_outputs WHERE task = 'topic'")
+    assert all(json.loads(t["parsed"]) in ("politics", "business", "sports") and t["parse_error"] is None
+               for t in topics), topics
     [run] = db.query("SELECT identity FROM runs")
-    assert [t["name"] for t in json.loads(run["identity"])["sidecar_tasks"]] == ["headline"]
+    assert [t["name"] for t in json.loads(run["identity"])["sidecar_tasks"]] == ["headline", "topic"]
 
 
 def test_a_jsonl_corpus_runs_and_one_without_its_columns_leaves_no_database_file(prefect_api, tmp_path: Path) -> None:
@@ -484,7 +533,7 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
     from flows.judge import judge
     from flows.nightly import nightly
     from server.launcher import running_server
-    from storage import OutputRecord
+    from storage import OutputRecord, SidecarRecord
 
     for name in ("OPENAI_API_KEY", "SIDECAR_JUDGE_API_KEY", "SIDECAR_API_KEY"):
         monkeypatch.setenv(name, PLANTED_KEY)
@@ -496,8 +545,8 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
     # Give every document tags on both sides, so that an external judge is really called with the key.
     db = Database(run.db_path)
     rows = db.query("SELECT doc_id, mode, summary FROM outputs WHERE run_id = ?", [counts.run_id])
-    db.write_batch(counts.run_id, [OutputRecord(r["doc_id"], r["mode"], r["summary"], "hashtags", "#budget #council",
-                                                ["budget", "council"]) for r in rows])
+    db.write_batch(counts.run_id, [OutputRecord(r["doc_id"], r["mode"], r["summary"], [SidecarRecord.of(
+        "hashtags", "#budget #council", ["budget", "council"])]) for r in rows])
     with running_server("tiny", api_key=PLANTED_KEY, model_name="tiny-judge") as url:
         summary = judge(run_id=counts.run_id, judge_model="tiny-judge", base_url=url, db_path=run.db_path,
                         retries=0)

@@ -228,3 +228,60 @@ def test_bad_jsonl_and_csv_corpora_are_input_schema_errors_naming_the_file(tmp_p
         check_corpus(tmp_path / "news.xlsx")
     with pytest.raises(FileNotFoundError, match=r"absent\.jsonl"):
         check_corpus(tmp_path / "absent.jsonl")
+
+
+def _strings(values: list[bytes | None], dtype: pa.DataType) -> pa.Array:
+    """A string column holding exactly these bytes: a writer need not check that they are UTF-8."""
+    return pa.array(values, pa.binary() if dtype == pa.string() else pa.large_binary()).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [pa.string(), pa.large_string()], ids=["string", "large_string"])
+@pytest.mark.parametrize("column", ["article", "id"])
+def test_a_string_cell_that_is_not_utf8_is_that_rows_reject_and_the_rest_is_read(
+        tmp_path: Path, dtype: pa.DataType, column: str) -> None:
+    """pyarrow decodes a string column whole: one bad cell raised UnicodeDecodeError for the whole corpus."""
+    cells = {"id": [b"a", b"b", b"c", b"d"], "article": [b"First text.", b"Second text.", b"Third.", b"Fourth."],
+             "title": [b"One", b"Two \xff title", b"Three", None]}
+    cells[column][1] = b"caf\xe9 \xff\xfe latin-1"
+    path = tmp_path / "bad_strings.parquet"
+    pq.write_table(pa.table({name: _strings(values, dtype) for name, values in cells.items()}), path)
+
+    documents, rejects = read_documents(path, title_column="title")
+    assert [d.doc_id for d in documents] == ["a", "c", "d"]
+    assert [d.text for d in documents] == ["First text.", "Third.", "Fourth."]
+    [reject] = rejects
+    assert (reject.reason, reject.row_index, reject.detail) == ("not_utf8", 1, f"{column} bytes are not UTF-8")
+    # what could be read is kept: the text of a row whose id is bad, none of a bad text
+    assert (reject.doc_id, reject.text) == ((None, "Second text.") if column == "id" else ("b", None))
+
+
+def test_a_title_that_is_not_utf8_keeps_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "bad_title.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "article": ["One.", "Two."],
+                             "title": _strings([b"Fine", b"Bad \xff title"], pa.string())}), path)
+    documents, rejects = read_documents(path, title_column="title")
+    assert rejects == [] and [d.title for d in documents] == ["Fine", "Bad \ufffd title"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+@pytest.mark.parametrize("column", ["article", "id"])
+def test_a_jsonl_or_csv_cell_that_is_not_utf8_is_that_rows_reject_as_in_parquet(
+        tmp_path: Path, suffix: str, column: str) -> None:
+    """pyarrow's CSV reader refused the whole file at a string cell that is not UTF-8, and its JSON reader's
+    string column raised UnicodeDecodeError for the whole corpus; now it is that row's reject."""
+    cells = {"id": [b"a", b"b", b"c"], "article": [b"First text.", b"Second text.", b"Third caf\xc3\xa9."],
+             "title": [b"One", b"Two \xff title", b"Three"]}
+    cells[column][1] = b"caf\xe9 \xff\xfe latin-1"
+    rows = list(zip(cells["id"], cells["article"], cells["title"], strict=True))
+    path = tmp_path / f"bad{suffix}"
+    if suffix == ".csv":
+        path.write_bytes(b"id,article,title\n" + b"".join(b",".join(row) + b"\n" for row in rows))
+    else:
+        path.write_bytes(b"".join(b'{"id": "%s", "article": "%s", "title": "%s"}\n' % row for row in rows))
+
+    documents, rejects = read_documents(path, title_column="title")
+    assert [(d.doc_id, d.text) for d in documents] == [("a", "First text."), ("c", "Third café.")]
+    [reject] = rejects
+    assert (reject.reason, reject.row_index, reject.detail) == ("not_utf8", 1, f"{column} bytes are not UTF-8")
+    assert (reject.doc_id, reject.text) == ((None, "Second text.") if column == "id" else ("b", None))
+    assert reject.title == "Two \ufffd title"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
@@ -20,6 +21,7 @@ from storage import (
     RanOn,
     RejectedDocument,
     ShardInfo,
+    SidecarRecord,
     UnknownAttemptError,
     UnknownRunError,
 )
@@ -225,6 +227,37 @@ def test_a_rewritten_request_loses_the_stats_of_phases_it_no_longer_brings(db: D
     attempt_writer(store, "s0000-a02-bbbb", attempt=2).write([fewer], [])
     db.ingest_parts(RUN, store)
     assert db.query("SELECT phase FROM request_stats") == [{"phase": "main"}]
+
+
+def test_parts_carry_every_task_and_a_rewritten_request_loses_the_tasks_it_no_longer_brings(
+        db: Database, store: PartStore) -> None:
+    headline = SidecarRecord.of("headline", " Council passes budget", "Council passes budget", finish_reason="eos",
+                                new_tokens=4, device_s=0.25)
+    two = record("d0", "sidecar")
+    two = OutputRecord(**{**two.__dict__, "sidecars": [*two.sidecars, headline]})
+    attempt_writer(store, "s0000-a01-aaaa").write([two], [])
+    db.ingest_parts(RUN, store)
+    rows = db.query("SELECT task, text, parsed, new_tokens, device_s FROM sidecar_outputs ORDER BY task")
+    assert [(r["task"], r["text"], json.loads(r["parsed"]), r["new_tokens"], r["device_s"]) for r in rows] == [
+        ("hashtags", "#a #b", ["#a", "#b"], None, None),
+        ("headline", " Council passes budget", "Council passes budget", 4, 0.25)]
+    assert db.query("SELECT count(*) AS n FROM outputs") == [{"n": 1}], "the summary once"
+    attempt_writer(store, "s0000-a02-bbbb", attempt=2).write([record("d0", "sidecar")], [])
+    db.ingest_parts(RUN, store)
+    assert db.query("SELECT task FROM sidecar_outputs") == [{"task": "hashtags"}]
+
+
+@pytest.mark.parametrize("location", ["local", "mock"])
+def test_a_part_written_before_parts_carried_each_tasks_output_is_refused(db: Database, tmp_path: Path,
+                                                                          location: str) -> None:
+    """Such a part's sidecar outputs would be lost: its documents run again instead."""
+    store = PartStore(tmp_path / "results" if location == "local" else "mock:///results")
+    info = shard("s0000-a01-aaaa")
+    table = parts_module.part_table(info, both_modes("d0"), [], HASHES).drop_columns(["sidecars"])
+    path = f"{store.launch_dir(RUN, info.launch_id)}/part-000001.parquet"
+    old = parts_module.write_atomically(store.filesystem, path, table)
+    assert db.ingest_parts(RUN, store).refused == (old,)
+    assert counts(db) == (0, 0, 0)
 
 
 def test_rejects_land_in_documents_as_write_batch_puts_them(db: Database, store: PartStore, tmp_path: Path) -> None:

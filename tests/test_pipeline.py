@@ -26,7 +26,8 @@ from pipeline import (
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
 from sidecar.models.tiny import tiny_pair
 from sidecar.tasks.batch import SidecarBatch
-from storage import Database, Document, OutputRecord, RanOn
+from sidecar.tasks.task import SidecarTask
+from storage import Database, Document, OutputRecord, RanOn, SidecarRecord
 
 MAX_NEW = 12
 HERE = RanOn(host="test-host", device="cpu", gpu_type="CPU of the test")
@@ -50,9 +51,12 @@ def engine() -> SidecarEngine:
     return SidecarEngine(tiny_pair(), gamma=4, adaptive=False)
 
 
-def settings(*modes: str, max_new_tokens: int = MAX_NEW) -> BatchSettings:
-    task = HASHTAGS.model_copy(update={"max_new_tokens": 8})
-    return BatchSettings(task, modes or ("sidecar", "sidecar_attended", "standalone"), max_new_tokens)
+TAGS = HASHTAGS.model_copy(update={"max_new_tokens": 8})
+HEADLINE = SidecarTask(name="headline", instruction="Then write a one-line headline for the summary.", max_new_tokens=6)
+
+
+def settings(*modes: str, max_new_tokens: int = MAX_NEW, tasks: tuple[SidecarTask, ...] = (TAGS,)) -> BatchSettings:
+    return BatchSettings(tasks, modes or ("sidecar", "sidecar_attended", "standalone"), max_new_tokens)
 
 
 def finished(engine: SidecarEngine, docs: list[Document], settings: BatchSettings,
@@ -111,7 +115,7 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
     by_key = {(r.doc_id, r.mode): r for r in records}
     assert len(records) == len(by_key) == 9
 
-    task = settings().task
+    [task] = settings().tasks
     direct = engine.run([SidecarRequest(d.text, sidecars=[task]) for d in docs], max_new_tokens=MAX_NEW,
                         batch_size=3)
     attended_task = task.model_copy(update={"attend_document": True})
@@ -121,45 +125,77 @@ def test_each_mode_becomes_one_record_matching_the_engine(engine: SidecarEngine)
     for doc, evicted, kept, alone in zip(docs, direct, attended, tagger, strict=True):
         sidecar = by_key[(doc.doc_id, "sidecar")]
         assert sidecar.summary == evicted.main.text and sidecar.main_tokens == len(evicted.main.token_ids)
-        assert sidecar.sidecar_text == evicted.sidecars["hashtags"].text
-        assert sidecar.sidecar_name == "hashtags" and sidecar.finish_reason == evicted.main.finish_reason
+        assert [(s.task, s.text) for s in sidecar.sidecars] == [("hashtags", evicted.sidecars["hashtags"].text)]
+        assert sidecar.finish_reason == evicted.main.finish_reason
         assert [s.phase for s in sidecar.stats] == ["main", "sidecar"]
         assert sidecar.stats[1].new_tokens == len(evicted.sidecars["hashtags"].token_ids)
         # each phase on its stream's clock: the sidecar starts after the main output it continues
         assert 0 < sidecar.stats[0].ended_s < sidecar.stats[1].ended_s
 
         attended_record = by_key[(doc.doc_id, "sidecar_attended")]
-        assert attended_record.sidecar_text == kept.sidecars["hashtags"].text
+        assert attended_record.sidecars[0].text == kept.sidecars["hashtags"].text
         assert attended_record.summary == sidecar.summary, "the main output is target-exact in every mode"
         # attending to the document keeps its KV columns in the sidecar's cache
         assert attended_record.stats[1].kv_bytes > sidecar.stats[1].kv_bytes
 
         standalone = by_key[(doc.doc_id, "standalone")]
         assert standalone.summary == sidecar.summary and standalone.main_tokens is None
-        assert standalone.sidecar_text == alone["hashtags"].text
+        assert standalone.sidecars[0].text == alone["hashtags"].text
         assert [s.phase for s in standalone.stats] == ["sidecar"]
         for record, output in ((sidecar, evicted.sidecars["hashtags"]), (standalone, alone["hashtags"])):
             # one stream per mode, named by the window's first document handed on
             assert record.batch_id == 10
             # unparseable text keeps its raw form and says why; parsed text becomes tags
-            assert record.tags == (output.parsed if output.parse_error is None else None)
-            assert record.parse_error == output.parse_error
+            [stored] = record.sidecars
+            assert stored.value() == (output.parsed if output.parse_error is None else None)
+            assert stored.parse_error == output.parse_error and stored.new_tokens == len(output.token_ids)
+
+
+def test_every_task_is_decoded_from_the_one_main_output_of_each_mode(engine: SidecarEngine) -> None:
+    """Two tasks: each mode's record holds the summary once and one output per task, as the engine gives them
+    when it runs both tasks on one row (sidecar modes) or on the summary (standalone)."""
+    docs = documents(2)
+    both = settings("sidecar", "standalone", tasks=(TAGS, HEADLINE))
+    records = {(r.doc_id, r.mode): r for r in window_records(engine, docs, both)}
+    assert len(records) == 4
+    direct = engine.run([SidecarRequest(d.text, sidecars=[TAGS, HEADLINE]) for d in docs], max_new_tokens=MAX_NEW,
+                        batch_size=2)
+    tagger = engine.standalone([r.main.text for r in direct], [TAGS, HEADLINE], batch_size=2)
+    for doc, row, alone in zip(docs, direct, tagger, strict=True):
+        sidecar, standalone = records[(doc.doc_id, "sidecar")], records[(doc.doc_id, "standalone")]
+        assert sidecar.summary == standalone.summary == row.main.text
+        for record, outputs in ((sidecar, row.sidecars), (standalone, alone)):
+            assert [(s.task, s.text, s.value()) for s in record.sidecars] == [
+                (name, outputs[name].text, outputs[name].parsed) for name in ("hashtags", "headline")]
+            # the request's sidecar phase holds both tasks' tokens; each task keeps its own
+            [phase] = [s for s in record.stats if s.phase == "sidecar"]
+            assert phase.new_tokens == sum(s.new_tokens for s in record.sidecars) == sum(
+                len(outputs[name].token_ids) for name in ("hashtags", "headline"))
+        assert isinstance(sidecar.sidecars[0].value(), list | None) and isinstance(sidecar.sidecars[1].value(), str)
+
+
+def test_a_task_list_needs_distinct_names() -> None:
+    with pytest.raises(ValueError, match="own name"):
+        BatchSettings((TAGS, TAGS))
+    with pytest.raises(TypeError, match="sequence"):
+        BatchSettings(TAGS)
 
 
 def test_the_runs_instruction_and_system_prompt_reach_every_mode(engine: SidecarEngine) -> None:
     docs = documents(2)
     instruction, system = "List the places named in the document.", "You answer in one line."
-    custom = BatchSettings(settings().task, ("sidecar", "standalone"), MAX_NEW, instruction, system)
+    tasks = (TAGS, HEADLINE)
+    custom = BatchSettings(tasks, ("sidecar", "standalone"), MAX_NEW, instruction, system)
     by_key = {(r.doc_id, r.mode): r for r in window_records(engine, docs, custom)}
 
-    task = custom.task
-    direct = engine.run([SidecarRequest(d.text, instruction, system, sidecars=[task]) for d in docs],
+    direct = engine.run([SidecarRequest(d.text, instruction, system, sidecars=list(tasks)) for d in docs],
                         max_new_tokens=MAX_NEW, batch_size=2)
-    tagger = engine.standalone([r.main.text for r in direct], [task], batch_size=2, system=system)
+    tagger = engine.standalone([r.main.text for r in direct], list(tasks), batch_size=2, system=system)
     for doc, speculative, alone in zip(docs, direct, tagger, strict=True):
         assert by_key[(doc.doc_id, "sidecar")].summary == speculative.main.text
-        assert by_key[(doc.doc_id, "sidecar")].sidecar_text == speculative.sidecars["hashtags"].text
-        assert by_key[(doc.doc_id, "standalone")].sidecar_text == alone["hashtags"].text
+        for mode, outputs in (("sidecar", speculative.sidecars), ("standalone", alone)):
+            assert [(s.task, s.text) for s in by_key[(doc.doc_id, mode)].sidecars] == [
+                (t.name, outputs[t.name].text) for t in tasks]
     default = window_records(engine, docs, settings("sidecar"))
     assert [r.summary for r in default] != [by_key[(d.doc_id, "sidecar")].summary for d in docs], \
         "the tiny pair writes another main output for another prompt: the comparison above can fail"
@@ -204,7 +240,7 @@ def test_a_commit_with_finish_finishes_the_run_also_with_nothing_to_write(tmp_pa
         db.start_run(run_id, {}, pair="tiny", device="cpu", gpu_type="cpu", gamma=4, batch_size=1,
                      modes=("sidecar",), code_version="test")
     pending = PendingCommit(interval_s=3600)
-    record = OutputRecord("doc-0", "sidecar", "A summary.", "hashtags", "#a", ["#a"])
+    record = OutputRecord("doc-0", "sidecar", "A summary.", [SidecarRecord.of("hashtags", "#a", ["#a"])])
     pending.add([DocumentDone(documents(1)[0], [record])])
     assert pending.commit(db, "written", HERE, finish="completed") == 1
     assert db.done_doc_ids("written", ["sidecar"]) == {"doc-0"}
@@ -367,7 +403,8 @@ def test_oom_retries_the_documents_in_flight_with_half_the_batch(engine: Sidecar
     for record in records:
         assert record.summary == expected[(record.doc_id, record.mode)].summary
         if record.mode == "standalone":
-            assert record.sidecar_text == expected[(record.doc_id, record.mode)].sidecar_text
+            before = expected[(record.doc_id, record.mode)]
+            assert [s.text for s in record.sidecars] == [s.text for s in before.sidecars]
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError, RuntimeError])

@@ -161,9 +161,9 @@ def test_prefill_feeds_the_forwards_group_rows_plans(tiny, monkeypatch):
     prompts = random_prompts(tiny, [9, 17, 4, 20, 12, 30, 2], seed=3)
     shapes = []
 
-    def recording_forward(model, cache, ids, span=None):
+    def recording_forward(model, cache, ids, span=None, *args, **kwargs):
         shapes.append(tuple(ids.shape))
-        return forward(model, cache, ids, span)
+        return forward(model, cache, ids, span, *args, **kwargs)
 
     monkeypatch.setattr("sidecar.runtime.forward.forward", recording_forward)
     lengths = [len(p) for p in prompts]
@@ -181,9 +181,9 @@ def test_budgets_from_the_planner_give_what_one_forward_gives(tiny, monkeypatch)
     spans = [[], [(3, 8)], [], [(2, 4), (10, 12)], [], [], [], [], [], [], [], []]
     planner = PrefillPlanner(CPU)
 
-    def timed_forward(model, cache, ids, span=None):
+    def timed_forward(model, cache, ids, span=None, *args, **kwargs):
         start = time.perf_counter()
-        hidden = forward(model, cache, ids, span)
+        hidden = forward(model, cache, ids, span, *args, **kwargs)
         planner.observe(ids.numel(), int((ids != 0).sum()), time.perf_counter() - start)  # prompts hold no 0
         return hidden
 

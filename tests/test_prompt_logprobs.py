@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -13,8 +14,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.launcher import running_server
-from server.logprobs import text_offsets
+from server.logprobs import LogprobFormatter, text_offsets
 from sidecar import SpeculativeDecoder
+from sidecar.decoding.scoring import PromptLogprob
 from sidecar.tasks.prompts import chat_prompt
 
 KEY = "sk-test-scoring-key"
@@ -24,6 +26,15 @@ CONTEXT, CONTINUATION = "The president met leaders in Berlin,", " Moscow and Doh
 LONG = "The city council approved a new budget on Tuesday after a long debate about schools and roads."
 # byte-level BPE splits these characters' bytes across tokens
 ACCENTED = "Prices rose 3.5 percent in Zürich — and in Doha."
+# text the tokenizer (NFC, as Qwen2's) does not take as it is: decomposed accents, combining marks that do not
+# compose, characters outside the BMP, and a mix as a news row holds it
+NOT_NFC = {
+    "decomposed": unicodedata.normalize("NFD", "Café owners in Zürich and Malmö protested, Señor Núñez said."),
+    "combining": "The x\u0301\u0302 and q\u0323\u0307 marks, then a\u0308\u0301 again.",
+    # U+1D15E and U+2F800 are astral and change under NFC (to two astral characters, to U+4E3D)
+    "astral": "Fans cheered \U0001F600\U0001F389 as \U0001D15E and \U0002F800 and \U0001D400 scored e\u0301.",
+    "mixed": "Re\u0301sume\u0301 \U0001F600 of the Zu\u0308rich co\u0302te\u0301 \u2014 e\u0301te\u0301 \U0001F389.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +111,94 @@ def test_text_offset_of_split_characters_points_at_their_start(client: openai.Op
     assert offsets == sorted(offsets) and offsets[0] == 0
     pieces = [ACCENTED[offsets[i] : offsets[i + 1]] for i in range(len(logprobs.tokens))]
     assert "".join(pieces) == ACCENTED
-    assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True) if "\ufffd" not in token)
+    assert all(piece == token for piece, token in zip(pieces, logprobs.tokens, strict=True)
+               if not token.startswith("bytes:"))
     # a character split over three tokens: offsets before it, at it (its first byte starts no whole character)
     assert text_offsets([b"a", "ü".encode()[:1], "ü".encode()[1:], b"b"]) == [0, 1, 1, 2]
+
+
+def legacy_token(tokenizer, token_id: int) -> str:
+    """A token as OpenAI's legacy completions spell it: its text, or ``bytes:\\xNN`` for bytes that are not
+    UTF-8 alone."""
+    raw = LogprobFormatter(tokenizer).token(token_id)[1]
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def test_legacy_tokens_of_split_characters_are_their_bytes_and_never_share_a_key(tiny) -> None:
+    """The pieces of split characters all decode to U+FFFD: keyed by text, they overwrote each other."""
+    formatter = LogprobFormatter(tiny.tokenizer)
+    ids = tiny.tokenizer.encode("Zürich \U0001F600 — é", add_special_tokens=False)
+    pieces = [i for i in ids if "\ufffd" in tiny.tokenizer.decode([i])]
+    assert len(set(pieces)) >= 4
+    entry = PromptLogprob(ids[0], -1.0, 1, tuple((token, -1.0 - n) for n, token in enumerate(dict.fromkeys(pieces))))
+    legacy = formatter.legacy([ids[0], ids[0]], [None, entry], [0, 0])
+    [top] = legacy["top_logprobs"][1:]
+    assert len(top) == len(set(pieces)) + 1  # every alternative and the token itself
+    assert {key for key in top if key.startswith("bytes:")} == {
+        "bytes:" + "".join(f"\\x{b:02x}" for b in formatter.token(t)[1]) for t in set(pieces)}
+    assert "bytes:\\xc3" in top and "bytes:\\xf0" in top  # the first bytes of ü and of the emoji
+
+
+def test_legacy_top_logprobs_from_the_server_give_every_alternative_a_key_of_its_own(client: openai.OpenAI) -> None:
+    text = ACCENTED + " \U0001F600\U0001F389 Malmö, Señor Núñez, 東京."
+    logprobs = score(client, text, logprobs=5).choices[0].logprobs
+    for token, top in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:], strict=True):
+        assert len(top) >= 5 and token in top  # five alternatives, none overwritten, and the token itself
+        assert not any("\ufffd" in key for key in top)
+        for key in (k for k in top if k.startswith("bytes:")):
+            raw = bytes(int(h, 16) for h in key.removeprefix("bytes:").split("\\x")[1:])
+            with pytest.raises(UnicodeDecodeError):
+                raw.decode("utf-8")
+
+
+def assert_offsets_index(text: str, ids: list[int], offsets: list[int], tokenizer) -> None:
+    """What the tokens before each token spell (as the tokenizer normalises text: NFC) is the characters of
+    ``text`` before its offset, and at most up to the next token's: a token that starts inside a character,
+    or inside what characters normalise to (U+1D15E is two, e and U+0301 one), points at where they start."""
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+    spelled = LogprobFormatter(tokenizer)
+    for i, offset in enumerate(offsets):
+        # only the last character can be incomplete: "ignore" drops just its bytes
+        before = bytes(b for token in ids[:i] for b in spelled.token(token)[1]).decode("utf-8", errors="ignore")
+        following = min([o for o in offsets if o > offset] + [len(text)])
+        up_to, through = (unicodedata.normalize("NFC", text[:end]) for end in (offset, following))
+        assert before.startswith(up_to) and through.startswith(before), (i, offset, up_to, before)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_NFC))
+def test_text_offset_indexes_the_echoed_text_whatever_its_normalisation(client: openai.OpenAI, tiny,
+                                                                         name: str) -> None:
+    """lm-evaluation-harness slices the echoed text at text_offset: offsets of the tokenizer's NFC bytes
+    pointed too early into decomposed text (-6.595 scored against -8.185 for the right span)."""
+    text = NOT_NFC[name]
+    assert unicodedata.normalize("NFC", text) != text
+    choice = score(client, text).choices[0]
+    ids = tiny.tokenizer.encode(text, add_special_tokens=False)
+    assert choice.text == text and len(choice.logprobs.text_offset) == len(ids)
+    assert_offsets_index(text, ids, choice.logprobs.text_offset, tiny.tokenizer)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_NFC))
+def test_a_continuation_after_text_not_in_nfc_is_found_as_a_judge_finds_it(client: openai.OpenAI, tiny,
+                                                                           name: str) -> None:
+    context = NOT_NFC[name]
+    logprobs = score(client, context + CONTINUATION, logprobs=0).choices[0].logprobs
+    start = next(i for i, offset in enumerate(logprobs.text_offset) if offset >= len(context))
+    context_ids = tiny.tokenizer.encode(context, add_special_tokens=False)
+    ids = tiny.tokenizer.encode(context + CONTINUATION, add_special_tokens=False)
+    assert ids[: len(context_ids)] == context_ids and start == len(context_ids)
+    assert tiny.tokenizer.decode(ids[start:]) == CONTINUATION
+
+
+def test_generated_tokens_start_after_the_echoed_prompt_as_sent(client: openai.OpenAI, tiny) -> None:
+    text = NOT_NFC["mixed"]
+    choice = client.completions.create(model="tiny", prompt=text, echo=True, logprobs=1, max_tokens=4,
+                                       temperature=0).choices[0]
+    prompt = len(tiny.tokenizer.encode(text, add_special_tokens=False))
+    assert choice.text.startswith(text) and choice.logprobs.text_offset[prompt] == len(text)
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -161,7 +257,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     choice = response.choices[0]
     assert choice.text == TEXT + tiny.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     whole = ids + out.token_ids
-    assert choice.logprobs.tokens == [tiny.tokenizer.decode([i]) for i in whole]
+    assert choice.logprobs.tokens == [legacy_token(tiny.tokenizer, i) for i in whole]
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, whole), abs=1e-4)
     assert choice.logprobs.text_offset[len(ids)] == len(TEXT)
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(ids), 6)
@@ -180,7 +276,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     ("completions", {"model": "tiny", "prompt": [1, -2], "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": [[1, 99_999]], "echo": True, "max_tokens": 0}, "prompt"),
     ("completions", {"model": "tiny", "prompt": [1, "a"], "echo": True, "max_tokens": 0}, "prompt.str"),
-    ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, None),
+    ("completions", {"model": "tiny", "prompt": "hi", "stream": True}, "stream"),
     ("completions", {"model": "tiny/draft", "prompt": "hi", "max_tokens": 4}, "model"),
     ("completions", {"model": "tiny", "prompt": "city council " * 3000, "echo": True, "max_tokens": 0}, "prompt"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 6},
@@ -193,7 +289,7 @@ def test_echo_with_generation_scores_prompt_and_completion(client: openai.OpenAI
     ("chat/completions", {"model": "tiny/draft", "messages": [{"role": "user", "content": "hi"}],
                           "prompt_logprobs": 0, "max_tokens": 5}, "model"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0,
-                          "stream": True}, None),
+                          "stream": True}, "prompt_logprobs"),
 ])
 def test_bad_scoring_requests_are_400(base_url: str, route: str, body: dict, param: str | None) -> None:
     response = post(base_url, route, body)

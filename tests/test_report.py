@@ -16,8 +16,8 @@ from transformers import Qwen2Config
 
 from sidecar.decoding.rows import GenerationStats
 from sidecar.tasks.rows import SidecarStats
-from storage import Database
-from storage.records import CostRecord, OutputRecord, RequestStats
+from storage import Database, Document
+from storage.records import CostRecord, OutputRecord, RequestStats, SidecarRecord
 from study.cost import (
     DEFAULT_BATCHES,
     STUDY_WORKLOAD,
@@ -26,11 +26,13 @@ from study.cost import (
     TagTokens,
     Workload,
     load_catalog,
+    load_host_floors,
     prefill_seconds,
 )
 from study.cost.workload import QWEN2_5_1_5B_CONFIG
 from study.report import Measurement, group_measurements, write_cost_report
 from study.report.blocks import fmt
+from tests.host_overhead_results import host_result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The draft of the rows' pair, qwen2.5-7b: Qwen2.5-1.5B-Instruct's published shapes.
@@ -168,7 +170,8 @@ def test_the_report_leads_with_the_verdict_and_the_usd_plot(tmp_path: Path) -> N
     report = write_cost_report(h200_rows(), tmp_path, draft_config=drafts)
     headings = re.findall(r"^## (.+)$", report.markdown, flags=re.MULTILINE)
     assert headings == ["Verdict per GPU type", "What this report compares", "What was measured", "What was projected",
-                        "Calibration: measured ÷ projected", "What the roofline leaves out", "More plots"]  # fmt: skip
+                        "Capture mode: eager against captured", "Calibration: measured ÷ projected",
+                        "What the roofline leaves out", "More plots"]  # fmt: skip
     # the verdict table (measured, then projected rows), the $ plot, then the lines the measured verdict adds up
     verdicts = section(report.markdown, "Verdict per GPU type")
     plot = f"]({report.plot_paths['usd_per_mtok'].name})"
@@ -262,7 +265,9 @@ def test_projected_verdicts_when_nothing_was_measured(tmp_path: Path) -> None:
 
 
 def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_path: Path) -> None:
-    report = write_cost_report([], tmp_path, reference_batch=64)
+    # a captured floor of its own, so the figures do not hang on the committed host-overhead result
+    floors = host_result(tmp_path / "host_overhead_gpu.json", cudagraph_ms=0.05)
+    report = write_cost_report([], tmp_path, reference_batch=64, host_overhead=floors)
     [h100] = [v for v in report.verdicts if v.gpu_type == "H100 SXM" and v.batch == 64]
     # The standalone tagger's summary prefill is the cost a sidecar avoids: priced, it is cheaper.
     assert h100.sidecar_saving_pct > 5
@@ -272,7 +277,8 @@ def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_
     assert sidecar.prefill_s < alone.prefill_s / 5
     # The sidecar's instruction line: its 25 tokens' share of the main draft prefill, per request.
     tokens = STUDY_WORKLOAD.tokens
-    main_prefill = prefill_seconds(STUDY_WORKLOAD.facts, load_catalog()["H100 SXM"], 64, tokens.main_prefill)
+    main_prefill = prefill_seconds(STUDY_WORKLOAD.facts, load_catalog()["H100 SXM"], 64, tokens.main_prefill,
+                                   host=load_host_floors(floors).captured)
     assert sidecar.instruction_s == pytest.approx(main_prefill / 64 * 25 / tokens.main_prefill)
     # The rates are the whole tagging phase's: a request's tag tokens over its lines.
     assert h100.standalone_tokens_per_s == pytest.approx(tokens.tags / (alone.prefill_s + alone.decode_s))
@@ -435,8 +441,8 @@ def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
                                    seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
                 90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0)
             stats = [replace(RequestStats.sidecar_phase(tagging), ended_s=0.5 if doc == "d1" else 0.45)]
-        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecar_name="hashtags", sidecar_text="#a",
-                            tags=["#a"], batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
+        return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecars=[SidecarRecord.of("hashtags", "#a", ["#a"])],
+                            batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip
 
     db.write_batch("run-1", [output(d, m, a) for d, a in (("d1", 60), ("d2", 20)) for m in ("sidecar", "standalone")])
     return db
@@ -535,3 +541,91 @@ def test_the_flow_links_each_file_by_its_absolute_path(tmp_path: Path, monkeypat
     # the tiny pair needs no files to be projected, so its measured steps are calibrated
     assert "| NVIDIA H200 | H200 | tiny (bfloat16) | sidecar | 2 |" in markdown
     assert "| NVIDIA H200 | tiny | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in markdown  # acceptance per request
+
+
+def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: Path) -> None:
+    """Per task, from sidecar_outputs: the ledger seconds per token of that task, sidecar against standalone."""
+    from study.report.task_costs import task_costs_markdown, task_verdicts
+
+    db = Database(tmp_path / "sidecar.duckdb")
+    db.start_run("tasks", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.record_documents("tasks", [Document(d, f"Text {d}.", i) for i, d in enumerate(("d1", "d2"))], [])
+
+    def record(doc: str, mode: str, headline_s: float | None) -> OutputRecord:
+        return OutputRecord(doc, mode, "s", [
+            SidecarRecord.of("hashtags", "#a", ["a"], new_tokens=4, device_s=0.004 if mode == "sidecar" else 0.008),
+            SidecarRecord.of("headline", "A head", "A head", new_tokens=5, device_s=headline_s)])
+
+    # the headline's standalone rows have no ledger seconds: no verdict for it, and why
+    db.write_batch("tasks", [record(d, "sidecar", 0.01) for d in ("d1", "d2")]
+                   + [record(d, "standalone", None) for d in ("d1", "d2")])
+    hashtags, headline = task_verdicts(db.task_costs("tasks"))
+    assert (hashtags.task, hashtags.sidecar_ms_per_token, hashtags.standalone_ms_per_token) == ("hashtags", 1.0, 2.0)
+    assert hashtags.saving_pct == pytest.approx(50.0)
+    assert hashtags.line() == ("hashtags: the sidecar saves 50.0% per hashtags token "
+                               "(1.000 vs 2.000 ms per hashtags token)")
+    assert headline.line() == "headline: no verdict, no ledger seconds per headline token in standalone"
+    section = task_costs_markdown([hashtags, headline])
+    assert "| headline | 2.000 | n/a | 10 / 0 |" in section and "tag token" not in section
+    assert task_costs_markdown([]) == ""
+
+
+CAPTURE = "Capture mode: eager against captured"
+
+
+def test_a_large_eager_floor_makes_speculation_lose_and_the_report_says_so(tmp_path: Path) -> None:
+    floors = host_result(tmp_path / "host_overhead_gpu.json", eager_ms=20.0, cudagraph_ms=0.05)
+    report = write_cost_report(h200_rows(), tmp_path / "report", host_overhead=floors)
+    capture = section(report.markdown, CAPTURE)
+    # the projections name the mode they assume, and its floor
+    assert "captured (CUDA graphs), host floor 0.05 ms per 28-layer forward" in capture
+    assert "eager, host floor 20 ms per 28-layer forward" in capture
+    assert "in captured (CUDA graphs), host floor 0.05 ms" in section(report.markdown, "Verdict per GPU type")
+    # the main phase's measured acceptance (0.75 and 0.74)
+    assert "acceptance 0.74 for qwen2.5-7b" in capture
+    assert "| GPU | eager, batch 1 | eager, batch 8 | eager, batch 32 | captured, batch 1 |" in capture
+    assert re.search(r"\| H100 SXM \| 0\.\d+x \(slower\) \|", capture)
+    assert "In eager mode speculation with Qwen2.5-7B/1.5B is slower than plain decoding on: " in capture
+    assert "H100 SXM at batch 1, 8, 32" in capture
+
+
+def test_a_small_eager_floor_lets_speculation_win_and_the_report_says_so(tmp_path: Path) -> None:
+    floors = host_result(tmp_path / "host_overhead_gpu.json", eager_ms=0.01, cudagraph_ms=0.0)
+    capture = section(write_cost_report(h200_rows(), tmp_path / "r", host_overhead=floors).markdown, CAPTURE)
+    assert "(slower)" not in capture
+    assert "In eager mode speculation with Qwen2.5-7B/1.5B beats plain decoding on every catalog GPU" in capture
+
+
+def test_the_captured_floor_adds_to_every_projected_forward(tmp_path: Path) -> None:
+    bare = write_cost_report(h200_rows(), tmp_path / "bare", draft_config=drafts,
+                             host_overhead=host_result(tmp_path / "cpu.json", cudagraph_ms=0.0))
+    floored = write_cost_report(h200_rows(), tmp_path / "floored", draft_config=drafts,
+                                host_overhead=host_result(tmp_path / "gpu.json", cudagraph_ms=1.5))
+
+    def projected(report: Any) -> dict:
+        return {(r["gpu_type"], r["pair"], r["mode"], r["batch_size"]): r for r in report.cost_rows
+                if r["source"] == "projected"}
+
+    bare_rows, floored_rows = projected(bare), projected(floored)
+    assert bare_rows.keys() == floored_rows.keys()
+    for key, row in floored_rows.items():
+        # a 28-layer draft's decode step pays the whole 1.5 ms floor
+        assert row["ms_per_step"] == pytest.approx(bare_rows[key]["ms_per_step"] + 1.5)
+        assert row["tokens_per_s"] < bare_rows[key]["tokens_per_s"]
+        assert "captured (CUDA graphs), host floor 1.5 ms" in row["note"]
+
+
+def test_an_unmeasured_captured_floor_is_projected_as_a_lower_bound(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(), tmp_path / "r", host_overhead=host_result(tmp_path / "cpu.json"))
+    capture = section(report.markdown, CAPTURE)
+    assert "captured (CUDA graphs), host floor unmeasured, projected as 0: a lower bound" in capture
+    assert "captured (lower bound), batch 1" in capture
+    assert "host floor unmeasured" in section(report.markdown, "Verdict per GPU type")
+
+
+def test_a_corrupt_floor_file_stops_the_report_naming_the_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "host_overhead_gpu.json"
+    path.write_text('{"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": NaN}]}')
+    with pytest.raises(CostInputError, match=r"host_overhead_gpu\.json: rows\[mode=eager\]\.our_forward_ms"):
+        write_cost_report(h200_rows(), tmp_path / "r", host_overhead=path)
+    assert not (tmp_path / "r").exists()  # nothing half-written

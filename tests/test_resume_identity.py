@@ -9,6 +9,7 @@ tmp_path.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from storage import Database, Document, OutputRecord, RejectedDocument, RunMismatchError, RunStart
+from storage import Database, Document, OutputRecord, RejectedDocument, RunMismatchError, RunStart, SidecarRecord
 from storage.parquet import read_documents
 
-TABLES = ("runs", "documents", "outputs", "request_stats", "judgement_games", "judge_settings", "cost_estimates")
+TABLES = ("runs", "documents", "outputs", "sidecar_outputs", "request_stats", "judgement_games", "judge_settings",
+          "cost_estimates")
 IDENTITY = {"max_new_tokens": 12, "sidecar_tasks": [{"name": "hashtags", "instruction": "Then tags."}]}
 
 
@@ -39,8 +41,9 @@ def begin(db: Database, path: Path, run_id: str = "run-1", limit: int | None = N
 
 
 def outputs(doc_id: str) -> list[OutputRecord]:
-    return [OutputRecord(doc_id=doc_id, mode=mode, summary=f"Summary of {doc_id}.", sidecar_name="hashtags",
-                         sidecar_text="#tag", tags=["#tag"]) for mode in ("sidecar", "standalone")]
+    return [OutputRecord(doc_id=doc_id, mode=mode, summary=f"Summary of {doc_id}.",
+                         sidecars=[SidecarRecord.of("hashtags", "#tag", ["#tag"])])
+            for mode in ("sidecar", "standalone")]
 
 
 def snapshot(db: Database) -> tuple[str, dict[str, list[tuple[Any, ...]]]]:
@@ -101,7 +104,10 @@ def test_a_resume_that_leaves_stored_rows_out_is_refused(finished) -> None:
     ({"modes": ("sidecar",)}, "modes"),
     ({"identity": IDENTITY | {"max_new_tokens": 64}}, "max_new_tokens"),
     ({"identity": IDENTITY | {"sidecar_tasks": [{"name": "hashtags", "instruction": "Then other tags."}]}},
-     "sidecar_tasks"),
+     "sidecar_tasks differ in hashtags.instruction"),
+    ({"identity": IDENTITY | {"sidecar_tasks": [{"name": "hashtags", "instruction": "Then tags."},
+                                                {"name": "headline", "instruction": "Then a headline."}]}},
+     re.escape("sidecar_tasks hashtags (this start: hashtags, headline)")),
 ])
 def test_other_decisive_settings_are_refused(finished, override: dict[str, Any], named: str) -> None:
     db, first = finished

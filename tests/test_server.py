@@ -28,13 +28,15 @@ from typer.testing import CliRunner
 from cli.main import app as cli_app
 from server.app import create_app
 from server.config import API_KEY_ENV, ServerConfig
-from server.launcher import running_server
+from server.launcher import free_port, running_server
 from server.service import ChatService
 from server.stream import TextStream, full_text
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
 from sidecar.decoding.acceptance import warp
 from sidecar.errors import InputError
 from sidecar.tasks.batch import SidecarBatch
+from sidecar.tasks.prompts import encode, turn_bridge
+from sidecar.tasks.task import SidecarTask
 
 KEY = "sk-test-server-key"
 MAX_BODY = 65536
@@ -198,11 +200,77 @@ def test_sidecars_extension(client: openai.OpenAI, tiny) -> None:
         assert got["finish_reason"] in ("stop", "length")
         assert 0 < got["usage"]["completion_tokens"] <= task.max_new_tokens
         assert got["usage"]["total_tokens"] == got["usage"]["prompt_tokens"] + got["usage"]["completion_tokens"]
-    # streamed: the same main text, the sidecars in the last chunk with a finish_reason
+    # streamed: the same main text, the sidecars in chunks of their own after the finish_reason
     text, chunks = ask_streamed(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]})
     assert text == ask(client, document, max_tokens=24, extra_body={"sidecars": [TAGS_SPEC]}).choices[0].message.content
     final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert len(final) == 1 and "hashtags" in final[0].model_extra["sidecars"]
+    assert len(final) == 1 and "sidecars" not in final[0].model_extra
+    assert list(chunks[-1].model_extra["sidecars"]) == ["hashtags"]
+
+
+def test_sidecars_with_a_multi_message_chat(client: openai.OpenAI, tiny) -> None:
+    """#41: earlier turns before the document (the last user message); the main text is the target's answer to
+    the whole chat by HF generate."""
+    turns = [("user", "What did the council do?"), ("assistant", "It met on Tuesday.")]
+    document = "The city council approved a new budget after a long debate about schools and roads."
+    messages = [{"role": "system", "content": "Be brief."}, *({"role": r, "content": c} for r, c in turns),
+                {"role": "user", "content": document}]
+    response = client.chat.completions.create(model="tiny", temperature=0, max_tokens=24, messages=messages,
+                                              extra_body={"sidecars": [TAGS_SPEC]})
+    task = HASHTAGS.model_copy(update={"max_new_tokens": 8})
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", "Be brief.", [task], history=turns))[0]
+    assert tiny.tokenizer.decode(prompt.token_ids) == tiny.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False)
+    expected = tiny.tokenizer.decode(target_alone(tiny, prompt.token_ids, 24), skip_special_tokens=True)
+    assert response.choices[0].message.content == expected
+    tags = response.model_extra["sidecars"]["hashtags"]
+    assert (tags["parsed"], tags["parse_error"]) == task.parse(tags["text"])
+
+
+def test_a_sidecar_s_bridge_is_set_per_sidecar(client: openai.OpenAI, tiny) -> None:
+    """#41: ``bridge`` over HTTP is the text the draft continues from: its tokens join the sidecar's prompt,
+    and a sidecar without one keeps the engine task's default: the chat template's turn boundary."""
+    assert SidecarTask.model_fields["bridge"].default is None
+    bridge = "\n\nHashtags for the summary above, each with a leading #: #"
+    extra = {"sidecars": [TAGS_SPEC, {**TAGS_SPEC, "name": "bridged", "bridge": bridge}]}
+    sidecars = ask(client, PROMPTS[0], max_tokens=16, extra_body=extra).model_extra["sidecars"]
+    longer = len(encode(tiny.tokenizer, bridge)) - len(turn_bridge(tiny.tokenizer))
+    assert longer > 0
+    assert sidecars["bridged"]["usage"]["prompt_tokens"] == sidecars["hashtags"]["usage"]["prompt_tokens"] + longer
+
+
+def sse_chunks(base_url: str, body: dict) -> list[dict | str]:
+    """The stream's events in order: each chunk's JSON, then "[DONE]"."""
+    headers = {"content-type": "application/json", "Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", base_url + "/chat/completions", json=body, headers=headers, timeout=120) as response:
+        assert response.status_code == 200
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    return [event if event == "[DONE]" else json.loads(event) for event in events]
+
+
+def test_a_stream_finishes_its_main_output_before_its_sidecars(base_url: str, tiny) -> None:
+    """#41: finish_reason follows the main output's last token at once; each sidecar follows in a chunk of its
+    own (no choices, like the usage chunk), then usage, then [DONE]."""
+    document = PROMPTS[0]
+    specs = [TAGS_SPEC, {"name": "title", "instruction": "Then write a title.", "max_tokens": 6}]
+    events = sse_chunks(base_url, {"model": "tiny", "temperature": 0, "max_tokens": 24, "stream": True,
+                                   "messages": [{"role": "user", "content": document}], "sidecars": specs,
+                                   "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    finish = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["finish_reason"])
+    main, after = chunks[: finish + 1], chunks[finish + 1 :]
+    assert all(c["choices"] and "sidecars" not in c for c in main)
+    assert all(c["choices"][0]["finish_reason"] is None for c in main[:-1])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in main)
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(document, "", None, []))[0].token_ids
+    tokens = target_alone(tiny, prompt, 24)
+    assert text == tiny.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert main[-1]["choices"][0]["finish_reason"] == ("stop" if tokens[-1] in tiny.eos_token_ids else "length")
+    *sidecars, usage = after
+    assert [list(c["sidecars"]) for c in sidecars] == [["hashtags"], ["title"]]
+    assert all(c["choices"] == [] for c in sidecars)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(tokens) and "sidecars" not in usage
 
 
 def test_logprobs_as_openai_streamed_and_not(client: openai.OpenAI, tiny) -> None:
@@ -252,7 +320,7 @@ def test_sidecars_with_logprobs(client: openai.OpenAI) -> None:
     _text, chunks = ask_streamed(client, document, **kwargs)
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in response.choices[0].logprobs.content]
-    final = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["sidecars"]["hashtags"]
+    final = next(c.model_extra["sidecars"]["hashtags"] for c in chunks if not c.choices and "sidecars" in c.model_extra)
     assert len(final["logprobs"]["content"]) == final["usage"]["completion_tokens"] > 0
     assert "logprobs" not in ask(client, document, max_tokens=12,
                                  extra_body={"sidecars": [TAGS_SPEC]}).model_extra["sidecars"]["hashtags"]
@@ -277,6 +345,15 @@ def test_stats_show_the_device_time_ledger_balanced(base_url: str, client: opena
 def test_stats_name_the_dtype_and_why(base_url: str) -> None:
     """``--dtype`` wins over the ``SIDECAR_DTYPE`` the test session sets, and /stats says so."""
     assert stats(base_url)["dtype"] == "fp32 (argument dtype=fp32)"
+
+
+def test_stats_name_the_capture_mode_and_count_its_forwards(base_url: str, client: openai.OpenAI) -> None:
+    """The capture mode the engine runs in, why, and each model's counters (#40), after a request."""
+    ask(client, PROMPTS[0], max_tokens=8)
+    capture = stats(base_url)["capture"]
+    assert capture["mode"] == "eager" and capture["reason"].startswith("auto: CPU")
+    assert capture["counters"]["target"]["forwards"] > 0
+    assert capture["counters"]["target"]["graph_breaks"] == 0 == capture["counters"]["target"]["recompiles"]
 
 
 def test_a_sidecar_s_usage_is_the_same_alone_and_batched(base_url: str, client: openai.OpenAI) -> None:
@@ -322,7 +399,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
     # outside int64, OpenAI's bound (2**64 and below -2**63 would also fail torch's generator in the worker)
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 2**64}, "seed"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 2**63}, "seed"),
@@ -344,12 +421,15 @@ def test_malformed_requests_are_400(base_url: str, body: bytes | dict, param: st
     ([{"name": "t", "instruction": "   "}], None, "sidecars.0.instruction"),
     ([{"name": "t", "instruction": "x", "max_tokens": 5000}], None, "sidecars.0.max_tokens"),
     ([{"name": "t", "instruction": "x", "colour": "red"}], None, "sidecars.0.colour"),
+    # the engine's name for max_tokens is an unknown field, named as sent (#41: it was named max_tokens)
+    ([{"name": "t", "instruction": "x", "max_new_tokens": 5}], None, "sidecars.0.max_new_tokens"),
     ([{"name": "t", "instruction": "x", "parser": "yaml"}], None, "sidecars.0.parser"),
+    ([{"name": "t", "instruction": "x", "stop": ["a", ""]}], None, "sidecars.0.stop"),
     ([TAGS_SPEC, TAGS_SPEC], None, "sidecars"),
     ([], None, "sidecars"),
     ("hashtags", None, "sidecars"),
-    ([TAGS_SPEC], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                   {"role": "user", "content": "c"}], "messages"),
+    ([TAGS_SPEC], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "messages"),
+    ([TAGS_SPEC], [{"role": "system", "content": "a"}], "messages"),
     ([TAGS_SPEC], [{"role": "user", "content": "   "}], "messages"),
 ])
 def test_bad_sidecar_specs_are_400(client: openai.OpenAI, sidecars: object, messages: list | None,
@@ -428,6 +508,7 @@ def test_a_lone_surrogate_is_400_and_the_connection_stays_open(base_url: str, fi
     ({"sidecars": [TAGS_SPEC | {"max_tokens": True}]}, "sidecars.0.max_tokens"),
     ({"sidecars": [TAGS_SPEC | {"max_tokens": "8"}]}, "sidecars.0.max_tokens"),
     ({"sidecars": [TAGS_SPEC | {"attend_document": 1}]}, "sidecars.0.attend_document"),
+    ({"sidecars": [TAGS_SPEC | {"bridge": 5}]}, "sidecars.0.bridge"),
 ])
 def test_numbers_and_flags_of_the_wrong_json_type_are_400(base_url: str, fields: dict, param: str) -> None:
     response = post(base_url, {"model": "tiny", "messages": HI, "max_tokens": 2} | fields)
@@ -482,10 +563,35 @@ def test_warp_keeps_the_most_likely_token_however_small_top_p() -> None:
         assert torch.equal(warp(logits, 1.0, top_p), argmax)
 
 
-def test_stop_with_sidecars_is_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        ask(client, "doc", stop=["x"], extra_body={"sidecars": [TAGS_SPEC]})
-    assert info.value.body["param"] == "stop"
+def test_stop_with_sidecars_ends_the_main_output_and_each_sidecar_has_its_own(client: openai.OpenAI, tiny) -> None:
+    """#41: the request's stop ends the main output (the target's answer by HF generate, cut before it), and the
+    sidecars continue from that output without the stop string: as from the same output ended by max_tokens.
+    A sidecar's own stop cuts its text, which is parsed as cut."""
+    tok = tiny.tokenizer
+    prompt = SidecarEngine(tiny).prompts(SidecarRequest(PROMPTS[0], "", None, []))[0].token_ids
+    tokens = target_alone(tiny, prompt, 40)
+    full = tok.decode(tokens, skip_special_tokens=True)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    expected = full[: full.find(stop)]
+    kept = max(k for k in range(len(tokens) + 1)
+               if expected.startswith(tok.decode(tokens[:k], skip_special_tokens=True)))
+    assert 0 < kept < len(tokens)
+    spec = {"name": "tags", "instruction": "Then output hashtags.", "max_tokens": 8}
+    stopped = ask(client, PROMPTS[0], max_tokens=40, stop=[stop], extra_body={"sidecars": [spec]})
+    assert stopped.choices[0].message.content == expected and stopped.choices[0].finish_reason == "stop"
+    ended = ask(client, PROMPTS[0], max_tokens=kept, extra_body={"sidecars": [spec]})
+    assert ended.choices[0].message.content == tok.decode(tokens[:kept], skip_special_tokens=True)
+    tags = stopped.model_extra["sidecars"]["tags"]
+    assert tags["usage"]["prompt_tokens"] == ended.model_extra["sidecars"]["tags"]["usage"]["prompt_tokens"]
+
+    text = tags["text"]
+    assert len(text) >= 4
+    own = text[len(text) // 2 : len(text) // 2 + 2]
+    again = ask(client, PROMPTS[0], max_tokens=40, stop=[stop],
+                extra_body={"sidecars": [spec | {"stop": own}]}).model_extra["sidecars"]["tags"]
+    assert again["text"] == text[: text.find(own)] and again["finish_reason"] == "stop"
+    task = SidecarTask(name="tags", instruction=spec["instruction"])
+    assert (again["parsed"], again["parse_error"]) == task.parse(again["text"])
 
 
 def test_over_context_prompt_and_max_tokens_are_400(base_url: str, client: openai.OpenAI) -> None:
@@ -677,8 +783,8 @@ def test_config_refuses_a_keyless_server_off_loopback(host: str, api_key: str | 
 
 def test_serve_refuses_to_expose_a_keyless_server_unless_insecure(monkeypatch) -> None:
     bound: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: bound.append(host))
-    serve = ["serve", "--pair", "tiny", "--host", "0.0.0.0"]
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: bound.append(server.config.host))
+    serve = ["serve", "--pair", "tiny", "--host", "0.0.0.0", "--port", str(free_port())]
     refused = CliRunner().invoke(cli_app, serve, env={API_KEY_ENV: ""})
     assert refused.exit_code == 2 and bound == []
     [line] = refused.output.strip().splitlines()

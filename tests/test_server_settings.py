@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 import uvicorn
@@ -22,12 +24,26 @@ from sidecar import SidecarEngine
 def test_serve_refuses_a_setting_out_of_bounds_with_one_line_before_loading(option: str, value: str, field: str,
                                                                             monkeypatch) -> None:
     served: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: served.append(host))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: served.append(server.config.host))
     result = CliRunner().invoke(cli_app, ["serve", "--pair", "tiny", option, value])
     assert result.exit_code == 2, result.output
     [line] = result.output.strip().splitlines()
     assert line.startswith("error: ") and field in line, line
     assert served == []
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_serve_fails_at_once_on_a_taken_port_before_loading_the_models(host: str) -> None:
+    """#41: the port is bound before the models load. The pair named here is unknown, which only loading finds
+    out: the port's error, not the pair's, says that loading never began."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_app, ["serve", "--pair", "no-such-pair", "--host", host, "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: ") and f"{host}:{port}" in line and "address already in use" in line, line
+    assert "--port" in line and "pair" not in line
 
 
 @pytest.mark.servers

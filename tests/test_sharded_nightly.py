@@ -85,7 +85,9 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, n_docs: int) -> Non
 
 def outputs_of(db: Database, run_id: str) -> list[tuple]:
     return [tuple(r.values()) for r in db.query(
-        "SELECT doc_id, mode, summary, sidecar_text FROM outputs WHERE run_id = ? ORDER BY doc_id, mode", [run_id])]
+        "SELECT o.doc_id, o.mode, o.summary, t.text FROM outputs AS o "
+        "JOIN sidecar_outputs AS t USING (run_id, doc_id, mode) WHERE run_id = ? ORDER BY o.doc_id, o.mode, t.task",
+        [run_id])]
 
 
 # -- processes --
@@ -180,6 +182,26 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
         names = {client.read_flow(r.flow_id).name for r in runs}
     assert names == {"nightly-shard"} and all(r.state.is_completed() for r in runs)
     assert {str(r.id) for r in runs} == {a["flow_run_id"] for a in tried}
+
+
+def test_shards_carry_every_sidecar_task_as_one_process_stores_them(prefect_api, tmp_path: Path) -> None:
+    from flows.nightly import nightly
+    from sidecar.tasks.task import HASHTAGS
+    from storage import RunMismatchError
+
+    tasks = [HASHTAGS.model_dump(), {"name": "headline", "instruction": "Then write a one-line headline.",
+                                     "max_new_tokens": 6}]
+    corpus = write_corpus(tmp_path / "news.parquet", 6)
+    nightly(**params(tmp_path, corpus, run_id="tasks-here", sidecar_tasks=tasks).model_dump())
+    sharded = nightly(**params(tmp_path, corpus, run_id="tasks-shards", sidecar_tasks=tasks, workers=2,
+                               commit_every_s=0).model_dump())
+    assert (sharded.done, sharded.shard_attempts) == (6, 2)
+    db = Database(tmp_path / "sidecar.duckdb")
+    # greedy decoding: each task's output is the same wherever its document ran
+    assert outputs_of(db, "tasks-shards") == outputs_of(db, "tasks-here")
+    assert len(outputs_of(db, "tasks-shards")) == 6 * len(MODES) * 2
+    with pytest.raises(RunMismatchError, match="sidecar_tasks hashtags, headline"):
+        nightly(**params(tmp_path, corpus, run_id="tasks-shards", workers=2).model_dump())
 
 
 def test_a_killed_shard_is_relaunched_with_only_its_unfinished_documents(prefect_api, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ the cost model (study/cost/step_costs.py) loads the table it writes in place of 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from study.cost import CostInputError, StepCosts, load_catalog, load_step_costs
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
-QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty"]
+QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-check", "off"]
 
 
 @pytest.fixture
@@ -134,3 +135,28 @@ def test_replay_prices_the_decode_forwards_the_table_covers_and_names_its_source
     assert measured.decode_s == pytest.approx(0.032) and measured.measured_forwards == 2
     assert measured.prefill_s == roofline.prefill_s and roofline.source == "roofline"
     assert measured.source == "measured on X for decode forwards, roofline for the rest"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("batch", 1.9, "row 0 batch must be an integer, got 1.9"),  # read as int, it was a batch of 1
+    ("batch", 1.2, "row 0 batch must be an integer, got 1.2"),
+    ("batch", 8.0, "row 0 batch must be an integer, got 8.0"),
+    ("batch", "8", "row 0 batch must be an integer, got '8'"),
+    ("batch", 0, "row 0 batch must be an integer of at least 1, got 0"),
+    ("tokens", 4.5, "row 0 tokens must be an integer, got 4.5"),
+    ("ms", float("nan"), "row 0 ms must be a finite number, got nan"),
+    ("ms", float("inf"), "row 0 ms must be a finite number, got inf"),
+    ("ms", -1.0, "row 0 ms must be positive, got -1.0"),
+    ("ms", "20", "row 0 ms must be a number, got '20'"),
+])
+def test_a_step_cost_field_that_is_not_finite_in_range_or_an_integer_is_refused_naming_it(
+        tmp_path: Path, field: str, value: object, message: str) -> None:
+    bad = row("7b", "verify", 5, 8, 20.0) | {field: value}
+    with pytest.raises(CostInputError, match=re.escape(f"steps.json: {message}")):
+        load_step_costs(table(tmp_path, [bad, row("7b", "verify", 5, 16, 30.0)]))
+
+
+@pytest.mark.parametrize("context", [512.5, float("inf"), "512"])
+def test_the_tables_context_is_an_integer(tmp_path: Path, context: object) -> None:
+    with pytest.raises(CostInputError, match=r"steps\.json: context must be"):
+        load_step_costs(table(tmp_path, [row("7b", "verify", 5, 8, 20.0)], context=context))

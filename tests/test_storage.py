@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import re
 import statistics
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from storage import (
     RequestStats,
     RunStart,
     SchemaTooNewError,
+    SidecarRecord,
     UnknownRunError,
 )
 from storage.connection import RetryPolicy
@@ -35,8 +37,8 @@ from storage.tables import SCHEMAS, DocumentStatus
 from storage.writer import TABLE_KEYS
 from vocab.modes import MODES
 
-TABLES = {"schema_migrations", "runs", "documents", "outputs", "request_stats", "judgement_games", "judgement_scores",
-          "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
+TABLES = {"schema_migrations", "runs", "documents", "outputs", "sidecar_outputs", "request_stats", "judgement_games",
+          "judgement_scores", "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
 VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "costs"}
 
 
@@ -49,9 +51,9 @@ def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), 
 def output(doc_id: str, mode: str, tags: list[str] | None = None, batch_id: int | None = 0,
            stats: list[RequestStats] | None = None, summary: str = "A summary.") -> OutputRecord:
     return OutputRecord(
-        doc_id=doc_id, mode=mode, summary=summary, sidecar_name="hashtags",
-        sidecar_text=" ".join(tags or []), tags=tags, main_tokens=None if mode == "standalone" else 12,
-        finish_reason="eos", sidecar_finish_reason="eos", batch_id=batch_id,
+        doc_id=doc_id, mode=mode, summary=summary,
+        sidecars=[SidecarRecord.of("hashtags", " ".join(tags or []), tags, finish_reason="eos")],
+        main_tokens=None if mode == "standalone" else 12, finish_reason="eos", batch_id=batch_id,
         stats=stats if stats is not None else [RequestStats("main", new_tokens=12, drafted=16, accepted=10,
                                                             target_forwards=4, wall_s=2.0)],
     )
@@ -309,13 +311,48 @@ def test_rewriting_a_batch_leaves_one_copy_with_the_new_content(db: Database) ->
 
     # the rerun of d1/sidecar brings new tags and only the main phase: the old sidecar phase must go
     db.write_batch("run-1", [output("d1", "sidecar", ["#new"])])
-    rows = db.query("SELECT doc_id, mode, tags FROM outputs ORDER BY doc_id, mode")
+    rows = db.query("SELECT doc_id, mode, CAST(parsed AS VARCHAR[]) AS tags FROM sidecar_outputs ORDER BY doc_id, mode")
     assert [(r["doc_id"], r["mode"], r["tags"]) for r in rows] == [
         ("d1", "sidecar", ["#new"]), ("d1", "standalone", ["#b"]),
         ("d2", "sidecar", ["#c"]), ("d2", "standalone", ["#d"])]
     phases = db.query("SELECT phase FROM request_stats WHERE doc_id = 'd1' AND mode = 'sidecar'")
     assert [r["phase"] for r in phases] == ["main"]
     assert len(db.results("run-1")) == 2
+
+
+def test_each_task_of_a_request_is_a_row_and_a_rewrite_keeps_only_the_tasks_it_brings(db: Database) -> None:
+    start(db)
+    headline = SidecarRecord.of("headline", " Council passes budget", "Council passes budget", finish_reason="eos",
+                                new_tokens=4, device_s=0.5)
+    two = output("d1", "sidecar", ["budget"])
+    db.write_batch("run-1", [replace(two, sidecars=[*two.sidecars, headline]), output("d1", "standalone", ["b"])])
+    rows = db.query("SELECT mode, task, parsed, new_tokens FROM sidecar_outputs ORDER BY mode, task")
+    assert [(r["mode"], r["task"], json.loads(r["parsed"]), r["new_tokens"]) for r in rows] == [
+        ("sidecar", "hashtags", ["budget"], None), ("sidecar", "headline", "Council passes budget", 4),
+        ("standalone", "hashtags", ["b"], None)]
+    # results shows the hashtags task of a run with several
+    [result] = db.results("run-1")
+    shown = (result["sidecar_name"], result["sidecar_tags"], result["standalone_tags"])
+    assert shown == ("hashtags", ["budget"], ["b"])
+    db.write_batch("run-1", [output("d1", "sidecar", ["new"])])
+    assert db.query("SELECT mode, task FROM sidecar_outputs ORDER BY mode") == [
+        {"mode": "sidecar", "task": "hashtags"}, {"mode": "standalone", "task": "hashtags"}]
+    with pytest.raises(ValueError, match="two outputs of one sidecar task"):
+        db.write_batch("run-1", [replace(two, sidecars=[*two.sidecars, *two.sidecars])])
+
+
+def test_the_sidecar_phase_of_several_tasks_adds_their_work_and_keeps_the_batch_clock() -> None:
+    tags = RequestStats("sidecar", new_tokens=5, draft_forwards=5, prompt_tokens=3, wall_s=1.0, kv_bytes=100,
+                        batch_size=4, ended_s=2.0, decode_device_s=0.2, queue_s=0.1, first_token_s=0.3)
+    headline = RequestStats("sidecar", new_tokens=7, draft_forwards=7, prompt_tokens=4, wall_s=1.5, kv_bytes=200,
+                            batch_size=4, ended_s=2.5, decode_device_s=0.3, queue_s=0.1, first_token_s=0.2)
+    assert RequestStats.together([tags]) is tags
+    both = RequestStats.together([tags, headline])
+    assert (both.new_tokens, both.draft_forwards, both.prompt_tokens, both.kv_bytes) == (12, 12, 7, 300)
+    assert (both.wall_s, both.ended_s, both.batch_size, both.first_token_s) == (1.5, 2.5, 4, 0.2)
+    assert both.decode_device_s == pytest.approx(0.5) and both.prefill_device_s is None
+    with pytest.raises(ValueError, match="one phase"):
+        RequestStats.together([tags, RequestStats("main", new_tokens=1)])
 
 
 def test_duplicate_keys_inside_one_batch_are_refused(db: Database) -> None:
@@ -647,6 +684,41 @@ def test_likelihood_scores_keep_their_method_and_are_read_by_the_same_ladder(db:
         {"trusted": ["likelihood judge-p tags-l2"], "verdict": "sidecar"}]
 
 
+@pytest.mark.parametrize("value", [float("-inf"), float("nan"), -1e308, 0.5], ids=["-inf", "nan", "-1e308", "0.5"])
+def test_a_score_or_probability_that_is_not_finite_or_out_of_range_is_refused_before_it_is_stored(
+        value: float) -> None:
+    with pytest.raises(ValueError, match="given_baseline of 'd1' main sidecar"):
+        JudgementScoreRecord("d1", "judge-p", "tags-l2", "main", "sidecar", ["t"], "base", given_own=-1.0,
+                             given_baseline=value)
+    with pytest.raises(ValueError, match="p_b of 'd1' game 2"):
+        replace(probability_game("d1", "main", 2, 0.5), p_b=value if value != 0.5 else 1.5)
+
+
+def test_the_views_read_a_stored_score_that_is_not_finite_as_missing_never_as_nan(db: Database) -> None:
+    """-Infinity given both summaries made a PMI of NaN: the null rung's root mean square and the margin became
+    NaN, and the documents compared with it came out standalone-preferred."""
+    start(db)
+    likelihood = [*scores("d1", "main", 2.0, 1.0), *scores("d2", "main", 1.5, 1.0), *scores("d3", "main", 1.2, 0.9),
+                  *scores("d1", "control", 2.0, -1.0, foil="d2"), *scores("d2", "control", 1.5, -0.5, foil="d3"),
+                  *scores("d1", "null", 2.0, 1.96)]
+    db.write_judgements("run-1", [], JudgeSettingsRecord("judge-p", "tags-l2", "likelihood", 0.9, 0.1), likelihood)
+    # rows another client wrote, or this code before it checked: CHECK (given_own <= 1e-6) lets -Infinity in
+    with duckdb.connect(str(db.path)) as con:
+        for doc, kind, side in [("d4", "main", "sidecar"), ("d4", "main", "standalone"), ("d2", "null", "original"),
+                                ("d2", "null", "reversed")]:
+            con.execute("INSERT INTO judgement_scores (run_id, doc_id, judge_model, prompt_version, kind, side, tags, "
+                        "baseline_doc_id, given_own, given_baseline, tokens) VALUES ('run-1', ?, 'judge-p', "
+                        "'tags-l2', ?, ?, ['t'], 'base', '-inf'::DOUBLE, '-inf'::DOUBLE, 4)", [doc, kind, side])
+
+    [quality] = db.judge_quality("run-1")
+    assert quality["margin"] == pytest.approx(0.1) and quality["null_documents"] == 1  # d2 is missing
+    assert (quality["reliable"], quality["verdict"]) == (True, "sidecar")
+    verdicts = {v["doc_id"]: (v["verdict"], v["difference"]) for v in db.query("SELECT * FROM judgements")}
+    assert verdicts == {"d1": ("sidecar", pytest.approx(1.0)), "d2": ("sidecar", pytest.approx(0.5)),
+                        "d3": ("sidecar", pytest.approx(0.3)), "d4": (None, None)}
+    assert db.scored_doc_ids("run-1", "judge-p", "tags-l2") == {"d1", "d3"}  # d2 (its null rung) and d4 again
+
+
 def test_a_likelihood_margin_is_twice_the_null_differences_root_mean_square_and_bands_the_null_rung(
         db: Database) -> None:
     start(db)
@@ -743,6 +815,48 @@ def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_li
         == (None, None, None)
     assert costs["projected"]["tokens_per_s"] == 900.0
     assert costs["projected"]["usd_per_mtok"] == pytest.approx(3.5 / (900 * 3600) * 1e6)
+
+
+def test_migration_011_moves_each_stored_sidecar_output_to_its_task_row_and_keeps_results(tmp_path: Path) -> None:
+    """A schema-10 file, written as that code wrote it: one sidecar output per outputs row. After 011 the
+    summary stays in outputs, the sidecar output is its task's row with its tokens and ledger seconds, and
+    the results view reads the same as before."""
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 10) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
+                    "('t', 'completed', '{}', ['sidecar'], 'tiny')")
+        con.execute("INSERT INTO documents (run_id, row_index, doc_id, title, text, n_chars, status) VALUES "
+                    "('r', 0, 'd1', 'Budget', 'The council approved a budget.', 30, 'ok'), "
+                    "('t', 0, 'd1', 'Budget', 'The council approved a budget.', 30, 'ok')")
+        con.execute("INSERT INTO outputs (run_id, doc_id, mode, summary, main_tokens, sidecar_name, sidecar_text, "
+                    "tags, parse_error, finish_reason, sidecar_finish_reason, batch_id) VALUES "
+                    "('r', 'd1', 'sidecar', 'A budget.', 3, 'hashtags', '#budget #council', ['budget', 'council'], "
+                    "NULL, 'eos', 'eos', 0), "
+                    "('r', 'd1', 'standalone', 'A budget.', NULL, 'hashtags', 'nothing', NULL, 'no hashtags found', "
+                    "NULL, 'length', 1), "
+                    "('t', 'd1', 'sidecar', 'A budget.', 3, 'headline', ' Council passes budget\n', NULL, NULL, "
+                    "'eos', 'eos', 0)")
+        con.execute("INSERT INTO request_stats (run_id, doc_id, mode, phase, drafted, accepted, target_forwards, "
+                    "draft_forwards, new_tokens, prefill_device_s, decode_device_s, instruction_device_s) VALUES "
+                    "('r', 'd1', 'sidecar', 'main', 4, 2, 2, 4, 3, 0.5, 0.5, NULL), "
+                    "('r', 'd1', 'sidecar', 'sidecar', 0, 0, 0, 5, 5, 0.1, 0.2, 0.05), "
+                    "('r', 'd1', 'standalone', 'sidecar', 0, 0, 0, 7, 7, NULL, NULL, NULL)")
+        results_before = con.execute("SELECT * FROM results ORDER BY run_id").fetchall()
+    db = Database(path)
+    assert db.schema_version == len(known_migrations())
+    assert {r["column_name"] for r in db.query("DESCRIBE outputs")} == {
+        "run_id", "doc_id", "mode", "summary", "main_tokens", "finish_reason", "batch_id", "written_at"}
+    rows = db.query("SELECT run_id, mode, task, text, CAST(parsed AS VARCHAR) AS parsed, parse_error, finish_reason, "
+                    "new_tokens, round(device_s, 6) AS device_s FROM sidecar_outputs ORDER BY run_id, mode")
+    assert [tuple(r.values()) for r in rows] == [
+        ("r", "sidecar", "hashtags", "#budget #council", '["budget","council"]', None, "eos", 5, 0.35),
+        ("r", "standalone", "hashtags", "nothing", None, "no hashtags found", "length", 7, None),
+        # a text task's value is its text, trimmed
+        ("t", "sidecar", "headline", " Council passes budget\n", '"Council passes budget"', None, "eos", None,
+         None)]
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT * FROM results ORDER BY run_id").fetchall() == results_before
+    assert db.results("r")[0]["sidecar_tags"] == ["budget", "council"]
 
 
 def test_a_winner_outside_the_compared_modes_is_refused(db: Database) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from storage import Database, DatabaseLockedError, LockHeldError, OutputRecord, RequestStats
+from storage import Database, DatabaseLockedError, LockHeldError, OutputRecord, RequestStats, SidecarRecord
 from storage.connection import RetryPolicy, attach_file, parse_lock_holder
 
 pytestmark = pytest.mark.servers  # writers and readers in other processes
@@ -32,8 +32,8 @@ PATIENT = RetryPolicy(attempts=40, first_delay_s=0.02, max_delay_s=0.25)
 
 
 def output(doc_id: str, mode: str, phase: str = "main") -> OutputRecord:
-    return OutputRecord(doc_id=doc_id, mode=mode, summary="S.", sidecar_name="hashtags", sidecar_text="#a",
-                        tags=["#a"], stats=[RequestStats(phase, new_tokens=3, wall_s=0.1)])
+    return OutputRecord(doc_id=doc_id, mode=mode, summary="S.", sidecars=[SidecarRecord.of("hashtags", "#a", ["#a"])],
+                        stats=[RequestStats(phase, new_tokens=3, wall_s=0.1)])
 
 
 def spawn(code: str, *args: str) -> subprocess.Popen[str]:
@@ -140,8 +140,7 @@ KILLED_MIDWAY = """
     con.execute("BEGIN TRANSACTION")
     for mode in ("sidecar", "standalone"):
         con.execute(
-            "INSERT INTO outputs (run_id, doc_id, mode, summary, sidecar_name, sidecar_text, tags) "
-            "VALUES ('run-1', 'half', ?, 'S.', 'hashtags', '#a', ['#a'])", [mode])
+            "INSERT INTO outputs (run_id, doc_id, mode, summary) VALUES ('run-1', 'half', ?, 'S.')", [mode])
     print("ready", flush=True)
     sys.stdin.read()
 """

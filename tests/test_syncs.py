@@ -27,11 +27,14 @@ from sidecar.decoding import batch
 from sidecar.decoding.batch import stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.runtime import syncs as runtime_syncs
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.syncs import SyncCounter
 from sidecar.runtime.timing import DeviceTimer
+from sidecar.tasks.batch import SidecarBatch
 from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.requests import RequestBuilder
 from sidecar.tasks.rows import SidecarRequest
-from sidecar.tasks.task import HASHTAGS
+from sidecar.tasks.task import HASHTAGS, SidecarTask
 
 
 def random_prompts(pair, batch: int, seed: int, every_token: bool = False) -> list[list[int]]:
@@ -53,7 +56,7 @@ class Forwards:
         self.prefills = 0
         self.first_token_reads = 0  # prefills that yield first tokens: the target's, and the plain batch's
         self._depth = 0
-        self._handles = [model.base_model.register_forward_hook(self._hook(name))
+        self._handles = [forward_module(model).register_forward_hook(self._hook(name))
                          for name, model in (("target", pair.target), ("draft", pair.draft))]
 
     def _hook(self, name: str) -> Callable:
@@ -134,6 +137,48 @@ def test_sidecar_tasks_sync_at_most_once_per_forward(tiny) -> None:
     syncs, forwards, _ = count(tiny, lambda: engine.run(requests, max_new_tokens=16, batch_size=8))
     # the main batch's prefill yields first tokens; sidecar rows join from snapshots and ride the next step
     assert forwards.first_token_reads >= 1
+    assert_within_budget(syncs, forwards)
+
+
+def test_constrained_sidecar_tasks_sync_at_most_once_per_draft_forward(tiny) -> None:
+    """A constrained sidecar row's tokens are read in the early stop's transfer: at most one read per draft
+    forward of each step, while the rows ride wide steps beside drafting main rows. The mask's bit unpacking
+    on the host (``matcher.unpack_on_host``: ``.cpu()``/``.numpy()`` of the host-made mask) is counted on a
+    CPU but waits for nothing; an accelerator copies the mask to the device instead."""
+    tasks = [SidecarTask(name="topic", instruction="Then give its topic.", max_new_tokens=8,
+                         choices=["politics", "sport", "science"]),
+             SidecarTask(name="tags", instruction="Then give hashtags.", max_new_tokens=24,
+                         regex=r"#[a-z]{2,8}( #[a-z]{2,8}){1,3}")]
+    # drafting may stop early, so that the constrained rows' tokens share the early stop's read
+    decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=False, draft_confidence=0.5)
+    requests = [SidecarRequest(document=f"document number {i} " * (2 + i % 3), sidecars=tasks,
+                               max_new_tokens=4 + 7 * (i % 3)) for i in range(6)]
+    sidecar_batch = SidecarBatch(RequestBuilder(tiny, 3), decoder, 3)
+    step, reads = sidecar_batch.slots.step, []
+
+    def draft_reads() -> int:
+        return sum(n for site, n in syncs.sites.items() if "(_draft)" in site)
+
+    def counted() -> list:
+        before, recorded = draft_reads(), sidecar_batch.slots.trace.steps_recorded
+        done = step()
+        if sidecar_batch.slots.trace.steps_recorded > recorded:
+            reads.append((draft_reads() - before, sidecar_batch.slots.trace.steps[-1]))
+        return done
+
+    sidecar_batch.slots.step = counted
+    forwards = Forwards(tiny)
+    with mock.patch.object(batch, "prefill", forwards.wrap(batch.prefill)), SyncCounter() as syncs:
+        results = [r for _, r in stream_through(sidecar_batch, requests)]
+    forwards.remove()
+    assert all(r.sidecars[t.name].parse_error is None for r in results for t in tasks)
+    assert any(n and record.riders and record.draft_forwards > 1 for n, record in reads), "no wide constrained step"
+    for n, record in reads:
+        assert n <= record.draft_forwards, (n, record)
+    unpacking = [site for site in syncs.sites if site.startswith("sidecar/decoding/matcher.py")]
+    assert unpacking, "no mask was applied"
+    for site in unpacking:
+        del syncs.sites[site]
     assert_within_budget(syncs, forwards)
 
 

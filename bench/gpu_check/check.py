@@ -80,5 +80,6 @@ def prepare(name: str, spec: str, args: argparse.Namespace) -> tuple[Check, dict
     check.decoder.generate([warm, warm], max_new_tokens=4, batch_size=2)
     return check, {"pair": name, "loaded_from": spec, "load_s": loaded, "device": str(pair.device),
                    "dtype": str(pair.dtype).replace("torch.", ""), "dtype_reason": pair.dtype_reason,
+                   "capture": pair.capture_report,
                    "prompts": source,
                    "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)}

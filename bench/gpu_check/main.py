@@ -22,6 +22,7 @@ from bench.common import (
     write_results,
 )
 from bench.gpu_check import __doc__ as OVERVIEW
+from bench.gpu_check.capture_modes import CAPTURE_MODES, CAPTURE_SCALES, capture_modes, default_modes
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.markdown import markdown
 from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
@@ -33,16 +34,18 @@ from sidecar.settings import DTYPE_HELP, DTYPE_NAMES
 
 SIZES = {
     "quick": {"identity_prompts": 2, "batches": "1,2", "max_new_tokens": 8, "chars": 400, "assisted_documents": 1,
-              "sync_batches": "1,2", "step_cost_batches": "1,2", "step_cost_context": 32},
+              "sync_batches": "1,2", "step_cost_batches": "1,2", "step_cost_context": 32, "capture_batches": "1,2"},
     "standard": {"identity_prompts": 8, "batches": "1,8,32,64", "max_new_tokens": 64, "chars": 1500,
                  "assisted_documents": 4, "sync_batches": "1,8,32", "step_cost_batches": "1,8,32,64",
-                 "step_cost_context": 512},
+                 "step_cost_context": 512, "capture_batches": "1,8,32"},
     "full": {"identity_prompts": 16, "batches": "1,8,32,64,128", "max_new_tokens": 128, "chars": 1500,
              "assisted_documents": 8, "sync_batches": "1,8,32,64", "step_cost_batches": "1,8,32,64",
-             "step_cost_context": 512},
+             "step_cost_context": 512, "capture_batches": "1,8,32"},
 }
-# the share of the budget the step costs may take
+# the share of the budget the step costs may take, then the share of what is left the capture modes may take: a
+# captured mode compiles each of about ten shapes of a 28-layer stack, the slowest part on a GPU
 STEP_COSTS_SHARE = 0.25
+CAPTURE_SHARE = 0.75
 
 
 def result_file_name(args: argparse.Namespace, device: torch.device, default_pairs: bool) -> str:
@@ -77,9 +80,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "ones (default elsewhere: the code path only) or off")
     parser.add_argument("--step-cost-batches", help="comma-separated batch sizes the step costs are timed at")
     parser.add_argument("--step-cost-context", type=int, help="KV entries per row the timed forwards attend")
+    parser.add_argument("--capture-check", choices=CAPTURE_SCALES,
+                        help="plain and speculative tokens/s per capture mode of random Qwen2.5-7B + 1.5B: full "
+                             "shapes (default on CUDA), small ones (default elsewhere: the code path only) or off")
+    parser.add_argument("--capture-modes", help="comma-separated capture modes to compare (default: eager,cudagraph "
+                                                "on CUDA, else eager,compile)")
+    parser.add_argument("--capture-batches", help="comma-separated batch sizes of the speculative runs")
     add_bench_arguments(parser)
     args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
+    unknown = [m for m in (args.capture_modes or "").split(",") if m and m not in CAPTURE_MODES]
+    if unknown:
+        parser.error(f"--capture-modes: unknown mode {', '.join(unknown)} (choose from {', '.join(CAPTURE_MODES)})")
     return args
 
 
@@ -91,10 +103,13 @@ def main(argv: list[str] | None = None) -> dict:
     device = default_device(args.device)
     args.device = str(device)
     args.step_costs = args.step_costs or ("full" if device.type == "cuda" else "small")
+    args.capture_check = args.capture_check or ("full" if device.type == "cuda" else "small")
+    args.capture_modes = args.capture_modes or ",".join(default_modes(device))
     default_pairs = args.pair is None
     results_name = result_file_name(args, device, default_pairs)
     # first, within a share of the budget: what the step costs leave unused goes to the pairs
     steps = measure_step_costs(args, device, deadline.share(STEP_COSTS_SHARE), results_name)
+    captured = measure_capture_modes(args, device, deadline.share(CAPTURE_SHARE))
     names = list(DEFAULT_PAIRS) if default_pairs else args.pair
     resolved = {name: resolve_pair(name) for name in names}
     present = [(name, spec) for name, (spec, _) in resolved.items() if spec is not None]
@@ -115,9 +130,33 @@ def main(argv: list[str] | None = None) -> dict:
     dtypes = {r["dtype"] for r in pairs if "dtype" in r}
     dtype = getattr(torch, dtypes.pop()) if len(dtypes) == 1 else None
     payload = {"environment": environment(device, dtype), "args": vars(args), "absent": absent,
-               "fallback": fallback, "pairs": pairs, "step_costs": steps, "seconds": time.monotonic() - started}
+               "fallback": fallback, "pairs": pairs, "step_costs": steps,
+               "capture": captured, "seconds": time.monotonic() - started}
     write_results(results_name, payload, markdown(payload))
     return payload
+
+
+def requested_or_bf16(args: argparse.Namespace) -> torch.dtype:
+    """The random-weight parts' dtype: ``--dtype`` (or ``SIDECAR_DTYPE``) when named, else bf16 (what a GPU runs)."""
+    requested = requested_dtype(args.dtype)
+    return torch.bfloat16 if requested is None else requested.dtype
+
+
+def measure_capture_modes(args: argparse.Namespace, device: torch.device, deadline: Deadline) -> dict:
+    """The capture-mode part's result (``capture_modes``)."""
+    if args.capture_check == "off":
+        return {"skipped": "off (--capture-check off)"}
+    if reason := deadline.skip_reason():
+        return {"skipped": reason.removeprefix("skipped: ")}
+    modes = [m for m in args.capture_modes.split(",") if m]
+    batches = [int(b) for b in args.capture_batches.split(",") if b]
+    try:
+        return capture_modes(args.capture_check, modes, batches, args.max_new_tokens, args.gamma, device,
+                             requested_or_bf16(args), deadline)
+    except Exception as exc:  # reported, and fails the check; the pairs still run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": failure(exc)}
 
 
 def measure_step_costs(args: argparse.Namespace, device: torch.device, deadline: Deadline, name: str) -> dict:
@@ -126,8 +165,7 @@ def measure_step_costs(args: argparse.Namespace, device: torch.device, deadline:
         return {"skipped": "off (--step-costs off)"}
     if reason := deadline.skip_reason():
         return {"skipped": reason.removeprefix("skipped: ")}
-    requested = requested_dtype(args.dtype)
-    dtype = torch.bfloat16 if requested is None else requested.dtype
+    dtype = requested_or_bf16(args)
     batches = [int(b) for b in args.step_cost_batches.split(",") if b]
     try:
         result = step_costs(args.step_costs, batches, args.gamma, args.step_cost_context, device, dtype, deadline)

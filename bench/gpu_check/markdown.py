@@ -76,8 +76,9 @@ RENDERERS = {"identity": identity_markdown, "syncs": syncs_markdown, "sdpa": sdp
 def pair_markdown(r: dict) -> str:
     if "error" in r:
         return f"### `{r['pair']}`\n\nCould not be loaded and warmed up: {r['error']}."
-    lines = [f"### `{r['pair']}` ({r['dtype']}, {r['dtype_reason']}; on {r['device']}, loaded in {r['load_s']:.0f} s; "
-             f"prompts: {r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
+    capture = f"capture mode {r['capture']}; " if r.get("capture") else ""
+    lines = [f"### `{r['pair']}` ({r['dtype']}, {r['dtype_reason']}; {capture}on {r['device']}, loaded in "
+             f"{r['load_s']:.0f} s; prompts: {r['prompts']}, mean {r['mean_prompt_tokens']:.0f} tokens)"]
     for part, _, _ in parts.PARTS:  # the module's list, not a copy: the parts check_pair ran, in its order
         value = r.get(part)
         if value is None:
@@ -112,6 +113,42 @@ def step_costs_markdown(s: dict) -> str:
     return text + ("\n\n" + "; ".join(skipped) + "." if skipped else "")
 
 
+def capture_markdown(c: dict) -> str:
+    """The capture-mode tables: tokens/s per mode, decoding and batch; then each mode's compile counters and
+    memory; then issue 40's goals, met or not."""
+    if "rows" not in c:
+        return f"Capture modes: {c.get('skipped') or 'error: ' + c['error']}."
+    peak = c["peak_bandwidth_gb_s"]
+    bandwidth = f"{peak:.0f} GB/s peak" if isinstance(peak, float) else "peak bandwidth unknown (not in the catalog)"
+    lines = [f"Capture modes on {c['pair']} ({c['dtype']}; the draft agrees with the target on {c['agreement']:.0%} "
+             f"of tokens; {c['prompt_tokens']}-token prompt, {c['new_tokens']} new tokens, decode phase only; "
+             f"{c['weight_gb_per_token']:.2f} GB of target weights per token, {bandwidth}). Speculative rows: "
+             f"fixed γ={c['gamma']}, no prompt lookup, a static batch of identical rows; \"vs plain\" is against "
+             "plain decoding in the same mode, \"vs eager\" the same row in eager mode:\n",
+             markdown_table([r | ({"bandwidth_share": f"{r['bandwidth_share']:.0%}"}
+                                  if isinstance(r.get("bandwidth_share"), float) else {}) for r in c["rows"]], [
+                 ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
+                 ("bandwidth_share", "share of bandwidth"), ("tokens_per_step", "tokens / target forward"),
+                 ("vs_plain", "vs plain"), ("vs_eager", "vs eager"), ("rows_identical_to_plain", "rows = plain"),
+                 *([("skipped", "skipped")] if any("skipped" in r for r in c["rows"]) else [])])]
+    modes = [m | {"shapes": f"{m['distinct_shapes']['target']} / {m['distinct_shapes']['draft']}"}
+             for m in c["modes"]]
+    memory = any("memory_allocated_gb" in m for m in modes)
+    lines += ["\nPer mode (memory: held once its decoder is gone, less before its first forward: the CUDA graphs' "
+              "pools and static buffers; eager is the baseline):\n",
+              markdown_table(modes, [
+                  ("mode", "mode"), ("compiles", "compiles"), ("recompiles_after_warmup", "recompiles after warm-up"),
+                  ("graph_breaks", "graph breaks"), ("shapes", "distinct shapes (target / draft)"),
+                  ("compile_seconds", "compile s"),
+                  *([("memory_allocated_gb", "allocated GB"), ("memory_reserved_gb", "reserved GB")] if memory
+                    else [])])]
+    lines.append("\nGoals: " + "; ".join(f"{goal}: {verdict}" for goal, verdict in c["goals"].items()) + ".")
+    lines += [f"\n**capture modes failed**: {why}." for why in c.get("failed", [])]
+    if c["skipped_pairs"]:
+        lines.append("\n" + "; ".join(f"{k}: {v}" for k, v in c["skipped_pairs"].items()) + ".")
+    return "\n".join(lines)
+
+
 def markdown(payload: dict) -> str:
     env = payload["environment"]
     lines = [f"GPU check on {env['device']} ({payload['args']['profile']} sizes, {payload['args']['max_new_tokens']} "
@@ -123,4 +160,6 @@ def markdown(payload: dict) -> str:
     lines += ["\n" + pair_markdown(r) for r in payload["pairs"]]
     if "step_costs" in payload:
         lines.append("\n" + step_costs_markdown(payload["step_costs"]))
+    if "capture" in payload:
+        lines.append("\n" + capture_markdown(payload["capture"]))
     return "\n".join(lines)

@@ -74,6 +74,9 @@ def errors(payload: dict) -> list[str]:
     loads = [f"{r['pair']}: {r['error']}" for r in payload["pairs"] if "error" in r]
     if "error" in payload.get("step_costs", {}):
         loads.append(f"step costs: {payload['step_costs']['error']}")
+    captured = payload.get("capture", {})
+    loads += [f"capture modes: {why}" for why in ([captured["error"]] if "error" in captured
+                                                   else captured.get("failed", []))]
     parts = [(r["pair"], part, r.get(part, {})) for r in payload["pairs"] for part, _, _ in PARTS]
     return loads + [f"{pair} {part}: {why}" for pair, part, result in parts
                     for why in ([result["error"]] if "error" in result else result.get("failed", []))]

@@ -18,11 +18,16 @@ One step, ``SlotBatch.step``: compact → admit → choose → step → record �
 - *record*: tokens committed (cut at end of turn, a stop string or the limit), streamed, logprobs, stats
   and the trace; the ledger has charged every forward to its rows.
 
+A row with a constraint (``DecodeRow.constraint``, ``DraftRow.constraint``; docs/constraints.md) has a
+``RowMatcher``: every token it chooses is chosen from logits masked by it (the admission's first token here,
+the step's in ``StepRunner``), and ``_commit`` brings the matcher level with the tokens the row keeps.
+
 The "continuous" schedule admits before every step; "static" only into an empty batch: fixed batches that
 run until their last row (and its draft-only rows) finish, the schedule a continuous batch is measured against.
 
 Reads of the device: one per admitted group that chooses first tokens, one per step (``StepRunner``), at
-most one per draft forward (drafting's early stop).
+most one per draft forward (drafting's early stop, and a constrained draft-only row's token), one more per
+verify while a main row is constrained (its drafts, for the masks).
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from sidecar.decoding.constraints import Constraint, token_space
 from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
+from sidecar.decoding.matcher import RowMatcher
 from sidecar.decoding.plan import StepPlan, StepPlanner
 from sidecar.decoding.randomness import draw_key
 from sidecar.decoding.rows import (
@@ -52,7 +59,7 @@ from sidecar.decoding.rows import (
     TokenCallback,
 )
 from sidecar.decoding.sampling import RowSampling
-from sidecar.decoding.step import StepResult, StepRunner, align_vocab
+from sidecar.decoding.step import StepResult, StepRunner, align_vocab, constrain
 from sidecar.decoding.stops import TokenStops
 from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord, StepRecord
 from sidecar.errors import InputError
@@ -196,7 +203,7 @@ class SlotBatch:
         self.waiting_main.append(MainRow(
             key, row.max_new_tokens, row.sampling, draws, row.top_logprobs, time.perf_counter(),
             stops=TokenStops(self.pair.tokenizer, row.stop) if row.stop else None, request=row,
-            hands_on=row.keep_draft))
+            hands_on=row.keep_draft, matcher=self._matcher(row.constraint)))
 
     def add_draft(self, key: Hashable, row: DraftRow) -> None:
         """Queue draft-only row ``row`` to join when a draft slot is free."""
@@ -204,7 +211,14 @@ class SlotBatch:
             raise InputError(f"draft row {key}: empty feed; give at least one token")
         self.waiting_draft.append(DraftOnlyRow(
             key, row.max_new_tokens, row.sampling, row.draw_key, row.top_logprobs, time.perf_counter(),
-            feed=list(row.feed), phase=row.phase, carried=row.carried, snapshot=row.snapshot))
+            feed=list(row.feed), phase=row.phase, carried=row.carried, snapshot=row.snapshot,
+            matcher=self._matcher(row.constraint)))
+
+    def _matcher(self, constraint: Constraint | None) -> RowMatcher | None:
+        """A row's matcher over the target's vocabulary (draft logits are aligned to it) and the batch's end ids."""
+        if constraint is None:
+            return None
+        return RowMatcher(token_space(self.pair.tokenizer, self.target_vocab, sorted(self.eos)), constraint)
 
     def close(self) -> None:
         """Say that no more main rows will come (it only marks where the final drain begins in ``trace``)."""
@@ -373,6 +387,7 @@ class SlotBatch:
                        on_rows=lambda k: self.progress(TARGET_PREFILL, self.admitted + k, expected),
                        time_forward=self._prefill_timing("target", rows))
         first_logits = logits_at(pair.target, last, torch.zeros(len(rows), 1, dtype=torch.long, device=device))[:, 0]
+        constrain(first_logits, [r.matcher for r in rows])
         sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
         first = sampling.choose(first_logits)
         first_tokens = first.tolist()  # the admission's one read: it also completes the target's prefill
@@ -439,6 +454,7 @@ class SlotBatch:
                        self.prefill_plans["draft"].budget(), time_forward=self._prefill_timing("draft", rows))
         logits = align_vocab(logits_at(self.pair.draft, last, torch.zeros(len(rows), 1, dtype=torch.long,
                                                                           device=device))[:, 0], self.target_vocab)
+        constrain(logits, [r.matcher for r in rows])
         sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
         first = sampling.choose(logits)
         first_tokens = first.tolist()  # the admission's one read
@@ -566,6 +582,11 @@ class SlotBatch:
                 r.stats.first_token_seconds = now - r.added
             r.tokens.extend(cut)
             r.finish = reason
+            if r.matcher is not None and reason is None:
+                # level with the kept tokens: a main row's committed ones, a draft-only row's last (its matcher
+                # took the others in the draft forwards). A cut row finishes, and its matcher is not asked again.
+                for token in r.tokens[len(r.matcher.tokens):]:
+                    r.matcher.accept(token)
             cut_entries = None
             if entries is not None and r.logprobs is not None:
                 cut_entries = entries[i][: len(cut)]

@@ -25,7 +25,28 @@ from sidecar.decoding.sampling import Sampling
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.progress import ProgressCallback
+from sidecar.runtime.capture import attach, resolve_capture, runner_of
+from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
+
+
+def use_capture(pair: ModelPair, requested: str | None) -> None:
+    """Run both models' forwards in the capture mode ``requested`` resolves to (``sidecar.runtime.capture``) and
+    record it on the pair, as its dtype is."""
+    mode, reason = resolve_capture(requested, pair.device, pair.target)
+    if mode != "hf" and not supports(pair.draft):
+        mode, reason = resolve_capture("hf", pair.device, pair.draft)
+    attach(pair.target, mode)
+    attach(pair.draft, mode)
+    pair.capture_mode, pair.capture_reason = mode, reason
+
+
+def capture_stats(pair: ModelPair) -> dict:
+    """The pair's capture mode and why, with each model's counters (compiles, recompiles, graph breaks,
+    forwards, distinct decode shapes) since it was attached: for ``GET /stats`` and run reports."""
+    counters = {name: runner.counters.as_dict() for name, model in (("target", pair.target), ("draft", pair.draft))
+                if (runner := runner_of(model)) is not None}
+    return {"mode": pair.capture_mode, "reason": pair.capture_reason, "counters": counters}
 
 
 class SpeculativeDecoder:
@@ -41,13 +62,17 @@ class SpeculativeDecoder:
     drafts up to ``gamma`` (fewer near its limit), copying when its own text offers that many, so that its
     tokens depend on nothing but its own prompt and seed.
 
+    ``capture`` (default: the pair's, asked at load or attached by an earlier decoder, else ``SIDECAR_CAPTURE``,
+    else auto) is how forwards run: eager, compiled
+    or captured as CUDA graphs over bucketed shapes, or Hugging Face's forward (``sidecar.runtime.capture``).
+
     A row asking for ``top_logprobs`` gets each token's log-probability under the target and that many
     top alternatives (``sidecar.decoding.logprobs``), read from the logits the prefill, plain step or
     verify forward computed anyway for the position that committed the token.
     """
 
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
-                 draft_confidence: float | None = None) -> None:
+                 draft_confidence: float | None = None, capture: str | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
         if draft_confidence is None:
@@ -55,6 +80,7 @@ class SpeculativeDecoder:
         if not 0 <= draft_confidence <= 1:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.pair = pair
+        use_capture(pair, capture or pair.capture or pair.capture_mode or None)
         self.gamma = gamma
         self.adaptive = adaptive
         self.controller = GammaController(gamma, adaptive)

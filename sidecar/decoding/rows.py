@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
 
+from sidecar.decoding.constraints import Constraint
 from sidecar.decoding.logprobs import TokenLogprob
+from sidecar.decoding.matcher import RowMatcher
 from sidecar.decoding.sampling import Sampling
 from sidecar.decoding.stops import TokenStops
 from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot
@@ -89,6 +91,7 @@ class DecodeRow:
     stop: list[str] | None = None  # stop strings: the output ends before the first one it contains
     top_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and k alternatives
     keep_draft: bool = False  # its draft cache is handed on when it finishes (``DraftHandoff``)
+    constraint: Constraint | None = None  # the target chooses only what it allows (docs/constraints.md)
 
 
 @dataclass
@@ -105,6 +108,7 @@ class DraftRow:
     # accounts of work done for this row before it joined (a sidecar's share of its main row's draft work)
     carried: Account = field(default_factory=Account)
     phase: str = "sidecar"  # the ledger's label of its work: "sidecar" or "standalone"
+    constraint: Constraint | None = None  # the draft chooses only what it allows (docs/constraints.md)
 
 
 @dataclass
@@ -148,6 +152,8 @@ class LiveRow:
     admitted: float = 0.0  # perf_counter when its admission began
     decoding_from: float = 0.0
     phase: str = "main"  # the ledger's label of its work
+    # its constraint's state, which follows ``tokens`` between steps (a draft-only row's runs ahead within one)
+    matcher: RowMatcher | None = None
 
     @property
     def remaining(self) -> int:

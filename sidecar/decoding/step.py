@@ -4,11 +4,12 @@ pool, then one read of the device (``StepRunner.run``). The terms are ``sidecar.
     draft forward k (k < draft_forwards), over every draft row:
         k = 0 feeds each row its feed, k > 0 the token it chose at k - 1
         a main row drafting from the model proposes its token (draws of purpose DRAFT);
-        a draft-only row commits it (draws of purpose NEXT: it is the row's output)
+        a draft-only row commits it (draws of purpose NEXT: it is the row's output), within its constraint
         drafting may stop early once no drafting row is confident (one read per forward)
     target forward over every target row:
-        width > 0: verify [pending, drafts] and accept (``sidecar.decoding.acceptance``)
-        width = 0: a plain step from the pending token
+        width > 0: verify [pending, drafts] and accept (``sidecar.decoding.acceptance``) on logits masked
+                   by each constrained row's state after 0..width of its drafts
+        width = 0: a plain step from the pending token, its logits masked
     read: accepted counts, next tokens, drafts and the draft-only rows' tokens, in one transfer
 
 Every forward runs inside the device-time ledger (``sidecar.runtime.ledger``), charged to the rows in it.
@@ -25,6 +26,7 @@ import torch
 
 from sidecar.decoding.acceptance import accept_greedy, accept_sampled, sample_with
 from sidecar.decoding.controller import GammaController
+from sidecar.decoding.matcher import RowMatcher, allocate_bitmask, apply_bitmask, fill_bitmask
 from sidecar.decoding.plan import StepPlan
 from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT
 from sidecar.decoding.rows import DraftOnlyRow, LiveRow, MainRow
@@ -59,6 +61,14 @@ def align_vocab(draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
     if extra > 0:
         return torch.nn.functional.pad(draft_logits, (0, extra), value=float("-inf"))
     return draft_logits[..., :target_vocab]
+
+
+def constrain(logits: torch.Tensor, matchers: list[RowMatcher | None]) -> None:
+    """Refuse in ``logits`` [B, V], in place, what each constrained row may not choose next (None: a free
+    row); a batch without a constrained row is left alone at no cost."""
+    bitmask = fill_bitmask(matchers, logits.shape[-1])  # [B, W] on the host, or None
+    if bitmask is not None:
+        apply_bitmask(logits, bitmask)
 
 
 def draft_charges(rows: list[LiveRow], widths: list[int], first: bool) -> list[Charge]:
@@ -144,9 +154,17 @@ class StepRunner:
                drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Up to ``plan.draft_forwards`` draft forwards over every draft row: tokens [B_d, n], the drafting
         rows' probabilities [B_d, n, V] when some row samples, and per forward the logits [B_d, V] when a
-        draft-only row asks for logprobs."""
+        draft-only row asks for logprobs.
+
+        A constrained draft-only row chooses from masked logits; its matcher accepts each token but the last,
+        which the next forward's mask needs (read with the early stop's check, one read per forward, and only
+        while a constrained row is in the pool); ``_commit`` brings it level with what the row keeps.
+        Main rows propose freely: the verify masks the target."""
         device, batch = self.pair.device, len(rows)
         only = [isinstance(r, DraftOnlyRow) for r in rows]
+        matchers = [r.matcher if o else None for o, r in zip(only, rows, strict=True)]
+        constrained = [b for b, m in enumerate(matchers) if m is not None]
+        constrained_ids = to_device(constrained, device) if constrained else None
         sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
                                device)
         only_mask = to_device(only, device, torch.bool) if any(only) and not sampling.all_greedy else None
@@ -165,9 +183,10 @@ class StepRunner:
             context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
             with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
                                      also=self.controller.forward_cost("draft", ids.numel())):
-                hidden = forward(self.pair.draft, cache, ids)
+                hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid)
                 cache.commit(valid)
                 logits = align_vocab(logits_at(self.pair.draft, hidden, index)[:, 0], self.target_vocab)  # [B_d, V]
+                constrain(logits, matchers)
                 token = logits.argmax(-1)
                 if not sampling.all_greedy:
                     p = sampling.probs(logits)
@@ -180,14 +199,26 @@ class StepRunner:
             tokens.append(token)
             if keep_logits:
                 logits_kept.append(logits)
-            if drafting_mask is not None and k + 1 < plan.draft_forwards:
+            if k + 1 == plan.draft_forwards:
+                break
+            stop = None  # [1]: whether drafting stops here (None: it cannot stop early)
+            if drafting_mask is not None:
                 # the argmax's probability, without a softmax over the vocabulary; only drafting rows count
                 confidence = torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
                 if not sampling.all_greedy:
                     chosen = probs[-1].gather(1, token[:, None])[:, 0]
                     confidence = torch.where(sampling.greedy_mask, confidence, chosen)
-                if bool(((confidence < self.draft_confidence) | ~drafting_mask).all()):
+                stop = ((confidence < self.draft_confidence) | ~drafting_mask).all()[None].long()
+            if constrained_ids is not None:  # [constrained rows' tokens, stop?] in one read
+                read = torch.cat([token.index_select(0, constrained_ids), *([] if stop is None else [stop])])
+                values = read.tolist()
+                for b, chosen_token in zip(constrained, values[: len(constrained)], strict=True):
+                    if not matchers[b].ended:  # an ended row allows only its end ids, cut by _commit
+                        matchers[b].accept(chosen_token)
+                if stop is not None and values[-1]:
                     break
+            elif stop is not None and bool(stop):
+                break
         return torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, logits_kept
 
     def _target_drafts(self, plan: StepPlan, draft_ids: torch.Tensor, draft_probs: torch.Tensor | None, width: int,
@@ -233,7 +264,8 @@ class StepRunner:
                                  also=self.controller.forward_cost("target", batch * (width + 1))):
             hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1))
             index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
-            logits = logits_at(self.pair.target, hidden, index)
+            logits = logits_at(self.pair.target, hidden, index)  # [B_t, width + 1, V]
+            self._constrain_verify(rows, drafted, logits)
             accepted, nxt = accept_greedy(drafted, logits, cap_ids)
             if not sampling.all_greedy:
                 if draft_probs is None:  # every sampled row copies or keeps no draft: a one-hot stands in
@@ -256,8 +288,23 @@ class StepRunner:
                                  also=self.controller.forward_cost("target", batch)):
             hidden = forward(self.pair.target, cache, pending_ids[:, None])
             logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long, device=device))
+            constrain(logits[:, 0], [r.matcher for r in rows])
             nxt = sampling.choose(logits[:, 0])
         return nxt, logits
+
+    def _constrain_verify(self, rows: list[MainRow], drafted: torch.Tensor, logits: torch.Tensor) -> None:
+        """Mask a constrained row's position j in ``logits`` [B_t, width + 1, V] by its state after its first
+        j drafts (``RowMatcher.draft_masks``): the target's masked choice is then target-only decoding's
+        under the same prefix, and a draft the constraint refuses is rejected. The drafts [B_t, width] are
+        read to the host for it (one read, only when some target row is constrained)."""
+        if all(r.matcher is None for r in rows):
+            return
+        batch, positions = logits.shape[:2]
+        masks = allocate_bitmask(batch * positions, logits.shape[-1]).view(batch, positions, -1)  # [B_t, width + 1, W]
+        for r, drafts, mask in zip(rows, drafted.tolist(), masks, strict=True):
+            if r.matcher is not None:
+                r.matcher.draft_masks(drafts, mask)
+        apply_bitmask(logits, masks)
 
     # -- after the read --
 

@@ -11,6 +11,7 @@ from sidecar.models.dtype_choice import choose_dtype, parse_dtype
 from sidecar.models.fetch import is_fetched, pair_dir
 from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
 from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
+from sidecar.settings import parse_capture
 
 NAMED_PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
@@ -71,13 +72,15 @@ def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTraine
 
 def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
               dtype: str | torch.dtype | None = None, fast_cpu_kernels: bool = True,
-              draft_int8: bool = False) -> ModelPair:
+              draft_int8: bool = False, capture: str | None = None) -> ModelPair:
     """Load a named pair (``qwen-coder-small``, ``qwen2.5-7b``, ``tiny``) or ``TARGET,DRAFT`` ids/paths.
 
     ``draft_int8`` quantizes the draft's Linear layers to int8 (CPU only). The target verifies every
     token, so output stays exactly the target's; only acceptance, and what the draft writes alone in
-    sidecar tasks, can change.
+    sidecar tasks, can change. ``capture`` (auto, eager, compile, cudagraph, hf; default ``SIDECAR_CAPTURE``,
+    else auto) is how a ``SpeculativeDecoder`` over the pair runs its forwards (``sidecar.runtime.capture``).
     """
+    capture = parse_capture(capture, "the capture argument")
     torch_device = default_device(device)
     choice = choose_dtype(torch_device, dtype, *target_shape(name_or_spec))
     torch_dtype = choice.dtype
@@ -92,6 +95,7 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
         pair = ModelPair(name_or_spec, target, draft, tokenizer, torch_device, torch_dtype,
                          eos_ids(tokenizer, target))
     pair.dtype_reason = choice.reason
+    pair.capture = capture
     if draft_int8:
         if torch_device.type != "cpu":
             raise PairError("draft_int8 is a CPU option (dynamic int8 quantization); on GPUs use bf16")

@@ -26,6 +26,11 @@ class ModelPair:
     draft_size_ratio: float | None = None
     # why the pair runs in ``dtype`` (``sidecar.models.dtype_choice``): reported beside the device
     dtype_reason: str = ""
+    # the capture mode asked for (``load_pair``'s argument; None: SIDECAR_CAPTURE, else auto), and the one the
+    # decoder runs with and why, once a ``SpeculativeDecoder`` has attached it (``sidecar.runtime.capture``)
+    capture: str | None = None
+    capture_mode: str = ""
+    capture_reason: str = ""
 
     def __post_init__(self) -> None:
         if not self.dtype_reason:
@@ -45,6 +50,11 @@ class ModelPair:
     def dtype_report(self) -> str:
         """``bf16 (auto: bf16 matmul 0.31 ms vs fp32 0.84 ms)``: the dtype and why."""
         return f"{dtype_name(self.dtype)} ({self.dtype_reason})"
+
+    @property
+    def capture_report(self) -> str:
+        """``eager (auto: CPU, eager ...)``: the capture mode and why (empty before a decoder attached one)."""
+        return f"{self.capture_mode} ({self.capture_reason})" if self.capture_mode else ""
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -27,10 +27,12 @@ _TINY_CORPUS = (
 
 @cache
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
+    # as Qwen2's tokenizer: text is NFC-normalised before it is split, so a token's text need not be the input's
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
@@ -55,15 +57,15 @@ def tiny_config(vocab_size: int, layers: int, hidden: int, seed_scale: float = 0
 
 
 def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_noise: float = 0.01,
-                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedModel]:
+                seed: int = 0, layers: int = 2) -> tuple[PreTrainedModel, PreTrainedModel]:
     """A random target and a draft that is the target plus noise, so acceptance is neither 0 nor 1.
 
     The large initializer range makes next-token distributions peaked, so greedy argmax is far from
     ties and batched/unbatched float differences cannot flip it.
     """
     torch.manual_seed(seed)
-    target = Qwen2ForCausalLM(tiny_config(vocab_size, layers=2, hidden=TINY_SHAPE[0])).eval()
-    draft = Qwen2ForCausalLM(tiny_config(draft_vocab_size or vocab_size, layers=2, hidden=TINY_SHAPE[0])).eval()
+    target = Qwen2ForCausalLM(tiny_config(vocab_size, layers=layers, hidden=TINY_SHAPE[0])).eval()
+    draft = Qwen2ForCausalLM(tiny_config(draft_vocab_size or vocab_size, layers=layers, hidden=TINY_SHAPE[0])).eval()
     with torch.no_grad():
         for t_param, d_param in zip(target.parameters(), draft.parameters(), strict=True):
             if t_param.shape == d_param.shape:
@@ -78,10 +80,13 @@ def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_nois
 
 
 def tiny_pair(device: torch.device | None = None, dtype: torch.dtype = torch.float32, draft_noise: float = 0.01,
-              draft_extra_vocab: int = 0, seed: int = 0) -> ModelPair:
+              draft_extra_vocab: int = 0, seed: int = 0, layers: int = 2) -> ModelPair:
+    """The tiny pair; ``layers=28`` gives Qwen2.5-1.5B's and -7B's depth at a width where compute is about
+    zero, so a forward's time is its host cost (``bench.host_overhead``)."""
     tokenizer = tiny_tokenizer()
     vocab = len(tokenizer)
-    target, draft = tiny_models(vocab + 16, vocab + draft_extra_vocab, draft_noise=draft_noise, seed=seed)
+    target, draft = tiny_models(vocab + 16, vocab + draft_extra_vocab, draft_noise=draft_noise, seed=seed,
+                                layers=layers)
     device = device or torch.device("cpu")
     target.to(device=device, dtype=dtype)
     draft.to(device=device, dtype=dtype)

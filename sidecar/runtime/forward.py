@@ -14,14 +14,23 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from sidecar.runtime.capture import runner_of
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.prefill_plan import group_rows
 from sidecar.runtime.transfers import to_device
 
 
 def forward(model: PreTrainedModel, cache: RowKVCache, input_ids: torch.Tensor,
-            query_span: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the decoder stack on ``input_ids`` [B, q] over ``cache``; returns hidden states [B, q, H]."""
+            query_span: torch.Tensor | None = None, valid: list[int] | None = None,
+            decode: bool = True) -> torch.Tensor:
+    """Run the decoder stack on ``input_ids`` [B, q] over ``cache``; returns hidden states [B, q, H].
+
+    ``valid[b]``: the real columns of row b (the rest pad it to q); ``decode``: a step's forward (bucketed and
+    compiled where the model's capture mode says so), not a prefill's. Models without an attached runner
+    (``sidecar.runtime.capture.attach``) run Hugging Face's forward."""
+    runner = runner_of(model)
+    if runner is not None:
+        return runner(cache, input_ids, query_span, valid, decode)
     positions, mask = cache.prepare(input_ids.shape[1], model.dtype, query_span)
     # A target with more embedding rows than its draft can emit ids the draft cannot embed; the draft
     # only proposes, so feeding it a stand-in id there costs acceptance, never correctness.
@@ -114,7 +123,7 @@ def prefill(model: PreTrainedModel, cache: RowKVCache, rows: list[list[int]], bu
                     spans[i, s:e] = span_id
             span_ids = to_device(spans, device)
         with nullcontext() if time_forward is None else time_forward(start, valid, ids.numel(), 0, 1):
-            hidden = forward(model, part, ids, span_ids)
+            hidden = forward(model, part, ids, span_ids, valid, decode=False)
         part.commit(valid)
         index = last_columns(valid, device)[:, :, None].expand(-1, 1, hidden.shape[-1])
         last.append(hidden.gather(1, index))

@@ -9,7 +9,11 @@ compacts each row while the rows keep their original rotary positions.
 
 The object plugs into Hugging Face models through the ``cache=`` argument: attention layers call
 ``update`` and receive the filled part of the buffers; the 4D mask from ``attention_mask`` decides what
-each query may see.
+each query may see. Our own forward (``sidecar.runtime.decoder_stack``) reads and writes the same buffers and
+builds that mask on the device instead.
+
+Every row has one column past its capacity, the trash column: padding (rows or query columns added to reach
+a bucket's shape) writes there, and no real query attends to it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class RowKVCache:
     def __init__(self, model: PreTrainedModel, batch_size: int, capacity: int) -> None:
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (batch_size, config.num_key_value_heads, capacity, head_dim)
+        shape = (batch_size, config.num_key_value_heads, capacity + 1, head_dim)  # + the trash column
         param = next(model.parameters())
         self.device = param.device
         self.layers = config.num_hidden_layers
@@ -42,10 +46,13 @@ class RowKVCache:
         # rotary position of column 0 minus 0: positions advance with lengths, plus a per-row offset
         # that grows when columns are evicted, so later tokens keep their original positions.
         self.position_offset = np.zeros(batch_size, dtype=np.int64)
-        self.visible = torch.ones(batch_size, capacity, dtype=torch.bool, device=param.device)
-        self.span = torch.full((batch_size, capacity), -1, dtype=torch.long, device=param.device)
+        self.visible = torch.ones(batch_size, capacity + 1, dtype=torch.bool, device=param.device)
+        self.span = torch.full((batch_size, capacity + 1), -1, dtype=torch.long, device=param.device)
         self._write_index: torch.Tensor | None = None
         self._kv_len = 0
+        # the cache whose buffers this one's rows are, and the first of them (``rows_view``)
+        self.root = self
+        self.start = 0
 
     @property
     def batch_size(self) -> int:
@@ -53,7 +60,7 @@ class RowKVCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        return self.keys[0].shape[2] - 1  # the trash column holds nothing of a row's
 
     def bytes_per_column(self) -> int:
         k = self.keys[0]
@@ -160,7 +167,18 @@ class RowKVCache:
         view.span = self.span[start:stop]
         view._write_index = None
         view._kv_len = 0
+        view.root = self.root
+        view.start = self.start + start
         return view
+
+    def padded(self, rows: int) -> RowKVCache | None:
+        """These rows and the ones after them in the root cache, ``rows`` in all, as a view (None where the
+        root cache ends first): a forward padded up to a bucket's batch writes its padding rows there."""
+        if rows == self.batch_size:
+            return self
+        if self.start + rows > self.root.batch_size:
+            return None
+        return self.root.rows_view(self.start, self.start + rows)
 
     def copy_prefix(self, source: int, length: int) -> None:
         """Give every other row row ``source``'s first ``length`` columns, a prompt prefix they share, and

@@ -5,8 +5,9 @@ buffers, so a forward costs only the live rows. Rows join in the free slots just
 (``admit`` hands out a view of them to prefill in place, ``write`` fills them from snapshots) and leave
 through ``remove``, which moves the highest live rows into the freed slots (``compaction_order``) without
 touching the others. Each slot holds
-``capacity`` columns; a KV token budget fixes it (``max_batch * capacity <= budget``), otherwise the pool
-grows when a row needs more columns than it has, copying only the live rows' filled columns.
+``capacity`` columns; a KV token budget fixes it (``max_batch * capacity <= budget``), otherwise it is a power of
+two (``capacity_bucket``: compiled forwards take their shapes from it) and the pool grows when a row needs more
+columns than it has, copying only the live rows' filled columns.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
+from sidecar.runtime.capture import capacity_bucket
 from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot, compaction_order
 
 
@@ -23,8 +25,7 @@ class SlotPool:
         self.model = model
         self.max_batch = max_batch
         self.budget_capacity = None if kv_budget_tokens is None else kv_budget_tokens // max_batch
-        if self.budget_capacity is not None:
-            capacity = self.budget_capacity
+        capacity = capacity_bucket(capacity) if self.budget_capacity is None else self.budget_capacity
         self.cache = RowKVCache(model, max_batch, capacity)
         self.live = 0
         self.active = self.cache.rows_view(0, 0)
@@ -44,7 +45,7 @@ class SlotPool:
         if self.budget_capacity is not None:
             raise InputError(f"a row needs {columns} KV columns but the KV token budget gives each of the "
                              f"{self.max_batch} slots {self.budget_capacity}; raise the budget or shorten the input")
-        grown = RowKVCache(self.model, self.max_batch, max(columns, self.capacity * 3 // 2))
+        grown = RowKVCache(self.model, self.max_batch, capacity_bucket(max(columns, self.capacity * 3 // 2)))
         self.active.copy_into(grown.rows_view(0, self.live))
         self.cache = grown
         self.active = grown.rows_view(0, self.live)

@@ -6,7 +6,8 @@ its main output is final and its draft cache has caught up with it (``DraftHando
 per task, which joins from a view of that cache (``sidecar.tasks.requests.sidecar_view``: the task's
 instruction shown, the document evicted unless the task attends to it) and feeds the task's bridge in the
 next draft forward. Sidecar rows ride in the same draft forwards as the main rows' proposals. A request's
-result is complete when its last sidecar output is.
+result is complete when its last sidecar output is; ``on_main`` hears its main output as soon as that is final
+(a server streams its finish then).
 
 Keys in the slot batch: a request's main row is its index; its sidecar rows are (index, task name).
 The "static" schedule is the baseline: a fixed batch of main rows runs to its end, then its sidecar rows
@@ -15,7 +16,7 @@ run, then the next batch.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from sidecar.decoding.trace import KEPT_EVENTS
 from sidecar.progress import SIDECAR_TASKS, ProgressCallback
 from sidecar.runtime.ledger import Account
 from sidecar.tasks.prompts import SpannedPrompt
-from sidecar.tasks.requests import RequestBuilder, sidecar_view
+from sidecar.tasks.requests import RequestBuilder, before_stop, sidecar_view
 from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
 from sidecar.tasks.task import SidecarTask
 
@@ -53,14 +54,20 @@ class _Pending:
     instruction: dict[str, Account] | None = None
 
 
+# (a request's index, its main output): called as soon as the main output is final, its sidecars still to come
+MainCallback = Callable[[int, GenerationOutput], None]
+
+
 class SidecarBatch:
     def __init__(self, builder: RequestBuilder, decoder: SpeculativeDecoder, max_batch: int,
                  schedule: str = "continuous", on_tokens: TokenCallback | None = None,
                  on_progress: ProgressCallback | None = None, cancelled: CancelCheck | None = None,
-                 expected: int | None = None, trace_keep: int | None = KEPT_EVENTS) -> None:
+                 expected: int | None = None, trace_keep: int | None = KEPT_EVENTS,
+                 on_main: MainCallback | None = None) -> None:
         self.builder = builder
         self.pair = builder.pair
         self.on_tokens, self.cancelled = on_tokens, cancelled
+        self.on_main = on_main
         self.progress = on_progress or (lambda phase, done, total: None)
         self.slots = decoder.batch(max_batch, schedule, max_draft_rows=max_batch, on_tokens=self._tokens,
                                    on_handoff=self._handoff, on_progress=on_progress,
@@ -129,6 +136,8 @@ class SidecarBatch:
         request, compound = pending.request, pending.compound
         main = handoff.output.token_ids
         main = main[:-1] if main and main[-1] in self.pair.eos_token_ids else main
+        if handoff.output.finish_reason == "stop" and request.stop:  # the sidecars see no stop string
+            main = main[: before_stop(self.pair.tokenizer, main, request.stop)]
         sampling = request.sidecar_sampling or request.sampling or Sampling()
         pending.instruction = {}
         for number, task in enumerate(request.sidecars):
@@ -142,7 +151,7 @@ class SidecarBatch:
             draws = 0 if sampling.greedy else draw_key(sampling.seed, 1 + number)
             self.slots.add_draft((handoff.index, task.name), DraftRow(
                 feed, task.max_new_tokens, draws, snapshot, sampling, request.top_logprobs,
-                carried=handoff.catch_up[number], phase="sidecar"))
+                carried=handoff.catch_up[number], phase="sidecar", constraint=task.constraint))
             pending.instruction[task.name] = handoff.instruction[number]
             self.sidecar_rows += 1
         self.progress(SIDECAR_TASKS, self.sidecar_done, self.sidecar_rows)
@@ -151,6 +160,8 @@ class SidecarBatch:
 
     def _main_done(self, index: int, main: GenerationOutput) -> list[tuple[int, DocumentResult]]:
         pending = self.requests[index]
+        if self.on_main is not None:  # before its sidecars, which decode for steps yet
+            self.on_main(index, main)
         result = DocumentResult(main, {})
         if main.finish_reason == "cancelled" or pending.request is None or not pending.request.sidecars:
             del self.requests[index]

@@ -109,7 +109,8 @@ class SidecarEngine:
                     break
                 _, task, prompt = jobs[j]
                 draws = 0 if sampling.greedy else draw_key(nth_seed(seed, j), 1)
-                batch.add_draft(j, DraftRow(prompt, task.max_new_tokens, draws, sampling=sampling, phase="standalone"))
+                batch.add_draft(j, DraftRow(prompt, task.max_new_tokens, draws, sampling=sampling, phase="standalone",
+                                            constraint=task.constraint))
             finished = batch.step()
             for j, out in finished:
                 i, task, _ = jobs[j]

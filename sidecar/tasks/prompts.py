@@ -125,13 +125,21 @@ def turn_bridge(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def build_prompt(tokenizer: PreTrainedTokenizerBase, document: str, instruction: str, system: str | None,
-                 sidecar_instructions: dict[str, str] | None = None) -> SpannedPrompt:
-    """Spans: ``prefix``, ``document``, ``instruction``, ``sidecar:<name>`` for each sidecar, ``suffix``."""
-    # the prefix is the template up to the user message's content (a system message's text included)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": ""}]
+                 sidecar_instructions: dict[str, str] | None = None,
+                 history: Sequence[tuple[str, str]] = ()) -> SpannedPrompt:
+    """Spans: ``prefix``, ``history``, ``document``, ``instruction``, ``sidecar:<name>`` for each sidecar,
+    ``suffix``. ``history`` is a chat's earlier turns, (role, content) after the system message: the span
+    holds them with the template's text around them, up to the content of the user message that the document
+    is (empty without history)."""
+    # the prefix is the template up to the first turn's content (a system message's text included)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": role, "content": content} for role, content in history] + [{"role": "user", "content": ""}]
     frame = chat_frame(tokenizer, messages)
+    first = 1 if system else 0
     prompt = SpannedPrompt()
-    prompt.add("prefix", encode_chat(tokenizer, frame[:-1], [system] if system else []))
+    prompt.add("prefix", encode_chat(tokenizer, frame[: first + 1], [system] if system else []))
+    prompt.add("history", encode_chat(tokenizer, ["", *frame[first + 1 : -1]], [c for _, c in history])
+               if history else [])
     prompt.add("document", encode(tokenizer, document))
     prompt.add("instruction", encode(tokenizer, f"\n\n{instruction}" if instruction else ""))
     for name, text in (sidecar_instructions or {}).items():

@@ -9,7 +9,9 @@ sidecars' instructions dropped, and the document's columns evicted unless the ta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import DecodeRow
@@ -20,6 +22,9 @@ from sidecar.runtime.slots import row_columns
 from sidecar.tasks.prompts import SpannedPrompt, build_prompt, encode, turn_bridge
 from sidecar.tasks.rows import SidecarRequest
 from sidecar.tasks.task import SidecarTask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def nth_sampling(sampling: Sampling, i: int) -> Sampling:
@@ -42,9 +47,9 @@ class RequestBuilder:
         if len(set(names)) != len(names):
             raise InputError(f"sidecar task names must be unique, got {names}")
         tok = self.pair.tokenizer
-        bare = build_prompt(tok, request.document, request.instruction, request.system)
+        bare = build_prompt(tok, request.document, request.instruction, request.system, history=request.history)
         compound = build_prompt(tok, request.document, request.instruction, request.system,
-                                {t.name: t.instruction for t in request.sidecars})
+                                {t.name: t.instruction for t in request.sidecars}, request.history)
         return bare, compound
 
     def decode_row(self, index: int, request: SidecarRequest) -> DecodeRow:
@@ -73,10 +78,26 @@ class RequestBuilder:
 def sidecar_view(compound: SpannedPrompt, task: SidecarTask, main: list[int]) -> tuple[list[int], list[int]]:
     """The draft-cache columns a sidecar continues from (ascending) and, among them, the positions of its
     instruction, to be shown: the compound prompt without the other sidecars' instructions (and without the
-    document unless the task attends to it), then the main output's ``len(main)`` columns."""
-    spans = ["prefix", *(["document"] if task.attend_document else []), "instruction", f"sidecar:{task.name}", "suffix"]
+    document and a chat's earlier turns unless the task attends to it), then the main output's ``len(main)`` columns."""
+    # a chat's earlier turns go with the document: a task that does not attend to it sees neither
+    spans = ["prefix", *(["history", "document"] if task.attend_document else []), "instruction",
+             f"sidecar:{task.name}", "suffix"]
     columns = compound.columns(*spans)
     start = len(compound.token_ids)
     columns += range(start, start + len(main))
     instruction = set(compound.columns(f"sidecar:{task.name}"))
     return columns, [i for i, c in enumerate(columns) if c in instruction]
+
+
+def before_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: Sequence[str]) -> int:
+    """How many of ``ids`` end before the first stop string in their text begins: an output that a stop string
+    ended (its last token completes one) as the client sees it, for the sidecars that continue from it."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    starts = [text.find(s) for s in stops if s in text]
+    if not starts:
+        return len(ids)
+    kept = len(ids)
+    # only the last few tokens, those that spell the stop string, are decoded again
+    while kept and len(tokenizer.decode(ids[:kept], skip_special_tokens=True)) > min(starts):
+        kept -= 1
+    return kept

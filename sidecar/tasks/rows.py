@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import GenerationOutput
@@ -26,6 +27,8 @@ class SidecarRequest:
     sidecar_sampling: Sampling | None = None
     stop: list[str] | None = None
     top_logprobs: int | None = None
+    # a chat's turns before the document (the last user message), after the system message: (role, content)
+    history: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -59,7 +62,8 @@ class SidecarOutput:
     name: str
     text: str
     token_ids: list[int]
-    parsed: list[str] | str | None
+    # SidecarTask.parse's value: hashtags, text, a choice, a regex match, or any JSON value (a JSON schema task)
+    parsed: Any
     parse_error: str | None
     finish_reason: str
     stats: SidecarStats

@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from sidecar.decoding.constraints import (
+    CONSTRAINT_FIELDS,
+    Constraint,
+    ConstraintError,
+    check_choices,
+    constraint_from,
+    json_schema_constraint,
+    parse_constrained,
+    regex_constraint,
+)
 
 
 class SidecarTask(BaseModel):
@@ -30,6 +50,13 @@ class SidecarTask(BaseModel):
                           "template's turn boundary, so the task is answered in a new assistant turn that ends with "
                           "the model's end-of-turn token. A string: text it continues from inside the main output's "
                           "turn, whose end-of-turn is dropped (the hashtags task's is a blank line).")
+    # constrained output, at most one of them (sidecar.decoding.constraints, docs/constraints.md): exactly one
+    # of the choices, a whole-output match of a regex, or one JSON value valid under a JSON Schema
+    choices: list[str] | None = Field(None, description="The output is exactly one of these strings.")
+    regex: str | None = Field(None, description="The whole output matches this regular expression.")
+    json_schema: dict[str, Any] | None = Field(None, description="The output is one JSON value valid under this "
+                                                                 "JSON Schema.")
+    _constraint: Constraint | None = PrivateAttr(default=None)
 
     @field_validator("instruction")
     @classmethod
@@ -37,6 +64,52 @@ class SidecarTask(BaseModel):
         if not value.strip():
             raise ValueError("instruction must not be blank")
         return value
+
+    # each constraint is checked on its own field, so that a bad one's error names it
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _reason(check_choices, value)
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            _reason(regex_constraint, value)
+        return value
+
+    @field_validator("json_schema")
+    @classmethod
+    def _json_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _reason(json_schema_constraint, value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SidecarTask:
+        try:
+            self._constraint = constraint_from(self.choices, self.regex, self.json_schema)
+        except ConstraintError as error:
+            raise ValueError(str(error)) from None
+        if self._constraint is not None and self.parser != "text":
+            raise ValueError(f"parser: {self.parser!r} parses free text; a task with {self._constraint.kind} is "
+                             "parsed by its constraint, so leave parser as 'text'")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_constraints(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a free-text task dumps as before the constraint fields existed: run ids and resume identities hash
+        # the dump, so runs started before them keep their ids
+        data = handler(self)
+        for name in CONSTRAINT_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The task's constraint, compiled once when the task was made (None: free text)."""
+        return self._constraint
 
     @property
     def standalone_instruction(self) -> str:
@@ -47,13 +120,25 @@ class SidecarTask(BaseModel):
             text = text[:1].upper() + text[1:]
         return text
 
-    def parse(self, text: str) -> tuple[list[str] | str | None, str | None]:
-        """(parsed value, error). Unparseable output keeps its raw text and gets an error, never dropped."""
+    def parse(self, text: str) -> tuple[Any, str | None]:
+        """(parsed value, error). Unparseable output keeps its raw text and gets an error, never dropped.
+
+        A constrained task's value is the choice, the regex's match or the JSON value (any JSON type)."""
+        if self._constraint is not None:
+            return parse_constrained(self._constraint, text)
         if self.parser == "hashtags":
             tags = parse_hashtags(text)
             return (tags, None) if tags else (None, "no hashtags found")
         stripped = text.strip()
         return (stripped, None) if stripped else (None, "empty output")
+
+
+def _reason(check: Any, value: Any) -> Any:
+    """``check(value)``, its ``ConstraintError`` as pydantic's ValueError (pydantic adds the field's name)."""
+    try:
+        return check(value)
+    except ConstraintError as error:
+        raise ValueError(error.reason) from None
 
 
 # its bridge is the one it was measured with (bench/results, docs/benchmarks.md): a blank line in the answer's turn

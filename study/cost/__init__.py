@@ -31,13 +31,17 @@ Python API::
     calibrate(measured_steps, workload, catalog) -> list[CalibrationRow]   # measured / projected
     load_step_costs(path) -> StepCosts                   # ms per forward the GPU check timed (its step-cost table)
     StepCosts.seconds(model, kind, tokens, batch)        # a measured forward, in place of the roofline's
-    replay(records, target, draft, device, steps=None)   # a run's forwards priced (``study.cost.replay``)
+    replay(records, target, draft, device, steps=None, host=None)   # a run's forwards priced (``study.cost.replay``)
+    load_host_floors(path=None) -> HostFloors            # eager and captured host floor per forward (``host_floor``)
+    HostFloors.of("eager" | "captured") -> HostFloor     # pass as host= to forward_seconds, project, replay, ...
+    speculation_vs_plain(target, draft, gpu, batch, context, acceptance, host, gamma=4) -> SpeculationRow
 """
 
 from study.cost.calibration import CalibrationRow, MeasuredStep, calibrate
 from study.cost.catalog import GPU, find_gpu, get_gpu, load_catalog, usd_per_million_tokens
-from study.cost.errors import CostInputError, UnknownGPUError
+from study.cost.errors import CostInputError, UnknownGPUError, count, number
 from study.cost.facts import ModelFacts, default_dtype, draft_config
+from study.cost.host_floor import CAPTURES, Capture, HostFloor, HostFloors, default_host_overhead_path, load_host_floors
 from study.cost.projection import (
     DEFAULT_BATCHES,
     ProjectionRow,
@@ -55,13 +59,16 @@ from study.cost.roofline import (
     forward_seconds,
     prefill_seconds,
 )
+from study.cost.speculation import DEFAULT_GAMMA, SpeculationRow, speculation_vs_plain
 from study.cost.step_costs import StepCosts, load_step_costs
 from study.cost.units import DTYPE_BYTES, GB, MB, TB, TERA
 from study.cost.workload import STUDY_WORKLOAD, TaggingTime, TagTokens, Workload
 from vocab.modes import MODES, Mode
 
 __all__ = [
+    "CAPTURES",
     "DEFAULT_BATCHES",
+    "DEFAULT_GAMMA",
     "DTYPE_BYTES",
     "GB",
     "GPU",
@@ -71,14 +78,18 @@ __all__ = [
     "TB",
     "TERA",
     "CalibrationRow",
+    "Capture",
     "CostInputError",
     "Device",
+    "HostFloor",
+    "HostFloors",
     "MeasuredStep",
     "Mode",
     "ModelFacts",
     "Peaks",
     "ProjectionRow",
     "RooflineRow",
+    "SpeculationRow",
     "StepCosts",
     "TagTokens",
     "TaggingTime",
@@ -86,8 +97,10 @@ __all__ = [
     "Workload",
     "calibrate",
     "check_batches",
+    "count",
     "decode_step_seconds",
     "default_dtype",
+    "default_host_overhead_path",
     "draft_config",
     "find_gpu",
     "forward_bytes",
@@ -95,9 +108,12 @@ __all__ = [
     "forward_seconds",
     "get_gpu",
     "load_catalog",
+    "load_host_floors",
     "load_step_costs",
+    "number",
     "prefill_seconds",
     "project",
     "roofline_table",
+    "speculation_vs_plain",
     "usd_per_million_tokens",
 ]

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from study.cost.catalog import GPU, find_gpu
+from study.cost.errors import count, number
 from study.cost.workload import Workload
 from vocab.modes import Mode
 
@@ -20,6 +21,13 @@ class MeasuredStep:
     batch: int
     ms_per_step: float | None = None
     tokens_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        count("batch", self.batch)
+        # 0 or None: not measured (``step_ms`` falls back); NaN, infinity or below 0: refused
+        for name in ("ms_per_step", "tokens_per_s"):
+            if (value := getattr(self, name)) is not None:
+                number(f"{self.gpu_type} {self.mode} {name}", value, positive=False)
 
     @property
     def step_ms(self) -> float | None:

@@ -1,7 +1,8 @@
 """The GPU catalog: memory bandwidth, peak dense compute and hourly rent per GPU type, from
 ``study/cost/gpus.json``.
 
-Every entry has a positive bandwidth, compute peak and price (``load_catalog`` refuses others) and names the
+Every entry has a finite positive bandwidth, compute peak and price (``load_catalog`` refuses others, naming
+the entry and field) and names the
 source of each. The compute peak is the dense one: datasheets' figures "with sparsity" are twice as high.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from study.cost.errors import CostInputError, UnknownGPUError
+from study.cost.errors import UnknownGPUError, number
 from study.cost.units import GB, TERA
 
 
@@ -49,18 +50,22 @@ def load_catalog(path: Path | None = None) -> dict[str, GPU]:
     catalog: dict[str, GPU] = {}
     for entry in json.loads(text)["gpus"]:
         quoted = entry.get("usd_per_hour_quoted")
+        name = entry["name"]
+
+        def positive(field: str, value: object, name: str = name) -> float:
+            return number(f"catalog entry {name!r} {field}", value)
+
         gpu = GPU(
-            name=entry["name"],
-            bandwidth_gb_s=float(entry["bandwidth_gb_s"]),
-            dense_tflops=float(entry["dense_tflops"]),
+            name=name,
+            bandwidth_gb_s=positive("bandwidth_gb_s", entry["bandwidth_gb_s"]),
+            dense_tflops=positive("dense_tflops", entry["dense_tflops"]),
             tflops_dtype=entry["tflops_dtype"],
-            usd_per_hour=float(entry["usd_per_hour"]),
+            usd_per_hour=positive("usd_per_hour", entry["usd_per_hour"]),
             source=entry["source"],
             device_names=tuple(entry.get("device_names", ())),
-            usd_per_hour_quoted=(float(quoted[0]), float(quoted[1])) if quoted else None,
+            usd_per_hour_quoted=(positive("usd_per_hour_quoted", quoted[0]), positive("usd_per_hour_quoted",
+                                                                                       quoted[1])) if quoted else None,
         )
-        if gpu.bandwidth_gb_s <= 0 or gpu.dense_tflops <= 0 or gpu.usd_per_hour <= 0:
-            raise CostInputError(f"catalog entry {gpu.name!r}: bandwidth, TFLOPs and price must be positive")
         catalog[gpu.name] = gpu
     return catalog
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -72,8 +72,7 @@ class ModelFacts:
             )
         if getattr(config, "use_sliding_window", False):
             raise CostInputError("sliding-window attention caps the KV cache and is not modelled")
-        if dtype_bytes <= 0:
-            raise CostInputError(f"dtype_bytes must be positive, got {dtype_bytes}")
+        count("dtype_bytes", dtype_bytes)
         hidden = config.hidden_size
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads or heads

@@ -15,6 +15,9 @@ sidecar its instruction's share of the main draft prefill, so
     tag tokens/s = batch x tags / (prefill + (tags - 1) x seconds per step + instruction)
 
 which is what a measured tag tok/s counts: tag tokens per attributed device second, the same lines.
+
+Every forward also pays the host floor of a capture mode (``host_floor``), given as ``host``: a row names
+its mode in ``capture`` ("roofline" without a floor).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from study.cost.catalog import GPU, usd_per_million_tokens
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
+from study.cost.host_floor import HostFloor
 from study.cost.roofline import Peaks
 from study.cost.units import GB
 from study.cost.workload import Workload
@@ -53,6 +57,11 @@ class ProjectionRow:
     instruction_ms: float | None = None
     tag_tokens_per_s: float | None = None
     usd_per_million_tag_tokens: float | None = None
+    capture: str = "roofline"  # the capture mode whose host floor each forward pays; "roofline": none
+
+
+def _capture(host: HostFloor | None) -> str:
+    return "roofline" if host is None else host.capture
 
 
 def _usd(usd_per_hour: float | None, tokens_per_s: float | None) -> float | None:
@@ -67,10 +76,12 @@ def _projection_row(
     bandwidth_bytes_s: float,
     flops_s: float | None,
     usd_per_hour: float | None,
+    host: HostFloor | None = None,
 ) -> ProjectionRow:
-    seconds = workload.step_seconds(mode, batch, bandwidth_bytes_s, flops_s)
+    seconds = workload.step_seconds(mode, batch, bandwidth_bytes_s, flops_s, host)
     tokens_per_s = batch / seconds
-    tagging = None if flops_s is None else workload.tagging_time(mode, batch, Peaks(bandwidth_bytes_s, flops_s))
+    tagging = (None if flops_s is None
+               else workload.tagging_time(mode, batch, Peaks(bandwidth_bytes_s, flops_s), host))
     tag_tokens_per_s = None
     if tagging is not None and workload.tokens is not None:
         tag_tokens_per_s = batch * workload.tokens.tags / tagging.seconds
@@ -88,20 +99,24 @@ def _projection_row(
         instruction_ms=None if tagging is None else tagging.instruction_s * 1000,
         tag_tokens_per_s=tag_tokens_per_s,
         usd_per_million_tag_tokens=_usd(usd_per_hour, tag_tokens_per_s),
+        capture=_capture(host),
     )
 
 
 def check_batches(batches: Sequence[int]) -> None:
     """Raises :class:`CostInputError` unless ``batches`` is a non-empty list of sizes of at least 1."""
-    if not batches or any(b < 1 for b in batches):
-        raise CostInputError(f"batch sizes must be positive integers, got {list(batches)}")
+    if not batches:
+        raise CostInputError("batch sizes must be positive integers, got none")
+    for batch in batches:
+        count("batch sizes", batch)
 
 
-def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCHES) -> list[ProjectionRow]:
-    """One row per mode the workload knows and per batch size, on ``gpu``."""
+def project(workload: Workload, gpu: GPU, batches: Sequence[int] = DEFAULT_BATCHES,
+            host: HostFloor | None = None) -> list[ProjectionRow]:
+    """One row per mode the workload knows and per batch size, on ``gpu``, each forward paying ``host``'s floor."""
     check_batches(batches)
     return [
-        _projection_row(workload, gpu.name, mode, batch, gpu.bandwidth_bytes_s, gpu.flops_s, gpu.usd_per_hour)
+        _projection_row(workload, gpu.name, mode, batch, gpu.bandwidth_bytes_s, gpu.flops_s, gpu.usd_per_hour, host)
         for mode in MODES
         if mode in workload.kv_bytes_per_request
         for batch in batches
@@ -141,6 +156,7 @@ class RooflineRow:
     full_instruction_ms: float | None = None
     masked_instruction_ms: float | None = None
     sidecar_saving_pct: float | None = None
+    capture: str = "roofline"
 
 
 def roofline_table(
@@ -149,12 +165,13 @@ def roofline_table(
     batches: Sequence[int],
     usd_per_hour: float | None = None,
     flops_s: float | None = None,
+    host: HostFloor | None = None,
 ) -> list[RooflineRow]:
-    """One row per batch size on a device of ``bandwidth_bytes_s`` (and ``flops_s``, which prices the prefill)."""
-    if bandwidth_bytes_s <= 0:
-        raise CostInputError("bandwidth must be positive")
-    if flops_s is not None and flops_s <= 0:
-        raise CostInputError("FLOP/s must be positive")
+    """One row per batch size on a device of ``bandwidth_bytes_s`` (and ``flops_s``, which prices the prefill),
+    each forward paying ``host``'s floor."""
+    number("bandwidth", bandwidth_bytes_s)
+    if flops_s is not None:
+        number("FLOP/s", flops_s)
     for mode in SIDECAR_MODES:
         if mode not in workload.kv_bytes_per_request:
             raise CostInputError(f"the workload needs KV bytes per request for {mode}")
@@ -162,11 +179,11 @@ def roofline_table(
     rows = []
     for batch in batches:
         full, masked = (
-            _projection_row(workload, "", mode, batch, bandwidth_bytes_s, flops_s, usd_per_hour)
+            _projection_row(workload, "", mode, batch, bandwidth_bytes_s, flops_s, usd_per_hour, host)
             for mode in ("sidecar_attended", "sidecar")
         )
         alone = (
-            _projection_row(workload, "", "standalone", batch, bandwidth_bytes_s, flops_s, usd_per_hour)
+            _projection_row(workload, "", "standalone", batch, bandwidth_bytes_s, flops_s, usd_per_hour, host)
             if "standalone" in workload.kv_bytes_per_request
             else None
         )
@@ -203,6 +220,7 @@ def roofline_table(
                 full_instruction_ms=full.instruction_ms,
                 masked_instruction_ms=masked.instruction_ms,
                 sidecar_saving_pct=saving,
+                capture=_capture(host),
             )
         )
     return rows

@@ -11,6 +11,9 @@ arithmetic: a projection, not a timing.
 With ``steps`` (``step_costs.load_step_costs``: forwards the GPU check timed) a decode forward the table covers
 is priced from it instead: a target's as a verify of its width, a draft's one-token step as a draft step; a
 prefill, and what the table lacks, stays on the roofline. ``ReplayTime.source`` says which priced it.
+
+With ``host`` (``host_floor``) every roofline-priced forward also pays that capture mode's host floor at its
+model's depth; a forward priced from measured step costs does not: its host cost was in what was timed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from sidecar.runtime.ledger import ForwardRecord
 from study.cost.facts import ModelFacts
+from study.cost.host_floor import HostFloor
 from study.cost.roofline import Device, forward_seconds
 from study.cost.step_costs import StepCosts
 
@@ -51,19 +55,21 @@ def measured_key(record: ForwardRecord, steps: StepCosts) -> tuple[str, str, int
     return key if steps.covers(*key) else None
 
 
-def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, device: Device) -> float:
-    """The roofline time of one recorded forward, for a target and draft of sizes ``target``/``draft``."""
+def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, device: Device,
+                 host: HostFloor | None = None) -> float:
+    """The roofline time of one recorded forward, for a target and draft of sizes ``target``/``draft``, plus
+    ``host``'s floor."""
     facts = target if record.model == "target" else draft
     rows = max(record.rows, 1)
     width = max(round(record.padded_tokens / rows), 1)
     logits = width if record.model == "target" and record.kind == "decode" else 1
-    return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
+    return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits, host=host)
 
 
 def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFacts, device: Device,
-           steps: StepCosts | None = None) -> ReplayTime:
-    """Price every forward of ``records`` on ``device`` (from ``steps`` where they cover it) and charge it to the
-    phases by their tokens."""
+           steps: StepCosts | None = None, host: HostFloor | None = None) -> ReplayTime:
+    """Price every forward of ``records`` on ``device`` (from ``steps`` where they cover it; else the roofline
+    plus ``host``'s floor) and charge it to the phases by their tokens."""
     seconds = {"prefill": 0.0, "decode": 0.0}
     by_phase: dict[str, float] = {}
     forwards = {"target": 0, "draft": 0}
@@ -71,7 +77,7 @@ def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFac
     for record in records:
         key = None if steps is None else measured_key(record, steps)
         if key is None:
-            time = forward_time(record, target, draft, device)
+            time = forward_time(record, target, draft, device, host)
         else:
             time = steps.seconds(*key, max(record.rows, 1))
             measured += 1
@@ -80,5 +86,6 @@ def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFac
         tokens = sum(record.tokens.values())
         for phase, count in record.tokens.items():
             by_phase[phase] = by_phase.get(phase, 0.0) + (time * count / tokens if tokens else 0.0)
-    source = "roofline" if steps is None else f"{steps.source} for decode forwards, roofline for the rest"
+    roofline = "roofline" if host is None else f"roofline + {host.label}"
+    source = roofline if steps is None else f"{steps.source} for decode forwards, {roofline} for the rest"
     return ReplayTime(seconds["prefill"], seconds["decode"], by_phase, forwards, source, measured)

@@ -9,6 +9,7 @@ query width heads x head dim)::
     attention FLOPs = 4 x L x A x batch x keys,     keys = tokens x context + tokens x (tokens + 1) / 2
     bytes           = weight bytes per step + batch x (context + tokens) x KV bytes per token
     seconds         = max((linear + attention FLOPs) / peak dense FLOP/s, bytes / peak bandwidth)
+                      + host floor (``host_floor``: the capture mode's host cost per forward, if given)
 
 - Linear: every weight of a layer's linear maps multiplies every new token once (a multiply-add, 2 FLOPs).
   The LM head runs only where a next token is needed: once per row for a prefill or a decode step, as the
@@ -31,10 +32,13 @@ projection, not a measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 from study.cost.facts import ModelFacts
+
+if TYPE_CHECKING:
+    from study.cost.host_floor import HostFloor
 
 
 class Device(Protocol):
@@ -55,16 +59,14 @@ class Peaks:
     flops_s: float
 
     def __post_init__(self) -> None:
-        if self.bandwidth_bytes_s <= 0 or self.flops_s <= 0:
-            raise CostInputError("bandwidth and FLOP/s must be positive")
+        number("bandwidth", self.bandwidth_bytes_s)
+        number("FLOP/s", self.flops_s)
 
 
 def _check(batch: int, tokens: int, context: float) -> None:
-    if batch < 1 or tokens < 1 or context < 0:
-        raise CostInputError(
-            f"a forward needs batch and tokens of at least 1 and a context of at least 0, got {batch}, {tokens}, "
-            f"{context}"
-        )
+    count("a forward's batch", batch)
+    count("a forward's tokens", tokens)
+    number("a forward's context", context, positive=False)
 
 
 def forward_flops(facts: ModelFacts, batch: int, tokens: int, context: float, logits: int = 1) -> float:
@@ -86,20 +88,24 @@ def forward_bytes(facts: ModelFacts, batch: int, tokens: int, context: float) ->
 
 
 def forward_seconds(
-    facts: ModelFacts, device: Device, batch: int, tokens: int, context: float, logits: int = 1
+    facts: ModelFacts, device: Device, batch: int, tokens: int, context: float, logits: int = 1,
+    host: HostFloor | None = None,
 ) -> float:
-    """The roofline time of that forward: compute time or memory time, whichever is longer."""
+    """The roofline time of that forward: compute time or memory time, whichever is longer, plus ``host``'s
+    floor for a model of this depth (none without it)."""
     compute = forward_flops(facts, batch, tokens, context, logits) / device.flops_s
     memory = forward_bytes(facts, batch, tokens, context) / device.bandwidth_bytes_s
-    return max(compute, memory)
+    return max(compute, memory) + (0.0 if host is None else host.seconds(facts.layers))
 
 
-def prefill_seconds(facts: ModelFacts, device: Device, batch: int, tokens: int, context: float = 0) -> float:
+def prefill_seconds(facts: ModelFacts, device: Device, batch: int, tokens: int, context: float = 0,
+                    host: HostFloor | None = None) -> float:
     """One prefill forward of ``tokens`` prompt tokens per row for ``batch`` rows, onto caches that hold
     ``context`` entries already (0: a fresh prompt)."""
-    return forward_seconds(facts, device, batch, tokens, context)
+    return forward_seconds(facts, device, batch, tokens, context, host=host)
 
 
-def decode_step_seconds(facts: ModelFacts, device: Device, batch: int, context: float) -> float:
+def decode_step_seconds(facts: ModelFacts, device: Device, batch: int, context: float,
+                        host: HostFloor | None = None) -> float:
     """One decode step: one new token for each of ``batch`` rows whose caches hold ``context`` entries."""
-    return forward_seconds(facts, device, batch, 1, context)
+    return forward_seconds(facts, device, batch, 1, context, host=host)

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 
 KINDS = ("draft", "verify")
 
@@ -70,14 +70,17 @@ def load_step_costs(path: str | Path, target: str = "7b", draft: str = "1.5b") -
         table = json.loads(Path(path).read_text())
         env, rows = table["environment"], table["rows"]
         points: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
-        for row in rows:
+        for index, row in enumerate(rows):
             if "ms" not in row:
                 continue
-            if row["kind"] not in KINDS or row["ms"] <= 0 or row["batch"] < 1 or row["tokens"] < 1:
-                raise CostInputError(f"{path}: a row the step costs cannot use: {row}")
-            points.setdefault((row["model"], row["kind"], int(row["tokens"])), []).append((int(row["batch"]),
-                                                                                        float(row["ms"])))
-        source = (f"measured on {env['device']} ({table['dtype']}, {table['context']} tokens of context"
+            if row["kind"] not in KINDS:
+                raise CostInputError(f"{path}: row {index}: kind must be one of {', '.join(KINDS)}, got {row}")
+            # a batch of 1.9 read as int was a batch of 1: every field is checked, not converted
+            field = f"{path}: row {index}"
+            batch, tokens = count(f"{field} batch", row["batch"]), count(f"{field} tokens", row["tokens"])
+            points.setdefault((row["model"], row["kind"], tokens), []).append((batch, number(f"{field} ms", row["ms"])))
+        context = count(f"{path}: context", table["context"])
+        source = (f"measured on {env['device']} ({table['dtype']}, {context} tokens of context"
                   f"{'' if table.get('scale', 'full') == 'full' else ', small shapes: not the real models'})")
     except CostInputError:
         raise

@@ -16,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-from study.cost.errors import CostInputError
+from study.cost.errors import CostInputError, count, number
 from study.cost.facts import ModelFacts
 from study.cost.roofline import Device, forward_flops, prefill_seconds
 from study.cost.units import GB, MB
 from vocab.modes import MODES, Mode
+
+if TYPE_CHECKING:
+    from study.cost.host_floor import HostFloor
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,8 @@ class TagTokens:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < 0:
-                raise CostInputError(f"{name} tokens must not be negative, got {value}")
-        if self.tags < 1:
-            raise CostInputError("tags must be at least 1 token")
+            count(f"{name} tokens", value, 0)
+        count("tags tokens", self.tags, 1)
         if not 1 <= self.sidecar_feed <= self.prompt("sidecar"):
             raise CostInputError(f"sidecar_feed must be between 1 and the sidecar's prompt, got {self.sidecar_feed}")
 
@@ -59,6 +61,10 @@ class TagTokens:
         document and instruction), the summary and the tags; where the run's ledger counted them, the
         sidecar's masked instruction tokens and the tokens it fed before tagging. The document is that prompt
         less the template estimates, which, like whatever was not counted, keep their defaults."""
+        for name, value in (("main prompt", main_prompt), ("summary", summary), ("tags", tags),
+                            ("sidecar instruction", sidecar_instruction), ("sidecar feed", sidecar_feed)):
+            if value is not None:
+                number(f"measured mean {name} tokens", value, positive=False)
         instruction = cls.sidecar_instruction if sidecar_instruction is None else round(sidecar_instruction)
         document = max(0, round(main_prompt) - cls.system - cls.instruction)
         feed = cls.sidecar_feed
@@ -131,13 +137,11 @@ class Workload:
     tokens: TagTokens | None = None
 
     def __post_init__(self) -> None:
-        if self.weight_bytes_per_step <= 0:
-            raise CostInputError("weight bytes per step must be positive")
+        number("weight bytes per step", self.weight_bytes_per_step)
         for mode, kv_bytes in self.kv_bytes_per_request.items():
             if mode not in MODES:
                 raise CostInputError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-            if kv_bytes <= 0:
-                raise CostInputError(f"KV bytes per request for {mode} must be positive")
+            number(f"KV bytes per request for {mode}", kv_bytes)
 
     @classmethod
     def from_model(cls, facts: ModelFacts, tokens: TagTokens, name: str) -> Workload:
@@ -169,13 +173,17 @@ class Workload:
         # A step that reads n entries feeds one token into a cache of n - 1.
         return forward_flops(self.facts, batch, 1, max(0.0, self.tokens.mean_context(mode) - 1))
 
-    def step_seconds(self, mode: Mode, batch: int, bandwidth_bytes_s: float, flops_s: float | None = None) -> float:
-        """Bytes over bandwidth; with ``flops_s`` and a shape, the longer of that and FLOPs over ``flops_s``."""
+    def step_seconds(self, mode: Mode, batch: int, bandwidth_bytes_s: float, flops_s: float | None = None,
+                     host: HostFloor | None = None) -> float:
+        """Bytes over bandwidth; with ``flops_s`` and a shape, the longer of that and FLOPs over ``flops_s``; plus
+        ``host``'s floor at the draft's depth (the benchmark's depth without a shape)."""
         memory = self.step_bytes(mode, batch) / bandwidth_bytes_s
         flops = self.step_flops(mode, batch)
-        return memory if flops is None or flops_s is None else max(memory, flops / flops_s)
+        roofline = memory if flops is None or flops_s is None else max(memory, flops / flops_s)
+        return roofline + (0.0 if host is None else host.seconds(None if self.facts is None else self.facts.layers))
 
-    def tagging_time(self, mode: Mode, batch: int, device: Device) -> TaggingTime | None:
+    def tagging_time(self, mode: Mode, batch: int, device: Device, host: HostFloor | None = None
+                     ) -> TaggingTime | None:
         """One batch's tagging phase on ``device``: the prefill that yields the first tag token, then a decode
         step per further tag token; for a sidecar, the instruction's share of the batch's main draft prefill,
         in proportion to its tokens there, as the ledger shares a forward out. None without the draft's shape
@@ -183,13 +191,14 @@ class Workload:
         if self.facts is None or self.tokens is None:
             return None
         tokens, context = self.tokens.prefill(mode)
-        step = self.step_seconds(mode, batch, device.bandwidth_bytes_s, device.flops_s)
+        step = self.step_seconds(mode, batch, device.bandwidth_bytes_s, device.flops_s, host)
         instruction_s = 0.0
         if mode != "standalone" and self.tokens.sidecar_instruction:
             main = self.tokens.main_prefill
-            instruction_s = prefill_seconds(self.facts, device, batch, main) * self.tokens.sidecar_instruction / main
+            instruction_s = (prefill_seconds(self.facts, device, batch, main, host=host)
+                             * self.tokens.sidecar_instruction / main)
         return TaggingTime(
-            prefill_s=prefill_seconds(self.facts, device, batch, tokens, context),
+            prefill_s=prefill_seconds(self.facts, device, batch, tokens, context, host=host),
             decode_s=(self.tokens.tags - 1) * step,
             instruction_s=instruction_s,
         )

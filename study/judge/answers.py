@@ -15,11 +15,10 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from study.judge.config import JudgeConfig
+from vocab.numbers import NumberError, logprob
 
 Choice = Literal["A", "B", "tie"]
 LETTERS = ("A", "B")
-# A log probability is at most 0; an endpoint's float rounding may put it this far above, no further.
-MAX_LOGPROB = 1e-6
 
 
 class JudgeAnswerError(ValueError):
@@ -46,6 +45,7 @@ class _Model(BaseModel):
 
 class _TopLogprob(_Model):
     token: str
+    # checked by ``letter_probabilities``, its one reader, so that a game refused for it keeps its raw answer
     logprob: float
 
 
@@ -123,18 +123,23 @@ def ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str
 def letter_probabilities(reply: Reply) -> tuple[float, float]:
     """(P(A), P(B)) at the first generated token whose alternatives hold an answer letter, as the endpoint
     gave them (not normalised). Spellings with leading spaces or in lower case count for their letter; a
-    letter missing from the alternatives counts 0. A letter's log probability that is NaN or above 0 (a
-    probability above 1) is no answer: ``JudgeAnswerError``, so that it fails this game only."""
+    letter missing from the alternatives counts 0. A reply any of whose log probabilities is not one (NaN,
+    infinite, above 0, below -1e4: ``vocab.numbers.logprob``) is no answer: ``JudgeAnswerError``, so that it
+    fails this game only."""
     if reply.alternatives is None:
         raise NoLogprobsError("the reply has no log probabilities")
+    for position, alternatives in enumerate(reply.alternatives):
+        for token, value in alternatives.items():
+            try:
+                logprob(f"logprobs.content.{position} top log probability of the token {token!r}", value)
+            except NumberError as exc:
+                raise JudgeAnswerError(f"{value!r} for the token {token!r} is not a log probability: {exc}") from None
     for alternatives in reply.alternatives:
         found = {letter: 0.0 for letter in LETTERS}
-        for token, logprob in alternatives.items():
+        for token, value in alternatives.items():
             letter = token.strip().upper()
             if letter in found:
-                if not logprob <= MAX_LOGPROB:  # NaN compares false too
-                    raise JudgeAnswerError(f"{logprob!r} for the token {token!r} is not a log probability")
-                found[letter] += math.exp(logprob)
+                found[letter] += math.exp(value)
         if any(found.values()):
             return min(found["A"], 1.0), min(found["B"], 1.0)
     raise JudgeAnswerError(f"no answer letter among the top log probabilities of the reply {reply.text[:200]!r}")

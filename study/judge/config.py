@@ -20,7 +20,8 @@ class JudgeConfigError(ValueError):
 class JudgeConfig(BaseModel):
     """Where and how to ask the judge. The API key is a ``SecretStr``: masked in repr, logs and dumps."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a timeout, backoff or floor of infinity or NaN passes a lone lower bound: refused like any other bad value
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str
     base_url: str | None = None

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import openai
 from openai.types import Completion
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from study.judge.answers import JudgeAnswerError, validated_reply
 from study.judge.prompts import SCORER_PROMPTS
+from vocab.numbers import logprob
+
+# A prompt token's log probability, checked as the reply is read: finite and in [-1e4, 0]
+# (``vocab.numbers.logprob``), so that no infinity, NaN or absurd value reaches the mean, a score or DuckDB
+# (two of -1e308 overflow ``math.fsum``).
+Logprob = Annotated[float, Strict(), AfterValidator(lambda value: logprob("a log probability", value))]
 
 
 class NoPromptLogprobsError(JudgeAnswerError):
@@ -32,7 +39,7 @@ class _Model(BaseModel):
 
 class _EchoLogprobs(_Model):
     tokens: list[str]
-    token_logprobs: list[float | None]
+    token_logprobs: list[Logprob | None]
     text_offset: list[int]
 
 
@@ -85,6 +92,6 @@ def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: list[s
     tagged = [lp for lp, offset in zip(echoed.token_logprobs, echoed.text_offset, strict=True) if offset >= start]
     if not tagged:
         raise JudgeAnswerError(f"no token starts at or after character {start}, where the tags start")
-    if any(lp is None or not lp <= 1e-6 for lp in tagged):  # NaN compares false too
-        raise JudgeAnswerError(f"a tag token's log probability is not one: {tagged}")
+    if any(lp is None for lp in tagged):
+        raise JudgeAnswerError(f"a tag token has no log probability: {tagged}")
     return TagLikelihood(math.fsum(tagged) / len(tagged), len(tagged))  # type: ignore[arg-type]

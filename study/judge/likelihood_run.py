@@ -102,11 +102,14 @@ def unavailable_reason(item: JudgeItem, config: JudgeConfig, client: openai.Open
 
 def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.OpenAI, model: str,
                     prompt_version: str, redact: Redactor,
-                    on_result: Callable[[LikelihoodResult], None] | None = None) -> list[LikelihoodResult]:
+                    on_result: Callable[[LikelihoodResult], None] | None = None,
+                    run: list[JudgeItem] | None = None) -> list[LikelihoodResult]:
     """Score every item's tag sets; results in the order of ``items``, each heard by ``on_result`` as it
-    comes (``in_turn``: when it raises, no queued item is scored). The first ``config.controls`` items with
-    both tag sets also score the control ladder."""
-    judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
+    comes (``in_turn``: when it raises, no queued item is scored). Baselines, and which documents climb the
+    control ladder (the first ``config.controls`` with both tag sets), come from ``run``, every document of
+    the run (default ``items``): a resumed pass that scores a few documents gives each the baseline and
+    ladder a whole pass would, and a lone pending document still has the others as baselines."""
+    judgeable = [item for item in (items if run is None else run) if item.sidecar_tags and item.standalone_tags]
     summaries = {item.doc_id: item.summary for item in judgeable}
     baselines = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], len(judgeable))
     in_sample = {item.doc_id for item in judgeable[:config.controls]}
@@ -170,9 +173,11 @@ class LikelihoodOutcome(BaseModel):
 
 def score_by_likelihood(items: list[JudgeItem], config: JudgeConfig, model: str, prompt_version: str,
                         client: openai.OpenAI | None = None,
-                        on_result: Callable[[LikelihoodResult], None] | None = None) -> LikelihoodOutcome:
-    """Probe once whether ``model`` gives prompt log probabilities, then score ``items`` (``score_documents``);
-    an endpoint that gives none is asked nothing more and the outcome says why."""
+                        on_result: Callable[[LikelihoodResult], None] | None = None,
+                        run: list[JudgeItem] | None = None) -> LikelihoodOutcome:
+    """Probe once whether ``model`` gives prompt log probabilities, then score ``items`` (``score_documents``,
+    baselines from ``run``); an endpoint that gives none is asked nothing more and the outcome says why.
+    Without a judgeable item nothing is asked."""
     client, redact = client_and_redactor(config, client)
     probe = next((item for item in items if item.sidecar_tags and item.standalone_tags), None)
     if probe is None:
@@ -182,7 +187,8 @@ def score_by_likelihood(items: list[JudgeItem], config: JudgeConfig, model: str,
         logger.warning("likelihood scoring with %s is unavailable, the pairwise method stands: %s", model, reason)
         return LikelihoodOutcome(model=model, prompt_version=prompt_version, unavailable=reason)
     return LikelihoodOutcome(model=model, prompt_version=prompt_version,
-                             results=score_documents(items, config, client, model, prompt_version, redact, on_result))
+                             results=score_documents(items, config, client, model, prompt_version, redact, on_result,
+                                                     run))
 
 
 def likelihood_margin(results: list[LikelihoodResult], config: JudgeConfig) -> float:

@@ -94,12 +94,20 @@ class JudgeSummary(BaseModel):
     # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
     mode_note: str | None = None
     error_docs: dict[str, str] = Field(default_factory=dict)
+    # the run's sidecar tasks the judge cannot score, each with why: not judged, which is no verdict on them
+    not_judged: dict[str, str] = Field(default_factory=dict)
 
     def reliability_line(self) -> str:
-        """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not."""
+        """One sentence on whether the verdicts measure anything, UNRELIABLE in capitals when they do not; a run
+        none of whose tasks the judge can score is not judged, with the reasons."""
+        if self.not_judged and self.judged == 0:
+            return f"Not judged: {self.not_judged_line()}."
         if self.reliability is None:
             return "UNRELIABLE: nothing was judged."
         return self.reliability.line()
+
+    def not_judged_line(self) -> str:
+        return "; ".join(f"task {task} {reason}" for task, reason in self.not_judged.items())
 
     def ladders(self) -> list[tuple[str, Reliability]]:
         """Every method's ladder in this run, named by method, judge model and prompt version."""
@@ -112,6 +120,8 @@ class JudgeSummary(BaseModel):
         """The run's verdict, only from trusted methods: theirs when they agree, split when they do not,
         else UNRELIABLE and no verdict."""
         trusted = [(name, ladder) for name, ladder in self.ladders() if ladder.verdict != "UNRELIABLE"]
+        if not trusted and self.not_judged and self.judged == 0:
+            return "none, not judged"
         if not trusted:
             return "none, UNRELIABLE (no method's controls passed)"
         said = [f"{name}: {VERDICT_WORDS[ladder.verdict]}, mean difference {_interval(ladder.interval)}, smallest "
@@ -128,6 +138,8 @@ class JudgeSummary(BaseModel):
         if self.mode_note:
             lines += [self.mode_note, ""]
         lines += [f"**{self.reliability_line()}**", "", f"**Verdict of the run: {self.verdict_line()}**", ""]
+        if self.not_judged and self.judged:
+            lines += [f"Not judged: {self.not_judged_line()}.", ""]
         lines += [
             "| outcome | documents |",
             "|---|---:|",

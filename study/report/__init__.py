@@ -13,6 +13,7 @@ Plain data in, files out. The Prefect flow reads storage and publishes what this
         study_workload=cost.STUDY_WORKLOAD,  # the extra projection with the source study's shapes
         batches=cost.DEFAULT_BATCHES,
         reference_batch=None,    # batch of the $ plot, projected beside 32-128; default: the most common measured
+        host_overhead=None,      # bench.host_overhead's result (host floors); default: the committed one, if any
     )
     report.markdown              # the report as markdown (also at report.markdown_path)
     report.markdown_path, report.html_path      # cost_report.md, cost_report.html (PNGs embedded)
@@ -46,7 +47,10 @@ it on a CUDA device, with the measured mean prompt, summary and tag tokens per r
 counted them, the sidecar's instruction and feed tokens); measured step times are calibrated against that
 projection only. A pair whose config is not on this machine (or rows without a pair) gets no projection and
 no calibration, and the report says why. The study workload is projected on every catalog GPU as well,
-labelled as such.
+labelled as such. Every projected forward pays the captured host floor (``study.cost.host_floor``; 0 and a
+lower bound where no CUDA-graph measurement exists), and the report says so; a section sets eager against
+captured for speculation with Qwen2.5-7B/1.5B at the measured acceptance and says where eager speculation is
+slower than plain decoding.
 
 The report opens with the verdict table: per GPU type, pair and basis a row, per batch size a column, the
 measured rows at the batch they ran and the projected ones at that batch and at 32, 64 and 128 (the batch
@@ -55,7 +59,8 @@ the lines each measured verdict adds up. A projected verdict prices the same lin
 ``study.cost``. How they were reached (what was measured and projected, the calibration, what the roofline
 leaves out) follows. Modules, in the order the data flows: ``measurements`` (rows, pooled),
 ``tagging_cost`` (a mode's lines per request), ``projections`` (a roofline workload per measured pair),
-``verdicts``, ``assemble`` (all figures, before any text), ``sections`` (the report as document blocks),
+``verdicts``, ``capture`` (the host floors the projections assume, eager against captured for speculation),
+``assemble`` (all figures, before any text), ``sections`` (the report as document blocks),
 ``blocks`` (markdown and HTML), ``plots`` and ``write`` (the files and the cost rows).
 """
 

@@ -4,6 +4,7 @@ Measured step times are calibrated only against the projection of their own pair
 projected on every catalog GPU as an extra, labelled projection. Every projection gives a verdict per
 catalog GPU at the measured (reference) batch and at the batch sizes nightly jobs run on GPUs
 (:data:`VERDICT_BATCHES`), measured GPU types included, so a measured row can be read beside its projection.
+Every projection assumes captured mode: each forward pays the captured host floor (``capture``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from study.cost import GPU, CalibrationRow, CostInputError, MeasuredStep, Workload, calibrate, find_gpu, project
+from study.cost import (
+    GPU,
+    CalibrationRow,
+    HostFloors,
+    MeasuredStep,
+    Workload,
+    calibrate,
+    count,
+    find_gpu,
+    project,
+)
+from study.report.capture import CaptureModes, capture_modes
 from study.report.measurements import (
     AcceptanceKey,
     MeasuredGroup,
@@ -51,6 +63,7 @@ class ReportData:
     panel_of: dict[str, str]  # measured GPU type -> its step-time panel: catalog name, else the GPU type
     step_time_panels: dict[str, Projection | None]  # panel -> projection drawn there (None: measured only)
     plot_paths: dict[str, Path]
+    capture: CaptureModes  # the floors the projections assume (captured), and eager against captured
 
     def price(self, gpu_type: str) -> float | None:
         gpu = find_gpu(gpu_type, self.catalog)
@@ -67,6 +80,7 @@ def assemble(
     study_workload: Workload,
     batches: Sequence[int],
     reference_batch: int | None,
+    host_floors: HostFloors | None = None,
 ) -> ReportData:
     """The report's data for ``write_cost_report``'s arguments; plots are to be drawn under ``out_dir``."""
     rows = [Measurement.from_row(row) for row in measurements]
@@ -76,13 +90,16 @@ def assemble(
         counts = Counter(g.batch_size for g in tag_groups)
         # The most often measured batch size (the largest of a tie), so measured and projected bars meet.
         reference_batch = max(counts, key=lambda b: (counts[b], b)) if counts else DEFAULT_REFERENCE_BATCH
-    if reference_batch < 1:
-        raise CostInputError(f"reference_batch must be positive, got {reference_batch}")
+    count("reference_batch", reference_batch)
     verdict_batches = sorted({reference_batch, *VERDICT_BATCHES})
     all_batches = sorted(set(batches) | set(verdict_batches))
 
+    capture = capture_modes(host_floors, groups, catalog)
+    host = capture.captured
+
     def projection(workload: Workload, pair: str | None = None) -> Projection:
-        return Projection(workload, {gpu.name: project(workload, gpu, all_batches) for gpu in catalog.values()}, pair)
+        return Projection(workload, {gpu.name: project(workload, gpu, all_batches, host) for gpu in catalog.values()},
+                          pair)
 
     workloads, unprojected = pair_workloads(rows, draft_config)
     pair_projections = {pair: projection(workload, pair) for pair, workload in workloads.items()}
@@ -94,7 +111,7 @@ def assemble(
         for p in projections
         for gpu in catalog.values()
         for batch in verdict_batches
-        if (v := projected_verdict(p.workload, gpu, batch))
+        if (v := projected_verdict(p.workload, gpu, batch, host))
     ]
     unledgered = [f"{g.gpu_type} ({g.pair}), {g.mode} at batch {g.batch_size}" if g.pair
                   else f"{g.gpu_type}, {g.mode} at batch {g.batch_size}" for g in tag_groups if g.tag_cost is None]
@@ -136,4 +153,5 @@ def assemble(
             "usd_per_mtok": out_dir / "usd_per_million_tag_tokens.png",
             "acceptance": out_dir / "acceptance_per_request.png",
         },
+        capture=capture,
     )

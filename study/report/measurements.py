@@ -21,11 +21,14 @@ from vocab.modes import MODES, Mode
 MAIN_PHASE = "main"
 
 
-def _number(value: Any) -> float | None:
-    """A float, or None for missing values (None, NaN) as DuckDB and pandas hand them over."""
+def _number(value: Any, field: str = "a measurement") -> float | None:
+    """A float, or None for missing values (None, NaN) as DuckDB and pandas hand them over; an infinite one is
+    no measurement (``CostInputError`` naming ``field``)."""
     if value is None:
         return None
     number = float(value)
+    if math.isinf(number):
+        raise CostInputError(f"{field} must be a finite number, got {value!r}")
     return None if math.isnan(number) else number
 
 
@@ -75,12 +78,13 @@ class Measurement:
         mode = row.get("mode")
         if mode not in MODES:
             raise CostInputError(f"measurement has mode {mode!r}; known: {', '.join(MODES)}")
-        requests, batches = _number(row.get("requests")), _number(row.get("batches"))
-        batch_size = _number(row.get("batch_size"))
+        requests, batches = _number(row.get("requests"), "requests"), _number(row.get("batches"), "batches")
+        batch_size = _number(row.get("batch_size"), "batch_size")
         if batch_size is None and requests and batches:
             batch_size = round(requests / batches)
-        if batch_size is None or batch_size < 1:
-            raise CostInputError(f"measurement without a positive batch_size: {dict(row)}")
+        if batch_size is None or batch_size < 1 or batch_size != int(batch_size):
+            # a batch of 1.9 is no batch: int() would make it 1 without a word
+            raise CostInputError(f"measurement without a positive integer batch_size: {dict(row)}")
         tokens = row.get("tokens", row.get("new_tokens"))
         seconds = row.get("seconds", row.get("wall_s"))
         return cls(
@@ -92,12 +96,12 @@ class Measurement:
             pair=str(row.get("pair") or ""),
             run_id=row.get("run_id"),
             dtype=str(row.get("dtype") or ""),
-            tokens=_number(tokens),
-            seconds=_number(seconds),
+            tokens=_number(tokens, "tokens"),
+            seconds=_number(seconds, "seconds"),
             requests=requests,
             batches=batches,
-            ledger_tokens=_number(row.get("ledger_new_tokens")),
-            **{name: _number(row.get(name)) for name in _VIEW_COLUMNS},
+            ledger_tokens=_number(row.get("ledger_new_tokens"), "ledger_new_tokens"),
+            **{name: _number(row.get(name), name) for name in _VIEW_COLUMNS},
         )
 
     @property

@@ -9,9 +9,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from study.cost import GB, MB, Workload, find_gpu, usd_per_million_tokens
+from study.cost import DEFAULT_GAMMA, GB, MB, SpeculationRow, Workload, find_gpu, usd_per_million_tokens
 from study.report.assemble import ReportData
 from study.report.blocks import Block, Bullets, Heading, Image, Paragraph, Table, fmt, fmt_usd
+from study.report.capture import SPECULATION_PAIR
 from study.report.projections import tag_usd_per_million
 from study.report.tagging_cost import TaggingCost
 from study.report.verdicts import Verdict
@@ -26,13 +27,15 @@ def report_blocks(data: ReportData) -> list[Block]:
         Paragraph(_introduction(data)),
         *_measured_section(data),
         *_projection_section(data),
+        *_capture_section(data),
         *_calibration_section(data),
         Heading("What the roofline leaves out"),
         Bullets(
             (
                 "Kernel efficiency. Each forward is priced at the GPU's peak dense 16-bit TFLOP/s or its peak "
-                "bandwidth, whichever binds; real kernels reach a fraction of both, and kernel launches and "
-                "framework time come on top. The calibration ratios show how far measured steps are from the "
+                "bandwidth, whichever binds; real kernels reach a fraction of both. The host's time per forward "
+                "(Python, dispatch, kernel launches) is the host floor of the capture mode, added per forward "
+                "(see the capture modes above). The calibration ratios show how far measured steps are from the "
                 "roofline. The T4's peak is fp16's: it has no bf16 tensor cores, so a bf16 draft runs far below it.",
                 "Deployment. A standalone tagger is a deployment of its own, paid for even when tag traffic is low "
                 "or bursty, and the summary has to be shipped to it; the sidecar reuses the draft already "
@@ -129,7 +132,7 @@ def _verdict_note(data: ReportData, measured: Sequence[Verdict], lead: Sequence[
         f"Rows marked projected are not measurements: the roofline of study.cost for {'; '.join(lead)} on the "
         f"catalog's figures for each GPU type, pricing the same lines, at batch {batches}"
         + (f" (the measured batch {data.reference_batch}, and 32-128, " if measured_batches else " (")
-        + "the batch sizes nightly jobs run on GPUs)."
+        + f"the batch sizes nightly jobs run on GPUs), in {data.capture.captured.label}."
     )
 
 
@@ -429,8 +432,9 @@ def _projection_section(data: ReportData) -> list[Block]:
             "engine's ledger charges it. Tag tokens/s = batch x tags / (prefill + (tags - 1) decode steps + "
             "instruction line), the way a measured tag tok/s counts them, and $ per 1M tag tokens = $/GPU-hour / 3600 "
             "/ tag tokens/s x 1e6. Bandwidth, TFLOP/s and rent come from the GPU catalog (study/cost/gpus.json, "
-            "with a source per entry). These are projections, not measurements. The full grid of batch sizes is "
-            "in the cost rows and the plots."
+            "with a source per entry). Each forward also pays the host floor of the capture mode; these "
+            f"projections assume {data.capture.captured.label}. These are projections, not measurements. The "
+            "full grid of batch sizes is in the cost rows and the plots."
         ),
     ]
     for projection in data.projections:
@@ -494,6 +498,65 @@ def _projection_section(data: ReportData) -> list[Block]:
                 tuple(rows),
             ),
         ]
+    return blocks
+
+
+def _speedup_cell(row: SpeculationRow) -> str:
+    return f"{row.speedup:.2f}x" + (" (slower)" if row.slower else "")
+
+
+def _capture_section(data: ReportData) -> list[Block]:
+    """Eager against captured: the floors, and speculation with the study's pair against plain decoding."""
+    modes = data.capture
+    blocks: list[Block] = [Heading("Capture mode: eager against captured")]
+    intro = (
+        "On a GPU a forward also costs its host work (Python, dispatch, kernel launches), for every layer "
+        "whatever the width: the host floor, measured by python -m bench.host_overhead at production depth "
+        "and tiny width, where compute is about zero, and scaled by the projected model's layers over the "
+        "benchmark's. Each projected forward takes max(bytes / bandwidth, FLOPs / peak) + the floor of its "
+        "capture mode. The projections above assume captured mode (CUDA graphs): "
+        f"{modes.captured.label}. "
+    )
+    if modes.eager is None:
+        return [*blocks, Paragraph(
+            intro + "No host-overhead result is committed (bench/results/host_overhead_gpu.json or "
+            "host_overhead_cpu.json), so eager mode is not projected and every projection here is a lower bound: "
+            "run python -m bench.host_overhead.")]
+    intro += f"Eager mode: {modes.eager.label}."
+    blocks.append(Paragraph(intro))
+    if modes.acceptance is None:
+        return [*blocks, Paragraph(
+            "Speculation against plain decoding is not projected: no acceptance of the main phase was measured.")]
+    measured_by = f" for {', '.join(modes.acceptance_pairs)}" if modes.acceptance_pairs else ""
+    captured_head = "captured" + ("" if modes.captured.measured else " (lower bound)")
+    batches = sorted({r.batch for by_mode in modes.rows.values() for r in by_mode["eager"]})
+    rows = tuple(
+        (gpu, *(_speedup_cell(r) for r in by_mode["eager"]), *(_speedup_cell(r) for r in by_mode["captured"]))
+        for gpu, by_mode in modes.rows.items()
+    )
+    blocks += [
+        Paragraph(
+            f"Speculation with {SPECULATION_PAIR} (published shapes, bf16) against plain decoding of the target, "
+            f"per token of each row: a step of {DEFAULT_GAMMA} draft forwards and a verify of {DEFAULT_GAMMA + 1} "
+            f"tokens, each paying the floor, yields 1 + acceptance x {DEFAULT_GAMMA} tokens, at the measured "
+            f"acceptance {modes.acceptance:.2f}{measured_by}; plain decoding pays one target forward per token. "
+            "Each cell is plain time over speculative time: below 1x speculation is slower."
+            + ("" if modes.captured.measured else " The captured floor is unmeasured, so captured times are lower "
+               "bounds and its speedups upper bounds.")
+        ),
+        Table(("GPU", *(f"eager, batch {b}" for b in batches), *(f"{captured_head}, batch {b}" for b in batches)),
+              rows),
+    ]
+    slower = modes.eager_slower
+    if slower:
+        where = "; ".join(f"{gpu} at batch {', '.join(map(str, b))}" for gpu, b in slower.items())
+        blocks.append(Paragraph(
+            f"In eager mode speculation with {SPECULATION_PAIR} is slower than plain decoding on: {where}. "
+            "There the host floor of the draft's forwards outweighs the target forwards they save."))
+    else:
+        blocks.append(Paragraph(
+            f"In eager mode speculation with {SPECULATION_PAIR} beats plain decoding on every catalog GPU at batch "
+            f"{', '.join(map(str, batches))}."))
     return blocks
 
 

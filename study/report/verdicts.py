@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from study.cost import GPU, ProjectionRow, Workload, find_gpu, project, usd_per_million_tokens
+from study.cost import GPU, HostFloor, ProjectionRow, Workload, find_gpu, project, usd_per_million_tokens
 from study.report.measurements import MeasuredGroup, pooled_cost
 from study.report.tagging_cost import TaggingCost, saving_pct
 from vocab.modes import Mode
@@ -127,12 +127,12 @@ def _projected_cost(row: ProjectionRow, tags: int) -> TaggingCost:
     )
 
 
-def projected_verdict(workload: Workload, gpu: GPU, batch: int) -> Verdict | None:
-    """The roofline's verdict at ``batch``: every line where the workload has the draft's shape and token
-    counts, else its decode steps only."""
+def projected_verdict(workload: Workload, gpu: GPU, batch: int, host: HostFloor | None = None) -> Verdict | None:
+    """The roofline's verdict at ``batch``, each forward paying ``host``'s floor: every line where the workload
+    has the draft's shape and token counts, else its decode steps only."""
     if not {"sidecar", "standalone"} <= set(workload.kv_bytes_per_request):
         return None
-    rows = {row.mode: row for row in project(workload, gpu, [batch])}
+    rows = {row.mode: row for row in project(workload, gpu, [batch], host)}
     tags = workload.tokens.tags if workload.tokens is not None else 1
     return Verdict(
         gpu.name,

@@ -19,6 +19,7 @@ from study.cost import (
 )
 from study.report.assemble import ReportData, assemble
 from study.report.blocks import render_html, render_markdown
+from study.report.capture import report_floors
 from study.report.headline import Headline, headline
 from study.report.plots import plot_acceptance, plot_step_times, plot_usd
 from study.report.projections import DraftConfig, tag_tokens_per_s, tag_usd_per_million
@@ -54,9 +55,12 @@ def write_cost_report(
     study_workload: Workload = STUDY_WORKLOAD,
     batches: Sequence[int] = DEFAULT_BATCHES,
     reference_batch: int | None = None,
+    host_overhead: str | Path | None = None,
 ) -> CostReport:
     """Write cost_report.md, cost_report.html, headline.json and three PNG plots to ``out_dir``; see
-    ``study.report``."""
+    ``study.report``. ``host_overhead``: the host-overhead result the host floors come from (default: the
+    committed one, if any)."""
+    floors = report_floors(host_overhead)
     data = assemble(
         measurements,
         out_dir,
@@ -66,6 +70,7 @@ def write_cost_report(
         study_workload=study_workload,
         batches=batches,
         reference_batch=reference_batch,
+        host_floors=floors,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     plot_step_times(data.plot_paths["step_time"], data.step_time_panels, data.groups, data.panel_of)
@@ -134,7 +139,7 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                     "usd_per_mtok": tag_usd_per_million(r),
                     "source": "projected",
                     "run_id": None,
-                    "note": f"roofline of {modelled}, tagging phase: "
+                    "note": f"roofline of {modelled} in {data.capture.captured.label}, tagging phase: "
                     + (("prefill and decode steps" + ("" if r.mode == "standalone" else " and instruction line"))
                        if r.tag_tokens_per_s is not None else "decode steps only"),
                     "timed_by": "roofline",

@@ -1,0 +1,304 @@
+"""The capture-mode part: plain and speculative tokens/s of the largest pair that fits, per capture mode
+(``sidecar.runtime.capture``: eager and cudagraph on CUDA, eager and compile elsewhere), with what capturing costs.
+
+The pair is ``synthetic_pair``'s: random weights of Qwen2.5-7B's and -1.5B's published shapes (``full``, the
+default on CUDA; Qwen2.5-1.5B and -0.5B when the first does not fit) or ``SMALL`` ones (``small``: the code path
+only), whose draft agrees with the target on ``AGREEMENT`` of the tokens. Per mode, in one process, after a
+warm-up run of every shape (where compiles and CUDA graph captures happen), the fastest of ``TIMED_RUNS``:
+
+* plain: the target alone, batch 1, one token per forward (``sidecar.runtime.forward`` in the mode, greedy on
+  the device), ``--max-new-tokens`` tokens; with the share of the GPU's peak memory bandwidth it reaches: the
+  target's weights but its input embedding (of which a forward reads one row per token) per token, over the
+  time per token, over the peak bandwidth of ``study/cost/gpus.json`` (unknown for a GPU it does not list);
+* speculative: ``SpeculativeDecoder`` in the mode, fixed gamma (``--gamma``), no prompt lookup, static batches
+  of identical rows at each of ``--capture-batches`` (so every row accepts alike and the step's shapes stay
+  those of the warm-up), ``--max-new-tokens`` tokens each; tokens/s of the decode phase (prefill excluded, as
+  in plain), its ratio to plain in the same mode, captured over eager at the same batch, and how many rows
+  wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as a user makes
+  it: its KV caches are new, so in cudagraph mode each graph is captured again over their addresses within the
+  timed run (inductor re-records a graph whose static input moved), a cost the product pays per batch;
+* the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), distinct shapes and
+  compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still holds once its decoder
+  is gone and the allocator's free blocks are returned: ``torch.cuda.memory_allocated`` and ``memory_reserved``
+  less before its first forward (CUDA graphs' pools and static buffers; eager's row is the baseline, about 0).
+
+Goals (issue 40), each reported met or not met: the captured plain step reaches >= 70% of memory bandwidth;
+speculation at batch 1 >= 1.5x captured plain; captured is never slower than eager at any batch. A measurement
+that would end past the part's deadline is skipped and says so; a pair that runs out of memory gives way to the
+next smaller one; a batch that runs out of memory is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+import torch._dynamo
+
+from bench.gpu_check.deadline import Deadline
+from bench.gpu_check.step_costs import SMALL
+from bench.gpu_check.synthetic_pair import AGREEMENT, prompt_for, synthetic_pair
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.models.pair import ModelPair
+from sidecar.runtime.capture import runner_of
+from sidecar.runtime.forward import forward, logits_at, prefill
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.syncs import synchronize
+from study.cost.catalog import find_gpu, load_catalog
+from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+
+# Qwen2.5-0.5B-Instruct's published config: the draft of the fallback pair
+QWEN2_5_0_5B_CONFIG = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                       "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                       "tie_word_embeddings": True}
+# largest first: the first that fits the device's memory is measured
+FULL_PAIRS = {"Qwen2.5-7B + 1.5B (random weights)": (QWEN2_5_7B_CONFIG, QWEN2_5_1_5B_CONFIG),
+              "Qwen2.5-1.5B + 0.5B (random weights)": (QWEN2_5_1_5B_CONFIG, QWEN2_5_0_5B_CONFIG)}
+# small: one layer each keeps a CPU compile per shape to seconds
+SMALL_PAIR = {"small random pair (code path only)": (SMALL | {"num_hidden_layers": 1},
+                                                     SMALL | {"num_hidden_layers": 1})}
+CAPTURE_SCALES = ("full", "small", "off")
+CAPTURE_MODES = ("eager", "compile", "cudagraph")
+PROMPT_TOKENS = 64
+PLAIN_WARMUP_TOKENS = 4
+TIMED_RUNS = 2  # after the warm-up; the fastest counts (a host's other work only ever slows a run)
+GOAL_BANDWIDTH = 0.70
+GOAL_SPECULATION = 1.5
+
+
+def default_modes(device: torch.device) -> list[str]:
+    return ["eager", "cudagraph"] if device.type == "cuda" else ["eager", "compile"]
+
+
+def peak_bandwidth(pair: ModelPair) -> float | None:
+    """The device's peak memory bandwidth in bytes/s from the GPU catalog, None when it is not listed."""
+    gpu = find_gpu(pair.gpu_type, load_catalog()) if pair.device.type == "cuda" else None
+    return None if gpu is None else gpu.bandwidth_bytes_s
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode token reads: every parameter but the input embedding (one row of it)."""
+    embed = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+
+
+def counters(pair: ModelPair) -> dict[str, dict]:
+    return {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
+                                                                          ("draft", pair.draft))}
+
+
+def compile_events(counts: dict[str, dict]) -> int:
+    return sum(c["compiles"] + c["recompiles"] for c in counts.values())
+
+
+def memory(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    synchronize(device)
+    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device)}
+
+
+def plain_decode(pair: ModelPair, cache: RowKVCache, prompt: list[int], tokens: int) -> tuple[list[int], float]:
+    """The target alone, greedy, one token per forward at batch 1 over ``cache`` (emptied first): (the tokens,
+    seconds of the decode phase). No host read per token: an upper bound on plain decoding's speed.
+
+    Every run reuses one cache: a CUDA graph replays over the buffers it was captured with, and a new cache
+    would make it capture again inside the timed run."""
+    model, device = pair.target, pair.device
+    cache.rollback([0])
+    hidden = prefill(model, cache, [prompt], None)
+    index = torch.zeros(1, 1, dtype=torch.long, device=device)
+    token = logits_at(model, hidden, index).argmax(-1)  # [1, 1], stays on the device
+    out = [token]
+    synchronize(device)
+    began = time.perf_counter()
+    for _ in range(tokens - 1):
+        token = logits_at(model, forward(model, cache, token), index).argmax(-1)
+        cache.commit(1)
+        out.append(token)
+    synchronize(device)
+    return [int(t) for t in torch.cat(out, 1)[0]], time.perf_counter() - began
+
+
+def speculative_decode(decoder: SpeculativeDecoder, prompt: list[int], tokens: int, batch: int) -> dict:
+    """``batch`` identical rows in one static batch: decode-phase tokens/s and acceptance."""
+    outs = decoder.generate([prompt] * batch, max_new_tokens=tokens, batch_size=batch, schedule="static")
+    stats = [o.stats for o in outs]
+    decoded = sum(s.new_tokens - 1 for s in stats)  # the first token comes from the prefill
+    seconds = max(s.decode_seconds for s in stats)
+    steps = sum(s.target_forwards - 1 for s in stats)
+    return {"tokens_per_s": decoded / seconds, "tokens_per_step": decoded / steps,
+            "acceptance": sum(s.accepted for s in stats) / max(sum(s.drafted for s in stats), 1),
+            "rows": [o.token_ids for o in outs]}
+
+
+def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, gamma: int,
+                 deadline: Deadline) -> dict:
+    """One mode's rows (plain at batch 1, speculative at each batch) and what it cost."""
+    device = pair.device
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    before = memory(device)
+    decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=False, prompt_lookup=False, capture=mode)
+    # rows end at EOS before their limit, so no step narrows near a limit: the warm-up's shapes are the run's
+    prompt = prompt_for(pair, PROMPT_TOKENS, tokens)
+    limit = tokens + 2 * gamma + 2
+    capacity = PROMPT_TOKENS + tokens + 8
+    rows: list[dict] = []
+    after_warmup = 0  # compiles and recompiles of the timed runs
+    last: tuple[int, float] | None = None  # (batch, seconds) of the latest speculative run
+    plain_seconds = 0.0
+
+    def compile_estimate(new_shapes: int) -> float:
+        counts = counters(pair)
+        events = compile_events(counts)
+        return new_shapes * sum(c["compile_seconds"] for c in counts.values()) / events if events else 0.0
+
+    row: dict = {"mode": mode, "decoding": "plain", "batch": 1}
+    if reason := deadline.skip_reason(compile_estimate(1)):
+        row["skipped"] = reason
+    else:
+        cache = RowKVCache(pair.target, 1, capacity)
+        plain_decode(pair, cache, prompt, PLAIN_WARMUP_TOKENS)
+        warm = compile_events(counters(pair))
+        plain_tokens, seconds = min((plain_decode(pair, cache, prompt, tokens) for _ in range(TIMED_RUNS)),
+                                    key=lambda run: run[1])
+        del cache
+        after_warmup += compile_events(counters(pair)) - warm
+        row |= {"tokens_per_s": (tokens - 1) / seconds, "tokens": plain_tokens}
+        plain_seconds = seconds
+    rows.append(row)
+    for batch in batches:
+        row = {"mode": mode, "decoding": f"speculative γ={gamma}", "batch": batch}
+        # a run's time grows at most linearly with its batch; a batch of new shapes compiles a verify and the
+        # draft's two widths
+        base = last[1] * batch / last[0] if last else plain_seconds
+        if reason := deadline.skip_reason((1 + TIMED_RUNS) * base + compile_estimate(3)):
+            row["skipped"] = reason
+            rows.append(row)
+            continue
+        warm = None
+        try:
+            speculative_decode(decoder, prompt, limit, batch)  # warm-up: compiles and captures happen here
+            warm = compile_events(counters(pair))
+            began = time.perf_counter()
+            run = max((speculative_decode(decoder, prompt, limit, batch) for _ in range(TIMED_RUNS)),
+                      key=lambda run: run["tokens_per_s"])
+        except torch.cuda.OutOfMemoryError as exc:  # a larger batch than the device holds: a limit, not a fault
+            row["skipped"] = f"skipped: out of memory ({str(exc).splitlines()[0][:160]})"
+            rows.append(row)
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        finally:
+            if warm is not None:
+                after_warmup += compile_events(counters(pair)) - warm
+        last = (batch, (time.perf_counter() - began) / TIMED_RUNS)
+        row |= run
+        if "tokens" in rows[0]:  # greedy: every row writes what plain decoding wrote
+            row["rows_identical_to_plain"] = sum(r[:tokens] == rows[0]["tokens"] for r in run["rows"])
+        rows.append(row)
+    counts = counters(pair)
+    result = {"mode": mode, "reason": pair.capture_reason, "rows": rows,
+              "compiles": sum(c["compiles"] for c in counts.values()),
+              "recompiles_after_warmup": after_warmup,
+              "graph_breaks": sum(c["graph_breaks"] for c in counts.values()),
+              "distinct_shapes": {name: c["distinct_shapes"] for name, c in counts.items()},
+              "compile_seconds": sum(c["compile_seconds"] for c in counts.values())}
+    # what is still held once the decoder and its caches are gone and the allocator's free blocks are returned:
+    # the graphs' pools and static buffers (eager: about nothing, the baseline)
+    del decoder
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    after = memory(device)
+    if after:
+        result |= {f"memory_{k}_gb": (after[k] - before[k]) / 2**30 for k in after}
+    return result
+
+
+def compare(modes: list[dict], peak: float | None, bytes_per_token: int) -> list[dict]:
+    """Each row's ratio to plain in its mode, share of bandwidth (plain), and ratio to eager at its batch."""
+    eager = {(r["decoding"], r["batch"]): r for m in modes if m["mode"] == "eager" for r in m["rows"]}
+    table = []
+    for m in modes:
+        plain = next((r for r in m["rows"] if r["decoding"] == "plain" and "tokens_per_s" in r), None)
+        for r in m["rows"]:
+            row = {k: v for k, v in r.items() if k not in ("rows", "tokens")}
+            if "tokens_per_s" not in r:
+                table.append(row)
+                continue
+            if r["decoding"] == "plain":
+                row["bandwidth_share"] = bytes_per_token * r["tokens_per_s"] / peak if peak else "unknown"
+            elif plain is not None:
+                row["vs_plain"] = r["tokens_per_s"] / plain["tokens_per_s"]
+            base = eager.get((r["decoding"], r["batch"]))
+            if m["mode"] != "eager" and base and "tokens_per_s" in base:
+                row["vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"]
+            table.append(row)
+    return table
+
+
+def goals(table: list[dict]) -> dict[str, str]:
+    """Issue 40's GPU goals, each met, not met (with the rows that miss it) or not measured."""
+    captured = [r for r in table if r["mode"] != "eager" and "tokens_per_s" in r]
+
+    def verdict(misses: list[str], measured: bool) -> str:
+        return "not measured" if not measured else ("met" if not misses else "not met: " + "; ".join(misses))
+
+    plain = [r for r in captured if r["decoding"] == "plain"]
+    shares = [r for r in plain if isinstance(r.get("bandwidth_share"), float)]
+    spec1 = [r for r in captured if r["decoding"] != "plain" and r["batch"] == 1 and "vs_plain" in r]
+    vs_eager = [r for r in captured if "vs_eager" in r]
+    return {
+        f"captured plain reaches >= {GOAL_BANDWIDTH:.0%} of memory bandwidth": verdict(
+            [f"{r['mode']} {r['bandwidth_share']:.0%}" for r in shares if r["bandwidth_share"] < GOAL_BANDWIDTH],
+            bool(shares)),
+        f"speculation at batch 1 >= {GOAL_SPECULATION}x captured plain": verdict(
+            [f"{r['mode']} {r['vs_plain']:.2f}x" for r in spec1 if r["vs_plain"] < GOAL_SPECULATION], bool(spec1)),
+        "captured is never slower than eager at any batch": verdict(
+            [f"{r['mode']} {r['decoding']} batch {r['batch']}: {r['vs_eager']:.2f}x" for r in vs_eager
+             if r["vs_eager"] < 1], bool(vs_eager)),
+    }
+
+
+def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int, gamma: int, device: torch.device,
+                  dtype: torch.dtype, deadline: Deadline) -> dict:
+    """Every mode's rows on the largest pair of ``scale`` that fits, within ``deadline``."""
+    candidates = FULL_PAIRS if scale == "full" else SMALL_PAIR
+    skipped: dict[str, str] = {}
+    for name, (target_config, draft_config) in candidates.items():
+        try:
+            pair = synthetic_pair(name, target_config, draft_config, device, dtype)
+            break
+        except torch.cuda.OutOfMemoryError as exc:  # a smaller GPU: the next pair down
+            skipped[name] = f"out of memory ({str(exc).splitlines()[0][:160]})"
+            gc.collect()
+            torch.cuda.empty_cache()
+    else:
+        return {"skipped": "no pair fits: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())}
+    peak = peak_bandwidth(pair)
+    bytes_per_token = weight_bytes_per_token(pair.target)
+    measured = []
+    with torch.inference_mode():
+        for mode in modes:
+            began = time.monotonic()
+            measured.append(measure_mode(pair, mode, batches, tokens, gamma, deadline))
+            print(f"capture {mode}: {time.monotonic() - began:.0f} s", flush=True)
+    table = compare(measured, peak, bytes_per_token)
+    # what must hold in every mode (sidecar.runtime.capture): a break or a recompile is a fault, not a speed
+    failed = [f"{m['mode']}: {m[key]} {key.replace('_', ' ')}" for m in measured
+              for key in ("graph_breaks", "recompiles_after_warmup") if m[key]]
+    del pair
+    if any(mode != "eager" for mode in modes):
+        torch._dynamo.reset()  # the compiled graphs (and on CUDA their graph pools) die with the pair
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"pair": name, "scale": scale, "skipped_pairs": skipped, "dtype": str(dtype).removeprefix("torch."),
+            "agreement": AGREEMENT, "gamma": gamma, "prompt_tokens": PROMPT_TOKENS, "new_tokens": tokens,
+            "peak_bandwidth_gb_s": peak / 1e9 if peak else "unknown", "weight_gb_per_token": bytes_per_token / 1e9,
+            "rows": table, "modes": [{k: v for k, v in m.items() if k != "rows"} for m in measured],
+            "goals": goals(table), "failed": failed}

@@ -1,0 +1,187 @@
+"""Host cost per forward and per step at production depth, where compute is about zero.
+
+    python -m bench.host_overhead              # eager and compile (cudagraph too on CUDA)
+    python -m bench.host_overhead --modes eager
+
+The pair is the tiny one at Qwen2.5-1.5B's and -7B's depth (28 layers) and hidden size 64, so a forward's
+time is what the host spends on it: Python, dispatch, kernel launches, building its inputs. On a GPU that
+cost does not shrink with the model, so it is the floor under every forward at decode widths, and the
+quantity that says whether speculation with a 28-layer draft can pay (``study.cost`` reads it as the host
+floor of each capture mode).
+
+Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a warm-up run:
+
+* HF forward: Hugging Face's eager one-token forward (its own cache), the baseline of every ratio;
+* our forward: the engine's one-token forward (``sidecar.runtime.forward.forward``, LM head included);
+* fixed gamma 4 and adaptive: the engine's decoding steps, per target forward and per generated token, next
+  to HF ``generate``'s per token (plain greedy decoding, its decode phase: 65 tokens less 1, timed whole);
+* the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench.common import (
+    add_bench_arguments,
+    environment,
+    markdown_table,
+    parse_bench_args,
+    variant_suffix,
+    write_results,
+)
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.capture import runner_of
+from sidecar.runtime.forward import forward, logits_at, prefill
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.syncs import synchronize
+
+LAYERS = 28  # Qwen2.5-1.5B and Qwen2.5-7B alike
+PROMPT = 32
+NEW_TOKENS = 64
+SIZES = {"quick": dict(calls=30, runs=1), "standard": dict(calls=200, runs=3), "full": dict(calls=500, runs=5)}
+
+
+def median_seconds(call, calls: int, device: torch.device) -> float:
+    """The median of ``calls`` timed calls of ``call`` (each synchronised), after 3 untimed ones."""
+    times = []
+    for i in range(calls + 3):
+        synchronize(device)
+        start = time.perf_counter()
+        call()
+        synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def hf_forward_seconds(model, prompt: list[int], calls: int, device: torch.device) -> float:
+    """HF's eager one-token forward over its own cache, after a prompt."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
+    token = torch.tensor([[prompt[-1]]], device=device)
+    return median_seconds(lambda: model(input_ids=token, past_key_values=cache, use_cache=True), calls, device)
+
+
+def our_forward_seconds(model, prompt: list[int], calls: int, device: torch.device) -> float:
+    """The engine's one-token forward (and LM head) over a ``RowKVCache``, committing each token."""
+    cache = RowKVCache(model, 1, PROMPT + calls + 8)
+    prefill(model, cache, [prompt], None)
+    token = torch.tensor([[prompt[-1]]], device=device)
+    index = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def one() -> None:
+        logits_at(model, forward(model, cache, token), index)
+        cache.commit(1)
+
+    return median_seconds(one, calls, device)
+
+
+def hf_decode_seconds_per_token(model, prompt: list[int], device: torch.device) -> float:
+    """HF ``generate``'s greedy decode phase per token: (65 tokens - 1 token) / 64, each run timed whole."""
+    ids = torch.tensor([prompt], device=device)
+
+    def run(tokens: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    run(2)
+    return (min(run(NEW_TOKENS + 1) for _ in range(2)) - min(run(1) for _ in range(2))) / NEW_TOKENS
+
+
+def engine_step(pair, prompt: list[int], adaptive: bool, runs: int) -> dict:
+    """The engine's decode phase at batch 1, fixed gamma 4 or adaptive: seconds per target forward and per token
+    (the fastest of ``runs`` after one warm-up run), with the forwards per step."""
+    decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
+    decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
+    best = None
+    for _ in range(runs):
+        stats = decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)[0].stats
+        steps = stats.target_forwards - 1  # the prefill yields the first token
+        row = {"seconds_per_target_forward": stats.decode_seconds / steps,
+               "seconds_per_token": stats.decode_seconds / (stats.new_tokens - 1),
+               "draft_forwards_per_step": stats.draft_forwards / steps,
+               "tokens_per_step": (stats.new_tokens - 1) / steps}
+        if best is None or row["seconds_per_target_forward"] < best["seconds_per_target_forward"]:
+            best = row
+    return best
+
+
+def measure_mode(mode: str, calls: int, runs: int) -> dict:
+    pair = tiny_pair(layers=LAYERS)
+    device = pair.device
+    prompt = torch.randint(3, len(pair.tokenizer), (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.inference_mode():
+        hf = hf_forward_seconds(pair.target, prompt, calls, device)
+        hf_token = hf_decode_seconds_per_token(pair.target, prompt, device)
+        SpeculativeDecoder(pair, capture=mode)  # attaches the mode's runners to both models
+        ours = our_forward_seconds(pair.target, prompt, calls, device)
+        warm = {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
+                                                                               ("draft", pair.draft))}
+        fixed = engine_step(pair, prompt, adaptive=False, runs=runs)
+        adaptive = engine_step(pair, prompt, adaptive=True, runs=runs)
+    counters = {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
+                                                                              ("draft", pair.draft))}
+    return {
+        "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
+        "our_over_hf": ours / hf, "hf_decode_ms_per_token": hf_token * 1e3,
+        "fixed_ms_per_target_forward": fixed["seconds_per_target_forward"] * 1e3,
+        "fixed_hf_forwards_per_step": fixed["seconds_per_target_forward"] / hf,
+        "fixed_ms_per_token": fixed["seconds_per_token"] * 1e3,
+        "fixed_per_token_over_hf": fixed["seconds_per_token"] / hf_token,
+        "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
+        "fixed_tokens_per_step": fixed["tokens_per_step"],
+        "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
+        "adaptive_hf_forwards_per_step": adaptive["seconds_per_target_forward"] / hf,
+        "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
+        "adaptive_per_token_over_hf": adaptive["seconds_per_token"] / hf_token,
+        "adaptive_tokens_per_step": adaptive["tokens_per_step"],
+        "compiles": sum(c["compiles"] for c in counters.values()),
+        "recompiles": sum(c["recompiles"] for c in counters.values()),
+        "recompiles_after_warmup": sum(c["recompiles"] + c["compiles"] for c in counters.values())
+        - sum(c["recompiles"] + c["compiles"] for c in warm.values()) if mode == "eager" else
+        sum(c["recompiles"] for c in counters.values()),
+        "graph_breaks": sum(c["graph_breaks"] for c in counters.values()),
+        "distinct_shapes": {name: c["distinct_shapes"] for name, c in counters.items()},
+        "compile_seconds": sum(c["compile_seconds"] for c in counters.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compile", "cudagraph"))
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
+    sizes = SIZES[args.profile]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    modes = args.modes or (["eager", "compile", "cudagraph"] if device.type == "cuda" else ["eager", "compile"])
+    rows = [measure_mode(mode, sizes["calls"], sizes["runs"]) for mode in modes]
+    table = markdown_table(rows, [
+        ("mode", "mode"), ("hf_forward_ms", "HF forward ms"), ("our_forward_ms", "our forward ms"),
+        ("our_over_hf", "ours / HF (goal <= 0.65)"),
+        ("fixed_ms_per_target_forward", "fixed-γ4 ms / target forward"),
+        ("fixed_hf_forwards_per_step", "fixed-γ4 step in HF forwards (goal <= 3.0)"),
+        ("fixed_per_token_over_hf", "fixed-γ4 per token / HF plain"),
+        ("adaptive_hf_forwards_per_step", "adaptive step in HF forwards"),
+        ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
+        ("compiles", "compiles"), ("recompiles", "recompiles"), ("graph_breaks", "graph breaks")])
+    heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "
+               f"{PROMPT}-token prompt, {NEW_TOKENS} new tokens (`python -m bench.host_overhead`):")
+    payload = {"environment": environment(device, torch.float32), "layers": LAYERS, "profile": args.profile,
+               "sizes": sizes, "rows": rows}
+    name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu")
+    write_results(name + variant_suffix(device.type, torch.float32, args.profile), payload, heading + "\n\n" + table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""``bench.host_overhead`` runs and writes what its table claims (at two layers: the counts, not the speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import common, host_overhead
+
+
+@pytest.mark.slow
+def test_the_host_overhead_bench_writes_each_modes_ratios_and_counters(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(host_overhead, "LAYERS", 2)
+    monkeypatch.setitem(host_overhead.SIZES, "quick", dict(calls=5, runs=1))
+    host_overhead.main(["--quick", "--allow-dirty", "--modes", "eager"])
+    payload = json.loads((tmp_path / "host_overhead_cpu_quick.json").read_text())
+    (row,) = payload["rows"]
+    assert row["mode"] == "eager" and payload["layers"] == 2
+    for key in ("hf_forward_ms", "our_forward_ms", "fixed_ms_per_target_forward", "adaptive_ms_per_token"):
+        assert row[key] > 0, key
+    assert row["our_over_hf"] == pytest.approx(row["our_forward_ms"] / row["hf_forward_ms"])
+    assert row["fixed_draft_forwards_per_step"] > 1  # a fixed-gamma-4 step drafts, up to 4 forwards
+    assert row["graph_breaks"] == 0 and row["recompiles"] == 0 and row["compiles"] == 0  # eager compiles nothing
+    assert "host_overhead" in (tmp_path / "host_overhead_cpu_quick.md").read_text()

@@ -1,0 +1,112 @@
+"""Capture modes (``sidecar.runtime.capture``): our decoder stack equals Hugging Face's forward, and a compiled
+engine keeps greedy identity with rows joining and leaving and sidecars evicting their document, with no graph
+break and no recompile after warm-up. Compiled tests use a one-layer pair: compiling is slow on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.errors import InputError
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.capture import attach, batch_bucket, capacity_bucket, resolve_capture, runner_of, width_bucket
+from sidecar.runtime.forward import forward, prefill
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.tasks.engine import SidecarEngine
+from sidecar.tasks.rows import SidecarRequest
+from sidecar.tasks.task import HASHTAGS, SidecarTask
+from tests.decoding import assert_speculated, random_prompts, target_alone
+
+TITLE = SidecarTask(name="title", instruction="Then write a title.", max_new_tokens=6)
+DOCS = ["The city council approved a new budget on Tuesday after a long debate about schools.",
+        "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory in the north.",
+        "The president met leaders in Berlin."]
+
+
+def stack_and_hf(pair, mode: str) -> list[torch.Tensor]:
+    """Hidden states of a prefill with a hidden span, a padded multi-token forward and a one-token forward, over
+    a cache with more rows than the batch, in ``mode`` (``hf``: Hugging Face's forward)."""
+    model = pair.target
+    attach(model, mode)
+    try:
+        prompts = random_prompts(pair, [9, 4, 12], seed=1)
+        cache = RowKVCache(model, 4, 64)
+        view = cache.rows_view(0, 3)
+        with torch.inference_mode():
+            last = prefill(model, view, prompts, None, hidden_spans=[[(2, 5)], [], [(0, 3)]], share_prefix=False)
+            ids = torch.tensor(random_prompts(pair, [3, 3, 3], seed=2))
+            wide = forward(model, view, ids, valid=[3, 2, 3])
+            view.commit([3, 2, 3])
+            one = forward(model, view, ids[:, :1])
+        return [last, wide[0], wide[1, :2], wide[2], one]
+    finally:
+        attach(model, "hf")
+
+
+@pytest.mark.parametrize("mode", ["eager", pytest.param("compile", marks=pytest.mark.slow)])
+def test_our_stack_equals_hugging_faces_forward(mode):
+    pair = tiny_pair(layers=1)
+    for ours, theirs in zip(stack_and_hf(pair, mode), stack_and_hf(pair, "hf"), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_buckets():
+    assert [batch_bucket(n, 12) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
+    assert [width_bucket(n) for n in (1, 5, 8, 9, 17)] == [1, 5, 8, 16, 32]
+    assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
+
+
+def test_modes_resolve_with_their_reason(monkeypatch):
+    model = tiny_pair(layers=1).target
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("SIDECAR_CAPTURE", raising=False)
+    assert resolve_capture(None, cpu, model)[0] == "eager"
+    monkeypatch.setenv("SIDECAR_CAPTURE", "compile")
+    assert resolve_capture(None, cpu, model) == ("compile", "SIDECAR_CAPTURE=compile")
+    assert resolve_capture("eager", cpu, model) == ("eager", "capture=eager")
+    with pytest.raises(InputError, match="CUDA"):
+        resolve_capture("cudagraph", cpu, model)
+    monkeypatch.setenv("SIDECAR_CAPTURE", "graphs")
+    with pytest.raises(InputError, match="SIDECAR_CAPTURE"):
+        resolve_capture(None, cpu, model)
+
+
+def counters(pair) -> dict:
+    return {name: runner_of(model).counters for name, model in (("target", pair.target), ("draft", pair.draft))}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_compiled_engine_is_identical_and_never_recompiles():
+    """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
+    as slots free, each equal to the target alone; then sidecar tasks after the main output (the document
+    evicted, two tasks) decode exactly as in eager mode. No forward breaks the graph, and no shape compiles
+    twice: the second decode compiles nothing the first did."""
+    pair = tiny_pair(layers=1)
+    SpeculativeDecoder(pair, capture="compile")
+    lengths = torch.randint(3, 30, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = random_prompts(pair, lengths)
+    limits = [6 + 3 * (i % 4) for i in range(len(prompts))]
+    outputs = SpeculativeDecoder(pair, gamma=3, adaptive=False).generate(prompts, max_new_tokens=limits, batch_size=4)
+    for prompt, limit, output in zip(prompts, limits, outputs, strict=True):
+        assert output.token_ids == target_alone(pair, prompt, limit)
+    assert_speculated(outputs)
+
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE]) for doc in DOCS]
+
+    def sidecars() -> list:
+        results = SidecarEngine(pair, gamma=3, adaptive=False).run(requests, max_new_tokens=8, batch_size=2)
+        return [(r.main.token_ids, {name: s.token_ids for name, s in r.sidecars.items()}) for r in results]
+
+    compiled = sidecars()
+    compiles = {name: c.compiles for name, c in counters(pair).items()}
+    assert compiled == sidecars(), "a second compiled run differs"
+    assert {name: c.compiles for name, c in counters(pair).items()} == compiles, "the second run compiled"
+    for name, counter in counters(pair).items():
+        assert counter.graph_breaks == 0, name
+        assert counter.recompiles == 0, name
+        assert counter.compiles >= 1, f"the {name}'s forwards were never compiled"
+        assert len(counter.shapes) <= 16, f"{name}: {sorted(counter.shapes)}"
+    SpeculativeDecoder(pair, capture="eager")
+    assert sidecars() == compiled

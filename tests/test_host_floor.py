@@ -1,0 +1,163 @@
+"""The host floor (study/cost/host_floor.py): read from the host-overhead benchmark's result, added to every
+projected forward by the capture mode, and what it does to speculation against plain decoding."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from sidecar.runtime.ledger import ForwardRecord
+from study.cost import (
+    STUDY_WORKLOAD,
+    CostInputError,
+    Peaks,
+    forward_seconds,
+    get_gpu,
+    load_catalog,
+    load_host_floors,
+    project,
+    speculation_vs_plain,
+)
+from study.cost.replay import replay
+from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
+from tests.host_overhead_results import host_result
+
+H100 = get_gpu("H100 SXM", load_catalog())
+runner = CliRunner()
+
+
+def test_each_forward_pays_the_floor_scaled_by_its_models_depth(tmp_path: Path) -> None:
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=5.0, layers=28))
+    eager = floors.of("eager")
+    bare = forward_seconds(QWEN2_5_1_5B, H100, 8, 1, 500)
+    assert forward_seconds(QWEN2_5_1_5B, H100, 8, 1, 500, host=eager) == pytest.approx(bare + 0.005)
+    # a model of half the benchmark's depth pays half its floor
+    shallow = load_host_floors(host_result(tmp_path / "deep.json", eager_ms=5.0, layers=56)).of("eager")
+    assert forward_seconds(QWEN2_5_1_5B, H100, 8, 1, 500, host=shallow) == pytest.approx(bare + 0.0025)
+
+
+def test_a_projection_names_its_capture_mode_and_its_step_pays_the_floor(tmp_path: Path) -> None:
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=3.0, cudagraph_ms=0.05))
+    bare = {(r.mode, r.batch): r for r in project(STUDY_WORKLOAD, H100, [1, 32])}
+    for capture, ms in (("eager", 3.0), ("captured", 0.05)):
+        rows = project(STUDY_WORKLOAD, H100, [1, 32], host=floors.of(capture))
+        for r in rows:
+            assert r.capture == capture
+            assert r.ms_per_step == pytest.approx(bare[r.mode, r.batch].ms_per_step + ms)
+            # the prefill is one forward too: it pays one floor
+            assert r.prefill_ms == pytest.approx(bare[r.mode, r.batch].prefill_ms + ms)
+    assert {r.capture for r in bare.values()} == {"roofline"}
+
+
+def test_without_a_cudagraph_row_the_captured_floor_is_unmeasured_zero_and_a_lower_bound(tmp_path: Path) -> None:
+    captured = load_host_floors(host_result(tmp_path / "cpu.json")).of("captured")
+    assert (captured.ms, captured.measured) == (0.0, False)
+    assert "unmeasured" in captured.label and "lower bound" in captured.label
+    measured = load_host_floors(host_result(tmp_path / "gpu.json", cudagraph_ms=0.04)).of("captured")
+    assert measured.measured and measured.ms == 0.04 and "NVIDIA H100" in measured.label
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ("{not json", "not a readable host-overhead result"),
+        (json.dumps({"layers": 28}), "rows"),
+        (json.dumps({"layers": 0, "rows": []}), "layers"),
+        (json.dumps({"layers": 28, "rows": [{"mode": "compile", "our_forward_ms": 1.0}]}), "mode 'eager'"),
+        (json.dumps({"layers": 28, "rows": [{"mode": "eager"}]}), "rows[mode=eager].our_forward_ms"),
+        (json.dumps({"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": "5"}]}), "our_forward_ms"),
+        (json.dumps({"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": -1.0}]}), "our_forward_ms"),
+        ('{"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": NaN}]}', "rows[mode=eager].our_forward_ms"),
+        ('{"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": 1.0}, '
+         '{"mode": "cudagraph", "our_forward_ms": Infinity}]}', "rows[mode=cudagraph].our_forward_ms"),
+    ],
+)
+def test_a_bad_floor_file_is_refused_naming_the_file_and_field(tmp_path: Path, content: str, field: str) -> None:
+    path = tmp_path / "host_overhead_gpu.json"
+    path.write_text(content)
+    with pytest.raises(CostInputError) as error:
+        load_host_floors(path)
+    assert str(path) in str(error.value) and field in str(error.value)
+
+
+def test_a_missing_floor_file_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(CostInputError, match=r"absent\.json"):
+        load_host_floors(tmp_path / "absent.json")
+
+
+def test_a_replayed_roofline_forward_pays_the_floor(tmp_path: Path) -> None:
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=2.0))
+    records = [ForwardRecord("target", "decode", 2, 10, 1000, {"main": 10}, seconds=0.0),
+               ForwardRecord("draft", "decode", 2, 2, 1000, {"main": 2}, seconds=0.0)]
+    bare = replay(records, QWEN2_5_7B, QWEN2_5_1_5B, H100)
+    eager = replay(records, QWEN2_5_7B, QWEN2_5_1_5B, H100, host=floors.of("eager"))
+    assert eager.decode_s == pytest.approx(bare.decode_s + 2 * 0.002)  # two 28-layer forwards
+    assert "eager" in eager.source
+
+
+def test_a_large_eager_floor_makes_speculation_slower_than_plain_and_capture_wins_it_back(tmp_path: Path) -> None:
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=8.0, cudagraph_ms=0.0))
+    # the issue's figures: acceptance 0.6 at gamma 4 gives 3.4 tokens a step
+    eager = speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 1, 560, 0.6, floors.of("eager"))
+    captured = speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 1, 560, 0.6, floors.of("captured"))
+    plain = forward_seconds(QWEN2_5_7B, H100, 1, 1, 560)
+    assert captured.plain_s_per_token == pytest.approx(plain)
+    assert eager.plain_s_per_token == pytest.approx(plain + 0.008)
+    # speculative: 4 draft forwards and a verify of 5, each with its floor, over 1 + 0.6 x 4 tokens
+    drafts = sum(forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 560 + i) for i in range(4))
+    verify = forward_seconds(QWEN2_5_7B, H100, 1, 5, 560, logits=5)
+    assert eager.speculative_s_per_token == pytest.approx((drafts + verify + 5 * 0.008) / 3.4)
+    assert eager.slower and not captured.slower
+    assert captured.speedup > 1.5
+
+
+def test_speculation_refuses_an_acceptance_outside_0_to_1(tmp_path: Path) -> None:
+    floors = load_host_floors(host_result(tmp_path / "h.json"))
+    with pytest.raises(CostInputError, match="acceptance"):
+        speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, Peaks(1e12, 1e15), 1, 10, math.nan, floors.of("eager"))
+
+
+ROOFLINE = ["cost", "roofline", "--weights-gb", "3.09", "--kv-full-mb", "18", "--kv-masked-mb", "3.7", "--gpu", "T4",
+            "--batches", "1,64", "--json"]
+
+
+def test_the_cli_roofline_adds_the_floor_of_the_capture_mode_it_is_asked_for(tmp_path: Path) -> None:
+    floors = str(host_result(tmp_path / "h.json", eager_ms=4.0))
+    bare = runner.invoke(app, ROOFLINE)
+    eager = runner.invoke(app, [*ROOFLINE, "--capture", "eager", "--host-overhead", floors])
+    assert bare.exit_code == 0 and eager.exit_code == 0, eager.output
+    for plain, floored in zip(json.loads(bare.stdout), json.loads(eager.stdout), strict=True):
+        assert (plain["capture"], floored["capture"]) == ("roofline", "eager")
+        assert floored["masked_ms_per_step"] == pytest.approx(plain["masked_ms_per_step"] + 4.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--capture", "graphs"], "--capture must be eager or captured"),
+        (["--host-overhead", "x.json"], "--host-overhead goes with --capture"),
+        (["--capture", "eager", "--host-overhead", "absent.json"], "absent.json"),
+    ],
+)
+def test_the_cli_roofline_refuses_a_capture_it_cannot_price(args: list[str], message: str) -> None:
+    result = runner.invoke(app, [*ROOFLINE, *args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_the_cli_says_where_eager_speculation_loses(tmp_path: Path) -> None:
+    floors = str(host_result(tmp_path / "h.json", eager_ms=8.0))
+    result = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
+                                 "--host-overhead", floors, "--json"])
+    assert result.exit_code == 0, result.output
+    by_capture = {row["capture"]: row for row in json.loads(result.stdout)}
+    assert by_capture["eager"]["speedup"] < 1 < by_capture["captured"]["speedup"]
+    assert by_capture["captured"]["floor_measured"] is False  # no cudagraph row: a lower bound
+    table = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
+                                "--host-overhead", floors])
+    assert "slower" in table.stdout and "lower bound" in table.stdout
