@@ -16,11 +16,12 @@ Endpoints:
   entry per completion token (end-of-turn included), under the target's raw temperature-1 distribution
   whatever the sampling settings (``sidecar.decoding.logprobs``); each stream chunk carries the entries of the tokens
   committed since the previous one. Extension: ``sidecars``, a list of ``{name, instruction, max_tokens,
-  attend_document, parser, bridge, stop}`` (``bridge``: the text the draft continues from after the main
-  output, default the engine task's, ``SidecarTask.bridge``: the chat template's turn boundary, so the
-  sidecar answers in an assistant turn of its own; ``stop``: the sidecar's own stop strings, which
-  cut its text, parsed as cut; the draft decodes on to its end of turn or ``max_tokens``, and ``usage``
-  counts those tokens). The request's ``stop`` ends the main output, and the sidecars continue from it
+  attend_document, parser, bridge, stop, choices, regex, json_schema}`` (``bridge``: the text the draft
+  continues from after the main output, default the engine task's, ``SidecarTask.bridge``: the chat
+  template's turn boundary, so the sidecar answers in an assistant turn of its own; ``stop``: the
+  sidecar's own stop strings, which cut its text, parsed as cut; the draft decodes on to its end of turn or
+  ``max_tokens``, and ``usage`` counts those tokens; ``choices``/``regex``/``json_schema``: its constraint).
+  The request's ``stop`` ends the main output, and the sidecars continue from it
   without the stop string. The request then runs through :class:`SidecarEngine`
   (a first system message -> system, the last message, the user's -> document, the turns between ->
   history, which a sidecar sees only with ``attend_document``) and the response has a top-level ``sidecars``
@@ -54,7 +55,10 @@ Endpoints:
   (``user``, ``metadata``, a zero penalty, ``response_format`` of type ``text``, ...) and otherwise refused
   with a 400 naming it (``server.schema.refusal``); so is any field the server does not know. Output
   constraints (``response_format`` ``json_object``/``json_schema``, vLLM's ``guided_choice``/``guided_regex``/
-  ``guided_json``) are parsed (``server.schema.OutputConstraint``) and refused as not supported yet.
+  ``guided_json``, one per request) are enforced on the main output while it decodes (docs/constraints.md):
+  a regex or schema that cannot be enforced is a 400 naming its field. A sidecar spec may also give
+  ``choices``, ``regex`` or ``json_schema`` (``SidecarTask``'s), which constrain that sidecar. The token
+  space constraints need is built at startup, before ``/health`` answers.
 - ``GET /stats``: batching statistics (``steps``, ``step_sizes``: how many requests each decoding step
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
@@ -124,6 +128,7 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(service.build_token_space)  # before the first request: /health answers after it
         service.worker.start()
         try:
             yield

@@ -8,8 +8,8 @@ value is well formed). A field not declared is refused too (``extra="forbid"``),
 whose ``response_format`` or penalty silently did nothing would get another answer than it asked for.
 
 Output constraints (``response_format``, ``guided_choice``, ``guided_regex``, ``guided_json``) are parsed
-into one :class:`OutputConstraint`; until the engine enforces constraints, every one but plain text is
-refused as not supported yet.
+into one :class:`OutputConstraint`, which the engine enforces on the main output (docs/constraints.md); a
+sidecar spec may constrain its sidecar with ``choices``, ``regex`` or ``json_schema``, as ``SidecarTask``.
 
 Every model here is a :class:`RequestModel`: strict, so a number or flag must have its JSON type (``true``
 is not 1, ``"1"`` is not a number; a whole number is a valid float), and every string in it, however
@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from sidecar.decoding.constraints import Constraint, ConstraintError, constraint_from, json_schema_constraint
 from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS
 from sidecar.decoding.sampling import Sampling
 from sidecar.decoding.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -115,6 +116,10 @@ class SidecarSpec(RequestModel):
     bridge: str | None = None
     # the sidecar's own stop strings, as the request's stop (which stops the main output)
     stop: str | list[str] | None = None
+    # its constrained output, as SidecarTask's (at most one): one of the choices, a regex's match, JSON under a schema
+    choices: list[str] | None = None
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +128,8 @@ class SidecarSpec(RequestModel):
 
     def task(self) -> SidecarTask:
         given = {} if self.bridge is None else {"bridge": self.bridge}
+        given |= {name: getattr(self, name) for name in ("choices", "regex", "json_schema")
+                  if getattr(self, name) is not None}
         return SidecarTask(name=self.name, instruction=self.instruction, max_new_tokens=self.max_tokens,
                            attend_document=self.attend_document, parser=self.parser, **given)
 
@@ -172,12 +179,29 @@ ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Fie
 @dataclass(frozen=True)
 class OutputConstraint:
     """What the output must be, whichever field asked for it (``param``): exactly one of ``choices``, a match of
-    ``regex``, or JSON valid under ``json_schema`` (``{}`` for any JSON, ``{"type": "object"}`` for an object)."""
+    ``regex``, or JSON valid under ``json_schema`` (``{}`` for any JSON, ``{"type": "object"}`` for an object).
+    ``lenient``: a schema keyword the engine cannot enforce is left unenforced rather than refused (OpenAI's
+    ``strict`` not true: its schema guides the output without a guarantee)."""
 
     param: str
     choices: tuple[str, ...] | None = None
     regex: str | None = None
     json_schema: dict[str, Any] | None = None
+    lenient: bool = False
+    path: str | None = None  # where in ``param`` the constraint is (a schema inside response_format)
+
+    @property
+    def field(self) -> str:
+        """The request field that holds what is constrained."""
+        return self.path or self.param
+
+    def engine(self) -> Constraint:
+        """The engine's constraint (compiled without a tokenizer); ``ConstraintError`` when it cannot be enforced."""
+        if self.json_schema is not None and self.lenient:
+            return json_schema_constraint(self.json_schema, lenient=True)
+        constraint = constraint_from(self.choices, self.regex, self.json_schema)
+        assert constraint is not None
+        return constraint
 
 
 class GenerationFields(RequestModel):
@@ -230,7 +254,9 @@ class GenerationFields(RequestModel):
         if isinstance(fmt, JSONObjectFormat):
             found.append(OutputConstraint("response_format", json_schema={"type": "object"}))
         elif isinstance(fmt, JSONSchemaFormat):
-            found.append(OutputConstraint("response_format", json_schema=fmt.json_schema.schema_))
+            found.append(OutputConstraint("response_format", json_schema=fmt.json_schema.schema_,
+                                          lenient=not fmt.json_schema.strict,
+                                          path="response_format.json_schema.schema"))
         if self.guided_choice is not None:
             found.append(OutputConstraint("guided_choice", choices=tuple(self.guided_choice)))
         if self.guided_regex is not None:
@@ -261,9 +287,17 @@ class GenerationFields(RequestModel):
         if len(constraints) > 1:
             named = " and ".join(c.param for c in constraints)
             yield constraints[1].param, f"give one output constraint, not {named}"
-        for constraint in constraints:
-            yield constraint.param, (f"{constraint.param} is not supported yet: constrained decoding is not in the "
-                                     "engine yet; only response_format of type text is accepted")
+
+    def engine_constraint(self) -> Constraint | None:
+        """The output constraint as the engine enforces it (None: free text); a constraint it cannot enforce (a
+        bad regex, a schema that is not JSON Schema or asks for what the engine cannot do) is a
+        ``ConstraintError`` whose ``field`` is the request's field (``OutputConstraint.field``)."""
+        if (asked := self.constraint) is None:
+            return None
+        try:
+            return asked.engine()
+        except ConstraintError as error:
+            raise ConstraintError(asked.field, error.reason) from None
 
     @property
     def sampling(self) -> Sampling:
@@ -406,8 +440,8 @@ class CompletionRequest(GenerationFields):
 def refusal(req: ChatCompletionRequest | CompletionRequest) -> tuple[str, str] | None:
     """(param, why) of the first field of a valid ``req`` that this server does not honour; None if it honours all.
 
-    The one place a well-formed field is refused: when the engine learns a feature (constrained decoding),
-    its refusal goes from here and the service passes the parsed field on."""
+    The one place a well-formed field is refused: when the engine learns a feature, its refusal goes from
+    here and the service passes the parsed field on (as it does the output constraints)."""
     return next(iter(req.refusals()), None)
 
 

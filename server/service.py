@@ -35,6 +35,7 @@ from server.logprobs import LogprobFormatter, text_offsets
 from server.schema import ChatCompletionRequest, CompletionRequest, SidecarSpec
 from server.stream import TextStream, full_text
 from server.worker import DONE, BatchWorker, Job, MainDone, ScoreWork
+from sidecar.decoding.constraints import Constraint, ConstraintError, token_space
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import PromptLogprob
 from sidecar.errors import InputError
@@ -93,6 +94,14 @@ class ChatService:
 
     def close(self) -> None:
         self._text_thread.shutdown(wait=True, cancel_futures=True)
+
+    def build_token_space(self) -> None:
+        """Wrap the pair's tokenizer for constrained decoding now (2-6 s for Qwen's vocabulary), at startup:
+        made by the first constrained request instead, it would stall the worker's batch for as long. The
+        space is the one every batch's matchers ask for (``SlotBatch._matcher``: the target's logits, the
+        pair's end-of-sequence ids), cached per tokenizer by ``token_space``."""
+        pair = self.engine.pair
+        token_space(pair.tokenizer, pair.target.get_output_embeddings().out_features, sorted(set(pair.eos_token_ids)))
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._text_thread, fn, *args)
@@ -166,19 +175,20 @@ class ChatService:
             raise APIError(400, f"the model {req.model!r} only scores prompts: ask for prompt_logprobs with "
                                 "max_tokens 1 (the one token is the pair's)", param="model")
         sampling = req.sampling
+        constraint = self._constraint(req)
         work: DecodeRow | SidecarRequest
         try:
             if req.sidecars is not None:
                 request, row, sidecar_stops = self._sidecar_request(req)
                 work = replace(request, max_new_tokens=self._max_tokens(req, row), sampling=sampling,
-                               top_logprobs=req.engine_top_logprobs, stop=req.stop)
+                               top_logprobs=req.engine_top_logprobs, stop=req.stop, constraint=constraint)
                 # the main row as the engine builds it: the draft's context must also hold the sidecar outputs
                 row = self.engine.decode_row(0, work)
             else:
                 messages = [{"role": m.template_role, "content": m.text} for m in req.messages]
                 prompt = chat_prompt(self.tokenizer, messages, req.add_generation_prompt, req.continue_final_message)
                 row = work = DecodeRow(prompt, self._max_tokens(req, DecodeRow(prompt, 1)), sampling=sampling,
-                                       stop=req.stop, top_logprobs=req.engine_top_logprobs)
+                                       stop=req.stop, top_logprobs=req.engine_top_logprobs, constraint=constraint)
             self.engine.decoder.validate([row], 1)
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
@@ -196,6 +206,7 @@ class ChatService:
         if model == "draft" and req.max_tokens:
             raise APIError(400, f"the model {req.model!r} only scores prompts: send echo with max_tokens 0",
                            param="model")
+        constraint = self._constraint(req)
         prompt = self.prompt_ids(req.prompt)
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -207,7 +218,7 @@ class ChatService:
                                code="context_length_exceeded")
             return Job(scoring, loop, loop.create_future())
         row = DecodeRow(prompt, self._max_tokens(req, DecodeRow(prompt, 1), "prompt"), sampling=req.sampling,
-                        stop=req.stop, top_logprobs=req.logprobs)
+                        stop=req.stop, top_logprobs=req.logprobs, constraint=constraint)
         try:
             self.engine.decoder.validate([row], 1)
         except InputError as exc:
@@ -216,6 +227,14 @@ class ChatService:
         if req.scores_prompt:
             job.scoring = Job(scoring, loop, loop.create_future())
         return job
+
+    @staticmethod
+    def _constraint(req: ChatCompletionRequest | CompletionRequest) -> Constraint | None:
+        """The request's output constraint as the engine enforces it; one it cannot is a 400 naming its field."""
+        try:
+            return req.engine_constraint()
+        except ConstraintError as exc:
+            raise APIError(400, f"{exc.field}: {exc.reason}", param=exc.field) from None
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A completions prompt's ids: token ids as they are, text as text after the tokenizer's BOS if it adds one."""

@@ -7,12 +7,10 @@ import json
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 from decoding import target_alone
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
-from pydantic import BaseModel
 
 from server.launcher import running_server
 from server.schema import ChatCompletionRequest, CompletionRequest, OutputConstraint
@@ -22,7 +20,6 @@ KEY = "sk-test-fields-key"
 PROMPT = "The city council approved a new budget on Tuesday."
 MAX_TOKENS = 12
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-NOT_YET = "not supported yet"
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +78,6 @@ def test_accepted_fields_leave_the_answer_the_targets(base_url: str, tiny, route
     assert text == expected_text(tiny, route)
 
 
-CONSTRAINTS = [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}},
-     "response_format"),
-    ({"guided_choice": ["yes", "no"]}, "guided_choice"),
-    ({"guided_regex": "[0-9]+"}, "guided_regex"),
-    ({"guided_json": SCHEMA}, "guided_json"),
-    ({"guided_json": json.dumps(SCHEMA)}, "guided_json"),
-]
 REFUSED_CHAT = [
     ({"n": 2}, "n"), ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"presence_penalty": -1}, "presence_penalty"),
     ({"logit_bias": {"5": 10}}, "logit_bias"), ({"store": True}, "store"),
@@ -109,12 +97,11 @@ REFUSED_CHAT = [
     ({"top_k": 5}, "top_k"), ({"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
     ({"messages": [{"role": "user", "content": PROMPT, "weight": 1}]}, "messages.0.weight"),
     ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
-    *CONSTRAINTS,
 ]
 REFUSED_COMPLETIONS = [
     ({"best_of": 2}, "best_of"), ({"n": 3}, "n"), ({"suffix": "end"}, "suffix"), ({"stream": True}, "stream"),
     ({"presence_penalty": 0.3}, "presence_penalty"), ({"logit_bias": {"5": -100}}, "logit_bias"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"), ({"top_k": 5}, "top_k"), *CONSTRAINTS,
+    ({"stream_options": {"include_usage": True}}, "stream_options"), ({"top_k": 5}, "top_k"),
 ]
 
 
@@ -126,8 +113,6 @@ def test_unsupported_fields_are_400_naming_them(base_url: str, route: str, field
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert param.rsplit(".", 1)[-1] in error["message"]
-    if (fields, param) in CONSTRAINTS:
-        assert NOT_YET in error["message"]
 
 
 def test_two_constraints_are_400_naming_the_second(base_url: str) -> None:
@@ -144,20 +129,8 @@ def test_a_malformed_response_format_is_400_naming_it(base_url: str) -> None:
         assert response.json()["error"]["param"].split(".")[0] == next(iter(fields))
 
 
-class City(BaseModel):
-    city: str
-
-
-def test_the_openai_client_s_structured_output_is_refused_until_constrained_decoding(base_url: str) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=60)
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": PROMPT}],
-                                      response_format=City)
-    assert info.value.body["param"] == "response_format" and NOT_YET in info.value.body["message"]
-
-
 def test_constraints_parse_into_one_typed_constraint() -> None:
-    """The constraint a later engine enforces, whichever field spelled it."""
+    """The constraint the engine enforces, whichever field spelled it (tests/test_server_constraints.py)."""
 
     def parsed(fields: dict) -> OutputConstraint | None:
         return ChatCompletionRequest.model_validate(
@@ -166,8 +139,12 @@ def test_constraints_parse_into_one_typed_constraint() -> None:
     assert parsed({}) is None and parsed({"response_format": {"type": "text"}}) is None
     assert parsed({"response_format": {"type": "json_object"}}) == OutputConstraint(
         "response_format", json_schema={"type": "object"})
+    schema_path = "response_format.json_schema.schema"
     assert parsed({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}}) \
-        == OutputConstraint("response_format", json_schema=SCHEMA)
+        == OutputConstraint("response_format", json_schema=SCHEMA, lenient=True, path=schema_path)
+    assert parsed({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,
+                                                                              "strict": True}}}) \
+        == OutputConstraint("response_format", json_schema=SCHEMA, path=schema_path)
     assert parsed({"guided_json": json.dumps(SCHEMA)}) == OutputConstraint("guided_json", json_schema=SCHEMA)
     assert parsed({"guided_choice": ["a", "b"]}) == OutputConstraint("guided_choice", choices=("a", "b"))
     assert parsed({"guided_regex": "a+"}) == OutputConstraint("guided_regex", regex="a+")

@@ -89,16 +89,18 @@ def regex_constraint(pattern: str) -> Constraint:
     return _checked(Constraint("regex", llguidance.LLMatcher.grammar_from_regex(pattern), pattern))
 
 
-def json_schema_constraint(schema: dict[str, Any]) -> Constraint:
+def json_schema_constraint(schema: dict[str, Any], lenient: bool = False) -> Constraint:
     """The output is one JSON value valid under ``schema`` (JSON Schema, checked against its own draft's
-    meta-schema first), laid out as ``json.dumps`` writes it."""
+    meta-schema first), laid out as ``json.dumps`` writes it. A keyword llguidance does not enforce is an
+    error, unless ``lenient`` (OpenAI's non-strict schemas): then it is left unenforced, the rest still is."""
     if not isinstance(schema, dict):
         raise ConstraintError("json_schema", f"must be a JSON object (a schema), got {type(schema).__name__}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as error:
         raise ConstraintError("json_schema", f"not a valid JSON Schema: {error.message}") from None
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT,
+                                                            overrides={"lenient": True} if lenient else None)
     return _checked(Constraint("json_schema", grammar, schema))
 
 

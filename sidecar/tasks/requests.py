@@ -65,7 +65,8 @@ class RequestBuilder:
         return DecodeRow(bare.token_ids, limit, compound.token_ids,
                          [compound.spans[f"sidecar:{t.name}"] for t in request.sidecars],
                          sampling=request.sampling or Sampling(), stop=request.stop,
-                         top_logprobs=request.top_logprobs, keep_draft=bool(request.sidecars))
+                         top_logprobs=request.top_logprobs, keep_draft=bool(request.sidecars),
+                         constraint=request.constraint)
 
     def bridge(self, task: SidecarTask) -> list[int]:
         """What a sidecar is fed after the main output: its ``bridge`` text, or by default the chat template's

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sidecar.decoding.constraints import Constraint
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.decoding.sampling import Sampling
@@ -29,6 +30,8 @@ class SidecarRequest:
     top_logprobs: int | None = None
     # a chat's turns before the document (the last user message), after the system message: (role, content)
     history: list[tuple[str, str]] = field(default_factory=list)
+    # what the main output must be (a server request's response_format or guided_*; docs/constraints.md)
+    constraint: Constraint | None = None
 
 
 @dataclass
