@@ -175,8 +175,9 @@ def test_a_shape_first_seen_after_warm_up_is_counted_and_fails_the_check(monkeyp
 
     def longer_limit_in_the_timed_run(decoder, prompt, tokens, batch):
         calls.append(batch)
-        # the first timed run (the second call) asks for more tokens: a larger cache, a shape the warm-up never ran
-        return real(decoder, prompt, tokens + 32 * (len(calls) == 2), batch)
+        # the first timed run (the second call) asks for more tokens: a larger cache (past the warm-up's power-of-two
+        # capacity), a shape the warm-up never ran
+        return real(decoder, prompt, tokens + 256 * (len(calls) == 2), batch)
 
     monkeypatch.setattr(part, "speculative_decode", longer_limit_in_the_timed_run)
     result = part.capture_modes("small", ["compile"], [1], 6, 2, CPU, torch.float32, Deadline.after(600))
