@@ -88,10 +88,12 @@ def uncommitted_files() -> list[str] | None:
     return [line[3:] for line in status.splitlines() if line.strip()]
 
 
-def environment(device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+def environment(device: torch.device | None = None, dtype: torch.dtype | None = None,
+                capture: str | None = None) -> dict:
     """Where a result comes from: the commit (``dirty`` when the checkout differs from it, with the files that
     do), the UTC date, the machine (platform, CPU model and cores, GPU), the torch build and the dtype measured
-    in (None where no model ran). ``device`` is the one measured on, if not the machine's first GPU (else its
+    in (None where no model ran), and the capture mode its engine's forwards ran in (``ModelPair.capture_mode``;
+    None where no engine ran). ``device`` is the one measured on, if not the machine's first GPU (else its
     CPU)."""
     from sidecar.models.devices import device_name
 
@@ -103,7 +105,7 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
         "device": device_name(device) if device is not None else gpu or cpu,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu, "gpu": gpu,
-        "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
+        "dtype": None if dtype is None else str(dtype).replace("torch.", ""), "capture": capture,
         "commit": commit or None, "dirty": None if changed is None else bool(changed),
         "dirty_files": None if changed is None else {"count": len(changed), "files": changed[:DIRTY_FILES_LISTED]},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -159,7 +161,9 @@ def provenance(env: dict) -> str:
     details = ", ".join(x for x in (f"{env['cpus']} CPUs" if env.get("cpus") else "", env.get("platform", "")) if x)
     torch_version = f", torch {env['torch']}" if env.get("torch") else ""
     dtype = f", {env['dtype']}" if env.get("dtype") else ""
-    return f"Measured on commit {commit}, {date}, {machine}{f' ({details})' if details else ''}{torch_version}{dtype}."
+    capture = f", capture mode {env['capture']}" if env.get("capture") else ""
+    return (f"Measured on commit {commit}, {date}, {machine}{f' ({details})' if details else ''}{torch_version}{dtype}"
+            f"{capture}.")
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     texts, source = documents(args.articles, args.chars)
     requests = [SidecarRequest(t, sidecars=[HASHTAGS], max_new_tokens=args.max_new_tokens) for t in texts]
     prompts = [engine.prompts(r)[0].token_ids for r in requests]
-    env = environment(pair.device, pair.dtype)
+    env = environment(pair.device, pair.dtype, pair.capture_mode)
     print(f"{env['device']} {env['dtype']}: {len(prompts)} prompts ({source}), mean "
           f"{sum(map(len, prompts)) / len(prompts):.0f} tokens", flush=True)
     # first calls pay one-off allocation and kernel selection costs

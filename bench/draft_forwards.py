@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(row, flush=True)
     if not args.print:
-        env = environment(pair.device, pair.dtype)
+        env = environment(pair.device, pair.dtype, pair.capture_mode)
         table = markdown_table(rows, [("batch", "batch"), ("requests", "requests"),
                                       ("summary_tokens", "summary tokens"), ("tag_tokens", "tag tokens"),
                                       ("target_forwards", "target forwards"), ("draft_forwards", "draft forwards")])

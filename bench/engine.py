@@ -76,12 +76,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time the engine without prompt lookup and with 2-token matches only "
                              "(batch 1; writes engine_*_lookup_ablation results)")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--capture", default=None, choices=["auto", "eager", "compile", "cudagraph", "hf"],
+                        help="the engine's capture mode (default: SIDECAR_CAPTURE, else auto); a mode named here "
+                             "suffixes the result's name with it")
     add_bench_arguments(parser)
     args = parse_bench_args(parser, argv)
     apply_profile(args, SIZES)
     batches = [int(b) for b in args.batches.split(",") if b]
 
-    pair = load_pair(args.pair, dtype=args.dtype)
+    pair = load_pair(args.pair, dtype=args.dtype, capture=args.capture)
     # the same target with its draft quantized to int8 (CPU, fp32: torch's dynamic int8 Linear takes float32
     # activations): output must stay identical, acceptance may drop
     int8 = None
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = SidecarEngine(pair)
     documents = news_documents(max([args.articles, *batches]), args.chars)
     prompts = [engine.prompts(SidecarRequest(d))[0].token_ids for d in documents]
-    env = environment(pair.device, pair.dtype)
+    env = environment(pair.device, pair.dtype, pair.capture_mode)
     print(f"{env['device']} {env['dtype']}: {len(prompts)} prompts, mean {sum(map(len, prompts)) / len(prompts):.0f} "
           f"tokens", flush=True)
 
@@ -286,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{memory['target_kv_bytes'] / 1e6:.1f} MB target + "
                 f"{memory['draft_kv_bytes'] / 1e6:.1f} MB draft.")
     name = result_name("engine", pair.device, args.pair, args.profile, pair.dtype)
+    name += f"_{args.capture}" if args.capture else ""
     write_results(name + ("_lookup_ablation" if args.lookup_ablation else ""), payload, markdown)
     exit_on_mismatch(checked)
 

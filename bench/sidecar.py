@@ -196,7 +196,7 @@ def main() -> None:
     pair = load_pair(args.pair)
     engine = SidecarEngine(pair)
     documents = news_documents(args.articles, args.chars)
-    env = environment(pair.device, pair.dtype)
+    env = environment(pair.device, pair.dtype, pair.capture_mode)
 
     requests = [SidecarRequest(d, sidecars=[HASHTAGS, ATTENDED]) for d in documents]
     start = time.perf_counter()

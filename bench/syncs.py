@@ -124,7 +124,8 @@ def main() -> None:
         ("budget", "budget (forwards + groups)")])
     heading = (f"Host-device synchronisations of one decode, tiny pair, {args.new_tokens} new tokens per row, "
                "gamma 4, prompt lookup on (`python -m bench.syncs`):")
-    payload = {"environment": environment(pair.device, pair.dtype), "new_tokens": args.new_tokens, "rows": rows}
+    payload = {"environment": environment(pair.device, pair.dtype, pair.capture_mode),
+               "new_tokens": args.new_tokens, "rows": rows}
     write_results("syncs" + profile_suffix(args.profile), payload,
                   heading + "\n\n" + table)
 
