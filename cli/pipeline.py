@@ -161,12 +161,16 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
     out_dir = report_dir(db.path, run_id)
     headline = out_dir / "headline.json"
     html = out_dir / "cost_report.html"
-    tallies = {(t["judge_model"], t["prompt_version"]): t for t in db.judge_tally(run_id)}
+    # judged per task (migration 013): every key holds the task
+    tallies = {(t["task"], t["judge_model"], t["prompt_version"]): t for t in db.judge_tally(run_id)}
     judge = []
     for quality in db.judge_quality(run_id):  # a method that gave nothing (unavailable) has no tally
-        tally = tallies.get((quality["judge_model"], quality["prompt_version"]), {"documents": 0, "preferences": []})
+        tally = tallies.get((quality["task"], quality["judge_model"], quality["prompt_version"]),
+                            {"documents": 0, "preferences": []})
         judge.append(quality | tally | {"preference_ci": bootstrap_ci(tally["preferences"])})
-    verdict = db.query("SELECT verdict FROM judge_headline WHERE run_id = ?", [run_id])
+    # the run's headline verdict is its results task's (hashtags), as the report's rows show it
+    verdict = db.query("SELECT verdict FROM judge_headline WHERE run_id = ? ORDER BY task <> 'hashtags', task "
+                       "LIMIT 1", [run_id])
     return DemoFindings(run_id=run_id, db_path=db.path, rows=db.results_table(run_id), judge=judge,
                         headline=json.loads(headline.read_text()) if headline.exists() else None,
                         html_path=html if html.exists() else None, seconds=seconds,

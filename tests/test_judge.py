@@ -31,6 +31,8 @@ from study.judge import (
     summarize_judgements,
 )
 from study.judge import games as judge_games
+from study.judge.likelihood import scorer_text
+from study.judge.tasks import not_judged_reason
 
 BASE_URL = "http://judge.test/v1"
 API_KEY = "sk-test-0123456789abcdef"
@@ -512,11 +514,11 @@ def test_tasks_the_judge_cannot_score_are_named_not_judged_beside_the_judged_one
     games = [game(1, "sidecar"), game(2, "sidecar")]
     judged = summarize_judgements([JudgeResult(doc_id="w1", games=games, verdict=final_verdict(games))],
                                   make_config())
-    reason = "is not judged: the judge compares the tag lists of one task per run (here hashtags)"
+    reason = "every document of its control sample (3) has the same sidecar output"
     markdown = judged.model_copy(update={"not_judged": {"headline": reason}}).to_markdown()
-    assert f"Not judged: task headline {reason}." in markdown
+    assert f"Not judged: task headline is not judged: {reason}." in markdown
     # nothing judged and a task that cannot be: not judged, not UNRELIABLE
-    alone = summarize_judgements([]).model_copy(update={"not_judged": {"headline": "is not judged: no tags"}})
+    alone = summarize_judgements([]).model_copy(update={"not_judged": {"headline": "no tags"}})
     assert alone.reliability_line() == "Not judged: task headline is not judged: no tags."
     assert "UNRELIABLE" not in alone.to_markdown() and alone.verdict_line() == "none, not judged"
     assert summarize_judgements([]).reliability_line().startswith("UNRELIABLE")
@@ -872,6 +874,44 @@ def test_control_foils_are_a_derangement_that_skips_identical_tags() -> None:
     assert set(judge.control_foils(docs, limit=2)) == set()  # a and b have the same set: no control
     assert judge.control_foils(docs[:1], limit=20) == {}
     assert judge.null_tags(["x", "y"]) == ["y", "x"] and judge.null_tags(["x"]) is None
+
+
+def test_any_tasks_output_is_reordered_for_its_null_game_only_where_reordering_changes_it() -> None:
+    assert judge.null_tags("Storm hits coast; thousands flee, roads close") == (
+        "roads close; thousands flee, Storm hits coast")
+    assert judge.null_tags("Flood warning - river rises") == "river rises - Flood warning"
+    assert list(judge.null_tags({"person": "Ann", "place": "Oslo"}).items()) == [("place", "Oslo"), ("person", "Ann")]
+    # one part, one key, a number: nothing to reorder, no null game
+    assert [judge.null_tags(value) for value in ("politics", "Council passes budget", {"a": 1}, 3)] == [None] * 4
+    # reordered tags are the same tags; an object is the same whatever the order of its keys
+    docs = [("a", {"k": 1, "j": 2}), ("b", {"j": 2, "k": 1}), ("c", "x")]
+    assert {doc: foil.doc_id for doc, foil in judge.control_foils(docs, limit=20).items()} == {
+        "a": "c", "b": "c", "c": "a"}
+    assert judge.hard_tags("a, b", "c, d") is None  # the hard rung is for lists
+
+
+def test_whether_a_task_can_be_judged_is_read_from_its_outputs() -> None:
+    def items(outputs: list[object]) -> list[JudgeItem]:
+        return [JudgeItem(doc_id=f"d{i}", summary="s", sidecar_tags=o, standalone_tags="x", task="t",
+                          instruction="Name the topic.") for i, o in enumerate(outputs)]
+
+    one_label = not_judged_reason(items(["politics"] * 4), controls=20)
+    assert one_label is not None and one_label.startswith('every document of its control sample (4) has the same '
+                                                          'sidecar output ("politics"), so there is no control')
+    words = not_judged_reason(items(["politics", "sport", "politics"]), controls=20)
+    assert words is not None and "the null rung" in words  # labels of one word: nothing measures the noise
+    assert not_judged_reason(items(["politics, local", "sport, national"]), controls=20) is None
+    assert not_judged_reason(items([None, "sport, local", "politics, local"]), controls=20) is None
+    assert "nothing to compare" in (not_judged_reason(items([None, None]), controls=20) or "")
+    assert not_judged_reason(items(["politics"] * 2), controls=0) is None  # no ladder asked for
+
+
+def test_the_scorer_and_the_pairwise_judge_name_another_tasks_instruction() -> None:
+    text, start = scorer_text("The flood.", "Flood, river", "tags-l1", "Write a headline.")
+    assert text == "Summary:\nThe flood.\n\nWrite a headline.\nAnswer: Flood, river" and text[start:] == " Flood, river"
+    assert scorer_text("The flood.", ["flood"], "tags-l1")[0].endswith("Hashtags: #flood")  # tags as before
+    system, user = (m["content"] for m in judge.render_prompt("The flood.", "A", {"b": 1}, "tags-p1", "Write {x}."))
+    assert "The instruction: Write {x}." in system and "Output A: \"A\"\nOutput B: {\"b\": 1}" in user
 
 
 def test_text_mode_controls_count_both_games_for_the_own_tags() -> None:

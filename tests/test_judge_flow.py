@@ -138,34 +138,45 @@ def test_failed_calls_are_asked_again_garbage_answers_are_errors_and_reruns_ask_
 
 
 def shown(user_message: str) -> tuple[str, list[str], list[str]]:
-    """The summary and the tag sets in positions A and B of a judge prompt."""
+    """The summary and the tag sets (or another task's outputs) in positions A and B of a judge prompt."""
     summary = user_message.split("<<<", 1)[1].split(">>>", 1)[0]
-    lines = dict(line.split(": ", 1) for line in user_message.splitlines() if line.startswith("Tag set "))
-    return summary, json.loads(lines["Tag set A"]), json.loads(lines["Tag set B"])
+    lines = dict(line.split(": ", 1) for line in user_message.splitlines() if line.startswith(("Tag set ", "Output ")))
+    a, b = (lines.get(f"Tag set {side}", lines.get(f"Output {side}")) for side in "AB")
+    return summary, json.loads(a), json.loads(b)
+
+
+# where a likelihood scorer prompt's task form ends and the output starts (study.judge.prompts.SCORER_PROMPTS)
+TASK_FORM_ENDS = ("\nAnswer:", "The desk wrote:")
 
 
 def echoed(prompt: str) -> dict:
-    """The legacy completions route's ``echo`` log probabilities of ``prompt``: one token per word; a tag
-    token (holding '#') -0.5 when its word appears before the tags, else -3; other tokens -1."""
-    context = prompt.split(" #", 1)[0]
+    """The legacy completions route's ``echo`` log probabilities of ``prompt``: one token per word; an output
+    token (a tag, holding '#', or any word after a task form's end) -0.5 when its word appears before the output,
+    else -3; other tokens -1."""
+    ends = [prompt.rfind(end) + len(end) for end in TASK_FORM_ENDS if end in prompt]
+    start = prompt.find(" #") if " #" in prompt or not ends else max(ends)
+    context = prompt[:start].lower()
     words = list(re.finditer(r"\s*\S+", prompt))
-    logprobs = [None] + [(-0.5 if w.group().strip().lstrip("#") in context else -3.0) if "#" in w.group() else -1.0
-                         for w in words[1:]]
+    logprobs = [None] + [(-0.5 if w.group().strip().strip("#,.;:").lower() in context else -3.0)
+                         if w.start() >= start else -1.0 for w in words[1:]]
     return {"tokens": [w.group() for w in words], "token_logprobs": logprobs,
             "text_offset": [w.start() for w in words], "top_logprobs": None}
 
 
 @contextmanager
 def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bool = False,
-                     echo_fails: Callable[[str], bool] = lambda prompt: False) -> Iterator[str]:
+                     echo_fails: Callable[[str], bool] = lambda prompt: False,
+                     seen: list[dict] | None = None) -> Iterator[str]:
     """An OpenAI-shaped chat completions endpoint on loopback whose one-token answer carries the top log
     probabilities of A and B, P(A) = ``p_a(summary, tags_a, tags_b)``; with ``echo`` also the legacy
     completions route with the prompt's log probabilities (``echoed``), else 404 there; a prompt for which
-    ``echo_fails`` is true gets HTTP 500 there."""
+    ``echo_fails`` is true gets HTTP 500 there. ``seen`` collects every request's body."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if seen is not None:
+                seen.append(request)
             if not self.path.endswith("/chat/completions"):
                 if not echo:
                     self.send_error(404)
@@ -211,10 +222,15 @@ def letters_endpoint(p_a: Callable[[str, list[str], list[str]], float], echo: bo
         server.server_close()
 
 
-def reads_tags(summary: str, tags_a: list[str], tags_b: list[str]) -> float:
-    """Prefers the set whose tags the summary names, with a pull towards position A."""
-    named = sum(t in summary for t in tags_a) - sum(t in summary for t in tags_b)
+def reads_tags(summary: str, tags_a: list[str] | str, tags_b: list[str] | str) -> float:
+    """Prefers the set whose tags the summary names (another task's output: whose words), with a pull towards
+    position A."""
+    named = sum(t in summary for t in _words(tags_a)) - sum(t in summary for t in _words(tags_b))
     return min(0.95, max(0.05, 0.6 + 0.15 * named))
+
+
+def _words(output: list[str] | str) -> list[str]:
+    return output if isinstance(output, list) else [w.strip(",.;:").lower() for w in output.split()]
 
 
 TOPICAL = "run-topical"
@@ -521,22 +537,145 @@ def test_unknown_run_and_missing_model_fail_the_flow(prefect_api, tmp_path: Path
     assert state.is_failed() and "judge_model is required" in str(state.message)
 
 
+HEADLINE = {"name": "headline", "instruction": "Then write a one-line headline for the summary.",
+            "max_new_tokens": 24, "attend_document": False, "parser": "text", "bridge": None}
+TOPIC = {"name": "topic", "instruction": "Then name the summary's topic.", "max_new_tokens": 4,
+         "attend_document": False, "parser": "text", "bridge": None, "choices": ["politics", "sport", "weather"]}
+
+
+def tasks_run(db: Database) -> None:
+    """The topical run with three tasks from one main output: its hashtags, a headline that names the summary's
+    words (the standalone's names none), and a topic from fixed labels that is "politics" for every document."""
+    from sidecar.tasks.task import HASHTAGS
+
+    tasks = [HASHTAGS.model_dump(mode="json"), HEADLINE, TOPIC]
+    db.start_run(TOPICAL, {"sidecar_tasks": tasks}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    topics = {"doc-x": ("flood", "river"), "doc-y": ("strike", "union"), "doc-z": ("harvest", "wheat")}
+    db.record_documents(TOPICAL, [Document(d, f"Document {d}.", i) for i, d in enumerate(topics)], [])
+    db.write_batch(TOPICAL, [
+        OutputRecord(doc_id, mode, f"- The {a} and the {b} were reported.", [
+            SidecarRecord.of("hashtags", "", [a, b] if mode == "sidecar" else ["news", "today"]),
+            SidecarRecord.of("headline", headline := f"{a} and {b}, reported" if mode == "sidecar" else
+                             "News of today, more soon", headline),
+            SidecarRecord.of("topic", "politics", "politics")])
+        for doc_id, (a, b) in topics.items() for mode in ("sidecar", "standalone")])
+
+
+def test_each_task_of_a_run_is_judged_on_its_own_and_the_pairwise_judge_names_its_instruction(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    tasks_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    seen: list[dict] = []
+    with letters_endpoint(reads_tags, echo=True, seen=seen) as url:
+        state = judge(TOPICAL, judge_model="mock", base_url=url, retries=0, db_path=str(db.path),
+                      likelihood_prompts=("tags-l1", "tags-l2"), return_state=True)
+    summary = state.result()
+    # a judge row per task and method: both tasks' ladders pass, and both verdicts favour the sidecar's outputs
+    quality = {(q["task"], q["method"], q["prompt_version"]): q for q in db.judge_quality(TOPICAL)}
+    assert set(quality) == {(task, method, version) for task in ("hashtags", "headline") for method, version in
+                            (("pairwise", "tags-p1"), ("likelihood", "tags-l1"), ("likelihood", "tags-l2"))}
+    assert all((q["control_cleared"], q["null_tied"], q["reliable"], q["verdict"]) == (3, 3, True, "sidecar")
+               for q in quality.values()), quality
+    verdicts = db.judge_verdicts(TOPICAL)
+    assert {task: (v["status"], v["verdict"]) for task, v in verdicts.items()} == {
+        "hashtags": ("judged", "sidecar"), "headline": ("judged", "sidecar"), "topic": ("not judged", None)}
+    assert [q["method"] for q in verdicts["headline"]["quality"]] == ["likelihood", "likelihood", "pairwise"]
+    assert verdicts["headline"]["instruction"] == "Write a one-line headline for the summary."
+    # the headline's games and scores are its own: its outputs, not the tags
+    assert db.query("SELECT DISTINCT tags FROM judgement_scores WHERE task = 'headline' AND kind = 'null' "
+                    "AND side = 'reversed' AND doc_id = 'doc-x'") == [{"tags": ["reported, flood and river"]}]
+    # the pairwise prompt asks about the headline by its instruction, and about the tags as before
+    asked = [request["messages"] for request in seen if "messages" in request]
+    headline = [m for m in asked if "Output A: " in m[1]["content"]]
+    assert headline and all("Instruction: Write a one-line headline for the summary." in m[1]["content"]
+                            and "headline" in m[0]["content"] for m in headline)
+    assert all("hashtags" in m[0]["content"] for m in asked if m not in headline)
+    assert [task.task for task in (summary, *summary.tasks)] == ["hashtags", "headline"]
+    report = artifacts(state.state_details.flow_run_id)["judge-run-topical"]
+    assert "# Sidecar vs standalone task `headline` (LLM judge)" in report
+    assert "Not judged: task topic is not judged: every document of its control sample (3)" in report
+
+
+def test_a_choices_task_with_one_label_for_every_document_is_not_judged_with_why_never_unreliable(
+        prefect_api, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.judge import judge
+
+    tasks_run(db)
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    with letters_endpoint(lambda *_shown: 0.999) as url:  # a judge that fails every control, and cannot score
+        summary = judge(TOPICAL, judge_model="mock", base_url=url, retries=0, db_path=str(db.path))
+    topic = db.judge_verdicts(TOPICAL)["topic"]
+    assert (topic["status"], topic["verdict"], topic["quality"]) == ("not judged", None, [])
+    assert topic["reason"].startswith('every document of its control sample (3) has the same sidecar output '
+                                      '("politics"), so there is no control')
+    assert summary.not_judged == {"topic": topic["reason"]}
+    assert db.query("SELECT count(*) AS n FROM judgement_games WHERE task = 'topic'") == [{"n": 0}]
+    # the judged tasks of the same run are unreliable under this judge, and say why
+    headline = db.judge_verdicts(TOPICAL)["headline"]
+    assert headline["status"] == "unreliable" and "pairwise mock tags-p1: easy 0/3, null 3/3 (threshold 0.9)" in (
+        headline["reason"]) and "likelihood mock tags-l1: unavailable" in headline["reason"]
+
+
+def test_a_database_judged_before_tasks_were_judged_apart_is_not_asked_again(
+        prefect_api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema-12 file whose hashtag run was judged then: migration 013 files its games under hashtags, so the
+    judge finds every document judged, asks nothing and reads its verdict per task."""
+    import duckdb
+
+    from flows.judge import judge
+    from storage.connection import RetryPolicy
+    from storage.migrate import known_migrations, migrate
+
+    path = tmp_path / "old.duckdb"
+    migrate(path, RetryPolicy(), known_migrations()[:12])
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
+                    "('old', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+        for doc, own in (("doc-x", '["flood", "river"]'), ("doc-y", '["strike", "union"]')):
+            for mode, tags in (("sidecar", own), ("standalone", '["news"]')):
+                con.execute("INSERT INTO outputs (run_id, doc_id, mode, summary) VALUES ('old', ?, ?, 'The flood.')",
+                            [doc, mode])
+                con.execute("INSERT INTO sidecar_outputs (run_id, doc_id, mode, task, text, parsed) VALUES "
+                            "('old', ?, ?, 'hashtags', '', ?)", [doc, mode, tags])
+            for game, (mode_a, mode_b) in ((1, ("sidecar", "standalone")), (2, ("standalone", "sidecar"))):
+                con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, game, mode_a, "
+                            "mode_b, raw_answer, winner, p_a, p_b) VALUES ('old', ?, 'mock', 'tags-p1', ?, ?, ?, 'A', "
+                            "?, 0.9, 0.1)", [doc, game, mode_a, mode_b, mode_a])
+        con.execute("INSERT INTO judge_settings (run_id, judge_model, prompt_version, mode, threshold, margin_floor) "
+                    "VALUES ('old', 'mock', 'tags-p1', 'probability', 0.9, 0.02)")
+    monkeypatch.setenv("SIDECAR_JUDGE_API_KEY", "sk-env-key")
+    seen: list[dict] = []
+    with letters_endpoint(reads_tags, seen=seen) as url:
+        summary = judge("old", judge_model="mock", base_url=url, retries=0, db_path=str(path), likelihood_prompts=())
+    assert (summary.task, summary.total, summary.not_judged, seen) == ("hashtags", 0, {}, [])
+    db = Database(path)
+    assert db.judged_doc_ids("old", "mock", "tags-p1") == {"doc-x", "doc-y"}
+    # judged then without a control ladder: unreliable, as it was, and saying why
+    hashtags = db.judge_verdicts("old")["hashtags"]
+    assert (hashtags["status"], hashtags["reason"]) == ("unreliable", "pairwise mock tags-p1: no control answered")
+
+
 def test_a_task_the_judge_cannot_score_is_reported_not_judged_with_why(prefect_api, tmp_path: Path) -> None:
-    """A run whose one task writes headlines: no tag lists, so no judge prompt and no control. The judge says so
-    and asks nothing; it does not call the run UNRELIABLE."""
+    """A run whose one task writes one headline: one document, so no control. The judge says so and asks
+    nothing; it does not call the run UNRELIABLE."""
     from flows.judge import judge
 
     db = Database(tmp_path / "sidecar.duckdb")
-    db.start_run("headlines", {"test": True}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
+    db.start_run("headlines", {"sidecar_tasks": [HEADLINE]}, pair="tiny", device="cpu", gpu_type=None, gamma=4,
+                 batch_size=2)
     db.record_documents("headlines", [Document("d1", "The council approved a budget.", 0)], [])
     db.write_batch("headlines", [OutputRecord("d1", mode, "A budget.", [SidecarRecord.of(
         "headline", "Council passes budget", "Council passes budget")]) for mode in ("sidecar", "standalone")])
     summary = judge("headlines", judge_pair="tiny", db_path=str(db.path))
     line = summary.reliability_line()
-    assert line.startswith("Not judged: task headline is not judged: its outputs are not tag lists"), line
+    assert line.startswith("Not judged: task headline is not judged: every document of its control sample (1) "
+                           'has the same sidecar output ("Council passes budget")'), line
     assert "UNRELIABLE" not in summary.to_markdown()
     assert summary.verdict_line() == "none, not judged"
     assert games(db) == []
+    assert db.judge_verdicts("headlines")["headline"]["status"] == "not judged"
 
 
 def test_api_key_from_prefect_secret_block(monkeypatch: pytest.MonkeyPatch) -> None:

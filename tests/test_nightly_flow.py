@@ -542,11 +542,14 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
     counts = nightly(**run.model_dump())
     assert counts.downstream == {"judge": "Completed", "cost-report": "Completed"}
 
-    # Give every document tags on both sides, so that an external judge is really called with the key.
+    # Give every document tags on both sides, so that an external judge is really called with the key (tags of
+    # their own: a task whose documents all have the same output has no control and is not judged).
     db = Database(run.db_path)
     rows = db.query("SELECT doc_id, mode, summary FROM outputs WHERE run_id = ?", [counts.run_id])
+    number = {doc_id: n for n, doc_id in enumerate(sorted({r["doc_id"] for r in rows}))}
     db.write_batch(counts.run_id, [OutputRecord(r["doc_id"], r["mode"], r["summary"], [SidecarRecord.of(
-        "hashtags", "#budget #council", ["budget", "council"])]) for r in rows])
+        "hashtags", f"#budget #council{number[r['doc_id']]}", ["budget", f"council{number[r['doc_id']]}"])])
+        for r in rows])
     with running_server("tiny", api_key=PLANTED_KEY, model_name="tiny-judge") as url:
         summary = judge(run_id=counts.run_id, judge_model="tiny-judge", base_url=url, db_path=run.db_path,
                         retries=0)

@@ -1,4 +1,5 @@
-"""LLM-judge comparison of sidecar hashtags against a standalone tagger's hashtags.
+"""LLM-judge comparison of sidecar hashtags against a standalone tagger's hashtags, and of any other sidecar
+task's outputs, each task on its own (``tasks``: whether its outputs give a control ladder at all).
 
 Each document is judged twice with the tag sets' positions swapped, because LLM judges favour a
 position. The probability mode (the default where the endpoint returns log probabilities) asks for one
@@ -49,6 +50,7 @@ from study.judge.scoring import (
     preference_verdict,
 )
 from study.judge.summary import JudgeSummary, LikelihoodPart, summarize_judgements, summarize_likelihood
+from study.judge.tasks import not_judged_reason
 
 __all__ = [
     "API_KEY_ENV_VARS",
@@ -93,6 +95,7 @@ __all__ = [
     "likelihood_reliability",
     "make_judge_client",
     "mean_interval",
+    "not_judged_reason",
     "null_tags",
     "parse_judge_answer",
     "position_bias",

@@ -1,4 +1,5 @@
-"""One game: the judge sees two tag sets for a summary, in positions A and B, and answers which fits better.
+"""One game: the judge sees two tag sets (or two outputs of another sidecar task, with its instruction) for a
+summary, in positions A and B, and answers which fits better.
 
 A game's retries of an unusable answer change the request, because asking the same greedy request again
 gets the same answer: first a larger budget (text: twice the tokens; probability: eight tokens and the
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import openai
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from study.judge.answers import Choice, JudgeAnswerError, ask, letter_probabilities, parse_judge_answer
 from study.judge.config import JudgeConfig
@@ -149,13 +150,14 @@ class Redactor:
 
 
 def play_game(doc_id: str, summary: str, kind: GameKind, game: Literal[1, 2],
-              tags: tuple[list[str], list[str]], client: openai.OpenAI, config: JudgeConfig,
-              redact: Redactor) -> GameResult:
-    """Ask one game, retrying what failed; ``tags`` is (the subject side's, the other side's)."""
+              tags: tuple[JsonValue, JsonValue], client: openai.OpenAI, config: JudgeConfig,
+              redact: Redactor, instruction: str | None = None) -> GameResult:
+    """Ask one game, retrying what failed; ``tags`` is (the subject side's, the other side's) outputs, judged in
+    the prompt's task form when ``instruction`` is given."""
     subject_tags, other_tags = tags
     sidecar_position: Literal["A", "B"] = "A" if game == 1 else "B"
     tags_a, tags_b = (subject_tags, other_tags) if game == 1 else (other_tags, subject_tags)
-    messages = render_prompt(summary, tags_a, tags_b, config.prompt_version)
+    messages = render_prompt(summary, tags_a, tags_b, config.prompt_version, instruction)
     subject, other = SIDES[kind]
     mode = config.mode
     max_attempts = config.retries + 1

@@ -1,5 +1,6 @@
-"""The likelihood of a tag set: the judge model's mean log probability of the tags' tokens after a scorer
-prompt that holds a summary, read through the OpenAI API's legacy completions route.
+"""The likelihood of a tag set, or of any task's output: the judge model's mean log probability of its tokens
+after a scorer prompt that holds a summary (the main output) and, for a task other than tag lists, the task's
+instruction, read through the OpenAI API's legacy completions route.
 
 The request echoes the prompt with its log probabilities and generates nothing
 (``echo=True, logprobs=0, max_tokens=0``); the reply's ``choices[0].logprobs`` lists ``tokens``,
@@ -11,13 +12,14 @@ version it used.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Annotated
 
 import openai
 from openai.types import Completion
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict
 
 from study.judge.answers import JudgeAnswerError, validated_reply
 from study.judge.prompts import SCORER_PROMPTS
@@ -64,19 +66,38 @@ def render_tags(tags: list[str]) -> str:
     return "".join(f" #{tag.lstrip('#')}" for tag in tags)
 
 
-def scorer_text(summary: str, tags: list[str], prompt_version: str) -> tuple[str, int]:
-    """The text to score and the character where its tags start."""
-    before = SCORER_PROMPTS[prompt_version].before_tags.format(summary=summary.strip())
-    return before + render_tags(tags), len(before)
+def render_output(output: JsonValue) -> str:
+    """Any other task's output as its scorer sees it: a string as it is (trimmed), any other value as JSON."""
+    return output.strip() if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 
-def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: list[str],
-                   prompt_version: str) -> TagLikelihood:
-    """Ask ``model`` for the log probabilities of the scorer text and average those of the tags' tokens.
+def stored_output(output: JsonValue) -> list[str]:
+    """The output as ``judgement_scores.tags`` keeps it: a list of strings (tags) itself, else its rendering as
+    the one element."""
+    if isinstance(output, list) and all(isinstance(item, str) for item in output):
+        return list(output)  # type: ignore[arg-type]
+    return [render_output(output)]
+
+
+def scorer_text(summary: str, tags: JsonValue, prompt_version: str,
+                instruction: str | None = None) -> tuple[str, int]:
+    """The text to score and the character where its output starts: the hashtag form for tags (``instruction``
+    None), else the task form, the output after a space."""
+    prompt = SCORER_PROMPTS[prompt_version]
+    if instruction is None:
+        before = prompt.before_tags.format(summary=summary.strip())
+        return before + render_tags(tags), len(before)  # type: ignore[arg-type]
+    before = prompt.before_output.format(summary=summary.strip(), instruction=instruction.strip())
+    return f"{before} {render_output(tags)}", len(before)
+
+
+def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: JsonValue,
+                   prompt_version: str, instruction: str | None = None) -> TagLikelihood:
+    """Ask ``model`` for the log probabilities of the scorer text and average those of the output's tokens.
 
     ``NoPromptLogprobsError`` when the route is missing or refused (HTTP 404, 400) or the reply has no
     prompt log probabilities; ``JudgeAnswerError`` for a reply of the wrong shape or values."""
-    text, start = scorer_text(summary, tags, prompt_version)
+    text, start = scorer_text(summary, tags, prompt_version, instruction)
     try:
         choice = validated_reply(
             lambda: client.completions.create(model=model, prompt=text, echo=True, logprobs=0, max_tokens=0),

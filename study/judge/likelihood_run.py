@@ -6,19 +6,21 @@ derangement): how much this summary, rather than any summary, makes these tags l
 difference for a comparison is its subject side's score less the other side's: the sidecar's tags against
 the standalone tagger's, and on the control ladder (``study.judge.controls``) the own tags against another
 document's (easy), against the half-replaced set (hard) and against themselves reversed (null, true
-difference 0). Verdicts and controls are read by the same rule as the pairwise method's
-(``study.judge.reliability``), with a margin in nats per token.
+difference 0). Any other sidecar task is scored the same way, its output after the scorer prompt's task form
+(``study.judge.likelihood``) with the task's instruction. Verdicts and controls are read by the same rule as
+the pairwise method's (``study.judge.reliability``), with a margin in nats per token.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from study.judge.answers import JudgeAnswerError
 from study.judge.config import JudgeConfig
@@ -32,11 +34,12 @@ from study.judge.scoring import Verdict
 
 
 class TagScore(BaseModel):
-    """One tag set of a document, scored after its own summary and after the baseline document's."""
+    """One tag set (or a task's output) of a document, scored after its own summary and after the baseline
+    document's."""
 
     kind: GameKind
     side: Winner
-    tags: list[str]
+    tags: JsonValue
     given_own: float | None = None
     given_baseline: float | None = None
     tokens: int | None = None
@@ -70,12 +73,12 @@ class LikelihoodResult(BaseModel):
 
 
 def scored(client: openai.OpenAI, model: str, prompt_version: str, config: JudgeConfig, redact: Redactor,
-           summary: str, tags: list[str]) -> TagLikelihood:
+           summary: str, tags: JsonValue, instruction: str | None = None) -> TagLikelihood:
     """``tag_likelihood`` retried as a game is: transport failures and 5xx/429 with backoff. An endpoint
     without prompt log probabilities is not asked again."""
     for attempt in range(1, config.retries + 2):
         try:
-            return tag_likelihood(client, model, summary, tags, prompt_version)
+            return tag_likelihood(client, model, summary, tags, prompt_version, instruction)
         except NoPromptLogprobsError:
             raise
         except (openai.OpenAIError, JudgeAnswerError) as exc:
@@ -92,7 +95,7 @@ def unavailable_reason(item: JudgeItem, config: JudgeConfig, client: openai.Open
     """Why ``model`` cannot score by likelihood, asked once with ``item``'s sidecar tags; None when it can
     (or when the probe failed otherwise, which decides nothing: the scores will fail the same way)."""
     try:
-        scored(client, model, prompt_version, config, redact, item.summary, item.sidecar_tags or [])
+        scored(client, model, prompt_version, config, redact, item.summary, item.sidecar_tags, item.instruction)
     except NoPromptLogprobsError as exc:
         return redact(str(exc))[:MAX_ERROR_CHARS]
     except (openai.OpenAIError, JudgeAnswerError):
@@ -109,18 +112,17 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
     control ladder (the first ``config.controls`` with both tag sets), come from ``run``, every document of
     the run (default ``items``): a resumed pass that scores a few documents gives each the baseline and
     ladder a whole pass would, and a lone pending document still has the others as baselines."""
-    judgeable = [item for item in (items if run is None else run) if item.sidecar_tags and item.standalone_tags]
+    judgeable = [item for item in (items if run is None else run) if item.comparable]
     summaries = {item.doc_id: item.summary for item in judgeable}
-    baselines = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], len(judgeable))
+    baselines = control_foils([(item.doc_id, item.sidecar_tags) for item in judgeable], len(judgeable))
     in_sample = {item.doc_id for item in judgeable[:config.controls]}
 
     def one(item: JudgeItem) -> LikelihoodResult:
-        if not item.sidecar_tags or not item.standalone_tags or item.doc_id not in baselines:
-            reason = "no baseline document with other tags" if item.sidecar_tags and item.standalone_tags else (
-                "missing tags")
+        if not item.comparable or item.doc_id not in baselines:
+            reason = "no baseline document with other tags" if item.comparable else "missing tags"
             return LikelihoodResult(doc_id=item.doc_id, scores=[], verdict="skipped", skip_reason=reason)
         baseline = baselines[item.doc_id]
-        sets: list[tuple[GameKind, Winner, list[str]]] = [
+        sets: list[tuple[GameKind, Winner, JsonValue]] = [
             ("main", "sidecar", item.sidecar_tags), ("main", "standalone", item.standalone_tags)]
         foil = baseline if item.doc_id in in_sample else None
         if foil is not None:
@@ -129,13 +131,14 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
                 sets += [("hard", "own", item.sidecar_tags), ("hard", "mixed", mixed)]
             if (flipped := null_tags(item.sidecar_tags)) is not None:
                 sets += [("null", "original", item.sidecar_tags), ("null", "reversed", flipped)]
-        cache: dict[tuple[str, tuple[str, ...]], TagLikelihood | str] = {}
+        cache: dict[tuple[str, str], TagLikelihood | str] = {}
 
-        def likelihood(summary_of: str, tags: list[str]) -> TagLikelihood | str:
-            key = (summary_of, tuple(tags))
+        def likelihood(summary_of: str, tags: JsonValue) -> TagLikelihood | str:
+            key = (summary_of, json.dumps(tags, ensure_ascii=False))  # order kept: a null game's output is reordered
             if key not in cache:
                 try:
-                    cache[key] = scored(client, model, prompt_version, config, redact, summaries[summary_of], tags)
+                    cache[key] = scored(client, model, prompt_version, config, redact, summaries[summary_of], tags,
+                                        item.instruction)
                 except (openai.OpenAIError, JudgeAnswerError) as exc:
                     cache[key] = redact(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
             return cache[key]
@@ -179,7 +182,7 @@ def score_by_likelihood(items: list[JudgeItem], config: JudgeConfig, model: str,
     baselines from ``run``); an endpoint that gives none is asked nothing more and the outcome says why.
     Without a judgeable item nothing is asked."""
     client, redact = client_and_redactor(config, client)
-    probe = next((item for item in items if item.sidecar_tags and item.standalone_tags), None)
+    probe = next((item for item in items if item.comparable), None)
     if probe is None:
         return LikelihoodOutcome(model=model, prompt_version=prompt_version)
     reason = unavailable_reason(probe, config, client, model, prompt_version, redact)

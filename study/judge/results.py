@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from study.judge.games import GameKind, GameResult
 from study.judge.scoring import Verdict
 
 
 class JudgeItem(BaseModel):
+    """A document's main output (``summary``) and one sidecar task's parsed output in each mode: the tags of the
+    hashtag task, any JSON value of another (a string, a label, an object); None where it did not parse."""
+
     doc_id: str
     summary: str
-    sidecar_tags: list[str] | None
-    standalone_tags: list[str] | None
+    sidecar_tags: JsonValue
+    standalone_tags: JsonValue
+    task: str = "hashtags"
+    # what the judge asks about: the task's instruction as a tagger that sees only the main output reads it;
+    # None for tag lists, which the hashtag prompts judge
+    instruction: str | None = None
+
+    @property
+    def comparable(self) -> bool:
+        """Whether both modes have an output to compare."""
+        return has_output(self.sidecar_tags) and has_output(self.standalone_tags)
+
+
+def has_output(value: JsonValue) -> bool:
+    """An output that parsed and is not empty (no tags, a blank string, an empty object)."""
+    return value is not None and value not in ("", [], {})
 
 
 class JudgeResult(BaseModel):

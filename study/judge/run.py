@@ -14,6 +14,7 @@ from itertools import islice
 from typing import TypeVar
 
 import openai
+from pydantic import JsonValue
 
 from study.judge.answers import JudgeAnswerError, ask
 from study.judge.config import JudgeConfig, make_judge_client
@@ -30,7 +31,7 @@ from study.judge.games import (
     request_options,
 )
 from study.judge.prompts import PROMPTS, TEXT_FALLBACK, render_prompt
-from study.judge.results import JudgeItem, JudgeResult
+from study.judge.results import JudgeItem, JudgeResult, has_output
 from study.judge.scoring import calibrated_margin, final_verdict, preference, preference_verdict
 
 In = TypeVar("In")
@@ -69,7 +70,8 @@ def detect_prompt_version(item: JudgeItem, config: JudgeConfig, client: openai.O
     if config.mode == "text":
         return Detection(config.prompt_version, f"Text mode: prompt {config.prompt_version} asks for a JSON verdict.")
     client, redact = client_and_redactor(config, client)
-    messages = render_prompt(item.summary, item.sidecar_tags or [], item.standalone_tags or [], config.prompt_version)
+    messages = render_prompt(item.summary, item.sidecar_tags, item.standalone_tags, config.prompt_version,
+                             item.instruction)
     fallback = f"the text mode (prompt {TEXT_FALLBACK}) for this run"
     failure: Exception | None = None
     for attempt in range(1, config.retries + 2):
@@ -106,12 +108,13 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
     in the calling thread; a queued document starts only after a finished one's result was taken, so when
     ``on_result`` raises, no queued document is judged."""
     client, redact = client_and_redactor(config, client)
-    judgeable = [item for item in items if item.sidecar_tags and item.standalone_tags]
-    foils = control_foils([(item.doc_id, item.sidecar_tags or []) for item in judgeable], config.controls)
+    judgeable = [item for item in items if item.comparable]
+    foils = control_foils([(item.doc_id, item.sidecar_tags) for item in judgeable], config.controls)
     probability = config.mode == "probability"
 
-    def play(item: JudgeItem, kind: GameKind, tags: tuple[list[str], list[str]]) -> list[GameResult]:
-        return [play_game(item.doc_id, item.summary, kind, game, tags, client, config, redact) for game in (1, 2)]
+    def play(item: JudgeItem, kind: GameKind, tags: tuple[JsonValue, JsonValue]) -> list[GameResult]:
+        return [play_game(item.doc_id, item.summary, kind, game, tags, client, config, redact, item.instruction)
+                for game in (1, 2)]
 
     logger.info("judging %d documents with %s (prompt %s, %s mode, %d with controls, concurrency %d)", len(items),
                 config.model, config.prompt_version, PROMPTS[config.prompt_version].mode, len(foils),
@@ -120,15 +123,17 @@ def judge_pairs(items: list[JudgeItem], config: JudgeConfig, client: openai.Open
         return []
     with ThreadPoolExecutor(max_workers=min(config.concurrency, len(items)), thread_name_prefix="judge") as pool:
         nulls = [(item, flipped) for item in judgeable[:config.controls]
-                 if (flipped := null_tags(item.sidecar_tags or [])) is not None]
-        played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags or [], pair[1])), nulls)
+                 if (flipped := null_tags(item.sidecar_tags)) is not None]
+        played = pool.map(lambda pair: play(pair[0], "null", (pair[0].sidecar_tags, pair[1])), nulls)
         null_games = {item.doc_id: games for (item, _), games in zip(nulls, played, strict=True)}
         margin = calibrated_margin([preference(games) for games in null_games.values()], config.margin_floor)
 
         def judge_one(item: JudgeItem) -> JudgeResult:
-            if not item.sidecar_tags or not item.standalone_tags:
+            if not item.comparable:
                 sides = {"sidecar": item.sidecar_tags, "standalone": item.standalone_tags}
-                skip_reason = "no " + " and no ".join(side for side, tags in sides.items() if not tags) + " tags"
+                what = " tags" if item.instruction is None else " output"
+                missing = [side for side, tags in sides.items() if not has_output(tags)]
+                skip_reason = "no " + " and no ".join(missing) + what
                 logger.info("judge doc %s skipped: %s", item.doc_id, skip_reason)
                 return JudgeResult(doc_id=item.doc_id, games=[], verdict="skipped", skip_reason=skip_reason)
             games = play(item, "main", (item.sidecar_tags, item.standalone_tags))

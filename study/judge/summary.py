@@ -94,6 +94,11 @@ class JudgeSummary(BaseModel):
     # why the mode is what it is (an endpoint without log probabilities falls back to the text mode)
     mode_note: str | None = None
     error_docs: dict[str, str] = Field(default_factory=dict)
+    # the sidecar task judged here, and the instruction the judge asked about (None: tag lists, hashtag prompts)
+    task: str = "hashtags"
+    instruction: str | None = None
+    # the run's other judged tasks, each with its own summary
+    tasks: list[JudgeSummary] = Field(default_factory=list)
     # the run's sidecar tasks the judge cannot score, each with why: not judged, which is no verdict on them
     not_judged: dict[str, str] = Field(default_factory=dict)
 
@@ -107,7 +112,7 @@ class JudgeSummary(BaseModel):
         return self.reliability.line()
 
     def not_judged_line(self) -> str:
-        return "; ".join(f"task {task} {reason}" for task, reason in self.not_judged.items())
+        return "; ".join(f"task {task} is not judged: {reason}" for task, reason in self.not_judged.items())
 
     def ladders(self) -> list[tuple[str, Reliability]]:
         """Every method's ladder in this run, named by method, judge model and prompt version."""
@@ -132,7 +137,11 @@ class JudgeSummary(BaseModel):
 
     def to_markdown(self) -> str:
         rate = "n/a" if self.order_consistency_rate is None else f"{self.order_consistency_rate:.1%}"
-        lines = ["# Sidecar vs standalone hashtags (LLM judge)", ""]
+        what = "tags" if self.instruction is None else "outputs"
+        title = "hashtags" if self.task == "hashtags" else f"task `{self.task}`"
+        lines = [f"# Sidecar vs standalone {title} (LLM judge)", ""]
+        if self.instruction is not None:
+            lines += [f"The judge asked about the task by its instruction: {self.instruction.strip()}", ""]
         if self.model or self.prompt_version:
             lines += [f"Judge `{self.model}`, prompt `{self.prompt_version}` ({self.mode} mode).", ""]
         if self.mode_note:
@@ -148,22 +157,24 @@ class JudgeSummary(BaseModel):
             f"| tie | {self.ties} |",
             f"| of which order-inconsistent | {self.inconsistent} |",
             f"| error | {self.errors} |",
-            f"| skipped (missing tags) | {self.skipped} |",
+            f"| skipped (missing {what}) | {self.skipped} |",
             f"| total | {self.total} |",
             "",
             f"Order consistency (both games agree, over {self.judged} judged documents): {rate}.",
             "",
         ]
         if self.mode == "probability":
-            lines += [f"Mean preference for the sidecar's tags: {_preference(self.mean_preference, self.preference_ci)}"
+            lines += [f"Mean preference for the sidecar's {what}: "
+                      f"{_preference(self.mean_preference, self.preference_ci)}"
                       f"; a verdict needs more than {_number(self.margin)} from 0.5 (the margin the null games "
                       "calibrated).", ""]
         bias = _number(self.position_bias)
         detectable = None if self.reliability is None else self.reliability.detectable
         if self.likelihood:
             lines += ["## Likelihood method", "",
-                      "Each tag set scored by its tokens' mean log probability given the summary, less given another "
-                      "document's summary (nats per token); sidecar against standalone by the difference.", "",
+                      f"Each {'tag set' if self.instruction is None else 'output'} scored by its tokens' mean log "
+                      "probability given the summary, less given another document's summary (nats per token); sidecar "
+                      "against standalone by the difference.", "",
                       "| scorer | prompt | ladder (passed/documents) | sidecar wins/ties/losses | verdict |",
                       "|---|---|---|---|---|", *(part.markdown_row() for part in self.likelihood), ""]
         lines += [f"Controls: {self.control_documents} documents, share clearing the margin "
@@ -176,7 +187,7 @@ class JudgeSummary(BaseModel):
                 f"| {doc_id} | {error.replace('|', '/').replace(chr(10), ' ')} |"
                 for doc_id, error in self.error_docs.items()
             ]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + "".join("\n" + task.to_markdown() for task in self.tasks)
 
 
 def _interval(interval: tuple[float, float] | None) -> str:
