@@ -31,7 +31,7 @@ from study.cost import (
 )
 from study.cost.workload import QWEN2_5_1_5B_CONFIG
 from study.report import Measurement, group_measurements, write_cost_report
-from study.report.blocks import fmt
+from study.report.filters import num
 from tests.host_overhead_results import host_result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -289,7 +289,7 @@ def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_
     assert ("| sidecar prefill ms | sidecar decode ms | sidecar instruction ms | standalone prefill ms | "
             "standalone decode ms |") in verdicts
     lines = (sidecar.prefill_s, sidecar.decode_s, sidecar.instruction_s, alone.prefill_s, alone.decode_s)
-    assert f"| H100 SXM | {STUDY} | 64 | {' | '.join(fmt(s * 1000) for s in lines)} |" in verdicts
+    assert f"| H100 SXM | {STUDY} | 64 | {' | '.join(num(s * 1000) for s in lines)} |" in verdicts
     cell = f"{h100.sidecar_saving_pct:.1f}% cheaper"
     assert f"| H100 SXM | projected | {STUDY} | " in verdicts and cell in verdicts
     # The cost rows of the projection count every line too.

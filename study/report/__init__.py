@@ -60,8 +60,10 @@ the lines each measured verdict adds up. A projected verdict prices the same lin
 leaves out) follows. Modules, in the order the data flows: ``measurements`` (rows, pooled),
 ``tagging_cost`` (a mode's lines per request), ``projections`` (a roofline workload per measured pair),
 ``verdicts``, ``capture`` (the host floors the projections assume, eager against captured for speculation),
-``assemble`` (all figures, before any text), ``sections`` (the report as document blocks),
-``blocks`` (markdown and HTML), ``plots`` and ``write`` (the files and the cost rows).
+``assemble`` (all figures, before any text), ``sections`` (what each section shows, every sum and choice of
+rows made), ``render`` (the Jinja2 templates under ``templates/``, one text rendered as markdown and as
+autoescaped HTML; ``filters``: the named number formats they use), ``plots`` and ``write`` (the files and the
+cost rows).
 """
 
 from study.report.headline import Headline

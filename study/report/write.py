@@ -10,6 +10,7 @@ from typing import Any
 
 from study.cost import (
     DEFAULT_BATCHES,
+    DEFAULT_GAMMA,
     GPU,
     STUDY_WORKLOAD,
     Workload,
@@ -18,12 +19,12 @@ from study.cost import (
     usd_per_million_tokens,
 )
 from study.report.assemble import ReportData, assemble
-from study.report.blocks import render_html, render_markdown
-from study.report.capture import report_floors
+from study.report.capture import SPECULATION_PAIR, report_floors
 from study.report.headline import Headline, headline
 from study.report.plots import plot_acceptance, plot_step_times, plot_usd
 from study.report.projections import DraftConfig, tag_tokens_per_s, tag_usd_per_million
-from study.report.sections import report_blocks
+from study.report.render import render
+from study.report.sections import sections
 from study.report.verdicts import Verdict
 
 
@@ -77,12 +78,12 @@ def write_cost_report(
     plot_usd(data.plot_paths["usd_per_mtok"], data.projections[0], data.reference_batch, data.groups, data.catalog)
     plot_acceptance(data.plot_paths["acceptance"], data.acceptance)
 
-    blocks = report_blocks(data)
-    markdown = render_markdown(blocks)
+    context = {"data": data, "view": sections(data), "pair": SPECULATION_PAIR, "gamma": DEFAULT_GAMMA}
+    markdown = render("cost_report.j2", "markdown", **context)
     markdown_path = out_dir / "cost_report.md"
     html_path = out_dir / "cost_report.html"
     markdown_path.write_text(markdown, encoding="utf-8")
-    html_path.write_text(render_html(blocks, "Sidecar cost report"), encoding="utf-8")
+    html_path.write_text(render("cost_report.j2", "html", **context), encoding="utf-8")
     summary = headline(data)
     headline_path = out_dir / "headline.json"
     headline_path.write_text(json.dumps(summary.as_dict() if summary else None, indent=2), encoding="utf-8")
