@@ -2,8 +2,9 @@
 
 Per document a summary head and both tag sets; the cost report's headline (the measured verdict, sidecar
 against standalone tagger, and under it the attributed device milliseconds per request, line by line, and
-per tag token it is computed from, the price per million tag tokens, and the KV a request keeps with the
-document evicted or attended); the judge's tally, its controls and whether it is reliable; then where to
+per output token it is computed from, the price per million of them, and the KV a request keeps with the
+document evicted or attended; the tokens named by the run's tasks, and for several tasks each one's verdict);
+the judge's tally, its controls and whether it is reliable; then where to
 look further. Every line is cut to the
 console's width (at most ``WIDTH``), never wrapped: a table that wraps a summary one word per line is
 what this replaces.
@@ -18,6 +19,8 @@ from typing import Any
 from rich.console import Console, Group
 from rich.rule import Rule
 from rich.text import Text
+
+from vocab.task_nouns import tokens_noun
 
 WIDTH = 80
 MB = 1e6
@@ -108,19 +111,26 @@ def _per_request(lines: dict[str, Any], mode: str) -> float:
     return sum(lines.get(key) or 0.0 for _, key in LINES[mode])
 
 
-def token_word(tasks: tuple[str, ...]) -> str:
-    """What the cost section calls an output token: a tag token for the hashtags task alone, else a token of
-    the run's task ("headline"), or of its tasks together ("hashtags+headline")."""
-    return "tag" if tuple(tasks) in ((), ("hashtags",)) else "+".join(tasks)
+def _task_line(task: dict[str, Any]) -> Text:
+    """One task's cost verdict in its own words (headline.json's ``tasks``: study.report.task_costs)."""
+    if task.get("saving_pct") is None:
+        missing = " and ".join(mode for mode in ("sidecar", "standalone") if task.get(f"{mode}_ms_per_token") is None)
+        return line((f"  {task['task']}: no verdict, no ledger seconds in {missing}", None))
+    saving = task["saving_pct"]
+    return line((f"  {task['task']}: a sidecar {task['noun']} token costs {abs(saving):.0f}% "
+                 f"{'less' if saving >= 0 else 'more'} ({task['sidecar_ms_per_token']:.2f} vs "
+                 f"{task['standalone_ms_per_token']:.2f} ms)", None))
 
 
 def cost_section(headline: dict[str, Any] | None, tasks: tuple[str, ...] = ("hashtags",)) -> Group:
     """The measured verdict, then the lines per request it is computed from: each mode's attributed device
     seconds per request, line by line, and per output token, named from the run's ``tasks`` (a tag token, a
-    headline token). The verdict's percentage is computed here from the lines printed under it, so the two
-    cannot disagree."""
-    word = token_word(tasks)
-    title = Text("Cost of tagging" if word == "tag" else f"Cost of the {word} sidecar output", style="bold")
+    headline token, an output token of several tasks together: vocab.task_nouns); then, for several tasks, each
+    task's own verdict in its words. The verdict's percentage is computed here from the lines printed under it,
+    so the two cannot disagree."""
+    word = tokens_noun(tasks)
+    title = Text("Cost of tagging" if word == "tag" else "Cost of the sidecar outputs" if len(tasks) > 1
+                 else f"Cost of the {word} sidecar output", style="bold")
     if headline is None:
         return Group(title, Text("no measured cost verdict: no run measured both modes with the engine's "
                                  "device-time ledger, or the cost-report flow did not complete"))
@@ -152,7 +162,13 @@ def cost_section(headline: dict[str, Any] | None, tasks: tuple[str, ...] = ("has
                 f"{_mb(headline.get('kv_standalone_bytes'))} standalone", None))]
     if kv_evicted and kv_attended:
         kv.append(line((f"evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV", None)))
-    return Group(line((title, None)), line((verdict, None)), *rows, note, *kv)
+    per_task = headline.get("tasks") or []
+    if len(per_task) > 1:
+        said = Text("per task, sidecar vs standalone, device ms per token of its own output:", style="dim")
+        per_task_lines = [line((said, None)), *(_task_line(task) for task in per_task)]
+    else:
+        per_task_lines = []
+    return Group(line((title, None)), line((verdict, None)), *rows, note, *kv, *per_task_lines)
 
 
 VERDICTS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tags are better",

@@ -646,11 +646,12 @@ class Database:
         """The run's rows of the ``results`` view, as :data:`RESULTS_TABLE_SQL` selects them."""
         return self.query(RESULTS_TABLE_SQL, [run_id])
 
-    def sidecar_tasks(self, run_id: str) -> dict[str, bool]:
-        """The run's sidecar tasks (by name) with whether any of their outputs parsed as a list (of tags): what a
-        judge of tag lists can compare; empty for a run without outputs."""
+    def sidecar_tasks(self, run_id: str | None) -> dict[str, bool]:
+        """The run's sidecar tasks (by name; None: every run's) with whether any of their outputs parsed as a list
+        (of tags): what a judge of tag lists can compare; empty for a run without outputs."""
         rows = self.query("SELECT task, bool_or(coalesce(json_type(parsed) = 'ARRAY', false)) AS lists "
-                          "FROM sidecar_outputs WHERE run_id = ? GROUP BY task ORDER BY task", [run_id])
+                          "FROM sidecar_outputs WHERE $run IS NULL OR run_id = $run GROUP BY task ORDER BY task",
+                          {"run": run_id})
         return {row["task"]: row["lists"] for row in rows}
 
     def task_costs(self, run_id: str) -> list[dict[str, Any]]:

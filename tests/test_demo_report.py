@@ -97,14 +97,28 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
 @pytest.mark.parametrize(("tasks", "said"), [
     (("headline",), ["Cost of the headline sidecar output", "a sidecar headline token costs 20% less",
                      "headline tokens per request: 32.0 sidecar", "ms / out tok"]),
-    (("hashtags", "headline"), ["a sidecar hashtags+headline token costs 20% less",
-                                "hashtags+headline tokens per request"]),
+    (("hashtags", "headline"), ["Cost of the sidecar outputs", "a sidecar output token costs 20% less",
+                                "output tokens per request"]),
 ])
 def test_the_cost_section_names_the_runs_tasks_not_tags(tasks: tuple[str, ...], said: list[str]) -> None:
     text = "\n".join(rendered(findings(tasks=tasks)))
     assert all(words in text for words in said), text
     assert "tag token" not in text and "tag tok" not in text
     assert all(len(line) <= WIDTH for line in rendered(findings(tasks=tasks), width=WIDTH))
+
+
+def test_each_tasks_cost_verdict_is_stated_in_its_own_words() -> None:
+    tasks = [{"task": "hashtags", "noun": "tag", "sidecar_ms_per_token": 1.0, "standalone_ms_per_token": 2.0,
+              "sidecar_tokens": 8, "standalone_tokens": 8, "saving_pct": 50.0},
+             {"task": "headline", "noun": "headline", "sidecar_ms_per_token": 2.0, "standalone_ms_per_token": None,
+              "sidecar_tokens": 10, "standalone_tokens": 0, "saving_pct": None}]
+    lines = rendered(findings(tasks=("hashtags", "headline"), headline=HEADLINE | {"unit": "output", "tasks": tasks}),
+                     width=WIDTH)
+    assert "  hashtags: a sidecar tag token costs 50% less (1.00 vs 2.00 ms)" in lines
+    assert "  headline: no verdict, no ledger seconds in standalone" in lines
+    # one task: its verdict is the run's, said once
+    one = rendered(findings(tasks=("headline",), headline=HEADLINE | {"unit": "headline", "tasks": tasks[1:]}))
+    assert not any("no ledger seconds" in line for line in one)
 
 
 def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliable() -> None:

@@ -70,6 +70,11 @@ def saving_cell(verdict: Verdict | None) -> str:
     return f"{abs(saving_pct):.1f}% {'cheaper' if saving_pct > 0 else 'dearer'}"
 
 
+def less_or_more(saving_pct: float) -> str:
+    """A saving read as a reader would say it: '12.3% less', '4.0% more'."""
+    return f"{abs(saving_pct):.1f}% {'less' if saving_pct >= 0 else 'more'}"
+
+
 def spread(savings: Sequence[float]) -> str:
     """A saving across GPU types: '3.1-4.0% less', '2.0% more', or '1.0% more to 2.0% less'."""
     low, high = min(savings), max(savings)
@@ -106,6 +111,6 @@ def png_data_uri(path: Path) -> str:
 
 FILTERS: dict[str, Callable[..., Any]] = {
     f.__name__: f
-    for f in (num, usd, fixed, sig, thousands, in_ms, in_mb, in_gb, saving_cell, spread, share, speedup_cell, prefix,
-              median, png_data_uri)
+    for f in (num, usd, fixed, sig, thousands, in_ms, in_mb, in_gb, saving_cell, less_or_more, spread, share,
+              speedup_cell, prefix, median, png_data_uri)
 }

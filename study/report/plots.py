@@ -87,8 +87,9 @@ def plot_usd(
     reference_batch: int,
     groups: Sequence[MeasuredGroup],
     catalog: Mapping[str, GPU],
+    unit: str = "tag",
 ) -> None:
-    """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU, over
+    """Projected and (where measured at the reference batch) measured $ per 1M ``unit`` tokens per catalog GPU, over
     the tagging phase, every line included: prefill, decode and a sidecar's instruction line, measured as the
     ledger's attributed device seconds (a projection without the draft's shape: decode steps only)."""
     gpus = list(projection.rows)
@@ -137,7 +138,7 @@ def plot_usd(
                 label=label,
             )
     ax.set_xticks(range(len(gpus)), gpus)
-    ax.set_ylabel("$ per 1M tag tokens")
+    ax.set_ylabel(f"$ per 1M {unit} tokens")
     ax.set_title(
         f"Tagging cost per GPU type at batch {reference_batch} (hatched: measured)\n"
         f"projected: {projection.workload.name}",

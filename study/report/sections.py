@@ -115,6 +115,8 @@ class ProjectionTable:
 
 @dataclass(frozen=True)
 class Sections:
+    unit: str  # what the sidecar output tokens are called: "tag" (tokens), "headline", "output" for several tasks
+    worker: str  # what the standalone mode is called: a standalone "tagger" for tags, else a standalone "draft"
     introduction: Introduction
     verdict: VerdictSection
     measured: list[MeasuredRow]
@@ -126,6 +128,8 @@ class Sections:
 
 def sections(data: ReportData) -> Sections:
     return Sections(
+        unit=data.unit,
+        worker="tagger" if data.unit == "tag" else "draft",
         introduction=_introduction(data),
         verdict=_verdict_section(data),
         measured=[_measured_row(data, g) for g in data.groups],
