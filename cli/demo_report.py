@@ -1,6 +1,7 @@
 """The report ``sidecar demo`` ends with: what the run found, readable in 30 seconds in 80 columns.
 
-Per document a summary head and both tag sets; the cost report's headline (the measured verdict, sidecar
+Per document a summary head and both tag sets, or, for a run with other or several sidecar tasks, every
+task's output in both modes; the cost report's headline (the measured verdict, sidecar
 against standalone tagger, and under it the attributed device milliseconds per request, line by line, and
 per output token it is computed from, the price per million of them, and the KV a request keeps with the
 document evicted or attended; the tokens named by the run's tasks, and for several tasks each one's verdict);
@@ -12,7 +13,8 @@ what this replaces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,8 @@ class DemoFindings:
     judge_verdict: str | None = None
     # the run's sidecar tasks by name (Database.sidecar_tasks): the cost section's words come from them
     tasks: tuple[str, ...] = ("hashtags",)
+    # every sidecar output of the run (Database.task_outputs: doc_id, task, mode, text, parsed, parse_error)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summary_head(summary: str) -> str:
@@ -74,7 +78,33 @@ def line(*cells: tuple[str | Text, int | None], width: int = WIDTH) -> Text:
     return out
 
 
+def output_text(output: dict[str, Any]) -> str:
+    """A task's output on one line: tags as #tags, a list joined, an object as compact JSON, a string as it is;
+    one that did not parse as its raw text, marked."""
+    value = output.get("parsed")
+    if value is None:
+        raw = " ".join((output.get("text") or "").split())
+        return f"(not parsed) {raw}" if raw else "(empty)"
+    if output["task"] == "hashtags" and isinstance(value, list):
+        return tags_text(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _task_outputs(findings: DemoFindings) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """doc_id -> task -> mode -> output."""
+    by_doc: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for output in findings.outputs:
+        by_doc.setdefault(output["doc_id"], {}).setdefault(output["task"], {})[output["mode"]] = output
+    return by_doc
+
+
 def documents_section(findings: DemoFindings) -> Group:
+    """Per document its title and summary head, then its sidecar outputs: the two tag sets for a hashtags run,
+    else each task's output in each mode, named by the task."""
+    if {o["task"] for o in findings.outputs} - {"hashtags"}:
+        return _tasks_section(findings)
     lines = [Text(f"{len(findings.rows)} documents: title, summary head, sidecar and standalone tags", style="bold")]
     for row in findings.rows:
         lines += [
@@ -83,6 +113,27 @@ def documents_section(findings: DemoFindings) -> Group:
             line((Text("  sidecar", style="cyan"), 12), (tags_text(row["sidecar_tags"]), None)),
             line((Text("  standalone", style="magenta"), 12), (tags_text(row["standalone_tags"]), None)),
         ]
+    return Group(*lines)
+
+
+# in this order: sidecar, attended, standalone
+MODE_STYLES = {"sidecar": "cyan", "sidecar_attended": "blue", "standalone": "magenta"}
+MODE_ORDER = {mode: i for i, mode in enumerate(MODE_STYLES)}
+
+
+def _tasks_section(findings: DemoFindings) -> Group:
+    lines = [line((Text(f"{len(findings.rows)} documents: title, summary head, each task's output per mode",
+                        style="bold"), None))]
+    by_doc = _task_outputs(findings)
+    for row in findings.rows:
+        lines += [
+            line((Text(row["doc_id"], style="bold"), 12), (Text(row.get("title") or "", style="bold"), None)),
+            line(("  summary", 12), (summary_head(row["summary"] or ""), None)),
+        ]
+        for task, by_mode in sorted(by_doc.get(row["doc_id"], {}).items()):
+            lines.append(line((Text(f"  {task}", style="bold"), None)))
+            lines += [line((Text(f"    {mode}", style=MODE_STYLES.get(mode, "")), 16), (output_text(output), None))
+                      for mode, output in sorted(by_mode.items(), key=lambda item: MODE_ORDER.get(item[0], 9))]
     return Group(*lines)
 
 

@@ -662,6 +662,13 @@ class Database:
             "sum(new_tokens) FILTER (WHERE device_s IS NOT NULL) AS new_tokens, sum(device_s) AS device_s "
             "FROM sidecar_outputs WHERE run_id = ? GROUP BY task, mode ORDER BY task, mode", [run_id])
 
+    def task_outputs(self, run_id: str) -> list[dict[str, Any]]:
+        """Every sidecar output of the run: ``doc_id``, ``task``, ``mode``, ``text``, ``parsed`` (the parsed value,
+        decoded from its JSON; None when it did not parse) and ``parse_error``, by document, task and mode."""
+        rows = self.query("SELECT doc_id, task, mode, text, parsed, parse_error FROM sidecar_outputs "
+                          "WHERE run_id = ? ORDER BY doc_id, task, mode", [run_id])
+        return [row | {"parsed": None if row["parsed"] is None else json.loads(row["parsed"])} for row in rows]
+
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or
         every run's."""

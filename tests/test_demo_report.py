@@ -233,3 +233,30 @@ def test_findings_join_the_tally_with_the_judges_quality_and_interval(tmp_path: 
     assert low <= tally["mean_preference"] <= high
     text = "\n".join(rendered(findings(judge=[tally])))
     assert "preference for the sidecar 0.550 (95% CI" in text and "UNRELIABLE" not in text
+
+
+def test_the_demo_lists_every_tasks_output_per_document_and_mode(tmp_path: Path) -> None:
+    from test_report import two_task_run
+
+    from cli.pipeline import findings as read_findings
+    from storage import OutputRecord, SidecarRecord
+
+    db = two_task_run(tmp_path / "sidecar.duckdb")
+    read = read_findings(db, "tasks", 1.0)
+    assert {(o["doc_id"], o["task"], o["mode"]) for o in read.outputs} == {
+        (d, t, m) for d in ("d1", "d2") for t in ("hashtags", "headline") for m in ("sidecar", "standalone")}
+    lines = rendered(read, width=WIDTH)
+    assert "2 documents: title, summary head, each task's output per mode" in lines
+    d1 = lines[lines.index(next(line for line in lines if line.startswith("d1"))):][:8]
+    assert d1[2:] == ["  hashtags", "    sidecar      #a", "    standalone   #a", "  headline",
+                      "    sidecar      A head", "    standalone   A head"]
+    # an object as JSON, a label list joined, an output that did not parse as its raw text, marked
+    db.write_batch("tasks", [OutputRecord("d1", "sidecar", "s", [
+        SidecarRecord.of("entities", '{"people": ["Ada"]}', {"people": ["Ada"]}),
+        SidecarRecord.of("topics", "sport, politics", ["sport", "politics"]),
+        SidecarRecord.of("headline", "no", None, parse_error="not one line")])])
+    text = "\n".join(rendered(read_findings(db, "tasks", 1.0), width=WIDTH))
+    assert '    sidecar      {"people": ["Ada"]}' in text and "    sidecar      sport, politics" in text
+    assert "    sidecar      (not parsed) no" in text
+    # a hashtags run keeps its two tag sets per document
+    assert "sidecar and standalone tags" in "\n".join(rendered(findings()))
