@@ -571,9 +571,13 @@ def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: 
     report = write_cost_report(h200_rows(), tmp_path / "report", tasks=list(db.sidecar_tasks("tasks")),
                                task_costs=db.task_costs("tasks"))
     tasks = section(report.markdown, "Verdict per sidecar task")
-    assert "| task | sidecar device ms / token | standalone device ms / token |" in tasks
-    assert "| hashtags | 1 | 2 | 8 / 8 | a sidecar tag token costs 50.0% less than a standalone one |" in tasks
-    assert "| headline | 2 | – | 10 / 0 | no verdict: no ledger seconds per headline token in standalone |" in tasks
+    assert "| task | sidecar device ms / token | standalone device ms / token | sidecar $/1M tok |" in tasks
+    # at the H200's $3.50 an hour: 1 device ms per token is $0.9722 per million
+    assert "and its price per million tokens at the catalog's rent for NVIDIA H200." in tasks
+    assert ("| hashtags | 1 | 2 | $0.9722 | $1.9444 | 8 / 8 | a sidecar tag token costs 50.0% less than a standalone "
+            "one |") in tasks
+    assert ("| headline | 2 | – | $1.9444 | – | 10 / 0 | no verdict: no ledger seconds per headline token in "
+            "standalone |") in tasks
     # the run-wide figures count both tasks' tokens: output tokens, against a standalone draft
     verdicts = section(report.markdown, "Verdict per GPU type")
     assert "Is a sidecar output token cheaper than one from a standalone deployment" in verdicts

@@ -14,6 +14,7 @@ from study.report.assemble import ReportData
 from study.report.measurements import MeasuredGroup
 from study.report.projections import Projection, tag_usd_per_million
 from study.report.tagging_cost import TaggingCost
+from study.report.task_costs import TaskCost
 from study.report.verdicts import Verdict
 from vocab.modes import MODES
 
@@ -114,6 +115,16 @@ class ProjectionTable:
 
 
 @dataclass(frozen=True)
+class TaskRow:
+    """One task's cost verdict, priced at the rent of the GPU type the run measured (None: not one catalogued
+    GPU type)."""
+
+    cost: TaskCost
+    sidecar_usd_per_mtok: float | None
+    standalone_usd_per_mtok: float | None
+
+
+@dataclass(frozen=True)
 class Sections:
     unit: str  # what the sidecar output tokens are called: "tag" (tokens), "headline", "output" for several tasks
     worker: str  # what the standalone mode is called: a standalone "tagger" for tags, else a standalone "draft"
@@ -124,9 +135,15 @@ class Sections:
     eviction: list[Eviction]
     projections: list[ProjectionTable]
     capture_batches: list[int]  # the batch sizes speculation is set against plain decoding at
+    tasks: list[TaskRow]
+    task_gpu: str | None  # the GPU type the tasks' rent is read for
 
 
 def sections(data: ReportData) -> Sections:
+    # one run's tasks ran on one GPU type: the rent of that type prices them
+    gpu_types = {m.gpu_type for m in data.measurements}
+    gpu = next(iter(gpu_types)) if len(gpu_types) == 1 else None
+    price = None if gpu is None else data.price(gpu)
     return Sections(
         unit=data.unit,
         worker="tagger" if data.unit == "tag" else "draft",
@@ -137,7 +154,14 @@ def sections(data: ReportData) -> Sections:
         eviction=_eviction(data),
         projections=[ProjectionTable(p, _projected_rows(data, p)) for p in data.projections],
         capture_batches=sorted({r.batch for by_mode in data.capture.rows.values() for r in by_mode["eager"]}),
+        tasks=[TaskRow(t, _usd(price, t.sidecar_ms_per_token), _usd(price, t.standalone_ms_per_token))
+               for t in data.tasks],
+        task_gpu=gpu if price is not None else None,
     )
+
+
+def _usd(price: float | None, ms_per_token: float | None) -> float | None:
+    return None if price is None or not ms_per_token else usd_per_million_tokens(price, 1000 / ms_per_token)
 
 
 def _introduction(data: ReportData) -> Introduction:
