@@ -601,6 +601,9 @@ def test_a_headline_runs_report_speaks_of_headline_tokens(tmp_path: Path) -> Non
            "token ($0.9722 vs $1.2153 per 1M headline tokens at $3.50/GPU-hour)" in report.markdown
     assert not re.search(r"\btag tok|tagger", report.markdown.replace(STUDY_TAGS, ""))
     assert "Verdict per sidecar task" not in report.markdown  # no task costs given: no section
+    from study.report.plots import mode_labels  # and the plots' legends name no tagger either
+
+    assert mode_labels("headline")["standalone"] == "standalone draft" != mode_labels("tag")["standalone"]
     assert all("headline tokens per attributed device second" in r["note"] for r in report.cost_rows
                if r["source"] == "measured")
 

@@ -80,7 +80,7 @@ def write_cost_report(
         task_costs=task_costs,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot_step_times(data.plot_paths["step_time"], data.step_time_panels, data.groups, data.panel_of)
+    plot_step_times(data.plot_paths["step_time"], data.step_time_panels, data.groups, data.panel_of, unit=data.unit)
     plot_usd(data.plot_paths["usd_per_mtok"], data.projections[0], data.reference_batch, data.groups, data.catalog,
              unit=data.unit)
     plot_acceptance(data.plot_paths["acceptance"], data.acceptance)
