@@ -38,6 +38,7 @@ from storage.records import (
     JudgementRecord,
     JudgementScoreRecord,
     JudgeSettingsRecord,
+    JudgeTaskRecord,
     OutputRecord,
     RanOn,
     RejectedDocument,
@@ -588,27 +589,36 @@ class Database:
                                      arrow_table("judge_settings", [row("judge_settings", settings, run_id=run_id)])))
         write_tables(self.path, writes, self.retry, check=_require_run(run_id))
 
-    def scored_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents done by this model and scorer prompt: both main tag sets have a finite likelihood score and
-        no stored score of theirs (a control's included) failed; a rerun scores the others again."""
+    def write_judge_tasks(self, run_id: str, tasks: Sequence[JudgeTaskRecord]) -> None:
+        """Store what the judge found each of the run's sidecar tasks to be (judged, or not with why), replacing
+        an earlier judge's row of the same task."""
+        records = [row("judge_tasks", t, run_id=run_id) for t in tasks]
+        write_tables(self.path, [TableWrite("judge_tasks", arrow_table("judge_tasks", records))], self.retry,
+                     check=_require_run(run_id))
+
+    def scored_doc_ids(self, run_id: str, judge_model: str, prompt_version: str, task: str = "hashtags") -> set[str]:
+        """Documents of ``task`` done by this model and scorer prompt: both main outputs have a finite likelihood
+        score and no stored score of theirs (a control's included) failed; a rerun scores the others again."""
         rows = self.query(
-            "SELECT doc_id FROM judgement_scores WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
+            "SELECT doc_id FROM judgement_scores WHERE run_id = ? AND task = ? AND judge_model = ? "
+            "AND prompt_version = ? "
             "GROUP BY doc_id HAVING count(DISTINCT side) FILTER (WHERE kind = 'main' AND error IS NULL "
             "AND isfinite(given_own - given_baseline)) = 2 "
             "AND count(*) FILTER (WHERE error IS NOT NULL OR NOT coalesce(isfinite(given_own - given_baseline), "
             "false)) = 0",
-            [run_id, judge_model, prompt_version],
+            [run_id, task, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}
 
-    def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str) -> set[str]:
-        """Documents whose two main games both got an answer: without an error, or with a raw answer that could
-        not be parsed (asking again would give the same). Games that failed without an answer are retried."""
+    def judged_doc_ids(self, run_id: str, judge_model: str, prompt_version: str, task: str = "hashtags") -> set[str]:
+        """Documents of ``task`` whose two main games both got an answer: without an error, or with a raw answer
+        that could not be parsed (asking again would give the same). Games that failed without an answer are
+        retried."""
         rows = self.query(
-            "SELECT doc_id FROM judgement_games WHERE run_id = ? AND judge_model = ? AND prompt_version = ? "
-            "AND kind = 'main' AND (error IS NULL OR raw_answer IS NOT NULL) "
+            "SELECT doc_id FROM judgement_games WHERE run_id = ? AND task = ? AND judge_model = ? "
+            "AND prompt_version = ? AND kind = 'main' AND (error IS NULL OR raw_answer IS NOT NULL) "
             "GROUP BY doc_id HAVING count(DISTINCT game) = 2",
-            [run_id, judge_model, prompt_version],
+            [run_id, task, judge_model, prompt_version],
         )
         return {row["doc_id"] for row in rows}
 
@@ -654,6 +664,20 @@ class Database:
                           {"run": run_id})
         return {row["task"]: row["lists"] for row in rows}
 
+    def task_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
+        """Per document of the run's ``results`` (every mode written), by document: ``doc_id``, ``summary`` (the
+        main output) and ``task``'s parsed ``sidecar`` and ``standalone`` outputs (JSON values; None where the
+        mode has no output of the task or it did not parse)."""
+        rows = self.query(
+            "SELECT r.doc_id, r.summary, s.parsed AS sidecar, t.parsed AS standalone FROM results AS r "
+            "LEFT JOIN sidecar_outputs AS s ON s.run_id = r.run_id AND s.doc_id = r.doc_id AND s.mode = 'sidecar' "
+            "AND s.task = $task "
+            "LEFT JOIN sidecar_outputs AS t ON t.run_id = r.run_id AND t.doc_id = r.doc_id "
+            "AND t.mode = 'standalone' AND t.task = $task "
+            "WHERE r.run_id = $run_id ORDER BY r.doc_id", {"run_id": run_id, "task": task})
+        return [row | {mode: None if row[mode] is None else json.loads(row[mode]) for mode in ("sidecar", "standalone")}
+                for row in rows]
+
     def task_costs(self, run_id: str) -> list[dict[str, Any]]:
         """Per sidecar task and mode of the run: ``outputs``, their ``new_tokens`` and ``device_s`` (the ledger's
         seconds, summed over the outputs that have them; NULL when none has), by task and mode."""
@@ -678,13 +702,13 @@ class Database:
         return self.query(f"{select} WHERE t.run_id = ? ORDER BY t.mode, t.phase", [run_id])
 
     def judge_tally(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's ``judgements`` counted per judge model and prompt version (and its ``method``): documents,
+        """The run's ``judgements`` counted per task, judge model and prompt version (and its ``method``): documents,
         sidecar ``wins``,
         ``losses`` (standalone won), ``ties``, ``undecided`` (a game without a parsed winner), ``consistent``
         (both position-swapped games named the same winner), ``mean_preference`` and the documents'
         ``preferences`` (probability mode; NULL and empty in the text mode) and ``reliable``."""
         return self.query(
-            "SELECT judge_model, prompt_version, any_value(method) AS method, count(*) AS documents, "
+            "SELECT task, judge_model, prompt_version, any_value(method) AS method, count(*) AS documents, "
             "count(*) FILTER (WHERE verdict = 'sidecar') AS wins, "
             "count(*) FILTER (WHERE verdict = 'standalone') AS losses, "
             "count(*) FILTER (WHERE verdict = 'tie') AS ties, "
@@ -694,15 +718,25 @@ class Database:
             "coalesce(list(preference ORDER BY doc_id) FILTER (WHERE preference IS NOT NULL), []) AS preferences, "
             "bool_and(reliable) AS reliable "
             "FROM judgements WHERE run_id = ? "
-            "GROUP BY judge_model, prompt_version ORDER BY judge_model, prompt_version",
+            "GROUP BY task, judge_model, prompt_version ORDER BY task, judge_model, prompt_version",
             [run_id],
         )
 
     def judge_quality(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's rows of the ``judge_quality`` view, per judge model and prompt version: control games,
+        """The run's rows of the ``judge_quality`` view, per task, judge model and prompt version: control games,
         documents and accuracy, position bias, calibrated margin, threshold and whether it is reliable."""
-        return self.query("SELECT * FROM judge_quality WHERE run_id = ? ORDER BY judge_model, prompt_version",
+        return self.query("SELECT * FROM judge_quality WHERE run_id = ? ORDER BY task, judge_model, prompt_version",
                           [run_id])
+
+    def judge_verdicts(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Per sidecar task of the run the judge looked at, its ``judge_verdicts`` row (``status`` judged, not
+        judged or unreliable; ``verdict``, ``trusted``, ``reason``, ``instruction``) with ``quality``, the task's
+        ``judge_quality`` rows (its numbers per method, judge model and prompt version)."""
+        quality: dict[str, list[dict[str, Any]]] = {}
+        for q in self.judge_quality(run_id):
+            quality.setdefault(q["task"], []).append(q)
+        rows = self.query("SELECT * FROM judge_verdicts WHERE run_id = ? ORDER BY task", [run_id])
+        return {r["task"]: r | {"quality": quality.get(r["task"], [])} for r in rows}
 
     def request_acceptance(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Accepted / drafted per request of the speculative main phase (all runs, or one), with the run's

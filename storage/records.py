@@ -302,6 +302,8 @@ class JudgementRecord:
     p_a: float | None = None
     p_b: float | None = None
     foil_doc_id: str | None = None
+    # the sidecar task whose outputs the game compares (storage/migrations/013_judge_tasks.sql)
+    task: str = "hashtags"
 
     def __post_init__(self) -> None:
         # a NaN or infinite probability would poison the views' means: refused before it is stored
@@ -312,7 +314,8 @@ class JudgementRecord:
 
 @dataclass(frozen=True)
 class JudgementScoreRecord:
-    """One tag set of a document scored by the likelihood method: the mean log probability of its tokens
+    """One output of a document's ``task`` scored by the likelihood method (a tag set for hashtags; ``tags``
+    holds any other output as its one element): the mean log probability of its tokens
     after the scorer prompt ``prompt_version`` with the document's summary (``given_own``) and with
     ``baseline_doc_id``'s (``given_baseline``), by ``judge_model``; their difference is the set's PMI.
     ``side`` is the kind's subject or other side, as a game's sides are named (``foil_doc_id`` as there)."""
@@ -329,6 +332,7 @@ class JudgementScoreRecord:
     tokens: int | None = None
     error: str | None = None
     foil_doc_id: str | None = None
+    task: str = "hashtags"
 
     def __post_init__(self) -> None:
         # an infinite mean log probability makes the PMI NaN in the views: refused before it is stored
@@ -349,6 +353,17 @@ class JudgeSettingsRecord:
     threshold: float
     margin_floor: float | None = None
     note: str | None = None
+    task: str = "hashtags"
+
+
+@dataclass(frozen=True)
+class JudgeTaskRecord:
+    """What a judge flow found a run's sidecar task to be: the ``instruction`` it asked about (None: tag lists,
+    judged by the hashtag prompts), and for a task it cannot score, why (``not_judged``; None when judged)."""
+
+    task: str
+    instruction: str | None = None
+    not_judged: str | None = None
 
 
 @dataclass(frozen=True)

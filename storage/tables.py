@@ -23,6 +23,7 @@ from storage.records import (
     JudgementRecord,
     JudgementScoreRecord,
     JudgeSettingsRecord,
+    JudgeTaskRecord,
     OutputRecord,
     RejectedDocument,
     RejectReason,
@@ -110,6 +111,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "judgement_games": pa.schema([RUN_ID, *record_columns(JudgementRecord)]),
     "judgement_scores": pa.schema([RUN_ID, *record_columns(JudgementScoreRecord)]),
     "judge_settings": pa.schema([RUN_ID, *record_columns(JudgeSettingsRecord)]),
+    "judge_tasks": pa.schema([RUN_ID, *record_columns(JudgeTaskRecord)]),
     "cost_estimates": pa.schema(record_columns(CostRecord)),
 }
 

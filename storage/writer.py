@@ -25,9 +25,10 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "sidecar_outputs": ("run_id", "doc_id", "mode"),
     # keyed without phase: rewriting a request replaces all its phases
     "request_stats": ("run_id", "doc_id", "mode"),
-    "judgement_games": ("run_id", "doc_id", "judge_model", "prompt_version", "kind", "game"),
-    "judgement_scores": ("run_id", "doc_id", "judge_model", "prompt_version", "kind", "side"),
-    "judge_settings": ("run_id", "judge_model", "prompt_version"),
+    "judgement_games": ("run_id", "task", "doc_id", "judge_model", "prompt_version", "kind", "game"),
+    "judgement_scores": ("run_id", "task", "doc_id", "judge_model", "prompt_version", "kind", "side"),
+    "judge_settings": ("run_id", "task", "judge_model", "prompt_version"),
+    "judge_tasks": ("run_id", "task"),
     "cost_estimates": ("gpu_type", "pair", "mode", "batch_size", "source", "run_id"),
 }
 

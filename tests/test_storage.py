@@ -38,8 +38,9 @@ from storage.writer import TABLE_KEYS
 from vocab.modes import MODES
 
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "sidecar_outputs", "request_stats", "judgement_games",
-          "judgement_scores", "judge_settings", "cost_estimates", "ingested_parts", "shard_attempts"}
-VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "costs"}
+          "judgement_scores", "judge_settings", "judge_tasks", "cost_estimates", "ingested_parts", "shard_attempts"}
+VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "judge_verdicts",
+         "costs"}
 
 
 def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
@@ -555,7 +556,8 @@ def test_judgement_verdicts_need_two_agreeing_games(db: Database) -> None:
     assert db.judged_doc_ids("run-1", "judge-x", "v2") == set()
     # text-mode games have no preference, and a run without control games is never reliable
     # the text mode's differences: -0.5 (both games for the standalone) and 0 (they disagree)
-    assert db.judge_tally("run-1") == [{"judge_model": "judge-x", "prompt_version": "v1", "method": "pairwise",
+    assert db.judge_tally("run-1") == [{"task": "hashtags", "judge_model": "judge-x", "prompt_version": "v1",
+                                        "method": "pairwise",
                                         "documents": 4, "wins": 0, "losses": 1, "ties": 1, "undecided": 2,
                                         "consistent": 1, "mean_preference": None, "mean_difference": -0.25,
                                         "preferences": [], "reliable": False}]
@@ -641,7 +643,8 @@ def test_the_ladders_rungs_and_a_verdict_only_from_a_trusted_method(db: Database
     assert quality["detectable"] == pytest.approx(2.8 * se)
     assert (quality["reliable"], quality["verdict"]) == (verdict != "UNRELIABLE", verdict)
     assert db.query("SELECT * FROM judge_headline") == [
-        {"run_id": "run-1", "trusted": ["pairwise judge-p p1"] if verdict != "UNRELIABLE" else [], "verdict": verdict}]
+        {"run_id": "run-1", "task": "hashtags", "trusted": ["pairwise judge-p p1"] if verdict != "UNRELIABLE" else [],
+         "verdict": verdict}]
 
 
 def scores(doc: str, kind: str, subject_pmi: float, other_pmi: float, model: str = "judge-p",
@@ -792,6 +795,39 @@ def test_migration_010_keeps_stored_games_and_settings_and_rereads_them_by_the_h
     assert (quality["method"], quality["control_cleared"], quality["reliable"], quality["verdict"]) == (
         "pairwise", 0, False, "UNRELIABLE")
     assert quality["separation"] == pytest.approx(0.01)
+
+
+def test_migration_013_gives_stored_judgements_the_task_they_judged_and_reads_them_per_task(tmp_path: Path) -> None:
+    """Schema 12 judged one task per run, the one ``results`` shows: ``hashtags`` where the run has it, else its
+    first task by name. 013 files every game, score and setting under that task, and reads them per task."""
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 12) as con:
+        con.execute("INSERT INTO runs (run_id, status, params, modes, pair) VALUES "
+                    "('t', 'completed', '{}', ['sidecar', 'standalone'], 'tiny')")
+        con.execute("INSERT INTO sidecar_outputs (run_id, doc_id, mode, task, text) VALUES "
+                    "('r', 'd', 'sidecar', 'headline', 'x'), ('r', 'd', 'sidecar', 'hashtags', '#x'), "
+                    "('t', 'd', 'sidecar', 'topic', 'x'), ('t', 'd', 'sidecar', 'summary_kind', 'x')")
+        for run in ("r", "t"):
+            con.execute("INSERT INTO judgement_games (run_id, doc_id, judge_model, prompt_version, kind, game, mode_a, "
+                        "mode_b, raw_answer, winner) VALUES "
+                        f"('{run}', 'd', 'j', 'tags-v1', 'main', 1, 'sidecar', 'standalone', 'x', 'sidecar'), "
+                        f"('{run}', 'd', 'j', 'tags-v1', 'main', 2, 'standalone', 'sidecar', 'y', 'sidecar')")
+            con.execute("INSERT INTO judge_settings (run_id, judge_model, prompt_version, mode, threshold) "
+                        f"VALUES ('{run}', 'j', 'tags-v1', 'text', 0.9)")
+        con.execute("INSERT INTO judgement_scores (run_id, doc_id, judge_model, prompt_version, kind, side, tags, "
+                    "baseline_doc_id, given_own, given_baseline, tokens) VALUES "
+                    "('r', 'd', 'j', 'tags-l1', 'main', 'sidecar', ['x'], 'e', -1.0, -2.0, 3)")
+    db = Database(path)
+    assert db.query("SELECT DISTINCT run_id, task FROM judgement_games ORDER BY ALL") == [
+        {"run_id": "r", "task": "hashtags"}, {"run_id": "t", "task": "summary_kind"}]
+    assert db.query("SELECT run_id, task FROM judge_settings ORDER BY ALL") == [
+        {"run_id": "r", "task": "hashtags"}, {"run_id": "t", "task": "summary_kind"}]
+    assert db.query("SELECT run_id, task FROM judgement_scores") == [{"run_id": "r", "task": "hashtags"}]
+    assert db.judged_doc_ids("r", "j", "tags-v1") == {"d"}
+    assert db.judged_doc_ids("t", "j", "tags-v1", task="summary_kind") == {"d"}
+    # no control game was played: unreliable, saying so, and never "not judged"
+    assert {task: (v["status"], v["reason"]) for task, v in db.judge_verdicts("t").items()} == {
+        "summary_kind": ("unreliable", "pairwise j tags-v1: no control answered")}
 
 
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(
