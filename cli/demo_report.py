@@ -1,9 +1,11 @@
 """The report ``sidecar demo`` ends with: what the run found, readable in 30 seconds in 80 columns.
 
-Per document a summary head and both tag sets; the cost report's headline (the measured verdict, sidecar
+Per document a summary head and both tag sets, or, for a run with other or several sidecar tasks, every
+task's output in both modes; the cost report's headline (the measured verdict, sidecar
 against standalone tagger, and under it the attributed device milliseconds per request, line by line, and
-per tag token it is computed from, the price per million tag tokens, and the KV a request keeps with the
-document evicted or attended); the judge's tally, its controls and whether it is reliable; then where to
+per output token it is computed from, the price per million of them, and the KV a request keeps with the
+document evicted or attended; the tokens named by the run's tasks, and for several tasks each one's verdict);
+the judge's tally, its controls and whether it is reliable; then where to
 look further. Every line is cut to the
 console's width (at most ``WIDTH``), never wrapped: a table that wraps a summary one word per line is
 what this replaces.
@@ -11,13 +13,16 @@ what this replaces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.rule import Rule
 from rich.text import Text
+
+from vocab.task_nouns import tokens_noun
 
 WIDTH = 80
 MB = 1e6
@@ -41,6 +46,8 @@ class DemoFindings:
     judge_verdict: str | None = None
     # the run's sidecar tasks by name (Database.sidecar_tasks): the cost section's words come from them
     tasks: tuple[str, ...] = ("hashtags",)
+    # every sidecar output of the run (Database.task_outputs: doc_id, task, mode, text, parsed, parse_error)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summary_head(summary: str) -> str:
@@ -71,7 +78,33 @@ def line(*cells: tuple[str | Text, int | None], width: int = WIDTH) -> Text:
     return out
 
 
+def output_text(output: dict[str, Any]) -> str:
+    """A task's output on one line: tags as #tags, a list joined, an object as compact JSON, a string as it is;
+    one that did not parse as its raw text, marked."""
+    value = output.get("parsed")
+    if value is None:
+        raw = " ".join((output.get("text") or "").split())
+        return f"(not parsed) {raw}" if raw else "(empty)"
+    if output["task"] == "hashtags" and isinstance(value, list):
+        return tags_text(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _task_outputs(findings: DemoFindings) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """doc_id -> task -> mode -> output."""
+    by_doc: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for output in findings.outputs:
+        by_doc.setdefault(output["doc_id"], {}).setdefault(output["task"], {})[output["mode"]] = output
+    return by_doc
+
+
 def documents_section(findings: DemoFindings) -> Group:
+    """Per document its title and summary head, then its sidecar outputs: the two tag sets for a hashtags run,
+    else each task's output in each mode, named by the task."""
+    if {o["task"] for o in findings.outputs} - {"hashtags"}:
+        return _tasks_section(findings)
     lines = [Text(f"{len(findings.rows)} documents: title, summary head, sidecar and standalone tags", style="bold")]
     for row in findings.rows:
         lines += [
@@ -80,6 +113,27 @@ def documents_section(findings: DemoFindings) -> Group:
             line((Text("  sidecar", style="cyan"), 12), (tags_text(row["sidecar_tags"]), None)),
             line((Text("  standalone", style="magenta"), 12), (tags_text(row["standalone_tags"]), None)),
         ]
+    return Group(*lines)
+
+
+# in this order: sidecar, attended, standalone
+MODE_STYLES = {"sidecar": "cyan", "sidecar_attended": "blue", "standalone": "magenta"}
+MODE_ORDER = {mode: i for i, mode in enumerate(MODE_STYLES)}
+
+
+def _tasks_section(findings: DemoFindings) -> Group:
+    lines = [line((Text(f"{len(findings.rows)} documents: title, summary head, each task's output per mode",
+                        style="bold"), None))]
+    by_doc = _task_outputs(findings)
+    for row in findings.rows:
+        lines += [
+            line((Text(row["doc_id"], style="bold"), 12), (Text(row.get("title") or "", style="bold"), None)),
+            line(("  summary", 12), (summary_head(row["summary"] or ""), None)),
+        ]
+        for task, by_mode in sorted(by_doc.get(row["doc_id"], {}).items()):
+            lines.append(line((Text(f"  {task}", style="bold"), None)))
+            lines += [line((Text(f"    {mode}", style=MODE_STYLES.get(mode, "")), 16), (output_text(output), None))
+                      for mode, output in sorted(by_mode.items(), key=lambda item: MODE_ORDER.get(item[0], 9))]
     return Group(*lines)
 
 
@@ -108,19 +162,26 @@ def _per_request(lines: dict[str, Any], mode: str) -> float:
     return sum(lines.get(key) or 0.0 for _, key in LINES[mode])
 
 
-def token_word(tasks: tuple[str, ...]) -> str:
-    """What the cost section calls an output token: a tag token for the hashtags task alone, else a token of
-    the run's task ("headline"), or of its tasks together ("hashtags+headline")."""
-    return "tag" if tuple(tasks) in ((), ("hashtags",)) else "+".join(tasks)
+def _task_line(task: dict[str, Any]) -> Text:
+    """One task's cost verdict in its own words (headline.json's ``tasks``: study.report.task_costs)."""
+    if task.get("saving_pct") is None:
+        missing = " and ".join(mode for mode in ("sidecar", "standalone") if task.get(f"{mode}_ms_per_token") is None)
+        return line((f"  {task['task']}: no verdict, no ledger seconds in {missing}", None))
+    saving = task["saving_pct"]
+    return line((f"  {task['task']}: a sidecar {task['noun']} token costs {abs(saving):.0f}% "
+                 f"{'less' if saving >= 0 else 'more'} ({task['sidecar_ms_per_token']:.2f} vs "
+                 f"{task['standalone_ms_per_token']:.2f} ms)", None))
 
 
 def cost_section(headline: dict[str, Any] | None, tasks: tuple[str, ...] = ("hashtags",)) -> Group:
     """The measured verdict, then the lines per request it is computed from: each mode's attributed device
     seconds per request, line by line, and per output token, named from the run's ``tasks`` (a tag token, a
-    headline token). The verdict's percentage is computed here from the lines printed under it, so the two
-    cannot disagree."""
-    word = token_word(tasks)
-    title = Text("Cost of tagging" if word == "tag" else f"Cost of the {word} sidecar output", style="bold")
+    headline token, an output token of several tasks together: vocab.task_nouns); then, for several tasks, each
+    task's own verdict in its words. The verdict's percentage is computed here from the lines printed under it,
+    so the two cannot disagree."""
+    word = tokens_noun(tasks)
+    title = Text("Cost of tagging" if word == "tag" else "Cost of the sidecar outputs" if len(tasks) > 1
+                 else f"Cost of the {word} sidecar output", style="bold")
     if headline is None:
         return Group(title, Text("no measured cost verdict: no run measured both modes with the engine's "
                                  "device-time ledger, or the cost-report flow did not complete"))
@@ -152,7 +213,13 @@ def cost_section(headline: dict[str, Any] | None, tasks: tuple[str, ...] = ("has
                 f"{_mb(headline.get('kv_standalone_bytes'))} standalone", None))]
     if kv_evicted and kv_attended:
         kv.append(line((f"evicting the document frees {1 - kv_evicted / kv_attended:.0%} of the KV", None)))
-    return Group(line((title, None)), line((verdict, None)), *rows, note, *kv)
+    per_task = headline.get("tasks") or []
+    if len(per_task) > 1:
+        said = Text("per task, sidecar vs standalone, device ms per token of its own output:", style="dim")
+        per_task_lines = [line((said, None)), *(_task_line(task) for task in per_task)]
+    else:
+        per_task_lines = []
+    return Group(line((title, None)), line((verdict, None)), *rows, note, *kv, *per_task_lines)
 
 
 VERDICTS = {"sidecar": "the sidecar's tags are better", "standalone": "the standalone tags are better",

@@ -1,7 +1,7 @@
 """The ``cost-report`` flow: measured throughput from DuckDB in, the cost report and its plots out.
 
-The report files (markdown, HTML, PNG plots; for one run, ``task_costs.md``: the cost verdict per sidecar
-task, ``study.report.task_costs``) go next to the database, under ``cost_report/<run key>/``
+The report files (markdown, HTML, PNG plots; for one run with a cost verdict per sidecar task,
+``study.report.task_costs``, each named by its task) go next to the database, under ``cost_report/<run key>/``
 (``storage.run_keys.run_key``: a run id never names a path) or ``cost_report/all-runs/``; the cost lines
 go into the ``cost_estimates`` table; the markdown and the lines are published as Prefect artifacts, and
 the HTML page and each plot as a link artifact to its file (the markdown's images are relative links,
@@ -19,7 +19,6 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from storage import CostRecord, Database
 from storage.run_keys import check_run_id, run_key
 from study.report import write_cost_report
-from study.report.task_costs import task_costs_markdown, task_verdicts
 
 
 @dataclass(frozen=True)
@@ -44,19 +43,16 @@ def cost_report(db_path: str = "data/sidecar.duckdb", run_id: str | None = None)
     db = Database(db_path)
     measurements = db.throughput(run_id)
     out_dir = report_dir(db_path, run_id).resolve()
-    report = write_cost_report(measurements, out_dir, acceptance=db.request_acceptance(run_id))
+    # the run's sidecar tasks name its tokens ("headline tokens"), and one run's get a verdict each
+    report = write_cost_report(measurements, out_dir, acceptance=db.request_acceptance(run_id),
+                               tasks=list(db.sidecar_tasks(run_id)),
+                               task_costs=db.task_costs(run_id) if run_id is not None else ())
     records = [CostRecord(**row) for row in report.cost_rows]
     db.write_costs(records)
     scope = f"run {run_id}" if run_id else "all runs"
     paths = list(report.paths)
-    # one run's sidecar tasks, each with its own verdict in its own words
-    tasks = task_costs_markdown(task_verdicts(db.task_costs(run_id))) if run_id is not None else ""
-    if tasks:
-        paths.append(out_dir / "task_costs.md")
-        paths[-1].write_text(tasks, encoding="utf-8")
-        logger.info("cost per sidecar task of run %s written to %s", run_id, paths[-1])
     files = "\n".join(f"- `{path}`" for path in paths)
-    create_markdown_artifact(f"{report.markdown}\n{tasks}\n## Files\n\nOn the machine that ran this flow (the link "
+    create_markdown_artifact(f"{report.markdown}\n## Files\n\nOn the machine that ran this flow (the link "
                              f"artifacts point to them):\n\n{files}\n", key="cost-report",
                              description=f"Cost report, {scope}")
     if report.cost_rows:

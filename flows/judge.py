@@ -93,7 +93,7 @@ def run_items(db: Database, run_id: str, task: str = "hashtags", instruction: st
         raise UnknownRunError(f"run {run_id!r} does not exist in {db.path}")
     return [JudgeItem(doc_id=row["doc_id"], summary=row["summary"], sidecar_tags=row["sidecar"],
                       standalone_tags=row["standalone"], task=task, instruction=instruction)
-            for row in db.task_outputs(run_id, task)]
+            for row in db.judge_outputs(run_id, task)]
 
 
 def run_tasks(db: Database, run_id: str) -> dict[str, SidecarTask | None]:

@@ -656,16 +656,18 @@ class Database:
         """The run's rows of the ``results`` view, as :data:`RESULTS_TABLE_SQL` selects them."""
         return self.query(RESULTS_TABLE_SQL, [run_id])
 
-    def sidecar_tasks(self, run_id: str) -> dict[str, bool]:
-        """The run's sidecar tasks (by name) with whether any of their outputs parsed as a list (of tags): what a
-        judge of tag lists can compare; empty for a run without outputs."""
+    def sidecar_tasks(self, run_id: str | None) -> dict[str, bool]:
+        """The run's sidecar tasks (by name; None: every run's) with whether any of their outputs parsed as a list
+        (of tags): what a judge of tag lists can compare; empty for a run without outputs."""
         rows = self.query("SELECT task, bool_or(coalesce(json_type(parsed) = 'ARRAY', false)) AS lists "
-                          "FROM sidecar_outputs WHERE run_id = ? GROUP BY task ORDER BY task", [run_id])
+                          "FROM sidecar_outputs WHERE $run IS NULL OR run_id = $run GROUP BY task ORDER BY task",
+                          {"run": run_id})
         return {row["task"]: row["lists"] for row in rows}
 
-    def task_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
-        """Per document of the run's ``results`` (every mode written), by document: ``doc_id``, ``summary`` (the
-        main output) and ``task``'s parsed ``sidecar`` and ``standalone`` outputs (JSON values; None where the
+    def judge_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
+        """What the judge compares for ``task``, per document of the run's ``results`` (every mode written), by
+        document: ``doc_id``, ``summary`` (the main output) and ``task``'s parsed ``sidecar`` and ``standalone``
+        outputs (JSON values; None where the
         mode has no output of the task or it did not parse)."""
         rows = self.query(
             "SELECT r.doc_id, r.summary, s.parsed AS sidecar, t.parsed AS standalone FROM results AS r "
@@ -684,6 +686,13 @@ class Database:
             "SELECT task, mode, count(*) AS outputs, "
             "sum(new_tokens) FILTER (WHERE device_s IS NOT NULL) AS new_tokens, sum(device_s) AS device_s "
             "FROM sidecar_outputs WHERE run_id = ? GROUP BY task, mode ORDER BY task, mode", [run_id])
+
+    def task_outputs(self, run_id: str) -> list[dict[str, Any]]:
+        """Every sidecar output of the run: ``doc_id``, ``task``, ``mode``, ``text``, ``parsed`` (the parsed value,
+        decoded from its JSON; None when it did not parse) and ``parse_error``, by document, task and mode."""
+        rows = self.query("SELECT doc_id, task, mode, text, parsed, parse_error FROM sidecar_outputs "
+                          "WHERE run_id = ? ORDER BY doc_id, task, mode", [run_id])
+        return [row | {"parsed": None if row["parsed"] is None else json.loads(row["parsed"])} for row in rows]
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or

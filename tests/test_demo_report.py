@@ -97,14 +97,28 @@ def test_the_cost_headline_and_the_judge_tally_are_stated() -> None:
 @pytest.mark.parametrize(("tasks", "said"), [
     (("headline",), ["Cost of the headline sidecar output", "a sidecar headline token costs 20% less",
                      "headline tokens per request: 32.0 sidecar", "ms / out tok"]),
-    (("hashtags", "headline"), ["a sidecar hashtags+headline token costs 20% less",
-                                "hashtags+headline tokens per request"]),
+    (("hashtags", "headline"), ["Cost of the sidecar outputs", "a sidecar output token costs 20% less",
+                                "output tokens per request"]),
 ])
 def test_the_cost_section_names_the_runs_tasks_not_tags(tasks: tuple[str, ...], said: list[str]) -> None:
     text = "\n".join(rendered(findings(tasks=tasks)))
     assert all(words in text for words in said), text
     assert "tag token" not in text and "tag tok" not in text
     assert all(len(line) <= WIDTH for line in rendered(findings(tasks=tasks), width=WIDTH))
+
+
+def test_each_tasks_cost_verdict_is_stated_in_its_own_words() -> None:
+    tasks = [{"task": "hashtags", "noun": "tag", "sidecar_ms_per_token": 1.0, "standalone_ms_per_token": 2.0,
+              "sidecar_tokens": 8, "standalone_tokens": 8, "saving_pct": 50.0},
+             {"task": "headline", "noun": "headline", "sidecar_ms_per_token": 2.0, "standalone_ms_per_token": None,
+              "sidecar_tokens": 10, "standalone_tokens": 0, "saving_pct": None}]
+    lines = rendered(findings(tasks=("hashtags", "headline"), headline=HEADLINE | {"unit": "output", "tasks": tasks}),
+                     width=WIDTH)
+    assert "  hashtags: a sidecar tag token costs 50% less (1.00 vs 2.00 ms)" in lines
+    assert "  headline: no verdict, no ledger seconds in standalone" in lines
+    # one task: its verdict is the run's, said once
+    one = rendered(findings(tasks=("headline",), headline=HEADLINE | {"unit": "headline", "tasks": tasks[1:]}))
+    assert not any("no ledger seconds" in line for line in one)
 
 
 def test_the_judges_controls_are_stated_and_a_judge_that_fails_them_is_unreliable() -> None:
@@ -219,3 +233,30 @@ def test_findings_join_the_tally_with_the_judges_quality_and_interval(tmp_path: 
     assert low <= tally["mean_preference"] <= high
     text = "\n".join(rendered(findings(judge=[tally])))
     assert "preference for the sidecar 0.550 (95% CI" in text and "UNRELIABLE" not in text
+
+
+def test_the_demo_lists_every_tasks_output_per_document_and_mode(tmp_path: Path) -> None:
+    from test_report import two_task_run
+
+    from cli.pipeline import findings as read_findings
+    from storage import OutputRecord, SidecarRecord
+
+    db = two_task_run(tmp_path / "sidecar.duckdb")
+    read = read_findings(db, "tasks", 1.0)
+    assert {(o["doc_id"], o["task"], o["mode"]) for o in read.outputs} == {
+        (d, t, m) for d in ("d1", "d2") for t in ("hashtags", "headline") for m in ("sidecar", "standalone")}
+    lines = rendered(read, width=WIDTH)
+    assert "2 documents: title, summary head, each task's output per mode" in lines
+    d1 = lines[lines.index(next(line for line in lines if line.startswith("d1"))):][:8]
+    assert d1[2:] == ["  hashtags", "    sidecar      #a", "    standalone   #a", "  headline",
+                      "    sidecar      A head", "    standalone   A head"]
+    # an object as JSON, a label list joined, an output that did not parse as its raw text, marked
+    db.write_batch("tasks", [OutputRecord("d1", "sidecar", "s", [
+        SidecarRecord.of("entities", '{"people": ["Ada"]}', {"people": ["Ada"]}),
+        SidecarRecord.of("topics", "sport, politics", ["sport", "politics"]),
+        SidecarRecord.of("headline", "no", None, parse_error="not one line")])])
+    text = "\n".join(rendered(read_findings(db, "tasks", 1.0), width=WIDTH))
+    assert '    sidecar      {"people": ["Ada"]}' in text and "    sidecar      sport, politics" in text
+    assert "    sidecar      (not parsed) no" in text
+    # a hashtags run keeps its two tag sets per document
+    assert "sidecar and standalone tags" in "\n".join(rendered(findings()))

@@ -212,8 +212,11 @@ def test_two_tasks_are_stored_per_document_and_mode_with_the_summary_once(prefec
     from flows.cost_report import cost_report
 
     report = cost_report(db_path=run.db_path, run_id=counts.run_id)
-    [tasks] = [path for path in report.files if path.name == "task_costs.md"]
-    assert "per headline token" in tasks.read_text() and "per hashtags token" in tasks.read_text()
+    [markdown] = [path for path in report.files if path.name == "cost_report.md"]
+    tasks = markdown.read_text().split("## Verdict per sidecar task\n", 1)[1].split("\n## ", 1)[0]
+    assert "| hashtags |" in tasks and "a sidecar tag token costs" in tasks
+    assert "| headline |" in tasks and "a sidecar headline token costs" in tasks
+    assert "a sidecar output token" in markdown.read_text()  # both tasks together
 
     before = db.query("SELECT * FROM sidecar_outputs ORDER BY ALL")
     with pytest.raises(RunMismatchError, match=re.escape("sidecar_tasks hashtags, headline (this start: hashtags)")):

@@ -31,7 +31,7 @@ from study.cost import (
 )
 from study.cost.workload import QWEN2_5_1_5B_CONFIG
 from study.report import Measurement, group_measurements, write_cost_report
-from study.report.blocks import fmt
+from study.report.filters import num
 from tests.host_overhead_results import host_result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -289,7 +289,7 @@ def test_projected_verdicts_price_the_standalone_prefill_next_to_the_decode(tmp_
     assert ("| sidecar prefill ms | sidecar decode ms | sidecar instruction ms | standalone prefill ms | "
             "standalone decode ms |") in verdicts
     lines = (sidecar.prefill_s, sidecar.decode_s, sidecar.instruction_s, alone.prefill_s, alone.decode_s)
-    assert f"| H100 SXM | {STUDY} | 64 | {' | '.join(fmt(s * 1000) for s in lines)} |" in verdicts
+    assert f"| H100 SXM | {STUDY} | 64 | {' | '.join(num(s * 1000) for s in lines)} |" in verdicts
     cell = f"{h100.sidecar_saving_pct:.1f}% cheaper"
     assert f"| H100 SXM | projected | {STUDY} | " in verdicts and cell in verdicts
     # The cost rows of the projection count every line too.
@@ -330,7 +330,6 @@ def test_a_workload_without_a_shape_is_projected_on_decode_steps_only(tmp_path: 
     assert all(not v.prefill_priced and v.sidecar.instruction_s == 0 for v in report.verdicts)
     assert "decode steps only: a sidecar tag token costs 0.7% more at batch 32" in section(
         report.markdown, "Verdict per GPU type")
-    assert "decode steps only" in report.verdicts[0].sentence
 
 
 def test_eviction_speedup_measured_next_to_projected(tmp_path: Path) -> None:
@@ -400,7 +399,8 @@ def test_a_device_outside_the_catalog_is_reported_as_measured_only(tmp_path: Pat
     assert f"Measured only (not in the GPU catalog, so no bandwidth or price): {cpu}." in report.markdown
     [verdict] = [v for v in report.verdicts if v.basis == "measured"]
     assert verdict.usd_per_gpu_hour is None and verdict.sidecar_saving_pct == pytest.approx(20.0)
-    assert "100 vs 125 device ms per tag token (no catalog price for this device)" in verdict.sentence
+    assert ("a sidecar tag token costs 20.0% less than a standalone tagger's: 100 vs 125 device ms per tag token "
+            "(no catalog price for this device); prefill") in report.markdown
     measured_rows = [r for r in report.cost_rows if r["source"] == "measured"]
     assert {r["usd_per_mtok"] for r in measured_rows} == {None}
 
@@ -543,11 +543,14 @@ def test_the_flow_links_each_file_by_its_absolute_path(tmp_path: Path, monkeypat
     assert "| NVIDIA H200 | tiny | sidecar | 2 | 0.25 | 0.5 | 0.75 |" in markdown  # acceptance per request
 
 
-def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: Path) -> None:
-    """Per task, from sidecar_outputs: the ledger seconds per token of that task, sidecar against standalone."""
-    from study.report.task_costs import task_costs_markdown, task_verdicts
+# the source study's shapes counted tags, whatever the run's tasks are
+STUDY_TAGS = "32 tag tokens per request, the counts that give those KV figures"
 
-    db = Database(tmp_path / "sidecar.duckdb")
+
+def two_task_run(path: Path) -> Database:
+    """A run of two documents with two sidecar tasks, hashtags and a headline, in both modes: the hashtags' sidecar
+    tokens cost half the standalone ones; the headline's standalone rows have no ledger seconds."""
+    db = Database(path)
     db.start_run("tasks", {}, pair="tiny", device="cpu", gpu_type=None, gamma=4, batch_size=2)
     db.record_documents("tasks", [Document(d, f"Text {d}.", i) for i, d in enumerate(("d1", "d2"))], [])
 
@@ -556,18 +559,53 @@ def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: 
             SidecarRecord.of("hashtags", "#a", ["a"], new_tokens=4, device_s=0.004 if mode == "sidecar" else 0.008),
             SidecarRecord.of("headline", "A head", "A head", new_tokens=5, device_s=headline_s)])
 
-    # the headline's standalone rows have no ledger seconds: no verdict for it, and why
     db.write_batch("tasks", [record(d, "sidecar", 0.01) for d in ("d1", "d2")]
                    + [record(d, "standalone", None) for d in ("d1", "d2")])
-    hashtags, headline = task_verdicts(db.task_costs("tasks"))
-    assert (hashtags.task, hashtags.sidecar_ms_per_token, hashtags.standalone_ms_per_token) == ("hashtags", 1.0, 2.0)
-    assert hashtags.saving_pct == pytest.approx(50.0)
-    assert hashtags.line() == ("hashtags: the sidecar saves 50.0% per hashtags token "
-                               "(1.000 vs 2.000 ms per hashtags token)")
-    assert headline.line() == "headline: no verdict, no ledger seconds per headline token in standalone"
-    section = task_costs_markdown([hashtags, headline])
-    assert "| headline | 2.000 | n/a | 10 / 0 |" in section and "tag token" not in section
-    assert task_costs_markdown([]) == ""
+    return db
+
+
+def test_each_sidecar_task_gets_its_own_cost_verdict_in_its_own_words(tmp_path: Path) -> None:
+    """Per task, from sidecar_outputs: the ledger seconds per token of that task, sidecar against standalone, in
+    the report (markdown, page and headline.json) under the verdict per GPU type."""
+    db = two_task_run(tmp_path / "sidecar.duckdb")
+    report = write_cost_report(h200_rows(), tmp_path / "report", tasks=list(db.sidecar_tasks("tasks")),
+                               task_costs=db.task_costs("tasks"))
+    tasks = section(report.markdown, "Verdict per sidecar task")
+    assert "| task | sidecar device ms / token | standalone device ms / token | sidecar $/1M tok |" in tasks
+    # at the H200's $3.50 an hour: 1 device ms per token is $0.9722 per million
+    assert "and its price per million tokens at the catalog's rent for NVIDIA H200." in tasks
+    assert ("| hashtags | 1 | 2 | $0.9722 | $1.9444 | 8 / 8 | a sidecar tag token costs 50.0% less than a standalone "
+            "one |") in tasks
+    assert ("| headline | 2 | – | $1.9444 | – | 10 / 0 | no verdict: no ledger seconds per headline token in "
+            "standalone |") in tasks
+    # the run-wide figures count both tasks' tokens: output tokens, against a standalone draft
+    verdicts = section(report.markdown, "Verdict per GPU type")
+    assert "Is a sidecar output token cheaper than one from a standalone deployment" in verdicts
+    assert "a sidecar output token costs 20.0% less than a standalone draft's" in verdicts
+    # tag tokens only in the hashtags' own verdict, and in the source study's shapes (which counted tags)
+    assert "tag tok" not in report.markdown.replace("a sidecar tag token costs 50.0%", "").replace(STUDY_TAGS, "")
+    assert "a sidecar tag token costs 50.0% less than a standalone one" in report.html_path.read_text()
+    headline = json.loads(report.headline_path.read_text())
+    assert headline["unit"] == "output"
+    assert [(t["task"], t["noun"], t["saving_pct"]) for t in headline["tasks"]] == [
+        ("hashtags", "tag", 50.0), ("headline", "headline", None)]
+    # one report of every run: its words from all runs' tasks, no verdict per task
+    assert db.sidecar_tasks(None) == db.sidecar_tasks("tasks")
+
+
+def test_a_headline_runs_report_speaks_of_headline_tokens(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(), tmp_path, draft_config=drafts, tasks=["headline"])
+    assert "Is a sidecar headline token cheaper than one from a standalone deployment" in report.markdown
+    assert "| headline tok/s | device ms/headline tok | $/1M headline tok |" in report.markdown
+    assert "a sidecar headline token costs 20.0% less than a standalone draft's: 1 vs 1.25 device ms per headline " \
+           "token ($0.9722 vs $1.2153 per 1M headline tokens at $3.50/GPU-hour)" in report.markdown
+    assert not re.search(r"\btag tok|tagger", report.markdown.replace(STUDY_TAGS, ""))
+    assert "Verdict per sidecar task" not in report.markdown  # no task costs given: no section
+    from study.report.plots import mode_labels  # and the plots' legends name no tagger either
+
+    assert mode_labels("headline")["standalone"] == "standalone draft" != mode_labels("tag")["standalone"]
+    assert all("headline tokens per attributed device second" in r["note"] for r in report.cost_rows
+               if r["source"] == "measured")
 
 
 CAPTURE = "Capture mode: eager against captured"

@@ -144,7 +144,8 @@ class Workload:
             number(f"KV bytes per request for {mode}", kv_bytes)
 
     @classmethod
-    def from_model(cls, facts: ModelFacts, tokens: TagTokens, name: str) -> Workload:
+    def from_model(cls, facts: ModelFacts, tokens: TagTokens, name: str, unit: str = "tag") -> Workload:
+        """``unit``: what the sidecar output tokens are called in the description (``vocab.task_nouns``)."""
         return cls(
             name=name,
             weight_bytes_per_step=facts.weight_bytes_per_step,
@@ -152,7 +153,7 @@ class Workload:
             description=(
                 f"{facts.model_type} draft, {facts.weight_bytes_per_step / GB:.2f} GB of weights per step, "
                 f"{facts.kv_bytes_per_token / 1024:.0f} KiB of KV per token; {tokens.document} document, "
-                f"{tokens.summary} summary and {tokens.tags} tag tokens per request"
+                f"{tokens.summary} summary and {tokens.tags} {unit} tokens per request"
             ),
             facts=facts,
             tokens=tokens,

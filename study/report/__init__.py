@@ -14,6 +14,8 @@ Plain data in, files out. The Prefect flow reads storage and publishes what this
         batches=cost.DEFAULT_BATCHES,
         reference_batch=None,    # batch of the $ plot, projected beside 32-128; default: the most common measured
         host_overhead=None,      # bench.host_overhead's result (host floors); default: the committed one, if any
+        tasks=(),                # the sidecar tasks measured: they name the tokens (vocab.task_nouns); none: "tag"
+        task_costs=(),           # one run's Database.task_costs rows: a cost verdict per sidecar task
     )
     report.markdown              # the report as markdown (also at report.markdown_path)
     report.markdown_path, report.html_path      # cost_report.md, cost_report.html (PNGs embedded)
@@ -52,6 +54,11 @@ lower bound where no CUDA-graph measurement exists), and the report says so; a s
 captured for speculation with Qwen2.5-7B/1.5B at the measured acceptance and says where eager speculation is
 slower than plain decoding.
 
+The tokens are named by the run's tasks: tag tokens for hashtags, "headline tokens" for a headline task, output
+tokens for several tasks together (``vocab.task_nouns``). Given ``task_costs``, the report adds a verdict per
+sidecar task under the verdict table, in each task's words, from the ledger seconds of that task's own tokens
+(``task_costs``), priced at the rent of the run's GPU type.
+
 The report opens with the verdict table: per GPU type, pair and basis a row, per batch size a column, the
 measured rows at the batch they ran and the projected ones at that batch and at 32, 64 and 128 (the batch
 sizes nightly jobs on GPUs run), with a note saying which is which; then the $ per 1M tag tokens plot, then
@@ -60,8 +67,10 @@ the lines each measured verdict adds up. A projected verdict prices the same lin
 leaves out) follows. Modules, in the order the data flows: ``measurements`` (rows, pooled),
 ``tagging_cost`` (a mode's lines per request), ``projections`` (a roofline workload per measured pair),
 ``verdicts``, ``capture`` (the host floors the projections assume, eager against captured for speculation),
-``assemble`` (all figures, before any text), ``sections`` (the report as document blocks),
-``blocks`` (markdown and HTML), ``plots`` and ``write`` (the files and the cost rows).
+``assemble`` (all figures, before any text), ``sections`` (what each section shows, every sum and choice of
+rows made), ``render`` (the Jinja2 templates under ``templates/``, one text rendered as markdown and as
+autoescaped HTML; ``filters``: the named number formats they use), ``plots`` and ``write`` (the files and the
+cost rows).
 """
 
 from study.report.headline import Headline

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,9 @@ from study.report.measurements import (
     group_measurements,
 )
 from study.report.projections import DraftConfig, Projection, pair_workloads
+from study.report.task_costs import TaskCost, task_verdicts
 from study.report.verdicts import Verdict, measured_verdicts, projected_verdict
+from vocab.task_nouns import tokens_noun
 
 DEFAULT_REFERENCE_BATCH = 32
 # the batch sizes nightly jobs run on GPUs: every verdict table projects them, whatever batch was measured
@@ -64,6 +66,9 @@ class ReportData:
     step_time_panels: dict[str, Projection | None]  # panel -> projection drawn there (None: measured only)
     plot_paths: dict[str, Path]
     capture: CaptureModes  # the floors the projections assume (captured), and eager against captured
+    # what the sidecar output tokens are called (vocab.task_nouns): "tag" for hashtags, "output" for several tasks
+    unit: str = "tag"
+    tasks: list[TaskCost] = field(default_factory=list)  # the cost verdict per sidecar task, by task
 
     def price(self, gpu_type: str) -> float | None:
         gpu = find_gpu(gpu_type, self.catalog)
@@ -81,8 +86,12 @@ def assemble(
     batches: Sequence[int],
     reference_batch: int | None,
     host_floors: HostFloors | None = None,
+    tasks: Sequence[str] = (),
+    task_costs: Sequence[Mapping[str, Any]] = (),
 ) -> ReportData:
-    """The report's data for ``write_cost_report``'s arguments; plots are to be drawn under ``out_dir``."""
+    """The report's data for ``write_cost_report``'s arguments; plots are to be drawn under ``out_dir``.
+    ``tasks``: the sidecar tasks the measurements count (their tokens' name; none: hashtags); ``task_costs``:
+    ``Database.task_costs`` rows, for a verdict per task."""
     rows = [Measurement.from_row(row) for row in measurements]
     groups = group_measurements(rows)
     tag_groups = [g for g in groups if g.tag_rows]
@@ -101,7 +110,8 @@ def assemble(
         return Projection(workload, {gpu.name: project(workload, gpu, all_batches, host) for gpu in catalog.values()},
                           pair)
 
-    workloads, unprojected = pair_workloads(rows, draft_config)
+    unit = tokens_noun([*tasks, *(row["task"] for row in task_costs)])
+    workloads, unprojected = pair_workloads(rows, draft_config, unit)
     pair_projections = {pair: projection(workload, pair) for pair, workload in workloads.items()}
     projections = [*pair_projections.values(), projection(study_workload)]
 
@@ -154,4 +164,6 @@ def assemble(
             "acceptance": out_dir / "acceptance_per_request.png",
         },
         capture=capture,
+        unit=unit,
+        tasks=task_verdicts(task_costs),
     )

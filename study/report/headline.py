@@ -7,12 +7,13 @@ standalone tagger (prefill + decode) at one measured batch size; each mode's lin
 (``sidecar``, ``standalone``: tag tokens and device seconds per line), so a reader can redo the division. The
 KV per request comes from the roofline workload of the same pair, modelled from its measured token counts in
 the dtype it is loaded in on a GPU, so that evicted, attended and standalone are given for every run, also
-one that never ran attended.
+one that never ran attended. ``unit`` names the tokens (``vocab.task_nouns``) and ``tasks`` holds the cost
+verdict per sidecar task, which the demo prints each in its own words.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from study.report.assemble import ReportData
@@ -40,6 +41,11 @@ class Headline:
     kv_evicted_bytes: float | None
     kv_attended_bytes: float | None
     kv_standalone_bytes: float | None
+    # what the tokens above are called ("tag", "headline", "output" for several tasks: vocab.task_nouns), and the
+    # cost verdict per sidecar task (study.report.task_costs.TaskCost.as_dict: task, noun, ms per token per mode,
+    # tokens, saving_pct)
+    unit: str = "tag"
+    tasks: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,4 +73,5 @@ def headline(data: ReportData) -> Headline | None:
         usd_per_gpu_hour=verdict.usd_per_gpu_hour, sidecar_usd_per_mtok=verdict.sidecar_usd_per_mtok,
         standalone_usd_per_mtok=verdict.standalone_usd_per_mtok, kv_evicted_bytes=kv.get("sidecar"),
         kv_attended_bytes=kv.get("sidecar_attended"), kv_standalone_bytes=kv.get("standalone"),
+        unit=data.unit, tasks=[t.as_dict() for t in data.tasks],
     )

@@ -23,6 +23,11 @@ MODE_LABELS: dict[str, str] = {
     "sidecar_attended": "sidecar, document attended",
     "standalone": "standalone tagger",
 }
+
+
+def mode_labels(unit: str) -> dict[str, str]:
+    """The legend's names of the modes: a standalone tagger writes tag tokens, any other task's a standalone draft."""
+    return MODE_LABELS if unit == "tag" else MODE_LABELS | {"standalone": "standalone draft"}
 MODE_COLOURS: dict[str, str] = {"sidecar": "tab:blue", "sidecar_attended": "tab:red", "standalone": "tab:green"}
 
 
@@ -31,8 +36,10 @@ def plot_step_times(
     panels: Mapping[str, Projection | None],
     groups: Sequence[MeasuredGroup],
     panel_of: Mapping[str, str],
+    unit: str = "tag",
 ) -> None:
     """One panel per catalog GPU with its projection, then one per measured device outside the catalog."""
+    labels = mode_labels(unit)
     columns = min(4, len(panels))
     fig = Figure(figsize=(3.6 * columns, 3.0 * math.ceil(len(panels) / columns)), layout="constrained")
     axes = fig.subplots(math.ceil(len(panels) / columns), columns, squeeze=False).ravel()
@@ -46,7 +53,7 @@ def plot_step_times(
                     [r.ms_per_step for r in line],
                     color=MODE_COLOURS[mode],
                     linestyle="--" if mode == "standalone" else "-",
-                    label=f"projected: {MODE_LABELS[mode]}",
+                    label=f"projected: {labels[mode]}",
                 )
             measured = [g for g in groups if panel_of[g.gpu_type] == panel and g.mode == mode and g.tag_ms_per_step]
             if measured:
@@ -56,7 +63,7 @@ def plot_step_times(
                     color=MODE_COLOURS[mode],
                     edgecolors="black",
                     zorder=3,
-                    label=f"measured: {MODE_LABELS[mode]}",
+                    label=f"measured: {labels[mode]}",
                 )
         ax.set_xscale("log", base=2)
         ticks = sorted({r.batch for r in projected} | {g.batch_size for g in groups if panel_of[g.gpu_type] == panel})
@@ -87,8 +94,9 @@ def plot_usd(
     reference_batch: int,
     groups: Sequence[MeasuredGroup],
     catalog: Mapping[str, GPU],
+    unit: str = "tag",
 ) -> None:
-    """Projected and (where measured at the reference batch) measured $ per 1M tag tokens per catalog GPU, over
+    """Projected and (where measured at the reference batch) measured $ per 1M ``unit`` tokens per catalog GPU, over
     the tagging phase, every line included: prefill, decode and a sidecar's instruction line, measured as the
     ledger's attributed device seconds (a projection without the draft's shape: decode steps only)."""
     gpus = list(projection.rows)
@@ -99,7 +107,7 @@ def plot_usd(
             for g in gpus
         ]
         if any(v is not None for v in values):
-            series.append((f"projected: {MODE_LABELS[mode]}", MODE_COLOURS[mode], None, values))
+            series.append((f"projected: {mode_labels(unit)[mode]}", MODE_COLOURS[mode], None, values))
     for mode in MODES:
         values = []
         for name in gpus:
@@ -118,7 +126,7 @@ def plot_usd(
             )
             values.append(None if rate is None else usd_per_million_tokens(catalog[name].usd_per_hour, rate))
         if any(v is not None for v in values):
-            series.append((f"measured: {MODE_LABELS[mode]}", MODE_COLOURS[mode], "//", values))
+            series.append((f"measured: {mode_labels(unit)[mode]}", MODE_COLOURS[mode], "//", values))
     fig = Figure(figsize=(max(7.0, 1.3 * len(gpus)), 4.2), layout="constrained")
     ax = fig.subplots()
     width = 0.8 / max(1, len(series))
@@ -137,7 +145,7 @@ def plot_usd(
                 label=label,
             )
     ax.set_xticks(range(len(gpus)), gpus)
-    ax.set_ylabel("$ per 1M tag tokens")
+    ax.set_ylabel(f"$ per 1M {unit} tokens")
     ax.set_title(
         f"Tagging cost per GPU type at batch {reference_batch} (hatched: measured)\n"
         f"projected: {projection.workload.name}",

@@ -72,9 +72,10 @@ def _measured_tag_tokens(rows: Sequence[Measurement]) -> TagTokens | None:
 
 
 def pair_workloads(
-    measurements: Sequence[Measurement], draft_config: DraftConfig
+    measurements: Sequence[Measurement], draft_config: DraftConfig, unit: str = "tag"
 ) -> tuple[dict[str, Workload], list[str]]:
-    """A workload per measured pair, and why the measurements that have none have none."""
+    """A workload per measured pair, and why the measurements that have none have none; ``unit`` names the
+    sidecar output tokens (``vocab.task_nouns``)."""
     by_pair: dict[str, list[Measurement]] = defaultdict(list)
     for m in measurements:
         by_pair[m.pair].append(m)
@@ -86,12 +87,12 @@ def pair_workloads(
     for pair, rows in sorted(by_pair.items()):
         tokens = _measured_tag_tokens(rows)
         if tokens is None:
-            missing.append(f"{pair}: no main-phase prompt and summary tokens with tag tokens were measured")
+            missing.append(f"{pair}: no main-phase prompt and summary tokens with {unit} tokens were measured")
             continue
         try:
             facts = ModelFacts.from_config(draft_config(pair), dtype_bytes)
         except CostInputError as exc:
             missing.append(f"{pair}: {exc}")
             continue
-        workloads[pair] = Workload.from_model(facts, tokens, name=f"{pair} ({dtype})")
+        workloads[pair] = Workload.from_model(facts, tokens, name=f"{pair} ({dtype})", unit=unit)
     return workloads, missing

@@ -65,33 +65,6 @@ class Verdict:
             return None
         return usd_per_million_tokens(self.usd_per_gpu_hour, self.standalone_tokens_per_s)
 
-    @property
-    def comparison(self) -> str:
-        """'costs 12.3% less than a standalone tagger's', the saving read as a reader would say it."""
-        saving = self.sidecar_saving_pct
-        return f"costs {abs(saving):.1f}% {'less' if saving >= 0 else 'more'} than a standalone tagger's"
-
-    @property
-    def sentence(self) -> str:
-        per_token = (
-            f": {self.sidecar.seconds_per_tag_token * 1000:.4g} vs {self.standalone.seconds_per_tag_token * 1000:.4g} "
-            "device ms per tag token"
-        )
-        if self.sidecar_usd_per_mtok is not None and self.standalone_usd_per_mtok is not None:
-            per_token += (
-                f" (${self.sidecar_usd_per_mtok:.4f} vs ${self.standalone_usd_per_mtok:.4f} per 1M tag tokens"
-                f" at ${self.usd_per_gpu_hour:.2f}/GPU-hour)"
-            )
-        else:
-            per_token += " (no catalog price for this device)"
-        if self.basis == "measured":
-            return (f"{self.gpu_type}: measured at batch {self.batch}, a sidecar tag token {self.comparison}"
-                    f"{per_token}; prefill + decode + instruction line against prefill + decode, as in the table "
-                    "above.")
-        counted = "prefill, decode and instruction lines" if self.prefill_priced else "decode steps only"
-        return (f"{self.gpu_type}: projected at batch {self.batch}, {counted}, a sidecar tag token {self.comparison}"
-                f"{per_token}.")
-
 
 def measured_verdicts(groups: Sequence[MeasuredGroup], catalog: Mapping[str, GPU]) -> list[Verdict]:
     """One verdict per GPU type, pair and batch size measured in both modes with a ledger, runs pooled."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from study.cost import (
     DEFAULT_BATCHES,
+    DEFAULT_GAMMA,
     GPU,
     STUDY_WORKLOAD,
     Workload,
@@ -18,12 +19,12 @@ from study.cost import (
     usd_per_million_tokens,
 )
 from study.report.assemble import ReportData, assemble
-from study.report.blocks import render_html, render_markdown
-from study.report.capture import report_floors
+from study.report.capture import SPECULATION_PAIR, report_floors
 from study.report.headline import Headline, headline
 from study.report.plots import plot_acceptance, plot_step_times, plot_usd
 from study.report.projections import DraftConfig, tag_tokens_per_s, tag_usd_per_million
-from study.report.sections import report_blocks
+from study.report.render import render
+from study.report.sections import sections
 from study.report.verdicts import Verdict
 
 
@@ -56,10 +57,14 @@ def write_cost_report(
     batches: Sequence[int] = DEFAULT_BATCHES,
     reference_batch: int | None = None,
     host_overhead: str | Path | None = None,
+    tasks: Sequence[str] = (),
+    task_costs: Sequence[Mapping[str, Any]] = (),
 ) -> CostReport:
     """Write cost_report.md, cost_report.html, headline.json and three PNG plots to ``out_dir``; see
     ``study.report``. ``host_overhead``: the host-overhead result the host floors come from (default: the
-    committed one, if any)."""
+    committed one, if any). ``tasks``: the sidecar tasks the measurements count, which name their tokens
+    (``vocab.task_nouns``; none: hashtags' "tag tokens"); ``task_costs``: ``Database.task_costs`` rows of one
+    run, for the cost verdict per task."""
     floors = report_floors(host_overhead)
     data = assemble(
         measurements,
@@ -71,18 +76,23 @@ def write_cost_report(
         batches=batches,
         reference_batch=reference_batch,
         host_floors=floors,
+        tasks=tasks,
+        task_costs=task_costs,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot_step_times(data.plot_paths["step_time"], data.step_time_panels, data.groups, data.panel_of)
-    plot_usd(data.plot_paths["usd_per_mtok"], data.projections[0], data.reference_batch, data.groups, data.catalog)
+    plot_step_times(data.plot_paths["step_time"], data.step_time_panels, data.groups, data.panel_of, unit=data.unit)
+    plot_usd(data.plot_paths["usd_per_mtok"], data.projections[0], data.reference_batch, data.groups, data.catalog,
+             unit=data.unit)
     plot_acceptance(data.plot_paths["acceptance"], data.acceptance)
 
-    blocks = report_blocks(data)
-    markdown = render_markdown(blocks)
+    view = sections(data)
+    context = {"data": data, "view": view, "unit": view.unit, "worker": view.worker, "pair": SPECULATION_PAIR,
+               "gamma": DEFAULT_GAMMA}
+    markdown = render("cost_report.j2", "markdown", **context)
     markdown_path = out_dir / "cost_report.md"
     html_path = out_dir / "cost_report.html"
     markdown_path.write_text(markdown, encoding="utf-8")
-    html_path.write_text(render_html(blocks, "Sidecar cost report"), encoding="utf-8")
+    html_path.write_text(render("cost_report.j2", "html", **context), encoding="utf-8")
     summary = headline(data)
     headline_path = out_dir / "headline.json"
     headline_path.write_text(json.dumps(summary.as_dict() if summary else None, indent=2), encoding="utf-8")
@@ -118,7 +128,7 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                 "usd_per_mtok": None if price is None else usd_per_million_tokens(price, g.tag_tokens_per_s),
                 "source": "measured",
                 "run_id": g.run_ids[0] if len(g.run_ids) == 1 else None,
-                "note": "tagging phase, tag tokens per attributed device second ("
+                "note": f"tagging phase, {data.unit} tokens per attributed device second ("
                 + ("prefill + decode" if g.mode == "standalone" else "prefill + decode + instruction line")
                 + f"), {len(g.run_ids)} run(s) pooled",
                 "timed_by": "device_ledger",
