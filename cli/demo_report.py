@@ -48,6 +48,9 @@ class DemoFindings:
     tasks: tuple[str, ...] = ("hashtags",)
     # every sidecar output of the run (Database.task_outputs: doc_id, task, mode, text, parsed, parse_error)
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    # per sidecar task the judge looked at, its judge_verdicts row (status judged / not judged / unreliable,
+    # verdict, reason; Database.judge_verdicts)
+    judge_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def summary_head(summary: str) -> str:
@@ -236,7 +239,8 @@ def _judge_quality_lines(tally: dict[str, Any]) -> list[Text]:
         margin = "" if tally["margin"] is None else f"; tie within {tally['margin']:.3f} of 0.5"
         lines.append(line((f"preference for the sidecar {tally['mean_preference']:.3f}{interval}{margin}", None)))
     elif tally.get("method") == "likelihood" and tally.get("mean_difference") is not None:
-        lines.append(line((f"sidecar minus standalone {tally['mean_difference']:.3f} nats per tag token; tie within "
+        token = "tag token" if tally.get("task", "hashtags") == "hashtags" else "token"
+        lines.append(line((f"sidecar minus standalone {tally['mean_difference']:.3f} nats per {token}; tie within "
                            f"{_number(tally['margin'])}", None)))
     bias = "-" if tally["position_bias"] is None else f"{tally['position_bias']:.2f}"
     lines.append(line((f"ladder: {_rungs(tally)}; position bias {bias} (0.5 = none)", None)))
@@ -263,10 +267,51 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def judge_section(judge: list[dict[str, Any]], verdict: str | None = None) -> Group:
-    title = Text("Judge: sidecar vs standalone tags, per method", style="bold")
-    if not judge:
+def _task_verdict(task: str, said: dict[str, Any] | None) -> Text:
+    """One task's verdict (judge_verdicts): judged with the verdict, UNRELIABLE with its failed rungs, or not
+    judged with why, which is no verdict and not an unreliable one."""
+    if said is None or said["status"] == "not judged":
+        reason = "nothing stored" if said is None else said["reason"]
+        return Text(f"task {task}: not judged: {reason}", style="bold")
+    if said["status"] == "unreliable":
+        return Text(f"task {task}: UNRELIABLE: {said['reason']}", style="bold red")
+    verdict = VERDICTS.get(said["verdict"], said["verdict"])
+    if task != "hashtags":
+        verdict = verdict.replace(" tags ", " outputs ")
+    return Text(f"task {task}: {verdict} (trusted: {', '.join(said['trusted'])})", style="bold")
+
+
+def judge_section(judge: list[dict[str, Any]], verdict: str | None = None,
+                  tasks: dict[str, dict[str, Any]] | None = None) -> Group:
+    """Per method its tally and ladder; a run with several tasks, or one the judge could not score, gets each
+    task's verdict (``tasks``: judge_verdicts rows) above its methods."""
+    tasks = tasks or {}
+    per_task = len(tasks) > 1 or any(said["status"] == "not judged" for said in tasks.values())
+    title = Text("Judge: sidecar vs standalone " + ("outputs, per task and method" if per_task else
+                                                      "tags, per method"), style="bold")
+    if not judge and not tasks:
         return Group(title, Text("nothing judged: no document had both tag sets parsed, or the judge flow failed"))
+    lines = []
+    names = sorted({*tasks, *(tally.get("task", "hashtags") for tally in judge)},
+                   key=lambda name: (name != "hashtags", name))
+    for name in names:
+        if per_task:
+            lines.append(_task_verdict(name, tasks.get(name)))  # wrapped, not cut: the reason is the point
+        lines += _method_lines([tally for tally in judge if tally.get("task", "hashtags") == name])
+    if verdict is not None and not per_task:
+        said = "UNRELIABLE: no method's controls passed" if verdict == "UNRELIABLE" else VERDICTS.get(verdict, verdict)
+        lines.append(line((Text(f"run verdict (trusted methods only): {said}", style="bold"), None)))
+    lines.append(Text("Pairwise: two position-swapped games; likelihood: tag-token log probability given the "
+                      "summary less given another's. Ladder: own tags against another's (easy), against half "
+                      "another's (hard), against themselves reordered (null, must tie).", style="dim"))
+    if per_task:
+        lines.append(Text("Another task: its outputs in place of the tags, the judge asked by its instruction; a "
+                          "task whose outputs give no control (one label for every document) is not judged.",
+                          style="dim"))
+    return Group(title, *lines)
+
+
+def _method_lines(judge: list[dict[str, Any]]) -> list[Text]:
     lines = []
     for tally in judge:
         method = tally.get("method", "pairwise")
@@ -281,13 +326,7 @@ def judge_section(judge: list[dict[str, Any]], verdict: str | None = None) -> Gr
             f"sidecar {tally['wins']} wins, {tally['ties']} ties, {tally['losses']} losses of {tally['documents']}"
             + consistent + (f"; {tally['undecided']} undecided" if tally["undecided"] else "")))
         lines += _judge_quality_lines(tally)
-    if verdict is not None:
-        said = "UNRELIABLE: no method's controls passed" if verdict == "UNRELIABLE" else VERDICTS.get(verdict, verdict)
-        lines.append(line((Text(f"run verdict (trusted methods only): {said}", style="bold"), None)))
-    lines.append(Text("Pairwise: two position-swapped games; likelihood: tag-token log probability given the "
-                      "summary less given another's. Ladder: own tags against another's (easy), against half "
-                      "another's (hard), against themselves reordered (null, must tie).", style="dim"))
-    return Group(title, *lines)
+    return lines
 
 
 def next_steps_section(findings: DemoFindings) -> Group:
@@ -308,7 +347,8 @@ def render(findings: DemoFindings, console: Console | None = None) -> None:
     console.width = min(console.width, WIDTH)
     console.print(Rule(f"sidecar demo: run {findings.run_id}"))
     for section in (documents_section(findings), cost_section(findings.headline, findings.tasks),
-                    judge_section(findings.judge, findings.judge_verdict), next_steps_section(findings)):
+                    judge_section(findings.judge, findings.judge_verdict, findings.judge_tasks),
+                    next_steps_section(findings)):
         console.print(section)
         console.print()
     console.print(Rule(f"{findings.seconds:.0f} s in all"))

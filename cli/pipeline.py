@@ -175,4 +175,5 @@ def findings(db: Database, run_id: str, seconds: float) -> DemoFindings:
                         headline=json.loads(headline.read_text()) if headline.exists() else None,
                         html_path=html if html.exists() else None, seconds=seconds,
                         judge_verdict=verdict[0]["verdict"] if verdict else None,
-                        tasks=tuple(db.sidecar_tasks(run_id)) or ("hashtags",), outputs=db.task_outputs(run_id))
+                        tasks=tuple(db.sidecar_tasks(run_id)) or ("hashtags",), outputs=db.task_outputs(run_id),
+                        judge_tasks=db.judge_verdicts(run_id))

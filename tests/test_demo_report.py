@@ -260,3 +260,26 @@ def test_the_demo_lists_every_tasks_output_per_document_and_mode(tmp_path: Path)
     assert "    sidecar      (not parsed) no" in text
     # a hashtags run keeps its two tag sets per document
     assert "sidecar and standalone tags" in "\n".join(rendered(findings()))
+
+
+def test_each_tasks_judge_verdict_is_stated_and_a_task_not_judged_says_why_without_unreliable() -> None:
+    headline = LIKELIHOOD_TALLY | {"task": "headline", "mean_difference": 0.3}
+    tasks = {"hashtags": {"status": "unreliable", "verdict": None, "trusted": [],
+                          "reason": "pairwise qwen-coder-small tags-v1: easy 2/4, null 4/4 (threshold 0.75)"},
+             "headline": {"status": "judged", "verdict": "sidecar", "trusted": ["likelihood qwen-coder-small tags-l2"],
+                          "reason": None},
+             "topic": {"status": "not judged", "verdict": None, "trusted": [],
+                       "reason": "every document of its control sample (4) has the same sidecar output"}}
+    text = "\n".join(lines := rendered(findings(judge=[TEXT_TALLY | {"task": "hashtags"}, headline],
+                                                judge_verdict="UNRELIABLE", judge_tasks=tasks)))
+    assert max(map(len, lines)) <= WIDTH
+    assert "Judge: sidecar vs standalone outputs, per task and method" in text
+    assert "task hashtags: UNRELIABLE: pairwise qwen-coder-small tags-v1: easy 2/4" in text
+    assert "task headline: the sidecar's outputs are better (trusted: likelihood" in text
+    assert "sidecar minus standalone 0.300 nats per token;" in text
+    assert "task topic: not judged: every document of its control sample (4) has the same" in text
+    assert "UNRELIABLE" not in text.split("task topic")[1].split("\n")[0]
+    # each task's methods under its own line, hashtags first
+    assert text.index("task hashtags") < text.index("prompt tags-v1") < text.index("task headline") < text.index(
+        "prompt tags-l2") < text.index("task topic")
+    assert "run verdict" not in text  # per task instead
