@@ -1,5 +1,6 @@
 """The offline pair served as the judge (`sidecar serve`) on real news: its likelihood method tells a
-document's own tags from another document's, through the official `openai` client.
+document's own tags from another document's, and a document's own headline from another's when asked by the
+headline task's instruction, through the official `openai` client.
 
 The tags are each article's own title words, so the known answer of every rung holds by construction: easy
 (another article's tags) must lose by more than the margin, null (the same tags reversed) must tie. The
@@ -18,6 +19,7 @@ import pytest
 
 from server.launcher import running_server
 from study.judge.config import JudgeConfig
+from study.judge.controls import null_tags
 from study.judge.likelihood_run import likelihood_reliability, score_by_likelihood
 from study.judge.results import JudgeItem
 
@@ -68,3 +70,31 @@ def test_the_served_pair_scores_a_documents_own_tags_above_anothers_beyond_its_m
     assert quality.trusted and quality.auc is not None and quality.auc > 0.9
     # the two sides carry the same tags: their difference is exactly nothing, a tie
     assert all(r.difference("main") == 0.0 and r.verdict == "tie" for r in outcome.results)
+
+
+HEADLINE = "Write a one-line headline for the summary."
+
+
+@pytest.fixture(scope="module")
+def headline_items(news_parquet: Path) -> list[JudgeItem]:
+    """The article's own title as its headline, in the task form: titles in two parts ("X: Y", "X, Y"), so that
+    every document has a null game (the parts swapped)."""
+    table = pq.read_table(news_parquet, columns=["title", "article"]).slice(0, 80).to_pylist()
+    rows = [r for r in table if r["title"] and null_tags(r["title"].strip()) is not None][:DOCUMENTS]
+    assert len(rows) == DOCUMENTS
+    return [JudgeItem(doc_id=f"doc-{i}", summary=r["article"][:400], sidecar_tags=r["title"].strip(),
+                      standalone_tags=r["title"].strip(), task="headline", instruction=HEADLINE)
+            for i, r in enumerate(rows)]
+
+
+def test_the_served_pair_scores_a_documents_own_headline_above_anothers_asked_by_the_tasks_instruction(
+        headline_items: list[JudgeItem], judge_url: str) -> None:
+    config = JudgeConfig(model=PAIR, base_url=judge_url, api_key="unused", controls=DOCUMENTS, concurrency=1,
+                         timeout_s=300)
+    outcome = score_by_likelihood(headline_items, config, PAIR, "tags-l2")
+    assert outcome.unavailable is None and len(outcome.results) == DOCUMENTS
+    quality = likelihood_reliability(outcome.results, config)
+    assert quality.easy.documents == DOCUMENTS and quality.easy.passed == DOCUMENTS, quality.line()
+    assert quality.null.documents == DOCUMENTS and quality.null.passed == DOCUMENTS, quality.line()
+    assert quality.trusted and quality.auc is not None and quality.auc > 0.9
+    print(quality.line())
