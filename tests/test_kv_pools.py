@@ -9,7 +9,7 @@ import torch
 
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.tiny import tiny_pair
-from sidecar.runtime.capture import forward_module, runner_of
+from sidecar.runtime.capture import forward_module
 from sidecar.runtime.pools import give_back, pools_of, release_free, take
 from tests.decoding import random_prompts
 
@@ -86,27 +86,3 @@ def test_a_lent_cache_is_never_lent_twice():
     give_back(pair.target, a)
     assert list(pools_of(pair.target).free.values()) == [b]
     assert release_free(pair.target) == b.nbytes() and not pools_of(pair.target).free
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_compiled_second_batch_compiles_nothing_and_decodes_as_the_first_and_eager():
-    pair = tiny_pair(layers=1)
-    prompts = random_prompts(pair, [6, 13, 9], seed=4)
-
-    def generate():
-        return [o.token_ids for o in SpeculativeDecoder(pair, gamma=1, adaptive=False, prompt_lookup=False)
-                .generate(prompts, max_new_tokens=5, batch_size=2)]
-
-    SpeculativeDecoder(pair, capture="compile")
-    target = Buffers(pair.target)
-    first, outputs = target.run(generate)
-    counters = {name: runner_of(model).counters for name, model in (("target", pair.target), ("draft", pair.draft))}
-    compiles = {name: c.compiles for name, c in counters.items()}
-    again, outputs_again = target.run(generate)
-    assert again == first
-    assert outputs_again == outputs
-    assert {name: c.compiles for name, c in counters.items()} == compiles, "the second batch compiled"
-    assert all(c.recompiles == 0 and c.graph_breaks == 0 for c in counters.values())
-    SpeculativeDecoder(pair, capture="eager")
-    assert generate() == outputs

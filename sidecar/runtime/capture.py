@@ -117,6 +117,12 @@ class StackRunner:
         self.counters = CaptureCounters()
         self._compiled_shapes: set[tuple] = set()
         self._compiled = None
+        # warm-up (``sidecar.runtime.warmup``): the decode widths to warm, whether a cache is warmed when it is
+        # allocated, the (rows, capacity) shapes warmed, and what each warm-up cost
+        self.widths: set[int] = set()
+        self.warm_on_allocate = False
+        self.warmed: set[tuple[int, int]] = set()
+        self.warm_ups: list = []
         if mode != "eager":
             import torch._dynamo
 

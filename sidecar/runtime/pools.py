@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -61,8 +62,10 @@ def pools_of(model: PreTrainedModel) -> KVPools:
         return pools
 
 
-def take(model: PreTrainedModel, rows: int, capacity: int) -> RowKVCache:
-    """A cache of ``rows`` rows and ``capacity`` columns for ``model``, emptied, lent until ``give_back``."""
+def take(model: PreTrainedModel, rows: int, capacity: int,
+         allocated: Callable[[RowKVCache], object] | None = None) -> RowKVCache:
+    """A cache of ``rows`` rows and ``capacity`` columns for ``model``, emptied, lent until ``give_back``.
+    ``allocated`` hears of a cache just made, before it is emptied (``sidecar.runtime.warmup.warm_new``)."""
     pools = pools_of(model)
     key = shape_key(model, rows, capacity, torch.is_inference_mode_enabled())
     with _lock:
@@ -81,6 +84,9 @@ def take(model: PreTrainedModel, rows: int, capacity: int) -> RowKVCache:
     with _lock:
         pools.allocated += 1
         pools.lent.add(cache)
+    if allocated is not None:
+        allocated(cache)
+        cache.reset()
     return cache
 
 

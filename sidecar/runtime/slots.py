@@ -16,12 +16,15 @@ buffers, and compiled or captured forwards on the addresses they were made for.
 
 from __future__ import annotations
 
+from functools import partial
+
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
 from sidecar.runtime.capture import capacity_bucket
 from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot, compaction_order
 from sidecar.runtime.pools import give_back, take
+from sidecar.runtime.warmup import warm_new
 
 
 class SlotPool:
@@ -31,7 +34,8 @@ class SlotPool:
         self.max_batch = max_batch
         self.budget_capacity = None if kv_budget_tokens is None else kv_budget_tokens // max_batch
         self._capacity = capacity_bucket(capacity) if self.budget_capacity is None else self.budget_capacity
-        self.cache: RowKVCache | None = take(model, max_batch, self._capacity)  # None: given back while empty
+        # None while given back (no live row)
+        self.cache: RowKVCache | None = take(model, max_batch, self._capacity, partial(warm_new, model))
         self.live = 0
         self.active = self.cache.rows_view(0, 0)
 
@@ -53,7 +57,7 @@ class SlotPool:
             self._capacity = capacity_bucket(max(columns, self.capacity * 3 // 2))
         if self.cache is not None and self.cache.capacity == self._capacity:
             return
-        grown = take(self.model, self.max_batch, self._capacity)
+        grown = take(self.model, self.max_batch, self._capacity, partial(warm_new, self.model))
         if self.cache is not None:
             self.active.copy_into(grown.rows_view(0, self.live))
             give_back(self.model, self.cache)
