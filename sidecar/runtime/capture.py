@@ -118,10 +118,10 @@ class StackRunner:
         self._compiled_shapes: set[tuple] = set()
         self._compiled = None
         # warm-up (``sidecar.runtime.warmup``): the decode widths to warm, whether a cache is warmed when it is
-        # allocated, the (rows, capacity) shapes warmed, and what each warm-up cost
+        # allocated, the (rows, capacity, address) caches warmed, and what each warm-up cost
         self.widths: set[int] = set()
         self.warm_on_allocate = False
-        self.warmed: set[tuple[int, int]] = set()
+        self.warmed: set[tuple[int, int, int]] = set()
         self.warm_ups: list = []
         if mode != "eager":
             import torch._dynamo

@@ -10,8 +10,8 @@ two (``capacity_bucket``: compiled forwards take their shapes from it) and the p
 columns than it has, copying only the live rows' filled columns.
 
 The buffers come from ``sidecar.runtime.pools``: a pool whose last live row leaves gives them back, and takes
-them (or another model's batch's of the same shape) again when rows join, so consecutive batches run on the same
-buffers, and compiled or captured forwards on the addresses they were made for.
+them (or those another batch of the model gave back, of the same shape) again when rows join, so consecutive
+batches run on the same buffers, and compiled or captured forwards on the addresses they were made for.
 """
 
 from __future__ import annotations

@@ -83,12 +83,13 @@ def warm_new(model: PreTrainedModel, cache: RowKVCache) -> WarmUp | None:
 
 def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> WarmUp | None:
     """Run each batch bucket's decode forwards of ``cache``'s shape once (a CUDA graph's recording takes
-    ``CAPTURE_CALLS``), unless that shape was warmed already; the forwards write uncommitted columns, which the
+    ``CAPTURE_CALLS``), unless this cache was warmed already; the forwards write uncommitted columns, which the
     cache's next ``reset`` (``sidecar.runtime.pools.take``) empties. None where the model's forwards are eager."""
     runner: StackRunner | None = runner_of(model)
     if runner is None or not runner.static or not runner.widths:
         return None
-    key = (cache.batch_size, cache.capacity)
+    # a cache made anew for a shape (its free one released) is warmed again: CUDA graphs hold its addresses
+    key = (cache.batch_size, cache.capacity, cache.keys[0].data_ptr())
     if key in runner.warmed:
         return None
     counters = runner.counters
