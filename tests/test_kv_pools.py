@@ -10,7 +10,7 @@ import torch
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import forward_module
-from sidecar.runtime.pools import give_back, pools_of, release_free, take
+from sidecar.runtime.pools import MAX_FREE_SHAPES, give_back, pools_of, release_free, take
 from tests.decoding import random_prompts
 
 
@@ -86,3 +86,16 @@ def test_a_lent_cache_is_never_lent_twice():
     give_back(pair.target, a)
     assert list(pools_of(pair.target).free.values()) == [b]
     assert release_free(pair.target) == b.nbytes() and not pools_of(pair.target).free
+
+
+def test_free_caches_are_bounded_and_kept_apart_by_inference_mode():
+    pair = tiny_pair(layers=1)
+    model = pair.target
+    caches = [take(model, 1, 64 * (k + 1)) for k in range(MAX_FREE_SHAPES + 1)]
+    for cache in caches:
+        give_back(model, cache)
+    assert list(pools_of(model).free.values()) == caches[1:], "the least recently given back goes first"
+    with torch.inference_mode():
+        made_in_inference = take(model, 1, 128)
+    assert made_in_inference is not caches[1] and made_in_inference.keys[0].is_inference()
+    assert take(model, 1, 128) is caches[1]  # outside inference mode: the cache whose tensors it may write
