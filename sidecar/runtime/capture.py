@@ -12,7 +12,9 @@ Modes (``SIDECAR_CAPTURE``, the ``capture`` argument of ``SpeculativeDecoder`` a
   CUDA graph and replays it: one launch per forward instead of several per layer. CUDA only.
 * ``hf``: Hugging Face's own forward (the reference, and the path for architectures our stack lacks).
 
-Prefill forwards run eager in every mode: their widths are the prompts', not a step's.
+Prefill forwards run eager in every mode: their widths are the prompts', not a step's. Compiled and captured
+forwards keep their buffers from batch to batch (``sidecar.runtime.pools``) and can compile every bucket before
+a batch runs (``sidecar.runtime.warmup``).
 """
 
 from __future__ import annotations
