@@ -52,13 +52,13 @@ from sidecar.decoding.rows import (
     DraftOnlyRow,
     DraftRow,
     GenerationOutput,
-    GenerationStats,
     HandoffCallback,
     LiveRow,
     MainRow,
     TokenCallback,
 )
 from sidecar.decoding.sampling import RowSampling
+from sidecar.decoding.stats import GenerationStats
 from sidecar.decoding.step import StepResult, StepRunner, align_vocab, constrain
 from sidecar.decoding.stops import TokenStops
 from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord, StepRecord
