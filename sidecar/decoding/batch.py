@@ -12,7 +12,8 @@ One step, ``SlotBatch.step``: compact → admit → choose → step → record �
 - *admit*: waiting main rows are prefilled into free slots in place (the target, then the draft with its
   hidden spans) and choose their first tokens: SGLang's prefill-then-merge, with the merge free because
   the slots are already the batch's. Waiting draft-only rows join from a snapshot (their feed rides in the
-  next draft forward) or are prefilled from a prompt.
+  next draft forward) or are prefilled from a prompt. A first token is chosen by ``_first_tokens`` (main and
+  draft-only rows alike) and committed by ``_commit``, as a step's tokens are.
 - *choose*: the ``StepPlan``: width and draft source for the main rows, feeds for the draft rows.
 - *step*: ``StepRunner.run``: the draft forwards, the target forward, the one read.
 - *record*: tokens committed (cut at end of turn, a stop string or the limit), streamed, logprobs, stats
@@ -36,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import torch
@@ -129,6 +131,15 @@ def check_row(pair: ModelPair, gamma: int, row: DecodeRow, index: object) -> Non
                              f"the model context of {limit} tokens; shorten the document")
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InputError(f"row {index}: {name} has token ids outside the vocabulary (0..{vocab - 1})")
+
+
+@dataclass(frozen=True)
+class FirstTokens:
+    """An admitted group's first tokens: on the device [B], read [B], and the logits [B, V] they came from."""
+
+    ids: torch.Tensor
+    tokens: list[int]
+    logits: torch.Tensor
 
 
 class SlotBatch:
@@ -371,7 +382,7 @@ class SlotBatch:
         return timing
 
     def _admit_main(self, rows: list[MainRow]) -> None:
-        pair, device, gamma = self.pair, self.device, self.planner.gamma
+        pair, gamma = self.pair, self.planner.gamma
         started = time.perf_counter()
         requests = [r.request for r in rows]
         self.target_pool = self._pool(self.target_pool, pair.target, self.max_batch, max(
@@ -386,12 +397,8 @@ class SlotBatch:
                        self.prefill_plans["target"].budget(),
                        on_rows=lambda k: self.progress(TARGET_PREFILL, self.admitted + k, expected),
                        time_forward=self._prefill_timing("target", rows))
-        first_logits = logits_at(pair.target, last, torch.zeros(len(rows), 1, dtype=torch.long, device=device))[:, 0]
-        constrain(first_logits, [r.matcher for r in rows])
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
-        first = sampling.choose(first_logits)
-        first_tokens = first.tolist()  # the admission's one read: it also completes the target's prefill
-        self.ledger.collect()
+        # the admission's one read also completes the target's prefill
+        first = self._first_tokens(rows, logits_at(pair.target, last, self._last_column(len(rows)))[:, 0])
 
         # the draft's prefill is skipped when these rows would decode plainly (a sidecar or a seed needs it)
         draft_prompts = [q.draft_prompt or q.target_prompt for q in requests]
@@ -420,10 +427,10 @@ class SlotBatch:
             r.logprobs = None if r.top_logprobs is None else []
             r.decoding_from = now
         self.target_rows += rows
-        self.pending_ids = torch.cat([self.pending_ids, first])
+        self.pending_ids = torch.cat([self.pending_ids, first.ids])
         self.admitted += len(rows)
         self.admitted_tokens += sum(q.max_new_tokens for q in requests)
-        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, first_logits[:, None], first[:, None]))
+        self._commit_first(rows, first)
         self._progress_decode()
 
     def _admit_snapshots(self, rows: list[DraftOnlyRow]) -> None:
@@ -444,7 +451,6 @@ class SlotBatch:
     def _admit_prompts(self, rows: list[DraftOnlyRow]) -> None:
         """Draft-only rows from a whole prompt (a standalone tagger's): prefilled into free draft slots,
         each choosing its first token."""
-        device = self.device
         columns = max(row_columns(len(r.feed), r.max_new_tokens, self.planner.gamma) for r in rows)
         self.draft_pool = self._pool(self.draft_pool, self.pair.draft, self.max_batch + self.max_draft_rows, columns)
         started = time.perf_counter()
@@ -452,13 +458,8 @@ class SlotBatch:
             r.admitted = started
         last = prefill(self.pair.draft, self.draft_pool.admit(len(rows)), [r.feed for r in rows],
                        self.prefill_plans["draft"].budget(), time_forward=self._prefill_timing("draft", rows))
-        logits = align_vocab(logits_at(self.pair.draft, last, torch.zeros(len(rows), 1, dtype=torch.long,
-                                                                          device=device))[:, 0], self.target_vocab)
-        constrain(logits, [r.matcher for r in rows])
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
-        first = sampling.choose(logits)
-        first_tokens = first.tolist()  # the admission's one read
-        self.ledger.collect()
+        logits = logits_at(self.pair.draft, last, self._last_column(len(rows)))[:, 0]
+        first = self._first_tokens(rows, align_vocab(logits, self.target_vocab))
         live = self.draft_only_rows + len(rows)
         now = time.perf_counter()
         for r in rows:
@@ -467,7 +468,25 @@ class SlotBatch:
             r.decoding_from = now
             r.feed = []
         self.draft_rows += rows
-        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, logits[:, None], first[:, None]))
+        self._commit_first(rows, first)
+
+    def _last_column(self, rows: int) -> torch.Tensor:
+        """Index [B, 1] of a prefill's last column: ``prefill`` returns each row's last hidden state alone."""
+        return torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+
+    def _first_tokens(self, rows: Sequence[LiveRow], logits: torch.Tensor) -> FirstTokens:
+        """Admitted ``rows``' first tokens from their prefill's last logits [B, V], within each row's constraint
+        and by its sampling: the admission's one read."""
+        constrain(logits, [r.matcher for r in rows])
+        ids = RowSampling.of(rows, self.device).choose(logits)
+        tokens = ids.tolist()
+        self.ledger.collect()
+        return FirstTokens(ids, tokens, logits)
+
+    def _commit_first(self, rows: Sequence[LiveRow], first: FirstTokens) -> None:
+        """Commit the first tokens as a step's are (``_commit``), once the rows' stats exist."""
+        self._commit(rows, [[t] for t in first.tokens], self._logprobs(rows, first.logits[:, None],
+                                                                       first.ids[:, None]))
 
     # -- choose --
 

@@ -165,8 +165,7 @@ class StepRunner:
         matchers = [r.matcher if o else None for o, r in zip(only, rows, strict=True)]
         constrained = [b for b, m in enumerate(matchers) if m is not None]
         constrained_ids = to_device(constrained, device) if constrained else None
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         only_mask = to_device(only, device, torch.bool) if any(only) and not sampling.all_greedy else None
         drafting_mask = to_device(drafting, device, torch.bool) if plan.stop_early and any(drafting) else None
         keep_logits = any(o and r.top_logprobs is not None for o, r in zip(only, rows, strict=True))
@@ -256,8 +255,7 @@ class StepRunner:
         device, batch = self.pair.device, len(rows)
         caps = [min(cap, width) for cap in plan.caps]
         cap_ids = None if all(cap == width for cap in caps) else to_device(caps, device)
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         charges = [Charge(r.account, "decode", width + 1, "main") for r in rows]
         context = int(cache.lengths.sum()) + batch * (width + 1)
         with self.ledger.forward("target", "decode", batch, charges, batch * (width + 1), context,
@@ -281,8 +279,7 @@ class StepRunner:
                pending_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One target-only step: (next tokens [B_t], the target's logits [B_t, 1, V])."""
         device, batch = self.pair.device, len(rows)
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         charges = [Charge(r.account, "decode", 1, "main") for r in rows]
         with self.ledger.forward("target", "decode", batch, charges, batch, int(cache.lengths.sum()) + batch,
                                  also=self.controller.forward_cost("target", batch)):
