@@ -664,7 +664,7 @@ class Database:
                           {"run": run_id})
         return {row["task"]: row["lists"] for row in rows}
 
-    def task_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
+    def judge_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
         """Per document of the run's ``results`` (every mode written), by document: ``doc_id``, ``summary`` (the
         main output) and ``task``'s parsed ``sidecar`` and ``standalone`` outputs (JSON values; None where the
         mode has no output of the task or it did not parse)."""
