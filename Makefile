@@ -59,7 +59,8 @@ postgres:
 	fi
 
 # pytest processes (pytest-xdist): most tests use one core (the tiny pair on one torch thread); a module's
-# tests stay in one process, so its fixtures (a Prefect server, a loaded pair) are made once
+# tests stay in one process, so its fixtures (a Prefect server, a loaded pair) are made once; the longest
+# modules are handed out first (tests/conftest.py, module_rank)
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

@@ -215,11 +215,11 @@ def main() -> None:
     one = engine.run([SidecarRequest(documents[0], sidecars=[HASHTAGS])], max_new_tokens=args.max_new_tokens)[0]
     alone = engine.standalone([one.main.text], [HASHTAGS], batch_size=1)[0]["hashtags"]
     tags = one.sidecars["hashtags"].stats
-    latency = {"sidecar_s": tags.seconds, "standalone_s": alone.stats.seconds,
-               "sidecar_s_per_token": tags.seconds / tags.new_tokens,
-               "standalone_s_per_token": alone.stats.seconds / alone.stats.new_tokens,
-               "sidecar_feed_tokens": one.sidecars["hashtags"].stats.feed_tokens,
-               "standalone_feed_tokens": alone.stats.feed_tokens,
+    latency = {"sidecar_s": tags.wall_seconds, "standalone_s": alone.stats.wall_seconds,
+               "sidecar_s_per_token": tags.wall_seconds / tags.new_tokens,
+               "standalone_s_per_token": alone.stats.wall_seconds / alone.stats.new_tokens,
+               "sidecar_feed_tokens": one.sidecars["hashtags"].stats.prefill_tokens,
+               "standalone_feed_tokens": alone.stats.prefill_tokens,
                "sidecar_tokens": one.sidecars["hashtags"].stats.new_tokens, "standalone_tokens": alone.stats.new_tokens}
 
     examples = [{"summary": r.main.text, "sidecar": r.sidecars["hashtags"].parsed,

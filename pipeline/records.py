@@ -31,7 +31,7 @@ def _task_records(outputs: Mapping[str, SidecarOutput]) -> list[SidecarRecord]:
 
 def _sidecar_phase(outputs: Mapping[str, SidecarOutput], ended_s: float | None) -> RequestStats:
     """The request's sidecar phase: all its tasks together."""
-    return replace(RequestStats.together([RequestStats.sidecar_phase(o.stats.as_dict()) for o in outputs.values()]),
+    return replace(RequestStats.together([RequestStats.sidecar_phase(o.stats) for o in outputs.values()]),
                    ended_s=ended_s)
 
 
@@ -42,7 +42,7 @@ def sidecar_record(doc: Document, mode: str, result: DocumentResult, batch_id: i
         doc_id=doc.doc_id, mode=mode, summary=main.text,
         sidecars=_task_records(result.sidecars), main_tokens=main.stats.new_tokens,
         finish_reason=main.finish_reason, batch_id=batch_id,
-        stats=[replace(RequestStats.main_phase(main.stats.as_dict()), ended_s=main_ended_s),
+        stats=[replace(RequestStats.main_phase(main.stats), ended_s=main_ended_s),
                _sidecar_phase(result.sidecars, sidecar_ended_s)],
     )
 

@@ -64,7 +64,7 @@ def _sidecar_json(output: SidecarOutput, task: SidecarTask | None, stop: tuple[s
     """A sidecar output as the API gives it: its text cut before its first stop string and parsed again then
     (the draft decodes a sidecar to its end of turn or limit: the tokens past a stop are counted in usage)."""
     # The draft decodes the sidecar alone (no speculation); its prompt is the reused context plus the fed tokens.
-    prompt = output.stats.context_tokens  # what it attends to: the same alone or batched
+    prompt = output.stats.prompt_tokens  # what it attends to: the same alone or batched
     text, parsed, error = output.text, output.parsed, output.parse_error
     finish = _FINISH_REASONS.get(output.finish_reason, output.finish_reason)
     cut = [text.find(s) for s in stop if s in text]

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sidecar.decoding.decoder import SpeculativeDecoder
-    from sidecar.decoding.rows import GenerationOutput, GenerationStats
+    from sidecar.decoding.rows import GenerationOutput
+    from sidecar.decoding.stats import GenerationStats
     from sidecar.errors import InputError, PairError
     from sidecar.models.loading import load_pair
     from sidecar.models.pair import ModelPair
@@ -27,7 +28,8 @@ _EXPORTS = {
     "sidecar.models.loading": ("load_pair",),
     "sidecar.models.pair": ("ModelPair",),
     "sidecar.tasks.prompts": ("DEFAULT_SYSTEM", "SUMMARIZE_INSTRUCTION"),
-    "sidecar.decoding.rows": ("GenerationOutput", "GenerationStats"),
+    "sidecar.decoding.rows": ("GenerationOutput",),
+    "sidecar.decoding.stats": ("GenerationStats",),
     "sidecar.decoding.decoder": ("SpeculativeDecoder",),
     "sidecar.tasks.task": ("HASHTAGS", "SidecarTask", "parse_hashtags"),
 }

@@ -665,9 +665,8 @@ class Database:
         return {row["task"]: row["lists"] for row in rows}
 
     def judge_outputs(self, run_id: str, task: str) -> list[dict[str, Any]]:
-        """What the judge compares for ``task``, per document of the run's ``results`` (every mode written), by
-        document: ``doc_id``, ``summary`` (the main output) and ``task``'s parsed ``sidecar`` and ``standalone``
-        outputs (JSON values; None where the
+        """Per document of the run's ``results`` (every mode written), by document: ``doc_id``, ``summary`` (the
+        main output) and ``task``'s parsed ``sidecar`` and ``standalone`` outputs (JSON values; None where the
         mode has no output of the task or it did not parse)."""
         rows = self.query(
             "SELECT r.doc_id, r.summary, s.parsed AS sidecar, t.parsed AS standalone FROM results AS r "

@@ -1,16 +1,17 @@
 """Plain records passed between the flows, the Parquet reader and :class:`storage.Database`.
 
 They carry no engine types, so ``storage`` never imports torch; the constructors ``main_phase`` and
-``sidecar_phase`` take the engine's ``stats.as_dict()`` mappings. Their fields are the columns of the
-tables that store them; ``storage.tables`` derives the Arrow schemas from the annotations.
+``sidecar_phase`` read the engine's record of a row's counters by attribute (``RowCounters``). Their fields
+are the columns of the tables that store them; ``storage.tables`` derives the Arrow schemas from the
+annotations.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from vocab.modes import MODES, Mode
 from vocab.numbers import finite, logprob
@@ -59,6 +60,33 @@ class RejectedDocument:
     text: str | None = None
 
 
+class RowCounters(Protocol):
+    """A row's counters as the engine keeps them (``sidecar.decoding.stats.GenerationStats``, one record for main
+    and sidecar rows), read here by attribute without importing the engine."""
+
+    new_tokens: int
+    prompt_tokens: int
+    drafted: int
+    accepted: int
+    target_forwards: int
+    draft_forwards: int
+    prefill_seconds: float
+    decode_seconds: float
+    wall_seconds: float
+    queue_seconds: float
+    first_token_seconds: float
+    kv_bytes: int
+    batch_size: int
+    prefill_tokens: int
+    prefill_forwards: int
+    prefill_device_seconds: float
+    decode_tokens: int
+    decode_forwards: int
+    decode_device_seconds: float
+    instruction_tokens: int
+    instruction_device_seconds: float
+
+
 @dataclass(frozen=True)
 class RequestStats:
     """Counters of one phase of one request: its cost ledger and its latency, apart.
@@ -104,43 +132,41 @@ class RequestStats:
     first_token_s: float | None = None
 
     @classmethod
-    def main_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
-        """From ``GenerationStats.as_dict()`` of the target-exact main output; its own ``batch_size``
-        wins over the argument."""
+    def main_phase(cls, stats: RowCounters) -> RequestStats:
+        """From the engine's record of the target-exact main output."""
         return cls(
             phase="main",
-            new_tokens=int(stats["new_tokens"]),
-            drafted=int(stats.get("drafted", 0)),
-            accepted=int(stats.get("accepted", 0)),
-            target_forwards=int(stats.get("target_forwards", 0)),
-            draft_forwards=int(stats.get("draft_forwards", 0)),
-            prompt_tokens=stats.get("prompt_tokens"),
-            prefill_s=stats.get("prefill_seconds"),
-            decode_s=stats.get("decode_seconds"),
-            wall_s=stats.get("wall_seconds"),
-            batch_size=stats.get("batch_size", batch_size),
+            new_tokens=stats.new_tokens,
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            target_forwards=stats.target_forwards,
+            draft_forwards=stats.draft_forwards,
+            prompt_tokens=stats.prompt_tokens,
+            prefill_s=stats.prefill_seconds,
+            decode_s=stats.decode_seconds,
+            wall_s=stats.wall_seconds,
+            batch_size=stats.batch_size,
             **_ledger(stats),
         )
 
     @classmethod
-    def sidecar_phase(cls, stats: Mapping[str, Any], batch_size: int | None = None) -> RequestStats:
-        """From ``SidecarStats.as_dict()``: the draft model alone, one forward per new token. The tokens
-        fed before decoding (``feed_tokens``) count as the prompt; a non-zero ``batch_size`` in the
-        stats wins over the argument."""
-        new_tokens = int(stats["new_tokens"])
+    def sidecar_phase(cls, stats: RowCounters) -> RequestStats:
+        """From the engine's record of a sidecar task's (or a standalone tagger's) output: the draft model alone,
+        one forward per new token. The tokens fed before decoding (the ledger's ``prefill_tokens``) count as
+        the prompt."""
         return cls(
             phase="sidecar",
-            new_tokens=new_tokens,
-            draft_forwards=int(stats.get("draft_forwards", new_tokens)),
-            prompt_tokens=stats.get("feed_tokens"),
-            prefill_s=stats.get("feed_seconds"),
-            decode_s=stats.get("decode_seconds", stats.get("seconds")),
-            wall_s=stats.get("seconds"),
-            kv_bytes=stats.get("kv_bytes"),
-            batch_size=stats.get("batch_size") or batch_size,
+            new_tokens=stats.new_tokens,
+            draft_forwards=stats.draft_forwards,
+            prompt_tokens=stats.prefill_tokens,
+            prefill_s=stats.prefill_seconds,
+            decode_s=stats.decode_seconds,
+            wall_s=stats.wall_seconds,
+            kv_bytes=stats.kv_bytes,
+            batch_size=stats.batch_size,
             **_ledger(stats),
-            instruction_tokens=_count(stats.get("instruction_tokens")),
-            instruction_device_s=_seconds(stats.get("instruction_device_seconds")),
+            instruction_tokens=stats.instruction_tokens,
+            instruction_device_s=stats.instruction_device_seconds,
         )
 
     @classmethod
@@ -177,26 +203,17 @@ _LATEST = frozenset({"prefill_s", "decode_s", "wall_s", "batch_size", "ended_s"}
 _EARLIEST = frozenset({"queue_s", "first_token_s"})
 
 
-def _count(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _seconds(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _ledger(stats: Mapping[str, Any]) -> dict[str, Any]:
-    """The ledger and latency keys both stats dicts share, as ``RequestStats`` fields; an engine without the
-    ledger has none of them, and its rows keep None."""
+def _ledger(stats: RowCounters) -> dict[str, Any]:
+    """The ledger's and the latency's fields both phases share."""
     return {
-        "prefill_tokens": _count(stats.get("prefill_tokens")),
-        "prefill_forwards": _count(stats.get("prefill_forwards")),
-        "prefill_device_s": _seconds(stats.get("prefill_device_seconds")),
-        "decode_tokens": _count(stats.get("decode_tokens")),
-        "decode_forwards": _count(stats.get("decode_forwards")),
-        "decode_device_s": _seconds(stats.get("decode_device_seconds")),
-        "queue_s": _seconds(stats.get("queue_seconds")),
-        "first_token_s": _seconds(stats.get("first_token_seconds")),
+        "prefill_tokens": stats.prefill_tokens,
+        "prefill_forwards": stats.prefill_forwards,
+        "prefill_device_s": stats.prefill_device_seconds,
+        "decode_tokens": stats.decode_tokens,
+        "decode_forwards": stats.decode_forwards,
+        "decode_device_s": stats.decode_device_seconds,
+        "queue_s": stats.queue_seconds,
+        "first_token_s": stats.first_token_seconds,
     }
 
 

@@ -19,18 +19,19 @@ def record(doc_id: str, mode: str, summary: str = "A summary.", batch_id: int = 
     phase a tenth of that (a tenth of which is its instruction line)."""
     ledger: dict[str, float] = {}
     if device_s is not None:
-        ledger = {"prefill_tokens": 50, "prefill_forwards": 1, "prefill_device_seconds": device_s / 5,
-                  "decode_tokens": tokens, "decode_forwards": tokens, "decode_device_seconds": device_s * 4 / 5,
-                  "queue_seconds": 0.0, "first_token_seconds": wall_s / tokens}
-    stats = [RequestStats.main_phase({"new_tokens": tokens, "drafted": 12, "accepted": 9, "target_forwards": 4,
-                                      "wall_seconds": wall_s, "batch_size": 2} | ledger)]
+        ledger = {"prefill_tokens": 50, "prefill_forwards": 1, "prefill_device_s": device_s / 5,
+                  "decode_tokens": tokens, "decode_forwards": tokens, "decode_device_s": device_s * 4 / 5,
+                  "queue_s": 0.0, "first_token_s": wall_s / tokens}
+    stats = [RequestStats("main", new_tokens=tokens, drafted=12, accepted=9, target_forwards=4, wall_s=wall_s,
+                          batch_size=2, **ledger)]
     if mode != "standalone":
         tagging = {}
         if device_s is not None:
-            tagging = {"prefill_tokens": 3, "prefill_forwards": 1, "prefill_device_seconds": device_s / 50,
-                       "decode_tokens": 5, "decode_forwards": 5, "decode_device_seconds": device_s * 7 / 100,
-                       "instruction_tokens": 25, "instruction_device_seconds": device_s / 100}
-        stats.append(RequestStats.sidecar_phase({"new_tokens": 5, "seconds": 0.5, "kv_bytes": 3_000_000} | tagging))
+            tagging = {"prefill_tokens": 3, "prefill_forwards": 1, "prefill_device_s": device_s / 50,
+                       "decode_tokens": 5, "decode_forwards": 5, "decode_device_s": device_s * 7 / 100,
+                       "instruction_tokens": 25, "instruction_device_s": device_s / 100}
+        stats.append(RequestStats("sidecar", new_tokens=5, draft_forwards=5, decode_s=0.5, wall_s=0.5,
+                                  kv_bytes=3_000_000, **tagging))
     return OutputRecord(doc_id=doc_id, mode=mode, summary=summary,
                         sidecars=[SidecarRecord.of("hashtags", "#a #b", ["#a", "#b"], finish_reason="eos")],
                         main_tokens=None if mode == "standalone" else tokens, finish_reason="eos",

@@ -14,8 +14,7 @@ from urllib.request import url2pathname
 import pytest
 from transformers import Qwen2Config
 
-from sidecar.decoding.rows import GenerationStats
-from sidecar.tasks.rows import SidecarStats
+from sidecar.decoding.stats import GenerationStats
 from storage import Database, Document
 from storage.records import CostRecord, OutputRecord, RequestStats, SidecarRecord
 from study.cost import (
@@ -412,8 +411,8 @@ def test_a_gpu_measured_in_one_mode_only_is_named_as_not_compared(tmp_path: Path
 
 
 def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
-    """A database holding one run of two documents, stored as the engine writes them (its stats dicts with the
-    device-time ledger): as a sidecar in a stream of batch 2 whose sidecar rows ran beside main rows of later
+    """A database holding one run of two documents, stored as the engine writes them (its stats records with
+    the device-time ledger): as a sidecar in a stream of batch 2 whose sidecar rows ran beside main rows of later
     requests, finishing 30 and 34 s into the stream; and by a standalone tagger in a batch of its own."""
     db = Database(path)
     db.start_run("run-1", {}, pair=pair, device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
@@ -429,17 +428,17 @@ def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
         tags, decode_wall = (16, 0.3) if doc == "d1" else (12, 0.25)
         if mode == "sidecar":
             # the sidecar feeds 3 tokens and is charged its 25 instruction tokens' share of the main draft prefill
-            tagging = SidecarStats(new_tokens=tags, feed_tokens=3, feed_seconds=0.01, decode_seconds=decode_wall,
-                                   seconds=decode_wall + 0.01, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
-                3, 0.004, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=25, instruction_device_seconds=0.006)
+            tagging = GenerationStats(new_tokens=tags, prefill_seconds=0.01, decode_seconds=decode_wall,
+                                      wall_seconds=decode_wall + 0.01, kv_bytes=4_000_000, batch_size=2, **ledger(
+                3, 0.004, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=25, instruction_device_seconds=0.006))
             main = GenerationStats(prompt_tokens=500, new_tokens=64, drafted=80, accepted=accepted, target_forwards=20,
-                                   wall_seconds=2.0, batch_size=2).as_dict() | ledger(525, 0.2, 64, 1.0)
+                                   wall_seconds=2.0, batch_size=2, **ledger(525, 0.2, 64, 1.0))
             stats = [replace(RequestStats.main_phase(main), ended_s=2.0 if doc == "d1" else 6.0),
                      replace(RequestStats.sidecar_phase(tagging), ended_s=30.0 if doc == "d1" else 34.0)]
         else:
-            tagging = SidecarStats(new_tokens=tags, feed_tokens=90, feed_seconds=0.1, decode_seconds=decode_wall + 0.1,
-                                   seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2).as_dict() | ledger(
-                90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0)
+            tagging = GenerationStats(new_tokens=tags, prefill_seconds=0.1, decode_seconds=decode_wall + 0.1,
+                                      wall_seconds=decode_wall + 0.2, kv_bytes=4_000_000, batch_size=2, **ledger(
+                90, 0.06, tags, 0.15 if doc == "d1" else 0.13, instruction_tokens=0, instruction_device_seconds=0.0))
             stats = [replace(RequestStats.sidecar_phase(tagging), ended_s=0.5 if doc == "d1" else 0.45)]
         return OutputRecord(doc_id=doc, mode=mode, summary="s", sidecars=[SidecarRecord.of("hashtags", "#a", ["#a"])],
                             batch_id=0 if mode == "sidecar" else 1, stats=stats)  # fmt: skip

@@ -5,10 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest, SidecarTask, SpeculativeDecoder, parse_hashtags
+from sidecar import (
+    HASHTAGS,
+    GenerationStats,
+    InputError,
+    SidecarEngine,
+    SidecarRequest,
+    SidecarStats,
+    SidecarTask,
+    SpeculativeDecoder,
+    parse_hashtags,
+)
 from sidecar.runtime.forward import forward, logits_at
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, build_prompt
+from storage import RequestStats
 
 DOCS = [
     "The city council approved a new budget on Tuesday after a long debate about schools and roads.",
@@ -117,8 +128,22 @@ def test_evicted_document_costs_fewer_kv_bytes(tiny):
     evicted, attended = result.sidecars["hashtags"].stats, result.sidecars["hashtags_attended"].stats
     assert not evicted.attended_document and attended.attended_document
     document_tokens = len(tiny.tokenizer.encode(DOCS[1] * 4))
-    assert attended.context_tokens - evicted.context_tokens == document_tokens
+    assert attended.prompt_tokens - evicted.prompt_tokens == document_tokens
     assert evicted.kv_bytes < attended.kv_bytes
+
+
+def test_main_and_sidecar_outputs_carry_one_stats_record_that_storage_reads(tiny):
+    """A row's counters are one record from the batch to the stored phases: the main output's and each sidecar
+    output's (the server's usage reads both), which ``storage.RequestStats`` takes by attribute."""
+    result = SidecarEngine(tiny, gamma=3).run([SidecarRequest(DOCS[0], sidecars=[HASHTAGS])], max_new_tokens=6)[0]
+    main, tags = result.main.stats, result.sidecars["hashtags"].stats
+    assert type(main) is type(tags) is GenerationStats
+    assert SidecarStats is GenerationStats  # the public name of the sidecar's stats is the same class
+    main_phase, sidecar_phase = RequestStats.main_phase(main), RequestStats.sidecar_phase(tags)
+    assert (main_phase.new_tokens, main_phase.prompt_tokens) == (len(result.main.token_ids), main.prompt_tokens)
+    assert (sidecar_phase.new_tokens, sidecar_phase.prompt_tokens, sidecar_phase.instruction_tokens) == (
+        len(result.sidecars["hashtags"].token_ids), tags.prefill_tokens, tags.instruction_tokens)
+    assert tags.instruction_tokens > 0 and sidecar_phase.wall_s == tags.wall_seconds
 
 
 def _main_phase_cache(pair, prompt, main_tokens):
@@ -214,7 +239,7 @@ def test_a_task_without_a_bridge_answers_in_a_turn_of_its_own(tiny):
     blank = TITLE.model_copy(update={"bridge": "\n\n"})
     [own, inline] = [engine.run([SidecarRequest(DOCS[0], sidecars=[task])], max_new_tokens=8)[0].sidecars["title"]
                      for task in (TITLE, blank)]
-    assert own.stats.context_tokens - inline.stats.context_tokens == len(turn) - len(tok.encode("\n\n"))
+    assert own.stats.prompt_tokens - inline.stats.prompt_tokens == len(turn) - len(tok.encode("\n\n"))
 
 
 def test_standalone_tagger_sees_only_the_summary(tiny):
@@ -226,7 +251,7 @@ def test_standalone_tagger_sees_only_the_summary(tiny):
         alone = engine.standalone([summary], [HASHTAGS], batch_size=1)[0]["hashtags"]
         assert alone.token_ids == outputs["hashtags"].token_ids
         prompt = build_prompt(tiny.tokenizer, summary, HASHTAGS.standalone_instruction, DEFAULT_SYSTEM)
-        assert outputs["hashtags"].stats.context_tokens == len(prompt.token_ids)
+        assert outputs["hashtags"].stats.prompt_tokens == len(prompt.token_ids)
         assert tiny.tokenizer.decode(prompt.token_ids).count(summary) == 1
 
 

@@ -15,6 +15,7 @@ from typing import get_args, get_type_hints
 import duckdb
 import pytest
 
+from sidecar.decoding.stats import GenerationStats
 from storage import (
     CostRecord,
     Database,
@@ -450,7 +451,7 @@ def test_a_streamed_batch_takes_until_its_last_row_ended_not_its_longest_row(db:
 
 
 def ledger(tokens: int, prefill_s: float, decode_s: float, **extra: float) -> dict[str, float]:
-    """The ledger keys of an engine stats dict (``GenerationStats.as_dict()``, ``SidecarStats.as_dict()``)."""
+    """The ledger's and the latency's fields of the engine's stats record (``GenerationStats``)."""
     return {"prefill_tokens": 40, "prefill_forwards": 1, "prefill_device_seconds": prefill_s,
             "decode_tokens": tokens, "decode_forwards": tokens, "decode_device_seconds": decode_s,
             "queue_seconds": 0.5, "first_token_seconds": 1.0} | extra
@@ -462,12 +463,12 @@ def test_throughput_rates_divide_by_attributed_device_seconds_not_the_streams_cl
     # the stream's clock the sidecar phase ends at 9 s and 10 s; the ledger charged the sidecar rows 0.3 s and
     # 0.5 s of device time (prefill, decode and the instruction line), the main rows 2 s each.
     def sidecar(doc: str, tags: int, device: tuple[float, float, float], ended: float) -> OutputRecord:
-        main = RequestStats.main_phase({"new_tokens": 20, "wall_seconds": 4.0, "batch_size": 2}
-                                       | ledger(20, 0.5, 1.5))
-        tagging = RequestStats.sidecar_phase(
-            {"new_tokens": tags, "seconds": 2.0, "feed_tokens": 4, "batch_size": 2}
-            | ledger(tags, device[0], device[1], prefill_tokens=4, instruction_tokens=25,
-                     instruction_device_seconds=device[2]))
+        main = RequestStats.main_phase(GenerationStats(new_tokens=20, wall_seconds=4.0, batch_size=2,
+                                                       **ledger(20, 0.5, 1.5)))
+        tagging = RequestStats.sidecar_phase(GenerationStats(
+            new_tokens=tags, draft_forwards=tags, decode_seconds=2.0, wall_seconds=2.0, batch_size=2,
+            **ledger(tags, device[0], device[1], prefill_tokens=4, instruction_tokens=25,
+                     instruction_device_seconds=device[2])))
         return output(doc, "sidecar", ["#a"], 3, stats=[replace(main, ended_s=ended - 3),
                                                         replace(tagging, ended_s=ended)])
 
@@ -488,7 +489,7 @@ def test_throughput_rates_divide_by_attributed_device_seconds_not_the_streams_cl
 
     # a later request written by an engine without the ledger joins no rate: its tokens and seconds stay out
     db.write_batch("run-1", [output("d3", "sidecar", ["#a"], 4, stats=[
-        RequestStats.sidecar_phase({"new_tokens": 100, "seconds": 0.1, "batch_size": 2})])])
+        RequestStats("sidecar", new_tokens=100, draft_forwards=100, decode_s=0.1, wall_s=0.1, batch_size=2)])])
     [tagging] = db.query("SELECT * FROM throughput WHERE mode = 'sidecar' AND phase = 'sidecar'")
     assert (tagging["requests"], tagging["ledger_requests"], tagging["new_tokens"]) == (3, 2, 130)
     assert tagging["tokens_per_s"] == pytest.approx(30 / 0.8)
@@ -962,8 +963,9 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     start(db, modes=("sidecar", "sidecar_attended", "standalone"))
     db.record_documents("run-1", [Document("d1", "text", 0)], [RejectedDocument("row:1", "null", 1)])
     both_phases = [RequestStats("main", 12, drafted=16, accepted=10, target_forwards=4, wall_s=2.0),
-                   RequestStats.sidecar_phase({"new_tokens": 6, "seconds": 0.4, "kv_bytes": 3_700_000}
-                                              | ledger(6, 0.01, 0.1, instruction_device_seconds=0.005))]
+                   RequestStats.sidecar_phase(GenerationStats(
+                       new_tokens=6, draft_forwards=6, decode_seconds=0.4, wall_seconds=0.4, kv_bytes=3_700_000,
+                       **ledger(6, 0.01, 0.1, instruction_device_seconds=0.005)))]
     db.write_batch("run-1", [output("d1", "sidecar", ["#a"], stats=both_phases),
                              output("d1", "standalone", ["#b"], stats=both_phases[1:]),
                              output("d1", "sidecar_attended", ["#a", "#town"])])
@@ -985,44 +987,24 @@ def test_every_sql_example_in_the_readme_runs(db: Database) -> None:
     assert {r["device_ms_per_tag_token"] for r in db.query(cost_example)} == {round(115 / 6, 3)}
 
 
-def test_request_stats_read_the_engine_stats_dicts() -> None:
-    from sidecar.decoding.rows import GenerationStats
-    from sidecar.tasks.rows import SidecarStats
-
+def test_request_stats_read_the_engine_stats_record() -> None:
     main = RequestStats.main_phase(GenerationStats(
         prompt_tokens=400, new_tokens=64, drafted=80, accepted=58, target_forwards=20, draft_forwards=80,
-        prefill_seconds=0.2, decode_seconds=3.0, wall_seconds=3.2, batch_size=4).as_dict())
+        prefill_seconds=0.2, decode_seconds=3.0, wall_seconds=3.2, kv_bytes=9, batch_size=4))
     # the engine always keeps the ledger: a row it never charged carries zeros, not None
     ledger_zeros = dict.fromkeys(("prefill_tokens", "prefill_forwards", "decode_tokens", "decode_forwards"), 0) \
         | dict.fromkeys(("prefill_device_s", "decode_device_s", "queue_s", "first_token_s"), 0.0)
     assert main == RequestStats("main", new_tokens=64, drafted=80, accepted=58, target_forwards=20,
                                 draft_forwards=80, prompt_tokens=400, prefill_s=0.2, decode_s=3.0, wall_s=3.2,
-                                batch_size=4, **ledger_zeros)
-    tagging = RequestStats.sidecar_phase(SidecarStats(
-        new_tokens=12, feed_tokens=30, draft_forwards=13, feed_seconds=0.05, decode_seconds=0.5, seconds=0.55,
-        kv_bytes=3_700_000, batch_size=0).as_dict(), batch_size=8)
+                                batch_size=4, **ledger_zeros)  # no kv_bytes and no instruction line: a sidecar's
+    tagging = RequestStats.sidecar_phase(GenerationStats(
+        new_tokens=12, prompt_tokens=700, draft_forwards=13, prefill_seconds=0.05, decode_seconds=0.5,
+        wall_seconds=0.55, kv_bytes=3_700_000, batch_size=8, **ledger(12, 0.02, 0.3, prefill_tokens=30,
+                                                                       instruction_tokens=25,
+                                                                       instruction_device_seconds=0.01)))
+    # its prompt is what it was fed (the ledger's prefill tokens), not the context it attends to
     assert tagging == RequestStats("sidecar", new_tokens=12, draft_forwards=13, prompt_tokens=30, prefill_s=0.05,
-                                   decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8, **ledger_zeros,
-                                   instruction_tokens=0, instruction_device_s=0.0)
-
-
-def test_request_stats_read_the_ledger_keys_and_leave_them_none_where_an_engine_has_none() -> None:
-    from sidecar.decoding.rows import GenerationStats
-    from sidecar.tasks.rows import SidecarStats
-
-    keys = ledger(12, 0.02, 0.3)
-    main = RequestStats.main_phase(GenerationStats(new_tokens=12).as_dict() | keys)
-    assert (main.prefill_tokens, main.prefill_forwards, main.prefill_device_s) == (40, 1, 0.02)
-    assert (main.decode_tokens, main.decode_forwards, main.decode_device_s) == (12, 12, 0.3)
-    assert (main.queue_s, main.first_token_s) == (0.5, 1.0)
-    assert (main.instruction_tokens, main.instruction_device_s) == (None, None)  # a sidecar's line
-    tagging = RequestStats.sidecar_phase(SidecarStats(new_tokens=12).as_dict() | keys
-                                         | {"instruction_tokens": 25, "instruction_device_seconds": 0.01})
-    assert (tagging.instruction_tokens, tagging.instruction_device_s, tagging.decode_device_s) == (25, 0.01, 0.3)
-    # stats of an engine without the ledger: NULL in the table, never a made-up 0
-    for old in (RequestStats.main_phase({"new_tokens": 12, "prefill_seconds": 0.1, "wall_seconds": 1.0}),
-                RequestStats.sidecar_phase({"new_tokens": 12, "feed_seconds": 0.1, "seconds": 1.0})):
-        assert {getattr(old, name) for name in ("prefill_tokens", "prefill_forwards", "prefill_device_s",
-                                                "decode_tokens", "decode_forwards", "decode_device_s",
-                                                "instruction_tokens", "instruction_device_s", "queue_s",
-                                                "first_token_s")} == {None}
+                                   decode_s=0.5, wall_s=0.55, kv_bytes=3_700_000, batch_size=8, prefill_tokens=30,
+                                   prefill_forwards=1, prefill_device_s=0.02, decode_tokens=12, decode_forwards=12,
+                                   decode_device_s=0.3, queue_s=0.5, first_token_s=1.0, instruction_tokens=25,
+                                   instruction_device_s=0.01)

@@ -60,3 +60,16 @@ def test_make_test_fast_deselects_the_tests_that_start_servers(pytestconfig: pyt
     assert any(line.startswith("servers:") for line in pytestconfig.getini("markers"))
     fast = re.search(r"^test-fast:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1)
     assert '-m "not real and not slow and not servers"' in fast
+
+
+@pytest.mark.servers
+def test_the_real_pairs_modules_run_first_then_the_wholly_slow_ones(tmp_path: Path) -> None:
+    # pytest-xdist hands modules out in this order: one as long as the real pair's handed out late is the tail
+    modules = ["tests/test_shard_plan.py", "tests/test_sharded_nightly.py", "tests/test_real_pair.py",
+               "tests/test_capture.py"]  # test_capture.py: some of its tests are slow, not all
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *modules],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-2000:]
+    order = list(dict.fromkeys(line.split("::")[0] for line in ran.stdout.splitlines() if "::" in line))
+    assert order == ["tests/test_real_pair.py", "tests/test_sharded_nightly.py", "tests/test_shard_plan.py",
+                     "tests/test_capture.py"]

@@ -15,8 +15,8 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   those of the warm-up), ``--max-new-tokens`` tokens each; tokens/s of the decode phase (prefill excluded, as
   in plain), its ratio to plain in the same mode, captured over eager at the same batch, and how many rows
   wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as a user makes
-  it: its KV caches are new, so in cudagraph mode each graph is captured again over their addresses within the
-  timed run (inductor re-records a graph whose static input moved), a cost the product pays per batch;
+  it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in cudagraph mode the
+  timed runs replay the graphs the warm-up captured over their addresses;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), distinct shapes and
   compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still holds once its decoder
   is gone and the allocator's free blocks are returned: ``torch.cuda.memory_allocated`` and ``memory_reserved``
@@ -44,6 +44,7 @@ from sidecar.models.pair import ModelPair
 from sidecar.runtime.capture import runner_of
 from sidecar.runtime.forward import forward, logits_at, prefill
 from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.pools import release_free
 from sidecar.runtime.syncs import synchronize
 from study.cost.catalog import find_gpu, load_catalog
 from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
@@ -210,6 +211,7 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
     # what is still held once the decoder and its caches are gone and the allocator's free blocks are returned:
     # the graphs' pools and static buffers (eager: about nothing, the baseline)
     del decoder
+    release_free()  # the KV caches kept for the next batches are not the graphs'
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -6,6 +6,7 @@ import torch
 
 from bench.gpu_check.check import NO_CUDA, Check
 from bench.gpu_check.deadline import Deadline
+from sidecar.runtime.pools import release_free
 
 
 def memory(check: Check, deadline: Deadline) -> dict:
@@ -13,6 +14,7 @@ def memory(check: Check, deadline: Deadline) -> dict:
         return {"skipped": NO_CUDA}
     batch = max(int(b) for b in check.args.batches.split(","))
     prompts = check.prompts[:batch]
+    release_free()  # KV caches kept from earlier parts' batches are neither weights nor this run's
     weights = torch.cuda.memory_allocated(check.pair.device) / 2**30
     result = {"batch": batch, "max_new_tokens": check.args.max_new_tokens, "weights_gb": weights}
     for name, run in (("engine_static", lambda: check.timed_engine(prompts, batch)),
@@ -20,6 +22,7 @@ def memory(check: Check, deadline: Deadline) -> dict:
         if reason := deadline.skip_reason():
             result[name] = reason
             continue
+        release_free()  # each run's peak counts the KV caches it allocates, none kept from the run before
         try:
             result[f"{name}_peak_gb"] = run()["peak_gb"]
         except torch.cuda.OutOfMemoryError as exc:

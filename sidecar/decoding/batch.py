@@ -5,22 +5,26 @@ entry ``i`` of ``draft_rows`` is slot ``i`` of the draft pool. Main rows are in 
 the draft pool too while their draft holds their prompt; draft-only rows are in the draft pool alone (the
 terms are ``sidecar.decoding.plan``'s). Each pool keeps its live rows in its first slots.
 
-One step, ``SlotBatch.step``: compact → admit → choose → step → record → compact.
+One step, ``SlotBatch.step``: compact → admit → schedule → run → update → compact, in vLLM v1's parts.
 - *compact*: finished rows leave and their output goes back to the caller; a finished main row whose draft
   cache is handed on (``DecodeRow.keep_draft``) stays in the draft pool one more step to catch up with its
   output if it must, then goes to ``on_handoff``.
 - *admit*: waiting main rows are prefilled into free slots in place (the target, then the draft with its
   hidden spans) and choose their first tokens: SGLang's prefill-then-merge, with the merge free because
   the slots are already the batch's. Waiting draft-only rows join from a snapshot (their feed rides in the
-  next draft forward) or are prefilled from a prompt.
-- *choose*: the ``StepPlan``: width and draft source for the main rows, feeds for the draft rows.
-- *step*: ``StepRunner.run``: the draft forwards, the target forward, the one read.
-- *record*: tokens committed (cut at end of turn, a stop string or the limit), streamed, logprobs, stats
-  and the trace; the ledger has charged every forward to its rows.
+  next draft forward) or are prefilled from a prompt. A first token is chosen by ``_first_tokens`` (main and
+  draft-only rows alike) and committed by the update, as a step's tokens are.
+- *schedule*: ``StepPlanner.schedule`` (``sidecar.decoding.plan``): the frozen ``StepPlan``, complete: the rows
+  in slot order, width and draft source, per-row caps, copies and feeds, draft forwards, and the shapes (batch
+  and width buckets) the forwards take.
+- *run*: ``StepRunner.run`` (``sidecar.decoding.step``) executes the plan: the draft forwards, the target
+  forward, the one read; the ledger charges every forward to its rows.
+- *update*: ``StepUpdate.step`` (``sidecar.decoding.update``): tokens committed (cut at end of turn, a stop
+  string or the limit), streamed, logprobs, stats (one ``GenerationStats`` record per row) and the trace.
 
 A row with a constraint (``DecodeRow.constraint``, ``DraftRow.constraint``; docs/constraints.md) has a
 ``RowMatcher``: every token it chooses is chosen from logits masked by it (the admission's first token here,
-the step's in ``StepRunner``), and ``_commit`` brings the matcher level with the tokens the row keeps.
+the step's in ``StepRunner``), and ``StepUpdate.commit`` brings the matcher level with the tokens the row keeps.
 
 The "continuous" schedule admits before every step; "static" only into an empty batch: fixed batches that
 run until their last row (and its draft-only rows) finish, the schedule a continuous batch is measured against.
@@ -41,7 +45,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from sidecar.decoding.constraints import Constraint, token_space
-from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
+from sidecar.decoding.logprobs import MAX_TOP_LOGPROBS
 from sidecar.decoding.matcher import RowMatcher
 from sidecar.decoding.plan import StepPlan, StepPlanner
 from sidecar.decoding.randomness import draw_key
@@ -52,16 +56,17 @@ from sidecar.decoding.rows import (
     DraftOnlyRow,
     DraftRow,
     GenerationOutput,
-    GenerationStats,
     HandoffCallback,
     LiveRow,
     MainRow,
     TokenCallback,
 )
 from sidecar.decoding.sampling import RowSampling
-from sidecar.decoding.step import StepResult, StepRunner, align_vocab, constrain
+from sidecar.decoding.stats import GenerationStats
+from sidecar.decoding.step import StepRunner, align_vocab, constrain
 from sidecar.decoding.stops import TokenStops
-from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord, StepRecord
+from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord
+from sidecar.decoding.update import FirstTokens, StepUpdate
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
@@ -154,7 +159,7 @@ class SlotBatch:
         self.controller = planner.controller
         self.device = pair.device
         self.max_batch, self.max_draft_rows, self.schedule = max_batch, max_draft_rows, schedule
-        self.on_tokens, self.on_handoff, self.cancelled = on_tokens, on_handoff, cancelled
+        self.on_handoff, self.cancelled = on_handoff, cancelled
         self.progress = on_progress or (lambda phase, done, total: None)
         self.expected_rows, self.kv_budget_tokens = expected_rows, kv_budget_tokens
         self.eos = set(pair.eos_token_ids)
@@ -162,6 +167,7 @@ class SlotBatch:
         self.ledger = Ledger(self.controller.timer(self.device), keep=trace_keep)
         self.runner = StepRunner(pair, self.controller, self.ledger, planner.draft_confidence)
         self.trace = BatchTrace(max_batch, keep=trace_keep)
+        self.update = StepUpdate(self.eos, self.device, self.trace, on_tokens)
         self.target_pool: SlotPool | None = None
         self.draft_pool: SlotPool | None = None
         self.target_rows: list[MainRow] = []
@@ -234,11 +240,14 @@ class SlotBatch:
                 self.trace.mark_drain()
             finished += self._compact()  # rows that finished with their first token
             if self.target_rows or self.draft_rows:
-                plan = self._choose()
+                plan = self.planner.schedule(self.target_rows, self.draft_rows, self._feed, self.target_pool,
+                                             self.draft_pool)
                 self._fit_feeds(plan)
-                result = self.runner.run(plan, self.target_rows, self.draft_rows, self._active(self.target_pool),
-                                         self._active(self.draft_pool), self.pending_ids)
-                self._record(plan, result)
+                result = self.runner.run(plan, self._active(self.target_pool), self._active(self.draft_pool),
+                                         self.pending_ids)
+                self.pending_ids = result.next_ids
+                self.update.step(plan, result)
+                self._progress_decode()
                 finished += self._compact()
         return finished
 
@@ -371,7 +380,7 @@ class SlotBatch:
         return timing
 
     def _admit_main(self, rows: list[MainRow]) -> None:
-        pair, device, gamma = self.pair, self.device, self.planner.gamma
+        pair, gamma = self.pair, self.planner.gamma
         started = time.perf_counter()
         requests = [r.request for r in rows]
         self.target_pool = self._pool(self.target_pool, pair.target, self.max_batch, max(
@@ -386,12 +395,8 @@ class SlotBatch:
                        self.prefill_plans["target"].budget(),
                        on_rows=lambda k: self.progress(TARGET_PREFILL, self.admitted + k, expected),
                        time_forward=self._prefill_timing("target", rows))
-        first_logits = logits_at(pair.target, last, torch.zeros(len(rows), 1, dtype=torch.long, device=device))[:, 0]
-        constrain(first_logits, [r.matcher for r in rows])
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
-        first = sampling.choose(first_logits)
-        first_tokens = first.tolist()  # the admission's one read: it also completes the target's prefill
-        self.ledger.collect()
+        # the admission's one read also completes the target's prefill
+        first = self._first_tokens(rows, logits_at(pair.target, last, self._last_column(len(rows)))[:, 0])
 
         # the draft's prefill is skipped when these rows would decode plainly (a sidecar or a seed needs it)
         draft_prompts = [q.draft_prompt or q.target_prompt for q in requests]
@@ -420,10 +425,10 @@ class SlotBatch:
             r.logprobs = None if r.top_logprobs is None else []
             r.decoding_from = now
         self.target_rows += rows
-        self.pending_ids = torch.cat([self.pending_ids, first])
+        self.pending_ids = torch.cat([self.pending_ids, first.ids])
         self.admitted += len(rows)
         self.admitted_tokens += sum(q.max_new_tokens for q in requests)
-        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, first_logits[:, None], first[:, None]))
+        self.update.first(rows, first)
         self._progress_decode()
 
     def _admit_snapshots(self, rows: list[DraftOnlyRow]) -> None:
@@ -444,7 +449,6 @@ class SlotBatch:
     def _admit_prompts(self, rows: list[DraftOnlyRow]) -> None:
         """Draft-only rows from a whole prompt (a standalone tagger's): prefilled into free draft slots,
         each choosing its first token."""
-        device = self.device
         columns = max(row_columns(len(r.feed), r.max_new_tokens, self.planner.gamma) for r in rows)
         self.draft_pool = self._pool(self.draft_pool, self.pair.draft, self.max_batch + self.max_draft_rows, columns)
         started = time.perf_counter()
@@ -452,13 +456,8 @@ class SlotBatch:
             r.admitted = started
         last = prefill(self.pair.draft, self.draft_pool.admit(len(rows)), [r.feed for r in rows],
                        self.prefill_plans["draft"].budget(), time_forward=self._prefill_timing("draft", rows))
-        logits = align_vocab(logits_at(self.pair.draft, last, torch.zeros(len(rows), 1, dtype=torch.long,
-                                                                          device=device))[:, 0], self.target_vocab)
-        constrain(logits, [r.matcher for r in rows])
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [0] * len(rows), device)
-        first = sampling.choose(logits)
-        first_tokens = first.tolist()  # the admission's one read
-        self.ledger.collect()
+        logits = logits_at(self.pair.draft, last, self._last_column(len(rows)))[:, 0]
+        first = self._first_tokens(rows, align_vocab(logits, self.target_vocab))
         live = self.draft_only_rows + len(rows)
         now = time.perf_counter()
         for r in rows:
@@ -467,132 +466,32 @@ class SlotBatch:
             r.decoding_from = now
             r.feed = []
         self.draft_rows += rows
-        self._commit(rows, [[t] for t in first_tokens], self._logprobs(rows, logits[:, None], first[:, None]))
+        self.update.first(rows, first)
 
-    # -- choose --
+    def _last_column(self, rows: int) -> torch.Tensor:
+        """Index [B, 1] of a prefill's last column: ``prefill`` returns each row's last hidden state alone."""
+        return torch.zeros(rows, 1, dtype=torch.long, device=self.device)
 
-    def _choose(self) -> StepPlan:
-        riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in self.draft_rows)
-        if self.target_rows:
-            plan = self.planner.plan(self.target_rows, riders)
-        else:
-            plan = StepPlan(0, "draft", [], [], stop_early=False)
-        slot_of = {id(r): slot for slot, r in enumerate(self.draft_rows)}
-        plan.draft_slot = [slot_of.get(id(r), -1) for r in self.target_rows]
-        drafting = {id(r) for r, model in zip(self.target_rows, plan.model_rows, strict=True) if model}
-        plan.drafting = [id(r) in drafting for r in self.draft_rows]
-        forwards = plan.width if plan.source == "draft" and drafting else 0
-        plan.draft_forwards = forwards or int(riders > 0)
-        if plan.draft_forwards:
-            plan.feeds = [self._feed(slot, r) for slot, r in enumerate(self.draft_rows)]
-        return plan
+    def _first_tokens(self, rows: Sequence[LiveRow], logits: torch.Tensor) -> FirstTokens:
+        """Admitted ``rows``' first tokens from their prefill's last logits [B, V], within each row's constraint
+        and by its sampling: the admission's one read."""
+        constrain(logits, [r.matcher for r in rows])
+        ids = RowSampling.of(rows, self.device).choose(logits)
+        tokens = ids.tolist()
+        self.ledger.collect()
+        return FirstTokens(ids, tokens, logits)
+
+    # -- schedule --
 
     def _feed(self, slot: int, r: LiveRow) -> list[int]:
-        """What the first draft forward feeds draft row ``r`` in ``slot`` (``sidecar.decoding.plan``)."""
+        """What the first draft forward feeds draft row ``r`` in ``slot`` (``sidecar.decoding.plan``): the
+        scheduler asks it of every draft row."""
         if isinstance(r, DraftOnlyRow):
             return r.feed or [r.pending_token]
         if r.catching_up:
             prompt = len(r.request.draft_prompt or r.request.target_prompt)
             return self._main_tokens(r)[int(self.draft_pool.active.lengths[slot]) - prompt:]
         return [*r.backlog, r.pending_token]
-
-    # -- record --
-
-    def _record(self, plan: StepPlan, result: StepResult) -> None:
-        self.pending_ids = result.next_ids
-        width, forwards = result.width, result.draft_forwards
-        model_rows = plan.model_rows
-        appended = []
-        for t, r in enumerate(self.target_rows):
-            cap, accepted = min(plan.caps[t], width), result.accepted_counts[t]
-            drafted = result.drafted[t]
-            st = r.stats
-            st.target_forwards += 1
-            st.drafted += cap
-            st.accepted += accepted
-            if plan.copies[t] and cap:
-                st.lookup_drafted += cap
-                st.lookup_accepted += accepted
-            elif model_rows[t]:
-                st.draft_forwards += forwards
-            for k in range(cap):
-                st.drafted_per_position[k] += 1
-                st.accepted_per_position[k] += int(k < accepted)
-            if r.has_draft:  # what the draft cache lacks now, before the new pending token
-                if not forwards:
-                    r.backlog += [r.pending_token, *drafted[:accepted]]
-                elif model_rows[t]:
-                    r.backlog = [drafted[-1]] if accepted == forwards else []
-                else:
-                    r.backlog = drafted[:accepted]
-            appended.append([*drafted[:accepted], result.next_tokens[t]])
-        entries = None
-        if any(r.top_logprobs is not None for r in self.target_rows):
-            entries = self._logprobs(self.target_rows, result.target_logits, result.committed_ids)
-        self._commit(self.target_rows, appended, entries)
-
-        only = [(slot, r) for slot, r in enumerate(self.draft_rows) if isinstance(r, DraftOnlyRow)]
-        for _, r in only:
-            r.stats.draft_forwards += forwards
-            r.feed = []
-        if only:
-            rows = [r for _, r in only]
-            entries = None
-            if any(r.top_logprobs is not None for r in rows) and result.draft_logits:
-                index = to_device([slot for slot, _ in only], self.device)
-                logits = torch.stack(result.draft_logits, 1).index_select(0, index)
-                chosen = to_device([result.draft_tokens[slot] for slot, _ in only], self.device)
-                entries = self._logprobs(rows, logits, chosen)
-            self._commit(rows, [result.draft_tokens[slot] for slot, _ in only], entries)
-        feed = max(map(len, plan.feeds)) if plan.feeds and forwards else 0
-        riders = len(self.draft_rows) - sum(isinstance(r, MainRow) and r.finish is None for r in self.draft_rows)
-        self.trace.add(StepRecord(len(self.target_rows), width, forwards, feed, riders, plan.source))
-        self._progress_decode()
-
-    def _logprobs(self, rows: Sequence[LiveRow], logits: torch.Tensor,
-                  chosen: torch.Tensor) -> list[list[TokenLogprob]] | None:
-        wanted = [r.top_logprobs for r in rows if r.top_logprobs is not None]
-        if not wanted:
-            return None
-        entries = token_logprobs(logits, chosen, max(wanted))
-        # a row asking for fewer alternatives than the batch's most keeps its first ones
-        return [[TokenLogprob(e.token_id, e.logprob, e.top[: r.top_logprobs or 0]) for e in row_entries]
-                for r, row_entries in zip(rows, entries, strict=True)]
-
-    def _commit(self, rows: Sequence[LiveRow], appended: list[list[int]],
-                entries: list[list[TokenLogprob]] | None) -> None:
-        """Add each live row's committed tokens, cut at end of turn, a stop string or its token limit; with
-        ``entries`` (aligned with ``appended``) their logprobs go along."""
-        now = time.perf_counter()
-        for i, r in enumerate(rows):
-            if r.finish is not None:
-                continue
-            r.pending_token = appended[i][-1]
-            cut = appended[i][: r.remaining]
-            reason = "length" if len(cut) >= r.remaining else None
-            for k, token in enumerate(cut):
-                if token in self.eos:
-                    cut, reason = cut[: k + 1], "eos"
-                    break
-            if r.stops is not None and reason != "eos":
-                k = r.stops.first(cut)
-                if k is not None:
-                    cut, reason = cut[: k + 1], "stop"
-            if not r.tokens and cut:
-                r.stats.first_token_seconds = now - r.added
-            r.tokens.extend(cut)
-            r.finish = reason
-            if r.matcher is not None and reason is None:
-                # level with the kept tokens: a main row's committed ones, a draft-only row's last (its matcher
-                # took the others in the draft forwards). A cut row finishes, and its matcher is not asked again.
-                for token in r.tokens[len(r.matcher.tokens):]:
-                    r.matcher.accept(token)
-            cut_entries = None
-            if entries is not None and r.logprobs is not None:
-                cut_entries = entries[i][: len(cut)]
-                r.logprobs.extend(cut_entries)
-            if self.on_tokens is not None and cut:
-                self.on_tokens(r.key, cut, cut_entries)
 
     def _progress_decode(self) -> None:
         # a finished row's unused limit counts as done, so the phase ends at its total

@@ -28,6 +28,7 @@ from sidecar.progress import ProgressCallback
 from sidecar.runtime.capture import attach, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
+from sidecar.runtime.warmup import set_widths, warm_up
 
 
 def use_capture(pair: ModelPair, requested: str | None) -> None:
@@ -43,8 +44,10 @@ def use_capture(pair: ModelPair, requested: str | None) -> None:
 
 def capture_stats(pair: ModelPair) -> dict:
     """The pair's capture mode and why, with each model's counters (compiles, recompiles, graph breaks,
-    forwards, distinct decode shapes) since it was attached: for ``GET /stats`` and run reports."""
-    counters = {name: runner.counters.as_dict() for name, model in (("target", pair.target), ("draft", pair.draft))
+    forwards, distinct decode shapes, and each warm-up's compiles, seconds and graph bytes) since it was attached:
+    for ``GET /stats`` and run reports."""
+    counters = {name: {**runner.counters.as_dict(), "warm_ups": [w.as_dict() for w in runner.warm_ups]}
+                for name, model in (("target", pair.target), ("draft", pair.draft))
                 if (runner := runner_of(model)) is not None}
     return {"mode": pair.capture_mode, "reason": pair.capture_reason, "counters": counters}
 
@@ -65,6 +68,8 @@ class SpeculativeDecoder:
     ``capture`` (default: the pair's, asked at load or attached by an earlier decoder, else ``SIDECAR_CAPTURE``,
     else auto) is how forwards run: eager, compiled
     or captured as CUDA graphs over bucketed shapes, or Hugging Face's forward (``sidecar.runtime.capture``).
+    ``warm_up`` (default: in ``cudagraph`` mode) runs every batch bucket's decode forwards of a KV cache as soon
+    as it is allocated (``sidecar.runtime.warmup``); ``warm`` does it at load for a batch limit and row length.
 
     A row asking for ``top_logprobs`` gets each token's log-probability under the target and that many
     top alternatives (``sidecar.decoding.logprobs``), read from the logits the prefill, plain step or
@@ -72,7 +77,8 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
-                 draft_confidence: float | None = None, capture: str | None = None) -> None:
+                 draft_confidence: float | None = None, capture: str | None = None,
+                 warm_up: bool | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
         if draft_confidence is None:
@@ -81,6 +87,8 @@ class SpeculativeDecoder:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.pair = pair
         use_capture(pair, capture or pair.capture or pair.capture_mode or None)
+        set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
+        set_widths(pair.draft, {1, 2}, warm_up)
         self.gamma = gamma
         self.adaptive = adaptive
         self.controller = GammaController(gamma, adaptive)
@@ -96,6 +104,14 @@ class SpeculativeDecoder:
         self.planner.prompt_lookup = value
 
     # -- public API --
+
+    def warm(self, max_batch: int = 8, columns: int = 512, max_draft_rows: int = 0) -> dict[str, dict]:
+        """Compile (and in ``cudagraph`` mode record) every decode forward a batch of ``max_batch`` rows (and
+        ``max_draft_rows`` draft-only rows) needing ``columns`` KV columns a row will run, now: compiles,
+        seconds and graph bytes per model (empty where forwards are eager; a shape warmed before is skipped)."""
+        reports = {name: warm_up(model, rows, columns, name) for name, model, rows in (
+            ("target", self.pair.target, max_batch), ("draft", self.pair.draft, max_batch + max_draft_rows))}
+        return {name: report.as_dict() for name, report in reports.items() if report is not None}
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,

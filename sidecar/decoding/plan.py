@@ -1,4 +1,6 @@
-"""What one step does, decided before any forward runs: the ``StepPlan`` (as vLLM's ``SpecDecodeMetadata``).
+"""What one step does, decided before any forward runs: the ``StepPlan``, the scheduler's frozen output
+(vLLM v1's ``SchedulerOutput`` with its ``SpecDecodeMetadata``), which the runner (``sidecar.decoding.step``)
+executes and the update (``sidecar.decoding.update``) reads; nothing changes it after.
 
 Terms, per step:
 - *target rows*: the live main rows, in target-slot order. The step verifies ``width`` drafts for each
@@ -13,41 +15,45 @@ Terms, per step:
 - the first draft forward feeds each draft row its *feed*: for a main row, what its draft lacks (its
   backlog and pending token); for a catching-up row, the rest of its output; for a draft-only row, its
   pending token, or its join feed (a sidecar's bridge) on its first step.
+- *shapes*: the rows, padded batch and query width each forward takes (``ForwardShape``): capture's buckets
+  (``sidecar.runtime.capture.batch_bucket``/``width_bucket``) when the model's runner is static, the real
+  ones otherwise.
 
-``StepPlanner`` makes the target side of a plan: the controller's choice for the batch
-(``sidecar.decoding.controller``), prompt lookup's copies, and while a seeded sampled row is live a fixed
-rule row by row, so that its tokens depend on nothing but its own prompt and seed.
+``StepPlanner.choose`` makes the target side of a plan (``TargetChoice``): the controller's choice for the
+batch (``sidecar.decoding.controller``), prompt lookup's copies, and while a seeded sampled row is live a
+fixed rule row by row, so that its tokens depend on nothing but its own prompt and seed.
+``StepPlanner.schedule`` completes it with the draft side and the shapes into the ``StepPlan``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.decoding.controller import GammaController, Source
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
-from sidecar.decoding.rows import MainRow
+from sidecar.decoding.rows import LiveRow, MainRow
+from sidecar.runtime.capture import batch_bucket, runner_of, width_bucket
+
+if TYPE_CHECKING:
+    from sidecar.runtime.slots import SlotPool
 
 # Adaptive drafting stops once no row's latest draft token had at least this draft probability: the tokens
 # drafted after an unsure one are mostly rejected, and each costs a draft forward and a wider verify.
 DRAFT_CONFIDENCE = 0.8
 
 
-@dataclass
-class StepPlan:
-    """One step's metadata. Per target row: ``copies`` (tokens it copies; [] where its drafts come from the
-    draft model or it has none) and ``caps`` (how many drafts it may keep, <= ``width``). Per draft row:
-    ``feeds`` (the first draft forward's input), ``drafting`` (a main row whose proposals this step
-    verifies) and, for target row ``t``, ``draft_slot[t]`` (its draft row; -1: none)."""
+@dataclass(frozen=True)
+class TargetChoice:
+    """The target side of a step. Per target row: ``copies`` (tokens it copies; () where its drafts come from
+    the draft model or it has none) and ``caps`` (how many drafts it may keep, <= ``width``)."""
 
     width: int  # drafts per target row in the verify forward (0: a plain step)
     source: Source  # "draft" when the draft model proposes for some row, "lookup" when every drafting row copies
-    copies: list[list[int]]
-    caps: list[int]
+    copies: tuple[tuple[int, ...], ...]
+    caps: tuple[int, ...]
     stop_early: bool  # whether drafting may stop once no drafting row is confident
-    draft_forwards: int = 0  # at most: drafting may stop early
-    feeds: list[list[int]] | None = None
-    drafting: list[bool] | None = None
-    draft_slot: list[int] | None = None
 
     @property
     def model_rows(self) -> list[bool]:
@@ -55,8 +61,50 @@ class StepPlan:
         return [cap > 0 and not copy for cap, copy in zip(self.caps, self.copies, strict=True)]
 
 
+@dataclass(frozen=True)
+class ForwardShape:
+    """What one forward of the step takes: its real ``rows``, the ``batch`` they are padded up to, and its
+    query ``width`` (padded likewise)."""
+
+    rows: int
+    batch: int
+    width: int
+
+
+def forward_shape(pool: SlotPool, rows: int, width: int) -> ForwardShape:
+    """The shape of a decode forward of ``rows`` rows and ``width`` columns over ``pool``: capture's buckets
+    when its model's runner compiles (``StackRunner.static``), the real shape otherwise."""
+    runner = runner_of(pool.model)
+    if runner is None or not runner.static:
+        return ForwardShape(rows, rows, width)
+    return ForwardShape(rows, batch_bucket(rows, pool.max_batch), width_bucket(width))
+
+
+@dataclass(frozen=True)
+class StepPlan(TargetChoice):
+    """One step, complete: the target side (``TargetChoice``), the rows in slot order, and per draft row
+    ``feeds`` (the first draft forward's input; () without a draft forward) and ``drafting`` (a main row
+    whose proposals this step verifies); for target row ``t``, ``draft_slot[t]`` is its draft row (-1: none).
+    ``target_shape`` is the verify's (or the plain step's) at ``width`` (None: no target row; drafting that
+    stops early verifies fewer columns), ``draft_shape`` the first draft forward's (None: no draft forward;
+    the later ones are one column wide)."""
+
+    target_rows: tuple[MainRow, ...] = ()
+    draft_rows: tuple[LiveRow, ...] = ()
+    draft_forwards: int = 0  # at most: drafting may stop early
+    feeds: tuple[tuple[int, ...], ...] = ()
+    drafting: tuple[bool, ...] = ()
+    draft_slot: tuple[int, ...] = ()
+    target_shape: ForwardShape | None = None
+    draft_shape: ForwardShape | None = None
+
+
+# (draft slot, draft row) -> what the first draft forward feeds it
+FeedOf = Callable[[int, LiveRow], list[int]]
+
+
 class StepPlanner:
-    """Chooses each step's width and draft source for the target rows (see the module docstring)."""
+    """The scheduler: each step's ``StepPlan`` (see the module docstring)."""
 
     def __init__(self, controller: GammaController, gamma: int, prompt_lookup: bool = True,
                  draft_confidence: float = DRAFT_CONFIDENCE) -> None:
@@ -66,33 +114,56 @@ class StepPlanner:
         self.lookup_min_ngram = MIN_NGRAM
         self.draft_confidence = draft_confidence
 
-    def plan(self, rows: list[MainRow], riders: int = 0) -> StepPlan:
+    def schedule(self, target_rows: Sequence[MainRow], draft_rows: Sequence[LiveRow], feed: FeedOf,
+                 target_pool: SlotPool | None, draft_pool: SlotPool | None) -> StepPlan:
+        """The next step over the live rows, in slot order: the target side, then the draft side (which rows
+        draft, each draft row's feed, how many draft forwards), then the shapes of the forwards."""
+        riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in draft_rows)
+        choice = self.choose(target_rows, riders) if target_rows else TargetChoice(0, "draft", (), (), False)
+        slot_of = {id(r): slot for slot, r in enumerate(draft_rows)}
+        drafts = {id(r) for r, model in zip(target_rows, choice.model_rows, strict=True) if model}
+        forwards = (choice.width if choice.source == "draft" and drafts else 0) or int(riders > 0)
+        feeds = tuple(tuple(feed(slot, r)) for slot, r in enumerate(draft_rows)) if forwards else ()
+        target_shape = draft_shape = None
+        if target_rows:
+            assert target_pool is not None
+            target_shape = forward_shape(target_pool, len(target_rows), choice.width + 1)
+        if forwards:
+            assert draft_pool is not None
+            draft_shape = forward_shape(draft_pool, len(draft_rows), max(map(len, feeds)))
+        return StepPlan(choice.width, choice.source, choice.copies, choice.caps, choice.stop_early,
+                        target_rows=tuple(target_rows), draft_rows=tuple(draft_rows), draft_forwards=forwards,
+                        feeds=feeds, drafting=tuple(id(r) in drafts for r in draft_rows),
+                        draft_slot=tuple(slot_of.get(id(r), -1) for r in target_rows),
+                        target_shape=target_shape, draft_shape=draft_shape)
+
+    def choose(self, rows: Sequence[MainRow], riders: int = 0) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not
         main rows share the draft forwards (the controller prices them in)."""
         # the width shrinks only when every row is near its limit: one row's limit must not cost the others
         limit = min(self.gamma, max(max((r.remaining for r in rows), default=0) - 1, 0))
         has_draft = [r.has_draft for r in rows]
         if any(r.sampling.seeded for r in rows):
-            caps = [min(self.gamma, r.remaining - 1) if r.has_draft else 0 for r in rows]
-            copies = [c if cap and len(c) >= cap else [] for c, cap in zip(self._copies(rows, limit), caps,
-                                                                          strict=True)]
+            caps = tuple(min(self.gamma, r.remaining - 1) if r.has_draft else 0 for r in rows)
+            copies = tuple(c if cap and len(c) >= cap else () for c, cap in zip(self._copies(rows, limit), caps,
+                                                                               strict=True))
             model = any(cap and not c for cap, c in zip(caps, copies, strict=True))
-            return StepPlan(max(caps, default=0), "draft" if model else "lookup", copies, caps, stop_early=False)
+            return TargetChoice(max(caps, default=0), "draft" if model else "lookup", copies, caps, False)
         copied = self._copies(rows, limit)
         every_row_copies = bool(rows) and all(copied)
         max_lookup = min(map(len, copied)) if every_row_copies else 0
         width, source = self.controller.choose(len(rows), limit if any(has_draft) else 0, max_lookup, riders)
         if source == "lookup" and width:
-            return StepPlan(width, source, [c[:width] for c in copied], [width] * len(rows), stop_early=False)
-        return StepPlan(width, source, [[] for _ in rows], [width if d else 0 for d in has_draft],
-                        stop_early=self.draft_confidence > 0)
+            return TargetChoice(width, source, tuple(c[:width] for c in copied), (width,) * len(rows), False)
+        return TargetChoice(width, source, ((),) * len(rows), tuple(width if d else 0 for d in has_draft),
+                            stop_early=self.draft_confidence > 0)
 
-    def _copies(self, rows: list[MainRow], limit: int) -> list[list[int]]:
-        """Each live row's prompt-lookup continuation (up to ``limit`` tokens; [] where it has none)."""
+    def _copies(self, rows: Sequence[MainRow], limit: int) -> list[tuple[int, ...]]:
+        """Each live row's prompt-lookup continuation (up to ``limit`` tokens; () where it has none)."""
         if not self.prompt_lookup or limit == 0 or not rows:
-            return [[] for _ in rows]
-        copied = [lookup_continuation(r.request.target_prompt + r.tokens, limit, min_ngram=self.lookup_min_ngram)
-                  for r in rows]
+            return [() for _ in rows]
+        copied = [tuple(lookup_continuation(r.request.target_prompt + r.tokens, limit,
+                                            min_ngram=self.lookup_min_ngram)) for r in rows]
         # every row is looked up, not only up to the first without a copy: draft_pays prices the draft
         # against copying from how often a row has a copy
         self.controller.observe_copies(sum(map(bool, copied)), len(copied))

@@ -1,6 +1,6 @@
 """The rows of a decoding batch: what callers give (``DecodeRow``, ``DraftRow``), what they get back
-(``GenerationOutput`` with ``GenerationStats``), and what the batch keeps per live row (``MainRow``,
-``DraftOnlyRow``).
+(``GenerationOutput`` with its counters, ``sidecar.decoding.stats.GenerationStats``), and what the batch keeps
+per live row (``MainRow``, ``DraftOnlyRow``).
 
 Two kinds of row share a batch. A *main* row is decoded by speculation: the target verifies what the
 draft (or prompt lookup) proposes, so its output is the target's. A *draft-only* row is decoded by the
@@ -11,58 +11,21 @@ cache, or a standalone prompt. Each carries its own sampling, stop strings and l
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sidecar.decoding.constraints import Constraint
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.matcher import RowMatcher
 from sidecar.decoding.sampling import Sampling
+from sidecar.decoding.stats import GenerationStats
 from sidecar.decoding.stops import TokenStops
 from sidecar.runtime.kv_cache import RowKVCache, RowSnapshot
-from sidecar.runtime.ledger import Account, DeviceCost
+from sidecar.runtime.ledger import Account
 
 # (caller's key of the row, tokens just committed, their logprob entries when asked for, else None)
 TokenCallback = Callable[[Hashable, list[int], list[TokenLogprob] | None], None]
 # (caller's key of the row) -> whether nobody waits for the row any more; asked once per step, on the host
 CancelCheck = Callable[[Hashable], bool]
-
-
-@dataclass
-class GenerationStats(DeviceCost):
-    """A row's counters. Cost (the ``DeviceCost`` fields): the device-time ledger's account of the row
-    (``sidecar.runtime.ledger``), tokens it fed, forwards it was in and device seconds charged to it."""
-
-    prompt_tokens: int = 0  # tokens the row attends to when it writes its first token
-    new_tokens: int = 0
-    drafted: int = 0  # by the draft model and by prompt lookup
-    accepted: int = 0
-    lookup_drafted: int = 0
-    lookup_accepted: int = 0
-    target_forwards: int = 0  # the prefill counts as one: it yields the first token
-    draft_forwards: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    # Latency, on the host's wall clock: the admission's prefill, the row's decoding, and admission start to
-    # finish; from when the row was added to its batch: the wait for a slot and the first token.
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    queue_seconds: float = 0.0
-    first_token_seconds: float = 0.0
-    kv_bytes: int = 0  # KV bytes the row held when it finished: what its last step read
-    batch_size: int = 1  # rows live once it joined
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_target_forward(self) -> float:
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self) | {"acceptance_rate": self.acceptance_rate,
-                               "tokens_per_target_forward": self.tokens_per_target_forward}
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -39,9 +40,23 @@ class Sampling:
         return self.seed is not None and not self.greedy
 
 
+class SampledRow(Protocol):
+    """What a batch's live row (``sidecar.decoding.rows.LiveRow``) holds for its sampling."""
+
+    sampling: Sampling
+    draw_key: int
+    tokens: list[int]
+
+
 class RowSampling:
     """The live rows' sampling, slot by slot. ``positions[b]``: how many tokens row ``b`` has output, the
     index of the next token it commits; draws for later tokens of one step add their offset."""
+
+    @classmethod
+    def of(cls, rows: Sequence[SampledRow], device: torch.device) -> RowSampling:
+        """The sampling of live ``rows`` in slot order, each at its next output position: the one way a batch
+        builds it (an admission's first tokens, a step's draft forwards, its target forward)."""
+        return cls([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows], device)
 
     def __init__(self, samplings: Sequence[Sampling], draw_keys: Sequence[int], positions: Sequence[int],
                  device: torch.device) -> None:

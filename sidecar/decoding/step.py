@@ -12,13 +12,16 @@ pool, then one read of the device (``StepRunner.run``). The terms are ``sidecar.
         width = 0: a plain step from the pending token, its logits masked
     read: accepted counts, next tokens, drafts and the draft-only rows' tokens, in one transfer
 
+The plan is the scheduler's, complete and frozen: the runner reads its rows, widths, caps, copies and feeds
+and changes none of them; the forwards pad to the plan's shapes in ``sidecar.runtime.capture``.
 Every forward runs inside the device-time ledger (``sidecar.runtime.ledger``), charged to the rows in it.
 Caches are committed here: the target's by accepted count, the draft's rolled back to what each row keeps
-(``StepResult.draft_keep``). What the rows make of the result is the batch's record phase.
+(``StepRunner.draft_keep``). What the rows make of the result is the update's (``sidecar.decoding.update``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +43,7 @@ from sidecar.runtime.transfers import to_device
 
 @dataclass
 class StepResult:
-    """What a step decided, on the host, with the device tensors the record phase and the next step use."""
+    """What a step decided, on the host, with the device tensors the update and the next step use."""
 
     width: int  # drafts per target row that the verify saw (drafting may have stopped before the plan's)
     draft_forwards: int
@@ -71,7 +74,7 @@ def constrain(logits: torch.Tensor, matchers: list[RowMatcher | None]) -> None:
         apply_bitmask(logits, bitmask)
 
 
-def draft_charges(rows: list[LiveRow], widths: list[int], first: bool) -> list[Charge]:
+def draft_charges(rows: Sequence[LiveRow], widths: list[int], first: bool) -> list[Charge]:
     """What each draft row is charged for ``widths[i]`` tokens in a draft forward (the ledger's rule): a
     catching-up row's tokens go to its sidecars (sidecar-mode work, shared equally), a joining draft-only
     row's feed in the ``first`` forward is its prefill."""
@@ -98,15 +101,17 @@ class StepRunner:
         self.draft_confidence = draft_confidence
         self.target_vocab = pair.target.get_output_embeddings().out_features
 
-    def run(self, plan: StepPlan, target_rows: list[MainRow], draft_rows: list[LiveRow],
-            target_cache: RowKVCache | None, draft_cache: RowKVCache | None, pending_ids: torch.Tensor) -> StepResult:
+    def run(self, plan: StepPlan, target_cache: RowKVCache | None, draft_cache: RowKVCache | None,
+            pending_ids: torch.Tensor) -> StepResult:
+        """Execute ``plan`` on the pools' caches (its rows in slot order); ``pending_ids`` [B_t] are the target
+        rows' pending tokens, on the device."""
         device = self.pair.device
-        drafting = plan.drafting or []
+        target_rows, draft_rows, drafting = plan.target_rows, plan.draft_rows, plan.drafting
         # draft forwards: [B_d, n] tokens, [B_d, n, V] draft probabilities when a drafting row samples
         draft_ids = torch.zeros(len(draft_rows), 0, dtype=torch.long, device=device)
         draft_probs, draft_logits, draft_start = None, [], None
         if plan.draft_forwards:
-            assert draft_cache is not None and plan.feeds is not None
+            assert draft_cache is not None
             draft_start = draft_cache.lengths.copy()
             draft_ids, draft_probs, draft_logits = self._draft(draft_cache, draft_rows, plan, drafting)
         width = plan.width if plan.source == "lookup" or not any(drafting) else min(plan.width, draft_ids.shape[1])
@@ -145,28 +150,27 @@ class StepRunner:
             if full and width:
                 self.controller.observe_acceptance(full, width, "draft" if any(plan.model_rows) else "lookup")
         if draft_start is not None:
-            draft_cache.rollback(self.draft_keep(plan, target_rows, draft_rows, draft_start, result))
+            draft_cache.rollback(self.draft_keep(plan, draft_start, result))
         return result
 
     # -- the draft forwards --
 
-    def _draft(self, cache: RowKVCache, rows: list[LiveRow], plan: StepPlan,
-               drafting: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    def _draft(self, cache: RowKVCache, rows: Sequence[LiveRow], plan: StepPlan,
+               drafting: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Up to ``plan.draft_forwards`` draft forwards over every draft row: tokens [B_d, n], the drafting
         rows' probabilities [B_d, n, V] when some row samples, and per forward the logits [B_d, V] when a
         draft-only row asks for logprobs.
 
         A constrained draft-only row chooses from masked logits; its matcher accepts each token but the last,
         which the next forward's mask needs (read with the early stop's check, one read per forward, and only
-        while a constrained row is in the pool); ``_commit`` brings it level with what the row keeps.
+        while a constrained row is in the pool); ``StepUpdate.commit`` brings it level with what the row keeps.
         Main rows propose freely: the verify masks the target."""
         device, batch = self.pair.device, len(rows)
         only = [isinstance(r, DraftOnlyRow) for r in rows]
         matchers = [r.matcher if o else None for o, r in zip(only, rows, strict=True)]
         constrained = [b for b, m in enumerate(matchers) if m is not None]
         constrained_ids = to_device(constrained, device) if constrained else None
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         only_mask = to_device(only, device, torch.bool) if any(only) and not sampling.all_greedy else None
         drafting_mask = to_device(drafting, device, torch.bool) if plan.stop_early and any(drafting) else None
         keep_logits = any(o and r.top_logprobs is not None for o, r in zip(only, rows, strict=True))
@@ -213,7 +217,7 @@ class StepRunner:
                 read = torch.cat([token.index_select(0, constrained_ids), *([] if stop is None else [stop])])
                 values = read.tolist()
                 for b, chosen_token in zip(constrained, values[: len(constrained)], strict=True):
-                    if not matchers[b].ended:  # an ended row allows only its end ids, cut by _commit
+                    if not matchers[b].ended:  # an ended row allows only its end ids, cut by the update
                         matchers[b].accept(chosen_token)
                 if stop is not None and values[-1]:
                     break
@@ -237,7 +241,7 @@ class StepRunner:
                 probs = draft_probs.index_select(0, index)[:, :width]
         copy_rows = [bool(c) for c in plan.copies]
         if width and any(copy_rows):
-            copied = to_device([(c + [0] * width)[:width] for c in plan.copies], device)  # [B_t, width]
+            copied = to_device([[*c, *[0] * width][:width] for c in plan.copies], device)  # [B_t, width]
             mask = to_device(copy_rows, device, torch.bool)[:, None]
             drafted = torch.where(mask, copied, drafted)
             if draft_probs is not None or probs is not None:
@@ -248,7 +252,7 @@ class StepRunner:
 
     # -- the target forward --
 
-    def _verify(self, cache: RowKVCache, rows: list[MainRow], plan: StepPlan, pending_ids: torch.Tensor,
+    def _verify(self, cache: RowKVCache, rows: Sequence[MainRow], plan: StepPlan, pending_ids: torch.Tensor,
                 drafted: torch.Tensor, draft_probs: torch.Tensor | None,
                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Score [pending, drafts] for every target row in one forward and accept: (accepted counts [B_t],
@@ -256,8 +260,7 @@ class StepRunner:
         device, batch = self.pair.device, len(rows)
         caps = [min(cap, width) for cap in plan.caps]
         cap_ids = None if all(cap == width for cap in caps) else to_device(caps, device)
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         charges = [Charge(r.account, "decode", width + 1, "main") for r in rows]
         context = int(cache.lengths.sum()) + batch * (width + 1)
         with self.ledger.forward("target", "decode", batch, charges, batch * (width + 1), context,
@@ -277,12 +280,11 @@ class StepRunner:
                 nxt = torch.where(sampling.greedy_mask, nxt, sampled[1])
         return accepted, nxt, logits
 
-    def _plain(self, cache: RowKVCache, rows: list[MainRow],
+    def _plain(self, cache: RowKVCache, rows: Sequence[MainRow],
                pending_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One target-only step: (next tokens [B_t], the target's logits [B_t, 1, V])."""
         device, batch = self.pair.device, len(rows)
-        sampling = RowSampling([r.sampling for r in rows], [r.draw_key for r in rows], [len(r.tokens) for r in rows],
-                               device)
+        sampling = RowSampling.of(rows, device)
         charges = [Charge(r.account, "decode", 1, "main") for r in rows]
         with self.ledger.forward("target", "decode", batch, charges, batch, int(cache.lengths.sum()) + batch,
                                  also=self.controller.forward_cost("target", batch)):
@@ -292,7 +294,7 @@ class StepRunner:
             nxt = sampling.choose(logits[:, 0])
         return nxt, logits
 
-    def _constrain_verify(self, rows: list[MainRow], drafted: torch.Tensor, logits: torch.Tensor) -> None:
+    def _constrain_verify(self, rows: Sequence[MainRow], drafted: torch.Tensor, logits: torch.Tensor) -> None:
         """Mask a constrained row's position j in ``logits`` [B_t, width + 1, V] by its state after its first
         j drafts (``RowMatcher.draft_masks``): the target's masked choice is then target-only decoding's
         under the same prefix, and a draft the constraint refuses is rejected. The drafts [B_t, width] are
@@ -309,14 +311,13 @@ class StepRunner:
     # -- after the read --
 
     @staticmethod
-    def draft_keep(plan: StepPlan, target_rows: list[MainRow], draft_rows: list[LiveRow], start: np.ndarray,
-                   result: StepResult) -> np.ndarray:
+    def draft_keep(plan: StepPlan, start: np.ndarray, result: StepResult) -> np.ndarray:
         """Columns each draft row keeps: what it was fed, a drafting row also its accepted drafts, a
         draft-only row also the tokens it chose but the last (which is pending)."""
         accepted = {id(r): (a, m)
-                    for r, a, m in zip(target_rows, result.accepted_counts, plan.model_rows, strict=True)}
+                    for r, a, m in zip(plan.target_rows, result.accepted_counts, plan.model_rows, strict=True)}
         keep = start.copy()
-        for slot, r in enumerate(draft_rows):
+        for slot, r in enumerate(plan.draft_rows):
             fed = len(plan.feeds[slot])
             if isinstance(r, DraftOnlyRow):
                 keep[slot] += fed + result.draft_forwards - 1

@@ -12,7 +12,9 @@ Modes (``SIDECAR_CAPTURE``, the ``capture`` argument of ``SpeculativeDecoder`` a
   CUDA graph and replays it: one launch per forward instead of several per layer. CUDA only.
 * ``hf``: Hugging Face's own forward (the reference, and the path for architectures our stack lacks).
 
-Prefill forwards run eager in every mode: their widths are the prompts', not a step's.
+Prefill forwards run eager in every mode: their widths are the prompts', not a step's. Compiled and captured
+forwards keep their buffers from batch to batch (``sidecar.runtime.pools``) and can compile every bucket before
+a batch runs (``sidecar.runtime.warmup``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,12 @@ class StackRunner:
         self.counters = CaptureCounters()
         self._compiled_shapes: set[tuple] = set()
         self._compiled = None
+        # warm-up (``sidecar.runtime.warmup``): the decode widths to warm, whether a cache is warmed when it is
+        # allocated, the (rows, capacity, address) caches warmed, and what each warm-up cost
+        self.widths: set[int] = set()
+        self.warm_on_allocate = False
+        self.warmed: set[tuple[int, int, int]] = set()
+        self.warm_ups: list = []
         if mode != "eager":
             import torch._dynamo
 

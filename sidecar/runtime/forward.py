@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
@@ -47,7 +47,7 @@ def logits_at(model: PreTrainedModel, hidden: torch.Tensor, index: torch.Tensor)
     return model.get_output_embeddings()(picked).float()
 
 
-def pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+def pad_rows(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
     """Right-pad token lists into [B, q] on ``device``; returns (ids, valid lengths on the host)."""
     lengths = [len(r) for r in rows]
     ids = np.zeros((len(rows), max(lengths)), dtype=np.int64)

@@ -66,6 +66,17 @@ class RowKVCache:
         k = self.keys[0]
         return 2 * self.layers * k.shape[1] * k.shape[3] * k.element_size()
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, self.visible, self.span))
+
+    def reset(self) -> None:
+        """Empty every row, as a new cache is: lengths and rotary offsets 0, every column visible and in no hidden
+        span. Keys and values stay as they are: no query reads a column before its row writes it."""
+        self.lengths[:] = 0
+        self.position_offset[:] = 0
+        self.visible.fill_(True)
+        self.span.fill_(-1)
+
     def row_bytes(self) -> np.ndarray:
         """KV bytes each row actually holds (filled columns), as read by one decode step."""
         return self.lengths * self.bytes_per_column()

@@ -27,16 +27,16 @@ from sidecar.decoding.rows import (
     DraftHandoff,
     DraftRow,
     GenerationOutput,
-    GenerationStats,
     TokenCallback,
 )
 from sidecar.decoding.sampling import Sampling
+from sidecar.decoding.stats import GenerationStats
 from sidecar.decoding.trace import KEPT_EVENTS
 from sidecar.progress import SIDECAR_TASKS, ProgressCallback
 from sidecar.runtime.ledger import Account
 from sidecar.tasks.prompts import SpannedPrompt
 from sidecar.tasks.requests import RequestBuilder, before_stop, sidecar_view
-from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest, SidecarStats
+from sidecar.tasks.rows import DocumentResult, SidecarOutput, SidecarRequest
 from sidecar.tasks.task import SidecarTask
 
 if TYPE_CHECKING:
@@ -193,16 +193,11 @@ class SidecarBatch:
 
 def sidecar_output(task: SidecarTask, out: GenerationOutput,
                    instruction: Account | None = None) -> SidecarOutput:
-    """A draft-only row's output as the task's output: parsed, with its stats (``SidecarStats``)."""
+    """A draft-only row's output as the task's output: parsed, with the row's own stats record, which takes the
+    task's instruction line (its hidden span's account; none for a standalone row)."""
     parsed, error = task.parse(out.text)
-    st = out.stats
-    stats = SidecarStats(
-        new_tokens=len(out.token_ids), context_tokens=st.prompt_tokens, feed_tokens=st.prefill_tokens,
-        draft_forwards=st.draft_forwards, feed_seconds=st.prefill_seconds, decode_seconds=st.decode_seconds,
-        seconds=st.prefill_seconds + st.decode_seconds, queue_seconds=st.queue_seconds,
-        first_token_seconds=st.first_token_seconds, **st.cost(),
-        instruction_tokens=round(instruction.prefill_tokens) if instruction else 0,
-        instruction_device_seconds=instruction.prefill_seconds if instruction else 0.0,
-        kv_bytes=st.kv_bytes, attended_document=task.attend_document, batch_size=st.batch_size,
-    )
-    return SidecarOutput(task.name, out.text, out.token_ids, parsed, error, out.finish_reason, stats, out.logprobs)
+    if instruction is not None:
+        out.stats.charge_instruction(instruction)
+    out.stats.attended_document = task.attend_document
+    return SidecarOutput(task.name, out.text, out.token_ids, parsed, error, out.finish_reason, out.stats,
+                         out.logprobs)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.decoding.constraints import Constraint
 from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.decoding.sampling import Sampling
-from sidecar.runtime.ledger import DeviceCost
+from sidecar.decoding.stats import GenerationStats
 from sidecar.tasks.prompts import DEFAULT_SYSTEM, SUMMARIZE_INSTRUCTION
 from sidecar.tasks.task import SidecarTask
 
@@ -34,30 +34,8 @@ class SidecarRequest:
     constraint: Constraint | None = None
 
 
-@dataclass
-class SidecarStats(DeviceCost):
-    """One sidecar (or standalone) output's counters. Latency on the host's wall clock; cost from the device-time
-    ledger (``sidecar.runtime.ledger``): a sidecar's prefill is its share of its main row's catch-up feed and
-    its own bridge, and ``instruction_*`` is its masked instruction's share of the main row's draft prefill:
-    what sidecar mode adds to the main output's work, charged to the sidecar."""
-
-    new_tokens: int = 0
-    context_tokens: int = 0  # tokens the row attends to when it writes its first token (its usage's prompt)
-    feed_tokens: int = 0  # tokens fed before decoding: its catch-up share and bridge, or a whole prompt
-    draft_forwards: int = 0
-    feed_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    seconds: float = 0.0
-    queue_seconds: float = 0.0
-    first_token_seconds: float = 0.0
-    instruction_tokens: int = 0
-    instruction_device_seconds: float = 0.0
-    kv_bytes: int = 0
-    attended_document: bool = False
-    batch_size: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+# a sidecar output's counters are the row's own record (``sidecar.decoding.stats``); the public name stays
+SidecarStats = GenerationStats
 
 
 @dataclass
@@ -69,7 +47,7 @@ class SidecarOutput:
     parsed: Any
     parse_error: str | None
     finish_reason: str
-    stats: SidecarStats
+    stats: GenerationStats  # the draft-only row's, with its instruction line (``GenerationStats``)
     logprobs: list[TokenLogprob] | None = None  # the draft's, one per token id, when asked for
 
 

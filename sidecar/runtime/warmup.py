@@ -1,0 +1,111 @@
+"""Warm-up of compiled and captured decode forwards: every batch bucket's forwards of a KV cache's shape run
+once before any row does, so compiles (and, in ``cudagraph`` mode, graph recording) happen at load, with a
+progress bar, and not in the middle of a batch, where they would stall its rows and spoil the step costs the
+controller measures.
+
+The shapes: for a cache of R rows and C columns, every batch bucket up to R (``capture.batch_bucket``) at each
+of the model's decode widths. The target's are 1 (a plain step) and 2 .. gamma + 1 (a verify of 1 .. gamma
+drafts: the width shrinks near the rows' limits and when drafting stops early); the draft's 1 (each draft
+forward after a step's first) and 2 (a step's first, feeding the last accepted draft and the pending token).
+Wider first feeds (a sidecar's bridge, a row catching up) compile when they come.
+
+``SpeculativeDecoder`` sets the widths on each model's runner (``set_widths``) and whether a cache is warmed as
+soon as it is allocated (on by default in ``cudagraph`` mode, an option in ``compile`` mode);
+``SpeculativeDecoder.warm_up`` warms the caches of a batch limit and a row length explicitly, at load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from sidecar.runtime.capture import BATCH_BUCKETS, CAPTURE_CALLS, StackRunner, capacity_bucket, runner_of
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.pools import give_back, take
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WarmUp:
+    """What warming one cache's shapes cost."""
+
+    rows: int
+    capacity: int
+    shapes: int  # (batch bucket, width) pairs run
+    compiles: int
+    seconds: float
+    graph_bytes: int  # CUDA memory the graphs took (0 off CUDA and in compile mode)
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows, "capacity": self.capacity, "shapes": self.shapes, "compiles": self.compiles,
+                "seconds": round(self.seconds, 3), "graph_bytes": self.graph_bytes}
+
+
+def batch_buckets(rows: int) -> list[int]:
+    """The batch buckets a cache of ``rows`` rows pads its forwards to."""
+    return [bucket for bucket in BATCH_BUCKETS if bucket < rows] + [rows]
+
+
+def set_widths(model: PreTrainedModel, widths: set[int], on_allocate: bool | None) -> None:
+    """Warm ``model``'s caches at ``widths`` (added to those other decoders asked for), and as soon as each is
+    allocated where ``on_allocate`` (None: in ``cudagraph`` mode)."""
+    runner = runner_of(model)
+    if runner is None or not runner.static:
+        return
+    runner.widths |= widths
+    runner.warm_on_allocate = runner.mode == "cudagraph" if on_allocate is None else on_allocate
+
+
+def warm_up(model: PreTrainedModel, rows: int, columns: int, name: str = "") -> WarmUp | None:
+    """Warm the cache a batch of ``rows`` rows needing ``columns`` columns each will take (``capacity_bucket``),
+    and give it back for that batch: its graphs are recorded on the buffers it will run on."""
+    with torch.inference_mode():  # the engine's batches take caches made in it
+        cache = take(model, rows, capacity_bucket(columns))
+        try:
+            return warm_cache(model, cache, name)
+        finally:
+            give_back(model, cache)
+
+
+def warm_new(model: PreTrainedModel, cache: RowKVCache) -> WarmUp | None:
+    """Warm a cache just allocated, where its model's runner says so (``set_widths``)."""
+    runner = runner_of(model)
+    if runner is None or not runner.static or not runner.warm_on_allocate:
+        return None
+    return warm_cache(model, cache)
+
+
+def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> WarmUp | None:
+    """Run each batch bucket's decode forwards of ``cache``'s shape once (a CUDA graph's recording takes
+    ``CAPTURE_CALLS``), unless this cache was warmed already; the forwards write uncommitted columns, which the
+    cache's next ``reset`` (``sidecar.runtime.pools.take``) empties. None where the model's forwards are eager."""
+    runner: StackRunner | None = runner_of(model)
+    if runner is None or not runner.static or not runner.widths:
+        return None
+    # a cache made anew for a shape (its free one released) is warmed again: CUDA graphs hold its addresses
+    key = (cache.batch_size, cache.capacity, cache.keys[0].data_ptr())
+    if key in runner.warmed:
+        return None
+    counters = runner.counters
+    compiles, graph_bytes, started = counters.compiles, counters.graph_bytes, time.perf_counter()
+    shapes = [(bucket, width) for bucket in batch_buckets(cache.batch_size) for width in sorted(runner.widths)]
+    calls = CAPTURE_CALLS if runner.mode == "cudagraph" else 1
+    what = f"warm-up {name or model.config.model_type} ({cache.batch_size} rows, {cache.capacity} columns)"
+    with torch.inference_mode():
+        for bucket, width in tqdm(shapes, desc=what, leave=False, disable=None, dynamic_ncols=True):
+            ids = torch.zeros(bucket, width, dtype=torch.long, device=cache.device)
+            for _ in range(calls):
+                runner(cache.rows_view(0, bucket), ids)
+    runner.warmed.add(key)
+    report = WarmUp(cache.batch_size, cache.capacity, len(shapes), counters.compiles - compiles,
+                    time.perf_counter() - started, counters.graph_bytes - graph_bytes)
+    runner.warm_ups.append(report)
+    logger.info("%s: %d shapes, %d compiles in %.1f s, graphs %d bytes", what, report.shapes, report.compiles,
+                report.seconds, report.graph_bytes)
+    return report

@@ -1,0 +1,57 @@
+"""The scheduler's ``StepPlan`` (``sidecar.decoding.plan``): frozen once made, and complete: the rows in slot
+order, the per-row choices and the shapes its forwards take."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.decoding.plan import ForwardShape, forward_shape
+from sidecar.decoding.rows import DecodeRow
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.capture import attach, runner_of
+from sidecar.runtime.slots import SlotPool
+from tests.decoding import random_prompts
+
+
+def test_a_step_plan_is_frozen_and_holds_everything_the_runner_reads(tiny):
+    batch = SpeculativeDecoder(tiny, gamma=3, adaptive=False).batch(max_batch=4)
+    for key, prompt in enumerate(random_prompts(tiny, [5, 9, 14], seed=3)):
+        batch.add(key, DecodeRow(prompt, 12))
+    batch.step()  # admits the rows and runs a step: the draft holds their prompts now
+    plan = batch.planner.schedule(batch.target_rows, batch.draft_rows, batch._feed, batch.target_pool,
+                                  batch.draft_pool)
+    rows = len(batch.target_rows)
+    assert plan.target_rows == tuple(batch.target_rows) and plan.draft_rows == tuple(batch.draft_rows)
+    assert plan.width == 3 and plan.draft_forwards == 3
+    assert len(plan.caps) == len(plan.copies) == len(plan.draft_slot) == rows
+    assert len(plan.feeds) == len(plan.drafting) == len(batch.draft_rows)
+    # eager forwards take the step's real shapes: the verify [pending, 3 drafts], the widest feed
+    assert plan.target_shape == ForwardShape(rows, rows, 4)
+    assert plan.draft_shape == ForwardShape(len(batch.draft_rows), len(batch.draft_rows), max(map(len, plan.feeds)))
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.width = 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.draft_forwards = 1
+    for per_row in (plan.caps, plan.copies, plan.feeds, plan.drafting, plan.draft_slot, plan.target_rows,
+                    *plan.copies, *plan.feeds):
+        assert isinstance(per_row, tuple)  # nothing in a plan can be changed in place either
+
+
+@pytest.mark.parametrize(("mode", "shapes"), [
+    ("eager", [ForwardShape(3, 3, 4), ForwardShape(5, 5, 9), ForwardShape(12, 12, 1)]),
+    # compiled: capture's buckets, the batch at most the pool's slots
+    ("compile", [ForwardShape(3, 4, 4), ForwardShape(5, 8, 16), ForwardShape(12, 12, 1)]),
+])
+def test_a_forwards_shape_is_captures_bucket_when_its_runner_compiles(mode, shapes):
+    pair = tiny_pair(layers=1)
+    before = runner_of(pair.target)
+    attach(pair.target, mode)  # compiles nothing until a forward runs
+    try:
+        pool = SlotPool(pair.target, 12, 64)
+        assert [forward_shape(pool, s.rows, w) for s, w in zip(shapes, (4, 9, 1), strict=True)] == shapes
+    finally:
+        attach(pair.target, before.mode if before is not None else "hf")
