@@ -89,9 +89,12 @@ def headline_items(news_parquet: Path) -> list[JudgeItem]:
 
 def test_the_served_pair_scores_a_documents_own_headline_above_anothers_asked_by_the_tasks_instruction(
         headline_items: list[JudgeItem], judge_url: str) -> None:
-    config = JudgeConfig(model=PAIR, base_url=judge_url, api_key="unused", controls=DOCUMENTS, concurrency=1,
+    # the draft as scorer: the task form's wording is what this proves (the default scorer is proven on tags
+    # above), and the 0.5B scores in a third of the 1.5B's time
+    scorer = f"{PAIR}/draft"
+    config = JudgeConfig(model=scorer, base_url=judge_url, api_key="unused", controls=DOCUMENTS, concurrency=1,
                          timeout_s=300)
-    outcome = score_by_likelihood(headline_items, config, PAIR, "tags-l2")
+    outcome = score_by_likelihood(headline_items, config, scorer, "tags-l2")
     assert outcome.unavailable is None and len(outcome.results) == DOCUMENTS
     quality = likelihood_reliability(outcome.results, config)
     assert quality.easy.documents == DOCUMENTS and quality.easy.passed == DOCUMENTS, quality.line()
