@@ -43,6 +43,7 @@ what failed with only its unfinished documents and marks the run completed once
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import time
@@ -82,7 +83,9 @@ from pipeline import (
     token_counts,
     window_size,
 )
+from sidecar.decoding.decoder import capture_stats
 from sidecar.models.loading import load_pair, load_tokenizer
+from sidecar.models.pair import ModelPair
 from sidecar.tasks.engine import SidecarEngine
 from storage import Database, DatabaseLockedError, Document, RanOn, RejectedDocument, RetryPolicy
 from storage.errors import LockHolder
@@ -199,19 +202,37 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
         start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
                              gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
                              docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity(),
-                             dtype=pair.dtype_report)
+                             dtype=pair.dtype_report, capture=pair.capture_report)
     pending = PendingCommit(params.commit_every_s)
     try:
         size = window_size(params.batch_size, params.window)
         windows, counts.skipped_done = plan_windows(docs, size, start.done_doc_ids)
         logger.info("run %s%s: %d documents, %d already done, %d rejected, %d windows of up to %d to run at "
-                    "batch %d", run_id, " (resumed)" if start.resumed else "", len(docs), counts.skipped_done,
-                    len(rejects), len(windows), size, params.batch_size)
+                    "batch %d, %s, capture %s", run_id, " (resumed)" if start.resumed else "", len(docs),
+                    counts.skipped_done, len(rejects), len(windows), size, params.batch_size, pair.dtype_report,
+                    pair.capture_report)
         _run_windows(engine, windows, settings, params.batch_size, db, ran_on, counts, pending)
     except BaseException as exc:
         _fail(db, run_id, ran_on, pending, exc)
+        if not isinstance(exc, DatabaseLockedError):
+            # what this start decoded before failing counts too; a locked file is not waited for twice
+            with contextlib.suppress(DatabaseLockedError):
+                _record_capture(db, run_id, pair)
         raise
+    _record_capture(db, run_id, pair)
     create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
+
+
+def _record_capture(db: Database, run_id: str, pair: ModelPair) -> None:
+    """Add this process's capture counters to the run's, once, at the end of its decoding (a resume adds its
+    own: ``Database.record_capture``); recompiles after warm-up or graph breaks are a fault, said here too."""
+    counters = capture_stats(pair)["counters"]
+    db.record_capture(run_id, counters)
+    faults = {model: {name: c[name] for name in ("recompiles", "graph_breaks") if c[name]}
+              for model, c in counters.items()}
+    if any(faults.values()):
+        get_run_logger().error("run %s: capture %s had recompiles or graph breaks, which must be 0: %s", run_id,
+                               pair.capture_report, {m: f for m, f in faults.items() if f})
 
 
 def _fail(db: Database, run_id: str, ran_on: RanOn, pending: PendingCommit, exc: BaseException) -> None:

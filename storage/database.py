@@ -26,6 +26,7 @@ from typing import Any, get_args
 import duckdb
 
 from storage import deferred, ingest
+from storage.capture_counters import checked_counters, merged
 from storage.connection import RetryPolicy, in_transaction
 from storage.errors import DatabaseOpenError, LockHeldError, LockHolder, UnknownAttemptError, UnknownRunError
 from storage.locks import exclusive
@@ -116,17 +117,19 @@ class _RunRow:
     batch_size: int | None
     identity_json: str | None
     dtype: str | None
+    capture: str | None
 
     @classmethod
     def checked(cls, run_id: str, params: dict[str, Any], pair: str, device: str | None, gpu_type: str | None,
                 gamma: int | None, batch_size: int | None, code_version: str | None,
-                modes: Sequence[str], identity: Mapping[str, Any] | None, dtype: str | None) -> _RunRow:
+                modes: Sequence[str], identity: Mapping[str, Any] | None, dtype: str | None,
+                capture: str | None) -> _RunRow:
         unknown = sorted(set(modes) - set(MODES))
         if not modes or unknown:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
         return cls(run_id, json.dumps(params, sort_keys=True, default=str), list(dict.fromkeys(modes)),
                    code_version if code_version is not None else current_code_version(), pair, device,
-                   gpu_type, gamma, batch_size, canonical_identity(identity), dtype)
+                   gpu_type, gamma, batch_size, canonical_identity(identity), dtype, capture or None)
 
     @property
     def columns(self) -> dict[str, Any]:
@@ -146,9 +149,10 @@ def _start_run(con: duckdb.DuckDBPyConnection, run: _RunRow) -> tuple[bool, str]
     else:
         con.execute(
             "INSERT INTO runs (run_id, status, params, modes, code_version, pair, device, gpu_type, "
-            "gamma, batch_size, identity, nonce, dtype) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "gamma, batch_size, identity, nonce, dtype, capture) "
+            "VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run.run_id, run.params_json, run.modes, run.code_version, run.pair, run.device, run.gpu_type,
-             run.gamma, run.batch_size, run.identity_json, nonce, run.dtype],
+             run.gamma, run.batch_size, run.identity_json, nonce, run.dtype, run.capture],
         )
     return exists, nonce
 
@@ -357,7 +361,8 @@ class Database:
     def start_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None,
                   code_version: str | None = None, modes: Sequence[str] = ("sidecar", "standalone"),
-                  identity: Mapping[str, Any] | None = None, dtype: str | None = None) -> bool:
+                  identity: Mapping[str, Any] | None = None, dtype: str | None = None,
+                  capture: str | None = None) -> bool:
         """Create run ``run_id`` with status ``running``; returns True when it already existed.
 
         Starting an existing run (a resume) only sets it running again and clears its finish time and
@@ -369,17 +374,17 @@ class Database:
         ``ShardInfo``). ``modes`` are the modes each document gets: the ``results`` view shows a document
         once all of them are written. Values in ``params`` and ``identity`` that JSON cannot hold (paths,
         enums) are stored as their ``str()``. ``dtype`` is the pair's dtype and why (``ModelPair.dtype_report``),
-        kept like ``device``.
+        and ``capture`` its capture mode and why (``ModelPair.capture_report``), both kept like ``device``.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
-                              identity, dtype)
+                              identity, dtype, capture)
         return in_transaction(self.path, self.retry, lambda con: _start_run(con, run)[0])
 
     def begin_run(self, run_id: str, params: dict[str, Any], pair: str, device: str | None,
                   gpu_type: str | None, gamma: int | None, batch_size: int | None, docs: Sequence[Document],
                   rejects: Sequence[RejectedDocument], modes: Sequence[str] = ("sidecar", "standalone"),
                   code_version: str | None = None, identity: Mapping[str, Any] | None = None,
-                  dtype: str | None = None) -> RunStart:
+                  dtype: str | None = None, capture: str | None = None) -> RunStart:
         """:meth:`start_run`, :meth:`record_documents` and :meth:`done_doc_ids` (for ``modes``) in one
         transaction.
 
@@ -390,7 +395,7 @@ class Database:
         failure leaves nothing half done: no run without its documents.
         """
         run = _RunRow.checked(run_id, params, pair, device, gpu_type, gamma, batch_size, code_version, modes,
-                              identity, dtype)
+                              identity, dtype, capture)
         documents = _documents_write(run_id, docs, rejects)
 
         def work(con: duckdb.DuckDBPyConnection) -> RunStart:
@@ -404,6 +409,28 @@ class Database:
         """Mark a run ``completed`` or ``failed`` (with ``error``) and stamp its finish time."""
         _check_finish_status(status)
         in_transaction(self.path, self.retry, lambda con: _finish_run(con, run_id, status, error))
+
+    def record_capture(self, run_id: str, counters: Mapping[str, Mapping[str, float]]) -> None:
+        """Add the capture counters of one process's decoding of the run (``{model: {counter: n}}``,
+        ``capture_stats(pair)["counters"]``) to ``runs.capture_counters``: once per process, when its decoding
+        ends, so that a resume adds its own forwards to its earlier starts' and none counts twice
+        (``storage.capture_counters``). A counter that is missing or negative raises ``ValueError``."""
+        added = checked_counters(counters)
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            stored = con.execute("SELECT capture_counters FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            if not stored:
+                raise UnknownRunError(f"run {run_id!r} does not exist")
+            con.execute("UPDATE runs SET capture_counters = ? WHERE run_id = ?",
+                        [merged(stored[0][0], added), run_id])
+
+        in_transaction(self.path, self.retry, work)
+
+    def capture(self, run_id: str) -> dict[str, Any] | None:
+        """The run's ``run_captures`` row: its capture mode(s) and counters summed over its models, starts and
+        shard attempts, ``faults`` (recompiles + graph breaks); None for an unknown run."""
+        rows = self.query("SELECT * FROM run_captures WHERE run_id = ?", [run_id])
+        return rows[0] if rows else None
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The run's row with ``params`` decoded, or None."""
@@ -694,9 +721,11 @@ class Database:
         return [row | {"parsed": None if row["parsed"] is None else json.loads(row["parsed"])} for row in rows]
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why): one run's, or
+        """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why), ``capture`` (the
+        capture mode(s) and why) and its ``recompiles`` and ``graph_breaks`` (``run_captures``): one run's, or
         every run's."""
-        select = "SELECT t.*, r.dtype FROM throughput AS t LEFT JOIN runs AS r ON r.run_id = t.run_id"
+        select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks FROM throughput AS t "
+                  "LEFT JOIN runs AS r ON r.run_id = t.run_id LEFT JOIN run_captures AS c ON c.run_id = t.run_id")
         if run_id is None:
             return self.query(f"{select} ORDER BY t.run_id, t.mode, t.phase")
         return self.query(f"{select} WHERE t.run_id = ? ORDER BY t.mode, t.phase", [run_id])

@@ -92,6 +92,11 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
 
     assert stored["gpu_type"] == device_name(torch.device(stored["device"])), "the GPU type the cost report prices"
     assert stored["dtype"] == "fp32 (SIDECAR_DTYPE=fp32)", "the dtype and why, beside the device"
+    assert stored["capture"] == "eager (auto: CPU, eager (compile: SIDECAR_CAPTURE=compile))", "its capture mode too"
+    captured = json.loads(stored["capture_counters"])
+    assert set(captured) == {"target", "draft"}
+    assert all(c["forwards"] > 0 and c["recompiles"] == 0 and c["graph_breaks"] == 0 for c in captured.values())
+    assert db.capture(counts.run_id)["faults"] == 0
     # two windows, each streamed once per mode: two batches per mode and phase in the throughput view
     throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
     assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),
@@ -151,6 +156,20 @@ def test_a_rerun_resumes_and_skips_finished_documents(prefect_api, tmp_path: Pat
     counts = db.query("SELECT run_id, count(*) AS n, count(DISTINCT (doc_id, mode)) AS keys FROM outputs "
                       "GROUP BY run_id ORDER BY run_id")
     assert [(c["n"], c["keys"]) for c in counts] == [(4, 4), (14, 14)]
+
+
+def test_sidecar_capture_hf_runs_and_records_huggingfaces_forward(prefect_api, tmp_path: Path, monkeypatch) -> None:
+    from flows.nightly import nightly
+
+    monkeypatch.setenv("SIDECAR_CAPTURE", "hf")
+    run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 2), run_id="hf-run", modes=["sidecar"])
+    counts = nightly(**run.model_dump())
+    assert counts.done == 2
+    db = Database(run.db_path)
+    stored = db.get_run("hf-run")
+    # Hugging Face's forward keeps no counters of its own: recorded, and empty
+    assert (stored["capture"], json.loads(stored["capture_counters"])) == ("hf (SIDECAR_CAPTURE=hf)", {})
+    assert [r["capture"] for r in db.throughput("hf-run")] == ["hf (SIDECAR_CAPTURE=hf)"] * 2
 
 
 def test_a_run_id_reused_for_another_corpus_is_refused_before_anything_is_written(prefect_api,
@@ -250,6 +269,9 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
     assert state.is_failed()
     db = Database(run.db_path)
     assert len(handed) == 3 and db.get_run("crash-k")["status"] == "failed"
+    # the failed start's forwards are kept; the resume adds its own to them, once
+    crashed_forwards = db.capture("crash-k")["forwards"]
+    assert crashed_forwards > 0
     assert db.done_doc_ids("crash-k", ["sidecar"]) == set(handed), "every finished document was committed"
     crashed_batches = {r["batch_id"] for r in db.query("SELECT batch_id FROM outputs WHERE run_id = 'crash-k'")}
 
@@ -257,6 +279,7 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
     resumed = nightly(**run.model_dump())
     assert (resumed.documents, resumed.done, resumed.skipped_done) == (6, 3, 3)
     assert db.get_run("crash-k")["status"] == "completed" and len(db.results("crash-k")) == 6
+    assert db.capture("crash-k")["forwards"] > crashed_forwards
     stored = db.query("SELECT count(*) AS rows, count(DISTINCT doc_id) AS docs FROM outputs WHERE run_id = 'crash-k'")
     assert stored == [{"rows": 6, "docs": 6}]
     phases = db.query("SELECT count(*) AS rows, count(DISTINCT (doc_id, phase)) AS keys FROM request_stats "

@@ -41,7 +41,7 @@ from vocab.modes import MODES
 TABLES = {"schema_migrations", "runs", "documents", "outputs", "sidecar_outputs", "request_stats", "judgement_games",
           "judgement_scores", "judge_settings", "judge_tasks", "cost_estimates", "ingested_parts", "shard_attempts"}
 VIEWS = {"results", "throughput", "judgements", "judge_documents", "judge_quality", "judge_headline", "judge_verdicts",
-         "costs"}
+         "costs", "run_captures"}
 
 
 def start(db: Database, run_id: str = "run-1", modes=("sidecar", "standalone"), **overrides) -> bool:
@@ -829,6 +829,70 @@ def test_migration_013_gives_stored_judgements_the_task_they_judged_and_reads_th
     # no control game was played: unreliable, saying so, and never "not judged"
     assert {task: (v["status"], v["reason"]) for task, v in db.judge_verdicts("t").items()} == {
         "summary_kind": ("unreliable", "pairwise j tags-v1: no control answered")}
+
+
+def counters(forwards: int, recompiles: int = 0, graph_breaks: int = 0, shapes: int = 3) -> dict:
+    return {"compiles": 2, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": forwards,
+            "distinct_shapes": shapes, "compile_seconds": 1.5, "graph_bytes": 0}
+
+
+def test_a_run_records_its_capture_mode_and_a_resume_adds_only_its_own_counters(db: Database) -> None:
+    start(db, capture="compile (SIDECAR_CAPTURE=compile)", dtype="fp32 (SIDECAR_DTYPE=fp32)")
+    db.record_capture("run-1", {"target": counters(10), "draft": counters(30, shapes=5)})
+    # the resume loads the pair again: its counters start from 0, and it records them once, at its end
+    assert start(db, capture="eager (auto: CPU, eager)") is True
+    db.record_capture("run-1", {"target": counters(4, shapes=2), "draft": counters(8, recompiles=1)})
+    run = db.get_run("run-1")
+    assert run["capture"] == "compile (SIDECAR_CAPTURE=compile)", "the first start's, as its dtype"
+    assert json.loads(run["capture_counters"]) == {
+        "target": {**counters(14), "compiles": 4, "compile_seconds": 3.0},
+        "draft": {**counters(38, recompiles=1, shapes=5), "compiles": 4, "compile_seconds": 3.0}}
+    summed = db.capture("run-1")
+    assert (summed["capture"], summed["recorded"], summed["forwards"], summed["compiles"], summed["recompiles"],
+            summed["graph_breaks"], summed["distinct_shapes"], summed["faults"]) == (
+        "compile (SIDECAR_CAPTURE=compile)", 1, 52, 8, 1, 0, 5, 1)
+
+
+def test_capture_counters_that_are_no_counts_are_refused_unwritten(db: Database) -> None:
+    start(db, capture="eager (auto)")
+    with pytest.raises(ValueError, match=r"capture counter draft\.forwards must be a number >= 0, got -1"):
+        db.record_capture("run-1", {"target": counters(3), "draft": counters(-1)})
+    with pytest.raises(ValueError, match=r"capture counter target\.compiles must be a number >= 0, got None"):
+        db.record_capture("run-1", {"target": {"forwards": 3}})
+    assert db.get_run("run-1")["capture_counters"] is None
+    with pytest.raises(UnknownRunError):
+        db.record_capture("no-such-run", {})
+
+
+def test_a_sharded_runs_capture_is_its_attempts_and_hf_mode_keeps_no_counters(db: Database) -> None:
+    start(db, "sharded", device=None, gpu_type=None)
+    start(db, "hf-run", capture="hf (SIDECAR_CAPTURE=hf)")
+    db.record_capture("hf-run", {})
+    for launch, shard, capture, recompiles in (("l0", 0, "eager (auto)", 0), ("l1", 1, "compile (c)", 2)):
+        db.record_attempt("sharded", launch, shard, 1, docs=2)
+        with duckdb.connect(str(db.path)) as con:
+            con.execute("UPDATE shard_attempts SET capture = ?, capture_counters = ? WHERE launch_id = ?",
+                        [capture, json.dumps({"target": counters(5, recompiles=recompiles)}), launch])
+    sharded = db.capture("sharded")
+    assert (sharded["capture"], sharded["recorded"], sharded["forwards"], sharded["recompiles"], sharded["faults"]) \
+        == ("compile (c); eager (auto)", 2, 10, 2, 2)
+    hf = db.capture("hf-run")
+    assert (hf["capture"], hf["recorded"], hf["forwards"], hf["faults"]) == ("hf (SIDECAR_CAPTURE=hf)", 1, None, 0)
+    assert db.capture("no-such-run") is None
+
+
+def test_migration_014_leaves_older_runs_without_a_capture_mode(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 13) as con:
+        con.execute("INSERT INTO shard_attempts (run_id, launch_id, shard, attempt, docs, status) VALUES "
+                    "('r', 'l0', 0, 1, 2, 'completed')")
+    db = Database(path)
+    run = db.get_run("r")
+    assert (run["capture"], run["capture_counters"]) == (None, None)
+    assert db.shard_attempts("r")[0]["capture"] is None
+    assert db.capture("r") == {"run_id": "r", "capture": None, "recorded": 0, "compiles": None, "recompiles": None,
+                               "graph_breaks": None, "forwards": None, "distinct_shapes": None,
+                               "compile_seconds": None, "graph_bytes": None, "faults": 0}
 
 
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(
