@@ -410,13 +410,17 @@ def test_a_gpu_measured_in_one_mode_only_is_named_as_not_compared(tmp_path: Path
     assert "T4" in {v.gpu_type for v in report.verdicts if v.basis == "projected"}
 
 
-def stored_run(path: Path, pair: str, dtype: str | None = None) -> Database:
+def stored_run(path: Path, pair: str, dtype: str | None = None, capture: str | None = None,
+               capture_counters: dict | None = None) -> Database:
     """A database holding one run of two documents, stored as the engine writes them (its stats records with
     the device-time ledger): as a sidecar in a stream of batch 2 whose sidecar rows ran beside main rows of later
-    requests, finishing 30 and 34 s into the stream; and by a standalone tagger in a batch of its own."""
+    requests, finishing 30 and 34 s into the stream; and by a standalone tagger in a batch of its own. With
+    ``capture`` and ``capture_counters`` its capture mode and counters, as the nightly flow records them."""
     db = Database(path)
     db.start_run("run-1", {}, pair=pair, device="cuda", gpu_type="NVIDIA H200", gamma=4, batch_size=2,
-                 code_version="test", modes=("sidecar", "standalone"), dtype=dtype)  # fmt: skip
+                 code_version="test", modes=("sidecar", "standalone"), dtype=dtype, capture=capture)  # fmt: skip
+    if capture_counters is not None:
+        db.record_capture("run-1", capture_counters)
 
     def ledger(prefill_tokens: int, prefill_s: float, tokens: int, decode_s: float, **extra: float) -> dict:
         return {"prefill_tokens": prefill_tokens, "prefill_forwards": 1, "prefill_device_seconds": prefill_s,
@@ -479,6 +483,33 @@ def test_the_report_names_the_dtype_each_run_loaded_its_pair_in_and_why(tmp_path
     db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", dtype="bf16 (default on CUDA: bf16)")
     report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
     assert "from 1 run(s) on NVIDIA H200 in bf16 (default on CUDA: bf16) with pair(s) qwen2.5-7b." in report.markdown
+
+
+def capture_counters(recompiles: int = 0, graph_breaks: int = 0) -> dict:
+    counted = {"compiles": 6, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": 400,
+               "distinct_shapes": 6, "compile_seconds": 0.0, "graph_bytes": 2**20}
+    return {"target": counted, "draft": counted | {"recompiles": 0, "graph_breaks": 0}}
+
+
+def test_the_report_names_the_capture_mode_each_run_measured_in_beside_its_dtype(tmp_path: Path) -> None:
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", dtype="bf16 (default on CUDA: bf16)",
+                    capture="cudagraph (auto: CUDA, decode forwards captured as CUDA graphs)",
+                    capture_counters=capture_counters())
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    assert ("from 1 run(s) on NVIDIA H200 in bf16 (default on CUDA: bf16), capture cudagraph (auto: CUDA, decode "
+            "forwards captured as CUDA graphs) with pair(s) qwen2.5-7b.") in report.markdown
+    calibration = section(report.markdown, "Calibration: measured ÷ projected")
+    assert "The steps were measured in capture mode cudagraph; the projections assume captured" in calibration
+    assert "Fault:" not in report.markdown
+
+
+def test_recompiles_or_graph_breaks_of_a_measured_run_are_a_fault_the_report_names(tmp_path: Path) -> None:
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", capture="compile (SIDECAR_CAPTURE=compile)",
+                    capture_counters=capture_counters(recompiles=2, graph_breaks=1))
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    assert ("Fault: a compiled step must compile once per shape at warm-up and never break its graph, but run run-1 "
+            "(compile (SIDECAR_CAPTURE=compile)): 2 recompile(s) after warm-up, 1 graph break(s).") in report.markdown
+    assert "Fault:" in report.html_path.read_text(encoding="utf-8")
 
 
 def ms_per_tag_token(markdown: str, mode: str) -> float:

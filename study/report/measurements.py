@@ -53,6 +53,11 @@ class Measurement:
     run_id: str | None = None
     # the dtype the run's pair loaded in, and why ("bf16 (auto: bf16 matmul 0.31 ms vs fp32 0.84 ms)")
     dtype: str = ""
+    # its capture mode and why ("eager (auto: CPU, eager ...)"; storage's run_captures), and the run's recompiles
+    # after warm-up and graph breaks, which must be 0 (None: no counters kept)
+    capture: str = ""
+    recompiles: float | None = None
+    graph_breaks: float | None = None
     ms_per_step: float | None = None
     acceptance_rate: float | None = None
     tokens: float | None = None
@@ -96,6 +101,9 @@ class Measurement:
             pair=str(row.get("pair") or ""),
             run_id=row.get("run_id"),
             dtype=str(row.get("dtype") or ""),
+            capture=str(row.get("capture") or ""),
+            recompiles=_number(row.get("recompiles"), "recompiles"),
+            graph_breaks=_number(row.get("graph_breaks"), "graph_breaks"),
             tokens=_number(tokens, "tokens"),
             seconds=_number(seconds, "seconds"),
             requests=requests,
@@ -103,6 +111,14 @@ class Measurement:
             ledger_tokens=_number(row.get("ledger_new_tokens"), "ledger_new_tokens"),
             **{name: _number(row.get(name), name) for name in _VIEW_COLUMNS},
         )
+
+    @property
+    def capture_fault(self) -> str | None:
+        """Its run's recompiles after warm-up and graph breaks, in words, where either is above 0 (a fault:
+        compiling was timed as part of its steps); else None."""
+        counted = [(self.recompiles, "recompile(s) after warm-up"), (self.graph_breaks, "graph break(s)")]
+        said = [f"{n:g} {what}" for n, what in counted if n]
+        return ", ".join(said) or None
 
     @property
     def is_tagging(self) -> bool:

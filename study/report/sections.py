@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from study.cost import GPU, ProjectionRow, Workload, find_gpu, usd_per_million_tokens
 from study.report.assemble import ReportData
-from study.report.measurements import MeasuredGroup
+from study.report.measurements import MeasuredGroup, Measurement
 from study.report.projections import Projection, tag_usd_per_million
 from study.report.tagging_cost import TaggingCost
 from study.report.task_costs import TaskCost
@@ -23,8 +23,11 @@ from vocab.modes import MODES
 class Introduction:
     rows: int  # throughput rows measured (0: a report of projections only)
     runs: int
-    devices: list[str]  # "GPU type in dtype"
+    devices: list[str]  # "GPU type in dtype, capture mode (why)"
     pairs: list[str]
+    captures: list[str]  # the measured runs' capture modes, without why: "eager", "compile"
+    # "run R (capture ...): 2 recompile(s) after warm-up": runs whose counters must be 0 and are not
+    capture_faults: list[str]
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,18 @@ def _introduction(data: ReportData) -> Introduction:
     return Introduction(
         rows=len(m),
         runs=len({x.run_id for x in m if x.run_id}),
-        devices=sorted({f"{x.gpu_type} in {x.dtype}" if x.dtype else x.gpu_type for x in m}),
+        devices=sorted({_device(x) for x in m}),
         pairs=sorted({x.pair for x in m if x.pair}),
+        captures=sorted({x.capture.split(" (")[0] for x in m if x.capture}),
+        capture_faults=sorted({f"run {x.run_id} ({x.capture or 'capture mode not recorded'}): {x.capture_fault}"
+                               for x in m if x.capture_fault}),
     )
+
+
+def _device(m: Measurement) -> str:
+    """Where and how a measurement ran: its GPU type, in its dtype, in its capture mode (each where known)."""
+    said = f"{m.gpu_type} in {m.dtype}" if m.dtype else m.gpu_type
+    return f"{said}, capture {m.capture}" if m.capture else said
 
 
 def _verdict_section(data: ReportData) -> VerdictSection:
