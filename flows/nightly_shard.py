@@ -7,8 +7,9 @@ the pair and runs the documents' windows as an in-process run does, writing its 
 files (``storage.parts``) at least every ``commit_every_s`` instead of committing them. A part is written
 under a temporary name and renamed, so a killed attempt leaves only complete parts; whatever it finished
 before is kept. Documents over the models' context become rejects in its first part. Each part carries who
-wrote it: run, launch id, shard, attempt, host, device and GPU type; and what binds it to the run's start and
-inputs: the run nonce of its manifest, and the SHA-256 of each document's text.
+wrote it: run, launch id, shard, attempt, host, device and GPU type; how its forwards ran so far: the capture
+mode and counters (``storage.parts.PartCapture``); and what binds it to the run's start and inputs: the run
+nonce of its manifest, and the SHA-256 of each document's text.
 
 Its parameters are JSON only (``flows.shard_launch.ShardLaunch``), so a deployment's flow run can carry them;
 locally it runs as ``python -m flows.nightly_shard --launch '<ShardLaunch as JSON>'`` (``flows.shard_processes``).
@@ -29,10 +30,11 @@ from flows.nightly import run_window_task
 from flows.nightly_params import NightlyParams
 from flows.process_exit import exit_now
 from pipeline import FinishedDocument, PendingCommit, RunCounts, plan_windows, split_by_context, window_size
+from sidecar.decoding.decoder import capture_stats
 from sidecar.models.loading import load_pair
 from sidecar.tasks.engine import SidecarEngine
 from storage import Document
-from storage.parts import PartStore, PartWriter, ShardInfo
+from storage.parts import PartCapture, PartStore, PartWriter, ShardInfo
 from storage.run_keys import check_run_id
 
 
@@ -58,9 +60,11 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
             engine = SidecarEngine(load_pair(run.pair), gamma=run.gamma)
         pair = engine.pair
         # the run's nonce from the manifest, and the documents' texts, bind the parts to this start of the run
+        # each part says how the attempt's forwards ran so far: the parent keeps its latest part's counters
         writer = store.writer(ShardInfo(run_id=run_id, launch_id=launch_id, shard=shard, attempt=attempt,
                                         host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type,
-                                        run_nonce=manifest.run_nonce), docs)
+                                        run_nonce=manifest.run_nonce), docs,
+                              capture=lambda: PartCapture(pair.capture_report, capture_stats(pair)["counters"]))
         _run_shard(engine, run, writer, docs, counts)
     create_markdown_artifact(counts.markdown(), key="nightly-shard-summary", description=f"Nightly {what}")
     return counts

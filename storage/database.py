@@ -559,7 +559,8 @@ class Database:
                        flow_run_id: str | None = None) -> None:
         """Record the launch of one attempt of a shard (status ``running``), with the number of documents in
         its manifest and the flow run it runs as, where known. Recording a launch id again updates it (a
-        flow run id learnt later is kept). Host, device and GPU type come from its parts when ingested."""
+        flow run id learnt later is kept). Host, device and GPU type, capture mode and counters come from its parts
+        when ingested."""
         check_launch_id(launch_id)
         check = _require_run(run_id)
 
@@ -575,6 +576,12 @@ class Database:
                 "docs = excluded.docs, flow_run_id = coalesce(excluded.flow_run_id, shard_attempts.flow_run_id)",
                 {"run_id": run_id, "launch_id": launch_id, "shard": shard, "attempt": attempt,
                  "flow_run_id": flow_run_id, "docs": docs})
+            # parts ingested before the attempt was recorded (an earlier parent's) name its capture too
+            con.execute(
+                f"UPDATE shard_attempts AS a SET capture = c.capture, capture_counters = c.capture_counters "
+                f"FROM ({ingest.LATEST_CAPTURE} AND launch_id = $launch_id GROUP BY launch_id) AS c "
+                f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id AND a.capture IS NULL",
+                {"run_id": run_id, "launch_id": launch_id})
 
         in_transaction(self.path, self.retry, work)
 

@@ -34,12 +34,18 @@ from storage.writer import delete_keys, insert_rows
 
 # what the census reads of each part: who wrote it, whether it holds rejects, and what binds it to the run
 _CENSUS_COLUMNS = ["run_id", "launch_id", "host", "device", "gpu_type", "kind", "doc_id", "run_nonce", "text_sha256",
-                   "sidecars"]
+                   "sidecars", "capture", "capture_counters"]
 # columns parts written by an older sidecar lack; they read as NULL, and such parts are refused (an output
 # without ``sidecars`` was written before migration 011 kept its tasks' outputs apart)
 _BINDING_COLUMNS = ("run_nonce", "text_sha256", "sidecars")
+# columns parts written before migration 014 lack, which bind nothing: such parts say nothing of their capture
+_CAPTURE_COLUMNS = ("capture", "capture_counters")
 _CENSUS_SCHEMA = pa.schema([(name, pa.int64() if name == "rows" else pa.string())
-                            for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type")])
+                            for name in ("run_id", "part", "launch_id", "rows", "host", "device", "gpu_type",
+                                         *_CAPTURE_COLUMNS)])
+# per launch id, the capture mode and counters of its latest ingested part that has them (for $run_id)
+LATEST_CAPTURE = ("SELECT launch_id, arg_max(capture, part) AS capture, arg_max(capture_counters, part) AS "
+                  "capture_counters FROM ingested_parts WHERE run_id = $run_id AND capture IS NOT NULL")
 SOURCE = "ingest_source"
 _CENSUS = "ingest_census"
 _KEYS = "ingest_keys"
@@ -59,7 +65,7 @@ def register_parts(con: duckdb.DuckDBPyConnection, store: PartStore, paths: Sequ
     by name, whichever part comes first (pyarrow does so when it reads a part with :data:`PART_SCHEMA`)."""
     if store.is_local:
         parts = con.read_parquet(list(paths), filename=True, union_by_name=True)
-        missing = [name for name in _BINDING_COLUMNS if name not in parts.columns]
+        missing = [name for name in (*_BINDING_COLUMNS, *_CAPTURE_COLUMNS) if name not in parts.columns]
         if missing:
             parts = parts.project(", ".join(["*", *(f"NULL::VARCHAR AS {name}" for name in missing)]))
         con.register(SOURCE, parts)
@@ -83,6 +89,8 @@ class PartCensus:
     host: str | None
     device: str | None
     gpu_type: str | None
+    capture: str | None = None
+    capture_counters: str | None = None  # JSON text
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
     found = con.execute(
         f"SELECT p.filename, min(p.run_id), max(p.run_id), any_value(p.launch_id), count(*), "
         f"count(*) FILTER (WHERE p.kind = 'reject'), any_value(p.host), any_value(p.device), any_value(p.gpu_type), "
+        f"any_value(p.capture), any_value(p.capture_counters), "
         f"count(*) FILTER (WHERE p.run_nonce IS DISTINCT FROM $nonce OR (p.kind = 'output' AND p.sidecars IS NULL)), "
         f"min(p.doc_id) FILTER (WHERE p.kind = 'output' AND (d.text IS NULL OR sha256(d.text) IS DISTINCT FROM "
         f"p.text_sha256)) "
@@ -112,7 +121,8 @@ def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
         f"AND d.status = 'ok' GROUP BY p.filename", {"nonce": nonce, "run_id": run_id}).fetchall()
     by_path: dict[str, PartCensus] = {}
     refused: dict[str, RefusedPart] = {}
-    for path, first_run, last_run, launch_id, rows, rejects, host, device, gpu_type, foreign, unknown in found:
+    for path, first_run, last_run, launch_id, rows, rejects, host, device, gpu_type, capture, counters, foreign, \
+            unknown in found:
         other = first_run if first_run != run_id else last_run
         if other != run_id:
             raise PartRunMismatchError(
@@ -127,7 +137,7 @@ def census(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
                                               f"with that text")
         else:
             by_path[path] = PartCensus(path, store.part_name(run_id, path), launch_id, rows, rejects, host, device,
-                                       gpu_type)
+                                       gpu_type, capture, counters)
     # a part with no rows has nothing to check; it is recorded all the same, so it is not looked at again
     accepted = [by_path.get(path) or PartCensus(path, name, name.split("/")[0], 0, 0, None, None, None)
                 for path, name in ((p, store.part_name(run_id, p)) for p in paths) if path not in refused]
@@ -174,11 +184,18 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, run_id: str, store: PartStore,
     rejects = _write_rejects(con, run_id) if any(p.rejects for p in parts) else 0
     con.register(_CENSUS, pa.Table.from_pylist(
         [{"run_id": run_id, "part": p.part, "launch_id": p.launch_id, "rows": p.rows, "host": p.host,
-          "device": p.device, "gpu_type": p.gpu_type} for p in parts], schema=_CENSUS_SCHEMA))
+          "device": p.device, "gpu_type": p.gpu_type, "capture": p.capture, "capture_counters": p.capture_counters}
+         for p in parts], schema=_CENSUS_SCHEMA))
     con.execute(f"INSERT INTO ingested_parts BY NAME SELECT * FROM {_CENSUS}")
     con.execute(
         f"UPDATE shard_attempts AS a SET host = c.host, device = c.device, gpu_type = c.gpu_type "
         f"FROM (SELECT DISTINCT launch_id, host, device, gpu_type FROM {_CENSUS} WHERE host IS NOT NULL) AS c "
+        f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id", {"run_id": run_id})
+    # an attempt's counters are cumulative: it keeps those of its latest part ingested (by name, in the order
+    # it wrote them), whichever chunk brought it
+    con.execute(
+        f"UPDATE shard_attempts AS a SET capture = c.capture, capture_counters = c.capture_counters "
+        f"FROM ({LATEST_CAPTURE} AND launch_id IN (SELECT launch_id FROM {_CENSUS}) GROUP BY launch_id) AS c "
         f"WHERE a.run_id = $run_id AND a.launch_id = c.launch_id", {"run_id": run_id})
     for view in (_STATS_ROWS, _SIDECAR_ROWS, _OUTPUT_ROWS, _KEPT):
         con.execute(f"DROP VIEW {view}")

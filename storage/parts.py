@@ -19,6 +19,9 @@ A part is one Parquet table with one row per output record or reject (:data:`PAR
 - who wrote it, the same on every row: ``run_id``, ``launch_id``, ``shard``, ``attempt``, ``host``,
   ``device``, ``gpu_type`` and ``run_nonce``, the nonce of the run's start that wrote the attempt's manifest
   (:class:`ShardInfo`);
+- how its forwards ran, the same on every row: ``capture``, the capture mode and why, and
+  ``capture_counters``, JSON text of the attempt's capture counters so far, per model (:class:`PartCapture`;
+  NULL in parts written before migration 014 or without them);
 - ``kind``: ``output`` (one mode of one document) or ``reject`` (a document that failed, e.g. ``oom``);
 - ``doc_id``: the document (NULL only for a reject of a row whose id was null), and ``text_sha256``, the
   SHA-256 of the text the attempt ran (:func:`text_sha256`);
@@ -41,9 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -52,6 +56,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from storage.capture_counters import checked_counters
 from storage.errors import ResultsLocationError
 from storage.records import Document, OutputRecord, RejectedDocument, RequestStats, SidecarRecord, check_outputs
 from storage.run_keys import run_key
@@ -101,6 +106,19 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class PartCapture:
+    """How an attempt's forwards ran when it wrote a part: its capture mode and why
+    (``ModelPair.capture_report``) and its counters so far, per model (``capture_stats(pair)["counters"]``)."""
+
+    capture: str
+    counters: Mapping[str, Mapping[str, float]]
+
+    def columns(self) -> dict[str, str]:
+        return {"capture": self.capture, "capture_counters": json.dumps(checked_counters(self.counters),
+                                                                        sort_keys=True)}
+
+
+@dataclass(frozen=True)
 class IngestResult:
     """What one ``Database.ingest_parts`` call did."""
 
@@ -126,6 +144,8 @@ _SHARD_FIELDS = record_columns(ShardInfo)
 PART_SCHEMA = pa.schema([
     # parts written before parts carried a nonce read with it NULL, to be refused rather than fail the read
     *(f.with_nullable(True) if f.name == "run_nonce" else f for f in _SHARD_FIELDS),
+    pa.field("capture", pa.string()),
+    pa.field("capture_counters", pa.string()),
     pa.field("kind", pa.string(), nullable=False),
     pa.field("doc_id", pa.string()),
     pa.field("text_sha256", pa.string()),
@@ -156,14 +176,14 @@ class Manifest:
 
 
 def part_table(info: ShardInfo, records: Sequence[OutputRecord], rejects: Sequence[RejectedDocument],
-               text_hashes: Mapping[str, str]) -> pa.Table:
+               text_hashes: Mapping[str, str], capture: PartCapture | None = None) -> pa.Table:
     """The rows of one part, as :data:`PART_SCHEMA` lays them out; ``text_hashes`` are the attempt's documents'
-    :func:`text_sha256` by id."""
+    :func:`text_sha256` by id, ``capture`` how its forwards ran so far."""
     check_outputs(records, "a part")
     unknown = sorted({r.doc_id for r in records} - set(text_hashes))
     if unknown:
         raise ValueError(f"outputs of documents not in the attempt's manifest: {unknown[:5]}")
-    shard = asdict(info)
+    shard = asdict(info) | (capture.columns() if capture else {"capture": None, "capture_counters": None})
     absent_output = dict.fromkeys([f.name for f in _OUTPUT_FIELDS] + ["sidecars", "stats"])
     absent_reject = dict.fromkeys(f.name for f in _REJECT_FIELDS)
     rows = [{**shard, "kind": "output", "doc_id": r.doc_id, "text_sha256": text_hashes[r.doc_id], **absent_reject,
@@ -282,9 +302,11 @@ class PartStore:
             raise ValueError(f"attempt {launch_id} of run {run_id!r} says its device is {said!r}")
         return said  # type: ignore[return-value]
 
-    def writer(self, info: ShardInfo, docs: Sequence[Document]) -> PartWriter:
-        """The parts of one attempt, of its manifest's ``docs``."""
-        return PartWriter(self, info, docs)
+    def writer(self, info: ShardInfo, docs: Sequence[Document],
+               capture: Callable[[], PartCapture] | None = None) -> PartWriter:
+        """The parts of one attempt, of its manifest's ``docs``; each part carries what ``capture`` says when it
+        is written."""
+        return PartWriter(self, info, docs, capture)
 
     def parts(self, run_id: str) -> list[str]:
         """The visible part files of the run, sorted by launch id and then by number (the order written)."""
@@ -328,11 +350,14 @@ class PartWriter:
     """Writes one attempt's parts, numbered 1, 2, ... in its launch directory; each ``write`` is one part.
 
     A writer for a launch that already has parts (a restarted process reusing its launch id) numbers on
-    after them, so it never replaces a part the parent may have ingested already."""
+    after them, so it never replaces a part the parent may have ingested already. ``capture`` gives each part
+    the attempt's capture mode and counters at the time it is written (the parent keeps the latest part's)."""
 
-    def __init__(self, store: PartStore, info: ShardInfo, docs: Sequence[Document]) -> None:
+    def __init__(self, store: PartStore, info: ShardInfo, docs: Sequence[Document],
+                 capture: Callable[[], PartCapture] | None = None) -> None:
         self.store = store
         self.info = info
+        self.capture = capture
         self.text_hashes = {d.doc_id: text_sha256(d.text) for d in docs}
         self.directory = store.launch_dir(info.run_id, info.launch_id)
         existing = [seq for _, seq, _ in store._listed(self.directory)]
@@ -343,7 +368,7 @@ class PartWriter:
         empty. The part is visible only once it is complete."""
         if not records and not rejects:
             return None
-        table = part_table(self.info, records, rejects, self.text_hashes)
+        table = part_table(self.info, records, rejects, self.text_hashes, self.capture() if self.capture else None)
         path = write_atomically(self.store.filesystem, f"{self.directory}/part-{self._next_seq:06d}.parquet",
                                 table)
         self._next_seq += 1

@@ -28,7 +28,7 @@ from storage import (
 from storage import parts as parts_module
 from storage.connection import RetryPolicy
 from storage.migrate import known_migrations, migrate
-from storage.parts import STATS_TYPE, Manifest, text_sha256
+from storage.parts import STATS_TYPE, Manifest, PartCapture, text_sha256
 
 # the fields migration 007 added to request_stats, and so to the stats of a part
 LEDGER_FIELDS = {"prefill_tokens", "prefill_forwards", "prefill_device_s", "decode_tokens", "decode_forwards",
@@ -438,6 +438,49 @@ def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(
         db.finish_attempt(RUN, "s0000-a01-aaaa", "running")
     with pytest.raises(UnknownRunError):
         db.record_attempt("no-such-run", "s0000-a01-aaaa", shard=0, attempt=1, docs=1)
+
+
+def forwards(n: int, recompiles: int = 0) -> dict:
+    return {"target": {"compiles": 1, "recompiles": recompiles, "graph_breaks": 0, "forwards": n,
+                       "distinct_shapes": 2, "compile_seconds": 0.5, "graph_bytes": 0}}
+
+
+@pytest.mark.parametrize("location", ["local", "mock"])
+def test_an_attempt_keeps_the_capture_of_its_latest_part_and_a_part_from_before_014_has_none(
+        db: Database, tmp_path: Path, location: str) -> None:
+    store = PartStore(tmp_path / "results" if location == "local" else "mock:///results")
+    # an attempt's counters grow as it decodes: each part carries them as they are when it is written
+    said = iter([PartCapture("eager (auto: CPU)", forwards(5)), PartCapture("eager (auto: CPU)", forwards(12))])
+    db.record_attempt(RUN, "s0000-a01-aaaa", shard=0, attempt=1, docs=2)
+    first = store.writer(shard("s0000-a01-aaaa"), DOCS, capture=lambda: next(said))
+    first.write(both_modes("d0"), [])
+    db.ingest_parts(RUN, store)
+    first.write(both_modes("d1"), [])
+    # a part written before migration 014 (no capture columns), and a compiled attempt's, ingested before its
+    # attempt is recorded (a parent rerun)
+    old = shard("s0001-a01-bbbb", 1)
+    table = parts_module.part_table(old, both_modes("d2"), [], HASHES)
+    table = table.drop_columns(["capture", "capture_counters"])
+    parts_module.write_atomically(store.filesystem, f"{store.launch_dir(RUN, old.launch_id)}/part-000001.parquet",
+                                  table)
+    store.writer(shard("s0002-a01-cccc", 2), DOCS,
+                 capture=lambda: PartCapture("compile (c)", forwards(7, recompiles=1))).write(both_modes("d3"), [])
+    assert db.ingest_parts(RUN, store).parts == 3
+    db.record_attempt(RUN, "s0001-a01-bbbb", shard=1, attempt=1, docs=1)
+    db.record_attempt(RUN, "s0002-a01-cccc", shard=2, attempt=1, docs=1)
+    rows = db.shard_attempts(RUN)
+    assert [(r["capture"], r["capture_counters"] and json.loads(r["capture_counters"])["target"]["forwards"])
+            for r in rows] == [("eager (auto: CPU)", 12), (None, None), ("compile (c)", 7)]
+    summed = db.capture(RUN)
+    assert (summed["capture"], summed["recorded"], summed["forwards"], summed["recompiles"], summed["faults"]) == (
+        "compile (c); eager (auto: CPU)", 2, 19, 1, 1)
+
+
+def test_part_capture_counters_that_are_no_counts_are_refused_before_a_part_is_written(store: PartStore) -> None:
+    writer = store.writer(shard("s0000-a01-aaaa"), DOCS, capture=lambda: PartCapture("eager (e)", forwards(-3)))
+    with pytest.raises(ValueError, match=r"capture counter target\.forwards must be a number >= 0, got -3"):
+        writer.write(both_modes("d0"), [])
+    assert store.parts(RUN) == []
 
 
 def test_throughput_has_one_row_per_gpu_type_of_a_run(db: Database, store: PartStore) -> None:

@@ -8,6 +8,7 @@ fails or never writes a part is launched by a launcher that starts another proce
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -168,6 +169,15 @@ def test_two_workers_store_the_outputs_of_one_each_document_and_mode_once(prefec
     assert {w["launch_id"] for w in where} == ran and len(ran) == 2
     assert all(w["host"] and w["device"] == "cpu" and w["gpu_type"] for w in where)
     assert db.get_run("two-workers")["gpu_type"] is None
+    # ... and how its forwards ran: each shard's capture mode and its own counters, from its latest part (the
+    # huge document's shard too, which loaded the pair and rejected it)
+    recorded = db.shard_attempts("two-workers")
+    assert {a["capture"] for a in recorded} == {"eager (auto: CPU, eager (compile: SIDECAR_CAPTURE=compile))"}
+    assert all(c["forwards"] > 0 and c["recompiles"] == 0 for a in recorded if a["launch_id"] in ran
+               for c in json.loads(a["capture_counters"]).values())
+    summed = db.capture("two-workers")
+    assert (summed["capture"], summed["recorded"], summed["faults"]) == (recorded[0]["capture"], 3, 0)
+    assert db.get_run("two-workers")["capture"] is None, "the parent ran no forward"
     # ... which the throughput view, and the cost report measured from it, take per GPU type
     assert {t["gpu_type"] for t in db.throughput("two-workers")} == {where[0]["gpu_type"]}
     measured = db.query("SELECT DISTINCT mode FROM costs WHERE source = 'measured' AND run_id = ?", ["two-workers"])

@@ -6,7 +6,8 @@
 -- compile_seconds, graph_bytes (sidecar.decoding.decoder.capture_stats). A run's own process records them
 -- when its decoding ends; a resume adds its own process's (counts and seconds summed, distinct_shapes and
 -- graph_bytes their largest), so no forward counts twice. A shard attempt's come from its part files, each
--- part carrying the attempt's counters so far: the attempt keeps its latest part's.
+-- part carrying the attempt's mode and counters so far (`ingested_parts`, as its host and device): the attempt
+-- keeps its latest part's. Parts written before this migration carry none (NULL).
 --
 -- `run_captures`: per run, its mode(s) and counters summed over its models, its own starts and its shard
 -- attempts. Recompiles after warm-up and graph breaks must be 0: `faults` counts both.
@@ -15,6 +16,8 @@ ALTER TABLE runs ADD COLUMN capture VARCHAR;
 ALTER TABLE runs ADD COLUMN capture_counters JSON;
 ALTER TABLE shard_attempts ADD COLUMN capture VARCHAR;
 ALTER TABLE shard_attempts ADD COLUMN capture_counters JSON;
+ALTER TABLE ingested_parts ADD COLUMN capture VARCHAR;
+ALTER TABLE ingested_parts ADD COLUMN capture_counters JSON;
 
 CREATE VIEW run_captures AS
 WITH recorded AS (
