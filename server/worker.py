@@ -15,7 +15,8 @@ else 500) and the loop goes on with an empty batch. After the stop sentinel the 
 job is finished. A seeded request decodes the same tokens whatever shares the batch with it
 (``sidecar.decoding.randomness``). Should the loop itself raise, the worker is dead: it answers every job it
 holds or that is queued with 503 ``worker_failed``, refuses new ones the same way, and ``failure`` says why
-(``GET /health`` reports it).
+(``GET /health`` reports it). Out of memory also releases the KV caches kept for later batches
+(``sidecar.runtime.pools.release_free``), as the nightly run's retry does.
 
 A scoring job (``ScoreWork``: a prompt's log-probabilities) joins no batch: the worker runs its one forward
 when it takes the job from the queue, between two decoding steps, so it never races the batch's forwards
@@ -46,6 +47,7 @@ from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import prompt_logprobs
 from sidecar.errors import InputError
+from sidecar.runtime.pools import release_free
 from sidecar.tasks.batch import SidecarBatch
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.rows import DocumentResult, SidecarRequest
@@ -390,7 +392,10 @@ class BatchWorker:
             logger.warning("%s refused by the engine: %s", what, exc)
             return APIError(400, str(exc))
         if isinstance(exc, torch.OutOfMemoryError):
-            logger.error("%s ran out of memory", what)
+            freed = release_free()  # the caches kept for later batches: the next batch allocates what it needs
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            logger.error("%s ran out of memory; released %d bytes of free KV caches", what, freed)
             return APIError(503, "out of memory; retry with fewer tokens", "server_error", code="out_of_memory")
         logger.exception("%s failed", what)
         return APIError(500, "internal error while generating; see the server log", "server_error")

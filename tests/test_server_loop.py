@@ -290,3 +290,27 @@ def test_a_long_lived_batch_keeps_its_memory_flat(engine: SidecarEngine) -> None
     slots = batch.slots
     assert len(slots.trace.events) <= 64 and len(slots.ledger.records) <= 64
     assert len(engine.decoder.controller.decisions) <= DECISIONS_KEPT and len(batch.requests) <= 4
+
+
+def test_out_of_memory_in_a_step_releases_the_free_kv_caches(engine: SidecarEngine, monkeypatch) -> None:
+    """A request's caches are kept for the next batch (``sidecar.runtime.pools``); a step that runs out of
+    memory releases them, as the nightly run's retry does, and the worker goes on allocating anew."""
+    from sidecar.runtime.pools import pools_of
+
+    models = (engine.pair.target, engine.pair.draft)
+    step = SidecarBatch.step
+
+    def out_of_memory(batch: SidecarBatch) -> object:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with started(engine) as service:
+        asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        assert all(pools_of(model).free for model in models), "a finished request's caches were not kept"
+        monkeypatch.setattr(SidecarBatch, "step", out_of_memory)
+        with pytest.raises(APIError) as failed:
+            asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        assert (failed.value.status, failed.value.code) == (503, "out_of_memory")
+        assert not any(pools_of(model).free for model in models), "out of memory left the free caches"
+        monkeypatch.setattr(SidecarBatch, "step", step)
+        assert asyncio.run(answer(service, chat(SHORT, max_tokens=4)))["choices"][0]["finish_reason"] in (
+            "stop", "length")
