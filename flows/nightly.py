@@ -81,6 +81,7 @@ from pipeline import (
     run_window,
     split_by_context,
     token_counts,
+    warm_run,
     window_size,
 )
 from sidecar.decoding.decoder import capture_stats
@@ -193,6 +194,7 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
     rejects = rejects + over_context
     counts.documents = len(docs)
     counts.add_rejects(rejects)
+    warm_run(engine, docs, settings, params.batch_size, logger.info)  # compiles before the first window, not in it
 
     pair = engine.pair
     ran_on = RanOn(host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type)

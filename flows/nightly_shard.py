@@ -29,7 +29,15 @@ from flows.accelerator import holding_accelerator
 from flows.nightly import run_window_task
 from flows.nightly_params import NightlyParams
 from flows.process_exit import exit_now
-from pipeline import FinishedDocument, PendingCommit, RunCounts, plan_windows, split_by_context, window_size
+from pipeline import (
+    FinishedDocument,
+    PendingCommit,
+    RunCounts,
+    plan_windows,
+    split_by_context,
+    warm_run,
+    window_size,
+)
 from sidecar.decoding.decoder import capture_stats
 from sidecar.models.loading import load_pair
 from sidecar.tasks.engine import SidecarEngine
@@ -81,6 +89,7 @@ def _run_shard(engine: SidecarEngine, run: NightlyParams, writer: PartWriter, do
     counts.add_rejects(over_context)
     if over_context:
         writer.write([], over_context)
+    warm_run(engine, docs, settings, run.batch_size, get_run_logger().info)  # compiles before the first window
     pending = PendingCommit(run.commit_every_s)
 
     def write() -> None:

@@ -16,7 +16,8 @@ single documents, and a document that still runs out is returned as a failure wh
 * ``records``: the storage records of a document in a mode; ``batch_ids``: the engine batches they ran in;
 * ``finished``: what a window hands on per document;
 * ``commits``: grouping finished documents into DuckDB transactions;
-* ``counts``: what a run did, for its summary.
+* ``counts``: what a run did, for its summary;
+* ``warmup``: compiling (and capturing) the decode forwards the windows will run, at the run's start.
 """
 
 from pipeline.batch_ids import EngineBatch
@@ -29,6 +30,7 @@ from pipeline.records import sidecar_record, standalone_record
 from pipeline.settings import DEFAULT_MODES, BatchSettings
 from pipeline.shards import Shard, plan_shards, token_counts
 from pipeline.streams import WindowStats, run_window
+from pipeline.warmup import warm_run
 from pipeline.windows import WINDOW_BATCHES, Window, plan_windows, window_size
 
 __all__ = [
@@ -58,5 +60,6 @@ __all__ = [
     "standalone_record",
     "store_documents",
     "token_counts",
+    "warm_run",
     "window_size",
 ]

@@ -3,7 +3,8 @@
 Endpoints:
 
 - ``GET /health``: liveness, no key needed: 200 ``{"status": "ok", ...}``, or 503 ``{"status": "unhealthy",
-  "reason": ...}`` once the batch worker has died (every request would then be refused).
+  "reason": ...}`` once the batch worker has died (every request would then be refused), or 503
+  ``{"status": "warming_up", ...}`` while it warms the compiled decode forwards (``server.worker``).
 - ``GET /v1/models``: the served model and ``<served name>/draft``, the pair's draft, which only scores prompts.
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` / ``max_completion_tokens`` (default
   ``DEFAULT_MAX_TOKENS``, clipped to the context), ``temperature`` (default 1, as OpenAI; 0, and
@@ -63,7 +64,9 @@ Endpoints:
   worked on, ``failed_steps``, ``queue_depth``: requests waiting for a slot; see ``server.worker.BatchStats``),
   the requests whose client left while they decoded (``cancelled_requests``, ``cancelled_tokens``), the
   device-time ledger's totals (``device``: forwards, measured seconds, and the seconds charged to each
-  phase, which sum to the measured ones) and the server's RSS.
+  phase, which sum to the measured ones), the server's RSS, the capture mode with each model's counters
+  (``capture``) and the load's warm-up (``warm_up``: ``ready``, and per capacity warmed each model's shapes,
+  compiles, seconds and graph bytes).
 - ``GET /metrics``: the same totals and per-request traffic, latency, token and speculation counts in the
   Prometheus text format (``server.metrics`` lists them), for a scraper that sends the key.
 
@@ -167,6 +170,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         if service.worker.failure is not None:
             reason = f"the batch worker has died ({service.worker.failure}); restart the server"
             return JSONResponse({"status": "unhealthy", "reason": reason, **about}, status_code=503)
+        if not service.worker.ready.is_set():
+            reason = "warming up the compiled decode forwards (SIDECAR_WARMUP); requests wait for it"
+            return JSONResponse({"status": "warming_up", "reason": reason, **about}, status_code=503)
         return {"status": "ok", **about}
 
     @api.get("/v1/models")
@@ -180,7 +186,9 @@ def create_app(engine: SidecarEngine, config: ServerConfig) -> FastAPI:
         return service.worker.stats.snapshot() | {"queue_depth": service.worker.queue.qsize(),
                                                   "rss_bytes": psutil.Process().memory_info().rss,
                                                   "dtype": service.engine.pair.dtype_report,
-                                                  "capture": capture_stats(service.engine.pair)}
+                                                  "capture": capture_stats(service.engine.pair),
+                                                  "warm_up": {"ready": service.worker.ready.is_set(),
+                                                              "capacities": service.worker.warm_ups}}
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -15,7 +15,15 @@ else 500) and the loop goes on with an empty batch. After the stop sentinel the 
 job is finished. A seeded request decodes the same tokens whatever shares the batch with it
 (``sidecar.decoding.randomness``). Should the loop itself raise, the worker is dead: it answers every job it
 holds or that is queued with 503 ``worker_failed``, refuses new ones the same way, and ``failure`` says why
-(``GET /health`` reports it).
+(``GET /health`` reports it). Out of memory also releases the KV caches kept for later batches
+(``sidecar.runtime.pools.release_free``), as the nightly run's retry does.
+
+Before its loop the worker warms the compiled or captured decode forwards (``SIDECAR_WARMUP``:
+``SpeculativeDecoder.warm_at_load``) on its own thread, the one that replays them (inductor's CUDA graphs are
+per thread): every batch bucket of ``max_batch`` rows (and as many draft-only rows, the sidecars') at the
+capacity buckets from 64 columns, at most ``MAX_FREE_SHAPES`` of them and none past the context (64 .. 512: a
+short prompt with the default ``max_tokens``); a longer request's cache warms when it is allocated. Until then
+``ready`` is unset (``GET /health`` answers 503 ``warming_up``) and requests queue.
 
 A scoring job (``ScoreWork``: a prompt's log-probabilities) joins no batch: the worker runs its one forward
 when it takes the job from the queue, between two decoding steps, so it never races the batch's forwards
@@ -46,6 +54,9 @@ from sidecar.decoding.logprobs import TokenLogprob
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import prompt_logprobs
 from sidecar.errors import InputError
+from sidecar.runtime.pools import release_free
+from sidecar.runtime.slots import row_columns
+from sidecar.runtime.warmup import summary, warms_at_load
 from sidecar.tasks.batch import SidecarBatch
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.rows import DocumentResult, SidecarRequest
@@ -229,6 +240,11 @@ class BatchWorker:
         self._indices = itertools.count()
         # why the loop died ("OverflowError: ..."); None while it runs or after a clean stop
         self.failure: str | None = None
+        # set once the warm-up is done (at once where there is nothing to warm); its reports, one per capacity
+        self.ready = threading.Event()
+        self.warm_ups: list[dict] = []
+        if not warms_at_load(engine.pair.capture_mode):
+            self.ready.set()
         self._thread = threading.Thread(target=self._run, name="sidecar-worker", daemon=True)
 
     @property
@@ -260,6 +276,7 @@ class BatchWorker:
 
     def _run(self) -> None:
         try:
+            self._warm_up()
             self._loop()
         except BaseException as exc:
             logger.exception("the batch worker died")
@@ -270,6 +287,15 @@ class BatchWorker:
             for job in jobs:
                 job.finish(error=error)
             self._refuse_the_rest(error)
+
+    def _warm_up(self) -> None:
+        """Warm the forwards the batches will run (see the module's docstring), then say ready."""
+        if not self.ready.is_set():
+            decoder, started = self.engine.decoder, time.perf_counter()
+            self.warm_ups = decoder.warm_at_load(self.config.max_batch, row_columns(1, 1, decoder.gamma),
+                                                 self.engine.pair.max_context, max_draft_rows=self.config.max_batch)
+            logger.info("%s", summary(self.warm_ups, time.perf_counter() - started))
+        self.ready.set()
 
     def _batch(self) -> SidecarBatch:
         with self.stats.lock:
@@ -390,7 +416,10 @@ class BatchWorker:
             logger.warning("%s refused by the engine: %s", what, exc)
             return APIError(400, str(exc))
         if isinstance(exc, torch.OutOfMemoryError):
-            logger.error("%s ran out of memory", what)
+            freed = release_free()  # the caches kept for later batches: the next batch allocates what it needs
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            logger.error("%s ran out of memory; released %d bytes of free KV caches", what, freed)
             return APIError(503, "out of memory; retry with fewer tokens", "server_error", code="out_of_memory")
         logger.exception("%s failed", what)
         return APIError(500, "internal error while generating; see the server log", "server_error")

@@ -54,6 +54,18 @@ def parse_capture(value: str | None, source: str) -> str | None:
     return name or None
 
 
+# what SIDECAR_WARMUP accepts (``sidecar.runtime.warmup``): auto warms in ``cudagraph`` mode only (a compile
+# per shape is seconds on a CPU and minutes on a big model: compile mode compiles a shape when it first runs)
+WARMUP_NAMES = ("auto", "on", "off")
+
+
+def _warmup() -> str:
+    value = (_env("warmup") or "").strip().lower()
+    if value and value not in WARMUP_NAMES:
+        raise InputError(f"unknown warm-up {value!r} in {PREFIX}WARMUP: use auto, on or off")
+    return value or "auto"
+
+
 def _path(name: str) -> Path | None:
     value = _env(name)
     return Path(value) if value else None
@@ -76,6 +88,9 @@ class Settings:
     # how decode forwards run: auto, eager, compile, cudagraph or hf (unset: auto), as
     # ``sidecar.runtime.capture`` resolves it
     capture: str | None = field(default_factory=lambda: parse_capture(_env("capture"), f"{PREFIX}CAPTURE"))
+    # whether compiled or captured decode forwards are warmed at load (``sidecar serve``, the nightly run) and
+    # as each KV cache is allocated: on, off, or auto (unset: in ``cudagraph`` mode only); eager and hf never
+    warmup: str = field(default_factory=_warmup)
 
 
 def pin_dtype(dtype: str | None) -> None:

@@ -14,6 +14,7 @@ from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import attach, batch_bucket, capacity_bucket, resolve_capture, runner_of, width_bucket
 from sidecar.runtime.forward import forward, prefill
 from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.warmup import allocation_default, load_capacities, warms_at_load
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.rows import SidecarRequest
 from sidecar.tasks.task import HASHTAGS, SidecarTask
@@ -56,6 +57,30 @@ def test_buckets():
     assert [batch_bucket(n, 12) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
     assert [width_bucket(n) for n in (1, 5, 8, 9, 17)] == [1, 5, 8, 16, 32]
     assert [capacity_bucket(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
+
+
+def test_warm_up_setting_says_which_modes_warm_at_load_and_on_allocation(monkeypatch):
+    """``SIDECAR_WARMUP``: auto warms ``cudagraph`` only, on ``compile`` too, off nothing; eager and hf never.
+    It is ``SpeculativeDecoder``'s default for warming each new cache; a bad value names the variable."""
+    expected = {"auto": {"cudagraph"}, "on": {"compile", "cudagraph"}, "off": set()}
+    for setting, modes in expected.items():
+        monkeypatch.setenv("SIDECAR_WARMUP", setting)
+        assert {mode for mode in ("eager", "compile", "cudagraph", "hf") if warms_at_load(mode)} == modes
+        assert allocation_default() == {"auto": None, "on": True, "off": False}[setting]
+    pair = tiny_pair(layers=1)
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    SpeculativeDecoder(pair, capture="compile")
+    assert runner_of(pair.target).warm_on_allocate and runner_of(pair.draft).warm_on_allocate
+    monkeypatch.setenv("SIDECAR_WARMUP", "sometimes")
+    with pytest.raises(InputError, match="SIDECAR_WARMUP"):
+        warms_at_load("compile")
+
+
+def test_a_load_warms_the_capacity_buckets_from_the_shortest_need_at_most_four():
+    """Every bucket from the shortest row's to the longest's, but no more than the pools keep free per model."""
+    assert load_capacities(1, 4096) == [64, 128, 256, 512]
+    assert load_capacities(100, 300) == [128, 256, 512]
+    assert load_capacities(600, 100) == [1024]
 
 
 def test_modes_resolve_with_their_reason(monkeypatch):

@@ -21,6 +21,7 @@ from pipeline import (
     run_window,
     split_by_context,
     store_documents,
+    warm_run,
     window_size,
 )
 from sidecar import HASHTAGS, InputError, SidecarEngine, SidecarRequest
@@ -486,3 +487,15 @@ def test_embedded_prefect_turns_heartbeats_off_only_without_a_server(monkeypatch
     with temporary_settings(updates={PREFECT_API_URL: server}), embedded_prefect():
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
     assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == configured
+
+
+def test_a_run_in_eager_mode_warms_nothing_at_its_start(engine: SidecarEngine, monkeypatch) -> None:
+    """``warm_run`` (the nightly's warm-up before its first window) has nothing to warm in eager mode, even
+    with ``SIDECAR_WARMUP=on``: no report, no log line, no warm-up on either model's runner."""
+    from sidecar.runtime.capture import runner_of
+
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    logged: list[str] = []
+    assert engine.pair.capture_mode == "eager"
+    assert warm_run(engine, documents(4), settings("sidecar", "standalone"), 2, logged.append) == [] == logged
+    assert not runner_of(engine.pair.target).warm_ups and not runner_of(engine.pair.draft).warm_ups

@@ -290,3 +290,88 @@ def test_a_long_lived_batch_keeps_its_memory_flat(engine: SidecarEngine) -> None
     slots = batch.slots
     assert len(slots.trace.events) <= 64 and len(slots.ledger.records) <= 64
     assert len(engine.decoder.controller.decisions) <= DECISIONS_KEPT and len(batch.requests) <= 4
+
+
+def test_out_of_memory_in_a_step_releases_the_free_kv_caches(engine: SidecarEngine, monkeypatch) -> None:
+    """Caches batches gave back are kept for the next batch (``sidecar.runtime.pools``); a step that runs out
+    of memory releases them, as the nightly run's retry does, and the worker goes on allocating anew."""
+    from sidecar.runtime.pools import give_back, pools_of, take
+
+    models = (engine.pair.target, engine.pair.draft)
+    step = SidecarBatch.step
+
+    def out_of_memory(batch: SidecarBatch) -> object:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with started(engine) as service:
+        asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        with torch.inference_mode():  # a free cache of each model, whatever the request left
+            for model in models:
+                give_back(model, take(model, 3, 64))
+        assert all(pools_of(model).free for model in models)
+        monkeypatch.setattr(SidecarBatch, "step", out_of_memory)
+        with pytest.raises(APIError) as failed:
+            asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+        assert (failed.value.status, failed.value.code) == (503, "out_of_memory")
+        assert not any(pools_of(model).free for model in models), "out of memory left the free caches"
+        monkeypatch.setattr(SidecarBatch, "step", step)
+        assert asyncio.run(answer(service, chat(SHORT, max_tokens=4)))["choices"][0]["finish_reason"] in (
+            "stop", "length")
+
+
+def test_an_eager_server_warms_nothing_and_is_ready_at_once(engine: SidecarEngine, monkeypatch) -> None:
+    """``SIDECAR_WARMUP=on`` warms compiled and captured forwards at load; eager ones have nothing to warm: the
+    worker is ready before it starts and ``/stats`` reports no warm-up."""
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    assert engine.pair.capture_mode == "eager"
+    with serving(create_app(engine, ServerConfig(model_name="tiny"))) as (url, _):
+        health = httpx.get(url + "/health", timeout=60)
+        stats = httpx.get(url + "/stats", timeout=60).json()
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert stats["warm_up"] == {"ready": True, "capacities": []}
+    assert all(not c["warm_ups"] for c in stats["capture"]["counters"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_compiled_server_warms_up_before_its_first_request_which_compiles_nothing(monkeypatch) -> None:
+    """``SIDECAR_CAPTURE=compile`` with ``SIDECAR_WARMUP=on`` (one-layer pair: compiling is slow on a CPU):
+    ``/health`` says ``warming_up`` until the worker has compiled every batch bucket's decode forwards at the
+    capacity buckets up to its context, ``/stats`` reports them before any request, and a first request that fits them
+    compiles nothing."""
+    import time
+
+    from sidecar.models.tiny import tiny_pair
+    from sidecar.runtime.capture import runner_of
+
+    monkeypatch.setenv("SIDECAR_CAPTURE", "compile")
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    pair = tiny_pair(layers=1)
+    pair.target.config.max_position_embeddings = 128  # a context of 128: capacities 64 and 128 warm, no more
+    engine = SidecarEngine(pair, gamma=1)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(torch._dynamo.reset)  # dynamo shares graphs across pairs: later tests compile their own
+        url, _ = cleanup.enter_context(serving(create_app(engine, ServerConfig(model_name="tiny", max_batch=1))))
+        statuses = set()
+        deadline = time.monotonic() + 500
+        while (health := httpx.get(url + "/health", timeout=60)).status_code != 200:
+            assert health.json()["status"] == "warming_up", health.json()
+            statuses.add(health.json()["status"])
+            assert time.monotonic() < deadline, "the warm-up did not end"
+            time.sleep(0.2)
+        stats = httpx.get(url + "/stats", timeout=60).json()
+        compiles = {name: runner_of(model).counters.compiles for name, model in (
+            ("target", pair.target), ("draft", pair.draft))}
+        response = httpx.post(url + "/v1/chat/completions", json=chat(SHORT, max_tokens=8), timeout=300)
+        after = httpx.get(url + "/stats", timeout=60).json()
+    assert statuses <= {"warming_up"}
+    assert response.status_code == 200, response.text
+    warm_up = stats["warm_up"]
+    assert warm_up["ready"] and [c["capacity"] for c in warm_up["capacities"]] == [64, 128]
+    # batch bucket 1 at the target's widths 1, 2; buckets 1, 2 (a main row and a sidecar's) at the draft's 1, 2
+    assert all((c["target"]["shapes"], c["draft"]["shapes"]) == (2, 4) for c in warm_up["capacities"])
+    assert stats["steps"] == 0 and all(c["compiles"] > 0 for c in stats["capture"]["counters"].values())
+    assert {name: c["compiles"] for name, c in after["capture"]["counters"].items()} == compiles, \
+        "the first request compiled"
+    assert after["steps"] > 0 and all(c["forwards"] > stats["capture"]["counters"][name]["forwards"]
+                                      for name, c in after["capture"]["counters"].items())

@@ -28,7 +28,7 @@ from sidecar.progress import ProgressCallback
 from sidecar.runtime.capture import attach, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
-from sidecar.runtime.warmup import set_widths, warm_up
+from sidecar.runtime.warmup import allocation_default, load_capacities, set_widths, warm_up, warms_at_load
 
 
 def use_capture(pair: ModelPair, requested: str | None) -> None:
@@ -68,8 +68,9 @@ class SpeculativeDecoder:
     ``capture`` (default: the pair's, asked at load or attached by an earlier decoder, else ``SIDECAR_CAPTURE``,
     else auto) is how forwards run: eager, compiled
     or captured as CUDA graphs over bucketed shapes, or Hugging Face's forward (``sidecar.runtime.capture``).
-    ``warm_up`` (default: in ``cudagraph`` mode) runs every batch bucket's decode forwards of a KV cache as soon
-    as it is allocated (``sidecar.runtime.warmup``); ``warm`` does it at load for a batch limit and row length.
+    ``warm_up`` (default: ``SIDECAR_WARMUP``; auto: in ``cudagraph`` mode) runs every batch bucket's decode
+    forwards of a KV cache as soon as it is allocated (``sidecar.runtime.warmup``); ``warm`` does it at load for
+    a batch limit and row length, ``warm_at_load`` for the capacities a server or a nightly run will use.
 
     A row asking for ``top_logprobs`` gets each token's log-probability under the target and that many
     top alternatives (``sidecar.decoding.logprobs``), read from the logits the prefill, plain step or
@@ -87,6 +88,7 @@ class SpeculativeDecoder:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.pair = pair
         use_capture(pair, capture or pair.capture or pair.capture_mode or None)
+        warm_up = allocation_default() if warm_up is None else warm_up
         set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
         set_widths(pair.draft, {1, 2}, warm_up)
         self.gamma = gamma
@@ -112,6 +114,19 @@ class SpeculativeDecoder:
         reports = {name: warm_up(model, rows, columns, name) for name, model, rows in (
             ("target", self.pair.target, max_batch), ("draft", self.pair.draft, max_batch + max_draft_rows))}
         return {name: report.as_dict() for name, report in reports.items() if report is not None}
+
+    def warm_at_load(self, max_batch: int, shortest: int, longest: int, max_draft_rows: int = 0) -> list[dict]:
+        """``warm`` for each capacity ``load_capacities`` picks for rows needing ``shortest`` .. ``longest`` KV
+        columns, where ``SIDECAR_WARMUP`` warms this pair's mode at load (``warms_at_load``); one report per
+        capacity warmed (none in eager and hf modes, or with warm-up off), each logged."""
+        if not warms_at_load(self.pair.capture_mode):
+            return []
+        reports = []
+        for capacity in load_capacities(shortest, longest):
+            report = self.warm(max_batch, capacity, max_draft_rows)
+            if report:
+                reports.append({"capacity": capacity, **report})
+        return reports
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int] = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, batch_size: int = 8,

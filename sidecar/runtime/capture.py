@@ -40,6 +40,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # a decode forward's query width: exact up to this (the verify's gamma + 1, a draft's feed), else padded up to
 # a power of two (a catching-up row's feed)
 EXACT_WIDTHS = 8
+# compiled shapes one code object may hold (every model's and bucket's share it)
+RECOMPILE_LIMIT = 512
 # calls of a shape by which inductor's CUDA graph trees have warmed it up and recorded its graph
 CAPTURE_CALLS = 3
 # eager attention reads the filled columns rounded up to this, so its shapes repeat from step to step
@@ -129,11 +131,14 @@ class StackRunner:
             import torch._dynamo
 
             # one code object serves every model and bucket: dynamo's per-code limit must hold them all
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             torch._dynamo.config.accumulated_recompile_limit = max(
                 torch._dynamo.config.accumulated_recompile_limit, 4096)
+            # the limit again on the compiled region: dynamo's config is per thread, and the server's worker
+            # thread, which runs the forwards, would otherwise get the default 8 and fail at the ninth shape
             self._compiled = torch.compile(self.stack.forward, fullgraph=True, dynamic=False,
-                                           mode="reduce-overhead" if mode == "cudagraph" else None)
+                                           mode="reduce-overhead" if mode == "cudagraph" else None,
+                                           recompile_limit=RECOMPILE_LIMIT)
 
     @property
     def static(self) -> bool:

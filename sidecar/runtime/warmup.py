@@ -11,7 +11,9 @@ Wider first feeds (a sidecar's bridge, a row catching up) compile when they come
 
 ``SpeculativeDecoder`` sets the widths on each model's runner (``set_widths``) and whether a cache is warmed as
 soon as it is allocated (on by default in ``cudagraph`` mode, an option in ``compile`` mode);
-``SpeculativeDecoder.warm_up`` warms the caches of a batch limit and a row length explicitly, at load.
+``SpeculativeDecoder.warm`` warms the caches of a batch limit and a row length explicitly, and
+``SpeculativeDecoder.warm_at_load`` those of the capacities ``load_capacities`` picks, at load (``sidecar serve``,
+the nightly run), where ``SIDECAR_WARMUP`` (``warms_at_load``) says so.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from transformers import PreTrainedModel
 
 from sidecar.runtime.capture import BATCH_BUCKETS, CAPTURE_CALLS, StackRunner, capacity_bucket, runner_of
 from sidecar.runtime.kv_cache import RowKVCache
-from sidecar.runtime.pools import give_back, take
+from sidecar.runtime.pools import MAX_FREE_SHAPES, give_back, take
+from sidecar.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,39 @@ class WarmUp:
 def batch_buckets(rows: int) -> list[int]:
     """The batch buckets a cache of ``rows`` rows pads its forwards to."""
     return [bucket for bucket in BATCH_BUCKETS if bucket < rows] + [rows]
+
+
+def allocation_default() -> bool | None:
+    """Whether a decoder warms each new cache (``set_widths``' ``on_allocate``) when its caller says nothing:
+    ``SIDECAR_WARMUP`` on: yes, off: no, auto: in ``cudagraph`` mode (None)."""
+    return {"on": True, "off": False}.get(Settings().warmup)
+
+
+def warms_at_load(mode: str | None) -> bool:
+    """Whether a server or a nightly run whose forwards run in ``mode`` warms them at load (``SIDECAR_WARMUP``):
+    on in ``compile`` and ``cudagraph``, auto in ``cudagraph`` only, off never; eager and hf have nothing to warm."""
+    setting = Settings().warmup
+    return mode in ("compile", "cudagraph") and (setting == "on" or (setting == "auto" and mode == "cudagraph"))
+
+
+def load_capacities(shortest: int, longest: int) -> list[int]:
+    """The KV capacities (``capacity_bucket``) a load warms for rows needing ``shortest`` .. ``longest``
+    columns: each bucket from the first, at most ``MAX_FREE_SHAPES`` of them (the free caches the pools keep per
+    model: a further one would push out the buffers an earlier one's CUDA graphs were recorded on). A longer
+    row's cache is warmed when it is allocated, where the decoder warms new caches (``set_widths``)."""
+    first, last = capacity_bucket(shortest), capacity_bucket(max(shortest, longest))
+    capacities = [first]
+    while capacities[-1] < last and len(capacities) < MAX_FREE_SHAPES:
+        capacities.append(capacities[-1] * 2)
+    return capacities
+
+
+def summary(reports: list[dict], seconds: float) -> str:
+    """One log line for ``SpeculativeDecoder.warm_at_load``'s reports (one per capacity, each model's)."""
+    models = [report for capacity in reports for name, report in capacity.items() if name != "capacity"]
+    return (f"warm-up: capacities {[r['capacity'] for r in reports]}, {sum(m['shapes'] for m in models)} shapes, "
+            f"{sum(m['compiles'] for m in models)} compiles, graphs {sum(m['graph_bytes'] for m in models)} bytes, "
+            f"in {seconds:.1f} s")
 
 
 def set_widths(model: PreTrainedModel, widths: set[int], on_allocate: bool | None) -> None:
