@@ -1,16 +1,18 @@
 """A user's error ends the ``sidecar`` command with one ``error:`` line, no traceback, and its documented exit code.
 
-The database cases run the real command in a subprocess, as a user or a scheduler runs it: a ``--db`` that is a
-directory, a file that is not DuckDB, a path under a regular file, and a location nobody may write (``/sys``,
-which refuses new files to root too; the tests run as root, so a chmod-ed directory would prove nothing).
+The database cases run the real command (``python -m cli``) in a process of its own, as a user or a scheduler runs
+it: a ``--db`` that is a directory, a file that is not DuckDB, a path under a regular file, and a location nobody
+may write (``/sys``, which refuses new files to root too; the tests run as root, so a chmod-ed directory would
+prove nothing). One subprocess imports the CLI once and forks a child per command (``FORKED_COMMANDS``): each
+import of torch, transformers and Prefect costs seconds of CPU, and a fork after it none.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +119,40 @@ def sidecar(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
                           timeout=600, env=os.environ | env | {"PYTHONPATH": str(REPO), "COLUMNS": "200"})
 
 
+# Imports the CLI and what its commands import when they run, then runs each command of argv[1] (JSON: [args, cwd,
+# stdout file, stderr file]) as ``python -m cli`` does, in a child forked per command, all at once; prints the
+# children's exit codes (JSON).
+FORKED_COMMANDS = """
+import json, os, runpy, sys
+import cli.main, flows.cost_report, flows.judge, flows.nightly, study.judge
+children = []
+for args, cwd, out, err in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        for fd, name in ((1, out), (2, err)):
+            os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = ["cli", *args]
+        runpy.run_module("cli", run_name="__main__", alter_sys=True)
+        sys.exit(0)
+    children.append(pid)
+print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]))
+"""
+
+
+def sidecars(commands: list[tuple[list[str], Path]], env: dict[str, str],
+             logs: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Each command's exit code, stdout and stderr, as ``sidecar <args>`` run in its directory gives them."""
+    files = [(str(logs / f"{i}.out"), str(logs / f"{i}.err")) for i in range(len(commands))]
+    todo = [[args, str(cwd), out, err] for (args, cwd), (out, err) in zip(commands, files, strict=True)]
+    parent = subprocess.run([sys.executable, "-c", FORKED_COMMANDS, json.dumps(todo)], capture_output=True,
+                            text=True, timeout=600, env=os.environ | env | {"PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    assert parent.returncode == 0, parent.stderr
+    codes = json.loads(parent.stdout.splitlines()[-1])
+    return [subprocess.CompletedProcess(args, code, Path(out).read_text(), Path(err).read_text())
+            for (args, _), code, (out, err) in zip(commands, codes, files, strict=True)]
+
+
 def assert_one_error_line(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
     output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert done.returncode == code, output
@@ -177,12 +213,11 @@ Ran = dict[str, tuple[subprocess.CompletedProcess[str], Command]]
 
 @pytest.fixture(scope="module")
 def ran(prefect_api, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    """Every command of the tests below, one per core at a time: each spends seconds of CPU importing torch,
-    transformers and Prefect before its error (8 commands, about 70 s of CPU in all)."""
+    """Every command of the tests below, forked after one import of the CLI (8 commands: importing torch,
+    transformers and Prefect in each took about 70 s of CPU in all)."""
     todo = commands(tmp_path_factory)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        running = {name: pool.submit(sidecar, command.args, prefect_api, command.cwd) for name, command in todo.items()}
-    return {name: (future.result(), todo[name]) for name, future in running.items()}
+    done = sidecars([(c.args, c.cwd) for c in todo.values()], prefect_api, tmp_path_factory.mktemp("logs"))
+    return {name: (result, command) for (name, command), result in zip(todo.items(), done, strict=True)}
 
 
 def assert_ran_with_one_error_line(ran: Ran, name: str, code: int) -> None:
