@@ -38,7 +38,7 @@ from pipeline import (
     warm_run,
     window_size,
 )
-from sidecar.decoding.decoder import capture_stats
+from sidecar.decoding.decoder import recorded_counters
 from sidecar.models.loading import load_pair
 from sidecar.tasks.engine import SidecarEngine
 from storage import Document
@@ -72,7 +72,7 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
         writer = store.writer(ShardInfo(run_id=run_id, launch_id=launch_id, shard=shard, attempt=attempt,
                                         host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type,
                                         run_nonce=manifest.run_nonce), docs,
-                              capture=lambda: PartCapture(pair.capture_report, capture_stats(pair)["counters"]))
+                              capture=lambda: PartCapture(pair.capture_report, recorded_counters(pair)))
         _run_shard(engine, run, writer, docs, counts)
     create_markdown_artifact(counts.markdown(), key="nightly-shard-summary", description=f"Nightly {what}")
     return counts

@@ -1,5 +1,6 @@
-"""A run's capture counters (``runs.capture_counters``, migration 014): each model's counters as
-``sidecar.decoding.decoder.capture_stats`` gives them, and how the counters of a resumed run's starts add up."""
+"""A run's capture counters (``runs.capture_counters``, migrations 014 and 015): each model's counters as
+``sidecar.decoding.decoder.capture_stats`` gives them, its decoding steps' under ``steps`` (steps, host syncs,
+seconds: ``sidecar.runtime.step_counters``), and how the counters of a resumed run's starts add up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from typing import Any
 SUMMED = ("compiles", "recompiles", "graph_breaks", "forwards", "compile_seconds")
 # what one process holds at once: a run's is the largest of its starts'
 LARGEST = ("distinct_shapes", "graph_bytes")
+# the entry that holds the steps' counters, not a model's; every one is summed over starts
+STEPS = "steps"
+STEP_SUMMED = ("steps", "syncs", "step_seconds", "read_seconds")
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"capture counter {where} must be a number >= 0, got {value!r}")
+    return value
 
 
 def checked_counters(counters: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -21,13 +31,8 @@ def checked_counters(counters: Mapping[str, Any]) -> dict[str, dict[str, float]]
     for model, values in counters.items():
         if not isinstance(values, Mapping):
             raise ValueError(f"capture counters of model {model!r} must be a mapping, got {values!r}")
-        row = {}
-        for name in (*SUMMED, *LARGEST):
-            value = values.get(name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"capture counter {model}.{name} must be a number >= 0, got {value!r}")
-            row[name] = value
-        checked[str(model)] = row
+        names = STEP_SUMMED if model == STEPS else (*SUMMED, *LARGEST)
+        checked[str(model)] = {name: _number(f"{model}.{name}", values.get(name)) for name in names}
     return checked
 
 
@@ -36,8 +41,9 @@ def merged(stored: str | None, added: Mapping[str, Mapping[str, float]]) -> str:
     total: dict[str, dict[str, float]] = json.loads(stored) if stored else {}
     for model, values in added.items():
         before = total.get(model, {})
+        summed, largest = (STEP_SUMMED, ()) if model == STEPS else (SUMMED, LARGEST)
         total[model] = {
-            **{name: before.get(name, 0) + values[name] for name in SUMMED},
-            **{name: max(before.get(name, 0), values[name]) for name in LARGEST},
+            **{name: before.get(name, 0) + values[name] for name in summed},
+            **{name: max(before.get(name, 0), values[name]) for name in largest},
         }
     return json.dumps(total, sort_keys=True)

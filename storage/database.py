@@ -729,9 +729,10 @@ class Database:
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why), ``capture`` (the
-        capture mode(s) and why) and its ``recompiles`` and ``graph_breaks`` (``run_captures``): one run's, or
-        every run's."""
-        select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks FROM throughput AS t "
+        capture mode(s) and why), its ``recompiles`` and ``graph_breaks``, and its steps' ``syncs_per_step`` and
+        ``host_ms_per_step`` (``run_captures``): one run's, or every run's."""
+        select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks, c.syncs_per_step, c.host_ms_per_step "
+                  "FROM throughput AS t "
                   "LEFT JOIN runs AS r ON r.run_id = t.run_id LEFT JOIN run_captures AS c ON c.run_id = t.run_id")
         if run_id is None:
             return self.query(f"{select} ORDER BY t.run_id, t.mode, t.phase")

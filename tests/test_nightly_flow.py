@@ -94,9 +94,13 @@ def test_nightly_runs_every_mode_commits_and_reports(prefect_api, tmp_path: Path
     assert stored["dtype"] == "fp32 (SIDECAR_DTYPE=fp32)", "the dtype and why, beside the device"
     assert stored["capture"] == "eager (auto: CPU, eager (compile: SIDECAR_CAPTURE=compile))", "its capture mode too"
     captured = json.loads(stored["capture_counters"])
-    assert set(captured) == {"target", "draft"}
+    assert set(captured) == {"target", "draft", "steps"}
+    steps = captured.pop("steps")
     assert all(c["forwards"] > 0 and c["recompiles"] == 0 and c["graph_breaks"] == 0 for c in captured.values())
-    assert db.capture(counts.run_id)["faults"] == 0
+    # and what its steps cost the host: at least the step's one read each
+    assert steps["steps"] > 0 and steps["syncs"] >= steps["steps"] and steps["step_seconds"] > 0
+    summed = db.capture(counts.run_id)
+    assert summed["faults"] == 0 and summed["syncs_per_step"] >= 1 and summed["host_ms_per_step"] > 0
     # two windows, each streamed once per mode: two batches per mode and phase in the throughput view
     throughput = {(t["mode"], t["phase"]): t for t in db.query("SELECT * FROM throughput")}
     assert set(throughput) == {("sidecar", "main"), ("sidecar", "sidecar"), ("sidecar_attended", "main"),
@@ -167,8 +171,10 @@ def test_sidecar_capture_hf_runs_and_records_huggingfaces_forward(prefect_api, t
     assert counts.done == 2
     db = Database(run.db_path)
     stored = db.get_run("hf-run")
-    # Hugging Face's forward keeps no counters of its own: recorded, and empty
-    assert (stored["capture"], json.loads(stored["capture_counters"])) == ("hf (SIDECAR_CAPTURE=hf)", {})
+    # Hugging Face's forward keeps no counters of its own: none per model, only its steps'
+    counters = json.loads(stored["capture_counters"])
+    assert (stored["capture"], set(counters)) == ("hf (SIDECAR_CAPTURE=hf)", {"steps"})
+    assert counters["steps"]["syncs"] >= counters["steps"]["steps"] > 0
     assert [r["capture"] for r in db.throughput("hf-run")] == ["hf (SIDECAR_CAPTURE=hf)"] * 2
 
 

@@ -512,6 +512,20 @@ def test_recompiles_or_graph_breaks_of_a_measured_run_are_a_fault_the_report_nam
     assert "Fault:" in report.html_path.read_text(encoding="utf-8")
 
 
+def test_the_report_gives_each_runs_syncs_and_host_time_per_step_where_its_steps_were_counted(tmp_path: Path) -> None:
+    steps = {"steps": 200, "syncs": 260, "step_seconds": 9.0, "read_seconds": 1.0}
+    db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", capture="eager (auto: CPU, eager)",
+                    capture_counters=capture_counters() | {"steps": steps})
+    report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
+    # (9.0 - 1.0) s over 200 steps: 40 ms; 260 reads over 200 steps: 1.3
+    assert "step): run run-1 (eager): 1.30 syncs and 40.0 ms of host time per step." in " ".join(
+        report.markdown.split())
+    unstepped = stored_run(tmp_path / "old.duckdb", pair="qwen2.5-7b", capture="eager (auto: CPU, eager)",
+                           capture_counters=capture_counters())
+    report = write_cost_report(unstepped.throughput("run-1"), tmp_path / "old", draft_config=drafts)
+    assert "of host time per step" not in report.markdown
+
+
 def ms_per_tag_token(markdown: str, mode: str) -> float:
     """The 'device ms / tag token' cell of ``mode``'s total line in the table under the measured verdict."""
     [line] = [line for line in markdown.splitlines() if f"| {mode} | total, " in line]

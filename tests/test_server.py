@@ -354,6 +354,9 @@ def test_stats_name_the_capture_mode_and_count_its_forwards(base_url: str, clien
     assert capture["mode"] == "eager" and capture["reason"].startswith("auto: CPU")
     assert capture["counters"]["target"]["forwards"] > 0
     assert capture["counters"]["target"]["graph_breaks"] == 0 == capture["counters"]["target"]["recompiles"]
+    # the steps the server's worker thread ran, with their reads of the device and host time
+    assert capture["steps"]["steps"] > 0 and capture["steps"]["syncs_per_step"] >= 1
+    assert capture["steps"]["host_ms_per_step"] > 0
 
 
 def test_a_sidecar_s_usage_is_the_same_alone_and_batched(base_url: str, client: openai.OpenAI) -> None:

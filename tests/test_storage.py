@@ -853,6 +853,22 @@ def test_a_run_records_its_capture_mode_and_a_resume_adds_only_its_own_counters(
         "compile (SIDECAR_CAPTURE=compile)", 1, 52, 8, 1, 0, 5, 1)
 
 
+def test_a_runs_step_counters_add_up_over_its_starts_and_give_syncs_and_host_time_per_step(db: Database) -> None:
+    start(db, capture="eager (auto)")
+    steps = {"steps": 10, "syncs": 12, "step_seconds": 2.0, "read_seconds": 0.5}
+    db.record_capture("run-1", {"target": counters(10), "steps": steps})
+    db.record_capture("run-1", {"target": counters(4), "steps": {**steps, "steps": 30, "syncs": 32}})
+    assert json.loads(db.get_run("run-1")["capture_counters"])["steps"] == {
+        "steps": 40, "syncs": 44, "step_seconds": 4.0, "read_seconds": 1.0}
+    summed = db.capture("run-1")
+    # "steps" is no model: the forwards are the target's alone
+    assert (summed["forwards"], summed["steps"], summed["syncs"]) == (14, 40, 44)
+    assert summed["syncs_per_step"] == pytest.approx(1.1)
+    assert summed["host_ms_per_step"] == pytest.approx((4.0 - 1.0) * 1000 / 40)
+    with pytest.raises(ValueError, match=r"capture counter steps\.syncs must be a number >= 0, got -1"):
+        db.record_capture("run-1", {"steps": {**steps, "syncs": -1}})
+
+
 def test_capture_counters_that_are_no_counts_are_refused_unwritten(db: Database) -> None:
     start(db, capture="eager (auto)")
     with pytest.raises(ValueError, match=r"capture counter draft\.forwards must be a number >= 0, got -1"):
@@ -892,7 +908,8 @@ def test_migration_014_leaves_older_runs_without_a_capture_mode(tmp_path: Path) 
     assert db.shard_attempts("r")[0]["capture"] is None
     assert db.capture("r") == {"run_id": "r", "capture": None, "recorded": 0, "compiles": None, "recompiles": None,
                                "graph_breaks": None, "forwards": None, "distinct_shapes": None,
-                               "compile_seconds": None, "graph_bytes": None, "faults": 0}
+                               "compile_seconds": None, "graph_bytes": None, "faults": 0, "steps": None,
+                               "syncs": None, "syncs_per_step": None, "host_ms_per_step": None}
 
 
 def test_migration_007_leaves_older_rows_without_a_ledger_and_wall_clock_cost_lines_without_a_rate(

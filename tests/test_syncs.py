@@ -16,7 +16,7 @@ The count runs on the CPU, where the same calls are made as on a GPU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 import pytest
@@ -26,6 +26,7 @@ from decoding import assert_speculated
 from sidecar.decoding import batch
 from sidecar.decoding.batch import stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.runtime import step_counters
 from sidecar.runtime import syncs as runtime_syncs
 from sidecar.runtime.capture import forward_module
 from sidecar.runtime.syncs import SyncCounter
@@ -268,3 +269,30 @@ def test_a_step_runs_one_draft_forward_per_draft_position(tiny, batch_size: int)
         assert forwards == record.draft_forwards
         assert forwards <= max(record.width, 1) <= engine.decoder.gamma
     assert all(n == s.width for n, s in mixed)
+
+
+@pytest.mark.parametrize("mode", ["fixed, early stop", "sampled", "copying", "logprobs"])
+def test_the_steps_counted_syncs_are_every_sync_a_step_makes(tiny, mode: str) -> None:
+    """The run's syncs per step (``sidecar.runtime.step_counters``, counted where the step reads) agree with
+    the counter that intercepts every torch call, step by step: no read of a step escapes its count."""
+    config = MODES[mode]
+    prompts = random_prompts(tiny, 4, seed=5, every_token=config.get("every_token", False))
+    decoder = SpeculativeDecoder(tiny, gamma=4, **config["decoder"])
+    counters = step_counters.counters_of(tiny)
+    before = (counters.steps, counters.syncs)
+    intercepted = []
+    real_counting = batch.counting
+
+    @contextmanager
+    def both(step_counters_):
+        with real_counting(step_counters_), SyncCounter() as syncs:
+            yield step_counters_
+        intercepted.append(syncs.total)
+
+    with mock.patch.object(batch, "counting", both):
+        decoder.generate(prompts, max_new_tokens=20, batch_size=4, **config.get("generate", {}))
+    steps, syncs = counters.steps - before[0], counters.syncs - before[1]
+    assert steps == len(intercepted) > 3
+    assert syncs == sum(intercepted) >= steps, (syncs, intercepted)
+    stats = step_counters.counters_of(tiny).as_dict()
+    assert stats["syncs_per_step"] >= 1 and stats["host_ms_per_step"] > 0

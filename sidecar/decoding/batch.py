@@ -74,6 +74,7 @@ from sidecar.runtime.forward import TimeForward, logits_at, prefill
 from sidecar.runtime.ledger import Account, Charge, Ledger
 from sidecar.runtime.prefill_plan import PrefillPlanner
 from sidecar.runtime.slots import SlotPool, row_columns
+from sidecar.runtime.step_counters import counters_of, counting
 from sidecar.runtime.transfers import to_device
 
 Item = TypeVar("Item", contravariant=True)
@@ -240,13 +241,14 @@ class SlotBatch:
                 self.trace.mark_drain()
             finished += self._compact()  # rows that finished with their first token
             if self.target_rows or self.draft_rows:
-                plan = self.planner.schedule(self.target_rows, self.draft_rows, self._feed, self.target_pool,
-                                             self.draft_pool)
-                self._fit_feeds(plan)
-                result = self.runner.run(plan, self._active(self.target_pool), self._active(self.draft_pool),
-                                         self.pending_ids)
-                self.pending_ids = result.next_ids
-                self.update.step(plan, result)
+                with counting(counters_of(self.pair)):
+                    plan = self.planner.schedule(self.target_rows, self.draft_rows, self._feed, self.target_pool,
+                                                 self.draft_pool)
+                    self._fit_feeds(plan)
+                    result = self.runner.run(plan, self._active(self.target_pool), self._active(self.draft_pool),
+                                             self.pending_ids)
+                    self.pending_ids = result.next_ids
+                    self.update.step(plan, result)
                 self._progress_decode()
                 finished += self._compact()
         return finished

@@ -28,6 +28,7 @@ from sidecar.progress import ProgressCallback
 from sidecar.runtime.capture import attach, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
+from sidecar.runtime.step_counters import counters_of
 from sidecar.runtime.warmup import allocation_default, load_capacities, set_widths, warm_up, warms_at_load
 
 
@@ -44,12 +45,21 @@ def use_capture(pair: ModelPair, requested: str | None) -> None:
 
 def capture_stats(pair: ModelPair) -> dict:
     """The pair's capture mode and why, with each model's counters (compiles, recompiles, graph breaks,
-    forwards, distinct decode shapes, and each warm-up's compiles, seconds and graph bytes) since it was attached:
+    forwards, distinct decode shapes, and each warm-up's compiles, seconds and graph bytes) since it was attached,
+    and its decoding steps' (``steps``: ``sidecar.runtime.step_counters``, syncs and host time per step among them):
     for ``GET /stats`` and run reports."""
     counters = {name: {**runner.counters.as_dict(), "warm_ups": [w.as_dict() for w in runner.warm_ups]}
                 for name, model in (("target", pair.target), ("draft", pair.draft))
                 if (runner := runner_of(model)) is not None}
-    return {"mode": pair.capture_mode, "reason": pair.capture_reason, "counters": counters}
+    return {"mode": pair.capture_mode, "reason": pair.capture_reason, "counters": counters,
+            "steps": counters_of(pair).as_dict()}
+
+
+def recorded_counters(pair: ModelPair) -> dict:
+    """What a run records of this process's decoding (``storage.capture_counters``): each model's capture counters
+    and, under ``steps``, its steps' (steps, syncs, step and read seconds)."""
+    stats = capture_stats(pair)
+    return {**stats["counters"], "steps": stats["steps"]}
 
 
 class SpeculativeDecoder:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sidecar.runtime.transfers import to_host
+
 # OpenAI's bound on ``top_logprobs``
 MAX_TOP_LOGPROBS = 20
 
@@ -35,7 +37,7 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list
     top = min(top, logp.shape[-1])
     values, indices = logp.topk(top, dim=-1) if top > 0 else (logp[..., :0], chosen[..., None][..., :0])
     # ids and float32 logprobs both fit a float64 exactly: one tensor, one transfer
-    packed = torch.cat([chosen[..., None].double(), picked.double(), indices.double(), values.double()], -1).tolist()
+    packed = to_host(torch.cat([chosen[..., None].double(), picked.double(), indices.double(), values.double()], -1))
     return [[TokenLogprob(int(entry[0]), entry[1],
                           tuple(zip(map(int, entry[2 : 2 + top]), entry[2 + top :], strict=True)))
              for entry in row] for row in packed]

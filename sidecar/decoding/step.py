@@ -38,7 +38,7 @@ from sidecar.models.pair import ModelPair
 from sidecar.runtime.forward import forward, last_columns, logits_at, pad_rows
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.ledger import Charge, Ledger
-from sidecar.runtime.transfers import to_device
+from sidecar.runtime.transfers import to_device, to_host
 
 
 @dataclass
@@ -134,7 +134,7 @@ class StepRunner:
         parts = [draft_ids.flatten()]
         if target_rows:
             parts = [accepted, next_ids, drafted_t.flatten(), *parts]
-        flat = torch.cat(parts).tolist()
+        flat = to_host(torch.cat(parts))
         self.ledger.collect()
         b_t, n = len(target_rows), draft_ids.shape[1]
         accepted_counts, next_tokens = flat[:b_t], flat[b_t : 2 * b_t]
@@ -215,13 +215,13 @@ class StepRunner:
                 stop = ((confidence < self.draft_confidence) | ~drafting_mask).all()[None].long()
             if constrained_ids is not None:  # [constrained rows' tokens, stop?] in one read
                 read = torch.cat([token.index_select(0, constrained_ids), *([] if stop is None else [stop])])
-                values = read.tolist()
+                values = to_host(read)
                 for b, chosen_token in zip(constrained, values[: len(constrained)], strict=True):
                     if not matchers[b].ended:  # an ended row allows only its end ids, cut by the update
                         matchers[b].accept(chosen_token)
                 if stop is not None and values[-1]:
                     break
-            elif stop is not None and bool(stop):
+            elif stop is not None and to_host(stop)[0]:
                 break
         return torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, logits_kept
 
@@ -303,7 +303,7 @@ class StepRunner:
             return
         batch, positions = logits.shape[:2]
         masks = allocate_bitmask(batch * positions, logits.shape[-1]).view(batch, positions, -1)  # [B_t, width + 1, W]
-        for r, drafts, mask in zip(rows, drafted.tolist(), masks, strict=True):
+        for r, drafts, mask in zip(rows, to_host(drafted), masks, strict=True):
             if r.matcher is not None:
                 r.matcher.draft_masks(drafts, mask)
         apply_bitmask(logits, masks)

@@ -35,6 +35,7 @@ FROM_HOST = frozenset({"tensor", "as_tensor"})
 
 _TORCH = str(Path(torch.__file__).parent)
 _THIS = __file__
+_TRANSFERS = str(Path(__file__).with_name("transfers.py"))
 _REPO = str(Path(__file__).resolve().parents[2])
 
 
@@ -47,10 +48,12 @@ def _is_bool_index(index: object) -> bool:
 
 
 def _site(frame: FrameType | None) -> str:
-    """``path:line (function)`` of the first frame outside torch, contextlib and this module."""
+    """``path:line (function)`` of the first frame outside torch, contextlib, this module and ``to_host`` (whose
+    caller is the read's site)."""
     while frame is not None:
         path = frame.f_code.co_filename
-        if not (path.startswith(_TORCH) or path == _THIS or path.endswith(("contextlib.py", "functools.py"))):
+        if not (path.startswith(_TORCH) or path in (_THIS, _TRANSFERS)
+                or path.endswith(("contextlib.py", "functools.py"))):
             break
         frame = frame.f_back
     if frame is None:

@@ -35,7 +35,8 @@ def _number(value: Any, field: str = "a measurement") -> float | None:
 # the fields of a Measurement that are the throughput view's columns of the same name, read as numbers
 _VIEW_COLUMNS = ("ms_per_step", "acceptance_rate", "mean_kv_bytes", "prompt_tokens", "prefill_s", "decode_s",
                  "longest_row_tokens", "ledger_requests", "prefill_device_s", "decode_device_s",
-                 "instruction_device_s", "prefill_tokens", "instruction_tokens", "mean_first_token_s")
+                 "instruction_device_s", "prefill_tokens", "instruction_tokens", "mean_first_token_s",
+                 "syncs_per_step", "host_ms_per_step")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class Measurement:
     recompiles: float | None = None
     graph_breaks: float | None = None
     ms_per_step: float | None = None
+    # its run's decoding steps (storage's run_captures): reads of the device per step, and host time per step (wall
+    # less the reads: on a GPU the host's own work, the floor a captured step cannot go below; on a CPU the step)
+    syncs_per_step: float | None = None
+    host_ms_per_step: float | None = None
     acceptance_rate: float | None = None
     tokens: float | None = None
     seconds: float | None = None

@@ -28,6 +28,8 @@ class Introduction:
     captures: list[str]  # the measured runs' capture modes, without why: "eager", "compile"
     # "run R (capture ...): 2 recompile(s) after warm-up": runs whose counters must be 0 and are not
     capture_faults: list[str]
+    # "run R (eager): 1.2 syncs and 35.1 ms of host time per step": the runs whose steps were counted
+    step_hosts: list[str]
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,9 @@ def _introduction(data: ReportData) -> Introduction:
         captures=sorted({x.capture.split(" (")[0] for x in m if x.capture}),
         capture_faults=sorted({f"run {x.run_id} ({x.capture or 'capture mode not recorded'}): {x.capture_fault}"
                                for x in m if x.capture_fault}),
+        step_hosts=sorted({f"run {x.run_id} ({x.capture.split(' (')[0] or 'capture mode not recorded'}): "
+                           f"{x.syncs_per_step:.2f} syncs and {x.host_ms_per_step:.1f} ms of host time per step"
+                           for x in m if x.syncs_per_step is not None and x.host_ms_per_step is not None}),
     )
 
 
