@@ -119,7 +119,8 @@ def counters(pair) -> dict:
 def test_compiled_engine_is_identical_and_never_recompiles():
     """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
     as slots free, each equal to the target alone; then sidecar tasks after the main output (the document
-    evicted, two tasks) decode exactly as in eager mode. No forward breaks the graph, and no shape compiles
+    evicted, two tasks) decode exactly as in eager mode, the draft forwards after each step's first chained
+    into one graph call (``sidecar.decoding.draft_chain``). No forward breaks the graph, and no shape compiles
     twice: the second decode compiles nothing the first did."""
     pair = tiny_pair(layers=1)
     SpeculativeDecoder(pair, capture="compile")
@@ -146,6 +147,9 @@ def test_compiled_engine_is_identical_and_never_recompiles():
         assert counter.recompiles == 0, name
         assert counter.compiles >= 1, f"the {name}'s forwards were never compiled"
         assert len(counter.shapes) <= 16, f"{name}: {sorted(counter.shapes)}"
+    draft = counters(pair)["draft"]  # a chain's shape names its forwards: (batch, 1, columns, forwards, flags)
+    chains = sum(calls for shape, calls in draft.shapes.items() if len(shape) > 3)
+    assert draft.chained_forwards > chains > 0, "a step's draft forwards after its first did not run as one call"
     SpeculativeDecoder(pair, capture="eager")
     assert sidecars() == compiled
 
