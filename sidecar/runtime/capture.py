@@ -14,7 +14,9 @@ Modes (``SIDECAR_CAPTURE``, the ``capture`` argument of ``SpeculativeDecoder`` a
 
 Prefill forwards run eager in every mode: their widths are the prompts', not a step's. Compiled and captured
 forwards keep their buffers from batch to batch (``sidecar.runtime.pools``) and can compile every bucket before
-a batch runs (``sidecar.runtime.warmup``).
+a batch runs (``sidecar.runtime.warmup``). In both, several one-column forwards that feed each other can run as
+one call of a compiled region (``StackRunner.chain``): a step's draft forwards after its first
+(``sidecar.decoding.draft_chain``), one graph launch instead of one per forward.
 """
 
 from __future__ import annotations
