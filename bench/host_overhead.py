@@ -15,6 +15,9 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
 * our forward: the engine's one-token forward (``sidecar.runtime.forward.forward``, LM head included);
 * fixed gamma 4 and adaptive: the engine's decoding steps, per target forward and per generated token, next
   to HF ``generate``'s per token (plain greedy decoding, its decode phase: 65 tokens less 1, timed whole);
+* the draft's forwards and graph calls (calls of a compiled region) per step: in compiled modes a step's draft
+  forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
+  stop early;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
 """
 
@@ -104,13 +107,17 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int) -> dict:
     (the fastest of ``runs`` after one warm-up run), with the forwards per step."""
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
+    draft = runner_of(pair.draft).counters
     best = None
     for _ in range(runs):
+        calls = draft.graph_calls
         stats = decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)[0].stats
         steps = stats.target_forwards - 1  # the prefill yields the first token
         row = {"seconds_per_target_forward": stats.decode_seconds / steps,
                "seconds_per_token": stats.decode_seconds / (stats.new_tokens - 1),
                "draft_forwards_per_step": stats.draft_forwards / steps,
+               # compiled calls the draft's forwards took (0 in eager mode): one per chain of forwards
+               "draft_graph_calls_per_step": (draft.graph_calls - calls) / steps,
                "tokens_per_step": (stats.new_tokens - 1) / steps}
         if best is None or row["seconds_per_target_forward"] < best["seconds_per_target_forward"]:
             best = row
@@ -140,12 +147,16 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
         "fixed_ms_per_token": fixed["seconds_per_token"] * 1e3,
         "fixed_per_token_over_hf": fixed["seconds_per_token"] / hf_token,
         "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
+        "fixed_draft_graph_calls_per_step": fixed["draft_graph_calls_per_step"],
         "fixed_tokens_per_step": fixed["tokens_per_step"],
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
         "adaptive_hf_forwards_per_step": adaptive["seconds_per_target_forward"] / hf,
         "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
         "adaptive_per_token_over_hf": adaptive["seconds_per_token"] / hf_token,
         "adaptive_tokens_per_step": adaptive["tokens_per_step"],
+        "adaptive_draft_forwards_per_step": adaptive["draft_forwards_per_step"],
+        "adaptive_draft_graph_calls_per_step": adaptive["draft_graph_calls_per_step"],
+        "chained_forwards": {name: c["chained_forwards"] for name, c in counters.items()},
         "compiles": sum(c["compiles"] for c in counters.values()),
         "recompiles": sum(c["recompiles"] for c in counters.values()),
         "recompiles_after_warmup": sum(c["recompiles"] + c["compiles"] for c in counters.values())
@@ -172,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         ("fixed_ms_per_target_forward", "fixed-γ4 ms / target forward"),
         ("fixed_hf_forwards_per_step", "fixed-γ4 step in HF forwards (goal <= 3.0)"),
         ("fixed_per_token_over_hf", "fixed-γ4 per token / HF plain"),
+        ("fixed_draft_forwards_per_step", "fixed-γ4 draft forwards / step"),
+        ("fixed_draft_graph_calls_per_step", "fixed-γ4 draft graph calls / step"),
         ("adaptive_hf_forwards_per_step", "adaptive step in HF forwards"),
         ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
         ("compiles", "compiles"), ("recompiles", "recompiles"), ("graph_breaks", "graph breaks")])

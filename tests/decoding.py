@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sidecar.decoding.matcher import RowMatcher, apply_bitmask, fill_bitmask
-from sidecar.decoding.step import align_vocab
+from sidecar.decoding.vocab_align import align_vocab
 
 
 def random_prompts(pair, lengths, seed=0):

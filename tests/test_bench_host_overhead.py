@@ -22,5 +22,7 @@ def test_the_host_overhead_bench_writes_each_modes_ratios_and_counters(tmp_path,
         assert row[key] > 0, key
     assert row["our_over_hf"] == pytest.approx(row["our_forward_ms"] / row["hf_forward_ms"])
     assert row["fixed_draft_forwards_per_step"] > 1  # a fixed-gamma-4 step drafts, up to 4 forwards
+    # eager forwards call no compiled region, and chain none
+    assert row["fixed_draft_graph_calls_per_step"] == 0 and row["chained_forwards"] == {"target": 0, "draft": 0}
     assert row["graph_breaks"] == 0 and row["recompiles"] == 0 and row["compiles"] == 0  # eager compiles nothing
     assert "host_overhead" in (tmp_path / "host_overhead_cpu_quick.md").read_text()

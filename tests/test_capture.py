@@ -4,6 +4,8 @@ break and no recompile after warm-up. Compiled tests use a one-layer pair: compi
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -11,7 +13,17 @@ from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.divergence import NEAR_TIE, divergence
 from sidecar.errors import InputError
 from sidecar.models.tiny import tiny_pair
-from sidecar.runtime.capture import attach, batch_bucket, capacity_bucket, resolve_capture, runner_of, width_bucket
+from sidecar.runtime.capture import (
+    ACCUMULATED_LIMIT,
+    RECOMPILE_LIMIT,
+    StackRunner,
+    attach,
+    batch_bucket,
+    capacity_bucket,
+    resolve_capture,
+    runner_of,
+    width_bucket,
+)
 from sidecar.runtime.forward import forward, prefill
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.warmup import allocation_default, load_capacities, warms_at_load
@@ -107,7 +119,8 @@ def counters(pair) -> dict:
 def test_compiled_engine_is_identical_and_never_recompiles():
     """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
     as slots free, each equal to the target alone; then sidecar tasks after the main output (the document
-    evicted, two tasks) decode exactly as in eager mode. No forward breaks the graph, and no shape compiles
+    evicted, two tasks) decode exactly as in eager mode, the draft forwards after each step's first chained
+    into one graph call (``sidecar.decoding.draft_chain``). No forward breaks the graph, and no shape compiles
     twice: the second decode compiles nothing the first did."""
     pair = tiny_pair(layers=1)
     SpeculativeDecoder(pair, capture="compile")
@@ -134,6 +147,9 @@ def test_compiled_engine_is_identical_and_never_recompiles():
         assert counter.recompiles == 0, name
         assert counter.compiles >= 1, f"the {name}'s forwards were never compiled"
         assert len(counter.shapes) <= 16, f"{name}: {sorted(counter.shapes)}"
+    draft = counters(pair)["draft"]  # a chain's shape names its forwards: (batch, 1, columns, forwards, flags)
+    chains = sum(calls for shape, calls in draft.shapes.items() if len(shape) > 3)
+    assert draft.chained_forwards > chains > 0, "a step's draft forwards after its first did not run as one call"
     SpeculativeDecoder(pair, capture="eager")
     assert sidecars() == compiled
 
@@ -197,3 +213,47 @@ def test_bf16_compiled_decoding_keeps_the_near_tie_rule():
              for prompt, reference, candidate in zip(prompts, eager, compiled, strict=True)]
     assert all(d is None or d.kind == NEAR_TIE for d in found), [d for d in found if d is not None]
     assert all(len(tokens) == 12 or tokens[-1] in pair.eos_token_ids for tokens in compiled)
+
+
+def test_cudagraph_mode_marks_each_bucket_buffer_static_once():
+    """The graphs read the cache's buffers at their addresses, so each is marked static for them: once per bucket's
+    buffers, not on every forward (58 calls at 28 layers). The bookkeeping only: a CPU has no CUDA graphs."""
+    from torch._dynamo.utils import get_static_address_type
+
+    model = tiny_pair(layers=2).target
+    runner = StackRunner(model, "cudagraph")  # compiles nothing until a forward runs
+    cache = RowKVCache(model, 8, 64)
+    buffers = {live: runner.static_buffers(cache.rows_view(0, live), live) for live in (3, 3, 4, 2, 3, 8, 5, 1)}
+    per_bucket = 2 * 2 + 2  # keys and values per layer, visible, span
+    assert runner.counters.static_marks == 4 * per_bucket  # buckets 1, 2, 4 and 8
+    assert buffers[3] is buffers[4] and buffers[5] is buffers[8] and buffers[8].rows == 8
+    assert all(get_static_address_type(t) is not None for b in buffers.values() for t in b.tensors())
+    assert buffers[8].keys[1].data_ptr() == cache.keys[1].data_ptr()
+    compiled = StackRunner(model, "compile")
+    compiled.static_buffers(cache.rows_view(0, 3), 3)
+    assert compiled.counters.static_marks == 0
+
+
+@pytest.mark.slow
+def test_compiled_forwards_on_a_worker_thread_run_under_our_dynamo_limits():
+    """Dynamo's config is per thread: the server's batch worker starts from the defaults (an accumulated 256
+    compiled entries of the stack's forward, every model's and bucket's, and a fullgraph compile past it fails).
+    A compiled forward on another thread raises that thread's caps to ours first."""
+    import torch._dynamo
+
+    model = tiny_pair(layers=1).target
+    runner = StackRunner(model, "compile")
+    seen = {}
+
+    def work() -> None:
+        seen["before"] = torch._dynamo.config.accumulated_recompile_limit
+        with torch.inference_mode():
+            runner(RowKVCache(model, 1, 64), torch.zeros(1, 1, dtype=torch.long))
+        seen["after"] = (torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen["before"] < ACCUMULATED_LIMIT, "a new thread no longer starts from dynamo's defaults"
+    assert seen["after"] == (RECOMPILE_LIMIT, ACCUMULATED_LIMIT)
+    assert runner.counters.graph_calls == 1  # the forward ran compiled (its graph may be one compiled before)

@@ -105,6 +105,21 @@ def test_a_forward_is_split_by_the_tokens_each_row_had_in_it() -> None:
     assert (record.rows, record.padded_tokens, record.tokens) == (2, 12, {"main": 8, "instruction": 2})
 
 
+def test_a_chain_of_forwards_timed_as_one_is_charged_as_that_many_equal_forwards() -> None:
+    """A compiled chain of draft forwards (``sidecar.decoding.draft_chain``) runs in one call no clock can split:
+    each of its forwards is charged an equal share, and each record's context grows by the tokens written."""
+    ledger = Ledger(DeviceTimer(torch.device("cpu")))
+    a, b = Account(), Account()
+    heard = []
+    with ledger.forward("draft", "decode", 2, [Charge(a, "decode", 1, "main"), Charge(b, "decode", 1, "sidecar")],
+                        padded_tokens=2, context=30, also=heard.append, forwards=3):
+        torch.randn(200, 200) @ torch.randn(200, 200)
+    seconds = ledger.measured_seconds
+    assert ledger.forwards == 3 and a.decode_forwards == 3 and a.decode_tokens == 3
+    assert a.decode_seconds == pytest.approx(seconds / 2) and heard == pytest.approx([seconds / 3] * 3)
+    assert [r.context for r in ledger.records] == [30, 32, 34]
+
+
 @pytest.mark.parametrize("schedule", ["static", "continuous"])
 def test_a_decode_charges_every_forward_to_its_rows(tiny, ledgers, schedule: str) -> None:
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 7], seed=3)

@@ -63,10 +63,11 @@ from sidecar.decoding.rows import (
 )
 from sidecar.decoding.sampling import RowSampling
 from sidecar.decoding.stats import GenerationStats
-from sidecar.decoding.step import StepRunner, align_vocab, constrain
+from sidecar.decoding.step import StepRunner, constrain
 from sidecar.decoding.stops import TokenStops
 from sidecar.decoding.trace import KEPT_EVENTS, BatchTrace, PrefillRecord
 from sidecar.decoding.update import FirstTokens, StepUpdate
+from sidecar.decoding.vocab_align import align_vocab
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from sidecar.decoding.batch import SlotBatch, check_row, stream_through
 from sidecar.decoding.controller import GammaController
+from sidecar.decoding.draft_chain import warm_chain
 from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner
 from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
@@ -29,7 +31,14 @@ from sidecar.runtime.capture import attach, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
 from sidecar.runtime.step_counters import counters_of
-from sidecar.runtime.warmup import allocation_default, load_capacities, set_widths, warm_up, warms_at_load
+from sidecar.runtime.warmup import (
+    allocation_default,
+    load_capacities,
+    set_chains,
+    set_widths,
+    warm_up,
+    warms_at_load,
+)
 
 
 def use_capture(pair: ModelPair, requested: str | None) -> None:
@@ -101,6 +110,10 @@ class SpeculativeDecoder:
         warm_up = allocation_default() if warm_up is None else warm_up
         set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
         set_widths(pair.draft, {1, 2}, warm_up)
+        # a step's draft forwards after its first, chained (``sidecar.decoding.draft_chain``): 1 .. gamma - 1
+        target_vocab = pair.target.get_output_embeddings().out_features
+        set_chains(pair.draft, set(range(1, gamma)),
+                   partial(warm_chain, runner_of(pair.draft), target_vocab=target_vocab))
         self.gamma = gamma
         self.adaptive = adaptive
         self.controller = GammaController(gamma, adaptive)

@@ -19,6 +19,18 @@ Terms, per step:
   (``sidecar.runtime.capture.batch_bucket``/``width_bucket``) when the model's runner is static, the real
   ones otherwise.
 
+Where the draft's forwards compile (``compile``, ``cudagraph``), drafting does not stop early: it runs all
+``width`` forwards and the verify sees the full width, and forwards 1 .. width - 1 run as one compiled chain
+(``chained_forwards``; ``sidecar.decoding.draft_chain``) where no host decision falls between them. Why, in
+the quantities that carry to a GPU: stopping early needs the host to read each forward's confidence before
+it launches the next, one sync per draft forward (up to gamma - 1 per step, on top of the step's one read),
+and each sync drains the device's queue and leaves it idle while the host decides and launches again; a
+chain is one graph launch for gamma - 1 forwards and no sync. The forwards saved by stopping early cost what
+a draft forward costs, and the verify's columns saved cost next to nothing at decode widths (the target's
+forward streams its weights once whatever its width), while every verify width is another shape to compile
+and capture (gamma shapes per batch bucket instead of one). Eager mode keeps the early stop: there every
+forward is launched from the host anyway, and a skipped one is saved host time.
+
 ``StepPlanner.choose`` makes the target side of a plan (``TargetChoice``): the controller's choice for the
 batch (``sidecar.decoding.controller``), prompt lookup's copies, and while a seeded sampled row is live a
 fixed rule row by row, so that its tokens depend on nothing but its own prompt and seed.
@@ -32,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.decoding.controller import GammaController, Source
+from sidecar.decoding.draft_chain import chain_applies
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.decoding.rows import LiveRow, MainRow
 from sidecar.runtime.capture import batch_bucket, runner_of, width_bucket
@@ -87,7 +100,8 @@ class StepPlan(TargetChoice):
     whose proposals this step verifies); for target row ``t``, ``draft_slot[t]`` is its draft row (-1: none).
     ``target_shape`` is the verify's (or the plain step's) at ``width`` (None: no target row; drafting that
     stops early verifies fewer columns), ``draft_shape`` the first draft forward's (None: no draft forward;
-    the later ones are one column wide)."""
+    the later ones are one column wide). ``chained_forwards``: how many of the draft forwards, all but the
+    first, run as one compiled chain (``sidecar.decoding.draft_chain``)."""
 
     target_rows: tuple[MainRow, ...] = ()
     draft_rows: tuple[LiveRow, ...] = ()
@@ -97,6 +111,7 @@ class StepPlan(TargetChoice):
     draft_slot: tuple[int, ...] = ()
     target_shape: ForwardShape | None = None
     draft_shape: ForwardShape | None = None
+    chained_forwards: int = 0  # draft forwards after the first run as one compiled call (0: each on its own)
 
 
 # (draft slot, draft row) -> what the first draft forward feeds it
@@ -124,6 +139,10 @@ class StepPlanner:
         drafts = {id(r) for r, model in zip(target_rows, choice.model_rows, strict=True) if model}
         forwards = (choice.width if choice.source == "draft" and drafts else 0) or int(riders > 0)
         feeds = tuple(tuple(feed(slot, r)) for slot, r in enumerate(draft_rows)) if forwards else ()
+        # compiled drafting never stops early: see the module docstring
+        draft_runner = runner_of(draft_pool.model) if draft_pool is not None else None
+        stop_early = choice.stop_early and not (draft_runner is not None and draft_runner.static)
+        chained = forwards - 1 if chain_applies(draft_runner, draft_rows, forwards, stop_early) else 0
         target_shape = draft_shape = None
         if target_rows:
             assert target_pool is not None
@@ -131,11 +150,11 @@ class StepPlanner:
         if forwards:
             assert draft_pool is not None
             draft_shape = forward_shape(draft_pool, len(draft_rows), max(map(len, feeds)))
-        return StepPlan(choice.width, choice.source, choice.copies, choice.caps, choice.stop_early,
+        return StepPlan(choice.width, choice.source, choice.copies, choice.caps, stop_early,
                         target_rows=tuple(target_rows), draft_rows=tuple(draft_rows), draft_forwards=forwards,
                         feeds=feeds, drafting=tuple(id(r) in drafts for r in draft_rows),
                         draft_slot=tuple(slot_of.get(id(r), -1) for r in target_rows),
-                        target_shape=target_shape, draft_shape=draft_shape)
+                        target_shape=target_shape, draft_shape=draft_shape, chained_forwards=chained)
 
     def choose(self, rows: Sequence[MainRow], riders: int = 0) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not

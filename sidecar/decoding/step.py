@@ -5,7 +5,8 @@ pool, then one read of the device (``StepRunner.run``). The terms are ``sidecar.
         k = 0 feeds each row its feed, k > 0 the token it chose at k - 1
         a main row drafting from the model proposes its token (draws of purpose DRAFT);
         a draft-only row commits it (draws of purpose NEXT: it is the row's output), within its constraint
-        drafting may stop early once no drafting row is confident (one read per forward)
+        drafting may stop early once no drafting row is confident (one read per forward; eager mode only)
+        compiled modes: forwards 1 .. n as one call of a compiled chain (``sidecar.decoding.draft_chain``)
     target forward over every target row:
         width > 0: verify [pending, drafts] and accept (``sidecar.decoding.acceptance``) on logits masked
                    by each constrained row's state after 0..width of its drafts
@@ -29,12 +30,15 @@ import torch
 
 from sidecar.decoding.acceptance import accept_greedy, accept_sampled, sample_with
 from sidecar.decoding.controller import GammaController
+from sidecar.decoding.draft_chain import run_chain
 from sidecar.decoding.matcher import RowMatcher, allocate_bitmask, apply_bitmask, fill_bitmask
 from sidecar.decoding.plan import StepPlan
 from sidecar.decoding.randomness import ACCEPT, DRAFT, NEXT
 from sidecar.decoding.rows import DraftOnlyRow, LiveRow, MainRow
 from sidecar.decoding.sampling import RowSampling
+from sidecar.decoding.vocab_align import align_vocab
 from sidecar.models.pair import ModelPair
+from sidecar.runtime.capture import runner_of
 from sidecar.runtime.forward import forward, last_columns, logits_at, pad_rows
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.ledger import Charge, Ledger
@@ -55,15 +59,6 @@ class StepResult:
     committed_ids: torch.Tensor | None  # [B_t, width + 1] each target row's committed tokens, padded
     target_logits: torch.Tensor | None  # [B_t, width + 1, V] the target's, for logprobs
     draft_logits: list[torch.Tensor]  # per draft forward [B_d, V], for the draft-only rows' logprobs
-
-
-def align_vocab(draft_logits: torch.Tensor, target_vocab: int) -> torch.Tensor:
-    """Draft logits [..., V_draft] over the target's vocabulary [..., V]: ids the draft lacks get probability 0,
-    ids the target lacks are cut, so that a draft token is always one the target can score."""
-    extra = target_vocab - draft_logits.shape[-1]
-    if extra > 0:
-        return torch.nn.functional.pad(draft_logits, (0, extra), value=float("-inf"))
-    return draft_logits[..., :target_vocab]
 
 
 def constrain(logits: torch.Tensor, matchers: list[RowMatcher | None]) -> None:
@@ -161,6 +156,8 @@ class StepRunner:
         rows' probabilities [B_d, n, V] when some row samples, and per forward the logits [B_d, V] when a
         draft-only row asks for logprobs.
 
+        Where the plan chains them (``StepPlan.chained_forwards``), forwards 1 .. n run as one compiled call
+        (``sidecar.decoding.draft_chain``) after forward 0: no read between them, the cache committed once.
         A constrained draft-only row chooses from masked logits; its matcher accepts each token but the last,
         which the next forward's mask needs (read with the early stop's check, one read per forward, and only
         while a constrained row is in the pool); ``StepUpdate.commit`` brings it level with what the row keeps.
@@ -176,6 +173,19 @@ class StepRunner:
         keep_logits = any(o and r.top_logprobs is not None for o, r in zip(only, rows, strict=True))
         tokens, probs, logits_kept = [], [], []
         for k in range(plan.draft_forwards):
+            if k == 1 and plan.chained_forwards:  # the rest as one compiled call (``sidecar.decoding.draft_chain``)
+                charges = draft_charges(rows, [1] * batch, first=False)
+                context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
+                with self.ledger.forward("draft", "decode", batch, charges, batch, context,
+                                         also=self.controller.forward_cost("draft", batch),
+                                         forwards=plan.chained_forwards):
+                    chained, chained_probs, chained_logits = run_chain(
+                        runner_of(self.pair.draft), cache, tokens[-1], plan.chained_forwards, sampling, only,
+                        self.target_vocab, keep_logits)
+                tokens += chained.unbind(1)
+                probs += [] if chained_probs is None else chained_probs.unbind(1)
+                logits_kept += [] if chained_logits is None else chained_logits.unbind(1)
+                break
             if k == 0:
                 ids, valid = pad_rows(plan.feeds, device)
                 index = last_columns(valid, device)

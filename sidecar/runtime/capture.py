@@ -14,14 +14,19 @@ Modes (``SIDECAR_CAPTURE``, the ``capture`` argument of ``SpeculativeDecoder`` a
 
 Prefill forwards run eager in every mode: their widths are the prompts', not a step's. Compiled and captured
 forwards keep their buffers from batch to batch (``sidecar.runtime.pools``) and can compile every bucket before
-a batch runs (``sidecar.runtime.warmup``).
+a batch runs (``sidecar.runtime.warmup``). In both, several one-column forwards that feed each other can run as
+one call of a compiled region (``StackRunner.chain``): a step's draft forwards after its first
+(``sidecar.decoding.draft_chain``), one graph launch instead of one per forward.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -29,7 +34,7 @@ from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
 from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, supports
-from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.kv_cache import BucketBuffers, RowKVCache
 from sidecar.runtime.transfers import to_device
 from sidecar.settings import PREFIX, Settings, parse_capture
 
@@ -42,6 +47,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 EXACT_WIDTHS = 8
 # compiled shapes one code object may hold (every model's and bucket's share it)
 RECOMPILE_LIMIT = 512
+# compiled entries one code object may hold in all (dynamo's global safety cap, default 256)
+ACCUMULATED_LIMIT = 4096
 # calls of a shape by which inductor's CUDA graph trees have warmed it up and recorded its graph
 CAPTURE_CALLS = 3
 # eager attention reads the filled columns rounded up to this, so its shapes repeat from step to step
@@ -94,20 +101,56 @@ class CaptureCounters:
     recompiles: int = 0  # graphs compiled again for a shape already compiled: must stay 0
     graph_breaks: int = 0  # must stay 0 (fullgraph=True refuses them: this counts what dynamo reports)
     forwards: int = 0  # prefill's included
+    graph_calls: int = 0  # calls of a compiled region: one per decode forward, one per chain of forwards
+    chained_forwards: int = 0  # decode forwards run inside a chain (``StackRunner.chain``): one graph call each chain
+    static_marks: int = 0  # cache buffers marked as static addresses for CUDA graphs: each once (``static_buffers``)
     compile_seconds: float = 0.0
     graph_bytes: int = 0  # CUDA memory the captures reserved (their pools and static buffers); 0 elsewhere
-    shapes: Counter = field(default_factory=Counter)  # a decode forward's (batch, width, columns) -> forwards
+    # a decode forward's (batch, width, columns), a chain's (batch, 1, columns, forwards, its flags) -> calls
+    shapes: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
         return {"compiles": self.compiles, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
-                "forwards": self.forwards, "distinct_shapes": len(self.shapes),
-                "compile_seconds": round(self.compile_seconds, 3), "graph_bytes": self.graph_bytes}
+                "forwards": self.forwards, "graph_calls": self.graph_calls, "chained_forwards": self.chained_forwards,
+                "distinct_shapes": len(self.shapes), "compile_seconds": round(self.compile_seconds, 3),
+                "graph_bytes": self.graph_bytes}
 
 
 def _dynamo_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+
+_thread = threading.local()
+
+
+def configure_thread() -> None:
+    """Raise dynamo's caps in the calling thread, once per thread. Dynamo's config is per thread: a thread other
+    than the one that made the runner (the server's batch worker) starts from the defaults, and the default
+    ``accumulated_recompile_limit`` (256 entries of one code object, every model's and bucket's, whatever the
+    region's own ``recompile_limit``) fails a fullgraph compile past it: a server's two models at 8 batch
+    buckets, 7 widths and 4 capacities need more."""
+    if getattr(_thread, "configured", False):
+        return
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, ACCUMULATED_LIMIT)
+    _thread.configured = True
+
+
+def pad_batch(tensor: torch.Tensor, rows: int, fill: float | bool) -> torch.Tensor:
+    """``tensor`` [B, ...] with ``rows`` more rows of ``fill`` (any dtype, bool included)."""
+    if not rows:
+        return tensor
+    return torch.cat([tensor, tensor.new_full((rows, *tensor.shape[1:]), fill)])
+
+
+# a chain's body: (stack, LM head, ids [B], rows [B, 3], keys, values, visible, span, *per-row tensors,
+# forwards=..., **flags) -> tensors [B, ...]; see ``StackRunner.chain``
+ChainBody = Callable[..., tuple[torch.Tensor, ...]]
 
 
 class StackRunner:
@@ -118,79 +161,134 @@ class StackRunner:
             raise ValueError(f"a StackRunner runs eager, compile or cudagraph, not {mode!r}")
         self.mode = mode
         self.stack = DecoderStack(model)
+        self.head = model.get_output_embeddings()
         self.counters = CaptureCounters()
         self._compiled_shapes: set[tuple] = set()
         self._compiled = None
+        self._chains: dict[ChainBody, Callable] = {}  # each chain body compiled over this model's stack
         # warm-up (``sidecar.runtime.warmup``): the decode widths to warm, whether a cache is warmed when it is
         # allocated, the (rows, capacity, address) caches warmed, and what each warm-up cost
         self.widths: set[int] = set()
+        # the chains of forwards to warm (their lengths) and how to run one over a cache's rows (greedy)
+        self.chain_forwards: set[int] = set()
+        self.warm_chain: Callable[[RowKVCache, int], object] | None = None
         self.warm_on_allocate = False
         self.warmed: set[tuple[int, int, int]] = set()
         self.warm_ups: list = []
         if mode != "eager":
-            import torch._dynamo
+            configure_thread()
+            self._compiled = self._compile(self.stack.forward)
 
-            # one code object serves every model and bucket: dynamo's per-code limit must hold them all
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 4096)
-            # the limit again on the compiled region: dynamo's config is per thread, and the server's worker
-            # thread, which runs the forwards, would otherwise get the default 8 and fail at the ninth shape
-            self._compiled = torch.compile(self.stack.forward, fullgraph=True, dynamic=False,
-                                           mode="reduce-overhead" if mode == "cudagraph" else None,
-                                           recompile_limit=RECOMPILE_LIMIT)
+    def _compile(self, fn: Callable) -> Callable:
+        # the limit again on the compiled region: dynamo's config is per thread (``configure_thread``)
+        return torch.compile(fn, fullgraph=True, dynamic=False,
+                             mode="reduce-overhead" if self.mode == "cudagraph" else None,
+                             recompile_limit=RECOMPILE_LIMIT)
 
     @property
     def static(self) -> bool:
         return self._compiled is not None
+
+    def _rows(self, cache: RowKVCache, padded: int, real: np.ndarray) -> torch.Tensor:
+        """The forward's per-row state [padded, 3] on the device, in one transfer; padding rows hold nothing
+        real and write to the trash column."""
+        rows = np.zeros((padded, 3), dtype=np.int64)
+        batch = cache.batch_size
+        rows[:batch, LENGTH] = cache.lengths
+        rows[:batch, OFFSET] = cache.position_offset
+        rows[:batch, VALID] = real
+        return to_device(rows, cache.device)
+
+    def static_buffers(self, cache: RowKVCache, batch: int) -> BucketBuffers:
+        """The buffers of ``batch`` rows' bucket; in ``cudagraph`` mode marked as static addresses the first time
+        (the graphs read and write them in place, at the addresses they were recorded on), not on every call:
+        at 28 layers that is 58 calls of host time per forward."""
+        buffers = cache.bucket(batch_bucket(batch, cache.root.batch_size - cache.start))
+        if self.mode == "cudagraph" and not buffers.static:
+            import torch._dynamo
+
+            for tensor in buffers.tensors():
+                torch._dynamo.mark_static_address(tensor)
+            self.counters.static_marks += len(buffers.tensors())
+            buffers.static = True
+        return buffers
 
     def __call__(self, cache: RowKVCache, ids: torch.Tensor, query_span: torch.Tensor | None = None,
                  valid: list[int] | None = None, decode: bool = True) -> torch.Tensor:
         """Hidden states [B, q, H] of ``ids`` [B, q] over ``cache`` (``valid[b]`` real columns of row b, else
         all q); the new columns are written but not committed, as with ``RowKVCache.prepare``."""
         batch, width = ids.shape
-        lengths = cache.lengths
         real = np.full(batch, width, dtype=np.int64) if valid is None else np.asarray(valid, dtype=np.int64)
-        longest = int((lengths + real).max())
+        longest = int((cache.lengths + real).max())
         if longest > cache.capacity:
             raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
-        static = self.static and decode
-        view = cache.padded(batch_bucket(batch, cache.root.batch_size - cache.start)) if static else cache
-        view = view or cache
-        rows = np.zeros((view.batch_size, 3), dtype=np.int64)  # padding rows: nothing real, write to trash
-        rows[:batch, LENGTH] = lengths
-        rows[:batch, OFFSET] = cache.position_offset
-        rows[:batch, VALID] = real
-        rows_dev = to_device(rows, cache.device)
-        if query_span is None:
-            query_span = torch.full((view.batch_size, width), -1, dtype=torch.long, device=cache.device)
-        elif view.batch_size > batch:
-            query_span = torch.nn.functional.pad(query_span, (0, 0, 0, view.batch_size - batch), value=-1)
-        wide = width_bucket(width) if static else width
-        if view.batch_size > batch or wide > width:
-            ids = torch.nn.functional.pad(ids, (0, wide - width, 0, view.batch_size - batch))
-            query_span = torch.nn.functional.pad(query_span, (0, wide - width), value=-1)
         self.counters.forwards += 1
-        if not static:
+        if not (self.static and decode):
+            if query_span is None:
+                query_span = torch.full((batch, width), -1, dtype=torch.long, device=cache.device)
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
             if decode:
-                self.counters.shapes[(view.batch_size, width, attend)] += 1
-            return self.stack(ids, rows_dev, query_span, view.keys, view.values, view.visible, view.span, attend)
-        shape = (view.batch_size, wide, view.capacity + 1)
+                self.counters.shapes[(batch, width, attend)] += 1
+            return self.stack(ids, self._rows(cache, batch, real), query_span, cache.keys, cache.values,
+                              cache.visible, cache.span, attend)
+        buffers = self.static_buffers(cache, batch)
+        padded, wide = buffers.rows, width_bucket(width)
+        if query_span is None:
+            query_span = torch.full((padded, wide), -1, dtype=torch.long, device=cache.device)
+        else:
+            query_span = torch.nn.functional.pad(query_span, (0, wide - width, 0, padded - batch), value=-1)
+        if padded > batch or wide > width:
+            ids = torch.nn.functional.pad(ids, (0, wide - width, 0, padded - batch))
+        hidden = self._call(self._compiled, (padded, wide, buffers.columns), cache.device, ids,
+                            self._rows(cache, padded, real), query_span, buffers.keys, buffers.values,
+                            buffers.visible, buffers.span)
+        return hidden[:batch, :width]
+
+    def chain(self, cache: RowKVCache, body: ChainBody, ids: torch.Tensor, forwards: int,
+              per_row: Sequence[tuple[torch.Tensor, float | bool]] = (),
+              **flags: int | bool) -> tuple[torch.Tensor, ...]:
+        """``forwards`` one-column decode forwards over every row of ``cache`` as ONE call of a compiled region:
+        ``body(stack, head, ids, rows, keys, values, visible, span, *per_row, forwards=forwards, **flags)``
+        loops over them inside the graph, each forward's token feeding the next and the rows' lengths advancing
+        on the device, so the host launches one graph and reads nothing between them. ``ids`` [B] feed the
+        first; ``per_row`` tensors [B, ...] are padded to the bucket with their fill value; ``flags`` are
+        static (a graph each). Returns ``body``'s tensors for the real rows. Writes ``forwards`` columns per
+        row, not committed (the caller commits them once)."""
+        if not self.static:
+            raise ValueError(f"a chain of forwards runs compiled, not in {self.mode} mode")
+        batch = ids.shape[0]
+        if int(cache.lengths.max()) + forwards > cache.capacity:
+            raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
+        buffers = self.static_buffers(cache, batch)
+        padded = buffers.rows
+        compiled = self._chains.get(body)
+        if compiled is None:
+            compiled = self._chains[body] = self._compile(partial(body, self.stack, self.head))
+        self.counters.forwards += forwards
+        self.counters.chained_forwards += forwards
+        shape = (padded, 1, buffers.columns, forwards, tuple(sorted(flags.items())))
+        out = self._call(compiled, shape, cache.device, pad_batch(ids, padded - batch, 0),
+                         self._rows(cache, padded, np.ones(batch, dtype=np.int64)), buffers.keys, buffers.values,
+                         buffers.visible, buffers.span, *(pad_batch(t, padded - batch, fill) for t, fill in per_row),
+                         forwards=forwards, **flags)
+        # a CUDA graph's outputs are its own buffers, overwritten by its next replay: the step reads them later
+        return tuple(t[:batch].clone() if self.mode == "cudagraph" else t[:batch] for t in out)
+
+    def _call(self, compiled: Callable, shape: tuple, device: torch.device, *args, **kwargs):
+        """One call of a compiled region for ``shape``, counted: compiles, recompiles, graph breaks, graph bytes."""
+        configure_thread()
         self.counters.shapes[shape] += 1
+        self.counters.graph_calls += 1
         if self.mode == "cudagraph":
-            # the cache's buffers are written in place by every replay: their addresses must be the graph's
-            for tensor in (*view.keys, *view.values, view.visible, view.span):
-                torch._dynamo.mark_static_address(tensor)
             torch.compiler.cudagraph_mark_step_begin()
         graphs, breaks = _dynamo_counts()
-        reserved = torch.cuda.memory_reserved(view.device) if self.mode == "cudagraph" else 0
+        reserved = torch.cuda.memory_reserved(device) if self.mode == "cudagraph" else 0
         started = time.perf_counter()
-        hidden = self._compiled(ids, rows_dev, query_span, view.keys, view.values, view.visible, view.span)
+        out = compiled(*args, **kwargs)
         new_graphs, new_breaks = _dynamo_counts()
         self.counters.graph_breaks += new_breaks - breaks
         if self.mode == "cudagraph" and self.counters.shapes[shape] <= CAPTURE_CALLS:
-            self.counters.graph_bytes += torch.cuda.memory_reserved(view.device) - reserved
+            self.counters.graph_bytes += torch.cuda.memory_reserved(device) - reserved
         if new_graphs > graphs:
             self.counters.compile_seconds += time.perf_counter() - started
             if shape in self._compiled_shapes:
@@ -198,7 +296,7 @@ class StackRunner:
             else:
                 self.counters.compiles += new_graphs - graphs
         self._compiled_shapes.add(shape)
-        return hidden[:batch, :width]
+        return out
 
 
 def attach(model: PreTrainedModel, mode: str) -> StackRunner | None:

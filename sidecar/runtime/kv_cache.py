@@ -53,6 +53,7 @@ class RowKVCache:
         # the cache whose buffers this one's rows are, and the first of them (``rows_view``)
         self.root = self
         self.start = 0
+        self._buckets: dict[tuple[int, int], BucketBuffers] = {}  # (start, rows) -> ``bucket``'s buffers
 
     @property
     def batch_size(self) -> int:
@@ -182,14 +183,20 @@ class RowKVCache:
         view.start = self.start + start
         return view
 
-    def padded(self, rows: int) -> RowKVCache | None:
-        """These rows and the ones after them in the root cache, ``rows`` in all, as a view (None where the
-        root cache ends first): a forward padded up to a bucket's batch writes its padding rows there."""
-        if rows == self.batch_size:
-            return self
-        if self.start + rows > self.root.batch_size:
-            return None
-        return self.root.rows_view(self.start, self.start + rows)
+    def bucket(self, rows: int) -> BucketBuffers:
+        """The buffers of these rows and the ones after them in the root cache, ``rows`` in all (at most to the
+        root's end): a forward padded up to a bucket's batch writes its padding rows there. The same tensor
+        objects on every call for a bucket, so that a capture marks their addresses static once
+        (``sidecar.runtime.capture``); they hold the root's storage, not the root, so a cache dropped is freed."""
+        rows = min(rows, self.root.batch_size - self.start)
+        buckets = self.root._buckets
+        found = buckets.get((self.start, rows))
+        if found is None:
+            root, stop = self.root, self.start + rows
+            found = buckets[(self.start, rows)] = BucketBuffers(
+                [k[self.start : stop] for k in root.keys], [v[self.start : stop] for v in root.values],
+                root.visible[self.start : stop], root.span[self.start : stop])
+        return found
 
     def copy_prefix(self, source: int, length: int) -> None:
         """Give every other row row ``source``'s first ``length`` columns, a prompt prefix they share, and
@@ -232,6 +239,28 @@ class RowKVCache:
         for i, snapshot in enumerate(snapshots):
             cache.write_snapshot(i, snapshot)
         return cache
+
+
+@dataclass
+class BucketBuffers:
+    """Some rows' buffers, as ``RowKVCache.bucket`` keeps them for the forwards padded to a bucket."""
+
+    keys: list[torch.Tensor]  # per layer [rows, kv_heads, C + 1, D]
+    values: list[torch.Tensor]
+    visible: torch.Tensor  # [rows, C + 1]
+    span: torch.Tensor  # [rows, C + 1]
+    static: bool = False  # whether their addresses were marked static for CUDA graphs (``sidecar.runtime.capture``)
+
+    @property
+    def rows(self) -> int:
+        return self.visible.shape[0]
+
+    @property
+    def columns(self) -> int:
+        return self.visible.shape[1]  # the trash column included
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*self.keys, *self.values, self.visible, self.span)
 
 
 @dataclass

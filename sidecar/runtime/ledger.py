@@ -129,12 +129,22 @@ class Ledger:
 
     @contextmanager
     def forward(self, model: Model, kind: Kind, rows: int, charges: Sequence[Charge], padded_tokens: int,
-                context: int, also: Callable[[float], None] | None = None) -> Iterator[None]:
+                context: int, also: Callable[[float], None] | None = None, forwards: int = 1) -> Iterator[None]:
         """Time the forward over ``rows`` rows queued inside and charge its seconds to ``charges``; ``also``
-        hears the seconds too (the step controller's cost fit). On a GPU the charge lands at ``collect``."""
-        charges = list(charges)
+        hears the seconds too (the step controller's cost fit). On a GPU the charge lands at ``collect``.
 
-        def settle(seconds: float) -> None:
+        ``forwards`` > 1: what runs inside is that many forwards alike, one after another, in one call (a
+        chain of draft forwards, ``sidecar.decoding.draft_chain``), which no clock can split: each is charged
+        an equal share, as ``charges`` and ``padded_tokens`` say for one of them, its context the one before's
+        plus the tokens it wrote."""
+        charges = list(charges)
+        written = sum(c.tokens for c in charges)
+
+        def settle_all(seconds: float) -> None:
+            for k in range(forwards):
+                settle(seconds / forwards, context + k * round(written))
+
+        def settle(seconds: float, context: int = context) -> None:
             tokens = sum(c.tokens for c in charges)
             for c in charges:
                 share = seconds * c.tokens / tokens if tokens else seconds / len(charges)
@@ -150,7 +160,7 @@ class Ledger:
             if also is not None:
                 also(seconds)
 
-        with self.timer(settle):
+        with self.timer(settle if forwards == 1 else settle_all):
             yield
 
     def totals(self) -> dict[str, object]:

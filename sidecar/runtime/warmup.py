@@ -7,7 +7,9 @@ The shapes: for a cache of R rows and C columns, every batch bucket up to R (``c
 of the model's decode widths. The target's are 1 (a plain step) and 2 .. gamma + 1 (a verify of 1 .. gamma
 drafts: the width shrinks near the rows' limits and when drafting stops early); the draft's 1 (each draft
 forward after a step's first) and 2 (a step's first, feeding the last accepted draft and the pending token).
-Wider first feeds (a sidecar's bridge, a row catching up) compile when they come.
+Wider first feeds (a sidecar's bridge, a row catching up) compile when they come. The draft's chains of 1 ..
+gamma - 1 forwards (``sidecar.decoding.draft_chain``, set by ``set_chains``) are warmed greedy at every batch
+bucket; a sampled batch's chain compiles when it first comes.
 
 ``SpeculativeDecoder`` sets the widths on each model's runner (``set_widths``) and whether a cache is warmed as
 soon as it is allocated (on by default in ``cudagraph`` mode, an option in ``compile`` mode);
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +43,7 @@ class WarmUp:
 
     rows: int
     capacity: int
-    shapes: int  # (batch bucket, width) pairs run
+    shapes: int  # (batch bucket, width) pairs run, and (batch bucket, chain length) pairs
     compiles: int
     seconds: float
     graph_bytes: int  # CUDA memory the graphs took (0 off CUDA and in compile mode)
@@ -98,6 +101,15 @@ def set_widths(model: PreTrainedModel, widths: set[int], on_allocate: bool | Non
     runner.warm_on_allocate = runner.mode == "cudagraph" if on_allocate is None else on_allocate
 
 
+def set_chains(model: PreTrainedModel, forwards: set[int], warm: Callable[[RowKVCache, int], object]) -> None:
+    """Warm ``model``'s chains of each of ``forwards`` forwards too, each run by ``warm(rows, forwards)``."""
+    runner = runner_of(model)
+    if runner is None or not runner.static:
+        return
+    runner.chain_forwards |= forwards
+    runner.warm_chain = warm
+
+
 def warm_up(model: PreTrainedModel, rows: int, columns: int, name: str = "") -> WarmUp | None:
     """Warm the cache a batch of ``rows`` rows needing ``columns`` columns each will take (``capacity_bucket``),
     and give it back for that batch: its graphs are recorded on the buffers it will run on."""
@@ -130,14 +142,20 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
         return None
     counters = runner.counters
     compiles, graph_bytes, started = counters.compiles, counters.graph_bytes, time.perf_counter()
-    shapes = [(bucket, width) for bucket in batch_buckets(cache.batch_size) for width in sorted(runner.widths)]
+    buckets = batch_buckets(cache.batch_size)
+    shapes = [(bucket, width, False) for bucket in buckets for width in sorted(runner.widths)]
+    if runner.warm_chain is not None:
+        shapes += [(bucket, forwards, True) for bucket in buckets for forwards in sorted(runner.chain_forwards)]
     calls = CAPTURE_CALLS if runner.mode == "cudagraph" else 1
     what = f"warm-up {name or model.config.model_type} ({cache.batch_size} rows, {cache.capacity} columns)"
     with torch.inference_mode():
-        for bucket, width in tqdm(shapes, desc=what, leave=False, disable=None, dynamic_ncols=True):
+        for bucket, width, chain in tqdm(shapes, desc=what, leave=False, disable=None, dynamic_ncols=True):
             ids = torch.zeros(bucket, width, dtype=torch.long, device=cache.device)
             for _ in range(calls):
-                runner(cache.rows_view(0, bucket), ids)
+                if chain:  # ``width`` forwards one column wide
+                    runner.warm_chain(cache.rows_view(0, bucket), width)
+                else:
+                    runner(cache.rows_view(0, bucket), ids)
     runner.warmed.add(key)
     report = WarmUp(cache.batch_size, cache.capacity, len(shapes), counters.compiles - compiles,
                     time.perf_counter() - started, counters.graph_bytes - graph_bytes)
