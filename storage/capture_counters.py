@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # counted by every process afresh (a resume loads the pair again): a run's are the sum of its starts'
-SUMMED = ("compiles", "recompiles", "graph_breaks", "forwards", "compile_seconds")
+SUMMED = ("compiles", "recompiles", "graph_breaks", "forwards", "graph_calls", "chained_forwards", "compile_seconds")
 # what one process holds at once: a run's is the largest of its starts'
 LARGEST = ("distinct_shapes", "graph_bytes")
 # the entry that holds the steps' counters, not a model's; every one is summed over starts

@@ -487,7 +487,8 @@ def test_the_report_names_the_dtype_each_run_loaded_its_pair_in_and_why(tmp_path
 
 def capture_counters(recompiles: int = 0, graph_breaks: int = 0) -> dict:
     counted = {"compiles": 6, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": 400,
-               "distinct_shapes": 6, "compile_seconds": 0.0, "graph_bytes": 2**20}
+               "graph_calls": 400, "chained_forwards": 0, "distinct_shapes": 6, "compile_seconds": 0.0,
+               "graph_bytes": 2**20}
     return {"target": counted, "draft": counted | {"recompiles": 0, "graph_breaks": 0}}
 
 

@@ -833,7 +833,8 @@ def test_migration_013_gives_stored_judgements_the_task_they_judged_and_reads_th
 
 def counters(forwards: int, recompiles: int = 0, graph_breaks: int = 0, shapes: int = 3) -> dict:
     return {"compiles": 2, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": forwards,
-            "distinct_shapes": shapes, "compile_seconds": 1.5, "graph_bytes": 0}
+            "graph_calls": forwards, "chained_forwards": 0, "distinct_shapes": shapes, "compile_seconds": 1.5,
+            "graph_bytes": 0}
 
 
 def test_a_run_records_its_capture_mode_and_a_resume_adds_only_its_own_counters(db: Database) -> None:
@@ -907,7 +908,8 @@ def test_migration_014_leaves_older_runs_without_a_capture_mode(tmp_path: Path) 
     assert (run["capture"], run["capture_counters"]) == (None, None)
     assert db.shard_attempts("r")[0]["capture"] is None
     assert db.capture("r") == {"run_id": "r", "capture": None, "recorded": 0, "compiles": None, "recompiles": None,
-                               "graph_breaks": None, "forwards": None, "distinct_shapes": None,
+                               "graph_breaks": None, "forwards": None, "graph_calls": None,
+                               "chained_forwards": None, "distinct_shapes": None,
                                "compile_seconds": None, "graph_bytes": None, "faults": 0, "steps": None,
                                "syncs": None, "syncs_per_step": None, "host_ms_per_step": None}
 

@@ -3,8 +3,11 @@
 -- values a step made: a GPU waits at each), step_seconds and read_seconds (host time = step less reads),
 -- summed over a resume's starts like the forwards. Runs recorded before this migration have no entry: NULL.
 --
--- `run_captures` is recreated: its model sums skip "steps", and it gains steps, syncs, syncs_per_step and
--- host_ms_per_step (per step: step wall time less the time in reads, in milliseconds).
+-- Each model's counters gain graph_calls (calls of its compiled forward: a chain of draft forwards is one) and
+-- chained_forwards (forwards run inside such chains), summed like its forwards.
+--
+-- `run_captures` is recreated: its model sums skip "steps" and add graph_calls and chained_forwards, and it gains
+-- steps, syncs, syncs_per_step and host_ms_per_step (per step: step wall time less the time in reads, in ms).
 
 DROP VIEW run_captures;
 
@@ -30,6 +33,8 @@ summed AS (
         CAST(sum(CAST(c ->> 'recompiles' AS BIGINT)) AS BIGINT) AS recompiles,
         CAST(sum(CAST(c ->> 'graph_breaks' AS BIGINT)) AS BIGINT) AS graph_breaks,
         CAST(sum(CAST(c ->> 'forwards' AS BIGINT)) AS BIGINT) AS forwards,
+        CAST(sum(CAST(c ->> 'graph_calls' AS BIGINT)) AS BIGINT) AS graph_calls,
+        CAST(sum(CAST(c ->> 'chained_forwards' AS BIGINT)) AS BIGINT) AS chained_forwards,
         max(CAST(c ->> 'distinct_shapes' AS BIGINT)) AS distinct_shapes,
         sum(CAST(c ->> 'compile_seconds' AS DOUBLE)) AS compile_seconds,
         max(CAST(c ->> 'graph_bytes' AS BIGINT)) AS graph_bytes
@@ -58,7 +63,8 @@ SELECT
     -- the run's own, else its shards' (several where attempts ran in different modes)
     coalesce(r.capture, m.capture) AS capture,
     m.recorded,
-    s.compiles, s.recompiles, s.graph_breaks, s.forwards, s.distinct_shapes, s.compile_seconds, s.graph_bytes,
+    s.compiles, s.recompiles, s.graph_breaks, s.forwards, s.graph_calls, s.chained_forwards, s.distinct_shapes,
+    s.compile_seconds, s.graph_bytes,
     coalesce(s.recompiles, 0) + coalesce(s.graph_breaks, 0) AS faults,
     t.steps, t.syncs,
     CASE WHEN t.steps > 0 THEN t.syncs / t.steps END AS syncs_per_step,
