@@ -220,13 +220,27 @@ def workers(env: dict[str, str], logs: Path) -> Iterator[dict[str, subprocess.Po
             stop(proc)
 
 
+# the workers by pool, and the directory of their logs
+PoolWorkers = tuple[dict[str, subprocess.Popen], Path]
+
+
+@pytest.fixture(scope="module")
+def pool_workers(deployed: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolWorkers]:
+    """The workers of both pools (``workers``), started once for the module's whole-run tests: three processes
+    that import Prefect and poll, which each test would otherwise start and stop again. A test finds its own runs
+    by their ids and run ids, and counts the judge runs it sets off from those there were before it."""
+    logs = tmp_path_factory.mktemp("worker-logs")
+    with workers(deployed, logs) as started:
+        yield started, logs
+
+
 def worker_logs(logs: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logs.glob("*.log")))
 
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_document_once_and_is_judged_once(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     docs = 20
@@ -235,9 +249,8 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
         f"Story {i}: the city council approved a new budget after a long debate about schools and roads. "
         * (1 + i % 3) for i in range(docs)]}), corpus)
     db_path = tmp_path / "sidecar.duckdb"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs), api_client(deployed) as api:
+    _, logs = pool_workers
+    with api_client(deployed) as api:
         judged_before = {run.id for run in judge_runs(api)}  # by the module's other tests, in any order
         nightly = api.read_deployment_by_name("nightly/nightly")
         # as the UI's form: the deployment's parameters, some changed
@@ -375,7 +388,7 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, doc_ids: list[str])
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from flows.accelerator import LEASE_S
@@ -384,9 +397,8 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
     corpus = write_corpus(tmp_path / "news.parquet", "k", docs)
     db_path = tmp_path / "sidecar.duckdb"
     parts = Path(f"{db_path}.runs") / "parts"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs) as started, api_client(deployed) as api:
+    started, logs = pool_workers
+    with api_client(deployed) as api:
         judges_before = len(judge_runs(api))
         nightly = api.read_deployment_by_name("nightly/nightly")
         # windows of 2 and a part per window: shard 0 has written some of its 8 documents when it is killed
@@ -433,12 +445,11 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     docs = {"two-a": 10, "two-b": 6}
     db_path = tmp_path / "sidecar.duckdb"  # one database, two parents writing it
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs), api_client(deployed) as api:
+    _, logs = pool_workers
+    with api_client(deployed) as api:
         judges_before = len(judge_runs(api))
         nightly = api.read_deployment_by_name("nightly/nightly")
         starts = []
