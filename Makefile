@@ -60,9 +60,11 @@ postgres:
 
 # pytest processes (pytest-xdist): most tests use one core (the tiny pair on one torch thread); a module's
 # tests stay in one process, so its fixtures (a Prefect server, a loaded pair) are made once; the longest
-# modules are handed out first (tests/conftest.py, module_rank)
+# modules are handed out first (tests/conftest.py, module_rank), in that order: xdist's default reorders the
+# modules by their number of tests, which handed the real pair's (3 tests, the longest) out midway, and it
+# ran on alone at the end
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # keeps what a run found under test-artifacts/: junit.xml (each test's outcome and seconds) and durations.txt
 # (every test's setup, call and teardown seconds, slowest first); the terminal lists the 15 slowest

@@ -116,9 +116,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def module_rank(items: list[pytest.Item]) -> int:
     """0 for a module of the real pair, 1 for one whose every test is slow, 2 for the rest.
 
-    pytest-xdist (`make test`, ``--dist loadfile``) hands modules to its workers in collection order, each to
-    the worker that runs out first; a long module handed out late runs on alone while the other worker idles
-    (the real pair's, the longest, came 54th of 81 in file order), so the long ones go first."""
+    pytest-xdist (`make test`, ``--dist loadfile --no-loadscope-reorder``) hands modules to its workers in
+    collection order, each to the worker that runs out first; a long module handed out late runs on alone while
+    the other worker idles (the real pair's, the longest, came 54th of 81 in file order), so the long ones go
+    first. Without ``--no-loadscope-reorder`` xdist hands them out by their number of tests instead."""
     if any(item.get_closest_marker("real") for item in items):
         return 0
     return 1 if all(item.get_closest_marker("slow") for item in items) else 2

@@ -2,7 +2,13 @@
 `prefect deploy --all`) creates, and a sharded nightly deployment run with the tiny pair on real process workers
 (infra/worker.sh for the control pool, infra/gpu-workers.sh --cpu 2 for the GPU pool): its shards run as flow
 runs of the nightly-shard deployment, every (document, mode) is stored once, and the trigger chain
-nightly -> judge -> cost-report fires once."""
+nightly -> judge -> cost-report fires once.
+
+Last, without workers, on the same server (one start and deploy, ~40 s, for both): a nightly run that overrides
+one parameter keeps the deployment's others, through the API, through `prefect deployment run -p` and through
+the triggers, which hand the run's db_path and pair on to judge and its db_path to cost-report; a value a field
+refuses is refused when the run is created. Those runs are created, read and deleted (the triggers fire on a
+Completed state set through the API)."""
 
 from __future__ import annotations
 
@@ -214,13 +220,27 @@ def workers(env: dict[str, str], logs: Path) -> Iterator[dict[str, subprocess.Po
             stop(proc)
 
 
+# the workers by pool, and the directory of their logs
+PoolWorkers = tuple[dict[str, subprocess.Popen], Path]
+
+
+@pytest.fixture(scope="module")
+def pool_workers(deployed: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolWorkers]:
+    """The workers of both pools (``workers``), started once for the module's whole-run tests: three processes
+    that import Prefect and poll, which each test would otherwise start and stop again. A test finds its own runs
+    by their ids and run ids, and counts the judge runs it sets off from those there were before it."""
+    logs = tmp_path_factory.mktemp("worker-logs")
+    with workers(deployed, logs) as started:
+        yield started, logs
+
+
 def worker_logs(logs: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logs.glob("*.log")))
 
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_document_once_and_is_judged_once(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     docs = 20
@@ -229,9 +249,8 @@ def test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_documen
         f"Story {i}: the city council approved a new budget after a long debate about schools and roads. "
         * (1 + i % 3) for i in range(docs)]}), corpus)
     db_path = tmp_path / "sidecar.duckdb"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs), api_client(deployed) as api:
+    _, logs = pool_workers
+    with api_client(deployed) as api:
         judged_before = {run.id for run in judge_runs(api)}  # by the module's other tests, in any order
         nightly = api.read_deployment_by_name("nightly/nightly")
         # as the UI's form: the deployment's parameters, some changed
@@ -369,7 +388,7 @@ def assert_each_doc_and_mode_once(db: Database, run_id: str, doc_ids: list[str])
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from flows.accelerator import LEASE_S
@@ -378,9 +397,8 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
     corpus = write_corpus(tmp_path / "news.parquet", "k", docs)
     db_path = tmp_path / "sidecar.duckdb"
     parts = Path(f"{db_path}.runs") / "parts"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs) as started, api_client(deployed) as api:
+    started, logs = pool_workers
+    with api_client(deployed) as api:
         judges_before = len(judge_runs(api))
         nightly = api.read_deployment_by_name("nightly/nightly")
         # windows of 2 and a part per window: shard 0 has written some of its 8 documents when it is killed
@@ -427,12 +445,11 @@ def test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its
 
 @pytest.mark.usefixtures("whole_runs_here")
 def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
-        deployed: dict[str, str], tmp_path: Path) -> None:
+        deployed: dict[str, str], pool_workers: PoolWorkers, tmp_path: Path) -> None:
     docs = {"two-a": 10, "two-b": 6}
     db_path = tmp_path / "sidecar.duckdb"  # one database, two parents writing it
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with workers(deployed, logs), api_client(deployed) as api:
+    _, logs = pool_workers
+    with api_client(deployed) as api:
         judges_before = len(judge_runs(api))
         nightly = api.read_deployment_by_name("nightly/nightly")
         starts = []
@@ -462,3 +479,64 @@ def test_two_runs_at_once_on_two_gpu_workers_both_finish_each_on_its_own_gpu(
         assert [(a["shard"], a["status"]) for a in db.shard_attempts(run_id)] == [(0, "completed")]
         assert len(judges[run_id]) == 1, judges
     assert judges_after == judges_before + len(docs)
+
+
+# -- a run's parameters, without workers --
+
+
+def runs_of(api, deployment: str, run_id: str) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    found = api.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])))
+    return [run for run in found if run.parameters.get("run_id") == run_id]
+
+
+def test_one_overridden_parameter_keeps_every_other_one_through_the_api_and_the_cli(
+        deployed: dict[str, str], api) -> None:
+    from flows.nightly import NightlyParams
+
+    nightly = api.read_deployment_by_name("nightly/nightly")
+    by_api = api.create_flow_run_from_deployment(nightly.id, parameters={"limit": 4})
+    done = subprocess.run([str(PREFECT), "deployment", "run", "nightly/nightly", "-p", "limit=4"], env=deployed,
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_cli = api.read_flow_run(re.search(r"UUID: (\S+)", done.stdout)[1])
+    try:
+        for run in (by_api, by_cli):
+            assert run.parameters == nightly.parameters | {"limit": 4}
+            params = NightlyParams.model_validate(run.parameters)
+            assert (params.limit, params.shard_deployment, params.shards, params.title_column, params.db_path) == (
+                4, "nightly-shard/nightly-shard", 2, "title", "data/sidecar.duckdb")
+    finally:
+        for run in (by_api, by_cli):
+            api.delete_flow_run(run.id)
+
+
+def test_a_value_a_field_refuses_is_refused_when_the_run_is_created(deployed: dict[str, str], api) -> None:
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    nightly = api.read_deployment_by_name("nightly/nightly")
+    before = len(api.read_flow_runs())
+    with pytest.raises(PrefectHTTPStatusError, match=r"limit"):
+        api.create_flow_run_from_deployment(nightly.id, parameters={"limit": 0})
+    done = subprocess.run([str(PREFECT), "deployment", "run", "nightly/nightly", "-p", "batch_size=0"], env=deployed,
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "batch_size" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert len(api.read_flow_runs()) == before
+
+
+def test_the_triggers_hand_the_runs_db_path_and_pair_on_when_it_overrides_only_one_field(
+        deployed: dict[str, str], api, tmp_path: Path) -> None:
+    from prefect.states import Completed
+
+    db_path = str(tmp_path / "one.duckdb")
+    nightly = api.read_deployment_by_name("nightly/nightly")
+    run = api.create_flow_run_from_deployment(nightly.id, parameters={"db_path": db_path})
+    api.set_flow_run_state(run.id, Completed(), force=True)
+    [judge] = wait_for(lambda: runs_of(api, "judge", run.name), 120, "the judge run the trigger starts", poll_s=0.5)
+    assert judge.parameters == {"run_id": run.name, "db_path": db_path, "judge_pair": "qwen-coder-small"}
+    api.set_flow_run_state(judge.id, Completed(), force=True)
+    [report] = wait_for(lambda: runs_of(api, "cost-report", run.name), 120, "the cost-report run", poll_s=0.5)
+    assert report.parameters == {"run_id": run.name, "db_path": db_path}
+    for started in (run, judge, report):
+        api.delete_flow_run(started.id)

@@ -22,6 +22,7 @@ from postgres import postgres_cluster, unavailable
 # the same tests as on SQLite, collected here again: this module's `server` fixture puts them on Postgres
 from test_deployments import (  # noqa: F401
     deployed,
+    pool_workers,
     prefect_server,
     test_a_shard_killed_under_its_worker_crashes_and_is_relaunched_with_only_its_unfinished_documents,
     test_a_sharded_nightly_deployment_run_on_two_gpu_workers_stores_each_document_once_and_is_judged_once,

@@ -63,6 +63,13 @@ def test_make_test_fast_deselects_the_tests_that_start_servers(pytestconfig: pyt
 
 
 @pytest.mark.servers
+def test_make_test_hands_modules_out_in_collection_order() -> None:
+    # pytest-xdist's loadfile reorders the modules by their number of tests unless told not to, which undoes
+    # module_rank's order (the real pair's module, with 3 tests, went out midway and ended the run alone)
+    pytest_line = re.search(r"^PYTEST :=(.*)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1).split()
+    assert "--no-loadscope-reorder" in pytest_line and pytest_line[pytest_line.index("--dist") + 1] == "loadfile"
+
+
 def test_the_real_pairs_modules_run_first_then_the_wholly_slow_ones(tmp_path: Path) -> None:
     # pytest-xdist hands modules out in this order: one as long as the real pair's handed out late is the tail
     modules = ["tests/test_shard_plan.py", "tests/test_sharded_nightly.py", "tests/test_real_pair.py",

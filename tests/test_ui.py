@@ -2,7 +2,11 @@
 made in a real browser on the deployment's Run -> Custom run form (headless Chromium, tests/browser.py), with only
 the document limit, the pair and the paths changed, completes with the deployment's other parameters, and judge and
 cost report after it; so does one created through the REST API with only those fields; SIGTERM then stops
-everything the command started. Screenshots of the filled form and the completed run go to test-artifacts/."""
+everything the command started. Screenshots of the filled form and the completed run go to test-artifacts/.
+
+Both runs are made on one `sidecar ui` (the module's ``ui``): starting it, its server, the deploys and the workers
+costs some 40 s of CPU, which a second start would pay again for nothing either test checks. The SIGTERM test
+stops it, so it comes last."""
 
 from __future__ import annotations
 
@@ -81,12 +85,14 @@ def wait_for(done: Callable[[], Any], ui: subprocess.Popen, logs: Callable[[], s
 
 
 def completed_chain(api: str, nightly_run_id: str, logs: Callable[[], str]) -> dict[str, dict] | None:
-    """The nightly run and the judge and cost-report runs its completion set off, once all three are Completed."""
+    """The nightly run and the judge and cost-report runs its completion set off (those given its run id: the
+    server may hold other runs' chains), once all three are Completed."""
     runs = {"nightly": get(f"{api}/flow_runs/{nightly_run_id}")}
     downstream = {get(f"{api}/deployments/name/{name}/{name}")["id"]: name for name in ("judge", "cost-report")}
     found = httpx.post(f"{api}/flow_runs/filter", timeout=10,
                        json={"flow_runs": {"deployment_id": {"any_": list(downstream)}}}).raise_for_status().json()
-    runs |= {downstream[run["deployment_id"]]: run for run in found}
+    mine = [run for run in found if run["parameters"].get("run_id") == runs["nightly"]["name"]]
+    runs |= {downstream[run["deployment_id"]]: run for run in mine}
     states = {name: run["state"]["type"] for name, run in runs.items()}
     assert not FAILED & set(states.values()), f"{states}\n{logs()}"
     return runs if len(runs) == 3 and set(states.values()) == {"COMPLETED"} else None
@@ -141,6 +147,13 @@ def sidecar_ui(tmp_path: Path) -> Iterator[Ui]:
             left.kill()
 
 
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    """The module's `sidecar ui`, whichever of its tests runs first."""
+    with sidecar_ui(tmp_path_factory.mktemp("ui")) as started:
+        yield started
+
+
 def write_corpus(path: Path) -> Path:
     pq.write_table(pa.table({"id": ["a", "b", "c"], "title": ["Budget", "Jobs", "Storm"], "article": TEXTS}), path)
     return path
@@ -162,28 +175,6 @@ def assert_completed_with_judge_and_cost_report(runs: dict[str, dict], db_path: 
 def runs_of(api: str, deployment_id: str) -> list[dict]:
     return httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
         "flow_runs": {"deployment_id": {"any_": [deployment_id]}}}).raise_for_status().json()
-
-
-def test_a_nightly_run_from_the_ui_form_completes_and_sigterm_stops_everything(tmp_path: Path) -> None:
-    with sidecar_ui(tmp_path) as ui:
-        nightly = get(f"{ui.api}/deployments/name/nightly/nightly")
-        assert nightly is not None, ui.logs()
-        corpus, db_path = write_corpus(tmp_path / "news.parquet"), tmp_path / "sidecar.duckdb"
-        # the fields changed; the server keeps the deployment's other parameters
-        changed = {"corpus": str(corpus), "pair": "tiny", "limit": 2, "max_new_tokens": 8, "db_path": str(db_path)}
-        started = httpx.post(f"{ui.api}/deployments/{nightly['id']}/create_flow_run", timeout=10,
-                             json={"parameters": changed}).raise_for_status().json()
-        runs = ui.wait_for(lambda: completed_chain(ui.api, started["id"], ui.logs), timeout_s=600)
-        assert runs["nightly"]["parameters"] == nightly["parameters"] | changed
-        assert_completed_with_judge_and_cost_report(runs, db_path)
-
-        started_processes = psutil.Process(ui.process.pid).children(recursive=True)
-        commands = [" ".join(p.cmdline()) for p in started_processes]
-        assert any("server start" in c for c in commands) and any("worker start" in c for c in commands), commands
-        ui.process.send_signal(signal.SIGTERM)
-        assert ui.process.wait(timeout=180) == 0, ui.logs()
-        assert [p for p in started_processes if alive(p)] == []
-        assert processes_with(ui.home) == []
 
 
 def form_field(driver: Any, name: str) -> Any:
@@ -250,7 +241,7 @@ def submit(driver: Any, submitted: Callable[[], list[dict]], ui: Ui) -> list[dic
 
 
 def test_a_run_submitted_from_the_custom_run_form_in_a_browser_completes_with_its_judge_and_cost_report(
-        tmp_path: Path) -> None:
+        ui: Ui, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -260,7 +251,7 @@ def test_a_run_submitted_from_the_custom_run_form_in_a_browser_completes_with_it
     corpus, db_path = write_corpus(tmp_path / "news.parquet"), tmp_path / "sidecar.duckdb"
     # the document limit and the tiny pair, as the issue's user; the paths, so the run touches no checkout file
     changed = {"corpus": str(corpus), "limit": "2", "pair": "tiny", "max_new_tokens": "8", "db_path": str(db_path)}
-    with headless_chromium(1280, 1800) as driver, sidecar_ui(tmp_path) as ui:
+    with headless_chromium(1280, 1800) as driver:
         nightly = get(f"{ui.api}/deployments/name/nightly/nightly")
         assert nightly is not None, ui.logs()
         driver.get(f"{ui.url}/deployments/deployment/{nightly['id']}")
@@ -289,3 +280,25 @@ def test_a_run_submitted_from_the_custom_run_form_in_a_browser_completes_with_it
         driver.get(f"{ui.url}/runs/flow-run/{started['id']}")
         WebDriverWait(driver, 60).until(lambda d: d.find_element(By.XPATH, "//*[normalize-space(.)='Completed']"))
         assert driver.save_screenshot(str(artifacts / "ui_nightly_run_completed.png"))
+
+
+def test_a_nightly_run_from_the_ui_form_completes_and_sigterm_stops_everything(ui: Ui, tmp_path: Path) -> None:
+    """Last in the module: it stops the module's ``ui``."""
+    nightly = get(f"{ui.api}/deployments/name/nightly/nightly")
+    assert nightly is not None, ui.logs()
+    corpus, db_path = write_corpus(tmp_path / "news.parquet"), tmp_path / "sidecar.duckdb"
+    # the fields changed; the server keeps the deployment's other parameters
+    changed = {"corpus": str(corpus), "pair": "tiny", "limit": 2, "max_new_tokens": 8, "db_path": str(db_path)}
+    started = httpx.post(f"{ui.api}/deployments/{nightly['id']}/create_flow_run", timeout=10,
+                         json={"parameters": changed}).raise_for_status().json()
+    runs = ui.wait_for(lambda: completed_chain(ui.api, started["id"], ui.logs), timeout_s=600)
+    assert runs["nightly"]["parameters"] == nightly["parameters"] | changed
+    assert_completed_with_judge_and_cost_report(runs, db_path)
+
+    started_processes = psutil.Process(ui.process.pid).children(recursive=True)
+    commands = [" ".join(p.cmdline()) for p in started_processes]
+    assert any("server start" in c for c in commands) and any("worker start" in c for c in commands), commands
+    ui.process.send_signal(signal.SIGTERM)
+    assert ui.process.wait(timeout=180) == 0, ui.logs()
+    assert [p for p in started_processes if alive(p)] == []
+    assert processes_with(ui.home) == []
