@@ -1,5 +1,13 @@
-"""The real pair's identity evidence: HF references decoded once, and every greedy output checked against its
-reference by the divergence rule (``sidecar.decoding.divergence``), each outcome kept for the run's record."""
+"""The real pair's identity evidence: every greedy output checked against the target's own greedy choices by the
+divergence rule (``sidecar.decoding.divergence``), each outcome kept for the run's record.
+
+The reference of an output is teacher-forced: one forward of the target over prompt and output gives, at every
+position, the token greedy decoding picks after the output's own prefix (``teacher_forced_reference``). Greedy
+output is the target's exactly when each token is that pick, which is what HF ``generate`` decodes one forward
+per token; the two differ only by the rounding of a wide forward against incremental ones, which the near-tie
+rule already allows for. HF ``generate`` itself stays the reference of one row (``greedy_references``), so the
+two references are checked against each other on every run.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +36,23 @@ def greedy_references(pair: ModelPair, prompts: list[list[int]], limits: list[in
     return references
 
 
+def teacher_forced_reference(pair: ModelPair, prompt: list[int], candidate: list[int], limit: int) -> list[int]:
+    """The target's greedy continuation of ``prompt`` as far as ``candidate`` follows it: ``candidate`` up to its
+    first token that is not the target's argmax after the tokens before it, then that argmax. An output that
+    ends before ``limit`` without an end-of-sequence token gets the target's next pick appended, so ending early
+    is a divergence too. One forward at batch 1 over prompt and output."""
+    ids = prompt + candidate
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([ids[: len(ids) - (len(candidate) >= limit)]],
+                                          device=pair.device)).logits[0, len(prompt) - 1:]  # [n (+1), V]
+    picks = logits.argmax(-1).tolist()
+    for position, token in enumerate(candidate):
+        if token != picks[position]:
+            return [*candidate[:position], picks[position]]
+    ended = bool(candidate) and candidate[-1] in pair.eos_token_ids
+    return candidate if ended or len(candidate) >= limit else [*candidate, picks[len(candidate)]]
+
+
 class Identity:
     """Greedy outputs checked against their references (``bench.identity.compare``, the benchmarks' wording); a
     near-tie is reported with its gap, a mismatch fails at ``assert_no_mismatch``."""
@@ -42,9 +67,13 @@ class Identity:
         """fp32's rounding bound is about 1e-5 of a logit: identity is exact in practice."""
         return self.pair.dtype == torch.float32
 
-    def check(self, name: str, prompt: list[int], reference: list[int], candidate: list[int],
+    def check(self, name: str, prompt: list[int], candidate: list[int], limit: int, reference: list[int] | None = None,
               finished_by_stop: bool = False) -> dict:
-        """Record how ``candidate`` compares with ``reference``; a row a stop string ended must be a prefix."""
+        """Record how ``candidate`` (at most ``limit`` tokens) compares with ``reference`` (default: teacher-forced);
+        a row a stop string ended must be a prefix."""
+        if reference is None:
+            reference = teacher_forced_reference(self.pair, prompt, candidate, len(candidate) if finished_by_stop
+                                                 else limit)
         if finished_by_stop:
             reference = reference[: len(candidate)]
         self.outcomes.append(compare(self.pair.target, prompt, reference, candidate, name) | {"tokens": len(candidate)})

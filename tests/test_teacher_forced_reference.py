@@ -1,0 +1,28 @@
+"""The real pair's teacher-forced reference (tests/real_pair_identity.py), on the tiny pair in fp32: it is HF
+``generate``'s greedy output where the candidate is, and it leaves a candidate that is not, at the first token
+that is not the target's pick, or where the candidate ends early without an end-of-sequence token."""
+
+from __future__ import annotations
+
+import torch
+
+from sidecar.decoding.divergence import MISMATCH
+from tests.real_pair_identity import Identity, greedy_references, teacher_forced_reference
+
+LIMIT = 12
+
+
+def test_the_teacher_forced_reference_is_greedy_decoding_and_catches_a_wrong_or_early_ending_output(tiny) -> None:
+    prompt = [5, 17, 42, 8, 99, 23]
+    greedy = greedy_references(tiny, [prompt], [LIMIT])[0]
+    assert teacher_forced_reference(tiny, prompt, greedy, LIMIT) == greedy
+    # a token that is not the target's pick: the reference keeps the prefix and takes the pick there
+    wrong = [*greedy[:4], (greedy[4] + 1) % len(tiny.tokenizer), *greedy[5:]]
+    assert teacher_forced_reference(tiny, prompt, wrong, LIMIT) == greedy[:5]
+    # ending before the limit without an end-of-sequence token: the reference goes one token further
+    assert len(greedy) == LIMIT and not set(greedy[:8]) & set(tiny.eos_token_ids)
+    assert teacher_forced_reference(tiny, prompt, greedy[:7], LIMIT) == greedy[:8]
+    identity = Identity(tiny)
+    assert identity.check("wrong", prompt, wrong, LIMIT)["kind"] == MISMATCH
+    assert identity.check("greedy", prompt, greedy, LIMIT)["identical"]
+    assert identity.exact and tiny.dtype == torch.float32
