@@ -54,6 +54,7 @@ def test_the_faster_step_wins_and_the_reason_says_what_was_timed():
     assert reason == ("auto: compiled step 8.00 ms (verify 4.00 + 4 drafts 4.00) vs eager step 14.00 ms "
                       "(verify 6.00 + 4 drafts 8.00), timed at 4 rows (compiling took 12.3 s)")
     assert faster_mode(SLOW, FAST, 1.0)[0] == "eager"
+    assert ", timed at 4 rows, load 7.5 on 2 cores (compiling" in faster_mode(SLOW, FAST, 1.0, 7.5, 2)[1]
     assert faster_mode(FAST, FAST, 1.0)[0] == "eager", "a tie keeps eager: nothing to compile"
     # the step counts every draft forward: a faster verify with slower drafts loses
     assert faster_mode(StepTimes(0.003, 0.002), StepTimes(0.004, 0.001), 1.0)[0] == "eager"

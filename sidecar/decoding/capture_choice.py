@@ -47,7 +47,7 @@ ROWS = 4  # rows of the measured step (the dtype choice times a verify of 4 rows
 GAMMA = 4  # the decoder's default: a verify of 5 positions and 4 draft forwards per step
 CAPACITY = 512  # KV columns per row (a compiled forward attends all of them, an eager one the filled ones)
 FILLED = CAPACITY // 2  # the columns each row holds: a row is about half way through its cache on average
-MIN_CALLS = 3  # timed calls of each forward at least (a real pair's step takes a few hundred ms)
+MIN_CALLS = 3  # timed calls of each forward at least (a real pair's step takes from 0.3 s to seconds on a CPU)
 TIMING_BUDGET_S = 0.15  # seconds of timed calls of each forward, unless MIN_CALLS take longer
 
 
@@ -69,11 +69,14 @@ class StepTimes:
                 f"{GAMMA * self.draft_s * 1e3:.2f})")
 
 
-def faster_mode(compiled: StepTimes, eager: StepTimes, compile_s: float) -> tuple[str, str]:
+def faster_mode(compiled: StepTimes, eager: StepTimes, compile_s: float, load: float | None = None,
+                cores: int | None = None) -> tuple[str, str]:
     """(mode, why): compile where its step took less time than eager's, eager otherwise (a tie keeps eager:
-    nothing to compile for the next shape)."""
+    nothing to compile for the next shape). ``load`` (the load average on ``cores`` cores when timed) goes into
+    the reason: a choice timed on a machine busier than its cores is worth timing again (delete the cache)."""
     mode = "compile" if compiled.step_s < eager.step_s else "eager"
-    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}, timed at {ROWS} rows "
+    busy = f", load {load:.1f} on {cores} cores" if load is not None else ""
+    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}, timed at {ROWS} rows{busy} "
                   f"(compiling took {compile_s:.1f} s)")
 
 
@@ -141,27 +144,34 @@ def remember(path: Path, key: str, mode: str, reason: str) -> None:
 
 def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None,
                   budget_s: float = TIMING_BUDGET_S) -> tuple[StepTimes, StepTimes, float]:
-    """(compiled, eager, compile seconds): the step's forwards of each mode at the measured bucket, compiled
-    first, then timed in turn (``fastest_seconds``). Leaves both modes' runners attached to the models'
+    """(compiled, eager, compile seconds): the step's forwards of each mode at the measured bucket, timed in
+    turn (``fastest_seconds``, whose untimed first calls compile). Leaves both modes' runners in the models'
     runner sets (``attach``): the decoder attaches the winner's, which keeps what it compiled."""
-    calls, compile_s = [], 0.0
+    calls, compiled = [], []
     with torch.inference_mode():  # as the engine's batches run
         for mode in ("compile", "eager"):
             for model, width in ((target, GAMMA + 1), (draft, 1)):
                 if model is None:
                     continue
                 runner = attach(model, mode)
+                compiled += [(runner, runner.counters.compile_seconds)] if mode == "compile" else []
                 cache = RowKVCache(model, ROWS, CAPACITY)
                 cache.lengths[:] = FILLED
                 ids = torch.zeros(ROWS, width, dtype=torch.long, device=cache.device)
                 calls.append(lambda runner=runner, cache=cache, ids=ids: runner(cache, ids))
-                began = time.perf_counter()
-                calls[-1]()  # compiles this shape in compile mode
-                compile_s += time.perf_counter() - began if mode == "compile" else 0.0
-    best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS)
+        best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS)
+    compile_s = sum(runner.counters.compile_seconds - before for runner, before in compiled)
     if draft is None:
         return StepTimes(best[0]), StepTimes(best[1]), compile_s
     return StepTimes(best[0], best[1]), StepTimes(best[2], best[3]), compile_s
+
+
+def machine_load() -> tuple[float | None, int | None]:
+    """The last minute's load average and the cores it compares with (None where the OS gives none)."""
+    try:
+        return os.getloadavg()[0], os.cpu_count()
+    except (AttributeError, OSError):
+        return None, None
 
 
 Measure = Callable[[PreTrainedModel, PreTrainedModel | None], tuple[StepTimes, StepTimes, float]]
@@ -171,7 +181,7 @@ def choose_cpu_capture(target: PreTrainedModel, draft: PreTrainedModel | None,
                        measure: Measure = measure_modes) -> tuple[str, str]:
     """(mode, why) of ``auto`` on a CPU for this pair (``draft`` None: the target's forwards alone): remembered
     for its key, else measured and remembered. A measurement that fails (a kernel inductor cannot compile) gives
-    eager, remembered too: auto is never worse than eager by rule."""
+    eager, remembered too: a load never fails for auto's sake."""
     key, path = choice_key(target, draft), cache_path()
     if (choice := remembered(read_choices(path), key)) is not None:
         logger.info("capture mode %s, remembered in %s: %s", choice[0], path, choice[1])
@@ -179,7 +189,7 @@ def choose_cpu_capture(target: PreTrainedModel, draft: PreTrainedModel | None,
     began = time.perf_counter()
     try:
         compiled, eager, compile_s = measure(target, draft)
-        mode, reason = faster_mode(compiled, eager, compile_s)
+        mode, reason = faster_mode(compiled, eager, compile_s, *machine_load())
     except Exception as error:  # whatever compiling raises: the load goes on in eager mode
         logger.warning("capture mode auto: timing the compiled forwards failed, eager", exc_info=True)
         first_line = (str(error).strip().splitlines() or [""])[0][:200]
