@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from sidecar.decoding.capture_choice import (
     CACHE_FILE,
     StepTimes,
+    busy,
     choice_key,
     choose_cpu_capture,
     faster_mode,
@@ -24,9 +26,11 @@ from sidecar.runtime.capture import runner_of
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A fresh SIDECAR_HOME, and auto asked for (the test session pins eager)."""
+    """A fresh SIDECAR_HOME, auto asked for (the test session pins eager), and a quiet machine whatever the
+    test machine's load: a choice timed busy would be timed again (``busy``)."""
     monkeypatch.setenv("SIDECAR_HOME", str(tmp_path))
     monkeypatch.delenv("SIDECAR_CAPTURE")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     return tmp_path
 
 
@@ -94,8 +98,29 @@ def test_a_corrupt_cache_is_ignored_with_a_warning_and_rewritten(home, caplog, c
     assert choice_key(pair.target, pair.draft) in json.loads((home / CACHE_FILE).read_text())["choices"]
 
 
-def test_a_malformed_entry_is_measured_again_and_an_unwritable_home_costs_a_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("SIDECAR_HOME", str(tmp_path))
+def test_a_choice_timed_on_a_busy_machine_is_timed_again_once_it_is_quiet(home):
+    assert busy(3.1, 2) and not busy(3.0, 2) and not busy(None, None)
+    pair = tiny_pair(layers=1)
+    timings, machine = Timings(FAST, SLOW), {"load": 9.0}
+
+    def load():
+        return machine["load"], 2
+
+    assert "load 9.0 on 2 cores" in choose_cpu_capture(pair.target, pair.draft, timings, load)[1]
+    choose_cpu_capture(pair.target, pair.draft, timings, load)
+    assert len(timings.calls) == 1, "still busy: the busy choice is used, not timed again"
+    machine["load"] = 1.0
+    assert "load 1.0 on 2 cores" in choose_cpu_capture(pair.target, pair.draft, timings, load)[1]
+    assert len(timings.calls) == 2, "quiet now: timed again"
+    machine["load"] = 9.0
+    choose_cpu_capture(pair.target, pair.draft, timings, load)
+    assert len(timings.calls) == 2, "a choice timed quiet stands"
+    stored = json.loads((home / CACHE_FILE).read_text())["choices"][choice_key(pair.target, pair.draft)]
+    assert stored["busy"] is False and "load 1.0" in stored["reason"]
+
+
+def test_a_malformed_entry_is_measured_again_and_an_unwritable_home_costs_a_warning(home, monkeypatch, caplog):
+    tmp_path = home
     pair = tiny_pair(layers=1)
     key = choice_key(pair.target, pair.draft)
     (tmp_path / CACHE_FILE).write_text(json.dumps({"choices": {key: {"mode": "cudagraph", "reason": "?"}}}))

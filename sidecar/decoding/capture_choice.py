@@ -6,15 +6,18 @@ whole capacity and costs a compile per shape. Which wins depends on the chip, th
 model's shape, so ``auto`` measures it: a step's forwards at one bucket (``ROWS`` rows, a verify of ``GAMMA`` + 1
 positions by the target and ``GAMMA`` one-position forwards by the draft, over a cache ``FILLED`` of
 ``CAPACITY`` columns), in each mode, compiled first, then timed in turn within a budget, each call's fastest
-kept (``fastest_seconds``: robust to a loaded machine). The runners measured are the ones the decoder then
-uses, so the compiled one keeps the shape it compiled.
+kept (``fastest_seconds``: robust to bursts of load, not to a machine that stays oversubscribed, where either mode
+wins by turns). The runners measured are the ones the decoder then uses, so the compiled one keeps the shape it
+compiled.
 
 Compiling takes seconds (tiny models) to minutes (a 1.5B target) at load, so the choice is remembered in
 ``capture_choice.json`` under ``SIDECAR_HOME``, keyed by what decides it (``choice_key``: the CPU's name, the
 thread count, torch's version, each model's architecture, layers, widths, dtype and Linear kernel, the bucket
 and ``SCHEME``). A later load with the same key measures nothing; a changed key (a torch upgrade, another
-thread count) measures again. Delete the file to measure again anyway. An unreadable or corrupt file is
-ignored with a warning (and rewritten), never an error; a file that cannot be written costs a warning.
+thread count) measures again. A choice timed on a busy machine (``busy``; the reason names the load) is used
+until a load finds the machine quiet and times it again. Delete the file to measure again anyway. An unreadable
+or corrupt file is ignored with a warning (and rewritten), never an error; a file that cannot be written costs a
+warning.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ CAPACITY = 512  # KV columns per row (a compiled forward attends all of them, an
 FILLED = CAPACITY // 2  # the columns each row holds: a row is about half way through its cache on average
 MIN_CALLS = 3  # timed calls of each forward at least (a real pair's step takes from 0.3 s to seconds on a CPU)
 TIMING_BUDGET_S = 0.15  # seconds of timed calls of each forward, unless MIN_CALLS take longer
+BUSY_LOAD = 1.5  # a load average above this many times the cores: the timing shared the machine (``busy``)
 
 
 @dataclass(frozen=True)
@@ -120,19 +124,26 @@ def read_choices(path: Path) -> dict[str, dict]:
     return choices
 
 
-def remembered(choices: dict[str, dict], key: str) -> tuple[str, str] | None:
-    """(mode, why) remembered for ``key``, if a well-formed entry holds it."""
+def remembered(choices: dict[str, dict], key: str) -> dict | None:
+    """The entry remembered for ``key`` (mode, reason, whether timed on a busy machine), if well-formed."""
     entry = choices.get(key)
     if isinstance(entry, dict) and entry.get("mode") in ("eager", "compile") and isinstance(entry.get("reason"), str):
-        return entry["mode"], entry["reason"]
+        return entry
     return None
 
 
-def remember(path: Path, key: str, mode: str, reason: str) -> None:
+def busy(load: float | None, cores: int | None) -> bool:
+    """Whether others' work competes with a timing: more runnable threads, on the last minute's average, than
+    1.5 times the cores (the timing's own threads are at most the cores)."""
+    return load is not None and cores is not None and load > BUSY_LOAD * cores
+
+
+def remember(path: Path, key: str, mode: str, reason: str, timed_busy: bool = False) -> None:
     """Add (mode, why) for ``key`` to the file at ``path``, written whole to a temporary file and renamed over
     it, so a reader never sees half a file; a failure to write is a warning (the next load measures again)."""
     choices = read_choices(path)
-    choices[key] = {"mode": mode, "reason": reason, "measured": datetime.now(UTC).isoformat(timespec="seconds")}
+    choices[key] = {"mode": mode, "reason": reason, "busy": timed_busy,
+                    "measured": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as file:
@@ -177,23 +188,28 @@ def machine_load() -> tuple[float | None, int | None]:
 Measure = Callable[[PreTrainedModel, PreTrainedModel | None], tuple[StepTimes, StepTimes, float]]
 
 
-def choose_cpu_capture(target: PreTrainedModel, draft: PreTrainedModel | None,
-                       measure: Measure = measure_modes) -> tuple[str, str]:
+def choose_cpu_capture(target: PreTrainedModel, draft: PreTrainedModel | None, measure: Measure = measure_modes,
+                       load: Callable[[], tuple[float | None, int | None]] = machine_load) -> tuple[str, str]:
     """(mode, why) of ``auto`` on a CPU for this pair (``draft`` None: the target's forwards alone): remembered
-    for its key, else measured and remembered. A measurement that fails (a kernel inductor cannot compile) gives
-    eager, remembered too: a load never fails for auto's sake."""
+    for its key, else measured and remembered. A choice timed on a busy machine (``busy``; on this project's
+    2-core box, other work made either mode win by turns) is used until a load finds the machine quiet, which
+    times it again; one timed quiet stands. A measurement that fails (a kernel inductor cannot compile) gives
+    eager, remembered too: a load never fails for auto's sake. ``load`` says the load average and cores."""
     key, path = choice_key(target, draft), cache_path()
-    if (choice := remembered(read_choices(path), key)) is not None:
-        logger.info("capture mode %s, remembered in %s: %s", choice[0], path, choice[1])
-        return choice
+    entry = remembered(read_choices(path), key)
+    if entry is not None and not (entry.get("busy") and not busy(*load())):
+        logger.info("capture mode %s, remembered in %s: %s", entry["mode"], path, entry["reason"])
+        return entry["mode"], entry["reason"]
     began = time.perf_counter()
+    timed_busy = False
     try:
         compiled, eager, compile_s = measure(target, draft)
-        mode, reason = faster_mode(compiled, eager, compile_s, *machine_load())
+        timed_busy = busy(*(machine := load()))
+        mode, reason = faster_mode(compiled, eager, compile_s, *machine)
     except Exception as error:  # whatever compiling raises: the load goes on in eager mode
         logger.warning("capture mode auto: timing the compiled forwards failed, eager", exc_info=True)
         first_line = (str(error).strip().splitlines() or [""])[0][:200]
         mode, reason = "eager", f"auto: eager (compiling failed: {type(error).__name__}: {first_line})"
     logger.info("capture mode %s, measured in %.1f s: %s", mode, time.perf_counter() - began, reason)
-    remember(path, key, mode, reason)
+    remember(path, key, mode, reason, timed_busy)
     return mode, reason
