@@ -76,12 +76,12 @@ class StepTimes:
 def faster_mode(compiled: StepTimes, eager: StepTimes, compile_s: float, load: float | None = None,
                 cores: int | None = None) -> tuple[str, str]:
     """(mode, why): compile where its step took less time than eager's, eager otherwise (a tie keeps eager:
-    nothing to compile for the next shape). ``load`` (the load average on ``cores`` cores when timed) goes into
-    the reason: a choice timed on a machine busier than its cores is worth timing again (delete the cache)."""
+    nothing to compile for the next shape). ``load``, the load average on ``cores`` cores when timed, goes into
+    the reason: a reader can tell a choice timed on a busy machine (``busy``)."""
     mode = "compile" if compiled.step_s < eager.step_s else "eager"
-    busy = f", load {load:.1f} on {cores} cores" if load is not None else ""
-    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}, timed at {ROWS} rows{busy} "
-                  f"(compiling took {compile_s:.1f} s)")
+    machine = f", load {load:.1f} on {cores} cores" if load is not None else ""
+    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}, timed at {ROWS} rows"
+                  f"{machine} (compiling took {compile_s:.1f} s)")
 
 
 def model_key(model: PreTrainedModel) -> dict:
