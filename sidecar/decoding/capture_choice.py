@@ -4,7 +4,8 @@ whichever runs the pair's decode step faster on this machine, as the dtype is ch
 A compiled forward saves the host work of every layer (dispatch, Python, small ops) but attends over the cache's
 whole capacity and costs a compile per shape. Which wins depends on the chip, the thread count, torch and the
 model's shape, so ``auto`` measures it: a step's forwards at one bucket (``ROWS`` rows, a verify of ``GAMMA`` + 1
-positions by the target and ``GAMMA`` one-position forwards by the draft, over a cache ``FILLED`` of
+positions by the target and ``GAMMA`` one-position forwards by the draft, the last ``GAMMA`` - 1 of them chained
+in compile mode as the decoder runs them, LM heads included, over a cache ``FILLED`` of
 ``CAPACITY`` columns), in each mode, compiled first, then timed in turn within a budget, each call's fastest
 kept (``fastest_seconds``: robust to bursts of load, not to a machine that stays oversubscribed, where either mode
 wins by turns). The runners measured are the ones the decoder then uses, so the compiled one keeps the shape it
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from sidecar.decoding.draft_chain import warm_chain
 from sidecar.models.devices import device_name
 from sidecar.models.dtype_choice import fastest_seconds
 from sidecar.models.pair import dtype_name
@@ -45,7 +47,7 @@ from sidecar.settings import Settings
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "capture_choice.json"
-SCHEME = 1  # what is measured and how: a change makes every remembered choice stale
+SCHEME = 2  # what is measured and how: a change makes every remembered choice stale (2: chains, heads)
 ROWS = 4  # rows of the measured step (the dtype choice times a verify of 4 rows too)
 GAMMA = 4  # the decoder's default: a verify of 5 positions and 4 draft forwards per step
 CAPACITY = 512  # KV columns per row (a compiled forward attends all of them, an eager one the filled ones)
@@ -57,20 +59,28 @@ BUSY_LOAD = 1.5  # a load average above this many times the cores: the timing sh
 
 @dataclass(frozen=True)
 class StepTimes:
-    """One mode's fastest forwards: the target's verify and the draft's one-position forward (0: not timed)."""
+    """One mode's fastest forwards, LM head included: the target's verify, the draft's one-position forward (0:
+    not timed) and the step's other ``GAMMA`` - 1 draft forwards (None: as many one-position forwards; compiled
+    modes run them as one chained call, ``sidecar.decoding.draft_chain``)."""
 
     verify_s: float
     draft_s: float = 0.0
+    rest_s: float | None = None
+
+    @property
+    def drafts_s(self) -> float:
+        return self.draft_s + ((GAMMA - 1) * self.draft_s if self.rest_s is None else self.rest_s)
 
     @property
     def step_s(self) -> float:
-        return self.verify_s + GAMMA * self.draft_s
+        return self.verify_s + self.drafts_s
 
     def describe(self) -> str:
         if not self.draft_s:
             return f"verify {self.verify_s * 1e3:.2f} ms"
+        chained = ", chained" if self.rest_s is not None else ""
         return (f"step {self.step_s * 1e3:.2f} ms (verify {self.verify_s * 1e3:.2f} + {GAMMA} drafts "
-                f"{GAMMA * self.draft_s * 1e3:.2f})")
+                f"{self.drafts_s * 1e3:.2f}{chained})")
 
 
 def faster_mode(compiled: StepTimes, eager: StepTimes, compile_s: float, load: float | None = None,
@@ -155,10 +165,13 @@ def remember(path: Path, key: str, mode: str, reason: str, timed_busy: bool = Fa
 
 def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None,
                   budget_s: float = TIMING_BUDGET_S) -> tuple[StepTimes, StepTimes, float]:
-    """(compiled, eager, compile seconds): the step's forwards of each mode at the measured bucket, timed in
-    turn (``fastest_seconds``, whose untimed first calls compile). Leaves both modes' runners in the models'
-    runner sets (``attach``): the decoder attaches the winner's, which keeps what it compiled."""
+    """(compiled, eager, compile seconds): the step's forwards of each mode at the measured bucket, LM head
+    included (the verify's at every position, a draft's at its last), in compile mode the draft's last
+    ``GAMMA`` - 1 as one chain (``warm_chain``: greedy), timed in turn (``fastest_seconds``, whose untimed
+    first calls compile). Leaves both modes' runners in the models' runner sets (``attach``): the decoder
+    attaches the winner's, which keeps what it compiled."""
     calls, compiled = [], []
+    target_vocab = target.get_output_embeddings().out_features
     with torch.inference_mode():  # as the engine's batches run
         for mode in ("compile", "eager"):
             for model, width in ((target, GAMMA + 1), (draft, 1)):
@@ -169,12 +182,16 @@ def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None,
                 cache = RowKVCache(model, ROWS, CAPACITY)
                 cache.lengths[:] = FILLED
                 ids = torch.zeros(ROWS, width, dtype=torch.long, device=cache.device)
-                calls.append(lambda runner=runner, cache=cache, ids=ids: runner(cache, ids))
+                head = model.get_output_embeddings()
+                calls.append(lambda runner=runner, cache=cache, ids=ids, head=head, width=width:
+                             head(runner(cache, ids)[:, -width:]))
+                if mode == "compile" and model is draft:
+                    calls.append(lambda runner=runner, cache=cache: warm_chain(runner, cache, GAMMA - 1, target_vocab))
         best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS)
     compile_s = sum(runner.counters.compile_seconds - before for runner, before in compiled)
     if draft is None:
         return StepTimes(best[0]), StepTimes(best[1]), compile_s
-    return StepTimes(best[0], best[1]), StepTimes(best[2], best[3]), compile_s
+    return StepTimes(best[0], best[1], best[2]), StepTimes(best[3], best[4]), compile_s
 
 
 def machine_load() -> tuple[float | None, int | None]:
