@@ -54,6 +54,9 @@ CAPACITY = 512  # KV columns per row (a compiled forward attends all of them, an
 FILLED = CAPACITY // 2  # the columns each row holds: a row is about half way through its cache on average
 MIN_CALLS = 3  # timed calls of each forward at least (a real pair's step takes from 0.3 s to seconds on a CPU)
 TIMING_BUDGET_S = 0.15  # seconds of timed calls of each forward, unless MIN_CALLS take longer
+# seconds of timed rounds in all, after which timing stops even short of MIN_CALLS (one round at least): a real
+# pair's step in bf16 on a CPU without native bf16 matmuls took 37-42 s a mode here
+TIMING_CAP_S = 30.0
 BUSY_LOAD = 1.5  # a load average above this many times the cores: the timing shared the machine (``busy``)
 
 
@@ -187,7 +190,7 @@ def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None,
                              head(runner(cache, ids)[:, -width:]))
                 if mode == "compile" and model is draft:
                     calls.append(lambda runner=runner, cache=cache: warm_chain(runner, cache, GAMMA - 1, target_vocab))
-        best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS)
+        best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS, cap_s=TIMING_CAP_S)
     compile_s = sum(runner.counters.compile_seconds - before for runner, before in compiled)
     if draft is None:
         return StepTimes(best[0]), StepTimes(best[1]), compile_s
