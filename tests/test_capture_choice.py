@@ -60,15 +60,20 @@ def test_the_faster_step_wins_and_the_reason_says_what_was_timed():
     assert faster_mode(SLOW, FAST, 1.0)[0] == "eager"
     assert ", timed at 4 rows, load 7.5 on 2 cores (compiling" in faster_mode(SLOW, FAST, 1.0, 7.5, 2)[1]
     assert faster_mode(FAST, FAST, 1.0)[0] == "eager", "a tie keeps eager: nothing to compile"
+    # compile must save a tenth of eager's step: it compiles every new shape a run meets besides
+    assert faster_mode(StepTimes(0.0089), StepTimes(0.01), 1.0)[0] == "compile"
+    assert faster_mode(StepTimes(0.0091), StepTimes(0.01), 1.0) == (
+        "eager", "auto: compiled verify 9.10 ms vs eager verify 10.00 ms, compiled saves under 10%, timed at 4 rows "
+        "(compiling took 1.0 s)")
     # the step counts every draft forward: a faster verify with slower drafts loses
     assert faster_mode(StepTimes(0.003, 0.002), StepTimes(0.004, 0.001), 1.0)[0] == "eager"
     assert "compiled verify 3.00 ms vs eager verify 4.00 ms" in faster_mode(StepTimes(0.003), StepTimes(0.004), 1)[1]
     # compiled, the last 3 drafts run as one chained call: it counts once, in place of 3 forwards
     chained = StepTimes(0.004, 0.001, 0.0015)
     assert chained.step_s == pytest.approx(0.0065)
-    assert faster_mode(chained, StepTimes(0.004, 0.0007), 1.0) == (
-        "compile", "auto: compiled step 6.50 ms (verify 4.00 + 4 drafts 2.50, chained) vs eager step 6.80 ms "
-        "(verify 4.00 + 4 drafts 2.80), timed at 4 rows (compiling took 1.0 s)")
+    assert faster_mode(chained, StepTimes(0.005, 0.0008), 1.0) == (
+        "compile", "auto: compiled step 6.50 ms (verify 4.00 + 4 drafts 2.50, chained) vs eager step 8.20 ms "
+        "(verify 5.00 + 4 drafts 3.20), timed at 4 rows (compiling took 1.0 s)")
 
 
 def test_a_choice_is_measured_once_per_key_and_remembered(home, monkeypatch):

@@ -47,7 +47,7 @@ from sidecar.settings import Settings
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "capture_choice.json"
-SCHEME = 2  # what is measured and how: a change makes every remembered choice stale (2: chains, heads)
+SCHEME = 3  # what is measured and how: a change makes every remembered choice stale (2: chains, heads; 3: margin)
 ROWS = 4  # rows of the measured step (the dtype choice times a verify of 4 rows too)
 GAMMA = 4  # the decoder's default: a verify of 5 positions and 4 draft forwards per step
 CAPACITY = 512  # KV columns per row (a compiled forward attends all of them, an eager one the filled ones)
@@ -57,6 +57,7 @@ TIMING_BUDGET_S = 0.15  # seconds of timed calls of each forward, unless MIN_CAL
 # seconds of timed rounds in all, after which timing stops even short of MIN_CALLS (one round at least): a real
 # pair's step in bf16 on a CPU without native bf16 matmuls took 37-42 s a mode here
 TIMING_CAP_S = 30.0
+MARGIN = 0.10  # the share of eager's step a compiled step must save to be chosen (``faster_mode``)
 BUSY_LOAD = 1.5  # a load average above this many times the cores: the timing shared the machine (``busy``)
 
 
@@ -88,12 +89,15 @@ class StepTimes:
 
 def faster_mode(compiled: StepTimes, eager: StepTimes, compile_s: float, load: float | None = None,
                 cores: int | None = None) -> tuple[str, str]:
-    """(mode, why): compile where its step took less time than eager's, eager otherwise (a tie keeps eager:
-    nothing to compile for the next shape). ``load``, the load average on ``cores`` cores when timed, goes into
-    the reason: a reader can tell a choice timed on a busy machine (``busy``)."""
-    mode = "compile" if compiled.step_s < eager.step_s else "eager"
+    """(mode, why): compile where its step took at least ``MARGIN`` less time than eager's, eager otherwise:
+    compile mode also compiles every new shape a run meets (seconds to a minute each), which one step's time does
+    not show, and on this project's CPU the real pair's two steps came within 0.5% of each other in one quiet run
+    and 14% in the next. ``load``, the load average on ``cores`` cores when timed, goes into the reason: a reader
+    can tell a choice timed on a busy machine (``busy``)."""
+    mode = "compile" if compiled.step_s < (1 - MARGIN) * eager.step_s else "eager"
     machine = f", load {load:.1f} on {cores} cores" if load is not None else ""
-    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}, timed at {ROWS} rows"
+    short = f", compiled saves under {MARGIN:.0%}" if mode == "eager" and compiled.step_s < eager.step_s else ""
+    return mode, (f"auto: compiled {compiled.describe()} vs eager {eager.describe()}{short}, timed at {ROWS} rows"
                   f"{machine} (compiling took {compile_s:.1f} s)")
 
 
