@@ -19,9 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # results must not depend on the machine. The processes tests start inherit it; tests of the choice itself set
 # their own, and the real pair loads in the dtype the product chooses (``real_pair``).
 os.environ["SIDECAR_DTYPE"] = "fp32"
-# forwards run in the machine's default capture mode (eager on a CPU) unless a test asks for another: a
-# developer's SIDECAR_CAPTURE=compile would otherwise compile every test's shapes
-os.environ.pop("SIDECAR_CAPTURE", None)
+# Forwards run eager unless a test asks for another mode: auto on a CPU would time (and compile) each new pair
+# shape at its first load, and its choice depends on the machine, and a developer's SIDECAR_CAPTURE=compile
+# would compile every test's shapes. The processes tests start inherit it; tests of auto unset it.
+os.environ["SIDECAR_CAPTURE"] = "eager"
 # the accelerator locks of test runs (and of the processes they start) stay apart from a user's real runs,
 # and each pytest-xdist worker's from the other's: two workers are two machines, not two runs on one device
 if os.environ.get("PYTEST_XDIST_WORKER") or "SIDECAR_LOCK_DIR" not in os.environ:

@@ -99,10 +99,17 @@ def test_modes_resolve_with_their_reason(monkeypatch):
     model = tiny_pair(layers=1).target
     cpu = torch.device("cpu")
     monkeypatch.delenv("SIDECAR_CAPTURE", raising=False)
-    assert resolve_capture(None, cpu, model)[0] == "eager"
+    assert resolve_capture(None, cpu, model)[0] == "eager", "auto on a CPU with nothing to decide it"
+    decided = ("compile", "auto: compiled step 1 ms vs eager step 2 ms")
+    assert resolve_capture(None, cpu, model, lambda: decided) == decided, "the CPU's auto decides"
+    assert resolve_capture("auto", cpu, model, lambda: decided) == decided
+
+    def never() -> tuple[str, str]:
+        raise AssertionError("an explicit mode measures nothing")
+
     monkeypatch.setenv("SIDECAR_CAPTURE", "compile")
-    assert resolve_capture(None, cpu, model) == ("compile", "SIDECAR_CAPTURE=compile")
-    assert resolve_capture("eager", cpu, model) == ("eager", "capture=eager")
+    assert resolve_capture(None, cpu, model, never) == ("compile", "SIDECAR_CAPTURE=compile")
+    assert resolve_capture("eager", cpu, model, never) == ("eager", "capture=eager")
     with pytest.raises(InputError, match="CUDA"):
         resolve_capture("cudagraph", cpu, model)
     monkeypatch.setenv("SIDECAR_CAPTURE", "graphs")

@@ -41,6 +41,12 @@ def test_a_burst_of_load_on_the_faster_dtypes_first_calls_does_not_crown_the_oth
     counted = [lambda: (now.__setitem__(0, now[0] + 0.001), count.__setitem__(0, count[0] + 1))] * 2
     fastest_seconds(counted, budget_s=0.02, clock=lambda: now[0])
     assert 2 * 20 <= count[0] <= 2 * 22
+    # calls of seconds each: the cap on all timed rounds stops short of min_calls, after one round at least
+    slow = [lambda: (now.__setitem__(0, now[0] + 10.0), count.__setitem__(0, count[0] + 1))] * 2
+    for cap, rounds in ((None, 3), (30.0, 2), (5.0, 1)):
+        now[0], count[0] = 0.0, 0
+        fastest_seconds(slow, budget_s=0.15, min_calls=3, clock=lambda: now[0], cap_s=cap)
+        assert count[0] == 2 * (1 + rounds), cap  # the untimed first call of each, then the timed rounds
 
 
 def test_the_argument_wins_over_the_environment_which_wins_over_timing(monkeypatch: pytest.MonkeyPatch) -> None:

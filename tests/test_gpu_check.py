@@ -73,7 +73,7 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
     # the pair's parts run in the engine's capture mode, named as its dtype is
-    assert tiny["capture"].startswith("eager (auto: CPU") and f"capture mode {tiny['capture']}; on cpu" in md
+    assert tiny["capture"] == "eager (SIDECAR_CAPTURE=eager)" and f"capture mode {tiny['capture']}; on cpu" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
     # the capture-mode part on its small random pair: plain and speculative rows, each naming its mode
     assert [(r["mode"], r["decoding"], r["batch"]) for r in written["capture"]["rows"]] == [

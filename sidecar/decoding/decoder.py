@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from sidecar.decoding.batch import SlotBatch, check_row, stream_through
+from sidecar.decoding.capture_choice import choose_cpu_capture
 from sidecar.decoding.controller import GammaController
 from sidecar.decoding.draft_chain import warm_chain
 from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner
@@ -43,8 +44,10 @@ from sidecar.runtime.warmup import (
 
 def use_capture(pair: ModelPair, requested: str | None) -> None:
     """Run both models' forwards in the capture mode ``requested`` resolves to (``sidecar.runtime.capture``) and
-    record it on the pair, as its dtype is."""
-    mode, reason = resolve_capture(requested, pair.device, pair.target)
+    record it on the pair, as its dtype is. ``auto`` on a CPU times the pair's step in eager and compiled mode
+    (``sidecar.decoding.capture_choice``) where both models run our stack."""
+    cpu_auto = (lambda: choose_cpu_capture(pair.target, pair.draft)) if supports(pair.draft) else None
+    mode, reason = resolve_capture(requested, pair.device, pair.target, cpu_auto)
     if mode != "hf" and not supports(pair.draft):
         mode, reason = resolve_capture("hf", pair.device, pair.draft)
     attach(pair.target, mode)

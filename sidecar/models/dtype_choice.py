@@ -67,9 +67,10 @@ def matmul_call(dtype: torch.dtype, hidden: int, intermediate: int, rows: int = 
 
 def fastest_seconds(calls: Sequence[Callable[[], object]], budget_s: float = TIMING_BUDGET_S,
                     min_calls: int = MIN_CALLS, max_calls: int = MAX_CALLS,
-                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
+                    clock: Callable[[], float] = time.perf_counter, cap_s: float | None = None) -> list[float]:
     """Each call's fastest time, the calls timed in turn (one of each per round, so a burst of load falls on
-    all of them alike) until each has run ``min_calls`` times and ``budget_s`` or ``max_calls`` is spent."""
+    all of them alike) until each has run ``min_calls`` times and ``budget_s`` or ``max_calls`` is spent, or
+    the timed rounds have taken ``cap_s`` in all (after one round at least: calls of seconds each)."""
     best, spent = [float("inf")] * len(calls), [0.0] * len(calls)
     with torch.inference_mode():
         for call in calls:
@@ -80,7 +81,7 @@ def fastest_seconds(calls: Sequence[Callable[[], object]], budget_s: float = TIM
                 call()
                 took = clock() - began
                 best[i], spent[i] = min(best[i], took), spent[i] + took
-            if done >= min_calls and min(spent) >= budget_s:
+            if (done >= min_calls and min(spent) >= budget_s) or (cap_s is not None and sum(spent) >= cap_s):
                 break
     return best
 

@@ -53,7 +53,8 @@ class ModelPair:
 
     @property
     def capture_report(self) -> str:
-        """``eager (auto: CPU, eager ...)``: the capture mode and why (empty before a decoder attached one)."""
+        """``compile (auto: compiled step 31 ms (...) vs eager step 40 ms (...), ...)``: the capture mode and why
+        (empty before a decoder attached one)."""
         return f"{self.capture_mode} ({self.capture_reason})" if self.capture_mode else ""
 
 

@@ -39,7 +39,7 @@ from sidecar.runtime.transfers import to_device
 from sidecar.settings import PREFIX, Settings, parse_capture
 
 MODES = ("eager", "compile", "cudagraph", "hf")
-AUTO = "auto"  # CUDA: cudagraph; CPU: eager
+AUTO = "auto"  # CUDA: cudagraph; CPU: eager or compile, whichever the pair runs faster here
 # batch buckets: a decode forward's rows are padded up to the next (and at most to the cache's rows)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # a decode forward's query width: exact up to this (the verify's gamma + 1, a draft's feed), else padded up to
@@ -55,9 +55,11 @@ CAPTURE_CALLS = 3
 EAGER_COLUMNS = 64
 
 
-def resolve_capture(requested: str | None, device: torch.device, model: PreTrainedModel) -> tuple[str, str]:
+def resolve_capture(requested: str | None, device: torch.device, model: PreTrainedModel,
+                    cpu_auto: Callable[[], tuple[str, str]] | None = None) -> tuple[str, str]:
     """(mode, why): ``requested``, else ``SIDECAR_CAPTURE``, else ``auto``, made concrete for ``device`` and
-    ``model``'s architecture."""
+    ``model``'s architecture. ``cpu_auto`` decides ``auto`` on a CPU (the decoder's measures eager against
+    compile: ``sidecar.decoding.capture_choice``); without it a CPU runs eager."""
     mode = parse_capture(requested, "the capture argument") if requested else None
     source = "capture" if mode else f"{PREFIX}CAPTURE"
     mode = mode or Settings().capture or AUTO
@@ -68,8 +70,9 @@ def resolve_capture(requested: str | None, device: torch.device, model: PreTrain
     if mode == AUTO:
         if device.type == "cuda":
             return "cudagraph", "auto: CUDA, decode forwards captured as CUDA graphs"
-        # on a CPU a compiled step saves host time but costs a compile per bucket (seconds to minutes at load)
-        return "eager", "auto: CPU, eager (compile: SIDECAR_CAPTURE=compile)"
+        if device.type == "cpu" and cpu_auto is not None:
+            return cpu_auto()
+        return "eager", f"auto: {device.type.upper()}, eager (compile: SIDECAR_CAPTURE=compile)"
     return mode, f"{source}={mode}"
 
 
