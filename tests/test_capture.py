@@ -12,6 +12,7 @@ import torch
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.divergence import NEAR_TIE, divergence
 from sidecar.errors import InputError
+from sidecar.models.cpu_kernels import onednn_available
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import (
     ACCUMULATED_LIMIT,
@@ -123,6 +124,21 @@ def counters(pair) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(("asked", "packed"), [("eager", True), ("compile", False), (None, False)])
+def test_a_pair_asked_to_compile_on_a_cpu_keeps_plain_linear_layers_for_inductor(monkeypatch, asked, packed):
+    """fp32 on a CPU packs Linear weights for oneDNN, which inductor's lowering refuses (it asserts the packed
+    weight is a frozen constant): a pair asked to compile, by argument or SIDECAR_CAPTURE, keeps plain layers."""
+    from sidecar.models.cpu_kernels import OneDNNLinear
+    from sidecar.models.loading import load_pair
+
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setenv("SIDECAR_CAPTURE", "compile")
+    pair = load_pair("tiny", dtype="fp32", capture=asked)
+    layer = pair.target.model.layers[0].mlp.up_proj
+    assert isinstance(layer, OneDNNLinear) is packed and isinstance(layer, torch.nn.Linear) is not packed
+
+
 def test_compiled_engine_is_identical_and_never_recompiles():
     """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
     as slots free, each equal to the target alone; then sidecar tasks after the main output (the document

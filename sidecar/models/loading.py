@@ -11,7 +11,7 @@ from sidecar.models.dtype_choice import choose_dtype, parse_dtype
 from sidecar.models.fetch import is_fetched, pair_dir
 from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
 from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
-from sidecar.settings import parse_capture
+from sidecar.settings import Settings, parse_capture
 
 NAMED_PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
@@ -105,7 +105,11 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
         from sidecar.models.cpu_kernels import quantize_int8
 
         pair.draft = quantize_int8(pair.draft)
-    if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32:
+    # inductor lowers each Linear itself and refuses a weight oneDNN already packed (its lowering wants a frozen
+    # constant): a pair asked to compile keeps plain Linear layers; auto, timed later, compares eager packed
+    # layers against compiling them, which fails and leaves it eager
+    compiles = (capture or Settings().capture) == "compile"
+    if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32 and not compiles:
         from sidecar.models.cpu_kernels import use_onednn_linear
 
         use_onednn_linear(pair.target)
