@@ -12,7 +12,9 @@ floor of each capture mode).
 Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a warm-up run:
 
 * HF forward: Hugging Face's eager one-token forward (its own cache), the baseline of every ratio;
-* our forward: the engine's one-token forward (``sidecar.runtime.forward.forward``, LM head included);
+* our forward: the engine's one-token forward (``sidecar.runtime.forward.forward``, LM head included), timed in
+  turn with HF's, call by call, so that the machine's drift between minutes cancels in their ratio; each engine
+  run below is likewise divided by HF forwards timed just before it;
 * fixed gamma 4 and adaptive: the engine's decoding steps, per target forward and per generated token, next
   to HF ``generate``'s per token (plain greedy decoding, its decode phase: 65 tokens less 1, timed whole);
 * the draft's forwards and graph calls (calls of a compiled region) per step: in compiled modes a step's draft
@@ -50,30 +52,38 @@ NEW_TOKENS = 64
 SIZES = {"quick": dict(calls=30, runs=1), "standard": dict(calls=200, runs=3), "full": dict(calls=500, runs=5)}
 
 
-def median_seconds(call, calls: int, device: torch.device) -> float:
-    """The median of ``calls`` timed calls of ``call`` (each synchronised), after 3 untimed ones."""
-    times = []
-    for i in range(calls + 3):
-        synchronize(device)
-        start = time.perf_counter()
-        call()
-        synchronize(device)
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(call, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    call()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
-def hf_forward_seconds(model, prompt: list[int], calls: int, device: torch.device) -> float:
-    """HF's eager one-token forward over its own cache, after a prompt."""
+def medians_in_turn(calls: list, count: int, device: torch.device) -> list[float]:
+    """The median seconds of each of ``calls`` over ``count`` timed calls, after 3 untimed ones, the calls made
+    in turn (one of each per round): a machine that speeds up or slows down between minutes moves them alike,
+    so their ratio holds where two blocks timed one after the other would drift apart."""
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(count + 3):
+        for call, kept in zip(calls, times, strict=True):
+            seconds = timed(call, device)
+            if i >= 3:
+                kept.append(seconds)
+    return [statistics.median(kept) for kept in times]
+
+
+def hf_forward_call(model, prompt: list[int], device: torch.device):
+    """HF's eager one-token forward over its own cache, after a prompt (the prompt's forward untimed)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
     token = torch.tensor([[prompt[-1]]], device=device)
-    return median_seconds(lambda: model(input_ids=token, past_key_values=cache, use_cache=True), calls, device)
+    return lambda: model(input_ids=token, past_key_values=cache, use_cache=True)
 
 
-def our_forward_seconds(model, prompt: list[int], calls: int, device: torch.device) -> float:
+def our_forward_call(model, prompt: list[int], calls: int, device: torch.device):
     """The engine's one-token forward (and LM head) over a ``RowKVCache``, committing each token."""
     cache = RowKVCache(model, 1, PROMPT + calls + 8)
     prefill(model, cache, [prompt], None)
@@ -84,7 +94,12 @@ def our_forward_seconds(model, prompt: list[int], calls: int, device: torch.devi
         logits_at(model, forward(model, cache, token), index)
         cache.commit(1)
 
-    return median_seconds(one, calls, device)
+    return one
+
+
+def hf_forward_seconds(model, prompt: list[int], calls: int, device: torch.device) -> float:
+    """The median of ``calls`` HF one-token forwards on a fresh cache: the baseline an engine run is paired with."""
+    return medians_in_turn([hf_forward_call(model, prompt, device)], calls, device)[0]
 
 
 def hf_decode_seconds_per_token(model, prompt: list[int], device: torch.device) -> float:
@@ -102,24 +117,28 @@ def hf_decode_seconds_per_token(model, prompt: list[int], device: torch.device) 
     return (min(run(NEW_TOKENS + 1) for _ in range(2)) - min(run(1) for _ in range(2))) / NEW_TOKENS
 
 
-def engine_step(pair, prompt: list[int], adaptive: bool, runs: int) -> dict:
-    """The engine's decode phase at batch 1, fixed gamma 4 or adaptive: seconds per target forward and per token
-    (the fastest of ``runs`` after one warm-up run), with the forwards per step."""
+def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) -> dict:
+    """The engine's decode phase at batch 1, fixed gamma 4 or adaptive: seconds per target forward and per token,
+    with the forwards per step, and each run's time per target forward in HF forwards timed just before it
+    (``calls`` of them), so that the ratio does not drift with the machine; the run of the smallest ratio of
+    ``runs`` after one warm-up run."""
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
     draft = runner_of(pair.draft).counters
     best = None
     for _ in range(runs):
-        calls = draft.graph_calls
+        hf = hf_forward_seconds(pair.target, prompt, calls, pair.device)
+        graph_calls = draft.graph_calls
         stats = decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)[0].stats
         steps = stats.target_forwards - 1  # the prefill yields the first token
         row = {"seconds_per_target_forward": stats.decode_seconds / steps,
                "seconds_per_token": stats.decode_seconds / (stats.new_tokens - 1),
                "draft_forwards_per_step": stats.draft_forwards / steps,
                # compiled calls the draft's forwards took (0 in eager mode): one per chain of forwards
-               "draft_graph_calls_per_step": (draft.graph_calls - calls) / steps,
+               "draft_graph_calls_per_step": (draft.graph_calls - graph_calls) / steps,
+               "hf_forwards_per_step": stats.decode_seconds / steps / hf,
                "tokens_per_step": (stats.new_tokens - 1) / steps}
-        if best is None or row["seconds_per_target_forward"] < best["seconds_per_target_forward"]:
+        if best is None or row["hf_forwards_per_step"] < best["hf_forwards_per_step"]:
             best = row
     return best
 
@@ -129,28 +148,29 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
     device = pair.device
     prompt = torch.randint(3, len(pair.tokenizer), (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
-        hf = hf_forward_seconds(pair.target, prompt, calls, device)
         hf_token = hf_decode_seconds_per_token(pair.target, prompt, device)
-        SpeculativeDecoder(pair, capture=mode)  # attaches the mode's runners to both models
-        ours = our_forward_seconds(pair.target, prompt, calls, device)
+        SpeculativeDecoder(pair, capture=mode)  # attaches the mode's runners (HF's own forward stays as it is)
+        # HF's forward and ours in turn, call by call
+        hf, ours = medians_in_turn([hf_forward_call(pair.target, prompt, device),
+                                    our_forward_call(pair.target, prompt, calls, device)], calls, device)
         warm = {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
                                                                                ("draft", pair.draft))}
-        fixed = engine_step(pair, prompt, adaptive=False, runs=runs)
-        adaptive = engine_step(pair, prompt, adaptive=True, runs=runs)
+        fixed = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls)
+        adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
     counters = {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
                                                                               ("draft", pair.draft))}
     return {
         "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
         "our_over_hf": ours / hf, "hf_decode_ms_per_token": hf_token * 1e3,
         "fixed_ms_per_target_forward": fixed["seconds_per_target_forward"] * 1e3,
-        "fixed_hf_forwards_per_step": fixed["seconds_per_target_forward"] / hf,
+        "fixed_hf_forwards_per_step": fixed["hf_forwards_per_step"],
         "fixed_ms_per_token": fixed["seconds_per_token"] * 1e3,
         "fixed_per_token_over_hf": fixed["seconds_per_token"] / hf_token,
         "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
         "fixed_draft_graph_calls_per_step": fixed["draft_graph_calls_per_step"],
         "fixed_tokens_per_step": fixed["tokens_per_step"],
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
-        "adaptive_hf_forwards_per_step": adaptive["seconds_per_target_forward"] / hf,
+        "adaptive_hf_forwards_per_step": adaptive["hf_forwards_per_step"],
         "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
         "adaptive_per_token_over_hf": adaptive["seconds_per_token"] / hf_token,
         "adaptive_tokens_per_step": adaptive["tokens_per_step"],
