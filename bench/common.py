@@ -8,10 +8,11 @@ import os
 import platform
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -291,3 +292,21 @@ def result_name(benchmark: str, device: torch.device, pair: str, profile: str, d
     if pair != "qwen-coder-small":
         name += "_" + re.sub(r"[^A-Za-z0-9]+", "-", pair).strip("-")[:40]
     return name + variant_suffix(device_type, dtype, profile)
+
+
+def medians_in_turn(calls: Sequence[Callable[[], object]], count: int, device: torch.device,
+                    untimed: int = 3) -> list[float]:
+    """The median seconds of each of ``calls`` over ``count`` timed calls, after ``untimed`` rounds (one-off
+    allocations, compiles), the calls made in turn (one of each per round, each synchronised): a machine that
+    speeds up or slows down between minutes moves them alike, so their ratio holds where blocks timed one after
+    the other would drift apart."""
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(count + untimed):
+        for call, kept in zip(calls, times, strict=True):
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            if i >= untimed:
+                kept.append(time.perf_counter() - start)
+    return [statistics.median(kept) for kept in times]

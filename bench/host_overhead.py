@@ -26,7 +26,6 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -35,6 +34,7 @@ from bench.common import (
     add_bench_arguments,
     environment,
     markdown_table,
+    medians_in_turn,
     parse_bench_args,
     variant_suffix,
     write_results,
@@ -50,27 +50,6 @@ LAYERS = 28  # Qwen2.5-1.5B and Qwen2.5-7B alike
 PROMPT = 32
 NEW_TOKENS = 64
 SIZES = {"quick": dict(calls=30, runs=1), "standard": dict(calls=200, runs=3), "full": dict(calls=500, runs=5)}
-
-
-def timed(call, device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    call()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def medians_in_turn(calls: list, count: int, device: torch.device) -> list[float]:
-    """The median seconds of each of ``calls`` over ``count`` timed calls, after 3 untimed ones, the calls made
-    in turn (one of each per round): a machine that speeds up or slows down between minutes moves them alike,
-    so their ratio holds where two blocks timed one after the other would drift apart."""
-    times: list[list[float]] = [[] for _ in calls]
-    for i in range(count + 3):
-        for call, kept in zip(calls, times, strict=True):
-            seconds = timed(call, device)
-            if i >= 3:
-                kept.append(seconds)
-    return [statistics.median(kept) for kept in times]
 
 
 def hf_forward_call(model, prompt: list[int], device: torch.device):

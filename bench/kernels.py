@@ -21,8 +21,6 @@ choose (cuBLAS for every shape); the benchmark is CPU-only.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from transformers import PreTrainedModel
@@ -32,6 +30,7 @@ from bench.common import (
     apply_profile,
     environment,
     markdown_table,
+    medians_in_turn,
     parse_bench_args,
     profile_suffix,
     write_results,
@@ -57,15 +56,11 @@ def interleaved_ms(models: list[PreTrainedModel], rows: int, positions: int, con
         cache.commit(context)  # only the length matters for the time, not the values
         caches.append(cache)
     ids = torch.randint(0, 1000, (rows, positions))
-    times: list[list[float]] = [[] for _ in models]
-    with torch.inference_mode():
-        for attempt in range(repeats + 1):  # the first round pays one-off allocations
-            for model, cache, model_times in zip(models, caches, times, strict=True):
-                started = time.perf_counter()
-                forward(model, cache, ids)
-                if attempt:
-                    model_times.append(1000 * (time.perf_counter() - started))
-    return [statistics.median(t) for t in times]
+    calls = [lambda model=model, cache=cache: forward(model, cache, ids) for model, cache in zip(models, caches,
+                                                                                                   strict=True)]
+    with torch.inference_mode():  # the first round pays one-off allocations
+        seconds = medians_in_turn(calls, repeats, ids.device, untimed=1)
+    return [1000 * s for s in seconds]
 
 
 def main() -> None:
