@@ -138,14 +138,13 @@ class Ledger:
         an equal share, as ``charges`` and ``padded_tokens`` say for one of them, its context the one before's
         plus the tokens it wrote."""
         charges = list(charges)
-        written = sum(c.tokens for c in charges)
+        tokens = sum(c.tokens for c in charges)  # one forward's: each of a chain's writes as many
 
         def settle_all(seconds: float) -> None:
             for k in range(forwards):
-                settle(seconds / forwards, context + k * round(written))
+                settle(seconds / forwards, context + k * round(tokens))
 
         def settle(seconds: float, context: int = context) -> None:
-            tokens = sum(c.tokens for c in charges)
             for c in charges:
                 share = seconds * c.tokens / tokens if tokens else seconds / len(charges)
                 c.account.charge(c.kind, c.tokens, share)
