@@ -93,7 +93,7 @@ def generate(
     if not texts:
         typer.secho("error: no inputs", fg="red", err=True)
         raise typer.Exit(2)
-    engine = SidecarEngine(load_pair(pair, dtype=dtype, draft_int8=draft_int8), gamma=gamma)
+    engine = SidecarEngine(load_pair(pair, dtype=dtype, draft_int8=draft_int8), gamma=gamma, max_batch=batch_size)
     requests = [SidecarRequest(t, instruction, system or None, sidecars=sidecars) for t in texts]
     results = engine.run(requests, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          batch_size=batch_size)

@@ -179,7 +179,7 @@ def _process(params: NightlyParams, run_id: str) -> RunCounts:
         with holding_accelerator(f"run {run_id}", params.device_wait_s):
             logger.info("run %s: loading the %s pair", run_id, params.pair)
             with counts.timed("input"):
-                engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma)
+                engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma, max_batch=params.batch_size)
             _run(engine, params, db, docs, rejects, counts)
     return counts
 

@@ -65,7 +65,7 @@ def nightly_shard(run_id: str, launch_id: str, shard: int, attempt: int, results
         store.write_device_state(run_id, launch_id, "held")
         get_run_logger().info("%s: loading the %s pair for %d documents", what, run.pair, len(docs))
         with counts.timed("input"):
-            engine = SidecarEngine(load_pair(run.pair), gamma=run.gamma)
+            engine = SidecarEngine(load_pair(run.pair), gamma=run.gamma, max_batch=run.batch_size)
         pair = engine.pair
         # the run's nonce from the manifest, and the documents' texts, bind the parts to this start of the run
         # each part says how the attempt's forwards ran so far: the parent keeps its latest part's counters

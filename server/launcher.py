@@ -48,7 +48,7 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
                           max_queue=max_queue)
     with bind(host, port) as sock:
         pair = load_pair(pair_name, dtype=dtype)
-        engine = SidecarEngine(pair, gamma=gamma)
+        engine = SidecarEngine(pair, gamma=gamma, max_batch=config.max_batch)
         logger.info("serving pair %s (%s) as model %r on %s:%d (auth %s)", pair_name, pair.dtype_report,
                     config.model_name, host, port, "on" if config.api_key else "off")
         if not config.api_key and not is_loopback(host):

@@ -5,18 +5,24 @@ break and no recompile after warm-up. Compiled tests use a one-layer pair: compi
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import pytest
 import torch
 
+from sidecar.decoding.batch import stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.divergence import NEAR_TIE, divergence
+from sidecar.decoding.draft_chain import chained_drafts
+from sidecar.decoding.rows import DecodeRow
+from sidecar.decoding.trace import BatchTrace
 from sidecar.errors import InputError
 from sidecar.models.cpu_kernels import onednn_available
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import (
     ACCUMULATED_LIMIT,
     RECOMPILE_LIMIT,
+    ForwardShape,
     StackRunner,
     attach,
     batch_bucket,
@@ -122,6 +128,35 @@ def counters(pair) -> dict:
     return {name: runner_of(model).counters for name, model in (("target", pair.target), ("draft", pair.draft))}
 
 
+def planned_shapes(traces: list[BatchTrace]) -> dict[str, Counter]:
+    """Per model, the (batch, width) of every decode forward the steps' plans named (a chain's as (batch, 1,
+    its forwards)), from the batches' traces."""
+    planned = {"target": Counter(), "draft": Counter()}
+    for step in (step for trace in traces for step in trace.steps):
+        if step.target_shape is not None:
+            planned["target"][(step.target_shape.batch, step.target_shape.width)] += 1
+        if step.draft_shape is not None:
+            planned["draft"][(step.draft_shape.batch, step.draft_shape.width)] += 1
+        if step.next_draft_shape is not None:
+            later = (step.next_draft_shape.batch, step.next_draft_shape.width)
+            if step.chained_forwards:
+                planned["draft"][(*later, step.chained_forwards)] += 1
+            else:
+                planned["draft"][later] += step.draft_forwards - 1
+    return planned
+
+
+def ran_shapes(pair) -> dict[str, Counter]:
+    """Per model, the (batch, width) of every decode forward its runner ran (a chain's as (batch, 1, its
+    forwards)): the counters' shapes without their KV columns."""
+    ran = {}
+    for name, counter in counters(pair).items():
+        ran[name] = Counter()
+        for shape, calls in counter.shapes.items():
+            ran[name][shape[:2] if len(shape) == 3 else (*shape[:2], shape[3])] += calls
+    return ran
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("asked", "packed"), [("eager", True), ("compile", False), (None, False)])
@@ -143,28 +178,43 @@ def test_compiled_engine_is_identical_and_never_recompiles():
     """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
     as slots free, each equal to the target alone; then sidecar tasks after the main output (the document
     evicted, two tasks) decode exactly as in eager mode, the draft forwards after each step's first chained
-    into one graph call (``sidecar.decoding.draft_chain``). No forward breaks the graph, and no shape compiles
-    twice: the second decode compiles nothing the first did."""
+    into one graph call (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's plan
+    named, no other. No forward breaks the graph, and no shape compiles twice: the second decode compiles
+    nothing the first did."""
     pair = tiny_pair(layers=1)
     SpeculativeDecoder(pair, capture="compile")
     lengths = torch.randint(3, 30, (7,), generator=torch.Generator().manual_seed(0)).tolist()
     prompts = random_prompts(pair, lengths)
     limits = [6 + 3 * (i % 4) for i in range(len(prompts))]
-    outputs = SpeculativeDecoder(pair, gamma=3, adaptive=False).generate(prompts, max_new_tokens=limits, batch_size=4)
+    traces = []
+    batch = SpeculativeDecoder(pair, gamma=3, adaptive=False).batch(4)
+    traces.append(batch.trace)
+    order = sorted(range(len(prompts)), key=lambda i: lengths[i])  # as ``generate`` admits them
+    outputs = dict(stream_through(batch, [DecodeRow(prompts[i], limits[i]) for i in order], order))
+    outputs = [outputs[i] for i in range(len(prompts))]
     for prompt, limit, output in zip(prompts, limits, outputs, strict=True):
         assert output.token_ids == target_alone(pair, prompt, limit)
     assert_speculated(outputs)
 
-    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE]) for doc in DOCS]
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE], max_new_tokens=8) for doc in DOCS]
 
     def sidecars() -> list:
-        results = SidecarEngine(pair, gamma=3, adaptive=False).run(requests, max_new_tokens=8, batch_size=2)
-        return [(r.main.token_ids, {name: s.token_ids for name, s in r.sidecars.items()}) for r in results]
+        engine = SidecarEngine(pair, gamma=3, adaptive=False)
+        batch = engine.batch(2)
+        traces.append(batch.trace)
+        order = sorted(range(len(requests)), key=lambda i: len(engine.prompts(requests[i])[0].token_ids))
+        results = dict(stream_through(batch, [requests[i] for i in order], order))  # as ``SidecarEngine.run``
+        return [(results[i].main.token_ids, {name: s.token_ids for name, s in results[i].sidecars.items()})
+                for i in range(len(requests))]
 
     compiled = sidecars()
     compiles = {name: c.compiles for name, c in counters(pair).items()}
     assert compiled == sidecars(), "a second compiled run differs"
     assert {name: c.compiles for name, c in counters(pair).items()} == compiles, "the second run compiled"
+    assert ran_shapes(pair) == planned_shapes(traces), "a forward ran a shape its plan did not name"
+    planned = [shape for trace in traces for step in trace.steps
+               for shape in (step.target_shape, step.draft_shape) if shape is not None]
+    assert any(shape.batch > shape.rows for shape in planned), "no step padded its batch: the check proves little"
     for name, counter in counters(pair).items():
         assert counter.graph_breaks == 0, name
         assert counter.recompiles == 0, name
@@ -175,6 +225,36 @@ def test_compiled_engine_is_identical_and_never_recompiles():
     assert draft.chained_forwards > chains > 0, "a step's draft forwards after its first did not run as one call"
     SpeculativeDecoder(pair, capture="eager")
     assert sidecars() == compiled
+
+
+def test_a_decode_forward_runs_the_shape_it_is_given_and_refuses_one_no_bucket_of_its_mode():
+    """The step plan's shape is what runs (``StackRunner.shape_for``): a compiled forward pads to the batch it
+    is given, here 8 where 3 rows would bucket to 4, and the runner refuses a shape that is no bucket of its
+    mode (eager: the real shape) or does not hold the forward, rather than choose one itself."""
+    pair = tiny_pair(layers=1)
+    model = pair.target
+    cache = RowKVCache(model, 8, 64)
+    view = cache.rows_view(0, 3)
+    ids = torch.tensor(random_prompts(pair, [2, 2, 2], seed=7))
+    eager, compiled = StackRunner(model, "eager"), StackRunner(model, "compile")  # compiles nothing yet
+    refused = {
+        ForwardShape(3, 3, 2): "not a batch bucket", ForwardShape(3, 16, 2): "not a batch bucket",
+        ForwardShape(3, 4, 9): "not a width bucket", ForwardShape(3, 2, 2): "smaller than",
+        ForwardShape(3, 4, 1): "smaller than", ForwardShape(2, 4, 2): "names 2 rows"}
+    with torch.inference_mode():
+        for shape, why in refused.items():
+            with pytest.raises(ValueError, match=why):
+                compiled(view, ids, shape=shape)
+        with pytest.raises(ValueError, match="not a batch bucket"):
+            compiled.chain(view, chained_drafts, ids[:, 0], 2, shape=ForwardShape(3, 3, 1), vocab=8, sampled=False,
+                           nucleus=False, keep_logits=False)
+        with pytest.raises(ValueError, match="eager forwards run their real shape"):
+            eager(view, ids, shape=ForwardShape(3, 4, 2))
+        assert compiled.counters.forwards == eager.counters.forwards == compiled.counters.graph_calls == 0
+        expected = eager(view, ids, shape=ForwardShape(3, 3, 2))
+        hidden = compiled(view, ids, shape=ForwardShape(3, 8, 2))
+    assert compiled.counters.shapes == Counter({(8, 2, 65): 1}), "the runner padded to a batch of its own"
+    torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -246,14 +326,15 @@ def test_cudagraph_mode_marks_each_bucket_buffer_static_once():
     model = tiny_pair(layers=2).target
     runner = StackRunner(model, "cudagraph")  # compiles nothing until a forward runs
     cache = RowKVCache(model, 8, 64)
-    buffers = {live: runner.static_buffers(cache.rows_view(0, live), live) for live in (3, 3, 4, 2, 3, 8, 5, 1)}
+    buffers = {live: runner.static_buffers(cache.rows_view(0, live), batch_bucket(live, 8))
+               for live in (3, 3, 4, 2, 3, 8, 5, 1)}
     per_bucket = 2 * 2 + 2  # keys and values per layer, visible, span
     assert runner.counters.static_marks == 4 * per_bucket  # buckets 1, 2, 4 and 8
     assert buffers[3] is buffers[4] and buffers[5] is buffers[8] and buffers[8].rows == 8
     assert all(get_static_address_type(t) is not None for b in buffers.values() for t in b.tensors())
     assert buffers[8].keys[1].data_ptr() == cache.keys[1].data_ptr()
     compiled = StackRunner(model, "compile")
-    compiled.static_buffers(cache.rows_view(0, 3), 3)
+    compiled.static_buffers(cache.rows_view(0, 3), 4)
     assert compiled.counters.static_marks == 0
 
 

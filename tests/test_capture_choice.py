@@ -12,16 +12,21 @@ import torch
 
 from sidecar.decoding.capture_choice import (
     CACHE_FILE,
+    CAPACITY,
     StepTimes,
+    TimedShape,
     busy,
     choice_key,
     choose_cpu_capture,
     faster_mode,
     remember,
+    timed_shape,
 )
 from sidecar.decoding.decoder import SpeculativeDecoder
+from sidecar.errors import InputError
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
+from sidecar.tasks.engine import SidecarEngine
 
 
 @pytest.fixture
@@ -40,8 +45,8 @@ class Timings:
     def __init__(self, compiled: StepTimes, eager: StepTimes) -> None:
         self.times, self.calls = (compiled, eager, 3.0), []
 
-    def __call__(self, target, draft):
-        self.calls.append((target, draft))
+    def __call__(self, target, draft, shape):
+        self.calls.append((target, draft, shape))
         return self.times
 
 
@@ -56,15 +61,15 @@ def test_the_faster_step_wins_and_the_reason_says_what_was_timed():
     mode, reason = faster_mode(FAST, SLOW, 12.34)
     assert mode == "compile"
     assert reason == ("auto: compiled step 8.00 ms (verify 4.00 + 4 drafts 4.00) vs eager step 14.00 ms "
-                      "(verify 6.00 + 4 drafts 8.00), timed at 4 rows (compiling took 12.3 s)")
+                      "(verify 6.00 + 4 drafts 8.00), timed at 4 rows, gamma 4 (compiling took 12.3 s)")
     assert faster_mode(SLOW, FAST, 1.0)[0] == "eager"
-    assert ", timed at 4 rows, load 7.5 on 2 cores (compiling" in faster_mode(SLOW, FAST, 1.0, 7.5, 2)[1]
+    assert ", timed at 4 rows, gamma 4, load 7.5 on 2 cores (compiling" in faster_mode(SLOW, FAST, 1.0, 7.5, 2)[1]
     assert faster_mode(FAST, FAST, 1.0)[0] == "eager", "a tie keeps eager: nothing to compile"
     # compile must save a tenth of eager's step: it compiles every new shape a run meets besides
     assert faster_mode(StepTimes(0.0089), StepTimes(0.01), 1.0)[0] == "compile"
     assert faster_mode(StepTimes(0.0091), StepTimes(0.01), 1.0) == (
-        "eager", "auto: compiled verify 9.10 ms vs eager verify 10.00 ms, compiled saves under 10%, timed at 4 rows "
-        "(compiling took 1.0 s)")
+        "eager", "auto: compiled verify 9.10 ms vs eager verify 10.00 ms, compiled saves under 10%, timed at 4 rows, "
+        "gamma 4 (compiling took 1.0 s)")
     # the step counts every draft forward: a faster verify with slower drafts loses
     assert faster_mode(StepTimes(0.003, 0.002), StepTimes(0.004, 0.001), 1.0)[0] == "eager"
     assert "compiled verify 3.00 ms vs eager verify 4.00 ms" in faster_mode(StepTimes(0.003), StepTimes(0.004), 1)[1]
@@ -73,7 +78,11 @@ def test_the_faster_step_wins_and_the_reason_says_what_was_timed():
     assert chained.step_s == pytest.approx(0.0065)
     assert faster_mode(chained, StepTimes(0.005, 0.0008), 1.0) == (
         "compile", "auto: compiled step 6.50 ms (verify 4.00 + 4 drafts 2.50, chained) vs eager step 8.20 ms "
-        "(verify 5.00 + 4 drafts 3.20), timed at 4 rows (compiling took 1.0 s)")
+        "(verify 5.00 + 4 drafts 3.20), timed at 4 rows, gamma 4 (compiling took 1.0 s)")
+    # a step of gamma 2 drafts twice: one chained call after the first, or one more forward
+    assert StepTimes(0.004, 0.001, gamma=2).drafts_s == pytest.approx(0.002)
+    assert "16 rows, gamma 2" in faster_mode(StepTimes(0.004, 0.001, 0.0005, 2), StepTimes(0.005, 0.001, gamma=2), 1.0,
+                                             shape=TimedShape(16, 2))[1]
 
 
 def test_a_choice_is_measured_once_per_key_and_remembered(home, monkeypatch):
@@ -96,6 +105,26 @@ def test_a_choice_is_measured_once_per_key_and_remembered(home, monkeypatch):
     choose_cpu_capture(other.target, None, timings)  # the target alone: another key
     assert len(timings.calls) == 5
     assert len(json.loads((home / CACHE_FILE).read_text())["choices"]) == 5
+
+
+def test_a_choice_is_timed_at_the_runs_batch_bucket_and_gamma_and_remembered_per_shape(home):
+    """A run's batch limit and gamma pick the step timed (its bucket at the limit, at most 16 rows), and the
+    choice is remembered per shape: a batch-32 nightly run and a batch-1 server each time their own, and a
+    limit of 24 shares the 32's bucket."""
+    assert [timed_shape(n).rows for n in (None, 1, 3, 8, 12, 24, 32, 512)] == [4, 1, 3, 8, 12, 16, 16, 16]
+    assert timed_shape(32, gamma=2) == TimedShape(16, 2)
+    pair = tiny_pair(layers=1)
+    timings = Timings(FAST, SLOW)
+    nightly = choose_cpu_capture(pair.target, pair.draft, timings, shape=timed_shape(32, 3))
+    server = choose_cpu_capture(pair.target, pair.draft, timings, shape=timed_shape(1, 4))
+    assert [shape for _, _, shape in timings.calls] == [TimedShape(16, 3), TimedShape(1, 4)]
+    assert "timed at 16 rows, gamma 3" in nightly[1] and "timed at 1 rows, gamma 4" in server[1]
+    assert choose_cpu_capture(pair.target, pair.draft, timings, shape=timed_shape(24, 3)) == nightly
+    assert choose_cpu_capture(pair.target, pair.draft, timings, shape=timed_shape(1, 4)) == server
+    assert len(timings.calls) == 2, "a shape timed before was timed again"
+    choose_cpu_capture(pair.target, pair.draft, timings, shape=timed_shape(32, 4))  # another gamma: its own
+    assert len(timings.calls) == 3
+    assert len(json.loads((home / CACHE_FILE).read_text())["choices"]) == 3
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"choices": 3}', ""])
@@ -148,7 +177,7 @@ def test_a_malformed_entry_is_measured_again_and_an_unwritable_home_costs_a_warn
 def test_a_failed_measurement_gives_eager_and_says_why(home):
     pair = tiny_pair(layers=1)
 
-    def broken(target, draft):
+    def broken(target, draft, shape):
         raise RuntimeError("inductor cannot lower this\nmore")
 
     assert choose_cpu_capture(pair.target, pair.draft, broken) == (
@@ -158,13 +187,20 @@ def test_a_failed_measurement_gives_eager_and_says_why(home):
 
 def test_the_decoder_records_the_remembered_choice_on_the_pair_and_measures_nothing(home):
     """A load whose key is remembered attaches that mode's runners only (measuring attaches both) and records
-    the remembered reason, which a run stores as its capture (``ModelPair.capture_report``)."""
+    the remembered reason, which a run stores as its capture (``ModelPair.capture_report``). The key is the
+    step the decoder's run will take: its batch limit's bucket and its gamma."""
     pair = tiny_pair(layers=1)
     reason = "auto: compiled step 1.00 ms vs eager step 2.00 ms"
     remember(home / CACHE_FILE, choice_key(pair.target, pair.draft), "eager", reason)
     SpeculativeDecoder(pair)
     assert pair.capture_report == f"eager ({reason})"
     assert runner_modes(pair.target) == {"eager"} == runner_modes(pair.draft)
+    engine_pair = tiny_pair(layers=1)
+    remember(home / CACHE_FILE, choice_key(engine_pair.target, engine_pair.draft, TimedShape(8, 2)), "eager", "8 x 2")
+    SidecarEngine(engine_pair, gamma=2, max_batch=8)
+    assert engine_pair.capture_report == "eager (8 x 2)"
+    with pytest.raises(InputError, match="max_batch"):
+        SpeculativeDecoder(tiny_pair(layers=1), max_batch=0)
 
 
 @pytest.mark.parametrize("explicit", ["argument", "environment"])
@@ -188,14 +224,16 @@ def test_auto_on_a_cpu_times_the_pair_compiled_and_eager_and_a_second_load_measu
     faster attached with its reason, the compiled runner holding the shape it compiled; a second pair of the
     same shapes attaches the remembered mode without timing anything."""
     pair = tiny_pair(layers=1)
-    SpeculativeDecoder(pair)
+    SpeculativeDecoder(pair, gamma=2, max_batch=2)
     assert pair.capture_reason.startswith("auto: compiled step ") and " vs eager step " in pair.capture_reason
+    assert "timed at 2 rows, gamma 2" in pair.capture_reason
     assert runner_modes(pair.target) == {"eager", "compile"} == runner_modes(pair.draft), "both timed"
     assert runner_of(pair.target).mode == pair.capture_mode in ("eager", "compile")
     compiled = pair.target.__dict__["sidecar_runners"]["compile"]
     assert compiled.counters.compiles == 1 and compiled.counters.recompiles == 0
+    assert set(compiled.counters.shapes) == {(2, 3, CAPACITY + 1)}, "the run's step was not the one timed"
     again = tiny_pair(layers=1)
-    SpeculativeDecoder(again)
+    SpeculativeDecoder(again, gamma=2, max_batch=2)
     assert again.capture_report == pair.capture_report
     assert runner_modes(again.target) == {pair.capture_mode}, "nothing timed"
 

@@ -31,6 +31,10 @@ def test_a_step_plan_is_frozen_and_holds_everything_the_runner_reads(tiny):
     # eager forwards take the step's real shapes: the verify [pending, 3 drafts], the widest feed
     assert plan.target_shape == ForwardShape(rows, rows, 4)
     assert plan.draft_shape == ForwardShape(len(batch.draft_rows), len(batch.draft_rows), max(map(len, plan.feeds)))
+    assert plan.next_draft_shape == ForwardShape(len(batch.draft_rows), len(batch.draft_rows), 1)
+    # the verify runs the planned shape; only eager drafting that stops early narrows it, to its real width
+    assert plan.verify_shape(3) == plan.target_shape
+    assert dataclasses.replace(plan, stop_early=True).verify_shape(1) == ForwardShape(rows, rows, 2)
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.width = 0

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from sidecar.decoding.batch import SlotBatch, check_row, stream_through
-from sidecar.decoding.capture_choice import choose_cpu_capture
+from sidecar.decoding.capture_choice import choose_cpu_capture, timed_shape
 from sidecar.decoding.controller import GammaController
 from sidecar.decoding.draft_chain import warm_chain
 from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner
@@ -42,11 +42,13 @@ from sidecar.runtime.warmup import (
 )
 
 
-def use_capture(pair: ModelPair, requested: str | None) -> None:
+def use_capture(pair: ModelPair, requested: str | None, max_batch: int | None = None, gamma: int = 4) -> None:
     """Run both models' forwards in the capture mode ``requested`` resolves to (``sidecar.runtime.capture``) and
     record it on the pair, as its dtype is. ``auto`` on a CPU times the pair's step in eager and compiled mode
-    (``sidecar.decoding.capture_choice``) where both models run our stack."""
-    cpu_auto = (lambda: choose_cpu_capture(pair.target, pair.draft)) if supports(pair.draft) else None
+    (``sidecar.decoding.capture_choice``) where both models run our stack, at the step a run of at most
+    ``max_batch`` rows (None: not known) at ``gamma`` mostly takes (``timed_shape``)."""
+    shape = timed_shape(max_batch, gamma)
+    cpu_auto = (lambda: choose_cpu_capture(pair.target, pair.draft, shape=shape)) if supports(pair.draft) else None
     mode, reason = resolve_capture(requested, pair.device, pair.target, cpu_auto)
     if mode != "hf" and not supports(pair.draft):
         mode, reason = resolve_capture("hf", pair.device, pair.draft)
@@ -90,6 +92,8 @@ class SpeculativeDecoder:
     ``capture`` (default: the pair's, asked at load or attached by an earlier decoder, else ``SIDECAR_CAPTURE``,
     else auto) is how forwards run: eager, compiled
     or captured as CUDA graphs over bucketed shapes, or Hugging Face's forward (``sidecar.runtime.capture``).
+    ``max_batch``, the batch limit the caller will mostly run (a server's, a nightly run's; None: not known),
+    is the batch ``auto`` on a CPU times its choice at, with ``gamma`` (``sidecar.decoding.capture_choice``).
     ``warm_up`` (default: ``SIDECAR_WARMUP``; auto: in ``cudagraph`` mode) runs every batch bucket's decode
     forwards of a KV cache as soon as it is allocated (``sidecar.runtime.warmup``); ``warm`` does it at load for
     a batch limit and row length, ``warm_at_load`` for the capacities a server or a nightly run will use.
@@ -101,7 +105,7 @@ class SpeculativeDecoder:
 
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
                  draft_confidence: float | None = None, capture: str | None = None,
-                 warm_up: bool | None = None) -> None:
+                 warm_up: bool | None = None, max_batch: int | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
         if draft_confidence is None:
@@ -109,7 +113,9 @@ class SpeculativeDecoder:
         if not 0 <= draft_confidence <= 1:
             raise InputError(f"draft_confidence must be in [0, 1], got {draft_confidence!r}")
         self.pair = pair
-        use_capture(pair, capture or pair.capture or pair.capture_mode or None)
+        if max_batch is not None and (not isinstance(max_batch, int) or max_batch < 1):
+            raise InputError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        use_capture(pair, capture or pair.capture or pair.capture_mode or None, max_batch, gamma)
         warm_up = allocation_default() if warm_up is None else warm_up
         set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
         set_widths(pair.draft, {1, 2}, warm_up)

@@ -33,7 +33,7 @@ from sidecar.decoding.randomness import DRAFT, NEXT, uniforms
 from sidecar.decoding.rows import DraftOnlyRow, LiveRow
 from sidecar.decoding.sampling import RowSampling
 from sidecar.decoding.vocab_align import align_vocab
-from sidecar.runtime.capture import StackRunner
+from sidecar.runtime.capture import ForwardShape, StackRunner
 from sidecar.runtime.decoder_stack import LENGTH, VALID, DecoderStack
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.transfers import to_device
@@ -90,17 +90,17 @@ def chained_drafts(stack: DecoderStack, head: nn.Module, ids: torch.Tensor, rows
 
 
 def run_chain(runner: StackRunner, cache: RowKVCache, first: torch.Tensor, forwards: int, sampling: RowSampling,
-              only: Sequence[bool], target_vocab: int,
-              keep_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+              only: Sequence[bool], target_vocab: int, keep_logits: bool,
+              shape: ForwardShape | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Draft forwards 1 .. ``forwards`` over every row of ``cache`` after forward 0 chose ``first`` [B], as one
-    compiled call; commits their columns. Returns tokens [B, n], probabilities [B, n, V] (None when every row
-    is greedy) and logits [B, n, V] (None unless ``keep_logits``)."""
+    compiled call at ``shape`` (the plan's ``next_draft_shape``); commits their columns. Returns tokens [B, n],
+    probabilities [B, n, V] (None when every row is greedy) and logits [B, n, V] (None unless ``keep_logits``)."""
     per_row: list[tuple[torch.Tensor, float | bool]] = []
     if not sampling.all_greedy:
         only_mask = to_device(list(only), first.device, torch.bool)
         per_row = [(sampling.keys, 0), (sampling.positions, 0), (sampling.greedy_mask, True),
                    (sampling.temperature, 1.0), (sampling.top_p, 1.0), (only_mask, False)]
-    out = list(runner.chain(cache, chained_drafts, first, forwards, per_row, vocab=target_vocab,
+    out = list(runner.chain(cache, chained_drafts, first, forwards, per_row, shape, vocab=target_vocab,
                             sampled=not sampling.all_greedy, nucleus=not sampling.all_greedy and sampling.nucleus,
                             keep_logits=keep_logits))
     cache.commit(forwards)

@@ -16,8 +16,10 @@ Terms, per step:
   backlog and pending token); for a catching-up row, the rest of its output; for a draft-only row, its
   pending token, or its join feed (a sidecar's bridge) on its first step.
 - *shapes*: the rows, padded batch and query width each forward takes (``ForwardShape``): capture's buckets
-  (``sidecar.runtime.capture.batch_bucket``/``width_bucket``) when the model's runner is static, the real
-  ones otherwise.
+  (``sidecar.runtime.capture.decode_shape``: ``batch_bucket``/``width_bucket``) when the model's runner is
+  static, the real ones otherwise. They are what runs: the runner passes each forward its plan's shape and the
+  model's runner refuses one that is not a bucket of its mode or does not hold the forward
+  (``sidecar.runtime.capture.check_shape``); nothing below the plan pads on its own.
 
 Where the draft's forwards compile (``compile``, ``cudagraph``), drafting does not stop early: it runs all
 ``width`` forwards and the verify sees the full width, and forwards 1 .. width - 1 run as one compiled chain
@@ -40,14 +42,14 @@ fixed rule row by row, so that its tokens depend on nothing but its own prompt a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sidecar.decoding.controller import GammaController, Source
 from sidecar.decoding.draft_chain import chain_applies
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.decoding.rows import LiveRow, MainRow
-from sidecar.runtime.capture import batch_bucket, runner_of, width_bucket
+from sidecar.runtime.capture import ForwardShape, decode_shape, runner_of
 
 if TYPE_CHECKING:
     from sidecar.runtime.slots import SlotPool
@@ -74,23 +76,11 @@ class TargetChoice:
         return [cap > 0 and not copy for cap, copy in zip(self.caps, self.copies, strict=True)]
 
 
-@dataclass(frozen=True)
-class ForwardShape:
-    """What one forward of the step takes: its real ``rows``, the ``batch`` they are padded up to, and its
-    query ``width`` (padded likewise)."""
-
-    rows: int
-    batch: int
-    width: int
-
-
 def forward_shape(pool: SlotPool, rows: int, width: int) -> ForwardShape:
     """The shape of a decode forward of ``rows`` rows and ``width`` columns over ``pool``: capture's buckets
-    when its model's runner compiles (``StackRunner.static``), the real shape otherwise."""
+    when its model's runner compiles (``StackRunner.static``), the real shape otherwise (``decode_shape``)."""
     runner = runner_of(pool.model)
-    if runner is None or not runner.static:
-        return ForwardShape(rows, rows, width)
-    return ForwardShape(rows, batch_bucket(rows, pool.max_batch), width_bucket(width))
+    return decode_shape(rows, width, pool.max_batch, runner is not None and runner.static)
 
 
 @dataclass(frozen=True)
@@ -99,9 +89,10 @@ class StepPlan(TargetChoice):
     ``feeds`` (the first draft forward's input; () without a draft forward) and ``drafting`` (a main row
     whose proposals this step verifies); for target row ``t``, ``draft_slot[t]`` is its draft row (-1: none).
     ``target_shape`` is the verify's (or the plain step's) at ``width`` (None: no target row; drafting that
-    stops early verifies fewer columns), ``draft_shape`` the first draft forward's (None: no draft forward;
-    the later ones are one column wide). ``chained_forwards``: how many of the draft forwards, all but the
-    first, run as one compiled chain (``sidecar.decoding.draft_chain``)."""
+    stops early verifies fewer columns: ``verify_shape``), ``draft_shape`` the first draft forward's (None: no
+    draft forward), ``next_draft_shape`` the later draft forwards', one column each, and a chain's (None: at
+    most one draft forward). ``chained_forwards``: how many of the draft forwards, all but the first, run as
+    one compiled chain (``sidecar.decoding.draft_chain``)."""
 
     target_rows: tuple[MainRow, ...] = ()
     draft_rows: tuple[LiveRow, ...] = ()
@@ -111,7 +102,17 @@ class StepPlan(TargetChoice):
     draft_slot: tuple[int, ...] = ()
     target_shape: ForwardShape | None = None
     draft_shape: ForwardShape | None = None
+    next_draft_shape: ForwardShape | None = None
     chained_forwards: int = 0  # draft forwards after the first run as one compiled call (0: each on its own)
+
+    def verify_shape(self, width: int) -> ForwardShape:
+        """The target forward's shape when the verify sees ``width`` drafts: ``target_shape``, or, where drafting
+        stopped early (eager shapes only: the planner never lets compiled drafting stop), its real width."""
+        assert self.target_shape is not None
+        if width == self.width:
+            return self.target_shape
+        assert self.stop_early and width < self.width, "only drafting that stops early narrows the verify"
+        return replace(self.target_shape, width=width + 1)
 
 
 # (draft slot, draft row) -> what the first draft forward feeds it
@@ -143,18 +144,21 @@ class StepPlanner:
         draft_runner = runner_of(draft_pool.model) if draft_pool is not None else None
         stop_early = choice.stop_early and not (draft_runner is not None and draft_runner.static)
         chained = forwards - 1 if chain_applies(draft_runner, draft_rows, forwards, stop_early) else 0
-        target_shape = draft_shape = None
+        target_shape = draft_shape = next_draft_shape = None
         if target_rows:
             assert target_pool is not None
             target_shape = forward_shape(target_pool, len(target_rows), choice.width + 1)
         if forwards:
             assert draft_pool is not None
             draft_shape = forward_shape(draft_pool, len(draft_rows), max(map(len, feeds)))
+        if forwards > 1:
+            next_draft_shape = forward_shape(draft_pool, len(draft_rows), 1)
         return StepPlan(choice.width, choice.source, choice.copies, choice.caps, stop_early,
                         target_rows=tuple(target_rows), draft_rows=tuple(draft_rows), draft_forwards=forwards,
                         feeds=feeds, drafting=tuple(id(r) in drafts for r in draft_rows),
                         draft_slot=tuple(slot_of.get(id(r), -1) for r in target_rows),
-                        target_shape=target_shape, draft_shape=draft_shape, chained_forwards=chained)
+                        target_shape=target_shape, draft_shape=draft_shape, next_draft_shape=next_draft_shape,
+                        chained_forwards=chained)
 
     def choose(self, rows: Sequence[MainRow], riders: int = 0) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not

@@ -14,7 +14,9 @@ pool, then one read of the device (``StepRunner.run``). The terms are ``sidecar.
     read: accepted counts, next tokens, drafts and the draft-only rows' tokens, in one transfer
 
 The plan is the scheduler's, complete and frozen: the runner reads its rows, widths, caps, copies and feeds
-and changes none of them; the forwards pad to the plan's shapes in ``sidecar.runtime.capture``.
+and changes none of them. Each forward runs at the shape the plan names for it (``StepPlan.target_shape``,
+``draft_shape``, ``next_draft_shape``), passed down to the model's runner (``sidecar.runtime.capture``), which
+pads to it and refuses a shape that is not a bucket of its mode; it chooses none itself.
 Every forward runs inside the device-time ledger (``sidecar.runtime.ledger``), charged to the rows in it.
 Caches are committed here: the target's by accepted count, the draft's rolled back to what each row keeps
 (``StepRunner.draft_keep``). What the rows make of the result is the update's (``sidecar.decoding.update``).
@@ -120,7 +122,7 @@ class StepRunner:
                 accepted, next_ids, target_logits = self._verify(target_cache, target_rows, plan, pending_ids,
                                                                  drafted_t, probs_t, width)
             else:
-                next_ids, target_logits = self._plain(target_cache, target_rows, pending_ids)
+                next_ids, target_logits = self._plain(target_cache, target_rows, plan, pending_ids)
                 accepted = torch.zeros_like(next_ids)
             # the committed tokens: accepted drafts, then the target's own token at the first rejection
             committed = torch.cat([drafted_t, next_ids[:, None]], 1).scatter(1, accepted[:, None], next_ids[:, None])
@@ -181,7 +183,7 @@ class StepRunner:
                                          forwards=plan.chained_forwards):
                     chained, chained_probs, chained_logits = run_chain(
                         runner_of(self.pair.draft), cache, tokens[-1], plan.chained_forwards, sampling, only,
-                        self.target_vocab, keep_logits)
+                        self.target_vocab, keep_logits, plan.next_draft_shape)
                 tokens += chained.unbind(1)
                 probs += [] if chained_probs is None else chained_probs.unbind(1)
                 logits_kept += [] if chained_logits is None else chained_logits.unbind(1)
@@ -197,7 +199,8 @@ class StepRunner:
             context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
             with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
                                      also=self.controller.forward_cost("draft", ids.numel())):
-                hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid)
+                hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid,
+                                 shape=plan.next_draft_shape if k else plan.draft_shape)
                 cache.commit(valid)
                 logits = align_vocab(logits_at(self.pair.draft, hidden, index)[:, 0], self.target_vocab)  # [B_d, V]
                 constrain(logits, matchers)
@@ -275,7 +278,8 @@ class StepRunner:
         context = int(cache.lengths.sum()) + batch * (width + 1)
         with self.ledger.forward("target", "decode", batch, charges, batch * (width + 1), context,
                                  also=self.controller.forward_cost("target", batch * (width + 1))):
-            hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1))
+            hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1),
+                             shape=plan.verify_shape(width))
             index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
             logits = logits_at(self.pair.target, hidden, index)  # [B_t, width + 1, V]
             self._constrain_verify(rows, drafted, logits)
@@ -290,7 +294,7 @@ class StepRunner:
                 nxt = torch.where(sampling.greedy_mask, nxt, sampled[1])
         return accepted, nxt, logits
 
-    def _plain(self, cache: RowKVCache, rows: Sequence[MainRow],
+    def _plain(self, cache: RowKVCache, rows: Sequence[MainRow], plan: StepPlan,
                pending_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One target-only step: (next tokens [B_t], the target's logits [B_t, 1, V])."""
         device, batch = self.pair.device, len(rows)
@@ -298,7 +302,7 @@ class StepRunner:
         charges = [Charge(r.account, "decode", 1, "main") for r in rows]
         with self.ledger.forward("target", "decode", batch, charges, batch, int(cache.lengths.sum()) + batch,
                                  also=self.controller.forward_cost("target", batch)):
-            hidden = forward(self.pair.target, cache, pending_ids[:, None])
+            hidden = forward(self.pair.target, cache, pending_ids[:, None], shape=plan.target_shape)
             logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long, device=device))
             constrain(logits[:, 0], [r.matcher for r in rows])
             nxt = sampling.choose(logits[:, 0])

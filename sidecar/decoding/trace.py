@@ -1,7 +1,8 @@
 """What a running batch did, step by step: the record a schedule is judged by.
 
 Each decoding step records how many main rows were live, its verify width, its draft forwards and the
-other rows riding in them; each admission records the rows it prefilled and their prompt tokens. Slot
+other rows riding in them, and the shapes its forwards ran at (the plan's: ``sidecar.decoding.plan``); each
+admission records the rows it prefilled and their prompt tokens. Slot
 occupancy, the share of slot-steps that did useful work, comes from it. The forwards themselves, with
 their device time, are the ledger's (``sidecar.runtime.ledger``), which ``study.cost.replay`` prices
 through the roofline. ``drain_from`` marks the step after which no row was waiting any more: the final
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from sidecar.runtime.capture import ForwardShape
+
 # events a batch keeps unless told otherwise
 KEPT_EVENTS = 4096
 
@@ -28,6 +31,10 @@ class StepRecord:
     draft_feed: int  # widest feed of the first draft forward
     riders: int = 0  # draft rows that are no live main row: catching up, sidecar or standalone
     source: str = "draft"  # where the verified drafts came from: "draft" (the model) or "lookup" (copies)
+    target_shape: ForwardShape | None = None  # the target forward's (None: none ran)
+    draft_shape: ForwardShape | None = None  # the first draft forward's (None: none ran)
+    next_draft_shape: ForwardShape | None = None  # each later draft forward's, or their chain's
+    chained_forwards: int = 0  # the later draft forwards that ran as one chain (``sidecar.decoding.draft_chain``)
 
 
 @dataclass(frozen=True)

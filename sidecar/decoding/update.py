@@ -92,7 +92,9 @@ class StepUpdate:
             self.commit(rows, [result.draft_tokens[slot] for slot, _ in only], entries)
         feed = max(map(len, plan.feeds)) if plan.feeds and forwards else 0
         riders = len(plan.draft_rows) - sum(isinstance(r, MainRow) and r.finish is None for r in plan.draft_rows)
-        self.trace.add(StepRecord(len(plan.target_rows), width, forwards, feed, riders, plan.source))
+        self.trace.add(StepRecord(len(plan.target_rows), width, forwards, feed, riders, plan.source,
+                                  plan.verify_shape(width) if plan.target_rows else None, plan.draft_shape,
+                                  plan.next_draft_shape if forwards > 1 else None, plan.chained_forwards))
 
     @staticmethod
     def logprobs(rows: Sequence[LiveRow], logits: torch.Tensor,

@@ -6,8 +6,9 @@ Modes (``SIDECAR_CAPTURE``, the ``capture`` argument of ``SpeculativeDecoder`` a
   batch and attention reads only the columns some row fills.
 * ``compile``: the same stack through ``torch.compile(fullgraph=True)`` (inductor). Every decode forward takes a
   bucket's shape: the batch padded up to the next bucket, the query as wide as the forward's kind needs,
-  attention over the cache's whole capacity. One compile per bucket; a recompile after that is a fault the
-  counters report.
+  attention over the cache's whole capacity. ``decode_shape`` chooses it, for the step plan, which names it to
+  the runner (``ForwardShape``); the runner checks it (``check_shape``) and pads to it. One compile per bucket;
+  a recompile after that is a fault the counters report.
 * ``cudagraph``: ``compile`` in inductor's ``reduce-overhead`` mode, which captures each bucket's forward as a
   CUDA graph and replays it: one launch per forward instead of several per layer. CUDA only.
 * ``hf``: Hugging Face's own forward (the reference, and the path for architectures our stack lacks).
@@ -93,6 +94,46 @@ def batch_bucket(rows: int, limit: int) -> int:
 def width_bucket(width: int) -> int:
     """The query width a decode forward of ``width`` columns pads up to."""
     return width if width <= EXACT_WIDTHS else 1 << (width - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What one decode forward takes: its real ``rows``, the ``batch`` they are padded up to, and its query
+    ``width`` (padded likewise). The scheduler names it (``sidecar.decoding.plan.StepPlan``); the runner runs it."""
+
+    rows: int
+    batch: int
+    width: int
+
+
+def decode_shape(rows: int, width: int, limit: int, static: bool) -> ForwardShape:
+    """The shape a decode forward of ``rows`` x ``width`` runs at over a cache of ``limit`` rows: the buckets
+    (``batch_bucket``, ``width_bucket``) where the runner is ``static`` (compiled or captured), the real shape
+    otherwise. The one place a bucket is chosen: the scheduler calls it, and so does a forward that no plan
+    shapes (warm-up, benchmarks)."""
+    if not static:
+        return ForwardShape(rows, rows, width)
+    return ForwardShape(rows, batch_bucket(rows, limit), width_bucket(width))
+
+
+def check_shape(shape: ForwardShape, rows: int, width: int, limit: int, static: bool) -> None:
+    """Refuse ``shape`` for a decode forward of ``rows`` x ``width`` over a cache of ``limit`` rows unless it is
+    a bucket of the runner's mode (``static``: padded to ``batch_bucket``/``width_bucket``; eager: the real
+    shape) and holds the forward: the runner runs the plan's shape and derives none of its own."""
+    mode = "a compiled" if static else "an eager"
+    if shape.rows != rows:
+        problem = f"names {shape.rows} rows but the forward has {rows}"
+    elif shape.batch < rows or shape.width < width:
+        problem = f"is smaller than the forward's {rows} rows x {width} columns"
+    elif static and batch_bucket(shape.batch, limit) != shape.batch:
+        problem = f"pads to batch {shape.batch}, not a batch bucket of a cache of {limit} rows (capture.batch_bucket)"
+    elif static and width_bucket(shape.width) != shape.width:
+        problem = f"pads to width {shape.width}, not a width bucket (capture.width_bucket)"
+    elif not static and (shape.batch, shape.width) != (rows, width):
+        problem = f"pads {rows} x {width} to {shape.batch} x {shape.width}; eager forwards run their real shape"
+    else:
+        return
+    raise ValueError(f"{mode} decode forward's shape {shape} {problem}")
 
 
 @dataclass
@@ -202,11 +243,21 @@ class StackRunner:
         rows[:batch, VALID] = real
         return to_device(rows, cache.device)
 
+    def shape_for(self, cache: RowKVCache, rows: int, width: int, shape: ForwardShape | None = None) -> ForwardShape:
+        """The shape a decode forward of ``rows`` x ``width`` over ``cache`` runs at: ``shape`` (the step plan's),
+        refused unless it is a bucket of this runner's mode that holds the forward (``check_shape``); without
+        one, ``decode_shape``'s, as the scheduler would have named it."""
+        limit = cache.root.batch_size - cache.start
+        if shape is None:
+            return decode_shape(rows, width, limit, self.static)
+        check_shape(shape, rows, width, limit, self.static)
+        return shape
+
     def static_buffers(self, cache: RowKVCache, batch: int) -> BucketBuffers:
-        """The buffers of ``batch`` rows' bucket; in ``cudagraph`` mode marked as static addresses the first time
-        (the graphs read and write them in place, at the addresses they were recorded on), not on every call:
-        at 28 layers that is 58 calls of host time per forward."""
-        buffers = cache.bucket(batch_bucket(batch, cache.root.batch_size - cache.start))
+        """The buffers of a forward padded to ``batch`` rows (a bucket: ``shape_for``); in ``cudagraph`` mode
+        marked as static addresses the first time (the graphs read and write them in place, at the addresses
+        they were recorded on), not on every call: at 28 layers that is 58 calls of host time per forward."""
+        buffers = cache.bucket(batch)
         if self.mode == "cudagraph" and not buffers.static:
             import torch._dynamo
 
@@ -217,14 +268,20 @@ class StackRunner:
         return buffers
 
     def __call__(self, cache: RowKVCache, ids: torch.Tensor, query_span: torch.Tensor | None = None,
-                 valid: list[int] | None = None, decode: bool = True) -> torch.Tensor:
+                 valid: list[int] | None = None, decode: bool = True,
+                 shape: ForwardShape | None = None) -> torch.Tensor:
         """Hidden states [B, q, H] of ``ids`` [B, q] over ``cache`` (``valid[b]`` real columns of row b, else
-        all q); the new columns are written but not committed, as with ``RowKVCache.prepare``."""
+        all q); the new columns are written but not committed, as with ``RowKVCache.prepare``. A decode forward
+        runs at ``shape`` (the step plan's; ``shape_for``), a prefill at its real shape."""
         batch, width = ids.shape
+        if not decode and shape is not None:
+            raise ValueError(f"a prefill forward runs its real shape, not {shape}")
         real = np.full(batch, width, dtype=np.int64) if valid is None else np.asarray(valid, dtype=np.int64)
         longest = int((cache.lengths + real).max())
         if longest > cache.capacity:
             raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
+        if decode:
+            shape = self.shape_for(cache, batch, width, shape)
         self.counters.forwards += 1
         if not (self.static and decode):
             if query_span is None:
@@ -234,8 +291,8 @@ class StackRunner:
                 self.counters.shapes[(batch, width, attend)] += 1
             return self.stack(ids, self._rows(cache, batch, real), query_span, cache.keys, cache.values,
                               cache.visible, cache.span, attend)
-        buffers = self.static_buffers(cache, batch)
-        padded, wide = buffers.rows, width_bucket(width)
+        padded, wide = shape.batch, shape.width
+        buffers = self.static_buffers(cache, padded)
         if query_span is None:
             query_span = torch.full((padded, wide), -1, dtype=torch.long, device=cache.device)
         else:
@@ -248,22 +305,22 @@ class StackRunner:
         return hidden[:batch, :width]
 
     def chain(self, cache: RowKVCache, body: ChainBody, ids: torch.Tensor, forwards: int,
-              per_row: Sequence[tuple[torch.Tensor, float | bool]] = (),
+              per_row: Sequence[tuple[torch.Tensor, float | bool]] = (), shape: ForwardShape | None = None,
               **flags: int | bool) -> tuple[torch.Tensor, ...]:
         """``forwards`` one-column decode forwards over every row of ``cache`` as ONE call of a compiled region:
         ``body(stack, head, ids, rows, keys, values, visible, span, *per_row, forwards=forwards, **flags)``
         loops over them inside the graph, each forward's token feeding the next and the rows' lengths advancing
         on the device, so the host launches one graph and reads nothing between them. ``ids`` [B] feed the
-        first; ``per_row`` tensors [B, ...] are padded to the bucket with their fill value; ``flags`` are
-        static (a graph each). Returns ``body``'s tensors for the real rows. Writes ``forwards`` columns per
-        row, not committed (the caller commits them once)."""
+        first; ``per_row`` tensors [B, ...] are padded to ``shape``'s batch (the plan's, one column wide;
+        ``shape_for``) with their fill value; ``flags`` are static (a graph each). Returns ``body``'s tensors for
+        the real rows. Writes ``forwards`` columns per row, not committed (the caller commits them once)."""
         if not self.static:
             raise ValueError(f"a chain of forwards runs compiled, not in {self.mode} mode")
         batch = ids.shape[0]
         if int(cache.lengths.max()) + forwards > cache.capacity:
             raise RuntimeError("KV cache capacity exceeded; the engine sized it too small")
-        buffers = self.static_buffers(cache, batch)
-        padded = buffers.rows
+        padded = self.shape_for(cache, batch, 1, shape).batch
+        buffers = self.static_buffers(cache, padded)
         compiled = self._chains.get(body)
         if compiled is None:
             compiled = self._chains[body] = self._compile(partial(body, self.stack, self.head))

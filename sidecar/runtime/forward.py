@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from sidecar.runtime.capture import runner_of
+from sidecar.runtime.capture import ForwardShape, check_shape, runner_of
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.prefill_plan import group_rows
 from sidecar.runtime.transfers import to_device
@@ -22,15 +22,18 @@ from sidecar.runtime.transfers import to_device
 
 def forward(model: PreTrainedModel, cache: RowKVCache, input_ids: torch.Tensor,
             query_span: torch.Tensor | None = None, valid: list[int] | None = None,
-            decode: bool = True) -> torch.Tensor:
+            decode: bool = True, shape: ForwardShape | None = None) -> torch.Tensor:
     """Run the decoder stack on ``input_ids`` [B, q] over ``cache``; returns hidden states [B, q, H].
 
-    ``valid[b]``: the real columns of row b (the rest pad it to q); ``decode``: a step's forward (bucketed and
-    compiled where the model's capture mode says so), not a prefill's. Models without an attached runner
-    (``sidecar.runtime.capture.attach``) run Hugging Face's forward."""
+    ``valid[b]``: the real columns of row b (the rest pad it to q); ``decode``: a step's forward (compiled where
+    the model's capture mode says so), not a prefill's; ``shape``: the padded shape a decode forward runs at, as
+    the step plan names it (None: ``capture.decode_shape``'s). Models without an attached runner
+    (``sidecar.runtime.capture.attach``) run Hugging Face's forward, at the real shape."""
     runner = runner_of(model)
     if runner is not None:
-        return runner(cache, input_ids, query_span, valid, decode)
+        return runner(cache, input_ids, query_span, valid, decode, shape)
+    if shape is not None:
+        check_shape(shape, *input_ids.shape, cache.root.batch_size - cache.start, static=False)
     positions, mask = cache.prepare(input_ids.shape[1], model.dtype, query_span)
     # A target with more embedding rows than its draft can emit ids the draft cannot embed; the draft
     # only proposes, so feeding it a stand-in id there costs acceptance, never correctness.

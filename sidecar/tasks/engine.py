@@ -26,9 +26,10 @@ from sidecar.tasks.task import SidecarTask
 
 
 class SidecarEngine:
-    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True) -> None:
+    def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, max_batch: int | None = None) -> None:
+        """``max_batch``: the batch limit the caller will mostly run, where it knows it (``SpeculativeDecoder``)."""
         self.pair = pair
-        self.decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=adaptive)
+        self.decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=adaptive, max_batch=max_batch)
         self.builder = RequestBuilder(pair, gamma)
 
     def prompts(self, request: SidecarRequest) -> tuple[SpannedPrompt, SpannedPrompt]:
