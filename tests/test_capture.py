@@ -130,13 +130,13 @@ def counters(pair) -> dict:
 
 def planned_shapes(traces: list[BatchTrace]) -> dict[str, Counter]:
     """Per model, the (batch, width) of every decode forward the steps' plans named (a chain's as (batch, 1,
-    its forwards)), from the batches' traces."""
+    its forwards); a first draft forward's once per feed chunk), from the batches' traces."""
     planned = {"target": Counter(), "draft": Counter()}
     for step in (step for trace in traces for step in trace.steps):
         if step.target_shape is not None:
             planned["target"][(step.target_shape.batch, step.target_shape.width)] += 1
-        if step.draft_shape is not None:
-            planned["draft"][(step.draft_shape.batch, step.draft_shape.width)] += 1
+        if step.draft_shape is not None:  # a wide feed's chunks each run it
+            planned["draft"][(step.draft_shape.batch, step.draft_shape.width)] += step.feed_chunks
         if step.next_draft_shape is not None:
             later = (step.next_draft_shape.batch, step.next_draft_shape.width)
             if step.chained_forwards:
@@ -147,12 +147,13 @@ def planned_shapes(traces: list[BatchTrace]) -> dict[str, Counter]:
 
 
 def ran_shapes(pair) -> dict[str, Counter]:
-    """Per model, the (batch, width) of every decode forward its runner ran (a chain's as (batch, 1, its
-    forwards)): the counters' shapes without their KV columns."""
+    """Per model, the (batch, width) of every decode forward its runner ran outside warm-up (a chain's as
+    (batch, 1, its forwards)): the counters' shapes without their KV columns."""
     ran = {}
     for name, counter in counters(pair).items():
         ran[name] = Counter()
-        for shape, calls in counter.shapes.items():
+        warm = sum((w.calls for w in runner_of(getattr(pair, name)).warm_ups), Counter())
+        for shape, calls in (counter.shapes - warm).items():
             ran[name][shape[:2] if len(shape) == 3 else (*shape[:2], shape[3])] += calls
     return ran
 
@@ -174,27 +175,37 @@ def test_a_pair_asked_to_compile_on_a_cpu_keeps_plain_linear_layers_for_inductor
     assert isinstance(layer, OneDNNLinear) is packed and isinstance(layer, torch.nn.Linear) is not packed
 
 
-def test_compiled_engine_is_identical_and_never_recompiles():
-    """Compiled forwards (one-layer pair: compiling is slow on a CPU): rows of varied lengths join a batch of 4
-    as slots free, each equal to the target alone; then sidecar tasks after the main output (the document
-    evicted, two tasks) decode exactly as in eager mode, the draft forwards after each step's first chained
-    into one graph call (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's plan
-    named, no other. No forward breaks the graph, and no shape compiles twice: the second decode compiles
-    nothing the first did."""
+def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeypatch):
+    """Compiled forwards (one-layer pair: compiling is slow on a CPU), every cache warmed as it is allocated
+    (``SIDECAR_WARMUP=on``): rows of varied lengths join a batch of 4 as slots free, each equal to the target
+    alone, at a fixed gamma (a lookup step that runs no draft forward leaves a 3-column backlog) and adaptive
+    (its exploration takes plain steps, each growing the backlog); then sidecar tasks after the main output
+    (the document evicted, two tasks: bridges wider than any warmed width, finished rows catching up) decode
+    exactly as in eager mode, the draft forwards after each step's first chained into one graph call
+    (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's plan named, no other, and
+    none compiled outside warm-up: a first draft feed takes the widths 1, 2 and gamma + 3 only, wider ones in
+    chunks (``sidecar.decoding.plan.feed_chunking``). No forward breaks the graph, and no shape compiles twice."""
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
     pair = tiny_pair(layers=1)
-    SpeculativeDecoder(pair, capture="compile")
+    SpeculativeDecoder(pair, gamma=3, capture="compile")
     lengths = torch.randint(3, 30, (7,), generator=torch.Generator().manual_seed(0)).tolist()
     prompts = random_prompts(pair, lengths)
-    limits = [6 + 3 * (i % 4) for i in range(len(prompts))]
+    limits = [20 + 3 * (i % 4) for i in range(len(prompts))]
     traces = []
-    batch = SpeculativeDecoder(pair, gamma=3, adaptive=False).batch(4)
-    traces.append(batch.trace)
-    order = sorted(range(len(prompts)), key=lambda i: lengths[i])  # as ``generate`` admits them
-    outputs = dict(stream_through(batch, [DecodeRow(prompts[i], limits[i]) for i in order], order))
-    outputs = [outputs[i] for i in range(len(prompts))]
-    for prompt, limit, output in zip(prompts, limits, outputs, strict=True):
-        assert output.token_ids == target_alone(pair, prompt, limit)
-    assert_speculated(outputs)
+    for adaptive in (False, True):
+        batch = SpeculativeDecoder(pair, gamma=3, adaptive=adaptive).batch(4)
+        traces.append(batch.trace)
+        order = sorted(range(len(prompts)), key=lambda i: lengths[i])  # as ``generate`` admits them
+        outputs = dict(stream_through(batch, [DecodeRow(prompts[i], limits[i]) for i in order], order))
+        outputs = [outputs[i] for i in range(len(prompts))]
+        for prompt, limit, output in zip(prompts, limits, outputs, strict=True):
+            assert output.token_ids == target_alone(pair, prompt, limit)
+        assert_speculated(outputs)
+    steps = [step for trace in traces for step in trace.steps]
+    assert any(step.source == "lookup" and step.width and not step.draft_forwards for step in steps), \
+        "no lookup step left the draft a backlog"
+    assert any(step.live and not step.width and not step.draft_forwards for step in traces[1].steps[:3]), \
+        "the adaptive stream's exploration took no plain step"
 
     requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE], max_new_tokens=8) for doc in DOCS]
 
@@ -216,10 +227,16 @@ def test_compiled_engine_is_identical_and_never_recompiles():
                for shape in (step.target_shape, step.draft_shape) if shape is not None]
     assert any(shape.batch > shape.rows for shape in planned), "no step padded its batch: the check proves little"
     for name, counter in counters(pair).items():
+        runner = runner_of(getattr(pair, name))
         assert counter.graph_breaks == 0, name
         assert counter.recompiles == 0, name
         assert counter.compiles >= 1, f"the {name}'s forwards were never compiled"
-        assert len(counter.shapes) <= 16, f"{name}: {sorted(counter.shapes)}"
+        assert counter.compiles == sum(w.compiles for w in runner.warm_ups), f"the {name} compiled after warm-up"
+        assert len(counter.shapes) <= sum(w.shapes for w in runner.warm_ups), f"{name}: {sorted(counter.shapes)}"
+    steps = [step for trace in traces for step in trace.steps]
+    fed = {(step.draft_feed, step.draft_shape.width, step.feed_chunks) for step in steps if step.draft_shape}
+    assert any(3 <= feed <= 6 and width == 6 for feed, width, _ in fed), f"no feed padded to gamma + 3: {fed}"
+    assert any(chunks > 1 for *_, chunks in fed), f"no feed ran in chunks: {fed}"
     draft = counters(pair)["draft"]  # a chain's shape names its forwards: (batch, 1, columns, forwards, flags)
     chains = sum(calls for shape, calls in draft.shapes.items() if len(shape) > 3)
     assert draft.chained_forwards > chains > 0, "a step's draft forwards after its first did not run as one call"
@@ -265,6 +282,9 @@ def test_a_warmed_up_compiled_engine_compiles_nothing_while_it_decodes():
     and decode as eager does. A decoder asked to warm up compiles a new cache's shapes when it allocates it."""
     from tests.test_kv_pools import Buffers
 
+    # dynamo keeps graphs by code object, across pairs: an earlier test's warm-up at these shapes (a one-layer
+    # pair's, batch 4, 64 columns) would leave this one nothing to compile
+    torch._dynamo.reset()
     pair = tiny_pair(layers=1)
     prompts = random_prompts(pair, [6, 13, 9], seed=4)
 
@@ -275,7 +295,7 @@ def test_a_warmed_up_compiled_engine_compiles_nothing_while_it_decodes():
     decoder = SpeculativeDecoder(pair, gamma=1, adaptive=False, prompt_lookup=False, capture="compile")
     reports = decoder.warm(max_batch=2, columns=64)
     assert {name: (r["shapes"], r["capacity"]) for name, r in reports.items()} == {
-        "target": (4, 64), "draft": (4, 64)}  # batch buckets 1, 2 at widths 1, 2
+        "target": (4, 64), "draft": (6, 64)}  # batch buckets 1, 2 at widths 1, 2 (and the draft's feed width 4)
     assert all(r["compiles"] >= 1 for r in reports.values())
     assert decoder.warm(max_batch=2, columns=64) == {}, "a warmed shape is warmed again"
     compiles = {name: c.compiles for name, c in counters(pair).items()}

@@ -21,7 +21,7 @@ from sidecar.decoding.batch import SlotBatch, check_row, stream_through
 from sidecar.decoding.capture_choice import choose_cpu_capture, timed_shape
 from sidecar.decoding.controller import GammaController
 from sidecar.decoding.draft_chain import warm_chain
-from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner
+from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner, feed_widths
 from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
 from sidecar.decoding.sampling import Sampling
@@ -118,7 +118,7 @@ class SpeculativeDecoder:
         use_capture(pair, capture or pair.capture or pair.capture_mode or None, max_batch, gamma)
         warm_up = allocation_default() if warm_up is None else warm_up
         set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
-        set_widths(pair.draft, {1, 2}, warm_up)
+        set_widths(pair.draft, feed_widths(gamma), warm_up)  # a first feed's widths: wider ones run in chunks
         # a step's draft forwards after its first, chained (``sidecar.decoding.draft_chain``): 1 .. gamma - 1
         target_vocab = pair.target.get_output_embeddings().out_features
         set_chains(pair.draft, set(range(1, gamma)),

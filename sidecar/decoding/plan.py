@@ -15,6 +15,14 @@ Terms, per step:
 - the first draft forward feeds each draft row its *feed*: for a main row, what its draft lacks (its
   backlog and pending token); for a catching-up row, the rest of its output; for a draft-only row, its
   pending token, or its join feed (a sidecar's bridge) on its first step.
+- *feed chunks*: where the draft's forwards compile, the feeds take only the widths warm-up compiled
+  (``feed_widths``): 1, 2 and F = gamma + 3, the widest backlog a step that ran no draft forward leaves after
+  a step that did (the last accepted draft, the old pending token, up to gamma copies, the new pending token).
+  A feed of 3 .. F columns pads to F; a wider one (a sidecar's bridge, a finished row catching up, a run of
+  plain steps) runs as ``feed_chunks`` forwards of F columns before the draft positions' forwards go on,
+  token p of a row's feed in chunk p // F at column p % F (a row whose feed has ended is padding in the later
+  chunks). Each row's first draft token comes from the chunk its feed ends in. Eager mode feeds any width in
+  one forward, at its real shape.
 - *shapes*: the rows, padded batch and query width each forward takes (``ForwardShape``): capture's buckets
   (``sidecar.runtime.capture.decode_shape``: ``batch_bucket``/``width_bucket``) when the model's runner is
   static, the real ones otherwise. They are what runs: the runner passes each forward its plan's shape and the
@@ -49,7 +57,7 @@ from sidecar.decoding.controller import GammaController, Source
 from sidecar.decoding.draft_chain import chain_applies
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.decoding.rows import LiveRow, MainRow
-from sidecar.runtime.capture import ForwardShape, decode_shape, runner_of
+from sidecar.runtime.capture import ForwardShape, decode_shape, runner_of, width_bucket
 
 if TYPE_CHECKING:
     from sidecar.runtime.slots import SlotPool
@@ -76,6 +84,27 @@ class TargetChoice:
         return [cap > 0 and not copy for cap, copy in zip(self.caps, self.copies, strict=True)]
 
 
+def feed_widths(gamma: int) -> set[int]:
+    """The first draft forward's widths where the draft compiles (warm-up's: ``SpeculativeDecoder``): 1 (the
+    pending token), 2 (the last accepted draft and the pending token) and F = gamma + 3 (padded as
+    ``width_bucket`` says): the backlog of a lookup step that ran no draft forward fits it whole (the last
+    accepted draft, the pending token, gamma copies, the new pending token), so copying costs no extra forward;
+    a wider feed runs as chunks of F (``feed_chunking``)."""
+    return {1, 2, width_bucket(gamma + 3)}
+
+
+def feed_chunking(widest: int, gamma: int, static: bool) -> tuple[int, int]:
+    """(width, chunks): the first draft forward's query width and how many forwards of it take feeds of at most
+    ``widest`` columns. Eager (not ``static``): one forward of ``widest``. Compiled: 1 or 2 as they are, 3 .. F
+    (``feed_widths``' widest) padded to F, wider in ceil(widest / F) forwards of F: no feed compiles a shape
+    warm-up did not (each would cost a compile, on CUDA a graph, per batch bucket, mid-run); a chunk costs a
+    draft forward, and padding columns next to nothing at decode widths on a GPU."""
+    if not static or widest <= 2:
+        return widest, 1
+    chunk = max(feed_widths(gamma))
+    return chunk, -(-widest // chunk)
+
+
 def forward_shape(pool: SlotPool, rows: int, width: int) -> ForwardShape:
     """The shape of a decode forward of ``rows`` rows and ``width`` columns over ``pool``: capture's buckets
     when its model's runner compiles (``StackRunner.static``), the real shape otherwise (``decode_shape``)."""
@@ -90,9 +119,10 @@ class StepPlan(TargetChoice):
     whose proposals this step verifies); for target row ``t``, ``draft_slot[t]`` is its draft row (-1: none).
     ``target_shape`` is the verify's (or the plain step's) at ``width`` (None: no target row; drafting that
     stops early verifies fewer columns: ``verify_shape``), ``draft_shape`` the first draft forward's (None: no
-    draft forward), ``next_draft_shape`` the later draft forwards', one column each, and a chain's (None: at
-    most one draft forward). ``chained_forwards``: how many of the draft forwards, all but the first, run as
-    one compiled chain (``sidecar.decoding.draft_chain``)."""
+    draft forward; each of its ``feed_chunks`` forwards takes it), ``next_draft_shape`` the later draft
+    forwards', one column each, and a chain's (None: at most one draft forward). ``chained_forwards``: how many
+    of the draft forwards, all but the first, run as one compiled chain (``sidecar.decoding.draft_chain``).
+    ``draft_forwards`` counts draft positions: the first's feed chunks make ``feed_chunks - 1`` forwards more."""
 
     target_rows: tuple[MainRow, ...] = ()
     draft_rows: tuple[LiveRow, ...] = ()
@@ -104,6 +134,16 @@ class StepPlan(TargetChoice):
     draft_shape: ForwardShape | None = None
     next_draft_shape: ForwardShape | None = None
     chained_forwards: int = 0  # draft forwards after the first run as one compiled call (0: each on its own)
+    feed_chunks: int = 1  # forwards the first draft position's feeds take (``feed_chunking``)
+
+    def feed_chunk(self, chunk: int) -> list[tuple[int, ...]]:
+        """Each draft row's tokens in feed chunk ``chunk`` (the whole feed where there is one chunk): token p
+        of a feed is in chunk p // width, () where the feed ended in an earlier chunk."""
+        if self.feed_chunks == 1:
+            return list(self.feeds)
+        assert self.draft_shape is not None
+        width = self.draft_shape.width
+        return [feed[chunk * width : (chunk + 1) * width] for feed in self.feeds]
 
     def verify_shape(self, width: int) -> ForwardShape:
         """The target forward's shape when the verify sees ``width`` drafts: ``target_shape``, or, where drafting
@@ -145,12 +185,15 @@ class StepPlanner:
         stop_early = choice.stop_early and not (draft_runner is not None and draft_runner.static)
         chained = forwards - 1 if chain_applies(draft_runner, draft_rows, forwards, stop_early) else 0
         target_shape = draft_shape = next_draft_shape = None
+        chunks = 1
         if target_rows:
             assert target_pool is not None
             target_shape = forward_shape(target_pool, len(target_rows), choice.width + 1)
         if forwards:
             assert draft_pool is not None
-            draft_shape = forward_shape(draft_pool, len(draft_rows), max(map(len, feeds)))
+            static = draft_runner is not None and draft_runner.static
+            width, chunks = feed_chunking(max(map(len, feeds)), self.gamma, static)
+            draft_shape = forward_shape(draft_pool, len(draft_rows), width)
         if forwards > 1:
             next_draft_shape = forward_shape(draft_pool, len(draft_rows), 1)
         return StepPlan(choice.width, choice.source, choice.copies, choice.caps, stop_early,
@@ -158,7 +201,7 @@ class StepPlanner:
                         feeds=feeds, drafting=tuple(id(r) in drafts for r in draft_rows),
                         draft_slot=tuple(slot_of.get(id(r), -1) for r in target_rows),
                         target_shape=target_shape, draft_shape=draft_shape, next_draft_shape=next_draft_shape,
-                        chained_forwards=chained)
+                        chained_forwards=chained, feed_chunks=chunks)
 
     def choose(self, rows: Sequence[MainRow], riders: int = 0) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not

@@ -2,7 +2,9 @@
 pool, then one read of the device (``StepRunner.run``). The terms are ``sidecar.decoding.plan``'s.
 
     draft forward k (k < draft_forwards), over every draft row:
-        k = 0 feeds each row its feed, k > 0 the token it chose at k - 1
+        k = 0 feeds each row its feed, k > 0 the token it chose at k - 1; compiled modes: a feed wider than
+              the widths warm-up compiled runs in the plan's ``feed_chunks`` forwards, each row's first token
+              from the chunk its feed ends in
         a main row drafting from the model proposes its token (draws of purpose DRAFT);
         a draft-only row commits it (draws of purpose NEXT: it is the row's output), within its constraint
         drafting may stop early once no drafting row is confident (one read per forward; eager mode only)
@@ -188,10 +190,12 @@ class StepRunner:
                 probs += [] if chained_probs is None else chained_probs.unbind(1)
                 logits_kept += [] if chained_logits is None else chained_logits.unbind(1)
                 break
+            carried = None  # [B_d, 1, H]: each row's state at its last fed token, from the feed's earlier chunks
             if k == 0:
-                ids, valid = pad_rows(plan.feeds, device)
-                index = last_columns(valid, device)
-                charges = draft_charges(rows, valid, first=True)
+                carried, ends, column = self._feed_chunks(cache, rows, plan)
+                ids, valid = pad_rows(plan.feed_chunk(plan.feed_chunks - 1), device)
+                index = last_columns(valid, device) if carried is None else column
+                charges = [c for c in draft_charges(rows, valid, first=True) if c.tokens or plan.feed_chunks == 1]
             else:
                 ids, valid = tokens[-1][:, None], 1
                 index = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -202,6 +206,9 @@ class StepRunner:
                 hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid,
                                  shape=plan.next_draft_shape if k else plan.draft_shape)
                 cache.commit(valid)
+                if carried is not None:  # a row whose feed ended in an earlier chunk takes its state from there
+                    last = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+                    hidden, index = torch.where(ends[:, None, None], last, carried), torch.zeros_like(index)
                 logits = align_vocab(logits_at(self.pair.draft, hidden, index)[:, 0], self.target_vocab)  # [B_d, V]
                 constrain(logits, matchers)
                 token = logits.argmax(-1)
@@ -237,6 +244,34 @@ class StepRunner:
             elif stop is not None and to_host(stop)[0]:
                 break
         return torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, logits_kept
+
+    def _feed_chunks(self, cache: RowKVCache, rows: Sequence[LiveRow],
+                     plan: StepPlan) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Run the feeds' chunks but the last (``StepPlan.feed_chunks``; none where the feeds take one forward),
+        each a draft forward at ``plan.draft_shape``, committed. Returns (each row's hidden state at its last fed
+        token [B_d, 1, H], from the chunk its feed ended in; whether its feed ends in the last chunk [B_d]; the
+        column it ends at there [B_d, 1], 0 for a row whose feed ended before), or Nones without chunks."""
+        if plan.feed_chunks == 1:
+            return None, None, None
+        device, batch, width = self.pair.device, len(rows), plan.draft_shape.width
+        chunk_of = to_device([(len(feed) - 1) // width for feed in plan.feeds], device)  # [B_d]
+        column = to_device([[(len(feed) - 1) % width] for feed in plan.feeds], device)  # [B_d, 1]
+        carried = None
+        for chunk in range(plan.feed_chunks - 1):
+            ids, valid = pad_rows(plan.feed_chunk(chunk), device)
+            charges = [c for c in draft_charges(rows, valid, first=True) if c.tokens]
+            context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
+            with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
+                                     also=self.controller.forward_cost("draft", ids.numel())):
+                hidden = forward(self.pair.draft, cache, ids, valid=valid, shape=plan.draft_shape)
+                cache.commit(valid)
+                last = hidden.gather(1, column[..., None].expand(-1, -1, hidden.shape[-1]))  # [B_d, 1, H]
+                carried = last if carried is None else torch.where((chunk_of == chunk)[:, None, None], last, carried)
+        last_chunk = plan.feed_chunks - 1
+        ends = [(len(feed) - 1) // width == last_chunk for feed in plan.feeds]
+        index = to_device([[(len(feed) - 1) % width if end else 0] for feed, end in zip(plan.feeds, ends, strict=True)],
+                          device)
+        return carried, to_device(ends, device, torch.bool), index
 
     def _target_drafts(self, plan: StepPlan, draft_ids: torch.Tensor, draft_probs: torch.Tensor | None, width: int,
                        rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:

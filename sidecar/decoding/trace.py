@@ -35,6 +35,7 @@ class StepRecord:
     draft_shape: ForwardShape | None = None  # the first draft forward's (None: none ran)
     next_draft_shape: ForwardShape | None = None  # each later draft forward's, or their chain's
     chained_forwards: int = 0  # the later draft forwards that ran as one chain (``sidecar.decoding.draft_chain``)
+    feed_chunks: int = 0  # forwards the first draft forward's feeds took at ``draft_shape`` (>1: a chunked wide feed)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ class StepUpdate:
         riders = len(plan.draft_rows) - sum(isinstance(r, MainRow) and r.finish is None for r in plan.draft_rows)
         self.trace.add(StepRecord(len(plan.target_rows), width, forwards, feed, riders, plan.source,
                                   plan.verify_shape(width) if plan.target_rows else None, plan.draft_shape,
-                                  plan.next_draft_shape if forwards > 1 else None, plan.chained_forwards))
+                                  plan.next_draft_shape if forwards > 1 else None, plan.chained_forwards,
+                                  plan.feed_chunks if forwards else 0))
 
     @staticmethod
     def logprobs(rows: Sequence[LiveRow], logits: torch.Tensor,

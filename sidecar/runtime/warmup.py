@@ -6,8 +6,10 @@ controller measures.
 The shapes: for a cache of R rows and C columns, every batch bucket up to R (``capture.batch_bucket``) at each
 of the model's decode widths. The target's are 1 (a plain step) and 2 .. gamma + 1 (a verify of 1 .. gamma
 drafts: the width shrinks near the rows' limits and when drafting stops early); the draft's 1 (each draft
-forward after a step's first) and 2 (a step's first, feeding the last accepted draft and the pending token).
-Wider first feeds (a sidecar's bridge, a row catching up) compile when they come. The draft's chains of 1 ..
+forward after a step's first), 2 (a step's first, feeding the last accepted draft and the pending token) and
+gamma + 3 (``sidecar.decoding.plan.feed_widths``: a first feed of 3 .. gamma + 3 columns, the backlog of plain
+or lookup steps, pads to it; a wider one, a sidecar's bridge or a row catching up, runs as forwards of it), so
+no feed compiles after warm-up. The draft's chains of 1 ..
 gamma - 1 forwards (``sidecar.decoding.draft_chain``, set by ``set_chains``) are warmed greedy at every batch
 bucket; a sampled batch's chain compiles when it first comes.
 
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -47,6 +50,7 @@ class WarmUp:
     compiles: int
     seconds: float
     graph_bytes: int  # CUDA memory the graphs took (0 off CUDA and in compile mode)
+    calls: Counter = field(default_factory=Counter)  # the runner's calls per shape key (``CaptureCounters.shapes``)
 
     def as_dict(self) -> dict:
         return {"rows": self.rows, "capacity": self.capacity, "shapes": self.shapes, "compiles": self.compiles,
@@ -142,6 +146,7 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
         return None
     counters = runner.counters
     compiles, graph_bytes, started = counters.compiles, counters.graph_bytes, time.perf_counter()
+    ran_before = Counter(counters.shapes)
     buckets = batch_buckets(cache.batch_size)
     shapes = [(bucket, width, False) for bucket in buckets for width in sorted(runner.widths)]
     if runner.warm_chain is not None:
@@ -158,7 +163,7 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
                     runner(cache.rows_view(0, bucket), ids)
     runner.warmed.add(key)
     report = WarmUp(cache.batch_size, cache.capacity, len(shapes), counters.compiles - compiles,
-                    time.perf_counter() - started, counters.graph_bytes - graph_bytes)
+                    time.perf_counter() - started, counters.graph_bytes - graph_bytes, counters.shapes - ran_before)
     runner.warm_ups.append(report)
     logger.info("%s: %d shapes, %d compiles in %.1f s, graphs %d bytes", what, report.shapes, report.compiles,
                 report.seconds, report.graph_bytes)
