@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from sidecar.decoding.decoder import SpeculativeDecoder
-from sidecar.decoding.plan import ForwardShape, forward_shape
+from sidecar.decoding.plan import ForwardShape, StepPlan, feed_chunking, feed_widths, forward_shape
 from sidecar.decoding.rows import DecodeRow
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import attach, runner_of
@@ -59,3 +59,20 @@ def test_a_forwards_shape_is_captures_bucket_when_its_runner_compiles(mode, shap
         assert [forward_shape(pool, s.rows, w) for s, w in zip(shapes, (4, 9, 1), strict=True)] == shapes
     finally:
         attach(pair.target, before.mode if before is not None else "hf")
+
+
+def test_a_compiled_draft_feed_takes_a_warmed_width_and_a_wider_one_runs_in_chunks():
+    """Where the draft compiles, a first draft feed takes only the widths warm-up compiles (1, 2, gamma + 3, as
+    ``width_bucket`` pads it): 3 .. gamma + 3 columns pad to gamma + 3, wider run as chunks of it, each row's
+    tokens left-aligned by feed position (token p in chunk p // F, column p % F). Eager: one forward, real width."""
+    assert feed_widths(3) == {1, 2, 6} and feed_widths(1) == {1, 2, 4} and feed_widths(6) == {1, 2, 16}
+    assert [feed_chunking(n, 3, static=True) for n in (1, 2, 3, 6, 7, 12, 13)] == [
+        (1, 1), (2, 1), (6, 1), (6, 1), (6, 2), (6, 2), (6, 3)]
+    assert [feed_chunking(n, 3, static=False) for n in (1, 3, 13)] == [(1, 1), (3, 1), (13, 1)]
+    feeds = (tuple(range(1, 14)), (20, 21), (30,) * 7)
+    plan = StepPlan(0, "draft", (), (), False, feeds=feeds, draft_forwards=1,
+                    draft_shape=ForwardShape(3, 4, 6), feed_chunks=3)
+    assert [plan.feed_chunk(c) for c in range(3)] == [
+        [(1, 2, 3, 4, 5, 6), (20, 21), (30,) * 6], [(7, 8, 9, 10, 11, 12), (), (30,)], [(13,), (), ()]]
+    one = dataclasses.replace(plan, draft_shape=ForwardShape(3, 3, 13), feed_chunks=1)
+    assert one.feed_chunk(0) == list(feeds)
