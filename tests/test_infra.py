@@ -39,10 +39,15 @@ case "$1 $2" in
   "automation create") echo "$*" > "$FAKE_STATE/automation-$(sed -n 's/^name: //p' "$4")" ;;
   "--no-prompt automation") [ "$3" = delete ] && rm "$FAKE_STATE/automation-$4" ;;
   "worker start")
-    sleep 600 &
-    trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
+    if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_STAY_LIMIT:-}" ]; then
+      trap '' TERM  # as Prefect 3.9's worker often does: still up after SIGTERM
+    else
+      sleep 600 &
+      trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
+    fi
     echo "worker $* CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SIDECAR_GPU_LIMIT=${SIDECAR_GPU_LIMIT-}" \
       "SIDECAR_CPU_SLOT=${SIDECAR_CPU_SLOT-} OMP_NUM_THREADS=${OMP_NUM_THREADS-}"
+    if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_STAY_LIMIT:-}" ]; then while :; do sleep 0.1; done; fi
     if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_EXIT_LIMIT:-}" ]; then sleep 1; kill $!; exit 7; fi
     wait ;;
   *) exit 3 ;;
@@ -242,6 +247,18 @@ def test_a_worker_that_exits_stops_the_others_with_its_status(fake_bin: dict[str
     assert proc.returncode == 7, out
     assert {"stopped gpu-h-0", "stopped gpu-h-2"} <= set(out.splitlines()), out
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.servers
+def test_a_worker_still_up_after_sigterm_is_killed_within_seconds(fake_bin: dict[str, str]) -> None:
+    """The script waited 10 s for it, and `sidecar ui`'s Ctrl-C and the deployment tests' teardowns with it;
+    a Prefect worker still up after its SIGTERM stays up, so the script now kills it after 3 s."""
+    proc, _ = start_workers(fake_bin | {"FAKE_STAY_LIMIT": "gpu-h-1"}, "--cpu", "2", count=2)
+    started = time.monotonic()
+    status, out = stop(proc)
+    lines = out.splitlines()
+    assert status == 143 and "stopped gpu-h-0" in lines and "stopped gpu-h-1" not in lines, out
+    assert time.monotonic() - started < 8, out
 
 
 def compose() -> dict:
