@@ -33,7 +33,8 @@ FAKE_PREFECT = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_STATE/calls"
 case "$1 $2" in
   "work-pool inspect"|"gcl inspect") [ -e "$FAKE_STATE/$1-$3" ] ;;
-  "work-pool create"|"gcl create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "work-pool create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "gcl create") [ ! -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;  # refused where it exists
   "gcl update") [ -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;
   "automation inspect") [ -e "$FAKE_STATE/automation-$3" ] ;;
   "automation create") echo "$*" > "$FAKE_STATE/automation-$(sed -n 's/^name: //p' "$4")" ;;
@@ -148,13 +149,18 @@ def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fak
         **{f"gcl-{name}": f"gcl create {name} --limit 1\n" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1",
                                                                           "gpu-gpu-b.lan-0")},
         "automation-sidecar-crash-silent-runs": "automation create --from-file infra/crash-silent-runs.yaml\n"}
+    # one prefect call per limit on a new server: each call imports Prefect, seconds on a busy machine
+    calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
+    assert [c for c in calls if c.startswith("gcl ")] == [
+        f"gcl create {name} --limit 1" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1", "gpu-gpu-b.lan-0")], calls
     # run again: nothing new is created, every limit is set back to one slot, the automation is replaced by
     # the file's current version
     Path(fake_bin["FAKE_STATE"], "calls").unlink()
     assert (done := run()).returncode == 0, done.stderr
     calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
     assert fake_state(fake_bin).keys() == state.keys()
-    assert [c for c in calls if " create " in c or " delete " in c] == [
+    # (a limit's create is tried first and refused: it exists)
+    assert [c for c in calls if (" create " in c or " delete " in c) and not c.startswith("gcl create ")] == [
         "--no-prompt automation delete sidecar-crash-silent-runs",
         "automation create --from-file infra/crash-silent-runs.yaml"], calls
     assert sorted(c for c in calls if c.startswith("gcl update")) == sorted(
