@@ -30,7 +30,7 @@ DEPLOY_TIMEOUT_S = 300
 WORKER_START_TIMEOUT_S = 120
 STOP_GRACE_S = 30
 # Prefect 3.9's process worker stays up after the SIGTERM (a SIGINT to itself) it documents as graceful,
-# so it gets a few seconds only; its flow runs get signals of their own. gpu-workers.sh gives its workers 10 s.
+# so it gets a few seconds only; its flow runs get signals of their own. gpu-workers.sh gives its workers 3 s.
 WORKER_STOP_GRACE_S = 3
 # each work pool with the infra/ script that starts its workers and their stop grace
 WORKERS = (("sidecar-control", "worker", WORKER_STOP_GRACE_S), ("sidecar-gpu", "gpu-workers", 15))

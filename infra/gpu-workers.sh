@@ -39,10 +39,13 @@ if [ "$cpu" -eq 0 ]; then
 fi
 
 pids=()
-stop() {  # SIGTERM to every worker, SIGKILL to those still up after 10 s (a process worker may linger)
+# SIGTERM to every worker, SIGKILL to those still up after 3 s: Prefect 3.9's process worker turns the SIGTERM
+# into a SIGINT to itself and often stays up after it, so a longer wait only delays the stop (its flow runs run
+# in sessions of their own and get signals of their own)
+stop() {
   trap - TERM INT
   kill -TERM "${pids[@]}" 2>/dev/null || true
-  for _ in $(seq 100); do
+  for _ in $(seq 30); do
     alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [ "$alive" -eq 1 ] || break

@@ -34,11 +34,9 @@ done
 pool() {
   $prefect work-pool inspect "$1" >/dev/null 2>&1 || $prefect work-pool create "$1" --type process
 }
-limit() {
-  if $prefect gcl inspect "$1" >/dev/null 2>&1; then
+limit() {  # created, or set back to one slot where it exists: one prefect call on a new server, not two
+  if ! $prefect gcl create "$1" --limit 1 >/dev/null 2>&1; then
     $prefect gcl update "$1" --limit 1 >/dev/null
-  else
-    $prefect gcl create "$1" --limit 1 >/dev/null
   fi
   echo "concurrency limit $1: 1 slot"
 }

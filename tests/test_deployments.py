@@ -46,16 +46,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    """SIGTERM the process group, SIGKILL what is left after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+def stop(*procs: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM each process's group at once, SIGKILL the groups of those still up after ``grace_s``."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+# Prefect 3.9's process worker turns a SIGTERM into a SIGINT to itself and then often stays up (idle in its event
+# loop, or after printing "Worker stopped!"): the module's teardown waited out the 30 s grace for the control
+# worker, and gpu-workers.sh its own 10 s before its SIGKILL (tests/test_deployments_postgres.py's teardown took
+# 35-46 s in `make test`). `sidecar ui` gives such a worker 3 s (cli/ui.py); the workers here get as long, all at once.
+WORKER_STOP_GRACE_S = 3
 
 
 @contextlib.contextmanager
@@ -216,8 +225,7 @@ def workers(env: dict[str, str], logs: Path) -> Iterator[dict[str, subprocess.Po
                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         yield started
     finally:
-        for proc in reversed(started.values()):
-            stop(proc)
+        stop(*started.values(), grace_s=WORKER_STOP_GRACE_S)
 
 
 # the workers by pool, and the directory of their logs

@@ -33,16 +33,22 @@ FAKE_PREFECT = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_STATE/calls"
 case "$1 $2" in
   "work-pool inspect"|"gcl inspect") [ -e "$FAKE_STATE/$1-$3" ] ;;
-  "work-pool create"|"gcl create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "work-pool create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
+  "gcl create") [ ! -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;  # refused where it exists
   "gcl update") [ -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;
   "automation inspect") [ -e "$FAKE_STATE/automation-$3" ] ;;
   "automation create") echo "$*" > "$FAKE_STATE/automation-$(sed -n 's/^name: //p' "$4")" ;;
   "--no-prompt automation") [ "$3" = delete ] && rm "$FAKE_STATE/automation-$4" ;;
   "worker start")
-    sleep 600 &
-    trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
+    if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_STAY_LIMIT:-}" ]; then
+      trap '' TERM  # as Prefect 3.9's worker often does: still up after SIGTERM
+    else
+      sleep 600 &
+      trap 'kill $!; echo "stopped $SIDECAR_GPU_LIMIT"; exit 0' TERM
+    fi
     echo "worker $* CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SIDECAR_GPU_LIMIT=${SIDECAR_GPU_LIMIT-}" \
       "SIDECAR_CPU_SLOT=${SIDECAR_CPU_SLOT-} OMP_NUM_THREADS=${OMP_NUM_THREADS-}"
+    if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_STAY_LIMIT:-}" ]; then while :; do sleep 0.1; done; fi
     if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_EXIT_LIMIT:-}" ]; then sleep 1; kill $!; exit 7; fi
     wait ;;
   *) exit 3 ;;
@@ -143,13 +149,18 @@ def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fak
         **{f"gcl-{name}": f"gcl create {name} --limit 1\n" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1",
                                                                           "gpu-gpu-b.lan-0")},
         "automation-sidecar-crash-silent-runs": "automation create --from-file infra/crash-silent-runs.yaml\n"}
+    # one prefect call per limit on a new server: each call imports Prefect, seconds on a busy machine
+    calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
+    assert [c for c in calls if c.startswith("gcl ")] == [
+        f"gcl create {name} --limit 1" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1", "gpu-gpu-b.lan-0")], calls
     # run again: nothing new is created, every limit is set back to one slot, the automation is replaced by
     # the file's current version
     Path(fake_bin["FAKE_STATE"], "calls").unlink()
     assert (done := run()).returncode == 0, done.stderr
     calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
     assert fake_state(fake_bin).keys() == state.keys()
-    assert [c for c in calls if " create " in c or " delete " in c] == [
+    # (a limit's create is tried first and refused: it exists)
+    assert [c for c in calls if (" create " in c or " delete " in c) and not c.startswith("gcl create ")] == [
         "--no-prompt automation delete sidecar-crash-silent-runs",
         "automation create --from-file infra/crash-silent-runs.yaml"], calls
     assert sorted(c for c in calls if c.startswith("gcl update")) == sorted(
@@ -242,6 +253,18 @@ def test_a_worker_that_exits_stops_the_others_with_its_status(fake_bin: dict[str
     assert proc.returncode == 7, out
     assert {"stopped gpu-h-0", "stopped gpu-h-2"} <= set(out.splitlines()), out
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.servers
+def test_a_worker_still_up_after_sigterm_is_killed_within_seconds(fake_bin: dict[str, str]) -> None:
+    """The script waited 10 s for it, and `sidecar ui`'s Ctrl-C and the deployment tests' teardowns with it;
+    a Prefect worker still up after its SIGTERM stays up, so the script now kills it after 3 s."""
+    proc, _ = start_workers(fake_bin | {"FAKE_STAY_LIMIT": "gpu-h-1"}, "--cpu", "2", count=2)
+    started = time.monotonic()
+    status, out = stop(proc)
+    lines = out.splitlines()
+    assert status == 143 and "stopped gpu-h-0" in lines and "stopped gpu-h-1" not in lines, out
+    assert time.monotonic() - started < 8, out
 
 
 def compose() -> dict:
