@@ -33,6 +33,17 @@ def starts_a_process(program: str) -> bool:
     return path.is_relative_to(Path(sys.executable).parent) or path.is_relative_to(REPO)
 
 
+def compiling() -> bool:
+    """Whether the caller is torch's compiler: inductor starts short Python helpers of its own (its CPU ISA probe
+    loads a freshly built library in one), part of a compile a fast test may do, not a server it starts."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if f"{Path('torch', '_inductor')}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def refuse_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Until the test ends, listening on a socket or starting a process ``starts_a_process`` names raises
     ``UnmarkedServer``; other commands (git, a linter) still run."""
@@ -43,7 +54,7 @@ def refuse_servers(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def checked_popen(self, args, *rest, **kwargs):
         program = args if isinstance(args, str | Path) else args[0]
-        if starts_a_process(str(program).split()[0] if kwargs.get("shell") else str(program)):
+        if starts_a_process(str(program).split()[0] if kwargs.get("shell") else str(program)) and not compiling():
             raise UnmarkedServer(f"this test starts {program}: mark it `servers` (tests/servers.py)")
         popen_init(self, args, *rest, **kwargs)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from servers import UnmarkedServer, refuse_servers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,22 @@ def test_a_fast_run_refuses_an_unmarked_test_that_starts_a_server_or_a_process(m
         sock.listen()
     # other commands (git, a linter) still run
     assert subprocess.run(["git", "--version"], capture_output=True, text=True).returncode == 0
+
+
+def test_a_fast_run_lets_the_compiler_start_its_own_helpers(monkeypatch) -> None:
+    """Inductor probes the CPU's vector ISA in a Python process of its own the first time a process loads a
+    compiled graph: part of a compile, which a fast test may do."""
+    refuse_servers(monkeypatch)
+    source = "def start():\n    return subprocess.run([sys.executable, '-c', 'pass']).returncode\n"
+    for filename, allowed in ((str(Path(torch.__file__).parent / "_inductor" / "cpu_vec_isa.py"), True),
+                              (str(REPO / "sidecar" / "anything.py"), False)):
+        scope = {"subprocess": subprocess, "sys": sys}
+        exec(compile(source, filename, "exec"), scope)
+        if allowed:
+            assert scope["start"]() == 0
+        else:
+            with pytest.raises(UnmarkedServer, match="mark it `servers`"):
+                scope["start"]()
 
 
 def test_make_test_fast_deselects_the_tests_that_start_servers(pytestconfig: pytest.Config) -> None:
