@@ -11,7 +11,10 @@ target costs. This forward keeps only the arithmetic:
   spans), never on the host, over the cache's whole capacity, so its shape does not change from step to step;
 * keys and values scattered into the cache's buffers in place and attended with SDPA over the shared
   key/value heads (``enable_gqa``);
-* the model's own Linear modules (plain, oneDNN-packed or int8) and norm weights, so nothing is copied.
+* the model's own weights, so nothing is copied: a layer's q, k and v projections as one ``F.linear`` call, and
+  its gate and up projections as another, over weights stacked once whose rows the model's own layers now view
+  (``sidecar.runtime.fused_weights``); a oneDNN-packed or int8 Linear (``sidecar.models.cpu_kernels``) is called
+  as its module. A one-token forward is host time per op: a layer runs 27 aten ops where it ran 40.
 
 Every shape comes from the inputs' shapes, every branch from the config: ``torch.compile(fullgraph=True)``
 traces it whole, and on CUDA the compiled forward can be captured as a graph
@@ -24,9 +27,13 @@ real query attends), so padding a batch or a query up to a bucket never touches 
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+
+from sidecar.runtime.fused_weights import fuse, plain
 
 # the architectures whose decoder layers this forward reproduces (pre-norm RMSNorm, rotary attention with
 # optional q/k/v biases, SwiGLU MLP): Hugging Face's forward stays the path for any other
@@ -76,8 +83,36 @@ class DecoderStack(nn.Module):
         positions = torch.arange(config.max_position_embeddings, device=param.device)[None]
         with torch.no_grad():  # [1, P, D] each, in the model's dtype, exactly as the model's rotary module gives
             cos, sin = base.rotary_emb(torch.empty(0, dtype=param.dtype, device=param.device), positions)
-        self.register_buffer("cos", cos[0], persistent=False)  # [P, D]
-        self.register_buffer("sin", sin[0], persistent=False)
+        half = self.head_dim // 2
+        # [P, 2D]: cos, then sin with its first half negated, so that RoPE is x * cos + roll(x) * sin: Hugging
+        # Face's rotate_half negates those x instead, the same products
+        self.register_buffer("rope", torch.cat((cos[0], -sin[0, :, :half], sin[0, :, half:]), -1), persistent=False)
+        self.plan = [self._layer_plan(layer) for layer in self.layers]
+
+    @staticmethod
+    def _layer_plan(layer: nn.Module) -> tuple:
+        """One layer's weights as this forward calls them: (input norm weight, qkv, o, post-attention norm
+        weight, gate_up, down). A projection is a callable of the normed input: ``F.linear`` over the weights
+        of plain Linear modules (q, k, v stacked in one weight, gate and up in another: ``fused_weights``),
+        else the module itself (a oneDNN-packed or int8 one); qkv and gate_up are a tuple of three (two) where
+        they could not be stacked. Calling ``F.linear`` directly skips a module call's host time per Linear."""
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def projection(weights: tuple[torch.Tensor, torch.Tensor | None] | None, *modules: nn.Module):
+            if weights is None:
+                return modules if len(modules) > 1 else modules[0]
+            # parameters, so that a compiled region treats them as static (CUDA graphs read them in place)
+            weight, bias = (t if t is None or isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
+                            for t in weights)
+            return partial(nn.functional.linear, weight=weight, bias=bias)
+
+        def single(linear: nn.Module):
+            return projection((linear.weight, linear.bias) if plain(linear) else None, linear)
+
+        return (layer.input_layernorm.weight,
+                projection(fuse((attn.q_proj, attn.k_proj, attn.v_proj)), attn.q_proj, attn.k_proj, attn.v_proj),
+                single(attn.o_proj), layer.post_attention_layernorm.weight,
+                projection(fuse((mlp.gate_proj, mlp.up_proj)), mlp.gate_proj, mlp.up_proj), single(mlp.down_proj))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Hugging Face's RMSNorm: normalised in fp32, the weight applied in the input's dtype (one fused op
@@ -86,22 +121,17 @@ class DecoderStack(nn.Module):
             return torch.nn.functional.rms_norm(x, weight.shape, weight, self.eps)
         return weight * torch.nn.functional.rms_norm(x.float(), weight.shape, eps=self.eps).to(x.dtype)
 
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """RoPE on [B, h, q, D] with cos/sin [B, 1, q, D]."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
-
     def forward(self, ids: torch.Tensor, rows: torch.Tensor, query_span: torch.Tensor, keys: list[torch.Tensor],
                 values: list[torch.Tensor], visible: torch.Tensor, span: torch.Tensor,
                 attend: int | None = None) -> torch.Tensor:
         batch, width = ids.shape
+        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        half, rotary = head_dim // 2, heads + kv_heads
         trash = keys[0].shape[2] - 1
         step = torch.arange(width, device=ids.device)
         real = step[None, :] < rows[:, VALID, None]  # [B, q]
         write = torch.where(real, rows[:, LENGTH, None] + step[None, :], trash)  # [B, q]
-        positions = (write + rows[:, OFFSET, None]).clamp(0, self.cos.shape[0] - 1)
+        positions = (write + rows[:, OFFSET, None]).clamp(0, self.rope.shape[0] - 1)
         query_span = torch.where(real, query_span, -1)
         columns = trash + 1 if attend is None else attend
 
@@ -114,27 +144,30 @@ class DecoderStack(nn.Module):
         same_span = (seen == query_span[:, :, None]) & (query_span[:, :, None] >= 0)
         allowed = (causal & (visible[:, None, :columns] | same_span))[:, None]  # [B, 1, q, columns]
 
-        cos = self.cos[positions][:, None]  # [B, 1, q, D]
-        sin = self.sin[positions][:, None]
+        cos, sin = torch.nn.functional.embedding(positions, self.rope)[:, None].chunk(2, -1)  # [B, 1, q, D] each
         # a target with more embedding rows than its draft can emit ids the draft cannot embed; the draft only
         # proposes, so a stand-in id there costs acceptance, never correctness
         ids = torch.where(ids < self.vocab, ids, 0)
         hidden = self.embed(ids)  # [B, q, H]
-        index = write[:, None, :, None].expand(batch, self.kv_heads, width, self.head_dim)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self.rms_norm(hidden, layer.input_layernorm.weight)
-            q = attn.q_proj(x).view(batch, width, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        index = write[:, None, :, None].expand(batch, kv_heads, width, head_dim)
+        for i, (attn_norm, qkv, o_proj, mlp_norm, gate_up, down_proj) in enumerate(self.plan):
+            x = self.rms_norm(hidden, attn_norm)
+            if isinstance(qkv, tuple):  # three modules
+                q, k, v = [proj(x).view(batch, width, -1, head_dim).transpose(1, 2) for proj in qkv]
+                q = q * cos + q.roll(half, -1) * sin
+                k = k * cos + k.roll(half, -1) * sin
+            else:  # one Linear: [B, heads + 2 kv_heads, q, D], RoPE on the query and key heads at once
+                projected = qkv(x).view(batch, width, -1, head_dim).transpose(1, 2)
+                rope = projected[:, :rotary]
+                q, k = (rope * cos + rope.roll(half, -1) * sin).split((heads, kv_heads), 1)
+                v = projected[:, rotary:]
             keys[i].scatter_(2, index, k)
             values[i].scatter_(2, index, v)
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, keys[i][:, :, :columns], values[i][:, :, :columns], attn_mask=allowed, scale=self.scale,
-                enable_gqa=self.heads != self.kv_heads)
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, width, self.heads * self.head_dim))
-            mlp = layer.mlp
-            x = self.rms_norm(hidden, layer.post_attention_layernorm.weight)
-            hidden = hidden + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+                enable_gqa=heads != kv_heads)
+            hidden = hidden + o_proj(out.transpose(1, 2).reshape(batch, width, heads * head_dim))
+            x = self.rms_norm(hidden, mlp_norm)
+            gate, up = [proj(x) for proj in gate_up] if isinstance(gate_up, tuple) else gate_up(x).chunk(2, -1)
+            hidden = hidden + down_proj(torch.nn.functional.silu(gate) * up)
         return self.rms_norm(hidden, self.norm.weight)

@@ -1,0 +1,107 @@
+"""Our decoder stack's layer (``sidecar.runtime.decoder_stack``): one Linear call for q, k and v and one for gate
+and up over weights the model shares (``sidecar.runtime.fused_weights``), and the same hidden states as Hugging
+Face's forward whether the Linear layers are plain (stacked) or oneDNN-packed (called as modules)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from sidecar.models.cpu_kernels import OneDNNLinear, onednn_available, use_onednn_linear
+from sidecar.models.tiny import tiny_pair
+from sidecar.runtime.capture import attach
+from sidecar.runtime.decoder_stack import DecoderStack
+from sidecar.runtime.forward import forward, prefill
+from sidecar.runtime.fused_weights import fuse
+from sidecar.runtime.kv_cache import RowKVCache
+from tests.decoding import random_prompts
+
+
+class LinearCalls(TorchFunctionMode):
+    """Counts ``F.linear`` calls, whoever makes them (a module or a direct call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += func is nn.functional.linear
+        return func(*args, **(kwargs or {}))
+
+
+def hidden_states(pair, mode: str) -> list[torch.Tensor]:
+    """A prefill, a padded three-token forward and a one-token forward of the target in ``mode``."""
+    model = pair.target
+    attach(model, mode)
+    try:
+        prompts = random_prompts(pair, [9, 4, 12], seed=1)
+        cache = RowKVCache(model, 3, 64)
+        with torch.inference_mode():
+            last = prefill(model, cache, prompts, None, hidden_spans=[[(2, 5)], [], [(0, 3)]], share_prefix=False)
+            ids = torch.tensor(random_prompts(pair, [3, 3, 3], seed=2))
+            wide = forward(model, cache, ids, valid=[3, 2, 3])
+            cache.commit([3, 2, 3])
+            one = forward(model, cache, ids[:, :1])
+        return [last, wide[0], wide[1, :2], wide[2], one]
+    finally:
+        attach(model, "hf")
+
+
+def test_a_layer_calls_one_linear_for_q_k_v_and_one_for_gate_up():
+    pair = tiny_pair(layers=3)
+    stack = DecoderStack(pair.target)
+    cache = RowKVCache(pair.target, 1, 64)
+    rows = torch.tensor([[0, 0, 1]])
+    with torch.inference_mode(), LinearCalls() as counted:
+        stack(torch.tensor([[5]]), rows, torch.tensor([[-1]]), cache.keys, cache.values, cache.visible, cache.span)
+    assert counted.calls == 3 * 4  # qkv, o, gate_up, down
+
+
+def test_stacked_weights_are_the_models_own_and_change_nothing_it_computes():
+    pair = tiny_pair(layers=1)
+    model = pair.target
+    attn = model.model.layers[0].self_attn
+    ids = torch.tensor([random_prompts(pair, [7], seed=3)[0]])
+    with torch.inference_mode():
+        before = model(ids).logits
+    q_rows = attn.q_proj.weight.shape[0]
+    weight, bias = fuse((attn.q_proj, attn.k_proj, attn.v_proj))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, before), "Hugging Face's forward reads the same weights"
+    for tensor in (attn.q_proj.weight, attn.v_proj.weight, attn.k_proj.bias):
+        assert tensor.untyped_storage().data_ptr() in (weight.untyped_storage().data_ptr(),
+                                                       bias.untyped_storage().data_ptr()), "a view, not a copy"
+    with torch.no_grad():
+        attn.k_proj.weight[0, 0] = 7.0
+    assert weight[q_rows, 0] == 7.0, "a change of the model's weight is the stacked weight's"
+    again, _ = fuse((attn.q_proj, attn.k_proj, attn.v_proj))
+    assert again.data_ptr() == weight.data_ptr() and torch.equal(again, weight), "stacked once"
+
+
+def test_only_plain_linear_layers_with_matching_biases_are_stacked():
+    plain, unbiased = nn.Linear(8, 4), nn.Linear(8, 4, bias=False)
+    hooked = nn.Linear(8, 4)
+    hooked.register_forward_hook(lambda *_: None)
+    for linears in ((plain, unbiased), (plain, hooked), (plain, nn.Linear(8, 4).double())):
+        weights = [linear.weight for linear in linears]
+        assert fuse(linears) is None
+        assert all(linear.weight is w and w._base is None for linear, w in zip(linears, weights, strict=True))
+    if onednn_available():
+        assert fuse((plain, OneDNNLinear(nn.Linear(8, 4)))) is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_our_stack_equals_hugging_faces_forward_over_plain_and_packed_layers(packed):
+    pair = tiny_pair(layers=2)
+    if packed:
+        if not onednn_available():
+            pytest.skip("this torch build has no oneDNN")
+        assert use_onednn_linear(pair.target)
+    theirs = hidden_states(pair, "hf")
+    for ours, expected in zip(hidden_states(pair, "eager"), theirs, strict=True):
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    assert [t.shape for t in hidden_states(pair, "hf")] == [t.shape for t in theirs]
+    for again, expected in zip(hidden_states(pair, "hf"), theirs, strict=True):
+        assert torch.equal(again, expected), "stacking the weights left Hugging Face's forward as it was"
