@@ -197,6 +197,7 @@ def test_a_sidecar_s_bad_constraint_is_400_naming_it(base_url: str, spec: dict, 
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.servers
 def test_the_token_space_is_built_at_startup() -> None:
     """Before the first request: built by it instead, it would stall the batch (2-6 s for Qwen)."""
     pair = tiny_pair()

@@ -319,6 +319,7 @@ def test_out_of_memory_in_a_step_releases_the_free_kv_caches(engine: SidecarEngi
             "stop", "length")
 
 
+@pytest.mark.servers
 def test_an_eager_server_warms_nothing_and_is_ready_at_once(engine: SidecarEngine, monkeypatch) -> None:
     """``SIDECAR_WARMUP=on`` warms compiled and captured forwards at load; eager ones have nothing to warm: the
     worker is ready before it starts and ``/stats`` reports no warm-up."""

@@ -87,6 +87,7 @@ def test_make_test_hands_modules_out_in_collection_order() -> None:
     assert "--no-loadscope-reorder" in pytest_line and pytest_line[pytest_line.index("--dist") + 1] == "loadfile"
 
 
+@pytest.mark.servers
 def test_the_real_pairs_modules_run_first_then_the_wholly_slow_ones(tmp_path: Path) -> None:
     # pytest-xdist hands modules out in this order: one as long as the real pair's handed out late is the tail
     modules = ["tests/test_shard_plan.py", "tests/test_sharded_nightly.py", "tests/test_real_pair.py",
