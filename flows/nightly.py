@@ -43,60 +43,29 @@ what failed with only its unfinished documents and marks the run completed once
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import socket
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run as runtime_flow_run
 
-from flows.accelerator import holding_accelerator
 from flows.model_parameters import takes_fields_of
 from flows.nightly_params import NOT_DECISIVE, PROVEN_BY_STORAGE, NightlyParams
-from flows.progress import PhaseBars, RunProgress
 from flows.shard_launch import ShardLauncher
 from flows.shard_supervisor import IncompleteRunError, ShardSupervisor, missing_error
-from pipeline import (
-    BatchSettings,
-    DocumentFailure,
-    FinishedDocument,
-    OnDocuments,
-    PendingCommit,
-    RunCounts,
-    Shard,
-    Window,
-    WindowStats,
-    keep_over_context,
-    plan_shards,
-    plan_windows,
-    release_memory,
-    run_window,
-    split_by_context,
-    token_counts,
-    warm_run,
-    window_size,
-)
-from sidecar.decoding.decoder import recorded_counters
-from sidecar.models.loading import load_pair, load_tokenizer
-from sidecar.models.pair import ModelPair
-from sidecar.tasks.engine import SidecarEngine
-from storage import Database, DatabaseLockedError, Document, RanOn, RejectedDocument, RetryPolicy
+from pipeline import RunCounts, Shard, plan_shards, token_counts
+from storage import Database, DatabaseLockedError, Document, RejectedDocument, RetryPolicy
 from storage.errors import LockHolder
 from storage.parquet import check_corpus, read_documents
 from storage.parts import PartStore
 
 __all__ = ["NOT_DECISIVE", "PROVEN_BY_STORAGE", "NightlyParams", "nightly"]
-
-# Progress goes to the API at most this often: each update is a round trip of some 40 ms.
-PROGRESS_INTERVAL_S = 2.0
 def _params() -> NightlyParams:
     return NightlyParams.model_validate(runtime_flow_run.parameters)
 
@@ -110,19 +79,6 @@ def _run_day() -> datetime:
 def _flow_run_name() -> str:
     # The run id names the flow run: the deployment triggers hand it to `judge` from there.
     return _params().resolved_run_id(_run_day())
-
-
-@task(name="run-window", cache_policy=NO_CACHE, task_run_name="window-{window.index}")
-def run_window_task(engine: SidecarEngine, window: Window, settings: BatchSettings, max_batch: int,
-                    on_documents: OnDocuments) -> WindowStats:
-    """Run one window, handing each document to ``on_documents`` (the flow's commit buffer) as it is done."""
-    logger = get_run_logger()
-    logger.info("window %d: %d documents (%d finished before)", window.index, len(window.docs), window.skipped)
-    bars = PhaseBars(prefix=f"window {window.index}: ", logger=logger)
-    try:
-        return run_window(engine, window.docs, settings, max_batch, on_documents, on_progress=bars)
-    finally:
-        bars.close()
 
 
 @flow(name="nightly", flow_run_name=_flow_run_name)
@@ -139,6 +95,8 @@ def nightly(**fields: Any) -> RunCounts:
     counts.process_seconds = time.perf_counter() - started
     if not _from_deployment() and (params.trigger_judge or params.trigger_cost_report):
         # The pair lived in _process; collect it now, so that a judge served on the same GPU fits.
+        from pipeline.memory import release_memory  # torch: imported where it is used
+
         gc.collect()
         release_memory()
         _run_downstream(params, run_id, counts)
@@ -169,119 +127,17 @@ def _read_input(params: NightlyParams, counts: RunCounts) -> tuple[list[Document
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
     """The run in this process: one shard, committing to the database itself."""
+    # the engine (torch, transformers) loads here, not with this module: deploying the flow only reads it
+    from flows.nightly_decode import run_in_process
+
     counts = RunCounts(run_id)
-    logger = get_run_logger()
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
     # before anything slow: a second process of the run refuses (or waits) at once
     with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
         docs, rejects = _read_input(params, counts)
-        with holding_accelerator(f"run {run_id}", params.device_wait_s):
-            logger.info("run %s: loading the %s pair", run_id, params.pair)
-            with counts.timed("input"):
-                engine = SidecarEngine(load_pair(params.pair), gamma=params.gamma, max_batch=params.batch_size)
-            _run(engine, params, db, docs, rejects, counts)
+        run_in_process(params, db, docs, rejects, counts)
     return counts
-
-
-def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[Document],
-         rejects: list[RejectedDocument], counts: RunCounts) -> None:
-    logger = get_run_logger()
-    settings = params.settings()
-    run_id = counts.run_id
-    with counts.timed("input"):
-        docs, over_context = split_by_context(engine, docs, settings)
-    rejects = rejects + over_context
-    counts.documents = len(docs)
-    counts.add_rejects(rejects)
-    warm_run(engine, docs, settings, params.batch_size, logger.info)  # compiles before the first window, not in it
-
-    pair = engine.pair
-    ran_on = RanOn(host=socket.gethostname(), device=str(pair.device), gpu_type=pair.gpu_type)
-    with counts.timed("storage"):
-        # one transaction: a failure leaves no run behind to mark failed (a resumed one keeps its state), and
-        # a start that is no resume of the existing run_id (other corpus or settings) is refused unwritten
-        start = db.begin_run(run_id, params.model_dump(mode="json"), pair=pair.name, device=str(pair.device),
-                             gpu_type=pair.gpu_type, gamma=params.gamma, batch_size=params.batch_size,
-                             docs=docs, rejects=rejects, modes=params.modes, identity=params.resume_identity(),
-                             dtype=pair.dtype_report, capture=pair.capture_report)
-    pending = PendingCommit(params.commit_every_s)
-    try:
-        size = window_size(params.batch_size, params.window)
-        windows, counts.skipped_done = plan_windows(docs, size, start.done_doc_ids)
-        logger.info("run %s%s: %d documents, %d already done, %d rejected, %d windows of up to %d to run at "
-                    "batch %d, %s, capture %s", run_id, " (resumed)" if start.resumed else "", len(docs),
-                    counts.skipped_done, len(rejects), len(windows), size, params.batch_size, pair.dtype_report,
-                    pair.capture_report)
-        _run_windows(engine, windows, settings, params.batch_size, db, ran_on, counts, pending)
-    except BaseException as exc:
-        _fail(db, run_id, ran_on, pending, exc)
-        if not isinstance(exc, DatabaseLockedError):
-            # what this start decoded before failing counts too; a locked file is not waited for twice
-            with contextlib.suppress(DatabaseLockedError):
-                _record_capture(db, run_id, pair)
-        raise
-    _record_capture(db, run_id, pair)
-    create_markdown_artifact(counts.markdown(), key="nightly-summary", description=f"Nightly run {run_id}")
-
-
-def _record_capture(db: Database, run_id: str, pair: ModelPair) -> None:
-    """Add this process's capture counters to the run's, once, at the end of its decoding (a resume adds its
-    own: ``Database.record_capture``); recompiles after warm-up or graph breaks are a fault, said here too."""
-    counters = recorded_counters(pair)
-    db.record_capture(run_id, counters)
-    faults = {model: {name: c[name] for name in ("recompiles", "graph_breaks") if c[name]}
-              for model, c in counters.items() if model != "steps"}
-    if any(faults.values()):
-        get_run_logger().error("run %s: capture %s had recompiles or graph breaks, which must be 0: %s", run_id,
-                               pair.capture_report, {m: f for m, f in faults.items() if f})
-
-
-def _fail(db: Database, run_id: str, ran_on: RanOn, pending: PendingCommit, exc: BaseException) -> None:
-    """Commit the finished documents and mark the run failed, in one transaction; when the database stays
-    locked, keep both beside it for its next open instead (waiting once more would only double the wait)."""
-    error = f"{type(exc).__name__}: {exc}"
-    if not isinstance(exc, DatabaseLockedError):
-        try:
-            pending.commit(db, run_id, ran_on, "failed", error)
-            return
-        except DatabaseLockedError as locked:
-            error += f"; then {locked}"
-    pending.defer(db, run_id, ran_on, "failed", error)
-    get_run_logger().error("run %s: the database stays locked; its finished documents and this failure are "
-                           "kept beside it for the next open to commit", run_id)
-
-
-def _run_windows(engine: SidecarEngine, windows: list[Window], settings: BatchSettings, max_batch: int,
-                 db: Database, ran_on: RanOn, counts: RunCounts, pending: PendingCommit) -> None:
-    """Run ``windows``, committing documents as they finish (their stats naming ``ran_on``); the last commit
-    also marks the run completed. On failure the documents not yet committed are left in ``pending``."""
-    run_id = counts.run_id
-    logger = get_run_logger()
-    total = counts.documents - counts.skipped_done
-    with RunProgress("nightly-progress", f"Documents of run {run_id} committed", total, "doc",
-                     PROGRESS_INTERVAL_S) as progress:
-
-        def commit(finish: str | None = None) -> None:
-            if pending.docs:
-                counts.commits += 1
-            with counts.timed("storage"):
-                progress.advance(pending.commit(db, run_id, ran_on, finish))
-
-        def finished(docs: list[FinishedDocument]) -> None:
-            for doc in docs:
-                if isinstance(doc, DocumentFailure):
-                    logger.error("document %r failed on its own and is recorded as an error: %s", doc.doc.doc_id,
-                                 doc.error)
-            counts.add_documents(docs)
-            pending.add(docs)
-            if pending.due():
-                commit()
-
-        for window in windows:
-            counts.add_window(run_window_task(engine, window, settings, max_batch, finished))
-        # the run's last outputs and its completion in one transaction: a connection less per run
-        commit("completed")
 
 
 def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
@@ -291,6 +147,10 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     # an unusable results location is refused before the database is opened: nothing written, no run row
     store = PartStore.opened(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
     # the pair first: a mistyped one is one error line, before the database holds anything of the run
+    # the tokenizer and the context check need transformers: imported when a parent runs, not with the flow
+    from pipeline import keep_over_context
+    from sidecar.models.loading import load_tokenizer
+
     with counts.timed("input"):
         count_tokens = partial(token_counts, load_tokenizer(params.pair))
     with counts.timed("storage"):

@@ -20,18 +20,42 @@ single documents, and a document that still runs out is returned as a failure wh
 * ``warmup``: compiling (and capturing) the decode forwards the windows will run, at the run's start.
 """
 
-from pipeline.batch_ids import EngineBatch
-from pipeline.commits import PendingCommit, store_documents
-from pipeline.context import context_need, keep_over_context, split_by_context
-from pipeline.counts import RunCounts
-from pipeline.finished import OOM_REASON, DocumentDone, DocumentFailure, FinishedDocument, OnDocuments
-from pipeline.memory import is_out_of_memory, release_memory
-from pipeline.records import sidecar_record, standalone_record
-from pipeline.settings import DEFAULT_MODES, BatchSettings
-from pipeline.shards import Shard, plan_shards, token_counts
-from pipeline.streams import WindowStats, run_window
-from pipeline.warmup import warm_run
-from pipeline.windows import WINDOW_BATCHES, Window, plan_windows, window_size
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.batch_ids import EngineBatch
+    from pipeline.commits import PendingCommit, store_documents
+    from pipeline.context import context_need, keep_over_context, split_by_context
+    from pipeline.counts import RunCounts
+    from pipeline.finished import OOM_REASON, DocumentDone, DocumentFailure, FinishedDocument, OnDocuments
+    from pipeline.memory import is_out_of_memory, release_memory
+    from pipeline.records import sidecar_record, standalone_record
+    from pipeline.settings import DEFAULT_MODES, BatchSettings
+    from pipeline.shards import Shard, plan_shards, token_counts
+    from pipeline.streams import WindowStats, run_window
+    from pipeline.warmup import warm_run
+    from pipeline.windows import WINDOW_BATCHES, Window, plan_windows, window_size
+
+# The names load on first use: the flows import this package to be read (deployed, listed, their parameters
+# checked) without the engine, torch and transformers that streams, memory and warm-up import (seconds).
+_EXPORTS = {
+    "pipeline.batch_ids": ("EngineBatch",),
+    "pipeline.commits": ("PendingCommit", "store_documents"),
+    "pipeline.context": ("context_need", "keep_over_context", "split_by_context"),
+    "pipeline.counts": ("RunCounts",),
+    "pipeline.finished": ("OOM_REASON", "DocumentDone", "DocumentFailure", "FinishedDocument", "OnDocuments"),
+    "pipeline.memory": ("is_out_of_memory", "release_memory"),
+    "pipeline.records": ("sidecar_record", "standalone_record"),
+    "pipeline.settings": ("DEFAULT_MODES", "BatchSettings"),
+    "pipeline.shards": ("Shard", "plan_shards", "token_counts"),
+    "pipeline.streams": ("WindowStats", "run_window"),
+    "pipeline.warmup": ("warm_run",),
+    "pipeline.windows": ("WINDOW_BATCHES", "Window", "plan_windows", "window_size"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "DEFAULT_MODES",
@@ -63,3 +87,16 @@ __all__ = [
     "warm_run",
     "window_size",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

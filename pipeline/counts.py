@@ -6,11 +6,13 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.finished import DocumentFailure, FinishedDocument
-from pipeline.streams import WindowStats
 from storage import RejectedDocument
+
+if TYPE_CHECKING:
+    from pipeline.streams import WindowStats  # the engine: a run's counts are made before it loads
 
 
 @dataclass

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sidecar", "storage", "pipeline", "server", "study", "flows", "cli", "vocab")
@@ -96,3 +97,12 @@ def test_the_command_line_starts_without_the_heavy_libraries() -> None:
 def test_storage_loads_no_model_code_at_run_time() -> None:
     # it shares the mode names with the library (vocab.modes), not the library's torch
     assert loaded("storage", {"torch", "transformers", "prefect"}) == []
+
+
+def test_the_deployed_flows_import_without_the_model_libraries() -> None:
+    # `prefect deploy`, the UI's parameter forms and the command line import the flows only to read them (their
+    # parameters): torch and transformers (seconds) load where a flow decodes, not with its module
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    modules = sorted({d["entrypoint"].split(":")[0].removesuffix(".py").replace("/", ".") for d in deployments})
+    assert "flows.nightly" in modules and "flows.judge" in modules, modules
+    assert loaded(", ".join(modules), {"torch", "transformers"}) == [], modules

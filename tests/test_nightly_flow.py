@@ -251,10 +251,10 @@ def test_two_tasks_are_stored_per_document_and_mode_with_the_summary_once(prefec
 
 def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each_once(prefect_api, tmp_path: Path,
                                                                                     monkeypatch) -> None:
-    import flows.nightly
+    import flows.nightly_decode
     from flows.nightly import nightly
 
-    real_run_window = flows.nightly.run_window
+    real_run_window = flows.nightly_decode.run_window
     handed: list[str] = []
 
     def crashing_run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
@@ -266,7 +266,7 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
 
         return real_run_window(engine, docs, settings, max_batch, hand_on, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_window", crashing_run_window)
+    monkeypatch.setattr(flows.nightly_decode, "run_window", crashing_run_window)
     corpus = write_corpus(tmp_path / "news.parquet", 6)
     # one sidecar mode: documents finish one by one inside the window; a long commit interval keeps them pending
     run = params(tmp_path, corpus, run_id="crash-k", batch_size=2, window=6, modes=["sidecar"],
@@ -281,7 +281,7 @@ def test_a_crash_after_k_documents_loses_none_of_them_and_the_resume_stores_each
     assert db.done_doc_ids("crash-k", ["sidecar"]) == set(handed), "every finished document was committed"
     crashed_batches = {r["batch_id"] for r in db.query("SELECT batch_id FROM outputs WHERE run_id = 'crash-k'")}
 
-    monkeypatch.setattr(flows.nightly, "run_window", real_run_window)
+    monkeypatch.setattr(flows.nightly_decode, "run_window", real_run_window)
     resumed = nightly(**run.model_dump())
     assert (resumed.documents, resumed.done, resumed.skipped_done) == (6, 3, 3)
     assert db.get_run("crash-k")["status"] == "completed" and len(db.results("crash-k")) == 6
@@ -306,17 +306,17 @@ def bad_corpus_rows() -> list[tuple[str | None, bytes | None, str | None, str | 
 
 def test_a_failing_window_keeps_the_finished_ones_and_fails_the_run(prefect_api, tmp_path: Path,
                                                                     monkeypatch) -> None:
-    import flows.nightly
+    import flows.nightly_decode
     from flows.nightly import nightly
 
-    real_run_window = flows.nightly.run_window
+    real_run_window = flows.nightly_decode.run_window
 
     def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
         if docs[0].doc_id == "doc-03":
             raise ValueError("injected failure in the fourth window")
         return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_window", run_window)
+    monkeypatch.setattr(flows.nightly_decode, "run_window", run_window)
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", 7), run_id="fails", batch_size=1, window=1,
                  commit_every_s=3600)
     state = nightly(**run.model_dump(), return_state=True)
@@ -606,9 +606,9 @@ def test_a_planted_api_key_never_reaches_logs_artifacts_or_duckdb(prefect_api, t
 
 def blocking_first_window(monkeypatch, release: threading.Event, started: threading.Event) -> None:
     """Make the in-process run's first window wait for ``release``; ``started`` is set once it waits."""
-    import flows.nightly
+    import flows.nightly_decode
 
-    real_run_window = flows.nightly.run_window
+    real_run_window = flows.nightly_decode.run_window
 
     def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
         if any(d.row_index == 0 for d in docs):
@@ -616,7 +616,7 @@ def blocking_first_window(monkeypatch, release: threading.Event, started: thread
             assert release.wait(600), "the test never released the first window"
         return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_window", run_window)
+    monkeypatch.setattr(flows.nightly_decode, "run_window", run_window)
 
 
 def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_api, tmp_path: Path,
@@ -662,9 +662,9 @@ HOLD_READ_ONLY = """
 def hold_file_during_second_window(monkeypatch, db_path: str, hold: str) -> list[subprocess.Popen[str]]:
     """From the run's second window (of two documents) on, a notebook-like process holds a read-only
     connection on the database (for ``hold`` seconds, or until its stdin gets a line)."""
-    import flows.nightly
+    import flows.nightly_decode
 
-    real_run_window = flows.nightly.run_window
+    real_run_window = flows.nightly_decode.run_window
     readers: list[subprocess.Popen[str]] = []
 
     def run_window(engine, docs, settings, max_batch, on_documents, on_progress=None):
@@ -675,7 +675,7 @@ def hold_file_during_second_window(monkeypatch, db_path: str, hold: str) -> list
             assert reader.stdout.readline().strip() == "ready"
         return real_run_window(engine, docs, settings, max_batch, on_documents, on_progress)
 
-    monkeypatch.setattr(flows.nightly, "run_window", run_window)
+    monkeypatch.setattr(flows.nightly_decode, "run_window", run_window)
     return readers
 
 

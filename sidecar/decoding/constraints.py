@@ -17,13 +17,14 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
 import llguidance
-import llguidance.hf
 import regex
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ConstraintKind = Literal["choices", "regex", "json_schema"]
 CONSTRAINT_FIELDS: tuple[ConstraintKind, ...] = ("choices", "regex", "json_schema")
@@ -168,6 +169,10 @@ class TokenSpace:
             raise ValueError("a token space needs at least one end-of-sequence id")
         self.vocab_size = vocab_size
         self.eos_ids = tuple(sorted(set(eos_ids)))
+        # here, not at the top: llguidance.hf imports transformers and torch (seconds), which checking a task's
+        # constraint (a flow's parameters, the CLI) never needs
+        import llguidance.hf
+
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(self.eos_ids))
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
