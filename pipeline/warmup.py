@@ -23,6 +23,7 @@ def warm_run(engine: SidecarEngine, docs: Sequence[Document], settings: BatchSet
     started = time.perf_counter()
     by_length = sorted(docs, key=lambda doc: len(doc.text))
     shortest, longest = (context_need(engine, doc, settings)[0] for doc in (by_length[0], by_length[-1]))
-    reports = engine.decoder.warm_at_load(max_batch, shortest, longest, max_draft_rows=max_batch)
+    # the run's requests decode greedy (``streams``: no sampling asked): its sampled draft chains need no warm-up
+    reports = engine.decoder.warm_at_load(max_batch, shortest, longest, max_draft_rows=max_batch, sampled=False)
     log(summary(reports, time.perf_counter() - started))
     return reports

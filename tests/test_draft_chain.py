@@ -115,3 +115,44 @@ def test_a_chained_compiled_engine_samples_exactly_what_eager_sampling_does():
         assert {n: s[0] for n, s in sidecars.items()} == {n: s[0] for n, s in sidecars_eager.items()}
         for name, (_, logprobs) in sidecars.items():
             torch.testing.assert_close(logprobs, sidecars_eager[name][1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_warmed_compiled_decoder_samples_without_compiling():
+    """Warm-up (``SpeculativeDecoder.warm``) compiles each batch bucket's chains of every length twice: greedy,
+    and one graph for a batch with sampled rows whatever its mix (greedy rows by their mask, each row its own
+    temperature and top_p). After it, a sampled batch and one mixing greedy and sampled rows compile nothing, and
+    decode as eager does. A greedy deployment's warm-up (``sampled=False``, the nightly run's) skips them."""
+    # dynamo keeps graphs by code object, across pairs: an earlier test's chains of these shapes would leave this
+    # warm-up nothing to compile
+    torch._dynamo.reset()
+    pair = tiny_pair(layers=1)
+    prompts = random_prompts(pair, [6, 13, 9, 11], seed=7)
+    samplings = [Sampling(0.9, 1.0, 5), Sampling(), Sampling(1.3, 1.0, 6), Sampling(0.7, 1.0, 8)]
+
+    def decode() -> list[list[int]]:
+        decoder = SpeculativeDecoder(pair, gamma=3, adaptive=False, prompt_lookup=False)
+        sampled = decoder.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3, batch_size=2)
+        mixed = decoder.decode([DecodeRow(p, 8, sampling=s) for p, s in zip(prompts, samplings, strict=True)],
+                               batch_size=2)
+        return [o.token_ids for o in sampled + mixed]
+
+    decoder = SpeculativeDecoder(pair, gamma=3, adaptive=False, prompt_lookup=False, capture="compile")
+    greedy = decoder.warm(max_batch=2, columns=64, sampled=False)
+    # batch buckets 1, 2: the draft's widths 1, 2, 6 and its greedy chains of 1 and 2 forwards
+    assert greedy["draft"]["shapes"] == 2 * 3 + 2 * 2
+    compiles = counters(pair)["draft"].compiles
+    reports = decoder.warm(max_batch=2, columns=64)  # the same cache, now for sampled rows too
+    assert reports["draft"]["shapes"] == 2 * 3 + 2 * 2 * 2, "the sampled chains were not warmed"
+    assert counters(pair)["draft"].compiles > compiles, "the sampled chains compiled nothing"
+    compiles = {name: (c.compiles, c.recompiles) for name, c in counters(pair).items()}
+    compiled = decode()
+    assert {name: (c.compiles, c.recompiles) for name, c in counters(pair).items()} == compiles, \
+        "a sampled batch compiled"
+    draft = counters(pair)["draft"]
+    sampled_chains = [shape for shape in draft.shapes if len(shape) > 3 and dict(shape[4])["sampled"]]
+    assert sampled_chains, "no sampled batch chained its draft forwards"
+    assert all(c.recompiles == 0 and c.graph_breaks == 0 for c in counters(pair).values())
+    SpeculativeDecoder(pair, capture="eager")
+    assert decode() == compiled

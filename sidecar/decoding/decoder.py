@@ -36,6 +36,7 @@ from sidecar.runtime.warmup import (
     allocation_default,
     load_capacities,
     set_chains,
+    set_sampled,
     set_widths,
     warm_up,
     warms_at_load,
@@ -139,23 +140,29 @@ class SpeculativeDecoder:
 
     # -- public API --
 
-    def warm(self, max_batch: int = 8, columns: int = 512, max_draft_rows: int = 0) -> dict[str, dict]:
+    def warm(self, max_batch: int = 8, columns: int = 512, max_draft_rows: int = 0,
+             sampled: bool = True) -> dict[str, dict]:
         """Compile (and in ``cudagraph`` mode record) every decode forward a batch of ``max_batch`` rows (and
         ``max_draft_rows`` draft-only rows) needing ``columns`` KV columns a row will run, now: compiles,
-        seconds and graph bytes per model (empty where forwards are eager; a shape warmed before is skipped)."""
+        seconds and graph bytes per model (empty where forwards are eager; a shape warmed before is skipped).
+        ``sampled`` False: the rows decode greedy only, and the draft's sampled chains are not warmed (here
+        nor in caches warmed later as they are allocated)."""
+        set_sampled(self.pair.draft, sampled)
         reports = {name: warm_up(model, rows, columns, name) for name, model, rows in (
             ("target", self.pair.target, max_batch), ("draft", self.pair.draft, max_batch + max_draft_rows))}
         return {name: report.as_dict() for name, report in reports.items() if report is not None}
 
-    def warm_at_load(self, max_batch: int, shortest: int, longest: int, max_draft_rows: int = 0) -> list[dict]:
-        """``warm`` for each capacity ``load_capacities`` picks for rows needing ``shortest`` .. ``longest`` KV
-        columns, where ``SIDECAR_WARMUP`` warms this pair's mode at load (``warms_at_load``); one report per
-        capacity warmed (none in eager and hf modes, or with warm-up off), each logged."""
+    def warm_at_load(self, max_batch: int, shortest: int, longest: int, max_draft_rows: int = 0,
+                     sampled: bool = True) -> list[dict]:
+        """``warm`` (``sampled`` as there) for each capacity ``load_capacities`` picks for rows needing
+        ``shortest`` .. ``longest`` KV columns, where ``SIDECAR_WARMUP`` warms this pair's mode at load
+        (``warms_at_load``); one report per capacity warmed (none in eager and hf modes, or with warm-up off),
+        each logged."""
         if not warms_at_load(self.pair.capture_mode):
             return []
         reports = []
         for capacity in load_capacities(shortest, longest):
-            report = self.warm(max_batch, capacity, max_draft_rows)
+            report = self.warm(max_batch, capacity, max_draft_rows, sampled)
             if report:
                 reports.append({"capacity": capacity, **report})
         return reports

@@ -19,6 +19,10 @@ time (``chain_applies``): a constrained draft-only row (its matcher accepts each
 forward's logits), a sampled row's nucleus on a CPU (``nucleus_candidates`` checks on the host whether its
 512 most likely tokens hold it), and drafting that stops early by confidence (one read per forward:
 ``StepPlanner`` turns it off wherever the draft's forwards are compiled).
+
+A chain's graph is one per batch bucket and length for all-greedy batches and one for batches with sampled rows,
+whatever their mix (``chain_flags``); warm-up (``warm_chain``) runs both, so neither compiles mid-run. One that
+keeps its logits (a row asking for logprobs) is a third, not warmed.
 """
 
 from __future__ import annotations
@@ -89,6 +93,15 @@ def chained_drafts(stack: DecoderStack, head: nn.Module, ids: torch.Tensor, rows
     return tuple(out)
 
 
+def chain_flags(sampled: bool, device: torch.device) -> dict[str, bool]:
+    """A chain's static flags for a batch with (``sampled``) or without sampled rows: two graphs per batch bucket
+    and chain length, whatever a sampled batch's mix, so warm-up covers each. Off a CPU the nucleus always runs
+    in the sampled graph: a row whose top_p is 1 (a greedy row's, padding's) keeps its probabilities exactly
+    (``warp``), so its tokens are those of a graph without it; on a CPU a nucleus never chains
+    (``chain_applies``) and the graph has none."""
+    return {"sampled": sampled, "nucleus": sampled and device.type != "cpu"}
+
+
 def run_chain(runner: StackRunner, cache: RowKVCache, first: torch.Tensor, forwards: int, sampling: RowSampling,
               only: Sequence[bool], target_vocab: int, keep_logits: bool,
               shape: ForwardShape | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -101,17 +114,25 @@ def run_chain(runner: StackRunner, cache: RowKVCache, first: torch.Tensor, forwa
         per_row = [(sampling.keys, 0), (sampling.positions, 0), (sampling.greedy_mask, True),
                    (sampling.temperature, 1.0), (sampling.top_p, 1.0), (only_mask, False)]
     out = list(runner.chain(cache, chained_drafts, first, forwards, per_row, shape, vocab=target_vocab,
-                            sampled=not sampling.all_greedy, nucleus=not sampling.all_greedy and sampling.nucleus,
-                            keep_logits=keep_logits))
+                            **chain_flags(not sampling.all_greedy, first.device), keep_logits=keep_logits))
     cache.commit(forwards)
     tokens = out.pop(0)
     probs = out.pop(0) if not sampling.all_greedy else None
     return tokens, probs, out.pop(0) if keep_logits else None
 
 
-def warm_chain(runner: StackRunner, cache: RowKVCache, forwards: int, target_vocab: int) -> None:
-    """One greedy chain of ``forwards`` forwards over every row of ``cache``, uncommitted: warm-up's
-    (``sidecar.runtime.warmup.set_chains``), which compiles (in ``cudagraph`` mode, records) its graph."""
-    ids = torch.zeros(cache.batch_size, dtype=torch.long, device=cache.device)
-    runner.chain(cache, chained_drafts, ids, forwards, vocab=target_vocab, sampled=False, nucleus=False,
+def warm_chain(runner: StackRunner, cache: RowKVCache, forwards: int, target_vocab: int,
+               sampled: bool = False) -> None:
+    """One chain of ``forwards`` forwards over every row of ``cache``, uncommitted, greedy or (``sampled``) the
+    graph of batches with sampled rows: warm-up's (``sidecar.runtime.warmup.set_chains``), which compiles (in
+    ``cudagraph`` mode, records) its graph."""
+    batch, device = cache.batch_size, cache.device
+    ids = torch.zeros(batch, dtype=torch.long, device=device)
+    per_row: list[tuple[torch.Tensor, float | bool]] = []
+    if sampled:  # ``run_chain``'s, as ``RowSampling`` makes them: another dtype, or one tensor passed twice
+        # (dynamo guards on aliasing), would compile another graph
+        fills = [(torch.long, 0), (torch.long, 0), (torch.bool, True), (torch.float32, 1.0), (torch.float32, 1.0),
+                 (torch.bool, False)]
+        per_row = [(torch.full((batch,), fill, dtype=dtype, device=device), fill) for dtype, fill in fills]
+    runner.chain(cache, chained_drafts, ids, forwards, per_row, vocab=target_vocab, **chain_flags(sampled, device),
                  keep_logits=False)

@@ -213,11 +213,13 @@ class StackRunner:
         # warm-up (``sidecar.runtime.warmup``): the decode widths to warm, whether a cache is warmed when it is
         # allocated, the (rows, capacity, address) caches warmed, and what each warm-up cost
         self.widths: set[int] = set()
-        # the chains of forwards to warm (their lengths) and how to run one over a cache's rows (greedy)
+        # the chains of forwards to warm (their lengths), how to run one over a cache's rows (greedy, or sampled:
+        # its keyword ``sampled``) and whether the sampled ones are warmed too
         self.chain_forwards: set[int] = set()
-        self.warm_chain: Callable[[RowKVCache, int], object] | None = None
+        self.warm_chain: Callable[..., object] | None = None
+        self.warm_sampled = True
         self.warm_on_allocate = False
-        self.warmed: set[tuple[int, int, int]] = set()
+        self.warmed: set[tuple[int, int, int, bool]] = set()
         self.warm_ups: list = []
         if mode != "eager":
             configure_thread()

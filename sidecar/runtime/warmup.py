@@ -10,8 +10,10 @@ forward after a step's first), 2 (a step's first, feeding the last accepted draf
 gamma + 3 (``sidecar.decoding.plan.feed_widths``: a first feed of 3 .. gamma + 3 columns, the backlog of plain
 or lookup steps, pads to it; a wider one, a sidecar's bridge or a row catching up, runs as forwards of it), so
 no feed compiles after warm-up. The draft's chains of 1 ..
-gamma - 1 forwards (``sidecar.decoding.draft_chain``, set by ``set_chains``) are warmed greedy at every batch
-bucket; a sampled batch's chain compiles when it first comes.
+gamma - 1 forwards (``sidecar.decoding.draft_chain``, set by ``set_chains``) are warmed at every batch bucket,
+greedy and sampled (one graph for any batch with sampled rows: ``chain_flags``), so a sampled request compiles
+nothing either; a deployment that only decodes greedy (the nightly run) warms the greedy ones alone
+(``set_sampled``). A chain that keeps its logits (a row asking for logprobs) compiles when it first comes.
 
 ``SpeculativeDecoder`` sets the widths on each model's runner (``set_widths``) and whether a cache is warmed as
 soon as it is allocated (on by default in ``cudagraph`` mode, an option in ``compile`` mode);
@@ -46,7 +48,7 @@ class WarmUp:
 
     rows: int
     capacity: int
-    shapes: int  # (batch bucket, width) pairs run, and (batch bucket, chain length) pairs
+    shapes: int  # (batch bucket, width) pairs run, and (batch bucket, chain length, greedy or sampled) triples
     compiles: int
     seconds: float
     graph_bytes: int  # CUDA memory the graphs took (0 off CUDA and in compile mode)
@@ -105,13 +107,22 @@ def set_widths(model: PreTrainedModel, widths: set[int], on_allocate: bool | Non
     runner.warm_on_allocate = runner.mode == "cudagraph" if on_allocate is None else on_allocate
 
 
-def set_chains(model: PreTrainedModel, forwards: set[int], warm: Callable[[RowKVCache, int], object]) -> None:
-    """Warm ``model``'s chains of each of ``forwards`` forwards too, each run by ``warm(rows, forwards)``."""
+def set_chains(model: PreTrainedModel, forwards: set[int], warm: Callable[..., object]) -> None:
+    """Warm ``model``'s chains of each of ``forwards`` forwards too, each run by ``warm(rows, forwards,
+    sampled=...)``: greedy, and sampled unless ``set_sampled`` says not."""
     runner = runner_of(model)
     if runner is None or not runner.static:
         return
     runner.chain_forwards |= forwards
     runner.warm_chain = warm
+
+
+def set_sampled(model: PreTrainedModel, sampled: bool) -> None:
+    """Whether ``model``'s warm-ups warm its sampled chains too (by default they do): a greedy deployment's
+    need not."""
+    runner = runner_of(model)
+    if runner is not None and runner.static:
+        runner.warm_sampled = sampled
 
 
 def warm_up(model: PreTrainedModel, rows: int, columns: int, name: str = "") -> WarmUp | None:
@@ -140,25 +151,29 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
     runner: StackRunner | None = runner_of(model)
     if runner is None or not runner.static or not runner.widths:
         return None
-    # a cache made anew for a shape (its free one released) is warmed again: CUDA graphs hold its addresses
-    key = (cache.batch_size, cache.capacity, cache.keys[0].data_ptr())
+    # a cache made anew for a shape (its free one released) is warmed again: CUDA graphs hold its addresses;
+    # and so is one a greedy warm-up left, when its sampled chains are asked for
+    key = (cache.batch_size, cache.capacity, cache.keys[0].data_ptr(), runner.warm_sampled)
     if key in runner.warmed:
         return None
     counters = runner.counters
     compiles, graph_bytes, started = counters.compiles, counters.graph_bytes, time.perf_counter()
     ran_before = Counter(counters.shapes)
     buckets = batch_buckets(cache.batch_size)
-    shapes = [(bucket, width, False) for bucket in buckets for width in sorted(runner.widths)]
+    # (bucket, width, None) a forward; (bucket, forwards, sampled) a chain
+    shapes: list[tuple[int, int, bool | None]] = [
+        (bucket, width, None) for bucket in buckets for width in sorted(runner.widths)]
     if runner.warm_chain is not None:
-        shapes += [(bucket, forwards, True) for bucket in buckets for forwards in sorted(runner.chain_forwards)]
+        shapes += [(bucket, forwards, sampled) for bucket in buckets for forwards in sorted(runner.chain_forwards)
+                   for sampled in ((False, True) if runner.warm_sampled else (False,))]
     calls = CAPTURE_CALLS if runner.mode == "cudagraph" else 1
     what = f"warm-up {name or model.config.model_type} ({cache.batch_size} rows, {cache.capacity} columns)"
     with torch.inference_mode():
-        for bucket, width, chain in tqdm(shapes, desc=what, leave=False, disable=None, dynamic_ncols=True):
+        for bucket, width, sampled in tqdm(shapes, desc=what, leave=False, disable=None, dynamic_ncols=True):
             ids = torch.zeros(bucket, width, dtype=torch.long, device=cache.device)
             for _ in range(calls):
-                if chain:  # ``width`` forwards one column wide
-                    runner.warm_chain(cache.rows_view(0, bucket), width)
+                if sampled is not None:  # a chain of ``width`` forwards one column wide
+                    runner.warm_chain(cache.rows_view(0, bucket), width, sampled=sampled)
                 else:
                     runner(cache.rows_view(0, bucket), ids)
     runner.warmed.add(key)
