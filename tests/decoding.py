@@ -7,6 +7,9 @@ import torch
 
 from sidecar.decoding.matcher import RowMatcher, apply_bitmask, fill_bitmask
 from sidecar.decoding.vocab_align import align_vocab
+from sidecar.runtime.capture import attach
+from sidecar.runtime.forward import forward, prefill
+from sidecar.runtime.kv_cache import RowKVCache
 
 
 def random_prompts(pair, lengths, seed=0):
@@ -76,3 +79,23 @@ def second_token_distances(outputs, exact: torch.Tensor) -> tuple[float, float]:
     reference = torch.multinomial(exact, len(second), replacement=True, generator=torch.Generator().manual_seed(3))
     noise = torch.bincount(reference, minlength=exact.shape[0]).float() / len(second)
     return (empirical - exact).abs().sum().item() / 2, float((noise - exact).abs().sum()) / 2
+
+
+def hidden_states(pair, mode: str) -> list[torch.Tensor]:
+    """Hidden states of a prefill with a hidden span, a padded multi-token forward and a one-token forward, over
+    a cache with more rows than the batch, in ``mode`` (``hf``: Hugging Face's forward)."""
+    model = pair.target
+    attach(model, mode)
+    try:
+        prompts = random_prompts(pair, [9, 4, 12], seed=1)
+        cache = RowKVCache(model, 4, 64)
+        view = cache.rows_view(0, 3)
+        with torch.inference_mode():
+            last = prefill(model, view, prompts, None, hidden_spans=[[(2, 5)], [], [(0, 3)]], share_prefix=False)
+            ids = torch.tensor(random_prompts(pair, [3, 3, 3], seed=2))
+            wide = forward(model, view, ids, valid=[3, 2, 3])
+            view.commit([3, 2, 3])
+            one = forward(model, view, ids[:, :1])
+        return [last, wide[0], wide[1, :2], wide[2], one]
+    finally:
+        attach(model, "hf")

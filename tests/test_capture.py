@@ -24,20 +24,18 @@ from sidecar.runtime.capture import (
     RECOMPILE_LIMIT,
     ForwardShape,
     StackRunner,
-    attach,
     batch_bucket,
     capacity_bucket,
     resolve_capture,
     runner_of,
     width_bucket,
 )
-from sidecar.runtime.forward import forward, prefill
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.warmup import allocation_default, load_capacities, set_sampled, warms_at_load
 from sidecar.tasks.engine import SidecarEngine
 from sidecar.tasks.rows import SidecarRequest
 from sidecar.tasks.task import HASHTAGS, SidecarTask
-from tests.decoding import assert_speculated, random_prompts, target_alone
+from tests.decoding import assert_speculated, hidden_states, random_prompts, target_alone
 
 TITLE = SidecarTask(name="title", instruction="Then write a title.", max_new_tokens=6)
 DOCS = ["The city council approved a new budget on Tuesday after a long debate about schools.",
@@ -45,30 +43,10 @@ DOCS = ["The city council approved a new budget on Tuesday after a long debate a
         "The president met leaders in Berlin."]
 
 
-def stack_and_hf(pair, mode: str) -> list[torch.Tensor]:
-    """Hidden states of a prefill with a hidden span, a padded multi-token forward and a one-token forward, over
-    a cache with more rows than the batch, in ``mode`` (``hf``: Hugging Face's forward)."""
-    model = pair.target
-    attach(model, mode)
-    try:
-        prompts = random_prompts(pair, [9, 4, 12], seed=1)
-        cache = RowKVCache(model, 4, 64)
-        view = cache.rows_view(0, 3)
-        with torch.inference_mode():
-            last = prefill(model, view, prompts, None, hidden_spans=[[(2, 5)], [], [(0, 3)]], share_prefix=False)
-            ids = torch.tensor(random_prompts(pair, [3, 3, 3], seed=2))
-            wide = forward(model, view, ids, valid=[3, 2, 3])
-            view.commit([3, 2, 3])
-            one = forward(model, view, ids[:, :1])
-        return [last, wide[0], wide[1, :2], wide[2], one]
-    finally:
-        attach(model, "hf")
-
-
 @pytest.mark.parametrize("mode", ["eager", pytest.param("compile", marks=pytest.mark.slow)])
 def test_our_stack_equals_hugging_faces_forward(mode):
     pair = tiny_pair(layers=1)
-    for ours, theirs in zip(stack_and_hf(pair, mode), stack_and_hf(pair, "hf"), strict=True):
+    for ours, theirs in zip(hidden_states(pair, mode), hidden_states(pair, "hf"), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 

@@ -11,12 +11,10 @@ from torch.overrides import TorchFunctionMode
 
 from sidecar.models.cpu_kernels import OneDNNLinear, onednn_available, use_onednn_linear
 from sidecar.models.tiny import tiny_pair
-from sidecar.runtime.capture import attach
 from sidecar.runtime.decoder_stack import DecoderStack
-from sidecar.runtime.forward import forward, prefill
 from sidecar.runtime.fused_weights import fuse
 from sidecar.runtime.kv_cache import RowKVCache
-from tests.decoding import random_prompts
+from tests.decoding import hidden_states, random_prompts
 
 
 class LinearCalls(TorchFunctionMode):
@@ -29,24 +27,6 @@ class LinearCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.calls += func is nn.functional.linear
         return func(*args, **(kwargs or {}))
-
-
-def hidden_states(pair, mode: str) -> list[torch.Tensor]:
-    """A prefill, a padded three-token forward and a one-token forward of the target in ``mode``."""
-    model = pair.target
-    attach(model, mode)
-    try:
-        prompts = random_prompts(pair, [9, 4, 12], seed=1)
-        cache = RowKVCache(model, 3, 64)
-        with torch.inference_mode():
-            last = prefill(model, cache, prompts, None, hidden_spans=[[(2, 5)], [], [(0, 3)]], share_prefix=False)
-            ids = torch.tensor(random_prompts(pair, [3, 3, 3], seed=2))
-            wide = forward(model, cache, ids, valid=[3, 2, 3])
-            cache.commit([3, 2, 3])
-            one = forward(model, cache, ids[:, :1])
-        return [last, wide[0], wide[1, :2], wide[2], one]
-    finally:
-        attach(model, "hf")
 
 
 def test_a_layer_calls_one_linear_for_q_k_v_and_one_for_gate_up():
