@@ -267,11 +267,8 @@ class StepRunner:
                 cache.commit(valid)
                 last = hidden.gather(1, column[..., None].expand(-1, -1, hidden.shape[-1]))  # [B_d, 1, H]
                 carried = last if carried is None else torch.where((chunk_of == chunk)[:, None, None], last, carried)
-        last_chunk = plan.feed_chunks - 1
-        ends = [(len(feed) - 1) // width == last_chunk for feed in plan.feeds]
-        index = to_device([[(len(feed) - 1) % width if end else 0] for feed, end in zip(plan.feeds, ends, strict=True)],
-                          device)
-        return carried, to_device(ends, device, torch.bool), index
+        ends = chunk_of == plan.feed_chunks - 1  # [B_d]
+        return carried, ends, torch.where(ends[:, None], column, 0)
 
     def _target_drafts(self, plan: StepPlan, draft_ids: torch.Tensor, draft_probs: torch.Tensor | None, width: int,
                        rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
