@@ -187,7 +187,8 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
     assert any(step.live and not step.width and not step.draft_forwards for step in traces[1].steps[:3]), \
         "the adaptive stream's exploration took no plain step"
 
-    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE], max_new_tokens=8) for doc in DOCS]
+    # with logprobs: a sidecar row drafts one forward at a time (``chain_applies``), main rows still chain
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE], max_new_tokens=8, top_logprobs=1) for doc in DOCS]
 
     def sidecars() -> list:
         engine = SidecarEngine(pair, gamma=3, adaptive=False)
@@ -244,7 +245,7 @@ def test_a_decode_forward_runs_the_shape_it_is_given_and_refuses_one_no_bucket_o
                 compiled(view, ids, shape=shape)
         with pytest.raises(ValueError, match="not a batch bucket"):
             compiled.chain(view, chained_drafts, ids[:, 0], 2, shape=ForwardShape(3, 3, 1), vocab=8, sampled=False,
-                           nucleus=False, keep_logits=False)
+                           nucleus=False)
         with pytest.raises(ValueError, match="eager forwards run their real shape"):
             eager(view, ids, shape=ForwardShape(3, 4, 2))
         assert compiled.counters.forwards == eager.counters.forwards == compiled.counters.graph_calls == 0

@@ -26,13 +26,14 @@ DOCS = ["The city council approved a new budget on Tuesday after a long debate a
         "The president met leaders in Berlin."]
 
 
-def main_row(sampling: Sampling = Sampling()) -> MainRow:
-    return MainRow(key=0, max_new_tokens=8, sampling=sampling, draw_key=1, top_logprobs=None, added=0.0)
+def main_row(sampling: Sampling = Sampling(), top_logprobs: int | None = None) -> MainRow:
+    return MainRow(key=0, max_new_tokens=8, sampling=sampling, draw_key=1, top_logprobs=top_logprobs, added=0.0)
 
 
 def test_a_chain_runs_where_no_host_decision_falls_between_the_draft_forwards():
     """Compiled drafting chains two or more forwards of free rows, sampled ones too; not a single forward, not
-    with the early stop, not with a constrained draft-only row (its matcher takes each token), not a nucleus
+    with the early stop, not with a constrained draft-only row (its matcher takes each token) or one asking for
+    logprobs (its logits are kept per forward; a main row's come from the target), not a nucleus
     on a CPU (checked on the host), and never in eager mode."""
     pair = tiny_pair(layers=1)
     before = runner_of(pair.draft)
@@ -47,6 +48,9 @@ def test_a_chain_runs_where_no_host_decision_falls_between_the_draft_forwards():
         constrained = DraftOnlyRow(key=1, max_new_tokens=8, sampling=Sampling(), draw_key=0, top_logprobs=None,
                                    added=0.0, matcher=RowMatcher(space, choices_constraint(["yes", "no"])))
         assert not chain_applies(runner, [main_row(), constrained], forwards=3, stop_early=False)
+        logprobs = DraftOnlyRow(key=2, max_new_tokens=8, sampling=Sampling(), draw_key=0, top_logprobs=2, added=0.0)
+        assert not chain_applies(runner, [main_row(), logprobs], forwards=3, stop_early=False)
+        assert chain_applies(runner, [main_row(top_logprobs=2)], forwards=3, stop_early=False)  # the target's
         assert not chain_applies(attach(pair.draft, "eager"), [main_row()], forwards=3, stop_early=False)
     finally:
         attach(pair.draft, before.mode if before is not None else "hf")

@@ -16,13 +16,14 @@ seeded sampled rows decode what they decode one forward at a time.
 
 Where a host decision falls between two forwards the chain cannot run, and the step drafts one forward at a
 time (``chain_applies``): a constrained draft-only row (its matcher accepts each token and masks the next
-forward's logits), a sampled row's nucleus on a CPU (``nucleus_candidates`` checks on the host whether its
-512 most likely tokens hold it), and drafting that stops early by confidence (one read per forward:
-``StepPlanner`` turns it off wherever the draft's forwards are compiled).
+forward's logits), a draft-only row asking for logprobs (its logits are kept per forward: a chain returning
+them would be a third graph per bucket and length, for a rare request, for warm-up to compile), a sampled
+row's nucleus on a CPU (``nucleus_candidates`` checks on the host whether its 512 most likely tokens hold it),
+and drafting that stops early by confidence (one read per forward: ``StepPlanner`` turns it off wherever the
+draft's forwards are compiled).
 
 A chain's graph is one per batch bucket and length for all-greedy batches and one for batches with sampled rows,
-whatever their mix (``chain_flags``); warm-up (``warm_chain``) runs both, so neither compiles mid-run. One that
-keeps its logits (a row asking for logprobs) is a third, not warmed.
+whatever their mix (``chain_flags``); warm-up (``warm_chain``) runs both, so neither compiles mid-run.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def chain_applies(runner: StackRunner | None, rows: Sequence[LiveRow], forwards:
     at least two, and nothing between them needs the host (see the module docstring)."""
     if runner is None or not runner.static or forwards < 2 or stop_early:
         return False
-    if any(isinstance(r, DraftOnlyRow) and r.matcher is not None for r in rows):
+    if any(isinstance(r, DraftOnlyRow) and (r.matcher is not None or r.top_logprobs is not None) for r in rows):
         return False
     cpu = runner.stack.rope.device.type == "cpu"
     return not (cpu and any(not r.sampling.greedy and r.sampling.top_p < 1 for r in rows))
@@ -56,11 +57,11 @@ def chain_applies(runner: StackRunner | None, rows: Sequence[LiveRow], forwards:
 
 def chained_drafts(stack: DecoderStack, head: nn.Module, ids: torch.Tensor, rows: torch.Tensor,
                    keys: list[torch.Tensor], values: list[torch.Tensor], visible: torch.Tensor, span: torch.Tensor,
-                   *sampling: torch.Tensor, forwards: int, vocab: int, sampled: bool, nucleus: bool,
-                   keep_logits: bool) -> tuple[torch.Tensor, ...]:
+                   *sampling: torch.Tensor, forwards: int, vocab: int, sampled: bool,
+                   nucleus: bool) -> tuple[torch.Tensor, ...]:
     """The chain's body, traced whole (``StackRunner.chain``): ``forwards`` one-token draft forwards from the
     tokens ``ids`` [B] forward 0 chose. Returns tokens [B, n], and when ``sampled`` the warped probabilities
-    [B, n, V], when ``keep_logits`` the logits [B, n, V] (V: the target's vocabulary).
+    [B, n, V] (V: the target's vocabulary).
 
     ``rows`` [B, 3]: each row's state before forward 1 (``sidecar.runtime.decoder_stack``); ``sampling`` when
     ``sampled``: draw keys [B], output positions [B] (of forward 0's token), greedy [B], temperature [B],
@@ -68,7 +69,7 @@ def chained_drafts(stack: DecoderStack, head: nn.Module, ids: torch.Tensor, rows
     batch = ids.shape[0]
     query_span = torch.full((batch, 1), -1, dtype=torch.long, device=ids.device)  # [B, 1]: no hidden span
     advance = (torch.arange(3, device=ids.device) == LENGTH).long()  # [3]: a forward moves only the length
-    tokens, probs, kept = [], [], []
+    tokens, probs = [], []
     for k in range(1, forwards + 1):
         hidden = stack.forward(ids[:, None], rows, query_span, keys, values, visible, span)  # [B, 1, H]
         logits = align_vocab(head(hidden[:, 0]).float(), vocab)  # [B, V]
@@ -81,15 +82,11 @@ def chained_drafts(stack: DecoderStack, head: nn.Module, ids: torch.Tensor, rows
             token = torch.where(greedy, token, sample_with(p, u))
             probs.append(p)
         tokens.append(token)
-        if keep_logits:
-            kept.append(logits)
         ids = token
         rows = rows + rows[:, VALID, None] * advance  # a padding row (VALID 0) stays where it is
     out = [torch.stack(tokens, 1)]
     if sampled:
         out.append(torch.stack(probs, 1))
-    if keep_logits:
-        out.append(torch.stack(kept, 1))
     return tuple(out)
 
 
@@ -103,22 +100,20 @@ def chain_flags(sampled: bool, device: torch.device) -> dict[str, bool]:
 
 
 def run_chain(runner: StackRunner, cache: RowKVCache, first: torch.Tensor, forwards: int, sampling: RowSampling,
-              only: Sequence[bool], target_vocab: int, keep_logits: bool,
-              shape: ForwardShape | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+              only: Sequence[bool], target_vocab: int,
+              shape: ForwardShape | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draft forwards 1 .. ``forwards`` over every row of ``cache`` after forward 0 chose ``first`` [B], as one
-    compiled call at ``shape`` (the plan's ``next_draft_shape``); commits their columns. Returns tokens [B, n],
-    probabilities [B, n, V] (None when every row is greedy) and logits [B, n, V] (None unless ``keep_logits``)."""
+    compiled call at ``shape`` (the plan's ``next_draft_shape``); commits their columns. Returns tokens [B, n] and
+    probabilities [B, n, V] (None when every row is greedy)."""
     per_row: list[tuple[torch.Tensor, float | bool]] = []
     if not sampling.all_greedy:
         only_mask = to_device(list(only), first.device, torch.bool)
         per_row = [(sampling.keys, 0), (sampling.positions, 0), (sampling.greedy_mask, True),
                    (sampling.temperature, 1.0), (sampling.top_p, 1.0), (only_mask, False)]
     out = list(runner.chain(cache, chained_drafts, first, forwards, per_row, shape, vocab=target_vocab,
-                            **chain_flags(not sampling.all_greedy, first.device), keep_logits=keep_logits))
+                            **chain_flags(not sampling.all_greedy, first.device)))
     cache.commit(forwards)
-    tokens = out.pop(0)
-    probs = out.pop(0) if not sampling.all_greedy else None
-    return tokens, probs, out.pop(0) if keep_logits else None
+    return out[0], out[1] if not sampling.all_greedy else None
 
 
 def warm_chain(runner: StackRunner, cache: RowKVCache, forwards: int, target_vocab: int,
@@ -134,5 +129,4 @@ def warm_chain(runner: StackRunner, cache: RowKVCache, forwards: int, target_voc
         fills = [(torch.long, 0), (torch.long, 0), (torch.bool, True), (torch.float32, 1.0), (torch.float32, 1.0),
                  (torch.bool, False)]
         per_row = [(torch.full((batch,), fill, dtype=dtype, device=device), fill) for dtype, fill in fills]
-    runner.chain(cache, chained_drafts, ids, forwards, per_row, vocab=target_vocab, **chain_flags(sampled, device),
-                 keep_logits=False)
+    runner.chain(cache, chained_drafts, ids, forwards, per_row, vocab=target_vocab, **chain_flags(sampled, device))

@@ -183,12 +183,11 @@ class StepRunner:
                 with self.ledger.forward("draft", "decode", batch, charges, batch, context,
                                          also=self.controller.forward_cost("draft", batch),
                                          forwards=plan.chained_forwards):
-                    chained, chained_probs, chained_logits = run_chain(
+                    chained, chained_probs = run_chain(
                         runner_of(self.pair.draft), cache, tokens[-1], plan.chained_forwards, sampling, only,
-                        self.target_vocab, keep_logits, plan.next_draft_shape)
+                        self.target_vocab, plan.next_draft_shape)
                 tokens += chained.unbind(1)
                 probs += [] if chained_probs is None else chained_probs.unbind(1)
-                logits_kept += [] if chained_logits is None else chained_logits.unbind(1)
                 break
             carried = None  # [B_d, 1, H]: each row's state at its last fed token, from the feed's earlier chunks
             if k == 0:
