@@ -34,7 +34,7 @@ from pipeline import (
     warm_run,
     window_size,
 )
-from sidecar.decoding.decoder import recorded_counters
+from sidecar.decoding.decoder import capture_stats, recorded_counters
 from sidecar.models.loading import load_pair
 from sidecar.models.pair import ModelPair
 from sidecar.tasks.engine import SidecarEngine
@@ -114,10 +114,9 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
 def _record_capture(db: Database, run_id: str, pair: ModelPair) -> None:
     """Add this process's capture counters to the run's, once, at the end of its decoding (a resume adds its
     own: ``Database.record_capture``); recompiles after warm-up or graph breaks are a fault, said here too."""
-    counters = recorded_counters(pair)
-    db.record_capture(run_id, counters)
+    db.record_capture(run_id, recorded_counters(pair))
     faults = {model: {name: c[name] for name in ("recompiles", "graph_breaks") if c[name]}
-              for model, c in counters.items() if model != "steps"}
+              for model, c in capture_stats(pair)["counters"].items()}
     if any(faults.values()):
         get_run_logger().error("run %s: capture %s had recompiles or graph breaks, which must be 0: %s", run_id,
                                pair.capture_report, {m: f for m, f in faults.items() if f})

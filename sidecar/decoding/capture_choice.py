@@ -204,12 +204,12 @@ def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None, shape:
     (``warm_chain``: greedy; none at gamma 1), timed in turn (``fastest_seconds``, whose untimed first calls
     compile). Leaves both modes' runners in the models' runner sets (``attach``): the decoder attaches the
     winner's, which keeps what it compiled."""
-    calls, compiled = [], []
+    calls: dict[str, list[Callable[[], object]]] = {"compile": [], "eager": []}  # per mode: verify, draft, chain
+    compiled = []
     target_vocab = target.get_output_embeddings().out_features
     rows, gamma = shape.rows, shape.gamma
-    chained = draft is not None and gamma > 1
     with torch.inference_mode():  # as the engine's batches run
-        for mode in ("compile", "eager"):
+        for mode, timed in calls.items():
             for model, width in ((target, gamma + 1), (draft, 1)):
                 if model is None:
                     continue
@@ -219,17 +219,16 @@ def measure_modes(target: PreTrainedModel, draft: PreTrainedModel | None, shape:
                 cache.lengths[:] = FILLED
                 ids = torch.zeros(rows, width, dtype=torch.long, device=cache.device)
                 head = model.get_output_embeddings()
-                calls.append(lambda runner=runner, cache=cache, ids=ids, head=head, width=width:
+                timed.append(lambda runner=runner, cache=cache, ids=ids, head=head, width=width:
                              head(runner(cache, ids)[:, -width:]))
-                if mode == "compile" and model is draft and chained:
-                    calls.append(lambda runner=runner, cache=cache: warm_chain(runner, cache, gamma - 1, target_vocab))
-        best = fastest_seconds(calls, budget_s, min_calls=MIN_CALLS, cap_s=TIMING_CAP_S)
+                if mode == "compile" and model is draft and gamma > 1:
+                    timed.append(lambda runner=runner, cache=cache: warm_chain(runner, cache, gamma - 1, target_vocab))
+        best = iter(fastest_seconds([*calls["compile"], *calls["eager"]], budget_s, min_calls=MIN_CALLS,
+                                    cap_s=TIMING_CAP_S))
     compile_s = sum(runner.counters.compile_seconds - before for runner, before in compiled)
-    if draft is None:
-        return StepTimes(best[0], gamma=gamma), StepTimes(best[1], gamma=gamma), compile_s
-    if not chained:
-        return StepTimes(best[0], best[1], gamma=gamma), StepTimes(best[2], best[3], gamma=gamma), compile_s
-    return (StepTimes(best[0], best[1], best[2], gamma), StepTimes(best[3], best[4], gamma=gamma), compile_s)
+    # each mode's times in its calls' order: (verify[, draft[, chain]]), StepTimes' own fields
+    compiled_times, eager_times = (StepTimes(*(next(best) for _ in timed), gamma=gamma) for timed in calls.values())
+    return compiled_times, eager_times, compile_s
 
 
 def machine_load() -> tuple[float | None, int | None]:
