@@ -14,6 +14,7 @@ from sidecar.decoding.batch import stream_through
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.decoding.divergence import NEAR_TIE, divergence
 from sidecar.decoding.draft_chain import chained_drafts
+from sidecar.decoding.lookup import lookup_continuation
 from sidecar.decoding.rows import DecodeRow
 from sidecar.decoding.trace import BatchTrace
 from sidecar.errors import InputError
@@ -136,6 +137,25 @@ def ran_shapes(pair) -> dict[str, Counter]:
     return ran
 
 
+def quoting_its_continuation(pair, prompt: list[int], gamma: int) -> list[int]:
+    """``prompt`` with two of its tokens replaced by the target's first two greedy tokens after it, at the
+    first place where the target then still continues with them: a document its continuation quotes, what
+    prompt lookup is for. The row's first step, its first token pending, finds ``gamma`` tokens to copy and
+    the target accepts the first, whatever the timing (greedy tokens only decide it)."""
+    first = target_alone(pair, prompt, 2)
+    for start in range(len(prompt) - 2):
+        quoted = first
+        for _ in range(4):  # planting the tokens changes what follows them: plant what follows then
+            planted = prompt[:start] + quoted + prompt[start + 2 :]
+            following = target_alone(pair, planted, 2)
+            copies = lookup_continuation(planted + following[:1], gamma)
+            if following == quoted and len(quoted) == 2 and max(quoted) < len(pair.tokenizer) \
+                    and len(copies) == gamma and copies[0] == quoted[1]:
+                return planted
+            quoted = following
+    raise AssertionError(f"no prompt of {len(prompt)} tokens quotes its continuation: pick other prompts")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("asked", "packed"), [("eager", True), ("compile", False), (None, False)])
@@ -156,19 +176,24 @@ def test_a_pair_asked_to_compile_on_a_cpu_keeps_plain_linear_layers_for_inductor
 def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeypatch):
     """Compiled forwards (one-layer pair: compiling is slow on a CPU), every cache warmed as it is allocated
     (``SIDECAR_WARMUP=on``): rows of varied lengths join a batch of 4 as slots free, each equal to the target
-    alone, at a fixed gamma (a lookup step that runs no draft forward leaves a 3-column backlog) and adaptive
-    (its exploration takes plain steps, each growing the backlog); then sidecar tasks after the main output
-    (the document evicted, two tasks: bridges wider than any warmed width, finished rows catching up) decode
-    exactly as in eager mode, the draft forwards after each step's first chained into one graph call
-    (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's plan named, no other, and
-    none compiled outside warm-up: a first draft feed takes the widths 1, 2 and gamma + 3 only, wider ones in
-    chunks (``sidecar.decoding.plan.feed_chunking``). No forward breaks the graph, and no shape compiles twice."""
+    alone, at a fixed gamma (the prompts quote their continuation: the first step copies, runs no draft forward
+    and leaves a 3-column backlog) and adaptive (its exploration takes a plain step, growing the backlog); then
+    sidecar tasks after the main output (the document evicted, two tasks: bridges wider than any warmed width,
+    finished rows catching up) decode exactly as in eager mode, the draft forwards after each step's first
+    chained into one graph call (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's
+    plan named, no other, and none compiled outside warm-up: a first draft feed takes the widths 1, 2 and
+    gamma + 3 only, wider ones in chunks (``sidecar.decoding.plan.feed_chunking``). No forward breaks the graph,
+    and no shape compiles twice. No assertion rests on timings, whatever the load: of the adaptive stream's
+    choices (``GammaController.choose``, fitted to timed forwards) only its exploration's are read, made before
+    any fit, and the rest holds whatever it chooses."""
     monkeypatch.setenv("SIDECAR_WARMUP", "on")
     pair = tiny_pair(layers=1)
     SpeculativeDecoder(pair, gamma=3, capture="compile")
     set_sampled(pair.draft, False)  # greedy rows only here; tests/test_draft_chain.py warms the sampled chains
     lengths = torch.randint(3, 30, (7,), generator=torch.Generator().manual_seed(0)).tolist()
-    prompts = random_prompts(pair, lengths)
+    # each prompt quotes its continuation, so the fixed gamma's first step copies for all four rows: random
+    # prompts alone never all have a copy at once, and the adaptive stream copies only when timings say so
+    prompts = [quoting_its_continuation(pair, prompt, 3) for prompt in random_prompts(pair, lengths)]
     # every row needs more than 64 KV columns: one capacity (128), as the sidecars', so one warm-up per pool
     limits = [62 + 3 * (i % 4) for i in range(len(prompts))]
     traces = []
@@ -181,9 +206,12 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
         for prompt, limit, output in zip(prompts, limits, outputs, strict=True):
             assert output.token_ids == target_alone(pair, prompt, limit)
         assert_speculated(outputs)
-    steps = [step for trace in traces for step in trace.steps]
-    assert any(step.source == "lookup" and step.width and not step.draft_forwards for step in steps), \
-        "no lookup step left the draft a backlog"
+    copied = [k for k, step in enumerate(traces[0].steps) if step.source == "lookup" and step.width
+              and not step.draft_forwards]
+    assert copied, "the fixed gamma took no lookup step"
+    after = traces[0].steps[copied[0] + 1]  # fed the pending token, the copy accepted and the new pending one
+    assert after.draft_feed >= 3, "no lookup step left the draft a backlog"
+    assert after.draft_shape is not None and after.draft_shape.width == 6, f"a backlog not padded: {after}"
     assert any(step.live and not step.width and not step.draft_forwards for step in traces[1].steps[:3]), \
         "the adaptive stream's exploration took no plain step"
 
