@@ -24,9 +24,11 @@ from sidecar.decoding.capture_choice import (
 )
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.errors import InputError
+from sidecar.models.cpu_kernels import onednn_layers, use_onednn_linear
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
 from sidecar.tasks.engine import SidecarEngine
+from tests.decoding import random_prompts
 
 
 @pytest.fixture
@@ -237,3 +239,22 @@ def test_auto_on_a_cpu_times_the_pair_compiled_and_eager_and_a_second_load_measu
     assert again.capture_report == pair.capture_report
     assert runner_modes(again.target) == {pair.capture_mode}, "nothing timed"
 
+
+
+def test_fp32_packed_layers_keep_auto_eager_unmeasured_and_compile_by_name_unpacks_them(home):
+    """fp32 Linear layers in oneDNN's packed layout (how a CPU load runs fp32: ``use_onednn_linear``) are a
+    module buffer inductor cannot lower (an InductorError at the first compiled forward): auto keeps them and
+    eager without timing anything, saying why; compile asked for by name unpacks them to the same weights in
+    the plain layout and decodes what eager decodes over the packed ones."""
+    pair = tiny_pair(layers=1)
+    assert use_onednn_linear(pair.target) and use_onednn_linear(pair.draft)
+    prompts = random_prompts(pair, [5, 9])
+    eager = [o.token_ids for o in SpeculativeDecoder(pair, gamma=2).generate(prompts, max_new_tokens=6)]
+    assert pair.capture_mode == "eager" and "packed layout" in pair.capture_reason
+    assert runner_modes(pair.target) == {"eager"} and not (home / CACHE_FILE).exists(), "auto timed something"
+    packed = onednn_layers(pair.target) + onednn_layers(pair.draft)
+    compiled = SpeculativeDecoder(pair, gamma=2, capture="compile").generate(prompts, max_new_tokens=6)
+    assert [o.token_ids for o in compiled] == eager
+    assert f"{packed} oneDNN-packed Linear layers unpacked" in pair.capture_reason
+    assert onednn_layers(pair.target) == onednn_layers(pair.draft) == 0
+    assert runner_of(pair.target).counters.compiles >= 1

@@ -26,6 +26,7 @@ from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
 from sidecar.decoding.sampling import Sampling
 from sidecar.errors import InputError
+from sidecar.models.cpu_kernels import onednn_layers, unpack_onednn_linear
 from sidecar.models.pair import ModelPair
 from sidecar.progress import ProgressCallback
 from sidecar.runtime.capture import attach, resolve_capture, runner_of
@@ -49,10 +50,20 @@ def use_capture(pair: ModelPair, requested: str | None, max_batch: int | None = 
     (``sidecar.decoding.capture_choice``) where both models run our stack, at the step a run of at most
     ``max_batch`` rows (None: not known) at ``gamma`` mostly takes (``timed_shape``)."""
     shape = timed_shape(max_batch, gamma)
-    cpu_auto = (lambda: choose_cpu_capture(pair.target, pair.draft, shape=shape)) if supports(pair.draft) else None
-    mode, reason = resolve_capture(requested, pair.device, pair.target, cpu_auto)
+    packed = sum(onednn_layers(model) for model in (pair.target, pair.draft))
+
+    def cpu_auto() -> tuple[str, str]:
+        if packed:  # fp32 on a CPU: compiling would first undo the packed layout that makes eager fast here
+            return "eager", (f"auto: eager ({packed} fp32 Linear layers in oneDNN's packed layout, which inductor "
+                             "cannot compile; compile: SIDECAR_CAPTURE=compile)")
+        return choose_cpu_capture(pair.target, pair.draft, shape=shape)
+
+    mode, reason = resolve_capture(requested, pair.device, pair.target, cpu_auto if supports(pair.draft) else None)
     if mode != "hf" and not supports(pair.draft):
         mode, reason = resolve_capture("hf", pair.device, pair.draft)
+    if mode in ("compile", "cudagraph") and packed:  # asked for by name: the compiled forwards get the plain layout
+        unpacked = unpack_onednn_linear(pair.target) + unpack_onednn_linear(pair.draft)
+        reason += f"; {unpacked} oneDNN-packed Linear layers unpacked for inductor"
     attach(pair.target, mode)
     attach(pair.draft, mode)
     pair.capture_mode, pair.capture_reason = mode, reason

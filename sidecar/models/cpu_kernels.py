@@ -56,6 +56,29 @@ def use_onednn_linear(model: nn.Module, packed_rows: int = PACKED_ROWS) -> int:
     return swapped
 
 
+def onednn_layers(model: nn.Module) -> int:
+    """How many of ``model``'s layers are ``OneDNNLinear``."""
+    return sum(isinstance(m, OneDNNLinear) for m in model.modules())
+
+
+def unpack_onednn_linear(model: nn.Module) -> int:
+    """Swap every ``OneDNNLinear`` of ``model`` back for an nn.Linear holding the same weight in the plain layout
+    (exactly: ``to_dense`` undoes the reorder); returns how many. Inductor cannot lower a packed weight that is
+    a module buffer rather than a graph constant, so a compiled forward needs the plain ones; the packed one is
+    freed as the plain one is made, layer by layer."""
+    unpacked = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, OneDNNLinear):
+                linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                   device="meta")
+                linear.weight = nn.Parameter(child.packed.to_dense(), requires_grad=False)
+                linear.bias = child.bias
+                setattr(parent, name, linear)
+                unpacked += 1
+    return unpacked
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every Linear (weights int8, activations quantized per call).
 

@@ -106,8 +106,8 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
 
         pair.draft = quantize_int8(pair.draft)
     # inductor lowers each Linear itself and refuses a weight oneDNN already packed (its lowering wants a frozen
-    # constant): a pair asked to compile keeps plain Linear layers; auto, timed later, compares eager packed
-    # layers against compiling them, which fails and leaves it eager
+    # constant): a pair asked to compile keeps plain Linear layers; auto keeps packed ones eager without timing
+    # (``sidecar.decoding.decoder.use_capture``, which unpacks them if compile is asked for later)
     compiles = (capture or Settings().capture) == "compile"
     if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32 and not compiles:
         from sidecar.models.cpu_kernels import use_onednn_linear
