@@ -20,7 +20,10 @@ Read at each scrape from the worker's ``BatchStats`` snapshot (the same one ``/s
 ``sidecar:num_requests_running``, ``sidecar:num_requests_waiting``, ``sidecar:batch_slots``, the counters
 ``sidecar:batch_steps_total`` and ``sidecar:batch_step_requests_total`` (slot occupancy = step requests /
 steps / slots), ``sidecar:cancelled_tokens_total``, and the device-time ledger's ``sidecar:device_forwards_total``,
-``sidecar:device_measured_seconds_total`` and ``sidecar:device_charged_seconds_total{phase}``.
+``sidecar:device_measured_seconds_total`` and ``sidecar:device_charged_seconds_total{phase}``, and the prompt
+scoring prefix caches' ``sidecar:prompt_cache_hits_total{model}``, ``sidecar:prompt_cache_misses_total{model}``,
+``sidecar:prompt_cache_reused_tokens_total{model}`` and ``sidecar:prompt_cache_forwarded_tokens_total{model}``
+(model: target or draft).
 
 The registry is the app's own, so several servers in one process do not share (or clash over) metrics.
 """
@@ -85,6 +88,14 @@ class _WorkerCollector(Collector):
         for phase, seconds in sorted(device["charged_seconds_by_phase"].items()):
             charged.add_metric([phase], seconds)
         yield charged
+        for key, about in (("hits", "Scored prompts that reused a cached prefix."),
+                           ("misses", "Scored prompts that found no cached prefix."),
+                           ("reused_tokens", "Prompt positions taken from the prefix cache."),
+                           ("forwarded_tokens", "Prompt positions forwarded by cached scoring.")):
+            family = CounterMetricFamily(f"sidecar:prompt_cache_{key}", about, labels=["model"])
+            for model, counters in sorted(stats["prompt_cache"].items()):
+                family.add_metric([model], counters[key])
+            yield family
 
 
 class ServerMetrics:

@@ -28,7 +28,9 @@ short prompt with the default ``max_tokens``); a longer request's cache warms wh
 A scoring job (``ScoreWork``: a prompt's log-probabilities) joins no batch: the worker runs its one forward
 when it takes the job from the queue, between two decoding steps, so it never races the batch's forwards
 and leaves the batch's rows as they were. Its forward is not in the device-time ledger, which accounts
-decoding steps.
+decoding steps. The worker keeps a ``PrefixCache`` per model (``sidecar.decoding.prefix_cache``): a prompt
+sharing its leading tokens with one scored recently (a judge's scorer prompts share instruction and summary)
+forwards only its new tokens; ``GET /stats`` reports its counters under ``prompt_cache``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import torch
 from server.config import ServerConfig
 from server.errors import APIError
 from sidecar.decoding.logprobs import TokenLogprob
+from sidecar.decoding.prefix_cache import PrefixCache
 from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.decoding.scoring import prompt_logprobs
 from sidecar.errors import InputError
@@ -87,6 +90,8 @@ class BatchStats:
     # seconds, and the seconds charged to each phase (main, sidecar, instruction)
     device: dict[str, Any] = field(default_factory=lambda: {"forwards": 0, "measured_seconds": 0.0,
                                                             "charged_seconds": 0.0, "charged_seconds_by_phase": {}})
+    # each model's prompt-scoring prefix cache (``PrefixCache.counters``), by "target" and "draft"
+    prompt_cache: dict[str, dict[str, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(self, size: int, finished: int, failed: int = 0, cancelled_tokens: Sequence[int] = ()) -> None:
@@ -110,11 +115,13 @@ class BatchStats:
                            for key in ("forwards", "measured_seconds", "charged_seconds")}
             self.device["charged_seconds_by_phase"] = phases
 
-    def record_scored(self, failed: bool) -> None:
-        """A scoring job the worker ran outside the batch (``ScoreWork``)."""
+    def record_scored(self, failed: bool, caches: dict[str, PrefixCache]) -> None:
+        """A scoring job the worker ran outside the batch (``ScoreWork``), and its prefix ``caches`` after it."""
+        counters = {model: cache.counters() for model, cache in caches.items()}
         with self.lock:
             self.requests += 1
             self.failed_requests += int(failed)
+            self.prompt_cache = counters
 
     def record_refused(self) -> None:
         """A job the batch refused to take (its error is the job's answer); no step ran for it."""
@@ -136,6 +143,7 @@ class BatchStats:
                 "cancelled_requests": self.cancelled_requests,
                 "cancelled_tokens": self.cancelled_tokens,
                 "device": {**self.device, "charged_seconds_by_phase": dict(self.device["charged_seconds_by_phase"])},
+                "prompt_cache": {model: dict(counters) for model, counters in self.prompt_cache.items()},
                 "uptime_s": time.time() - self.started,
             }
 
@@ -245,6 +253,9 @@ class BatchWorker:
         self.warm_ups: list[dict] = []
         if not warms_at_load(engine.pair.capture_mode):
             self.ready.set()
+        # scored prompts of each model, for the next prompt that shares their leading tokens (this thread's alone)
+        self.prefix_caches = {"target": PrefixCache(), "draft": PrefixCache()}
+        self.stats.prompt_cache = {model: cache.counters() for model, cache in self.prefix_caches.items()}
         self._thread = threading.Thread(target=self._run, name="sidecar-worker", daemon=True)
 
     @property
@@ -367,13 +378,17 @@ class BatchWorker:
     def _score(self, job: Job, work: ScoreWork) -> None:
         """Run a scoring job now, on this thread, between two steps of the batch."""
         model = self.engine.pair.target if work.model == "target" else self.engine.pair.draft
+        cache = self.prefix_caches[work.model]
         try:
-            result = prompt_logprobs(model, work.token_ids, work.top)
+            result = prompt_logprobs(model, work.token_ids, work.top, cache)
         except Exception as exc:
-            self.stats.record_scored(failed=True)
+            if isinstance(exc, torch.OutOfMemoryError):  # the kept keys and values are the first to go
+                for kept in self.prefix_caches.values():
+                    kept.clear()
+            self.stats.record_scored(failed=True, caches=self.prefix_caches)
             job.finish(error=self._api_error(exc, f"scoring a prompt of {len(work.token_ids)} tokens"))
             return
-        self.stats.record_scored(failed=False)
+        self.stats.record_scored(failed=False, caches=self.prefix_caches)
         job.finish(result)
 
     def _step(self, batch: SidecarBatch) -> SidecarBatch:

@@ -344,3 +344,29 @@ def test_scoring_leaves_concurrent_generations_as_they_are_alone(base_url: str, 
     assert "".join(pieces) == alone[0]["message"]["content"]
     assert sampled.result().json()["choices"][0]["message"]["content"] == alone[1]["message"]["content"]
     assert scores.result() == scored_alone * 3
+
+
+def test_prompts_sharing_a_prefix_reuse_it_and_score_as_alone(base_url: str, client: openai.OpenAI, tiny) -> None:
+    """The worker's prefix cache: the second prompt forwards only what follows the shared summary; the
+    numbers are a whole forward's, and the /stats and /metrics counters say what was reused."""
+    def cache_stats() -> tuple[dict, float]:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        counters = httpx.get(base_url.removesuffix("/v1") + "/stats", headers=headers).json()["prompt_cache"]
+        metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics", headers=headers).text
+        reused = next(s.value for family in text_string_to_metric_families(metrics) for s in family.samples
+                      if s.name == "sidecar:prompt_cache_reused_tokens_total" and s.labels == {"model": "target"})
+        return counters["target"], reused
+
+    summary = LONG + " Tags:"
+    texts = [summary + " #budget #roads", summary + " #schools #council #vote"]
+    first, second = (tiny.tokenizer.encode(text, add_special_tokens=False) for text in texts)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared >= 16
+    score(client, texts[0], logprobs=0)
+    before, reused_before = cache_stats()
+    echoed = score(client, texts[1], logprobs=0).choices[0].logprobs
+    after, reused_after = cache_stats()
+    assert after["hits"] - before["hits"] == 1 and after["misses"] == before["misses"]
+    assert after["reused_tokens"] - before["reused_tokens"] == shared - 1 == reused_after - reused_before
+    assert after["forwarded_tokens"] - before["forwarded_tokens"] == len(second) - shared + 1
+    assert echoed.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, second), abs=1e-4)
