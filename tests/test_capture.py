@@ -226,7 +226,7 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
 
 
 def test_a_compiled_copy_past_gamma_verifies_at_the_width_warm_up_compiled(monkeypatch):
-    """An adaptive step may copy more than gamma tokens (``max_copy``, default 10): where the target compiles, the
+    """An adaptive step may copy more than gamma tokens (``max_copy``, 10 here): where the target compiles, the
     longest copy's verify (11 columns, padded to 16) is warmed with the others, copies past gamma take only the
     lengths that pad to it (``sidecar.decoding.plan.copy_widths``), and nothing compiles after warm-up. The
     draft does not pay its prefill here, so only the target's cache is allocated and warmed (batch bucket 1)."""
@@ -237,7 +237,7 @@ def test_a_compiled_copy_past_gamma_verifies_at_the_width_warm_up_compiled(monke
     prompts = random_prompts(pair, [9], seed=3)
     expected, copy = reference_copier(pair, prompts, 30, miss=0.0, corrupt=0.5)
     monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
-    decoder = SpeculativeDecoder(pair, gamma=2, capture="compile")
+    decoder = SpeculativeDecoder(pair, gamma=2, capture="compile", max_copy=10)
     copying_controller(decoder)
     batch = decoder.batch(1)
     outputs = dict(stream_through(batch, [DecodeRow(prompts[0], 30)]))

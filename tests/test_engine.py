@@ -687,13 +687,13 @@ def lookup_widths(decoder: SpeculativeDecoder) -> list[int]:
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_an_adaptive_step_copies_more_than_gamma_and_keeps_greedy_output_identical(tiny, monkeypatch, batch_size):
-    """A copy costs no draft forward, so the adaptive controller may copy up to ``max_copy`` (default
-    ``MAX_COPY`` = 10) tokens where gamma bounds the draft model's (4): copies rejected at every position of a
-    long verify still leave the output the target's own."""
+    """A copy costs no draft forward, so the adaptive controller may copy up to ``max_copy`` (10 here) tokens
+    where gamma bounds the draft model's (4): copies rejected at every position of a long verify still leave the
+    output the target's own."""
     prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
     expected, copy = reference_copier(tiny, prompts, 40, miss=0.0, corrupt=0.5)
     monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
-    decoder = SpeculativeDecoder(tiny, gamma=4)
+    decoder = SpeculativeDecoder(tiny, gamma=4, max_copy=10)
     copying_controller(decoder)
     outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
     assert max(lookup_widths(decoder)) > 4, lookup_widths(decoder)
@@ -713,7 +713,7 @@ def test_a_long_copy_stops_where_a_row_near_its_limit_has_no_more_columns(tiny, 
     limits = [3, 51]  # 56 + 3 + 5 = 8 + 51 + 5 = 64 columns
     expected, copy = reference_copier(tiny, prompts, 51, miss=0.0, corrupt=0.0)
     monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
-    decoder = SpeculativeDecoder(tiny, gamma=4)
+    decoder = SpeculativeDecoder(tiny, gamma=4, max_copy=10)
     copying_controller(decoder)
     outputs = decoder.generate(prompts, max_new_tokens=limits, batch_size=2)
     assert lookup_widths(decoder)[0] == 7

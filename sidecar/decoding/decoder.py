@@ -21,7 +21,6 @@ from sidecar.decoding.batch import SlotBatch, check_row, stream_through
 from sidecar.decoding.capture_choice import choose_cpu_capture, timed_shape
 from sidecar.decoding.controller import GammaController
 from sidecar.decoding.draft_chain import warm_chain
-from sidecar.decoding.lookup import MAX_COPY
 from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner, feed_widths, verify_widths
 from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
@@ -86,8 +85,8 @@ class SpeculativeDecoder:
     ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
     ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``) when
     every row of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
-    ``max_copy`` (default ``MAX_COPY``) bounds an adaptive step's copy, which costs no draft forward and so may
-    be longer than ``gamma``; fixed mode copies exactly ``gamma`` (``max_copy``, if given, must equal it).
+    ``max_copy`` (default ``gamma``) bounds an adaptive step's copy, which costs no draft forward and so may be
+    longer than ``gamma``; fixed mode copies exactly ``gamma`` (``max_copy``, if given, must equal it).
 
     While a seeded sampled row is in the batch, steps follow a fixed rule instead, row by row: each row
     drafts up to ``gamma`` (fewer near its limit), copying when its own text offers that many, so that its
@@ -118,7 +117,7 @@ class SpeculativeDecoder:
             raise InputError(f"max_copy={max_copy} needs adaptive=True: a fixed gamma copies exactly gamma ({gamma}) "
                              "tokens")
         if max_copy is None:
-            max_copy = MAX_COPY if adaptive else gamma
+            max_copy = gamma
         if draft_confidence is None:
             draft_confidence = DRAFT_CONFIDENCE if adaptive else 0.0
         if not 0 <= draft_confidence <= 1:

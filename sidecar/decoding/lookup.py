@@ -5,10 +5,12 @@ earlier in the prompt or the output, the tokens that followed them there are a f
 next. The target verifies that guess like any draft, so the output is unchanged; the guess only saves
 draft-model forwards.
 
-A copy may be longer than the draft model's gamma (``MAX_COPY``; ``SpeculativeDecoder``'s ``max_copy``): it
-costs no draft forward per token, only a wider verify, so its width is sized apart from the draft's (as
+A copy may be longer than the draft model's gamma (``SpeculativeDecoder``'s ``max_copy``, adaptive mode): it
+costs no draft forward per token, only a wider verify, so its width can be sized apart from the draft's (as
 Hugging Face's ``prompt_lookup_num_tokens`` and vLLM's n-gram proposer are), and the controller
-(``sidecar.decoding.controller``) chooses each step's width up to it from its cost fit.
+(``sidecar.decoding.controller``) chooses each step's width up to it from its cost fit. By default it is gamma:
+on the CPU it was measured on, a bound of 10 made the controller copy less per step, not more (docs/design.md,
+Prompt lookup).
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ from collections.abc import Sequence
 # matches the latest is taken.
 MAX_NGRAM = 3
 MIN_NGRAM = 1
-# The most tokens an adaptive step copies (fixed gamma copies exactly gamma): Hugging Face's default
-# ``prompt_lookup_num_tokens``; the controller copies less where a wide verify does not pay.
-MAX_COPY = 10
 
 
 def lookup_continuation(context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM,

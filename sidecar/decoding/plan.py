@@ -48,14 +48,14 @@ forward is launched from the host anyway, and a skipped one is saved host time.
 batch (``sidecar.decoding.controller``), prompt lookup's copies (up to ``max_copy`` tokens: gamma in the fixed
 mode), and while a seeded sampled row is live a fixed rule row by row (up to gamma tokens, copied or drafted),
 so that its tokens depend on nothing but its own prompt and seed.
+``StepPlanner.schedule`` completes it with the draft side and the shapes into the ``StepPlan``.
 
 Where the target compiles, a copy longer than gamma verifies at one more width only, ``max_copy`` + 1 (as
-``width_bucket`` pads it: a copy of 8 .. 10 tokens verifies at 16 columns): the copies offered are 1 .. gamma
-and those whose verify pads to that width (``copy_widths``), so warm-up compiles one shape more per batch bucket
-(``verify_widths``), not one per copy length. A copy is mostly as long as ``max_copy`` allows (the text after a
-match runs on), so the lengths left out are rarely wanted; and at decode widths a GPU's verify costs nearly the
-same whatever its width. Eager forwards take every length at its real width.
-``StepPlanner.schedule`` completes it with the draft side and the shapes into the ``StepPlan``.
+``width_bucket`` pads it: at ``max_copy`` 10 a copy of 8 .. 10 tokens verifies at 16 columns): the copies offered
+are 1 .. gamma and those whose verify pads to that width (``copy_widths``), so warm-up compiles one shape more per
+batch bucket (``verify_widths``), not one per copy length. A copy is mostly as long as ``max_copy`` allows (the text
+after a match runs on), so the lengths left out are rarely wanted; and at decode widths a GPU's verify costs nearly
+the same whatever its width. Eager forwards take every length at its real width.
 """
 
 from __future__ import annotations
