@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chars", type=int, help="cut each article to this many characters")
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--max-copy", type=int, default=None,
+                        help="the adaptive engines' longest prompt-lookup copy (default: gamma); HF's prompt-lookup "
+                             "generate copies as many")
     parser.add_argument("--batches")
     parser.add_argument("--skip-assisted", action="store_true", help="skip HF assisted and prompt-lookup runs")
     parser.add_argument("--fixed-gamma", action=argparse.BooleanOptionalAction,
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
           f"tokens", flush=True)
 
     # -- batch 1: decode phase and end to end, per article --
-    adaptive = SpeculativeDecoder(pair, gamma=args.gamma, adaptive=True)
+    adaptive = SpeculativeDecoder(pair, gamma=args.gamma, adaptive=True, max_copy=args.max_copy)
     # the draft model alone at a fixed gamma: what the teacher-forced prediction below models
     fixed = SpeculativeDecoder(pair, gamma=args.gamma, adaptive=False, prompt_lookup=False)
     warm = prompts[0][:64]  # first calls pay one-off allocation and kernel selection costs
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     fixed.generate([warm], max_new_tokens=4)
     engines = [("engine", adaptive), *([("engine_fixed", fixed)] if args.fixed_gamma else [])]
     if int8 is not None:
-        engines.append(("engine_int8", SpeculativeDecoder(int8, gamma=args.gamma, adaptive=True)))
+        engines.append(("engine_int8", SpeculativeDecoder(int8, gamma=args.gamma, adaptive=True,
+                                                          max_copy=args.max_copy)))
         engines[-1][1].generate([warm], max_new_tokens=4)
     if args.lookup_ablation:  # fp32 variants of the default engine, as cold as it
         engines.append(("engine_no_lookup", SpeculativeDecoder(pair, gamma=args.gamma, prompt_lookup=False)))
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{name}_lookup_accepted": out.stats.lookup_accepted}
         if not args.skip_assisted:
             assisted = hf_assisted_one(pair, prompt, args.max_new_tokens, args.gamma)
-            lookup = hf_speculative_one(pair, prompt, args.max_new_tokens, prompt_lookup_num_tokens=args.gamma)
+            lookup = hf_speculative_one(pair, prompt, args.max_new_tokens,
+                                        prompt_lookup_num_tokens=args.max_copy or args.gamma)
             for method, run in (("assisted", assisted), ("lookup", lookup)):
                 same = check(prompt, plain["tokens"], run["tokens"], f"article {i}, HF {method}")
                 row |= {f"{method}_wall_s": run["wall_s"], f"{method}_identical": same["identical"],

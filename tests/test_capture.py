@@ -253,6 +253,33 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
     assert sidecars() == compiled
 
 
+def test_a_compiled_copy_past_gamma_verifies_at_the_width_warm_up_compiled(monkeypatch):
+    """An adaptive step may copy more than gamma tokens (``max_copy``, 10 here): where the target compiles, the
+    longest copy's verify (11 columns, padded to 16) is warmed with the others, copies past gamma take only the
+    lengths that pad to it (``sidecar.decoding.plan.copy_widths``), and nothing compiles after warm-up. The
+    draft does not pay its prefill here, so only the target's cache is allocated and warmed (batch bucket 1)."""
+    from tests.test_engine import copying_controller, lookup_widths, reference_copier
+
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    pair = tiny_pair(layers=1)
+    prompts = random_prompts(pair, [9], seed=3)
+    expected, copy = reference_copier(pair, prompts, 30, miss=0.0, corrupt=0.5)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    decoder = SpeculativeDecoder(pair, gamma=2, capture="compile", max_copy=10)
+    copying_controller(decoder)
+    batch = decoder.batch(1)
+    outputs = dict(stream_through(batch, [DecodeRow(prompts[0], 30)]))
+    assert outputs[0].token_ids == expected[tuple(prompts[0])]
+    assert max(lookup_widths(decoder)) > 2 and set(lookup_widths(decoder)) <= {1, 2, 8, 9, 10}
+    runner = runner_of(pair.target)
+    warmed = {shape[:2] for w in runner.warm_ups for shape in w.calls}
+    assert (1, 16) in warmed, f"the longest copy's verify was not warmed: {sorted(warmed)}"
+    assert any(step.target_shape == ForwardShape(1, 1, 16) for step in batch.trace.steps)
+    assert set(ran_shapes(pair)["target"]) <= warmed, "a verify ran a width warm-up did not compile"
+    target = counters(pair)["target"]
+    assert target.recompiles == 0 and target.compiles == sum(w.compiles for w in runner.warm_ups)
+
+
 def test_a_decode_forward_runs_the_shape_it_is_given_and_refuses_one_no_bucket_of_its_mode():
     """The step plan's shape is what runs (``StackRunner.shape_for``): a compiled forward pads to the batch it
     is given, here 8 where 3 rows would bucket to 4, and the runner refuses a shape that is no bucket of its

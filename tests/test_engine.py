@@ -617,11 +617,11 @@ def test_sidecar_engine_skips_the_draft_only_without_sidecar_tasks(tiny):
     assert with_tags.sidecars["hashtags"].stats.new_tokens > 0
 
 
-def reference_copier(pair, prompts, max_new_tokens, seed=0):
-    """A stand-in for prompt lookup that copies the target's own greedy continuation. A third of the time it
-    finds nothing, so that draft-model steps (which must first catch up on the copied tokens) come between
-    copied ones; half of the other copies have a token corrupted, so that copies are accepted in full, in
-    part and not at all."""
+def reference_copier(pair, prompts, max_new_tokens, seed=0, miss=0.3, corrupt=0.35):
+    """A stand-in for prompt lookup that copies the target's own greedy continuation. A share ``miss`` of the
+    time (by default about a third) it finds nothing, so that draft-model steps (which must first catch up on
+    the copied tokens) come between copied ones; a share ``corrupt`` (by default half of the others) of the
+    copies have a token corrupted, so that copies are accepted in full, in part and not at all."""
     expected = {tuple(p): target_alone(pair, p, max_new_tokens) for p in prompts}
     rng = random.Random(seed)
 
@@ -630,9 +630,9 @@ def reference_copier(pair, prompts, max_new_tokens, seed=0):
         done = len(context) - len(prompt)
         guess = expected[prompt][done : done + max_tokens]
         roll = rng.random()
-        if roll < 0.3:
+        if roll < miss:
             return []
-        if guess and roll < 0.65:
+        if guess and roll < miss + corrupt:
             guess[rng.randrange(len(guess))] = 3
         return guess
 
@@ -671,6 +671,93 @@ def test_copied_drafts_leave_the_sidecar_continuation_unchanged(tiny, monkeypatc
     for want, got in zip(reference, copied, strict=True):
         assert got.main.token_ids == want.main.token_ids
         assert {k: s.token_ids for k, s in got.sidecars.items()} == {k: s.token_ids for k, s in want.sidecars.items()}
+
+
+def copying_controller(decoder: SpeculativeDecoder) -> None:
+    """``learned_controller`` with copies that look nearly always accepted: the draft model does not pay its
+    prefill, and the costs (0.1 s a step + 0.01 s per token) make the longest copy the best step."""
+    learned_controller(decoder, draft_step_s=0.5, draft_prefill_s_per_token=1.0)
+    lookup = decoder.controller.acceptance["lookup"]
+    lookup.accepted, lookup.drafted = 9.5, 10.0
+
+
+def lookup_widths(decoder: SpeculativeDecoder) -> list[int]:
+    return [width for width, source in decoder.controller.decisions if source == "lookup"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_an_adaptive_step_copies_more_than_gamma_and_keeps_greedy_output_identical(tiny, monkeypatch, batch_size):
+    """A copy costs no draft forward, so the adaptive controller may copy up to ``max_copy`` (10 here) tokens
+    where gamma bounds the draft model's (4): copies rejected at every position of a long verify still leave the
+    output the target's own."""
+    prompts = random_prompts(tiny, [6, 15, 9, 22, 4], seed=11)
+    expected, copy = reference_copier(tiny, prompts, 40, miss=0.0, corrupt=0.5)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    decoder = SpeculativeDecoder(tiny, gamma=4, max_copy=10)
+    copying_controller(decoder)
+    outputs = decoder.generate(prompts, max_new_tokens=40, batch_size=batch_size)
+    assert max(lookup_widths(decoder)) > 4, lookup_widths(decoder)
+    assert 0 < sum(o.stats.lookup_accepted for o in outputs) < sum(o.stats.lookup_drafted for o in outputs)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == expected[tuple(prompt)]
+        st = out.stats  # copied tokens count by position past gamma too
+        assert st.drafted == sum(st.drafted_per_position) == st.lookup_drafted and len(st.drafted_per_position) == 10
+
+
+def test_a_long_copy_stops_where_a_row_near_its_limit_has_no_more_columns(tiny, monkeypatch):
+    """A verify writes its width + 1 columns past every row's cached tokens, and a row keeps gamma + 1 columns
+    free past its last token (``row_columns``): with a row 2 tokens from its limit, a copy stops at 2 + gamma
+    + 1 = 7 tokens, where 10 would write 3 columns past the row's cache (both rows need 64 columns, the pool's
+    whole capacity) while the other row still has 50 tokens to go."""
+    prompts = random_prompts(tiny, [56, 8], seed=5)
+    limits = [3, 51]  # 56 + 3 + 5 = 8 + 51 + 5 = 64 columns
+    expected, copy = reference_copier(tiny, prompts, 51, miss=0.0, corrupt=0.0)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    decoder = SpeculativeDecoder(tiny, gamma=4, max_copy=10)
+    copying_controller(decoder)
+    outputs = decoder.generate(prompts, max_new_tokens=limits, batch_size=2)
+    assert lookup_widths(decoder)[0] == 7
+    for prompt, limit, out in zip(prompts, limits, outputs, strict=True):
+        assert out.token_ids == expected[tuple(prompt)][:limit]
+
+
+def test_controller_copies_past_gamma_where_a_wide_verify_pays():
+    from sidecar.decoding.controller import GammaController
+
+    controller = GammaController(4, max_copy=10)
+    for tokens in (1, 2, 4, 8, 16, 40):
+        controller.costs["target"].add(tokens, 0.1 + 0.01 * tokens)
+    controller.costs["draft"].add(1, 0.05)
+    controller.acceptance["lookup"].accepted, controller.acceptance["lookup"].drafted = 9.5, 10.0
+    assert controller.choose(1, max_gamma=4, max_lookup=10) == (10, "lookup")
+    assert controller.choose(1, max_gamma=4, max_lookup=6) == (6, "lookup")
+    # the widths the target can take (compiled: 1 .. gamma and those padding to the longest copy's verify)
+    static = [1, 2, 3, 4, 8, 9, 10]
+    assert controller.choose(1, max_gamma=4, max_lookup=9, copy_widths=static) == (9, "lookup")
+    assert controller.choose(1, max_gamma=4, max_lookup=7, copy_widths=static) == (4, "lookup")
+    # copies that are rarely accepted: a wide verify does not pay, whatever its bound
+    controller.acceptance["lookup"].accepted = 2.0
+    assert controller.choose(1, max_gamma=0, max_lookup=10) in {(0, "draft"), (1, "lookup")}
+
+
+def test_fixed_gamma_copies_exactly_gamma_and_max_copy_is_checked(tiny, monkeypatch):
+    """A fixed gamma copies gamma tokens, as the teacher-forced prediction assumes, however long the copy on
+    offer; ``max_copy`` is the adaptive mode's, and a bad one is a clear error naming it."""
+    prompts = random_prompts(tiny, [6, 15], seed=2)
+    expected, copy = reference_copier(tiny, prompts, 30, miss=0.0, corrupt=0.5)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=False, max_copy=3)
+    outputs = decoder.generate(prompts, max_new_tokens=30, batch_size=2)
+    assert decoder.planner.max_copy == 3 and set(lookup_widths(decoder)) <= {1, 2, 3}  # fewer near the limit
+    assert lookup_widths(decoder).count(3) >= 3
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == expected[tuple(prompt)] and len(out.stats.drafted_per_position) == 3
+    with pytest.raises(InputError, match=r"max_copy=5 needs adaptive=True"):
+        SpeculativeDecoder(tiny, gamma=3, adaptive=False, max_copy=5)
+    for bad in (0, -1, 2.5, "4", True):
+        with pytest.raises(InputError, match="max_copy must be an integer >= 1"):
+            SpeculativeDecoder(tiny, gamma=3, max_copy=bad)
+    assert SpeculativeDecoder(tiny, gamma=3, max_copy=2).planner.widest == 3
 
 
 @pytest.mark.parametrize("confidence, widths", [(0.0, {4}), (1.0, {1})])

@@ -8,7 +8,15 @@ import dataclasses
 import pytest
 
 from sidecar.decoding.decoder import SpeculativeDecoder
-from sidecar.decoding.plan import ForwardShape, StepPlan, feed_chunking, feed_widths, forward_shape
+from sidecar.decoding.plan import (
+    ForwardShape,
+    StepPlan,
+    copy_widths,
+    feed_chunking,
+    feed_widths,
+    forward_shape,
+    verify_widths,
+)
 from sidecar.decoding.rows import DecodeRow
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import attach, runner_of
@@ -76,3 +84,15 @@ def test_a_compiled_draft_feed_takes_a_warmed_width_and_a_wider_one_runs_in_chun
         [(1, 2, 3, 4, 5, 6), (20, 21), (30,) * 6], [(7, 8, 9, 10, 11, 12), (), (30,)], [(13,), (), ()]]
     one = dataclasses.replace(plan, draft_shape=ForwardShape(3, 3, 13), feed_chunks=1)
     assert one.feed_chunk(0) == list(feeds)
+
+
+def test_a_copy_past_gamma_verifies_at_one_more_compiled_width():
+    """The target's widths: a plain step, a verify of 1 .. gamma drafts, and of the longest copy; where it
+    compiles, a copy past gamma is offered only where its verify pads (``width_bucket``) to the longest copy's,
+    so warm-up compiles one shape more per batch bucket. Eager: every copy length at its real width."""
+    assert verify_widths(4, 10) == {1, 2, 3, 4, 5, 11}
+    assert verify_widths(4, 4) == verify_widths(4, 2) == set(range(1, 6))
+    assert copy_widths(4, 10, static=False) == list(range(1, 11))
+    assert copy_widths(4, 10, static=True) == [1, 2, 3, 4, 8, 9, 10]  # verifies of 9 .. 11 pad to 16
+    assert copy_widths(3, 7, static=True) == [1, 2, 3, 7]  # a verify of 8 is exact
+    assert copy_widths(4, 2, static=True) == [1, 2]

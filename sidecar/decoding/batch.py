@@ -423,7 +423,8 @@ class SlotBatch:
         now = time.perf_counter()
         for r in rows:
             r.stats = GenerationStats(prompt_tokens=len(r.request.target_prompt), target_forwards=1,
-                                      drafted_per_position=[0] * gamma, accepted_per_position=[0] * gamma,
+                                      drafted_per_position=[0] * self.planner.widest,
+                                      accepted_per_position=[0] * self.planner.widest,
                                       prefill_seconds=now - started, batch_size=live)
             r.logprobs = None if r.top_logprobs is None else []
             r.decoding_from = now

@@ -15,7 +15,9 @@ one speculative step at the maximum gamma, then one plain step.
 
 Drafts have two sources, each with its own acceptance: the draft model, and prompt lookup
 (``sidecar.decoding.lookup``), offered when every row of the batch has a continuation to copy. Lookup drafts cost
-no draft forwards, only the wider verify, so for them cost(g) = t_target(batch * (g + 1)).
+no draft forwards, only the wider verify, so for them cost(g) = t_target(batch * (g + 1)), and g runs up to
+``max_copy``, which may exceed the draft model's ``max_gamma`` (the planner offers the widths the target's
+forwards can take: ``sidecar.decoding.plan.copy_widths``).
 
 Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
 fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
@@ -27,7 +29,7 @@ the draft only helps on the steps without a copy.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import torch
@@ -130,8 +132,10 @@ class Acceptance:
 
 
 class GammaController:
-    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7) -> None:
+    def __init__(self, max_gamma: int, adaptive: bool = True, prior_alpha: float = 0.7,
+                 max_copy: int | None = None) -> None:
         self.max_gamma = max_gamma
+        self.max_copy = max_gamma if max_copy is None else max_copy  # the longest copy a step may verify
         self.adaptive = adaptive
         self.costs = {"draft": LinearCost(), "target": LinearCost()}
         # copied text is accepted less often than a model's guess until measured otherwise
@@ -181,7 +185,7 @@ class GammaController:
         gammas = range(1, self.max_gamma + 1)
         plain_rate = self.expected_tokens_per_second(0, batch)
         draft_rate = max(plain_rate, *(self.expected_tokens_per_second(g, batch) for g in gammas))
-        copy_rate = max(self.expected_tokens_per_second(g, batch, "lookup") for g in gammas)
+        copy_rate = max(self.expected_tokens_per_second(g, batch, "lookup") for g in range(1, self.max_copy + 1))
         copy_steps = (self.row_copy_share or 0.0) ** batch
         with_draft = copy_steps * max(draft_rate, copy_rate) + (1 - copy_steps) * draft_rate
         without_draft = copy_steps * max(plain_rate, copy_rate) + (1 - copy_steps) * plain_rate
@@ -189,13 +193,16 @@ class GammaController:
         return speculative <= (1 - MIN_PREDICTED_SAVING) * new_tokens / without_draft
 
     def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0,
-               riders: int = 0) -> tuple[int, Source]:
+               riders: int = 0, copy_widths: Iterable[int] | None = None) -> tuple[int, Source]:
         """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
         tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has, ``riders``
-        the draft-only rows sharing the draft forwards."""
+        the draft-only rows sharing the draft forwards; ``copy_widths``, the copy lengths a step may verify
+        (None: any), narrows the lookup options up to ``max_lookup``."""
         self.collect_timings()
         limit = self.max_gamma if max_gamma is None else max_gamma
-        options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in range(1, max_lookup + 1)]
+        copies = [g for g in (range(1, max_lookup + 1) if copy_widths is None else copy_widths) if 0 < g <= max_lookup]
+        max_lookup = max(copies, default=0)  # the probe's and exploration's copy: the longest a step may verify
+        options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in copies]
         if not self.adaptive:
             choice = fixed_step(limit, max_lookup)
         elif limit and self.costs["draft"].distinct_sizes() == 0:

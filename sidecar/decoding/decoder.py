@@ -21,7 +21,7 @@ from sidecar.decoding.batch import SlotBatch, check_row, stream_through
 from sidecar.decoding.capture_choice import choose_cpu_capture, timed_shape
 from sidecar.decoding.controller import GammaController
 from sidecar.decoding.draft_chain import warm_chain
-from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner, feed_widths
+from sidecar.decoding.plan import DRAFT_CONFIDENCE, StepPlanner, feed_widths, verify_widths
 from sidecar.decoding.randomness import nth_seed
 from sidecar.decoding.rows import CancelCheck, DecodeRow, GenerationOutput, HandoffCallback, TokenCallback
 from sidecar.decoding.sampling import Sampling
@@ -96,6 +96,8 @@ class SpeculativeDecoder:
     ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
     ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``) when
     every row of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
+    ``max_copy`` (default ``gamma``) bounds an adaptive step's copy, which costs no draft forward and so may be
+    longer than ``gamma``; fixed mode copies exactly ``gamma`` (``max_copy``, if given, must equal it).
 
     While a seeded sampled row is in the batch, steps follow a fixed rule instead, row by row: each row
     drafts up to ``gamma`` (fewer near its limit), copying when its own text offers that many, so that its
@@ -117,9 +119,16 @@ class SpeculativeDecoder:
 
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
                  draft_confidence: float | None = None, capture: str | None = None,
-                 warm_up: bool | None = None, max_batch: int | None = None) -> None:
+                 warm_up: bool | None = None, max_batch: int | None = None, max_copy: int | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if max_copy is not None and (not isinstance(max_copy, int) or isinstance(max_copy, bool) or max_copy < 1):
+            raise InputError(f"max_copy must be an integer >= 1, got {max_copy!r}")
+        if not adaptive and max_copy not in (None, gamma):
+            raise InputError(f"max_copy={max_copy} needs adaptive=True: a fixed gamma copies exactly gamma ({gamma}) "
+                             "tokens")
+        if max_copy is None:
+            max_copy = gamma
         if draft_confidence is None:
             draft_confidence = DRAFT_CONFIDENCE if adaptive else 0.0
         if not 0 <= draft_confidence <= 1:
@@ -129,7 +138,8 @@ class SpeculativeDecoder:
             raise InputError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         use_capture(pair, capture or pair.capture or pair.capture_mode or None, max_batch, gamma)
         warm_up = allocation_default() if warm_up is None else warm_up
-        set_widths(pair.target, set(range(1, gamma + 2)), warm_up)  # a plain step, a verify of 1 .. gamma drafts
+        # a plain step, a verify of 1 .. gamma drafts, and of the longest copy (every longer copy pads to it)
+        set_widths(pair.target, verify_widths(gamma, max_copy), warm_up)
         set_widths(pair.draft, feed_widths(gamma), warm_up)  # a first feed's widths: wider ones run in chunks
         # a step's draft forwards after its first, chained (``sidecar.decoding.draft_chain``): 1 .. gamma - 1
         target_vocab = pair.target.get_output_embeddings().out_features
@@ -137,8 +147,9 @@ class SpeculativeDecoder:
                    partial(warm_chain, runner_of(pair.draft), target_vocab=target_vocab))
         self.gamma = gamma
         self.adaptive = adaptive
-        self.controller = GammaController(gamma, adaptive)
-        self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence)
+        self.max_copy = max_copy
+        self.controller = GammaController(gamma, adaptive, max_copy=max_copy)
+        self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence, max_copy)
         self.prefill_plans = {"target": PrefillPlanner(pair.device), "draft": PrefillPlanner(pair.device)}
 
     @property

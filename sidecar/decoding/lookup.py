@@ -4,6 +4,13 @@ A summary repeats names and phrases of its document. When the last few committed
 earlier in the prompt or the output, the tokens that followed them there are a free guess at what comes
 next. The target verifies that guess like any draft, so the output is unchanged; the guess only saves
 draft-model forwards.
+
+A copy may be longer than the draft model's gamma (``SpeculativeDecoder``'s ``max_copy``, adaptive mode): it
+costs no draft forward per token, only a wider verify, so its width can be sized apart from the draft's (as
+Hugging Face's ``prompt_lookup_num_tokens`` and vLLM's n-gram proposer are), and the controller
+(``sidecar.decoding.controller``) chooses each step's width up to it from its cost fit. By default it is gamma:
+on the CPU it was measured on, a bound of 10 made the controller copy less per step, not more (docs/design.md,
+Prompt lookup).
 """
 
 from __future__ import annotations

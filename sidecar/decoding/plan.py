@@ -15,9 +15,12 @@ Terms, per step:
 - the first draft forward feeds each draft row its *feed*: for a main row, what its draft lacks (its
   backlog and pending token); for a catching-up row, the rest of its output; for a draft-only row, its
   pending token, or its join feed (a sidecar's bridge) on its first step.
+- *copies*: prompt lookup's drafts (``sidecar.decoding.lookup``), up to ``max_copy`` tokens in the adaptive
+  mode, which may exceed gamma: a copy costs no draft forward, only a wider verify (``copy_widths``).
 - *feed chunks*: where the draft's forwards compile, the feeds take only the widths warm-up compiled
   (``feed_widths``): 1, 2 and F = gamma + 3, the widest backlog a step that ran no draft forward leaves after
-  a step that did (the last accepted draft, the old pending token, up to gamma copies, the new pending token).
+  a step that did (the last accepted draft, the old pending token, up to gamma copies, the new pending token);
+  a longer copy's backlog runs in chunks, like a bridge's: the draft stays at the widths warm-up compiled.
   A feed of 3 .. F columns pads to F; a wider one (a sidecar's bridge, a finished row catching up, a run of
   plain steps) runs as ``feed_chunks`` forwards of F columns before the draft positions' forwards go on,
   token p of a row's feed in chunk p // F at column p % F (a row whose feed has ended is padding in the later
@@ -42,9 +45,17 @@ and capture (gamma shapes per batch bucket instead of one). Eager mode keeps the
 forward is launched from the host anyway, and a skipped one is saved host time.
 
 ``StepPlanner.choose`` makes the target side of a plan (``TargetChoice``): the controller's choice for the
-batch (``sidecar.decoding.controller``), prompt lookup's copies, and while a seeded sampled row is live a
-fixed rule row by row, so that its tokens depend on nothing but its own prompt and seed.
+batch (``sidecar.decoding.controller``), prompt lookup's copies (up to ``max_copy`` tokens: gamma in the fixed
+mode), and while a seeded sampled row is live a fixed rule row by row (up to gamma tokens, copied or drafted),
+so that its tokens depend on nothing but its own prompt and seed.
 ``StepPlanner.schedule`` completes it with the draft side and the shapes into the ``StepPlan``.
+
+Where the target compiles, a copy longer than gamma verifies at one more width only, ``max_copy`` + 1 (as
+``width_bucket`` pads it: at ``max_copy`` 10 a copy of 8 .. 10 tokens verifies at 16 columns): the copies offered
+are 1 .. gamma and those whose verify pads to that width (``copy_widths``), so warm-up compiles one shape more per
+batch bucket (``verify_widths``), not one per copy length. A copy is mostly as long as ``max_copy`` allows (the text
+after a match runs on), so the lengths left out are rarely wanted; and at decode widths a GPU's verify costs nearly
+the same whatever its width. Eager forwards take every length at its real width.
 """
 
 from __future__ import annotations
@@ -91,6 +102,22 @@ def feed_widths(gamma: int) -> set[int]:
     accepted draft, the pending token, gamma copies, the new pending token), so copying costs no extra forward;
     a wider feed runs as chunks of F (``feed_chunking``)."""
     return {1, 2, width_bucket(gamma + 3)}
+
+
+def verify_widths(gamma: int, max_copy: int) -> set[int]:
+    """The target's decode widths (warm-up's, where it compiles: ``SpeculativeDecoder``): 1 (a plain step),
+    2 .. gamma + 1 (a verify of 1 .. gamma drafts, copied or from the draft model) and ``max_copy`` + 1 (a
+    verify of the longest copy, padded as ``width_bucket`` says), the width every longer copy pads to
+    (``copy_widths``)."""
+    return set(range(1, gamma + 2)) | {max_copy + 1}
+
+
+def copy_widths(gamma: int, max_copy: int, static: bool) -> list[int]:
+    """The copy lengths a lookup step may verify: every one up to ``max_copy`` where the target's forwards run at
+    their real shape; where they compile (``static``), 1 .. gamma and those whose verify pads to the width of
+    the longest copy's (``verify_widths``), which warm-up compiled."""
+    longest = width_bucket(max_copy + 1)
+    return [g for g in range(1, max_copy + 1) if not static or g <= gamma or width_bucket(g + 1) == longest]
 
 
 def feed_chunking(widest: int, gamma: int, static: bool) -> tuple[int, int]:
@@ -163,19 +190,28 @@ class StepPlanner:
     """The scheduler: each step's ``StepPlan`` (see the module docstring)."""
 
     def __init__(self, controller: GammaController, gamma: int, prompt_lookup: bool = True,
-                 draft_confidence: float = DRAFT_CONFIDENCE) -> None:
+                 draft_confidence: float = DRAFT_CONFIDENCE, max_copy: int | None = None) -> None:
         self.controller = controller
         self.gamma = gamma
+        self.max_copy = gamma if max_copy is None else max_copy  # the longest copy (``copy_widths``)
         self.prompt_lookup = prompt_lookup
         self.lookup_min_ngram = MIN_NGRAM
         self.draft_confidence = draft_confidence
+
+    @property
+    def widest(self) -> int:
+        """The most drafts a step verifies per row, copied or drafted (the per-position counters' length)."""
+        return max(self.gamma, self.max_copy)
 
     def schedule(self, target_rows: Sequence[MainRow], draft_rows: Sequence[LiveRow], feed: FeedOf,
                  target_pool: SlotPool | None, draft_pool: SlotPool | None) -> StepPlan:
         """The next step over the live rows, in slot order: the target side, then the draft side (which rows
         draft, each draft row's feed, how many draft forwards), then the shapes of the forwards."""
         riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in draft_rows)
-        choice = self.choose(target_rows, riders) if target_rows else TargetChoice(0, "draft", (), (), False)
+        target_runner = runner_of(target_pool.model) if target_pool is not None else None
+        static_target = target_runner is not None and target_runner.static
+        choice = (self.choose(target_rows, riders, static_target) if target_rows
+                  else TargetChoice(0, "draft", (), (), False))
         slot_of = {id(r): slot for slot, r in enumerate(draft_rows)}
         drafts = {id(r) for r, model in zip(target_rows, choice.model_rows, strict=True) if model}
         forwards = (choice.width if choice.source == "draft" and drafts else 0) or int(riders > 0)
@@ -203,11 +239,13 @@ class StepPlanner:
                         target_shape=target_shape, draft_shape=draft_shape, next_draft_shape=next_draft_shape,
                         chained_forwards=chained, feed_chunks=chunks)
 
-    def choose(self, rows: Sequence[MainRow], riders: int = 0) -> TargetChoice:
+    def choose(self, rows: Sequence[MainRow], riders: int = 0, static: bool = False) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not
-        main rows share the draft forwards (the controller prices them in)."""
+        main rows share the draft forwards (the controller prices them in); ``static``: the target's forwards
+        compile, and a copy takes only the widths warm-up compiled (``copy_widths``)."""
         # the width shrinks only when every row is near its limit: one row's limit must not cost the others
-        limit = min(self.gamma, max(max((r.remaining for r in rows), default=0) - 1, 0))
+        most = max(max((r.remaining for r in rows), default=0) - 1, 0)
+        limit = min(self.gamma, most)
         has_draft = [r.has_draft for r in rows]
         if any(r.sampling.seeded for r in rows):
             caps = tuple(min(self.gamma, r.remaining - 1) if r.has_draft else 0 for r in rows)
@@ -215,17 +253,23 @@ class StepPlanner:
                                                                                strict=True))
             model = any(cap and not c for cap, c in zip(caps, copies, strict=True))
             return TargetChoice(max(caps, default=0), "draft" if model else "lookup", copies, caps, False)
-        copied = self._copies(rows, limit)
+        # A verify writes its width + 1 columns past each row's cached tokens, and a row keeps gamma + 1 free past
+        # its last token (``row_columns``): a row with r tokens left holds a verify of r + gamma + 1 drafts
+        # (r - 1 of them its own, the rest cut at commit), so a copy longer than gamma stops there.
+        room = min((r.remaining for r in rows), default=0) + self.gamma + 1
+        copied = self._copies(rows, min(self.max_copy, most, room))
         every_row_copies = bool(rows) and all(copied)
         max_lookup = min(map(len, copied)) if every_row_copies else 0
-        width, source = self.controller.choose(len(rows), limit if any(has_draft) else 0, max_lookup, riders)
+        width, source = self.controller.choose(len(rows), limit if any(has_draft) else 0, max_lookup, riders,
+                                               copy_widths(self.gamma, self.max_copy, static))
         if source == "lookup" and width:
             return TargetChoice(width, source, tuple(c[:width] for c in copied), (width,) * len(rows), False)
         return TargetChoice(width, source, ((),) * len(rows), tuple(width if d else 0 for d in has_draft),
                             stop_early=self.draft_confidence > 0)
 
     def _copies(self, rows: Sequence[MainRow], limit: int) -> list[tuple[int, ...]]:
-        """Each live row's prompt-lookup continuation (up to ``limit`` tokens; () where it has none)."""
+        """Each live row's prompt-lookup continuation (up to ``limit`` tokens: gamma, or ``max_copy`` where the
+        controller chooses; () where it has none)."""
         if not self.prompt_lookup or limit == 0 or not rows:
             return [() for _ in rows]
         copied = [tuple(lookup_continuation(r.request.target_prompt + r.tokens, limit,

@@ -44,7 +44,7 @@ AUTO = "auto"  # CUDA: cudagraph; CPU: eager or compile, whichever the pair runs
 # batch buckets: a decode forward's rows are padded up to the next (and at most to the cache's rows)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # a decode forward's query width: exact up to this (the verify's gamma + 1, a draft's feed), else padded up to
-# a power of two (a catching-up row's feed)
+# a power of two (a catching-up row's feed, the verify of a copy longer than gamma)
 EXACT_WIDTHS = 8
 # compiled shapes one code object may hold (every model's and bucket's share it)
 RECOMPILE_LIMIT = 512

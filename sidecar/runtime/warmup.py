@@ -4,8 +4,10 @@ progress bar, and not in the middle of a batch, where they would stall its rows 
 controller measures.
 
 The shapes: for a cache of R rows and C columns, every batch bucket up to R (``capture.batch_bucket``) at each
-of the model's decode widths. The target's are 1 (a plain step) and 2 .. gamma + 1 (a verify of 1 .. gamma
-drafts: the width shrinks near the rows' limits and when drafting stops early); the draft's 1 (each draft
+of the model's decode widths. The target's are 1 (a plain step), 2 .. gamma + 1 (a verify of 1 .. gamma
+drafts: the width shrinks near the rows' limits and when drafting stops early) and an adaptive decoder's
+max_copy + 1 (the longest copy's verify, which longer copies pad to: ``sidecar.decoding.plan.verify_widths``);
+the draft's 1 (each draft
 forward after a step's first), 2 (a step's first, feeding the last accepted draft and the pending token) and
 gamma + 3 (``sidecar.decoding.plan.feed_widths``: a first feed of 3 .. gamma + 3 columns, the backlog of plain
 or lookup steps, pads to it; a wider one, a sidecar's bridge or a row catching up, runs as forwards of it), so
