@@ -14,47 +14,19 @@
 #   (replaced by the file's version on every run).
 #
 # No argument: this machine, one limit per GPU that nvidia-smi lists, or one (a CPU worker) if none.
-# SIDECAR_PREFECT: the prefect executable (default: the checkout's .venv).
+# The work is flows/pool_setup.py's, in one Python process: a `prefect` command per object imports Prefect
+# each time, seconds apiece on a busy machine.
+# SIDECAR_PREFECT: the prefect executable (default: the checkout's .venv); the Python beside it runs the module
+# (SIDECAR_PYTHON names another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
 prefect="${SIDECAR_PREFECT:-.venv/bin/prefect}"
+beside="$(dirname "$(command -v "$prefect" || echo "$prefect")")/python3"
+python="${SIDECAR_PYTHON:-$([ -x "$beside" ] && echo "$beside" || echo python3)}"
 
 if [ "$#" -eq 0 ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
   set -- "${SIDECAR_HOST:-$HOSTNAME}:$(( gpus > 0 ? gpus : 1 ))"
 fi
-for spec in "$@"; do
-  if ! [[ "$spec" =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]]; then
-    echo "setup-pool.sh: expected HOST:GPUS (e.g. gpu-a:8), got '$spec'" >&2
-    exit 2
-  fi
-done
-
-pool() {
-  $prefect work-pool inspect "$1" >/dev/null 2>&1 || $prefect work-pool create "$1" --type process
-}
-limit() {  # created, or set back to one slot where it exists: one prefect call on a new server, not two
-  if ! $prefect gcl create "$1" --limit 1 >/dev/null 2>&1; then
-    $prefect gcl update "$1" --limit 1 >/dev/null
-  fi
-  echo "concurrency limit $1: 1 slot"
-}
-automation() {  # the automation named $1, as file $2 has it now
-  if $prefect automation inspect "$1" >/dev/null 2>&1; then
-    $prefect --no-prompt automation delete "$1" >/dev/null
-  fi
-  $prefect automation create --from-file "$2" >/dev/null
-  echo "automation $1: from $2"
-}
-
-pool sidecar-control
-pool sidecar-gpu
-limit gpu
-for spec in "$@"; do
-  host="${spec%:*}"
-  for (( i = 0; i < ${spec##*:}; i++ )); do
-    limit "gpu-$host-$i"
-  done
-done
-automation sidecar-crash-silent-runs infra/crash-silent-runs.yaml
+exec "$python" -m flows.pool_setup "$@"

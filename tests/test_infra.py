@@ -1,11 +1,13 @@
-"""The files of infra/ checked offline, fast: the systemd units parse (``systemd-analyze verify`` where it
-exists) with the keys the GPU pool needs, the shell scripts parse and do what they say against a stand-in
-``prefect`` (pools and limits created once, one worker per GPU with its own limit), docker-compose names a
+"""The files of infra/ checked, most offline: the systemd units parse (``systemd-analyze verify`` where it
+exists) with the keys the GPU pool needs; the shell scripts parse and do what they say, setup-pool.sh against the
+session's real Prefect API (pools and limits created once, limits set back to one slot, the automation replaced),
+gpu-workers.sh against a stand-in ``prefect`` (one worker per GPU with its own limit); docker-compose names a
 Postgres-backed server and its workers on pinned images, and the deployments of prefect.yaml name the pools
 and limits the scripts create."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -13,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,19 +30,11 @@ SCRIPTS = sorted(INFRA.glob("*.sh"))
 SHELLCHECK = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 PREFECT = Path(sys.executable).parent / "prefect"
 
-# A stand-in for the prefect CLI: each call is a line of $FAKE_STATE/calls; pools, limits and automations (by
-# the name in their file) live as files under $FAKE_STATE, so `inspect` finds what an earlier `create` made.
-# `worker start` prints its environment and runs until SIGTERM.
+# A stand-in for the prefect CLI's `worker start` (each call is a line of $FAKE_STATE/calls): it prints its
+# environment and runs until SIGTERM.
 FAKE_PREFECT = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_STATE/calls"
 case "$1 $2" in
-  "work-pool inspect"|"gcl inspect") [ -e "$FAKE_STATE/$1-$3" ] ;;
-  "work-pool create") echo "$*" > "$FAKE_STATE/$1-$3" ;;
-  "gcl create") [ ! -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;  # refused where it exists
-  "gcl update") [ -e "$FAKE_STATE/$1-$3" ] && echo "$*" > "$FAKE_STATE/$1-$3" ;;
-  "automation inspect") [ -e "$FAKE_STATE/automation-$3" ] ;;
-  "automation create") echo "$*" > "$FAKE_STATE/automation-$(sed -n 's/^name: //p' "$4")" ;;
-  "--no-prompt automation") [ "$3" = delete ] && rm "$FAKE_STATE/automation-$4" ;;
   "worker start")
     if [ "$SIDECAR_GPU_LIMIT" = "${FAKE_STAY_LIMIT:-}" ]; then
       trap '' TERM  # as Prefect 3.9's worker often does: still up after SIGTERM
@@ -133,49 +129,91 @@ def fake_bin(tmp_path: Path) -> dict[str, str]:
                   "PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_API_URL": "http://127.0.0.1:9/api"}
 
 
-def fake_state(env: dict[str, str]) -> dict[str, str]:
-    return {p.name: p.read_text() for p in Path(env["FAKE_STATE"]).iterdir() if p.name != "calls"}
+@contextlib.contextmanager
+def setup_pool_server(prefect_api: dict[str, str], hosts: list[str]) -> Iterator[tuple[dict[str, str], Any]]:
+    """The session's real Prefect API for setup-pool.sh (no nvidia-smi on PATH), and a client of it; what the
+    script made there (pools, the automation, the limits of ``hosts`` and ``gpu``) is deleted after, as other
+    modules share the server and their runs would otherwise queue on its ``gpu`` limit."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.pool_setup import POOLS
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "SIDECAR_HOST")} | prefect_api
+    env |= {"SIDECAR_PREFECT": str(PREFECT), "PATH": "/usr/bin:/bin"}
+    with get_client(sync_client=True) as api:
+        existed = {pool.name for pool in api.read_work_pools()} | {
+            limit.name for limit in api.read_global_concurrency_limits()}
+        assert not existed & {"gpu", *POOLS}, f"another module left {existed} on the session's server"
+        try:
+            yield env, api
+        finally:
+            for limit in api.read_global_concurrency_limits():
+                if limit.name == "gpu" or any(limit.name.startswith(f"gpu-{host}-") for host in hosts):
+                    api.delete_global_concurrency_limit_by_name(limit.name)
+            for pool in POOLS:
+                with contextlib.suppress(ObjectNotFound):
+                    api.delete_work_pool(pool)
+            for automation in api.read_automations_by_name("sidecar-crash-silent-runs"):
+                api.delete_automation(automation.id)
+
+
+def limits(api) -> dict[str, int]:
+    return {limit.name: limit.limit for limit in api.read_global_concurrency_limits()
+            if not limit.name.startswith("deployment:")}
 
 
 @pytest.mark.servers
-def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(fake_bin: dict[str, str]) -> None:
-    run = lambda: subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a:2", "gpu-b.lan:1"], env=fake_bin,  # noqa: E731
-                                 capture_output=True, text=True, timeout=60)
-    assert (done := run()).returncode == 0, done.stderr
-    state = fake_state(fake_bin)
-    assert state == {
-        "work-pool-sidecar-control": "work-pool create sidecar-control --type process\n",
-        "work-pool-sidecar-gpu": "work-pool create sidecar-gpu --type process\n",
-        **{f"gcl-{name}": f"gcl create {name} --limit 1\n" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1",
-                                                                          "gpu-gpu-b.lan-0")},
-        "automation-sidecar-crash-silent-runs": "automation create --from-file infra/crash-silent-runs.yaml\n"}
-    # one prefect call per limit on a new server: each call imports Prefect, seconds on a busy machine
-    calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
-    assert [c for c in calls if c.startswith("gcl ")] == [
-        f"gcl create {name} --limit 1" for name in ("gpu", "gpu-gpu-a-0", "gpu-gpu-a-1", "gpu-gpu-b.lan-0")], calls
-    # run again: nothing new is created, every limit is set back to one slot, the automation is replaced by
-    # the file's current version
-    Path(fake_bin["FAKE_STATE"], "calls").unlink()
-    assert (done := run()).returncode == 0, done.stderr
-    calls = Path(fake_bin["FAKE_STATE"], "calls").read_text().splitlines()
-    assert fake_state(fake_bin).keys() == state.keys()
-    # (a limit's create is tried first and refused: it exists)
-    assert [c for c in calls if (" create " in c or " delete " in c) and not c.startswith("gcl create ")] == [
-        "--no-prompt automation delete sidecar-crash-silent-runs",
-        "automation create --from-file infra/crash-silent-runs.yaml"], calls
-    assert sorted(c for c in calls if c.startswith("gcl update")) == sorted(
-        f"gcl update {name.removeprefix('gcl-')} --limit 1" for name in state if name.startswith("gcl-"))
+def test_setup_pool_creates_both_pools_and_a_limit_per_gpu_of_each_host_once(prefect_api: dict[str, str]) -> None:
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.events.schemas.automations import AutomationCore
+    from prefect.workers.process import ProcessWorker
+
+    with setup_pool_server(prefect_api, ["gpu-a", "gpu-b.lan"]) as (env, api):
+        run = lambda: subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a:2", "gpu-b.lan:1"], env=env,  # noqa: E731
+                                     capture_output=True, text=True, timeout=120)
+        assert (done := run()).returncode == 0, done.stdout + done.stderr
+        wanted = {"gpu": 1, "gpu-gpu-a-0": 1, "gpu-gpu-a-1": 1, "gpu-gpu-b.lan-0": 1}
+        assert limits(api) == wanted
+        pools = {pool.name: pool for pool in api.read_work_pools()}
+        # both of type process, with the template `prefect work-pool create --type process` gives a pool
+        assert {name: (pool.type, pool.base_job_template) for name, pool in pools.items()} == {
+            name: ("process", ProcessWorker.get_default_base_job_template())
+            for name in ("sidecar-control", "sidecar-gpu")}
+        [automation] = api.read_automations_by_name("sidecar-crash-silent-runs")
+        # run again after the limits and the automation changed: nothing new is created, every limit is set back
+        # to one slot, the automation is replaced by the file's version, the pools are the same ones
+        api.update_global_concurrency_limit("gpu-gpu-a-1", GlobalConcurrencyLimitUpdate(limit=3))
+        api.update_automation(automation.id, AutomationCore.model_validate(
+            yaml.safe_load((INFRA / "crash-silent-runs.yaml").read_text()) | {"description": "edited"}))
+        assert api.read_automation(automation.id).description == "edited"
+        assert (done := run()).returncode == 0, done.stdout + done.stderr
+        assert limits(api) == wanted
+        [again] = api.read_automations_by_name("sidecar-crash-silent-runs")
+        assert again.id != automation.id and again.description == automation.description
+        assert {pool.name: pool.id for pool in api.read_work_pools()} == {n: p.id for n, p in pools.items()}
+        assert "concurrency limit gpu-gpu-b.lan-0: 1 slot" in done.stdout.splitlines()
 
 
 @pytest.mark.servers
-def test_setup_pool_without_arguments_sets_up_this_host_and_refuses_a_bad_spec(fake_bin: dict[str, str]) -> None:
-    done = subprocess.run([str(INFRA / "setup-pool.sh")], env=fake_bin | {"SIDECAR_HOST": "here"},
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    # no nvidia-smi: one limit, for one CPU worker
-    assert {n for n in fake_state(fake_bin) if n.startswith("gcl-")} == {"gcl-gpu", "gcl-gpu-here-0"}
-    done = subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a"], env=fake_bin, capture_output=True, text=True)
-    assert done.returncode == 2 and "HOST:GPUS" in done.stderr
+def test_setup_pool_without_arguments_sets_up_this_host_and_refuses_a_bad_spec(prefect_api: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    with setup_pool_server(prefect_api, ["here", "there"]) as (env, api):
+        done = subprocess.run([str(INFRA / "setup-pool.sh")], env=env | {"SIDECAR_HOST": "here"},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        # no nvidia-smi: one limit, for one CPU worker
+        assert limits(api) == {"gpu": 1, "gpu-here-0": 1}
+        (tmp_path / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+        (tmp_path / "nvidia-smi").chmod(0o755)
+        done = subprocess.run([str(INFRA / "setup-pool.sh")], capture_output=True, text=True, timeout=120,
+                              env=env | {"SIDECAR_HOST": "there", "PATH": f"{tmp_path}:{env['PATH']}"})
+        assert done.returncode == 0, done.stderr
+        assert limits(api) == {"gpu": 1, "gpu-here-0": 1, "gpu-there-0": 1, "gpu-there-1": 1}
+        done = subprocess.run([str(INFRA / "setup-pool.sh"), "gpu-a", "b:1"], env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == 2 and "HOST:GPUS" in done.stderr and "'gpu-a'" in done.stderr
+        assert limits(api) == {"gpu": 1, "gpu-here-0": 1, "gpu-there-0": 1, "gpu-there-1": 1}, "nothing was set up"
 
 
 def start_workers(env: dict[str, str], *args: str, count: int) -> tuple[subprocess.Popen, list[str]]:
@@ -308,8 +346,9 @@ def test_prefect_yaml_puts_parents_on_the_control_pool_and_gpu_work_on_the_gpu_p
     assert {name: d["work_pool"]["name"] for name, d in deployments.items()} == {
         "nightly": "sidecar-control", "cost-report": "sidecar-control",
         "nightly-shard": "sidecar-gpu", "judge": "sidecar-gpu"}
-    created = set(re.findall(r"^pool (\S+)$", (INFRA / "setup-pool.sh").read_text(), re.MULTILINE))
-    assert {d["work_pool"]["name"] for d in deployments.values()} == created
+    from flows.pool_setup import POOLS
+
+    assert {d["work_pool"]["name"] for d in deployments.values()} == set(POOLS)
     shard = deployments["nightly-shard"]
     assert shard["entrypoint"] == "flows/nightly_shard.py:nightly_shard"
     assert not shard.get("schedules") and "concurrency_limit" not in shard and not shard.get("triggers")
