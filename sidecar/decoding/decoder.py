@@ -147,9 +147,8 @@ class SpeculativeDecoder:
                    partial(warm_chain, runner_of(pair.draft), target_vocab=target_vocab))
         self.gamma = gamma
         self.adaptive = adaptive
-        self.max_copy = max_copy
         self.controller = GammaController(gamma, adaptive, max_copy=max_copy)
-        self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence, max_copy)
+        self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence)
         self.prefill_plans = {"target": PrefillPlanner(pair.device), "draft": PrefillPlanner(pair.device)}
 
     @property

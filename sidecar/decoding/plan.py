@@ -190,13 +190,17 @@ class StepPlanner:
     """The scheduler: each step's ``StepPlan`` (see the module docstring)."""
 
     def __init__(self, controller: GammaController, gamma: int, prompt_lookup: bool = True,
-                 draft_confidence: float = DRAFT_CONFIDENCE, max_copy: int | None = None) -> None:
+                 draft_confidence: float = DRAFT_CONFIDENCE) -> None:
         self.controller = controller
         self.gamma = gamma
-        self.max_copy = gamma if max_copy is None else max_copy  # the longest copy (``copy_widths``)
         self.prompt_lookup = prompt_lookup
         self.lookup_min_ngram = MIN_NGRAM
         self.draft_confidence = draft_confidence
+
+    @property
+    def max_copy(self) -> int:
+        """The longest copy a step may verify (``copy_widths``): the controller's, which prices each width."""
+        return self.controller.max_copy
 
     @property
     def widest(self) -> int:
