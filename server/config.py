@@ -51,6 +51,11 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
     # Requests waiting for the worker; beyond this the server answers 503 instead of queueing forever.
     max_queue: int = Field(256, ge=1, le=1_000_000)
+    # The prompt-scoring prefix cache of each model (``sidecar.decoding.prefix_cache``): on or off, as vLLM's
+    # --enable-prefix-caching and SGLang's --disable-radix-cache, and the MiB of keys and values it may hold
+    # per model (least recently used out first), kept on the device beside the batch's KV caches.
+    prompt_cache: bool = True
+    prompt_cache_mib: int = Field(256, ge=1, le=1 << 20)
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)

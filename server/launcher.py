@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
           max_batch: int = 8, batch_wait_ms: float = 5.0, gamma: int = 4, max_body_bytes: int = 1 << 20,
           max_queue: int = 256, model_name: str | None = None, insecure: bool = False,
-          dtype: str | None = None) -> None:
+          dtype: str | None = None, prompt_cache: bool = True, prompt_cache_mib: int = 256) -> None:
     """Check the config, bind the port, load the pair, then serve it until interrupted.
 
     Without a key, only a loopback ``host`` is served unless ``insecure`` (``ServerConfig`` raises ``InputError``).
@@ -45,7 +45,7 @@ def serve(pair_name: str, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     # the config and the port first: a refused config or a taken port fails before minutes of model loading
     config = ServerConfig(model_name=model_name or pair_name, api_key=api_key or None, host=host, insecure=insecure,
                           max_batch=max_batch, batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
-                          max_queue=max_queue)
+                          max_queue=max_queue, prompt_cache=prompt_cache, prompt_cache_mib=prompt_cache_mib)
     with bind(host, port) as sock:
         pair = load_pair(pair_name, dtype=dtype)
         engine = SidecarEngine(pair, gamma=gamma, max_batch=config.max_batch)

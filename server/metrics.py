@@ -23,7 +23,7 @@ steps / slots), ``sidecar:cancelled_tokens_total``, and the device-time ledger's
 ``sidecar:device_measured_seconds_total`` and ``sidecar:device_charged_seconds_total{phase}``, and the prompt
 scoring prefix caches' ``sidecar:prompt_cache_hits_total{model}``, ``sidecar:prompt_cache_misses_total{model}``,
 ``sidecar:prompt_cache_reused_tokens_total{model}`` and ``sidecar:prompt_cache_forwarded_tokens_total{model}``
-(model: target or draft).
+(model: target or draft; none without prompt caches, ``--no-prompt-cache``).
 
 The registry is the app's own, so several servers in one process do not share (or clash over) metrics.
 """

@@ -28,9 +28,10 @@ short prompt with the default ``max_tokens``); a longer request's cache warms wh
 A scoring job (``ScoreWork``: a prompt's log-probabilities) joins no batch: the worker runs its one forward
 when it takes the job from the queue, between two decoding steps, so it never races the batch's forwards
 and leaves the batch's rows as they were. Its forward is not in the device-time ledger, which accounts
-decoding steps. The worker keeps a ``PrefixCache`` per model (``sidecar.decoding.prefix_cache``): a prompt
-sharing its leading tokens with one scored recently (a judge's scorer prompts share instruction and summary)
-forwards only its new tokens; ``GET /stats`` reports its counters under ``prompt_cache``.
+decoding steps. The worker keeps a ``PrefixCache`` per model (``sidecar.decoding.prefix_cache``) of at most
+``prompt_cache_mib`` MiB: a prompt sharing its leading tokens with one scored recently (a judge's scorer
+prompts share instruction and summary) forwards only its new tokens; ``GET /stats`` reports its counters
+under ``prompt_cache``, empty when ``prompt_cache`` is off (``sidecar serve --no-prompt-cache``).
 """
 
 from __future__ import annotations
@@ -117,10 +118,15 @@ class BatchStats:
 
     def record_scored(self, failed: bool, caches: dict[str, PrefixCache]) -> None:
         """A scoring job the worker ran outside the batch (``ScoreWork``), and its prefix ``caches`` after it."""
-        counters = {model: cache.counters() for model, cache in caches.items()}
         with self.lock:
             self.requests += 1
             self.failed_requests += int(failed)
+        self.record_prompt_caches(caches)
+
+    def record_prompt_caches(self, caches: dict[str, PrefixCache]) -> None:
+        """The prefix ``caches``' counters as they are now."""
+        counters = {model: cache.counters() for model, cache in caches.items()}
+        with self.lock:
             self.prompt_cache = counters
 
     def record_refused(self) -> None:
@@ -253,9 +259,11 @@ class BatchWorker:
         self.warm_ups: list[dict] = []
         if not warms_at_load(engine.pair.capture_mode):
             self.ready.set()
-        # scored prompts of each model, for the next prompt that shares their leading tokens (this thread's alone)
-        self.prefix_caches = {"target": PrefixCache(), "draft": PrefixCache()}
-        self.stats.prompt_cache = {model: cache.counters() for model, cache in self.prefix_caches.items()}
+        # scored prompts of each model, for the next prompt that shares their leading tokens (this thread's
+        # alone); none with ``prompt_cache`` off
+        self.prefix_caches = {model: PrefixCache(max_bytes=config.prompt_cache_mib << 20)
+                              for model in ("target", "draft")} if config.prompt_cache else {}
+        self.stats.record_prompt_caches(self.prefix_caches)
         self._thread = threading.Thread(target=self._run, name="sidecar-worker", daemon=True)
 
     @property
@@ -378,9 +386,8 @@ class BatchWorker:
     def _score(self, job: Job, work: ScoreWork) -> None:
         """Run a scoring job now, on this thread, between two steps of the batch."""
         model = self.engine.pair.target if work.model == "target" else self.engine.pair.draft
-        cache = self.prefix_caches[work.model]
         try:
-            result = prompt_logprobs(model, work.token_ids, work.top, cache)
+            result = prompt_logprobs(model, work.token_ids, work.top, self.prefix_caches.get(work.model))
         except Exception as exc:
             if isinstance(exc, torch.OutOfMemoryError):  # the kept keys and values are the first to go
                 for kept in self.prefix_caches.values():

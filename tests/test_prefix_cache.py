@@ -140,3 +140,10 @@ def test_another_model_clears_the_cache(tiny) -> None:
     drafted = prompt_logprobs(tiny.draft, prompt, 0, cache)  # not the target's entries
     assert len(cache) == 1 and cache.hits == 0
     assert drafted == prompt_logprobs(tiny.draft, prompt, 0)
+
+
+@pytest.mark.parametrize(("bounds", "field"), [({"max_bytes": 0}, "max_bytes"), ({"max_entries": 0}, "max_entries"),
+                                               ({"min_prefix": 1}, "min_prefix"), ({"max_tokens": 8}, "max_tokens")])
+def test_bounds_that_could_cache_nothing_are_refused_naming_the_field(bounds: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        PrefixCache(**bounds)

@@ -12,10 +12,13 @@ import openai
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from serving import serving
 
+from server.app import create_app
+from server.config import ServerConfig
 from server.launcher import running_server
 from server.logprobs import LogprobFormatter, text_offsets
-from sidecar import SpeculativeDecoder
+from sidecar import SidecarEngine, SpeculativeDecoder
 from sidecar.decoding.scoring import PromptLogprob
 from sidecar.tasks.prompts import chat_prompt
 
@@ -370,3 +373,32 @@ def test_prompts_sharing_a_prefix_reuse_it_and_score_as_alone(base_url: str, cli
     assert after["reused_tokens"] - before["reused_tokens"] == shared - 1 == reused_after - reused_before
     assert after["forwarded_tokens"] - before["forwarded_tokens"] == len(second) - shared + 1
     assert echoed.token_logprobs[1:] == pytest.approx(prompt_reference(tiny.target, second), abs=1e-4)
+
+
+@pytest.mark.servers
+def test_without_the_prompt_cache_every_prompt_is_forwarded_whole(tiny) -> None:
+    """``prompt_cache`` off (``sidecar serve --no-prompt-cache``): the worker keeps no prefix cache, so a prompt
+    sharing its summary with the one before forwards every token; ``/stats`` has no ``prompt_cache`` models
+    and ``/metrics`` no ``sidecar:prompt_cache_*`` samples."""
+    summary = LONG + " Tags:"
+    texts = [summary + " #budget #roads", summary + " #schools #council #vote"]
+    forwarded: list[int] = []
+    hook = tiny.target.get_input_embeddings().register_forward_hook(lambda _, args, __: forwarded.append(
+        args[0].numel()))
+    try:
+        with serving(create_app(SidecarEngine(tiny), ServerConfig(model_name="tiny", prompt_cache=False))) as (url, _):
+            echoed = [httpx.post(f"{url}/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": text, "echo": True, "logprobs": 0, "max_tokens": 0}).json()
+                for text in texts]
+            stats = httpx.get(f"{url}/stats", timeout=60).json()
+            metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    finally:
+        hook.remove()
+    prompts = [tiny.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    assert forwarded == [len(prompt) for prompt in prompts]
+    for body, prompt in zip(echoed, prompts, strict=True):
+        assert body["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+            prompt_reference(tiny.target, prompt), abs=1e-4)
+    assert stats["prompt_cache"] == {}
+    assert not [s for family in text_string_to_metric_families(metrics) for s in family.samples
+                if s.name.startswith("sidecar:prompt_cache_")]

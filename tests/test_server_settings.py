@@ -20,7 +20,8 @@ from sidecar import SidecarEngine
     ("--batch-wait-ms", "inf", "batch_wait_ms"), ("--batch-wait-ms", "1e13", "batch_wait_ms"),
     ("--batch-wait-ms", "nan", "batch_wait_ms"), ("--batch-wait-ms", "-1", "batch_wait_ms"),
     ("--max-batch", "100000000", "max_batch"), ("--max-queue", "1000000000000", "max_queue"),
-    ("--max-body-bytes", "1000000000000000", "max_body_bytes")])
+    ("--max-body-bytes", "1000000000000000", "max_body_bytes"), ("--prompt-cache-mib", "0", "prompt_cache_mib"),
+    ("--prompt-cache-mib", "2000000", "prompt_cache_mib")])
 def test_serve_refuses_a_setting_out_of_bounds_with_one_line_before_loading(option: str, value: str, field: str,
                                                                             monkeypatch) -> None:
     served: list[str] = []
@@ -30,6 +31,21 @@ def test_serve_refuses_a_setting_out_of_bounds_with_one_line_before_loading(opti
     [line] = result.output.strip().splitlines()
     assert line.startswith("error: ") and field in line, line
     assert served == []
+
+
+@pytest.mark.parametrize(("options", "mib"), [([], 256), (["--prompt-cache-mib", "64"], 64),
+                                              (["--no-prompt-cache", "--prompt-cache-mib", "64"], None)])
+def test_serve_sizes_or_turns_off_the_prompt_caches(options: list[str], mib: int | None, monkeypatch) -> None:
+    """``--prompt-cache-mib`` bounds each model's prompt-scoring prefix cache, ``--no-prompt-cache`` keeps none."""
+    apps: list = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: apps.append(server.config.app))
+    result = CliRunner().invoke(cli_app, ["serve", "--pair", "tiny", *options])
+    assert result.exit_code == 0, result.output
+    service = apps[0].state.service
+    service.close()  # the app never ran: its worker never started
+    caches = {} if mib is None else {"target": mib << 20, "draft": mib << 20}
+    assert {model: cache.max_bytes for model, cache in service.worker.prefix_caches.items()} == caches
+    assert service.worker.stats.snapshot()["prompt_cache"].keys() == caches.keys()
 
 
 @pytest.mark.servers

@@ -10,7 +10,8 @@ shared positions' entries from it and forwards the rest over its keys and values
 prompt. Stored tensors are never written: a forward gets a fresh cache that copies the slice it attends to.
 
 Bounded by entries (``max_entries``) and bytes of keys and values (``max_bytes``), least recently used out
-first; a prompt longer than ``max_tokens`` is neither looked up nor kept. One cache serves one model (same
+first (the server's ``--prompt-cache-mib``; without a cache, ``--no-prompt-cache``, every prompt runs whole);
+a prompt longer than ``max_tokens`` is neither looked up nor kept. One cache serves one model (same
 object, dtype and device): bound to another, it forgets everything. Not thread-safe: its owner (the server's
 worker thread) uses it alone.
 """
@@ -73,6 +74,12 @@ class PrefixCache:
                  max_tokens: int = MAX_TOKENS) -> None:
         if min_prefix < 2:
             raise ValueError(f"min_prefix must be at least 2 (one position reused, one forwarded), not {min_prefix}")
+        if max_entries < 1 or max_bytes < 1:
+            field, value = ("max_entries", max_entries) if max_entries < 1 else ("max_bytes", max_bytes)
+            raise ValueError(f"{field} must be at least 1, not {value}: to cache nothing, pass no PrefixCache")
+        if max_tokens < min_prefix:
+            raise ValueError(f"max_tokens ({max_tokens}) must be at least min_prefix ({min_prefix}): no prompt "
+                             "could both be cached and share a prefix long enough to reuse")
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.min_prefix, self.max_tokens = min_prefix, max_tokens
         self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
@@ -136,4 +143,5 @@ class PrefixCache:
 
     def counters(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "reused_tokens": self.reused_tokens,
-                "forwarded_tokens": self.forwarded_tokens, "entries": len(self._entries), "bytes": self.bytes}
+                "forwarded_tokens": self.forwarded_tokens, "entries": len(self._entries), "bytes": self.bytes,
+                "max_bytes": self.max_bytes}
