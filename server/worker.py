@@ -15,8 +15,9 @@ else 500) and the loop goes on with an empty batch. After the stop sentinel the 
 job is finished. A seeded request decodes the same tokens whatever shares the batch with it
 (``sidecar.decoding.randomness``). Should the loop itself raise, the worker is dead: it answers every job it
 holds or that is queued with 503 ``worker_failed``, refuses new ones the same way, and ``failure`` says why
-(``GET /health`` reports it). Out of memory also releases the KV caches kept for later batches
-(``sidecar.runtime.pools.release_free``), as the nightly run's retry does.
+(``GET /health`` reports it). Out of memory, in a step, a join or a scoring forward, also releases the KV
+caches kept for later batches (``sidecar.runtime.pools.release_free``), as the nightly run's retry does, and
+the keys and values of the prompts the prefix caches keep.
 
 Before its loop the worker warms the compiled or captured decode forwards (``SIDECAR_WARMUP``:
 ``SpeculativeDecoder.warm_at_load``) on its own thread, the one that replays them (inductor's CUDA graphs are
@@ -377,11 +378,13 @@ class BatchWorker:
             else:
                 batch.add_row(index, job.work)
         except Exception as exc:  # requests are validated before queueing, so this is rare
-            self.stats.record_refused()
-            job.finish(error=self._api_error(exc, "a request joining the batch"))
-            return False
-        self._jobs[index] = job
-        return True
+            error = self._api_error(exc, "a request joining the batch")
+        else:
+            self._jobs[index] = job
+            return True
+        self.stats.record_refused()
+        self._fail([job], error)
+        return False
 
     def _score(self, job: Job, work: ScoreWork) -> None:
         """Run a scoring job now, on this thread, between two steps of the batch."""
@@ -389,14 +392,13 @@ class BatchWorker:
         try:
             result = prompt_logprobs(model, work.token_ids, work.top, self.prefix_caches.get(work.model))
         except Exception as exc:
-            if isinstance(exc, torch.OutOfMemoryError):  # the kept keys and values are the first to go
-                for kept in self.prefix_caches.values():
-                    kept.clear()
-            self.stats.record_scored(failed=True, caches=self.prefix_caches)
-            job.finish(error=self._api_error(exc, f"scoring a prompt of {len(work.token_ids)} tokens"))
+            error = self._api_error(exc, f"scoring a prompt of {len(work.token_ids)} tokens")
+        else:
+            self.stats.record_scored(failed=False, caches=self.prefix_caches)
+            job.finish(result)
             return
-        self.stats.record_scored(failed=False, caches=self.prefix_caches)
-        job.finish(result)
+        self.stats.record_scored(failed=True, caches=self.prefix_caches)
+        self._fail([job], error)
 
     def _step(self, batch: SidecarBatch) -> SidecarBatch:
         """One step of ``batch``; finishes the jobs it completed. Returns the batch to go on with: a fresh one
@@ -405,12 +407,14 @@ class BatchWorker:
         try:
             done = batch.step()
         except Exception as exc:
+            error = self._api_error(exc, f"a step over {size} requests")
+        else:
+            error = None
+        if error is not None:  # answered after the except block (``_fail``)
             jobs = list(self._jobs.values())
             self._jobs.clear()
             self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
-            error = self._api_error(exc, f"a step over {len(jobs)} requests")
-            for job in jobs:
-                job.finish(error=error)
+            self._fail(jobs, error)
             return self._batch()
         self.stats.record_device(batch.ledger.totals(), self._earlier_device)
         finished = [(self._jobs.pop(index), result) for index, result in done]
@@ -431,6 +435,26 @@ class BatchWorker:
             if job is not None:
                 job.finish(error=error)
 
+    def _fail(self, jobs: list[Job], error: APIError) -> None:
+        """Answer ``jobs`` with ``error``; out of memory first releases what is kept for later work.
+
+        Called after the ``except`` block of the error, whose traceback holds the frames of the forward that
+        failed and with them tensors (the cached keys and values it attended to): only then are they freed."""
+        if error.code == "out_of_memory":
+            # the caches kept for later batches (the next batch allocates what it needs), and the scored prompts'
+            # keys and values (their counters stay)
+            freed = release_free()
+            prompts = sum(cache.bytes for cache in self.prefix_caches.values())
+            for cache in self.prefix_caches.values():
+                cache.clear()
+            self.stats.record_prompt_caches(self.prefix_caches)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            logger.error("released %d bytes of free KV caches and %d of cached prompts' keys and values", freed,
+                         prompts)
+        for job in jobs:
+            job.finish(error=error)
+
     @staticmethod
     def _api_error(exc: Exception, what: str) -> APIError:
         """The answer to the jobs that ``exc`` failed, ``what`` saying where in the log."""
@@ -438,10 +462,7 @@ class BatchWorker:
             logger.warning("%s refused by the engine: %s", what, exc)
             return APIError(400, str(exc))
         if isinstance(exc, torch.OutOfMemoryError):
-            freed = release_free()  # the caches kept for later batches: the next batch allocates what it needs
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            logger.error("%s ran out of memory; released %d bytes of free KV caches", what, freed)
+            logger.error("%s ran out of memory", what)
             return APIError(503, "out of memory; retry with fewer tokens", "server_error", code="out_of_memory")
         logger.exception("%s failed", what)
         return APIError(500, "internal error while generating; see the server log", "server_error")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,7 +20,7 @@ from serving import chat, serving
 from server.app import create_app
 from server.config import ServerConfig
 from server.errors import APIError
-from server.schema import ChatCompletionRequest
+from server.schema import ChatCompletionRequest, CompletionRequest
 from server.service import ChatService
 from server.worker import Job
 from sidecar import HASHTAGS, SidecarEngine
@@ -317,6 +318,46 @@ def test_out_of_memory_in_a_step_releases_the_free_kv_caches(engine: SidecarEngi
         monkeypatch.setattr(SidecarBatch, "step", step)
         assert asyncio.run(answer(service, chat(SHORT, max_tokens=4)))["choices"][0]["finish_reason"] in (
             "stop", "length")
+
+
+async def scored(service: ChatService, prompt: str, model: str = "tiny") -> list:
+    """The prompt's scores (``prompt_logprobs``' entries), as a completions request with echo scores it."""
+    req = CompletionRequest.model_validate({"model": model, "prompt": prompt, "echo": True, "logprobs": 0,
+                                            "max_tokens": 0})
+    return await asyncio.wait_for((await service.submit(req)).future, 300)
+
+
+@pytest.mark.parametrize("where", ["a step", "a scoring forward"])
+def test_out_of_memory_drops_the_prompt_caches_tensors(engine: SidecarEngine, monkeypatch, where: str) -> None:
+    """The worker's prefix caches keep scored prompts' keys and values on the device for later prompts; out of
+    memory, in a decoding step or a scoring forward, drops them all (their tensors freed at once, so emptying
+    the allocator's cache gives their memory back) while their counters stay, and scoring goes on anew."""
+    summary = LONG + " Tags:"
+    with started(engine) as service:
+        for model in ("tiny", "tiny/draft"):
+            asyncio.run(scored(service, summary + " #budget #roads", model))
+        caches = service.worker.prefix_caches
+        kept = [weakref.ref(tensor) for cache in caches.values() for entry in cache._entries.values()
+                for pair in entry.keys_values for tensor in pair]
+        assert kept and all(len(cache) == 1 for cache in caches.values())
+
+        def out_of_memory(*args: object) -> object:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+        with contextlib.ExitStack() as restore, pytest.raises(APIError) as failed:
+            if where == "a step":
+                monkeypatch.setattr(SidecarBatch, "step", out_of_memory)
+                restore.callback(monkeypatch.undo)
+                asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+            else:  # the target's forward runs out, as the device would
+                restore.callback(engine.pair.target.get_input_embeddings().register_forward_hook(out_of_memory).remove)
+                asyncio.run(scored(service, summary + " #schools #council"))
+        assert (failed.value.status, failed.value.code) == (503, "out_of_memory")
+        assert all(ref() is None for ref in kept), "out of memory left tensors of the prompt caches"
+        counters = service.worker.stats.snapshot()["prompt_cache"]
+        assert all((c["entries"], c["bytes"], c["misses"]) == (0, 0, 1) for c in counters.values()), counters
+        again = asyncio.run(scored(service, summary + " #schools #council"))
+        assert len(again) > 1 and len(caches["target"]) == 1 and caches["target"].misses == 2
 
 
 @pytest.mark.servers
