@@ -10,6 +10,8 @@ import torch
 
 from sidecar.decoding.prefix_cache import PrefixCache
 from sidecar.decoding.scoring import PromptLogprob, prompt_logprobs
+from sidecar.models.tiny import tiny_pair
+from study.judge.config import JudgeConfig
 
 SUMMARY = ("Rate these tags for the summary. Summary: The city council approved a new budget on Tuesday after a "
            "long debate about schools and roads. Tags:")
@@ -147,3 +149,57 @@ def test_another_model_clears_the_cache(tiny) -> None:
 def test_bounds_that_could_cache_nothing_are_refused_naming_the_field(bounds: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         PrefixCache(**bounds)
+
+
+# scorer prompts as the judge's: one summary, then each of several tag sets (``study.judge.likelihood``)
+SUMMARIES = [SUMMARY.removeprefix("Rate these tags for the summary. Summary: ").removesuffix(" Tags:"),
+             "Officials said the plan would add jobs at the plant in the north of the state.",
+             "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory."]
+MORE_TAGS = [*TAGS, " #news #politics #economy", " #health #climate", " #sports #technology #jobs"]
+# bounds on the tiny pair in bf16 (measured 2026-12-06 on a 2-core Xeon, both models, these 18 prompts each:
+# every logprob within 0.059, a tag set's mean within 0.0096 nats per token, 25 of 1,650 ranks moved, each
+# where bf16 logits tie or nearly do): a tag set's mean within a quarter of the judge's least likelihood
+# margin, so two tag sets' difference stays within half of it
+BF16_LOGPROB = 0.1
+BF16_TAG_MEAN = JudgeConfig.model_fields["likelihood_floor"].default / 4
+
+
+def test_in_bf16_a_cached_prefix_scores_within_what_the_judge_tells_apart(tiny) -> None:
+    """bf16 rounds the cached and the whole forward differently (other matmul shapes), far more than fp32;
+    the difference stays inside ``BF16_LOGPROB`` per token and ``BF16_TAG_MEAN`` over a tag set, below what
+    bf16 itself moves a tag set's mean from fp32, and a rank changes only where the whole forward's logprobs
+    of the token and another lie within ``BF16_LOGPROB``."""
+    pair = tiny_pair(dtype=torch.bfloat16)  # ``tiny``'s weights, rounded to bf16
+    worst = worst_mean = bf16_worst = bf16_mean = 0.0
+    moved = scored = 0
+    for model, fp32 in ((pair.target, tiny.target), (pair.draft, tiny.draft)):
+        for summary in SUMMARIES:
+            prefix = f"Rate these tags for the summary. Summary: {summary} Tags:"
+            start = len(ids(tiny, prefix)) - 1  # the first tag token's entry
+            cache = PrefixCache()
+            for tags in MORE_TAGS:
+                prompt = ids(tiny, prefix + tags)
+                entries = prompt_logprobs(model, prompt, 0, cache)
+                with torch.inference_mode():
+                    whole, exact = (torch.log_softmax(m(torch.tensor([prompt])).logits[0, :-1].float(), dim=-1)
+                                    for m in (model, fp32))
+                following = torch.tensor(prompt[1:])[:, None]
+                got, want, want_fp32 = (torch.tensor([e.logprob for e in entries]), whole.gather(-1, following)[:, 0],
+                                        exact.gather(-1, following)[:, 0])
+                worst = max(worst, (got - want).abs().max().item())
+                worst_mean = max(worst_mean, (got[start:] - want[start:]).mean().abs().item())
+                bf16_worst = max(bf16_worst, (want - want_fp32).abs().max().item())
+                bf16_mean = max(bf16_mean, (want[start:] - want_fp32[start:]).mean().abs().item())
+                for i, entry in enumerate(entries):
+                    rank = int((whole[i] > want[i]).sum()) + 1
+                    if entry.rank != rank:
+                        moved += 1
+                        others = torch.cat([whole[i, : prompt[i + 1]], whole[i, prompt[i + 1] + 1 :]])
+                        assert (others - want[i]).abs().min() <= BF16_LOGPROB, (i, entry.rank, rank)
+                scored += len(entries)
+            assert cache.hits == len(MORE_TAGS) - 1  # the cache was used
+    assert worst <= BF16_LOGPROB and worst_mean <= BF16_TAG_MEAN, (worst, worst_mean)
+    assert 1e-4 < worst_mean < bf16_mean  # bf16 did round differently, and by less than bf16 itself
+    print(f"bf16, cached against whole: max |logprob difference| {worst:.3g}, max |tag-set mean difference| "
+          f"{worst_mean:.3g}, {moved} of {scored} ranks moved; bf16 against fp32, whole forwards: {bf16_worst:.3g} "
+          f"and {bf16_mean:.3g}")
