@@ -101,8 +101,9 @@ def test_storage_loads_no_model_code_at_run_time() -> None:
 
 def test_the_deployed_flows_import_without_the_model_libraries() -> None:
     # `prefect deploy`, the UI's parameter forms and the command line import the flows only to read them (their
-    # parameters): torch and transformers (seconds) load where a flow decodes, not with its module
+    # parameters): torch and transformers (seconds) load where a flow decodes, the judge's openai client and the
+    # report's matplotlib (most of a second each) where a judge asks and a report draws, not with their modules
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     modules = sorted({d["entrypoint"].split(":")[0].removesuffix(".py").replace("/", ".") for d in deployments})
     assert "flows.nightly" in modules and "flows.judge" in modules, modules
-    assert loaded(", ".join(modules), {"torch", "transformers"}) == [], modules
+    assert loaded(", ".join(modules), {"torch", "transformers", "openai", "matplotlib"}) == [], modules
