@@ -148,8 +148,9 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     store = PartStore.opened(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
     # the pair first: a mistyped one is one error line, before the database holds anything of the run
     # the tokenizer and the context check need transformers: imported when a parent runs, not with the flow
+    # (the tiny pair's tokenizer loads no torch, a real pair's AutoTokenizer does)
     from pipeline import keep_over_context
-    from sidecar.models.loading import load_tokenizer
+    from sidecar.models.pair_tokenizer import load_tokenizer
 
     with counts.timed("input"):
         count_tokens = partial(token_counts, load_tokenizer(params.pair))

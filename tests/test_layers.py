@@ -107,3 +107,12 @@ def test_the_deployed_flows_import_without_the_model_libraries() -> None:
     modules = sorted({d["entrypoint"].split(":")[0].removesuffix(".py").replace("/", ".") for d in deployments})
     assert "flows.nightly" in modules and "flows.judge" in modules, modules
     assert loaded(", ".join(modules), {"torch", "transformers", "openai", "matplotlib"}) == [], modules
+
+
+def test_the_tiny_pairs_tokenizer_loads_without_torch() -> None:
+    # a sharded run's parent counts tokens to cut its shards before any shard starts; with the tiny pair (every
+    # sharded run of the tests, in worker processes too) that costs no torch (seconds on a busy machine)
+    code = ("import sys; from sidecar.models.pair_tokenizer import load_tokenizer; tokenizer = load_tokenizer('tiny'); "
+            "print(len(tokenizer(['a budget'], add_special_tokens=False)['input_ids'][0]) > 0, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr
