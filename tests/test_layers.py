@@ -109,10 +109,16 @@ def test_the_deployed_flows_import_without_the_model_libraries() -> None:
     assert loaded(", ".join(modules), {"torch", "transformers", "openai", "matplotlib"}) == [], modules
 
 
-def test_the_tiny_pairs_tokenizer_loads_without_torch() -> None:
-    # a sharded run's parent counts tokens to cut its shards before any shard starts; with the tiny pair (every
-    # sharded run of the tests, in worker processes too) that costs no torch (seconds on a busy machine)
-    code = ("import sys; from sidecar.models.pair_tokenizer import load_tokenizer; tokenizer = load_tokenizer('tiny'); "
-            "print(len(tokenizer(['a budget'], add_special_tokens=False)['input_ids'][0]) > 0, 'torch' in sys.modules)")
+def test_a_sharded_parent_on_a_deployment_plans_and_supervises_its_shards_without_torch() -> None:
+    # a sharded run's parent holds no model: it counts tokens to cut its shards, keeps the documents a shard found
+    # over the context, launches the shards' deployment runs and ingests their parts, before and while they run;
+    # with the tiny pair (every sharded run of the tests, on the deployments' workers too) none of it needs torch
+    # (seconds on a busy machine)
+    code = ("import sys; from flows.nightly import nightly; from flows.shard_deployments import ShardDeployments; "
+            "from flows.shard_supervisor import ShardSupervisor; "
+            "from pipeline import RunCounts, keep_over_context, plan_shards, token_counts; "
+            "from sidecar.models.pair_tokenizer import load_tokenizer; "
+            "ids = load_tokenizer('tiny')(['a budget'], add_special_tokens=False)['input_ids']; "
+            "print(len(ids[0]) > 0, 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr
