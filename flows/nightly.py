@@ -127,14 +127,15 @@ def _read_input(params: NightlyParams, counts: RunCounts) -> tuple[list[Document
 
 def _process(params: NightlyParams, run_id: str) -> RunCounts:
     """The run in this process: one shard, committing to the database itself."""
-    # the engine (torch, transformers) loads here, not with this module: deploying the flow only reads it
-    from flows.nightly_decode import run_in_process
-
     counts = RunCounts(run_id)
     with counts.timed("storage"):
         db = Database(params.db_path, retry=RetryPolicy(wait_s=params.lock_wait_s))
     # before anything slow: a second process of the run refuses (or waits) at once
     with db.running(run_id, wait_s=params.run_wait_s, on_wait=_waiting(params, run_id)):
+        # the engine (torch, transformers: seconds) loads here, once the run is this process's: not with this
+        # module (deploying the flow only reads it), nor in a second process of the run, which refuses first
+        from flows.nightly_decode import run_in_process
+
         docs, rejects = _read_input(params, counts)
         run_in_process(params, db, docs, rejects, counts)
     return counts
@@ -148,8 +149,9 @@ def _process_sharded(params: NightlyParams, run_id: str) -> RunCounts:
     store = PartStore.opened(params.results_uri) if params.results_uri else PartStore.beside(params.db_path)
     # the pair first: a mistyped one is one error line, before the database holds anything of the run
     # the tokenizer and the context check need transformers: imported when a parent runs, not with the flow
+    # (the tiny pair's tokenizer loads no torch, a real pair's AutoTokenizer does)
     from pipeline import keep_over_context
-    from sidecar.models.loading import load_tokenizer
+    from sidecar.models.pair_tokenizer import load_tokenizer
 
     with counts.timed("input"):
         count_tokens = partial(token_counts, load_tokenizer(params.pair))

@@ -9,4 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"
+# A run killed outright cannot give its GPU slot back: the server revokes the slot's lease once it has expired
+# (60 s, flows/accelerator.py). By default it looks for expired leases every 15 s and tells a run denied a slot
+# to ask again in up to 39 s (30 s, jittered), so a relaunch on that GPU would idle it up to 54 s past the lease;
+# every 2 s and up to 6.5 s (5 s, jittered) cost a few requests more per waiting run.
+export PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS="${PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS:-2}"
+export PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="${PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS:-5}"
 exec "${SIDECAR_PREFECT:-.venv/bin/prefect}" server start --host 127.0.0.1 --port "${PREFECT_PORT:-4200}"

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from pipeline.settings import BatchSettings
-from sidecar.tasks.engine import SidecarEngine
-from sidecar.tasks.rows import SidecarRequest
 from storage import Document, RejectedDocument
 from vocab.modes import SIDECAR_MODES
+
+if TYPE_CHECKING:
+    from sidecar.tasks.engine import SidecarEngine
 
 
 def context_need(engine: SidecarEngine, doc: Document, settings: BatchSettings) -> tuple[int, int]:
     """(tokens the document's longest phase needs, the context it has), as the engine will count them."""
+    # the engine's modules (torch) load where an engine exists: not in a sharded run's parent, which only keeps
+    # the over-context rejects its shards found (keep_over_context)
+    from sidecar.tasks.rows import SidecarRequest
+
     sidecar_modes = [mode for mode in settings.modes if mode in SIDECAR_MODES]
     tasks = settings.mode_tasks(sidecar_modes[0]) if sidecar_modes else []
     # the draft's compound prompt holds every task's instruction

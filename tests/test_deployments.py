@@ -186,6 +186,17 @@ def test_deploy_creates_the_four_deployments_on_two_pools_and_a_limit_per_gpu(ap
     assert not deployments["judge"].schedules and not deployments["cost-report"].schedules
 
 
+def test_the_server_gives_a_killed_runs_gpu_slot_back_seconds_after_its_lease_expires(
+        server: dict[str, str]) -> None:
+    # a killed shard's slot is free once the repossessor revokes its expired lease, and the relaunch takes it
+    # when it next asks: infra/server.sh has the server look every 2 s and the relaunch ask within ~5 s
+    # (Prefect's defaults, 15 s and 30 s, would idle the GPU up to 54 s past the lease)
+    settings = httpx.get(f"{server['PREFECT_API_URL']}/admin/settings", timeout=30).json()["server"]
+    assert settings["services"]["repossessor"]["enabled"]
+    assert settings["services"]["repossessor"]["loop_seconds"] <= 2
+    assert settings["concurrency"]["maximum_concurrency_slot_wait_seconds"] <= 5
+
+
 def test_deploy_again_changes_nothing(deployed: dict[str, str], api) -> None:
     before = {d.name: (d.id, d.work_pool_name) for d in api.read_deployments()}
     done = subprocess.run([str(REPO / "infra" / "deploy.sh"), f"{HOST}:2"], env=deployed, cwd=REPO,

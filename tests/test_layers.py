@@ -101,8 +101,24 @@ def test_storage_loads_no_model_code_at_run_time() -> None:
 
 def test_the_deployed_flows_import_without_the_model_libraries() -> None:
     # `prefect deploy`, the UI's parameter forms and the command line import the flows only to read them (their
-    # parameters): torch and transformers (seconds) load where a flow decodes, not with its module
+    # parameters): torch and transformers (seconds) load where a flow decodes, the judge's openai client and the
+    # report's matplotlib (most of a second each) where a judge asks and a report draws, not with their modules
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     modules = sorted({d["entrypoint"].split(":")[0].removesuffix(".py").replace("/", ".") for d in deployments})
     assert "flows.nightly" in modules and "flows.judge" in modules, modules
-    assert loaded(", ".join(modules), {"torch", "transformers"}) == [], modules
+    assert loaded(", ".join(modules), {"torch", "transformers", "openai", "matplotlib"}) == [], modules
+
+
+def test_a_sharded_parent_on_a_deployment_plans_and_supervises_its_shards_without_torch() -> None:
+    # a sharded run's parent holds no model: it counts tokens to cut its shards, keeps the documents a shard found
+    # over the context, launches the shards' deployment runs and ingests their parts, before and while they run;
+    # with the tiny pair (every sharded run of the tests, on the deployments' workers too) none of it needs torch
+    # (seconds on a busy machine)
+    code = ("import sys; from flows.nightly import nightly; from flows.shard_deployments import ShardDeployments; "
+            "from flows.shard_supervisor import ShardSupervisor; "
+            "from pipeline import RunCounts, keep_over_context, plan_shards, token_counts; "
+            "from sidecar.models.pair_tokenizer import load_tokenizer; "
+            "ids = load_tokenizer('tiny')(['a budget'], add_special_tokens=False)['input_ids']; "
+            "print(len(ids[0]) > 0, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr

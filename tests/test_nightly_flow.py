@@ -619,6 +619,15 @@ def blocking_first_window(monkeypatch, release: threading.Event, started: thread
     monkeypatch.setattr(flows.nightly_decode, "run_window", run_window)
 
 
+# `python -m cli ARGS`, saying on stderr as it exits whether it loaded torch
+SAYS_IF_TORCH_LOADED = """
+import atexit, runpy, sys
+atexit.register(lambda: print(f"torch loaded: {'torch' in sys.modules}", file=sys.stderr))
+sys.argv[0] = "cli"
+runpy.run_module("cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_api, tmp_path: Path,
                                                                       monkeypatch) -> None:
     from flows.nightly import nightly
@@ -632,10 +641,12 @@ def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_a
     first.start()
     try:
         assert started.wait(300), "the first run never started its first window"
-        # the same run id from another process, as a second `sidecar nightly` started by hand or by cron
+        # the same run id from another process, as a second `sidecar nightly` started by hand or by cron; it says
+        # as it exits whether it loaded torch
         second = subprocess.run(
-            [sys.executable, "-m", "cli", "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db", run.db_path,
-             "--batch-size", "2", "--max-new-tokens", "12", "--run-id", "twice", "--no-judge", "--no-cost-report"],
+            [sys.executable, "-c", SAYS_IF_TORCH_LOADED, "nightly", "--corpus", str(corpus), "--pair", "tiny", "--db",
+             run.db_path, "--batch-size", "2", "--max-new-tokens", "12", "--run-id", "twice", "--no-judge",
+             "--no-cost-report"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path,
             env=os.environ | prefect_api | {"PYTHONPATH": str(REPO)})
     finally:
@@ -645,6 +656,8 @@ def test_a_second_process_of_a_running_run_refuses_and_names_the_first(prefect_a
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, second.stderr
     assert "run 'twice'" in errors[0] and f"PID {os.getpid()} on " in errors[0], errors[0]
+    # it refused before loading the models' libraries (seconds), not after
+    assert "torch loaded: False" in second.stderr.splitlines(), second.stderr
     assert finished["counts"].done == 4
     db = Database(run.db_path)
     assert db.query("SELECT count(*) AS n FROM outputs WHERE run_id = 'twice'")[0]["n"] == 8

@@ -268,8 +268,10 @@ def test_a_shard_waiting_for_its_accelerator_is_not_stalled_however_long_it_wait
     from sidecar.models.devices import visible_gpus
     from storage import PartStore
 
-    # more than a shard takes to start, or to write its first part once it holds its device, on a loaded machine
-    stall_s = 30
+    # more than a shard's stall clock runs on a loaded machine: from its start until it says it waits for its
+    # device (its imports and the pair come after), then from holding it to its first part; 5-10 s at load 8 on
+    # 2 cores
+    stall_s = 20
     n_docs = 8
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="device-wait", window=2,
                  commit_every_s=0, workers=2, shard_retries=0, shard_stall_s=stall_s)
@@ -385,8 +387,9 @@ def test_a_run_resumes_with_other_workers_and_reports_every_row_under_its_gpu_ty
 class FaultyShards:
     """Local shard processes, but shard 1's first attempt never writes a part and its later ones fail at once.
 
-    The real shard writes its first part well within the stall limit the test sets (45 s), its process start
-    (imports, the pair) included, even on a loaded machine."""
+    The real shard's stall clock stays well within the limit the test sets (20 s) even on a loaded machine: it
+    runs from the shard's start until it says it waits for its device (its imports and the pair come after),
+    then from holding it to its first part, 5-10 s at load 8 on 2 cores."""
 
     def __init__(self, real) -> None:
         self.real = real
@@ -414,7 +417,7 @@ def test_a_shard_that_never_finishes_fails_the_run_naming_its_documents_and_keep
     monkeypatch.setattr(flows.nightly, "_launcher", lambda p: FaultyShards(real_launcher(p)))
     n_docs = 12
     run = params(tmp_path, write_corpus(tmp_path / "news.parquet", n_docs), run_id="never", window=3,
-                 commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=45)
+                 commit_every_s=0, workers=2, shard_retries=1, shard_stall_s=20)
     state = nightly(**run.model_dump(), return_state=True)
     assert state.is_failed()
     with pytest.raises(IncompleteRunError, match="6 documents not finished after 1 relaunches per shard"):

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
 from sidecar.models.dtype_choice import choose_dtype, parse_dtype
-from sidecar.models.fetch import is_fetched, pair_dir
 from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
-from sidecar.models.tiny import TINY_SHAPE, tiny_pair, tiny_tokenizer
-from sidecar.settings import Settings, parse_capture
 
-NAMED_PAIRS: dict[str, tuple[str, str]] = {
-    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
-}
+# a pair's names and its tokenizer have modules of their own, without torch; their callers also find them here
+from sidecar.models.pair_names import NAMED_PAIRS as NAMED_PAIRS
+from sidecar.models.pair_names import pair_model_ids as pair_model_ids
+from sidecar.models.pair_tokenizer import load_tokenizer as load_tokenizer
+from sidecar.models.tiny import TINY_SHAPE, tiny_pair
+from sidecar.settings import Settings, parse_capture
 
 
 def default_device(device: str | None) -> torch.device:
@@ -30,31 +30,6 @@ def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) ->
     if isinstance(dtype, str):
         return resolved, parse_dtype(dtype, "the dtype argument")
     return resolved, dtype or (torch.bfloat16 if resolved.type == "cuda" else torch.float32)
-
-
-def pair_model_ids(name_or_spec: str) -> tuple[str, str]:
-    """(target, draft) hub ids or local paths of a named pair or a ``TARGET,DRAFT`` spec."""
-    if name_or_spec == "qwen-coder-small":
-        if not is_fetched(name_or_spec):
-            raise PairError("the offline pair is not fetched yet: run `sidecar models fetch` first")
-        root = pair_dir(name_or_spec)
-        return str(root / "target"), str(root / "draft")
-    if name_or_spec in NAMED_PAIRS:
-        return NAMED_PAIRS[name_or_spec]
-    if "," in name_or_spec:
-        target_id, draft_id = (part.strip() for part in name_or_spec.split(",", 1))
-        return target_id, draft_id
-    raise PairError(
-        f"unknown pair {name_or_spec!r}: use tiny, qwen-coder-small, {', '.join(NAMED_PAIRS)} "
-        "or 'TARGET_ID_OR_PATH,DRAFT_ID_OR_PATH'"
-    )
-
-
-def load_tokenizer(name_or_spec: str = "qwen-coder-small") -> PreTrainedTokenizerBase:
-    """The tokenizer of a pair (see :func:`load_pair`), without its models: for counting tokens."""
-    if name_or_spec == "tiny":
-        return tiny_tokenizer()
-    return AutoTokenizer.from_pretrained(pair_model_ids(name_or_spec)[0])
 
 
 def target_shape(name_or_spec: str) -> tuple[int, int]:

@@ -2,47 +2,12 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from sidecar.models.attention import GROUPED_SDPA
 from sidecar.models.pair import ModelPair, eos_ids
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-_TINY_CORPUS = (
-    "The city council approved a new budget on Tuesday after a long debate about schools, roads and "
-    "public health. Officials said the plan would add jobs at the plant in the north of the state. "
-    "Summarize the document in 3 bullets. Keep each bullet under 18 words. Then output 3-5 short "
-    "hashtags for the summary. #news #politics #economy #health #climate #sports #technology "
-    "You are a concise assistant. The president met leaders in Berlin, Moscow, Beijing and Doha. "
-    "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory. "
-)
-
-
-@cache
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    # as Qwen2's tokenizer: text is NFC-normalised before it is split, so a token's text need not be the input's
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=specials[1:])
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
-
+from sidecar.models.tiny_tokenizer import tiny_tokenizer
 
 # (hidden size, intermediate size: twice the hidden, ``tiny_config``) of the tiny pair's models
 TINY_SHAPE = (64, 128)

@@ -8,14 +8,15 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from study.judge.config import JudgeConfig
 from vocab.numbers import NumberError, logprob
+
+if TYPE_CHECKING:
+    import openai
 
 Choice = Literal["A", "B", "tie"]
 LETTERS = ("A", "B")
@@ -109,6 +110,9 @@ def validated_reply(request: Callable[[], object], kind: type, shape: type[Shape
 def ask(client: openai.OpenAI, config: JudgeConfig, messages: list[dict[str, str]], **options: Any) -> Reply:
     """The judge's reply to ``messages`` with the request ``options``; ``JudgeAnswerError`` for a reply
     that holds none."""
+    # imported when the judge asks, not with the flows that import study.judge
+    from openai.types.chat import ChatCompletion
+
     choice = validated_reply(lambda: client.chat.completions.create(model=config.model, messages=messages,
                                                                     **options),
                              ChatCompletion, _Reply, "a chat completion").choices[0]

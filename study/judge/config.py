@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from study.judge.prompts import DEFAULT_PROMPT_VERSION, DEFAULT_SCORER_PROMPTS, PROMPTS, SCORER_PROMPTS, JudgeMode
+
+if TYPE_CHECKING:
+    import openai
 
 API_KEY_ENV_VARS = ("SIDECAR_JUDGE_API_KEY", "OPENAI_API_KEY")
 
@@ -96,6 +99,8 @@ class JudgeConfig(BaseModel):
 
 def make_judge_client(config: JudgeConfig, http_client: httpx.Client | None = None) -> openai.OpenAI:
     """An OpenAI client for the judge endpoint; the client's own retries are off (the games retry)."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     return openai.OpenAI(
         base_url=config.base_url,
         api_key=config.resolved_api_key().get_secret_value(),

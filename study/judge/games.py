@@ -13,14 +13,16 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import openai
 from pydantic import BaseModel, JsonValue
 
 from study.judge.answers import Choice, JudgeAnswerError, ask, letter_probabilities, parse_judge_answer
 from study.judge.config import JudgeConfig
 from study.judge.prompts import JudgeMode, render_prompt
+
+if TYPE_CHECKING:
+    import openai
 
 logger = logging.getLogger("study.judge")
 
@@ -123,6 +125,8 @@ def request_options(mode: JudgeMode, config: JudgeConfig, answer_failures: int) 
 
 
 def is_retryable(exc: Exception) -> bool:
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     if isinstance(exc, JudgeAnswerError | openai.APIConnectionError):  # timeouts are connection errors
         return True
     if isinstance(exc, openai.APIStatusError):
@@ -154,6 +158,8 @@ def play_game(doc_id: str, summary: str, kind: GameKind, game: Literal[1, 2],
               redact: Redactor, instruction: str | None = None) -> GameResult:
     """Ask one game, retrying what failed; ``tags`` is (the subject side's, the other side's) outputs, judged in
     the prompt's task form when ``instruction`` is given."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     subject_tags, other_tags = tags
     sidecar_position: Literal["A", "B"] = "A" if game == 1 else "B"
     tags_a, tags_b = (subject_tags, other_tags) if game == 1 else (other_tags, subject_tags)

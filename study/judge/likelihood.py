@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import openai
-from openai.types import Completion
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict
 
 from study.judge.answers import JudgeAnswerError, validated_reply
 from study.judge.prompts import SCORER_PROMPTS
 from vocab.numbers import logprob
+
+if TYPE_CHECKING:
+    import openai
 
 # A prompt token's log probability, checked as the reply is read: finite and in [-1e4, 0]
 # (``vocab.numbers.logprob``), so that no infinity, NaN or absurd value reaches the mean, a score or DuckDB
@@ -97,6 +98,9 @@ def tag_likelihood(client: openai.OpenAI, model: str, summary: str, tags: JsonVa
 
     ``NoPromptLogprobsError`` when the route is missing or refused (HTTP 404, 400) or the reply has no
     prompt log probabilities; ``JudgeAnswerError`` for a reply of the wrong shape or values."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+    from openai.types import Completion
+
     text, start = scorer_text(summary, tags, prompt_version, instruction)
     try:
         choice = validated_reply(

@@ -18,8 +18,8 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import openai
 from pydantic import BaseModel, Field, JsonValue
 
 from study.judge.answers import JudgeAnswerError
@@ -31,6 +31,9 @@ from study.judge.reliability import Reliability, auc, detectable_difference, mea
 from study.judge.results import JudgeItem
 from study.judge.run import client_and_redactor, in_turn
 from study.judge.scoring import Verdict
+
+if TYPE_CHECKING:
+    import openai
 
 
 class TagScore(BaseModel):
@@ -76,6 +79,8 @@ def scored(client: openai.OpenAI, model: str, prompt_version: str, config: Judge
            summary: str, tags: JsonValue, instruction: str | None = None) -> TagLikelihood:
     """``tag_likelihood`` retried as a game is: transport failures and 5xx/429 with backoff. An endpoint
     without prompt log probabilities is not asked again."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     for attempt in range(1, config.retries + 2):
         try:
             return tag_likelihood(client, model, summary, tags, prompt_version, instruction)
@@ -94,6 +99,8 @@ def unavailable_reason(item: JudgeItem, config: JudgeConfig, client: openai.Open
                        prompt_version: str, redact: Redactor) -> str | None:
     """Why ``model`` cannot score by likelihood, asked once with ``item``'s sidecar tags; None when it can
     (or when the probe failed otherwise, which decides nothing: the scores will fail the same way)."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     try:
         scored(client, model, prompt_version, config, redact, item.summary, item.sidecar_tags, item.instruction)
     except NoPromptLogprobsError as exc:
@@ -112,6 +119,8 @@ def score_documents(items: list[JudgeItem], config: JudgeConfig, client: openai.
     control ladder (the first ``config.controls`` with both tag sets), come from ``run``, every document of
     the run (default ``items``): a resumed pass that scores a few documents gives each the baseline and
     ladder a whole pass would, and a lone pending document still has the others as baselines."""
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     judgeable = [item for item in (items if run is None else run) if item.comparable]
     summaries = {item.doc_id: item.summary for item in judgeable}
     baselines = control_foils([(item.doc_id, item.sidecar_tags) for item in judgeable], len(judgeable))

@@ -11,9 +11,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import islice
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import openai
 from pydantic import JsonValue
 
 from study.judge.answers import JudgeAnswerError, ask
@@ -33,6 +32,9 @@ from study.judge.games import (
 from study.judge.prompts import PROMPTS, TEXT_FALLBACK, render_prompt
 from study.judge.results import JudgeItem, JudgeResult, has_output
 from study.judge.scoring import calibrated_margin, final_verdict, preference, preference_verdict
+
+if TYPE_CHECKING:
+    import openai
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -67,6 +69,8 @@ def detect_prompt_version(item: JudgeItem, config: JudgeConfig, client: openai.O
     text fallback. A probe that keeps failing otherwise (no connection, 5xx) decides nothing: the prompt is
     kept and its games will fail the same way.
     """
+    import openai  # imported when the judge asks, not with the flows that import study.judge
+
     if config.mode == "text":
         return Detection(config.prompt_version, f"Text mode: prompt {config.prompt_version} asks for a JSON verdict.")
     client, redact = client_and_redactor(config, client)

@@ -9,20 +9,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from study.cost import GPU, find_gpu, usd_per_million_tokens
 from study.report.measurements import AcceptanceKey, MeasuredGroup
 from study.report.projections import Projection, tag_usd_per_million
 from vocab.modes import MODES
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 MODE_LABELS: dict[str, str] = {
     "sidecar": "sidecar, document evicted",
     "sidecar_attended": "sidecar, document attended",
     "standalone": "standalone tagger",
 }
+
+
+def _figure(**options: Any) -> Figure:
+    """A new figure; matplotlib is imported here, when a report draws, not with the flows that import the report
+    (`prefect deploy` and every flow run's process import their entrypoints)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**options)
 
 
 def mode_labels(unit: str) -> dict[str, str]:
@@ -41,7 +50,7 @@ def plot_step_times(
     """One panel per catalog GPU with its projection, then one per measured device outside the catalog."""
     labels = mode_labels(unit)
     columns = min(4, len(panels))
-    fig = Figure(figsize=(3.6 * columns, 3.0 * math.ceil(len(panels) / columns)), layout="constrained")
+    fig = _figure(figsize=(3.6 * columns, 3.0 * math.ceil(len(panels) / columns)), layout="constrained")
     axes = fig.subplots(math.ceil(len(panels) / columns), columns, squeeze=False).ravel()
     for ax, (panel, projection) in zip(axes, panels.items(), strict=False):
         projected = [] if projection is None else projection.rows[panel]
@@ -127,7 +136,7 @@ def plot_usd(
             values.append(None if rate is None else usd_per_million_tokens(catalog[name].usd_per_hour, rate))
         if any(v is not None for v in values):
             series.append((f"measured: {mode_labels(unit)[mode]}", MODE_COLOURS[mode], "//", values))
-    fig = Figure(figsize=(max(7.0, 1.3 * len(gpus)), 4.2), layout="constrained")
+    fig = _figure(figsize=(max(7.0, 1.3 * len(gpus)), 4.2), layout="constrained")
     ax = fig.subplots()
     width = 0.8 / max(1, len(series))
     for index, (label, colour, hatch, values) in enumerate(series):
@@ -158,7 +167,7 @@ def plot_usd(
 
 def plot_acceptance(path: Path, rates: Mapping[AcceptanceKey, Sequence[float]]) -> None:
     """A box per GPU type, pair and mode over its requests, with every request drawn as a point."""
-    fig = Figure(figsize=(max(7.0, 1.6 * len(rates)), 4.5), layout="constrained")
+    fig = _figure(figsize=(max(7.0, 1.6 * len(rates)), 4.5), layout="constrained")
     ax = fig.subplots()
     if rates:
         values = list(rates.values())
