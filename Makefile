@@ -17,11 +17,10 @@ TORCH_SPEC := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.13
 
 .PHONY: venv models corpus browser postgres test test-fast demo ui bench bench-quick bench-full gpu-check llama-cpp lint clean
 
-$(BIN)/sidecar: pyproject.toml
+# infra/install.py: uv fed pip's own configuration (pip where it cannot be), with bytecode compiled as pip does
+$(BIN)/sidecar: pyproject.toml infra/install.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python infra/install.py '$(TORCH_SPEC)' -e '.[dev]'
 	touch $@
 
 venv: $(BIN)/sidecar
@@ -34,7 +33,7 @@ corpus: data/news.parquet
 data/news.parquet: $(BIN)/sidecar
 	$(BIN)/sidecar corpus build --out $@
 
-CODE := sidecar storage pipeline server study flows cli vocab tests bench
+CODE := sidecar storage pipeline server study flows cli vocab tests bench infra
 
 # ruff, then the layer contracts of pyproject.toml ([tool.importlinter])
 lint: venv
