@@ -35,6 +35,7 @@ class Replay:
     copy_steps: int = 0
     plain_steps: int = 0
     tokens: int = 0  # output tokens the walk produced (the first one from the prefill)
+    prefills: int = 0  # rows walked: each one's prefill is a target forward, and yields its first token
 
     @property
     def acceptance(self) -> float:
@@ -42,17 +43,17 @@ class Replay:
 
     @property
     def target_forwards(self) -> int:
-        """The prefill (which yields the first token) and one forward per step."""
-        return 1 + self.copy_steps + self.plain_steps
+        """Each row's prefill (which yields its first token) and one forward per step."""
+        return self.prefills + self.copy_steps + self.plain_steps
 
     @property
     def tokens_per_target_forward(self) -> float:
-        return self.tokens / self.target_forwards
+        return self.tokens / self.target_forwards if self.target_forwards else 0.0
 
     def __add__(self, other: Replay) -> Replay:
         return Replay(self.drafted + other.drafted, self.accepted + other.accepted,
                       self.copy_steps + other.copy_steps, self.plain_steps + other.plain_steps,
-                      self.tokens + other.tokens)
+                      self.tokens + other.tokens, self.prefills + other.prefills)
 
 
 def engine_rule(context: Sequence[int], most: int) -> list[int]:
@@ -94,7 +95,7 @@ def room(at: int, limit: int | None, width: int) -> int:
 def per_position(prompt: Sequence[int], output: Sequence[int], width: int, rule: CopyRule = engine_rule,
                  limit: int | None = None) -> Replay:
     """A copy of up to ``width`` tokens proposed after every prefix of ``output`` past its first token."""
-    replay = Replay(tokens=len(output))
+    replay = Replay(tokens=len(output), prefills=1)
     for at in range(1, len(output)):
         proposal = rule([*prompt, *output[:at]], room(at, limit, width))
         if proposal:
@@ -108,7 +109,7 @@ def stepped(prompt: Sequence[int], output: Sequence[int], width: int, rule: Copy
             limit: int | None = None, min_copy: int = 1) -> Replay:
     """The decoder's walk over ``output``: at each step boundary a copy of up to ``width`` tokens when the rule
     has at least ``min_copy``, else a plain step."""
-    replay = Replay(tokens=len(output))
+    replay = Replay(tokens=len(output), prefills=1)
     at = 1
     while at < len(output):
         proposal = rule([*prompt, *output[:at]], room(at, limit, width))
@@ -128,7 +129,7 @@ def engine_steps(prompt: Sequence[int], output: Sequence[int], decisions: Sequen
                  rule: CopyRule = engine_rule) -> Replay:
     """Walk the engine's decisions for one row, (width, source) per step: copies of ``width`` tokens from
     ``rule`` and plain steps. A step drafting from the draft model is refused: its acceptance is not the rule's."""
-    replay = Replay(tokens=len(output))
+    replay = Replay(tokens=len(output), prefills=1)
     at = 1
     for width, source in decisions:
         if at >= len(output):

@@ -27,6 +27,8 @@ def test_counting_every_position_weights_the_stretches_that_copy_well():
     assert (walked.copy_steps, walked.plain_steps, walked.drafted, walked.accepted) == (5, 2, 16, 6)
     assert walked.tokens_per_target_forward == 14 / 8
     assert forced.acceptance == 22 / 40 and walked.acceptance == 6 / 16
+    both = walked + stepped(prompt, output[:8], 4)  # a row of 8 tokens: 2 copy steps (4, then the last 2)
+    assert (both.target_forwards, both.tokens) == (8 + 3, 14 + 8)  # each row's prefill counts
 
 
 def test_the_replay_stops_copies_at_the_token_limit_as_the_engine_does():
