@@ -94,6 +94,34 @@ def test_stats_are_consistent(tiny):
         assert st.prefill_seconds > 0 and st.wall_seconds >= st.decode_seconds
 
 
+def test_drafts_accepted_past_the_end_of_turn_are_not_counted(tiny, monkeypatch):
+    """A copy can run past the row's end-of-turn token (a summary's copy of the chat template's "<|im_end|>\\n"),
+    and the target may accept what follows it; the row keeps nothing after it, and its counters count only the
+    drafts it kept. Here every copy is the target's own text, so each step but the last keeps its 4 copies and
+    the target's token: accepted = new tokens - steps (the prefill yields the first token)."""
+    prompts = [random_prompts(tiny, [5, 9], seed=1)[1], random_prompts(tiny, [5], seed=3)[0]]
+    continued = {}
+    for prompt in prompts:
+        expected = target_alone(tiny, prompt, 60)
+        assert expected[-1] in tiny.eos_token_ids and (len(expected) - 1) % 5 in (1, 2, 3), "pick other prompts"
+        after = target_alone(tiny, prompt + expected, 4)  # the target's greedy tokens past its end of turn
+        continued[tuple(prompt)] = (expected, expected + after + [3] * 8)
+
+    def copy(context, max_tokens, **_):
+        prompt = next(p for p in continued if tuple(context[: len(p)]) == p)
+        done = len(context) - len(prompt)
+        return continued[prompt][1][done : done + max_tokens]
+
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    outputs = SpeculativeDecoder(tiny, gamma=4, adaptive=False).generate(prompts, max_new_tokens=60, batch_size=1)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        st = out.stats
+        assert out.token_ids == continued[tuple(prompt)][0] and out.finish_reason == "eos"
+        assert st.lookup_drafted == st.drafted == 4 * (st.target_forwards - 1)
+        steps = st.target_forwards - 1
+        assert st.accepted == st.lookup_accepted == sum(st.accepted_per_position) == st.new_tokens - steps
+
+
 def test_stop_strings_cut_the_output(tiny):
     prompt = random_prompts(tiny, [12])[0]
     full = SpeculativeDecoder(tiny, gamma=3).generate([prompt], max_new_tokens=30)[0]

@@ -24,7 +24,7 @@ class GenerationStats(DeviceCost):
     prompt_tokens: int = 0  # tokens the row attends to when it writes its first token (its usage's prompt)
     new_tokens: int = 0
     drafted: int = 0  # by the draft model and by prompt lookup
-    accepted: int = 0
+    accepted: int = 0  # of them, those the row kept (none past its end of turn, a stop or its limit)
     lookup_drafted: int = 0
     lookup_accepted: int = 0
     target_forwards: int = 0  # the prefill counts as one: it yields the first token

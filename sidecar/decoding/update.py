@@ -55,15 +55,12 @@ class StepUpdate:
             st = r.stats
             st.target_forwards += 1
             st.drafted += cap
-            st.accepted += accepted
             if plan.copies[t] and cap:
                 st.lookup_drafted += cap
-                st.lookup_accepted += accepted
             elif model_rows[t]:
                 st.draft_forwards += forwards
             for k in range(cap):
                 st.drafted_per_position[k] += 1
-                st.accepted_per_position[k] += int(k < accepted)
             if r.has_draft:  # what the draft cache lacks now, before the new pending token
                 if not forwards:
                     r.backlog += [r.pending_token, *drafted[:accepted]]
@@ -75,7 +72,17 @@ class StepUpdate:
         entries = None
         if any(r.top_logprobs is not None for r in plan.target_rows):
             entries = self.logprobs(plan.target_rows, result.target_logits, result.committed_ids)
+        before = [len(r.tokens) for r in plan.target_rows]
         self.commit(plan.target_rows, appended, entries)
+        for t, r in enumerate(plan.target_rows):
+            # the drafts the row kept: the target may accept drafts past an end of turn, a stop or the limit
+            # (a copy runs on into the chat template), which the row cuts
+            accepted = min(result.accepted_counts[t], len(r.tokens) - before[t])
+            r.stats.accepted += accepted
+            if plan.copies[t] and min(plan.caps[t], width):
+                r.stats.lookup_accepted += accepted
+            for k in range(accepted):
+                r.stats.accepted_per_position[k] += 1
 
         only = [(slot, r) for slot, r in enumerate(plan.draft_rows) if isinstance(r, DraftOnlyRow)]
         for _, r in only:
