@@ -11,6 +11,7 @@ two references are checked against each other on every run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.identity import IDENTICAL, compare, failures, verdict
-from sidecar.decoding.divergence import MISMATCH, NEAR_TIE
+from sidecar.decoding.divergence import MISMATCH, NEAR_TIE, classify_divergence, first_divergence
 from sidecar.models.pair import ModelPair, dtype_name
 
 
@@ -36,21 +37,33 @@ def greedy_references(pair: ModelPair, prompts: list[list[int]], limits: list[in
     return references
 
 
-def teacher_forced_reference(pair: ModelPair, prompt: list[int], candidate: list[int], limit: int) -> list[int]:
+def teacher_forced(pair: ModelPair, prompt: list[int], candidate: list[int],
+                   limit: int) -> tuple[list[int], torch.Tensor | None]:
     """The target's greedy continuation of ``prompt`` as far as ``candidate`` follows it: ``candidate`` up to its
     first token that is not the target's argmax after the tokens before it, then that argmax. An output that
     ends before ``limit`` without an end-of-sequence token gets the target's next pick appended, so ending early
-    is a divergence too. One forward at batch 1 over prompt and output."""
-    ids = prompt + candidate
+    is a divergence too. One forward at batch 1 over prompt and output; with the reference, the target's logits
+    [V] where it leaves ``candidate`` (None where it does not), which classify that divergence
+    (``sidecar.decoding.divergence.classify_divergence``) without another forward over the same tokens."""
+    fed = (prompt + candidate)[: len(prompt) + len(candidate) - (len(candidate) >= limit)]
     with torch.inference_mode():
-        logits = pair.target(torch.tensor([ids[: len(ids) - (len(candidate) >= limit)]],
-                                          device=pair.device)).logits[0, len(prompt) - 1:]  # [n (+1), V]
+        # the LM head over the output's positions only, from the prompt's last on (as generate keeps only the
+        # last position's): over all ~270 positions at 151,936 entries it was ~15% of the forward
+        logits = pair.target(torch.tensor([fed], device=pair.device),
+                             logits_to_keep=len(fed) - len(prompt) + 1).logits[0]  # [n (+1), V]
     picks = logits.argmax(-1).tolist()
     for position, token in enumerate(candidate):
         if token != picks[position]:
-            return [*candidate[:position], picks[position]]
+            return [*candidate[:position], picks[position]], logits[position].clone()
     ended = bool(candidate) and candidate[-1] in pair.eos_token_ids
-    return candidate if ended or len(candidate) >= limit else [*candidate, picks[len(candidate)]]
+    if ended or len(candidate) >= limit:
+        return candidate, None
+    return [*candidate, picks[len(candidate)]], logits[len(candidate)].clone()
+
+
+def teacher_forced_reference(pair: ModelPair, prompt: list[int], candidate: list[int], limit: int) -> list[int]:
+    """``teacher_forced``'s reference alone."""
+    return teacher_forced(pair, prompt, candidate, limit)[0]
 
 
 class Identity:
@@ -61,9 +74,11 @@ class Identity:
         self.pair = pair
         self.outcomes: list[dict] = []  # compare's fields, and the candidate's length as "tokens"
         self.reported = 0  # outcomes whose near-ties were warned about
-        # teacher-forced references by (prompt, candidate, limit): the module's tests decode the same rows more
-        # than once, mostly to the same output, and a reference is one forward over ~240 tokens (seconds here)
-        self.references: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
+        # teacher-forced references and their logits where they leave the candidate, by (prompt, candidate,
+        # limit): the module's tests decode the same rows more than once, mostly to the same output, and a
+        # reference is one forward over ~240 tokens (seconds here)
+        self.references: dict[tuple[tuple[int, ...], tuple[int, ...], int],
+                              tuple[list[int], torch.Tensor | None]] = {}
 
     @property
     def exact(self) -> bool:
@@ -74,15 +89,25 @@ class Identity:
               finished_by_stop: bool = False) -> dict:
         """Record how ``candidate`` (at most ``limit`` tokens) compares with ``reference`` (default: teacher-forced);
         a row a stop string ended must be a prefix."""
-        if reference is None:
+        if reference is not None:
+            reference = reference[: len(candidate)] if finished_by_stop else reference
+            outcome = compare(self.pair.target, prompt, reference, candidate, name)
+        else:
             limit = len(candidate) if finished_by_stop else limit
             key = (tuple(prompt), tuple(candidate), limit)
             if key not in self.references:
-                self.references[key] = teacher_forced_reference(self.pair, prompt, candidate, limit)
-            reference = self.references[key]
-        if finished_by_stop:
-            reference = reference[: len(candidate)]
-        self.outcomes.append(compare(self.pair.target, prompt, reference, candidate, name) | {"tokens": len(candidate)})
+                self.references[key] = teacher_forced(self.pair, prompt, candidate, limit)
+            reference, logits = self.references[key]
+            if finished_by_stop:
+                reference = reference[: len(candidate)]
+            # compare's outcome, its divergence classified from the teacher-forced forward's logits there: the
+            # prompt and the same prefix, so compare would run that forward again
+            position = first_divergence(reference, candidate)
+            outcome = {"label": name, "identical": True, "kind": IDENTICAL} if position is None else {
+                "label": name, "identical": False, **dataclasses.asdict(classify_divergence(
+                    position, logits, reference[position] if position < len(reference) else None,
+                    candidate[position] if position < len(candidate) else None, self.pair.target.dtype))}
+        self.outcomes.append(outcome | {"tokens": len(candidate)})
         return self.outcomes[-1]
 
     def count(self, kind: str) -> int:

@@ -4,8 +4,10 @@ that is not the target's pick, or where the candidate ends early without an end-
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from bench.identity import compare
 from sidecar.decoding.divergence import MISMATCH
 from tests.real_pair_identity import Identity, greedy_references, teacher_forced_reference
 
@@ -23,6 +25,15 @@ def test_the_teacher_forced_reference_is_greedy_decoding_and_catches_a_wrong_or_
     assert len(greedy) == LIMIT and not set(greedy[:8]) & set(tiny.eos_token_ids)
     assert teacher_forced_reference(tiny, prompt, greedy[:7], LIMIT) == greedy[:8]
     identity = Identity(tiny)
-    assert identity.check("wrong", prompt, wrong, LIMIT)["kind"] == MISMATCH
+    # classified from the teacher-forced forward's logits, as compare classifies it from a forward of its own
+    outcome = identity.check("wrong", prompt, wrong, LIMIT)
+    assert outcome["kind"] == MISMATCH and outcome["position"] == 4
+    expected = compare(tiny.target, prompt, greedy[:5], wrong, "wrong") | {"tokens": LIMIT}
+    floats = {k for k, v in expected.items() if isinstance(v, float)}
+    assert {k: outcome[k] for k in floats} == pytest.approx({k: expected[k] for k in floats}, rel=1e-5, abs=1e-5)
+    assert {k: v for k, v in outcome.items() if k not in floats} == {
+        k: v for k, v in expected.items() if k not in floats}
+    early = identity.check("early", prompt, greedy[:7], LIMIT)
+    assert early == compare(tiny.target, prompt, greedy[:8], greedy[:7], "early") | {"tokens": 7}
     assert identity.check("greedy", prompt, greedy, LIMIT)["identical"]
     assert identity.exact and tiny.dtype == torch.float32
