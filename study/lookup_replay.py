@@ -50,6 +50,18 @@ class Replay:
     def tokens_per_target_forward(self) -> float:
         return self.tokens / self.target_forwards if self.target_forwards else 0.0
 
+    def step(self, proposal: Sequence[int], output: Sequence[int], at: int) -> int:
+        """One target forward at output position ``at``: verifying ``proposal`` (a plain step where it is
+        empty). Returns the position after the tokens it kept and the target's own."""
+        if not proposal:
+            self.plain_steps += 1
+            return at + 1
+        run = matched(proposal, output, at)
+        self.copy_steps += 1
+        self.drafted += len(proposal)
+        self.accepted += run
+        return at + run + 1
+
     def __add__(self, other: Replay) -> Replay:
         return Replay(self.drafted + other.drafted, self.accepted + other.accepted,
                       self.copy_steps + other.copy_steps, self.plain_steps + other.plain_steps,
@@ -113,15 +125,7 @@ def stepped(prompt: Sequence[int], output: Sequence[int], width: int, rule: Copy
     at = 1
     while at < len(output):
         proposal = rule([*prompt, *output[:at]], room(at, limit, width))
-        if len(proposal) >= max(min_copy, 1):
-            run = matched(proposal, output, at)
-            replay.copy_steps += 1
-            replay.drafted += len(proposal)
-            replay.accepted += run
-            at += run + 1
-        else:
-            replay.plain_steps += 1
-            at += 1
+        at = replay.step(proposal if len(proposal) >= min_copy else [], output, at)
     return replay
 
 
@@ -136,17 +140,9 @@ def engine_steps(prompt: Sequence[int], output: Sequence[int], decisions: Sequen
             break
         if width and source == "draft":
             raise ValueError("a draft-model step cannot be replayed without the draft model")
-        if width:
-            proposal = rule([*prompt, *output[:at]], width)[:width]
-            if len(proposal) < width:
-                raise ValueError(f"the engine copied {width} tokens at output position {at}; the rule has "
-                                 f"{len(proposal)}")
-            run = matched(proposal, output, at)
-            replay.copy_steps += 1
-            replay.drafted += width
-            replay.accepted += run
-            at += run + 1
-        else:
-            replay.plain_steps += 1
-            at += 1
+        proposal = rule([*prompt, *output[:at]], width)[:width] if width else []
+        if len(proposal) < width:
+            raise ValueError(f"the engine copied {width} tokens at output position {at}; the rule has "
+                             f"{len(proposal)}")
+        at = replay.step(proposal, output, at)
     return replay
