@@ -409,21 +409,19 @@ class BatchWorker:
         except Exception as exc:
             error = self._api_error(exc, f"a step over {size} requests")
         else:
-            error = None
-        if error is not None:  # answered after the except block (``_fail``)
-            jobs = list(self._jobs.values())
-            self._jobs.clear()
-            self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
-            self._fail(jobs, error)
-            return self._batch()
-        self.stats.record_device(batch.ledger.totals(), self._earlier_device)
-        finished = [(self._jobs.pop(index), result) for index, result in done]
-        self.stats.record_step(size, finished=len(finished), cancelled_tokens=[
-            len(result.main.token_ids) + sum(len(s.token_ids) for s in result.sidecars.values())
-            for _, result in finished if cancelled(result)])
-        for job, result in finished:
-            job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
-        return batch
+            self.stats.record_device(batch.ledger.totals(), self._earlier_device)
+            finished = [(self._jobs.pop(index), result) for index, result in done]
+            self.stats.record_step(size, finished=len(finished), cancelled_tokens=[
+                len(result.main.token_ids) + sum(len(s.token_ids) for s in result.sidecars.values())
+                for _, result in finished if cancelled(result)])
+            for job, result in finished:
+                job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
+            return batch
+        jobs = list(self._jobs.values())  # answered after the except block (``_fail``)
+        self._jobs.clear()
+        self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
+        self._fail(jobs, error)
+        return self._batch()
 
     def _refuse_the_rest(self, error: APIError) -> None:
         """Answer the queued jobs, which no batch will run (behind the stop sentinel, or after a failure)."""

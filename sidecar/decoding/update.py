@@ -48,14 +48,15 @@ class StepUpdate:
         """Apply the step ``plan`` ran: counters, backlogs, committed tokens and logprobs, and the trace."""
         width, forwards = result.width, result.draft_forwards
         model_rows = plan.model_rows
-        appended = []
+        appended, copied = [], []  # copied: whether the row verified a prompt-lookup copy this step
         for t, r in enumerate(plan.target_rows):
             cap, accepted = min(plan.caps[t], width), result.accepted_counts[t]
+            copied.append(bool(plan.copies[t] and cap))
             drafted = result.drafted[t]
             st = r.stats
             st.target_forwards += 1
             st.drafted += cap
-            if plan.copies[t] and cap:
+            if copied[t]:
                 st.lookup_drafted += cap
             elif model_rows[t]:
                 st.draft_forwards += forwards
@@ -79,7 +80,7 @@ class StepUpdate:
             # (a copy runs on into the chat template), which the row cuts
             accepted = min(result.accepted_counts[t], len(r.tokens) - before[t])
             r.stats.accepted += accepted
-            if plan.copies[t] and min(plan.caps[t], width):
+            if copied[t]:
                 r.stats.lookup_accepted += accepted
             for k in range(accepted):
                 r.stats.accepted_per_position[k] += 1
