@@ -1,0 +1,147 @@
+"""The fastest schedule a speculative decoder could follow over a finished greedy output: a bound on any engine.
+
+Under greedy decoding the output does not depend on the drafts, and so one decoded output, with the forward
+costs of the two models, tells what every schedule of steps would have cost. At each step boundary (output
+position ``i``, the tokens before it committed) a decoder has three kinds of step:
+
+- *plain*: one target forward of width 1; it yields the target's own token.
+- *copy* of ``k`` tokens (prompt lookup, ``sidecar.decoding.lookup``): a verify of width ``k + 1``; it keeps
+  the copied tokens up to the first the target disagrees with, and the target's own token after them.
+- *draft* of ``g`` tokens from the draft model: ``g`` draft forwards and a verify of width ``g + 1``; the draft's
+  greedy guesses agree with the output as long as its prefix is the output's, so the draft's argmax after each
+  true prefix (one teacher-forced forward, ``study.analysis.scored_logits``) tells how many it would get right.
+
+The bound is an oracle: it knows which drafts will be accepted, so it drafts or copies exactly what will be
+kept, never stops a draft early, never pays a forward it did not need, and prices every step at the measured
+forward costs alone (no host work between forwards, no catch-up of the draft's cache after copies: each draft
+step's first forward is priced as a one-token forward). The draft model's prefill is paid once when some
+step drafts from it. Every simplification makes the oracle faster, never slower, so no decoder that verifies
+one chain per step from these two sources, with these forwards, can beat it.
+
+What it does not bound: tree verification (several candidates in one verify), a cheaper draft forward or
+other kernels (``draft_scale_for`` says how cheap the draft would have to be), and batches (rows share one
+step's width; the bound is per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from sidecar.decoding.lookup import lookup_continuation
+from study.lookup_replay import matched
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Seconds per forward. ``target[w - 1]``: a target decode forward of ``w`` tokens (a plain step is w = 1, a
+    verify of ``k`` drafts w = k + 1); ``draft``: one draft decode forward; the prefills: one forward over the
+    prompt each (the target's yields the first output token)."""
+
+    target: tuple[float, ...]
+    draft: float
+    target_prefill: float
+    draft_prefill: float
+
+    @property
+    def widest_verify(self) -> int:
+        """The most drafts one verify may hold: the widest target forward timed, less the target's own token."""
+        return len(self.target) - 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seconds: float  # prefills and steps
+    steps: tuple[tuple[str, int], ...]  # (kind, drafts) per step: ("plain", 0), ("copy", k), ("draft", g)
+    uses_draft: bool
+
+    @property
+    def target_forwards(self) -> int:
+        return 1 + len(self.steps)  # the prefill and one verify (or plain forward) per step
+
+
+def copy_runs(prompt: Sequence[int], output: Sequence[int], most: int) -> list[int]:
+    """Per output position ``i``: how many tokens of the engine's copy (up to ``most``) greedy verification keeps
+    there (0 where the rule has none); position 0 comes from the prefill."""
+    context = list(prompt)
+    runs = [0]
+    for i in range(1, len(output)):
+        context.append(output[i - 1])
+        runs.append(matched(lookup_continuation(context, most), output, i))
+    return runs
+
+
+def draft_runs(predictions: Sequence[int], output: Sequence[int]) -> list[int]:
+    """Per output position ``i``: how many draft tokens from ``i`` on equal the output, where ``predictions[j]`` is
+    the draft's greedy token after the true prefix ``output[:j]``."""
+    runs = [0] * (len(output) + 1)
+    for j in range(len(output) - 1, -1, -1):
+        runs[j] = runs[j + 1] + 1 if predictions[j] == output[j] else 0
+    return runs[:-1]
+
+
+def fastest_schedule(copies: Sequence[int], drafts: Sequence[int] | None, costs: ForwardCosts,
+                     max_gamma: int) -> Schedule:
+    """The cheapest schedule that produces an output of ``len(copies)`` tokens: plain steps, copies of up to
+    ``costs.widest_verify`` tokens (``copies[i]`` of them kept at position ``i``) and, where ``drafts`` is given,
+    draft steps of up to ``max_gamma`` tokens (``drafts[i]`` kept at ``i``). With the draft model its prefill is
+    paid once, so the schedule is the cheaper of the best one with it and the best one without it."""
+    if not copies:
+        raise ValueError("an output has at least one token (the prefill's)")
+    without = cheapest_steps(copies, None, costs, max_gamma)
+    if drafts is None:
+        return without
+    return min(without, cheapest_steps(copies, drafts, costs, max_gamma), key=lambda s: s.seconds)
+
+
+def cheapest_steps(copies: Sequence[int], drafts: Sequence[int] | None, costs: ForwardCosts,
+                   max_gamma: int) -> Schedule:
+    """``fastest_schedule`` with the draft model's steps offered (``drafts``) or not (None), by dynamic programming
+    over output positions; the draft's prefill is charged if some step drafts."""
+    n = len(copies)
+    best = [float("inf")] * (n + 1)
+    came_from: list[tuple[int, str, int]] = [(0, "plain", 0)] * (n + 1)  # (position, kind, drafts) of the last step
+    best[1] = 0.0  # the prefill yields the first token; its cost is added below
+    for i in range(1, n):
+        options = [("plain", 0, costs.target[0])]
+        options += [("copy", k, costs.target[k]) for k in range(1, min(copies[i], costs.widest_verify) + 1)]
+        if drafts is not None:
+            options += [("draft", g, g * costs.draft + costs.target[g])
+                        for g in range(1, min(drafts[i], max_gamma, costs.widest_verify) + 1)]
+        for kind, kept, seconds in options:
+            after = min(i + kept + 1, n)
+            if best[i] + seconds < best[after]:
+                best[after] = best[i] + seconds
+                came_from[after] = (i, kind, kept)
+    steps: list[tuple[str, int]] = []
+    at = n
+    while at > 1:
+        at, kind, kept = came_from[at]
+        steps.append((kind, kept))
+    steps.reverse()
+    uses_draft = any(kind == "draft" for kind, _ in steps)
+    prefills = costs.target_prefill + (costs.draft_prefill if uses_draft else 0.0)
+    return Schedule(best[n] + prefills, tuple(steps), uses_draft)
+
+
+def draft_scale_for(seconds: float, rows: Sequence[tuple[Sequence[int], Sequence[int], ForwardCosts]],
+                    max_gamma: int, iterations: int = 40) -> float | None:
+    """The largest factor (at most 1) on the draft model's costs, its forwards and its prefill alike, at which the
+    fastest schedules of ``rows`` (``copies``, ``drafts``, ``costs`` per output) take ``seconds`` in all or less,
+    by bisection; None when even a free draft model cannot (the copies and the target's forwards alone are too
+    dear). 1 means the draft as measured is cheap enough."""
+
+    def total(factor: float) -> float:
+        return sum(fastest_schedule(copies, drafts, replace(costs, draft=costs.draft * factor,
+                                                            draft_prefill=costs.draft_prefill * factor),
+                                    max_gamma).seconds for copies, drafts, costs in rows)
+
+    if total(0.0) > seconds:
+        return None
+    if total(1.0) <= seconds:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        low, high = (middle, high) if total(middle) <= seconds else (low, middle)
+    return low

@@ -1,0 +1,85 @@
+"""The fastest-schedule bound (study/schedule_bound.py): the dynamic programme against exhaustive search, the
+runs it reads off an output, and the draft-cost bisection."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from study.schedule_bound import ForwardCosts, copy_runs, draft_runs, draft_scale_for, fastest_schedule
+
+COSTS = ForwardCosts(target=(1.0, 1.1, 1.25, 1.4, 1.6), draft=0.45, target_prefill=6.0, draft_prefill=2.0)
+
+
+def exhaustive(copies: list[int], drafts: list[int] | None, costs: ForwardCosts, max_gamma: int) -> float:
+    """Every schedule's seconds, the cheapest: each step from position i is plain, a copy of 1..copies[i] or a
+    draft of 1..drafts[i] tokens."""
+    n = len(copies)
+
+    def best(at: int, drafted: bool) -> float:
+        if at >= n:
+            return costs.draft_prefill if drafted else 0.0
+        options = [costs.target[0] + best(at + 1, drafted)]
+        options += [costs.target[k] + best(at + k + 1, drafted)
+                    for k in range(1, min(copies[at], costs.widest_verify) + 1)]
+        if drafts is not None:
+            options += [g * costs.draft + costs.target[g] + best(at + g + 1, True)
+                        for g in range(1, min(drafts[at], max_gamma, costs.widest_verify) + 1)]
+        return min(options)
+
+    return costs.target_prefill + best(1, False)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_schedule_is_the_cheapest_of_all_schedules(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 10)
+    copies = [0] + [rng.choice([0, 0, 1, 2, 3, 5]) for _ in range(n - 1)]
+    drafts = [0] + [rng.choice([0, 1, 2, 4, 6]) for _ in range(n - 1)]
+    costs = ForwardCosts(tuple(sorted(rng.uniform(0.5, 2.0) for _ in range(5))), rng.uniform(0.05, 1.0),
+                         rng.uniform(0.0, 5.0), rng.uniform(0.0, 5.0))
+    for offered in (drafts, None):
+        schedule = fastest_schedule(copies, offered, costs, max_gamma=3)
+        assert schedule.seconds == pytest.approx(exhaustive(copies, offered, costs, 3))
+        # the steps it names cover the output and cost what it says
+        at, seconds = 1, costs.target_prefill + (costs.draft_prefill if schedule.uses_draft else 0.0)
+        for kind, kept in schedule.steps:
+            assert kept <= {"plain": 0, "copy": copies[at], "draft": drafts[at] if offered else -1}[kind]
+            seconds += costs.target[kept] + (kept * costs.draft if kind == "draft" else 0.0)
+            at += kept + 1
+        assert at >= n and seconds == pytest.approx(schedule.seconds)
+
+
+def test_the_draft_model_is_used_only_where_its_prefill_is_repaid() -> None:
+    copies, drafts = [0] * 12, [0] + [11 - i for i in range(11)]
+    assert fastest_schedule(copies, drafts, COSTS, 4).uses_draft
+    dear = ForwardCosts(COSTS.target, COSTS.draft, COSTS.target_prefill, draft_prefill=100.0)
+    schedule = fastest_schedule(copies, drafts, dear, 4)
+    assert not schedule.uses_draft and schedule.seconds == pytest.approx(6.0 + 11 * 1.0)
+    assert fastest_schedule(copies, None, COSTS, 4).steps == (("plain", 0),) * 11
+
+
+def test_a_copy_is_taken_where_it_saves_steps_and_never_wider_than_timed() -> None:
+    copies = [0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # a long copy at position 1; verifies hold at most 4 drafts
+    schedule = fastest_schedule(copies, None, COSTS, 4)
+    assert schedule.steps[0] == ("copy", 4) and schedule.target_forwards == 1 + 1 + 5
+
+
+def test_runs_are_read_off_the_output() -> None:
+    prompt, output = [7, 8, 9, 1], [7, 8, 9, 2, 5]
+    # after [7] the engine's rule copies what followed the latest 7 (8, 9, 1): 8 and 9 are kept, 1 is not
+    assert copy_runs(prompt, output, 4) == [0, 2, 1, 0, 0]
+    assert draft_runs([7, 0, 9, 2, 5], output) == [1, 0, 3, 2, 1]
+
+
+def test_the_draft_scale_reaches_the_time_asked_for() -> None:
+    rows = [([0] * 30, [0, *range(29, 0, -1)], COSTS)]
+    as_measured = fastest_schedule(*rows[0], 4).seconds
+    assert draft_scale_for(as_measured, rows, 4) == 1.0
+    assert draft_scale_for(COSTS.target_prefill, rows, 4) is None  # the prefill alone already takes that long
+    goal = as_measured * 0.85
+    scale = draft_scale_for(goal, rows, 4)
+    assert scale is not None and 0 < scale < 1
+    cheaper = ForwardCosts(COSTS.target, COSTS.draft * scale, COSTS.target_prefill, COSTS.draft_prefill * scale)
+    assert fastest_schedule(*rows[0][:2], cheaper, 4).seconds == pytest.approx(goal, rel=1e-6)
