@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import queue
@@ -252,6 +253,7 @@ class BatchWorker:
         self.stats = BatchStats()
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=config.max_queue)
         self._jobs: dict[int, Job] = {}  # the jobs in the batch, by their index there
+        self._running: SidecarBatch | None = None  # the batch (``_loop``)
         self._indices = itertools.count()
         # why the loop died ("OverflowError: ..."); None while it runs or after a clean stop
         self.failure: str | None = None
@@ -333,13 +335,14 @@ class BatchWorker:
         return self._jobs[index].gone.is_set()
 
     def _loop(self) -> None:
-        batch = self._batch()
+        # the running batch lives in this attribute alone, so that a step that fails can let go of it (``_step``)
+        self._running = self._batch()
         stopping = False
         while not stopping or self._jobs:
             if not stopping:
-                stopping = self._fill(batch, wait=not self._jobs)
+                stopping = self._fill(self._running, wait=not self._jobs)
             if self._jobs:
-                batch = self._step(batch)
+                self._step()
         self._refuse_the_rest(APIError(503, "the server is stopping; retry later", "server_error",
                                        code="shutting_down"))
 
@@ -400,28 +403,30 @@ class BatchWorker:
         self.stats.record_scored(failed=True, caches=self.prefix_caches)
         self._fail([job], error)
 
-    def _step(self, batch: SidecarBatch) -> SidecarBatch:
-        """One step of ``batch``; finishes the jobs it completed. Returns the batch to go on with: a fresh one
-        when the step raised, since a batch that failed mid-step is in no state to continue."""
+    def _step(self) -> None:
+        """One step of the running batch; finishes the jobs it completed. A batch that failed mid-step is in no
+        state to continue: it is dropped before its jobs are answered (out of memory then frees its KV caches
+        with the rest, ``_fail``) and a fresh batch takes its place."""
         size = len(self._jobs)
         try:
-            done = batch.step()
+            done = self._running.step()
         except Exception as exc:
             error = self._api_error(exc, f"a step over {size} requests")
         else:
-            self.stats.record_device(batch.ledger.totals(), self._earlier_device)
+            self.stats.record_device(self._running.ledger.totals(), self._earlier_device)
             finished = [(self._jobs.pop(index), result) for index, result in done]
             self.stats.record_step(size, finished=len(finished), cancelled_tokens=[
                 len(result.main.token_ids) + sum(len(s.token_ids) for s in result.sidecars.values())
                 for _, result in finished if cancelled(result)])
             for job, result in finished:
                 job.finish(result if isinstance(job.work, SidecarRequest) else result.main)
-            return batch
+            return
         jobs = list(self._jobs.values())  # answered after the except block (``_fail``)
         self._jobs.clear()
+        self._running = None
         self.stats.record_step(size, finished=len(jobs), failed=len(jobs))
         self._fail(jobs, error)
-        return self._batch()
+        self._running = self._batch()
 
     def _refuse_the_rest(self, error: APIError) -> None:
         """Answer the queued jobs, which no batch will run (behind the stop sentinel, or after a failure)."""
@@ -439,6 +444,9 @@ class BatchWorker:
         Called after the ``except`` block of the error, whose traceback holds the frames of the forward that
         failed and with them tensors (the cached keys and values it attended to): only then are they freed."""
         if error.code == "out_of_memory":
+            # a failed batch (dropped by ``_step``) refers to itself through its callbacks: only the collector
+            # frees its caches, and they must go before the next batch allocates its own
+            gc.collect()
             # the caches kept for later batches (the next batch allocates what it needs), and the scored prompts'
             # keys and values (their counters stay)
             freed = release_free()

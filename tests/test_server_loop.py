@@ -320,6 +320,35 @@ def test_out_of_memory_in_a_step_releases_the_free_kv_caches(engine: SidecarEngi
             "stop", "length")
 
 
+def test_a_step_out_of_memory_frees_its_batchs_kv_caches_before_answering(engine: SidecarEngine,
+                                                                         monkeypatch) -> None:
+    """A batch that failed mid-step is dropped, and out of memory frees the KV caches it held, before its jobs
+    are answered and before a new batch takes memory: the worker must not hold the old caches beside new ones."""
+    from server.worker import BatchWorker
+    from sidecar.runtime.pools import pools_of
+
+    models = (engine.pair.target, engine.pair.draft)
+    step, fail = SidecarBatch.step, BatchWorker._fail
+    held: list[weakref.ref] = []
+    alive_after_fail: list[int] = []
+
+    def out_of_memory_mid_step(batch: SidecarBatch) -> object:
+        step(batch)  # the rows join: the batch takes its caches
+        held.extend(weakref.ref(cache) for model in models for cache in pools_of(model).lent)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    def recording_fail(worker: BatchWorker, jobs: list[Job], error: APIError) -> None:
+        fail(worker, jobs, error)
+        alive_after_fail.append(sum(ref() is not None for ref in held))
+
+    monkeypatch.setattr(SidecarBatch, "step", out_of_memory_mid_step)
+    monkeypatch.setattr(BatchWorker, "_fail", recording_fail)
+    with started(engine) as service, pytest.raises(APIError) as failed:
+        asyncio.run(answer(service, chat(SHORT, max_tokens=4)))
+    assert failed.value.code == "out_of_memory" and held, "the step took no cache"
+    assert alive_after_fail == [0], f"{alive_after_fail} of the failed batch's caches outlived its failure"
+
+
 async def scored(service: ChatService, prompt: str, model: str = "tiny") -> list:
     """The prompt's scores (``prompt_logprobs``' entries), as a completions request with echo scores it."""
     req = CompletionRequest.model_validate({"model": model, "prompt": prompt, "echo": True, "logprobs": 0,
