@@ -295,11 +295,11 @@ def result_name(benchmark: str, device: torch.device, pair: str, profile: str, d
 
 
 def medians_in_turn(calls: Sequence[Callable[[], object]], count: int, device: torch.device,
-                    untimed: int = 3) -> list[float]:
-    """The median seconds of each of ``calls`` over ``count`` timed calls, after ``untimed`` rounds (one-off
-    allocations, compiles), the calls made in turn (one of each per round, each synchronised): a machine that
-    speeds up or slows down between minutes moves them alike, so their ratio holds where blocks timed one after
-    the other would drift apart."""
+                    untimed: int = 3, statistic: Callable[[list[float]], float] = statistics.median) -> list[float]:
+    """The median seconds (or another ``statistic``) of each of ``calls`` over ``count`` timed calls, after
+    ``untimed`` rounds (one-off allocations, compiles), the calls made in turn (one of each per round, each
+    synchronised): a machine that speeds up or slows down between minutes moves them alike, so their ratio holds
+    where blocks timed one after the other would drift apart."""
     times: list[list[float]] = [[] for _ in calls]
     for i in range(count + untimed):
         for call, kept in zip(calls, times, strict=True):
@@ -309,4 +309,4 @@ def medians_in_turn(calls: Sequence[Callable[[], object]], count: int, device: t
             synchronize(device)
             if i >= untimed:
                 kept.append(time.perf_counter() - start)
-    return [statistics.median(kept) for kept in times]
+    return [statistic(kept) for kept in times]
