@@ -60,15 +60,31 @@ class Schedule:
         return 1 + len(self.steps)  # the prefill and one verify (or plain forward) per step
 
 
-def copy_runs(prompt: Sequence[int], output: Sequence[int], most: int) -> list[int]:
-    """Per output position ``i``: how many tokens of the engine's copy (up to ``most``) greedy verification keeps
-    there (0 where the rule has none); position 0 comes from the prefill."""
+def copy_runs(prompt: Sequence[int], output: Sequence[int], most: int) -> tuple[list[int], list[int]]:
+    """Per output position ``i``: how many tokens the engine's copy rule proposes there (up to ``most``; 0 where it
+    has none), and how many of them greedy verification keeps; position 0 comes from the prefill."""
     context = list(prompt)
-    runs = [0]
+    proposed, kept = [0], [0]
     for i in range(1, len(output)):
         context.append(output[i - 1])
-        runs.append(matched(lookup_continuation(context, most), output, i))
-    return runs
+        copy = lookup_continuation(context, most)
+        proposed.append(len(copy))
+        kept.append(matched(copy, output, i))
+    return proposed, kept
+
+
+def copying_at_every_boundary(proposed: Sequence[int], kept: Sequence[int], costs: ForwardCosts,
+                              width: int) -> Schedule:
+    """Not a bound: the schedule of a decoder without foresight that copies up to ``width`` tokens at every step
+    boundary where the rule has a copy (a plain step where it has none), priced like the bound."""
+    steps: list[tuple[str, int]] = []
+    seconds, at = costs.target_prefill, 1
+    while at < len(kept):
+        copied = min(proposed[at], width)
+        seconds += costs.target[copied]
+        steps.append(("copy", copied) if copied else ("plain", 0))
+        at += min(kept[at], copied) + 1
+    return Schedule(seconds, tuple(steps), uses_draft=False)
 
 
 def draft_runs(predictions: Sequence[int], output: Sequence[int]) -> list[int]:

@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from study.schedule_bound import ForwardCosts, copy_runs, draft_runs, draft_scale_for, fastest_schedule
+from study.schedule_bound import (
+    ForwardCosts,
+    copy_runs,
+    copying_at_every_boundary,
+    draft_runs,
+    draft_scale_for,
+    fastest_schedule,
+)
 
 COSTS = ForwardCosts(target=(1.0, 1.1, 1.25, 1.4, 1.6), draft=0.45, target_prefill=6.0, draft_prefill=2.0)
 
@@ -69,7 +76,7 @@ def test_a_copy_is_taken_where_it_saves_steps_and_never_wider_than_timed() -> No
 def test_runs_are_read_off_the_output() -> None:
     prompt, output = [7, 8, 9, 1], [7, 8, 9, 2, 5]
     # after [7] the engine's rule copies what followed the latest 7 (8, 9, 1): 8 and 9 are kept, 1 is not
-    assert copy_runs(prompt, output, 4) == [0, 2, 1, 0, 0]
+    assert copy_runs(prompt, output, 4) == ([0, 4, 4, 4, 0], [0, 2, 1, 0, 0])
     assert draft_runs([7, 0, 9, 2, 5], output) == [1, 0, 3, 2, 1]
 
 
@@ -83,3 +90,16 @@ def test_the_draft_scale_reaches_the_time_asked_for() -> None:
     assert scale is not None and 0 < scale < 1
     cheaper = ForwardCosts(COSTS.target, COSTS.draft * scale, COSTS.target_prefill, COSTS.draft_prefill * scale)
     assert fastest_schedule(*rows[0][:2], cheaper, 4).seconds == pytest.approx(goal, rel=1e-6)
+
+
+def test_copying_at_every_boundary_verifies_what_the_rule_proposes_and_is_never_below_the_bound() -> None:
+    proposed, kept = [0, 4, 4, 0, 2, 0, 0, 3], [0, 3, 0, 0, 0, 0, 0, 3]
+    schedule = copying_at_every_boundary(proposed, kept, COSTS, width=4)
+    # a copy of 4 keeps 3 (to position 5), two plain steps, a copy of 3 keeps its 3 and the target's own: done
+    assert schedule.steps == (("copy", 4), ("plain", 0), ("plain", 0), ("copy", 3))
+    assert schedule.seconds == pytest.approx(6.0 + 1.6 + 1.0 + 1.0 + 1.4)
+    narrow = copying_at_every_boundary(proposed, kept, COSTS, width=1)
+    assert narrow.steps[0] == ("copy", 1)
+    for width in (1, 2, 4):
+        assert copying_at_every_boundary(proposed, kept, COSTS, width).seconds >= fastest_schedule(
+            kept, None, COSTS, 4).seconds
