@@ -80,17 +80,21 @@ def prefill_call(model, prompt: list[int]):
 
 
 def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest: int,
-                  rounds: int) -> tuple[ForwardCosts, float]:
-    """Both models' forwards at the middle of the output's context, and their prefills of ``prompt``; and HF's
-    one-token target forward there (the bound prices ours, which should be the cheaper)."""
+                  rounds: int) -> tuple[ForwardCosts, list[float], float]:
+    """Both models' forwards at the middle of the output's context, and their prefills of ``prompt``; the draft's
+    one- and two-token forwards (a draft forward counts as the cheaper: one token padded to two columns where
+    that costs less); and HF's one-token target forward there (the bound prices ours, which should be the
+    cheaper)."""
     context = prompt + output[: len(output) // 2]
     calls = [decode_call(pair.target, context, w) for w in range(1, widest + 2)]
-    calls += [decode_call(pair.draft, context, 1), prefill_call(pair.target, prompt), prefill_call(pair.draft, prompt),
+    calls += [decode_call(pair.draft, context, 1), decode_call(pair.draft, context, 2),
+              prefill_call(pair.target, prompt), prefill_call(pair.draft, prompt),
               hf_forward_call(pair.target, context, pair.device)]
     # the fastest of the rounds: a lower bound wants each forward at its cheapest (other work on the machine
     # only slows a forward down)
     seconds = medians_in_turn(calls, rounds, pair.device, untimed=1, statistic=min)
-    return ForwardCosts(tuple(seconds[: widest + 1]), *seconds[widest + 1 : widest + 4]), seconds[-1]
+    target, (draft_1, draft_2, target_prefill, draft_prefill, hf) = seconds[: widest + 1], seconds[widest + 1 :]
+    return ForwardCosts(tuple(target), min(draft_1, draft_2), target_prefill, draft_prefill), [draft_1, draft_2], hf
 
 
 def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, widest: int, rounds: int,
@@ -112,7 +116,7 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
             for name, seconds in (("plain", plain["wall_s"]), ("lookup", lookup["wall_s"]), ("engine", sw.seconds)):
                 walls[name].append(seconds)
         reference = plain["tokens"]
-        costs, hf_forward = forward_costs(pair, prompt, reference, widest, rounds)
+        costs, draft_widths, hf_forward = forward_costs(pair, prompt, reference, widest, rounds)
         proposed, copies = copy_runs(prompt, reference, widest)
         drafts = draft_runs(scored_logits(pair.draft, prompt, reference).argmax(-1).tolist(), reference)
         best = fastest_schedule(copies, drafts, costs, widest)
@@ -129,7 +133,7 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
                      "bound_without_draft_s": no_draft.seconds,
                      **{f"copy_{width}_every_boundary_s": s.seconds for width, s in every.items()},
                      "target_forward_ms": [s * 1e3 for s in costs.target], "hf_target_forward_ms": hf_forward * 1e3,
-                     "draft_forward_ms": costs.draft * 1e3,
+                     "draft_forward_ms": costs.draft * 1e3, "draft_1_2_forward_ms": [s * 1e3 for s in draft_widths],
                      "target_prefill_s": costs.target_prefill, "draft_prefill_s": costs.draft_prefill,
                      "proposed": proposed, "copies": copies, "drafts": drafts})
         print({k: v for k, v in rows[-1].items() if k not in ("bound_steps", "proposed", "copies", "drafts")},

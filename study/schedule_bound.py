@@ -12,9 +12,10 @@ position ``i``, the tokens before it committed) a decoder has three kinds of ste
   true prefix (one teacher-forced forward, ``study.analysis.scored_logits``) tells how many it would get right.
 
 The bound is an oracle: it knows which drafts will be accepted, so it drafts or copies exactly what will be
-kept, never stops a draft early, never pays a forward it did not need, and prices every step at the measured
-forward costs alone (no host work between forwards, no catch-up of the draft's cache after copies: each draft
-step's first forward is priced as a one-token forward). The draft model's prefill is paid once when some
+kept, never stops a draft early, never pays a forward it did not need, pads each verify to the cheapest width
+timed (``ForwardCosts.verify``), and prices every step at the measured forward costs alone (no host work between
+forwards, no catch-up of the draft's cache after copies: each draft step's first forward is priced as a one-token
+forward). The draft model's prefill is paid once when some
 step drafts from it. Every simplification makes the oracle faster, never slower, so no decoder that verifies
 one chain per step from these two sources, with these forwards, can beat it.
 
@@ -48,6 +49,12 @@ class ForwardCosts:
         """The most drafts one verify may hold: the widest target forward timed, less the target's own token."""
         return len(self.target) - 1
 
+    def verify(self, drafts: int) -> float:
+        """A target forward over ``drafts`` drafts and its own token, padded to whichever width timed at least as
+        wide is cheapest: padding columns are computed and dropped, and on a CPU a wider forward can cost less
+        (a one-token bf16 forward took longer than a two-token one where this was measured)."""
+        return min(self.target[drafts:])
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -76,12 +83,12 @@ def copy_runs(prompt: Sequence[int], output: Sequence[int], most: int) -> tuple[
 def copying_at_every_boundary(proposed: Sequence[int], kept: Sequence[int], costs: ForwardCosts,
                               width: int) -> Schedule:
     """Not a bound: the schedule of a decoder without foresight that copies up to ``width`` tokens at every step
-    boundary where the rule has a copy (a plain step where it has none), priced like the bound."""
+    boundary where the rule has a copy (a plain step where it has none), priced like the bound (padded forwards)."""
     steps: list[tuple[str, int]] = []
     seconds, at = costs.target_prefill, 1
     while at < len(kept):
         copied = min(proposed[at], width)
-        seconds += costs.target[copied]
+        seconds += costs.verify(copied)
         steps.append(("copy", copied) if copied else ("plain", 0))
         at += min(kept[at], copied) + 1
     return Schedule(seconds, tuple(steps), uses_draft=False)
@@ -119,10 +126,10 @@ def cheapest_steps(copies: Sequence[int], drafts: Sequence[int] | None, costs: F
     came_from: list[tuple[int, str, int]] = [(0, "plain", 0)] * (n + 1)  # (position, kind, drafts) of the last step
     best[1] = 0.0  # the prefill yields the first token; its cost is added below
     for i in range(1, n):
-        options = [("plain", 0, costs.target[0])]
-        options += [("copy", k, costs.target[k]) for k in range(1, min(copies[i], costs.widest_verify) + 1)]
+        options = [("plain", 0, costs.verify(0))]
+        options += [("copy", k, costs.verify(k)) for k in range(1, min(copies[i], costs.widest_verify) + 1)]
         if drafts is not None:
-            options += [("draft", g, g * costs.draft + costs.target[g])
+            options += [("draft", g, g * costs.draft + costs.verify(g))
                         for g in range(1, min(drafts[i], max_gamma, costs.widest_verify) + 1)]
         for kind, kept, seconds in options:
             after = min(i + kept + 1, n)
