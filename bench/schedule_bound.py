@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"target forward {ours:.2f} of HF's and {one_two:.2f} of our two-token one (means over the articles; "
                 f"{env['threads']} torch threads). The engine's output equals HF's on {same} of {len(rows)} articles "
                 f"(bf16 near-ties); where it differs the schedules walk both outputs and keep the faster "
-                f"({over_engine} articles took the engine's). Every time is the fastest of its runs (study/schedule_bound.py, "
-                f"bench/schedule_bound.py).")
+                f"({over_engine} articles took the engine's). Every time is the fastest of its runs "
+                f"(study/schedule_bound.py, bench/schedule_bound.py).")
     write_results(result_name("schedule_bound", pair.device, args.pair, args.profile, pair.dtype),
                   {"environment": env, "args": vars(args), "summary": summary, "articles": rows}, markdown)
 
