@@ -31,11 +31,13 @@ from functools import partial
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
 from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, supports
 from sidecar.runtime.kv_cache import BucketBuffers, RowKVCache
+from sidecar.runtime.padding import one_row_padding_pays
 from sidecar.runtime.transfers import to_device
 from sidecar.settings import PREFIX, Settings, parse_capture
 
@@ -224,6 +226,11 @@ class StackRunner:
         if mode != "eager":
             configure_thread()
             self._compiled = self._compile(self.stack.forward)
+        # eager decode forwards of one token run two columns wide (the second is padding, written to the trash
+        # column) where one-row products are measured slower than two-row ones (``one_row_padding_pays``)
+        linears = [m.weight for m in model.base_model.layers[0].modules() if isinstance(m, nn.Linear)]
+        self.pad_one_token = mode == "eager" and bool(linears) and one_row_padding_pays(
+            max(linears, key=lambda w: w.numel()))
 
     def _compile(self, fn: Callable) -> Callable:
         # the limit again on the compiled region: dynamo's config is per thread (``configure_thread``)
@@ -291,6 +298,11 @@ class StackRunner:
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
             if decode:
                 self.counters.shapes[(batch, width, attend)] += 1
+            if decode and self.pad_one_token and batch * width == 1:
+                hidden = self.stack(torch.nn.functional.pad(ids, (0, 1)), self._rows(cache, batch, real),
+                                    torch.nn.functional.pad(query_span, (0, 1), value=-1), cache.keys, cache.values,
+                                    cache.visible, cache.span, attend)
+                return hidden[:, :1]
             return self.stack(ids, self._rows(cache, batch, real), query_span, cache.keys, cache.values,
                               cache.visible, cache.span, attend)
         padded, wide = shape.batch, shape.width
