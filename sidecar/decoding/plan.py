@@ -30,7 +30,8 @@ Terms, per step:
   (``sidecar.runtime.capture.decode_shape``: ``batch_bucket``/``width_bucket``) when the model's runner is
   static, the real ones otherwise. They are what runs: the runner passes each forward its plan's shape and the
   model's runner refuses one that is not a bucket of its mode or does not hold the forward
-  (``sidecar.runtime.capture.check_shape``); nothing below the plan pads on its own.
+  (``sidecar.runtime.capture.check_shape``); nothing below the plan pads on its own but an eager one-token forward
+  where one-row products are measured slow (``sidecar.runtime.padding``), a kernel choice the shape does not show.
 
 Where the draft's forwards compile (``compile``, ``cudagraph``), drafting does not stop early: it runs all
 ``width`` forwards and the verify sees the full width, and forwards 1 .. width - 1 run as one compiled chain
