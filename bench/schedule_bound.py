@@ -6,7 +6,8 @@ Per article, in one process: HF plain ``generate`` (its output is the reference,
 prompt-lookup ``generate`` and the engine (adaptive, gamma 4), timed end to end, each the fastest of 3 runs in
 turn; then the forward costs of both models at the article's context, our forwards (``sidecar.runtime.forward``),
 the widths timed in turn (``medians_in_turn``), each the fastest of its rounds; the draft's greedy guess after
-every prefix of the reference (one teacher-forced forward) and the engine's prompt-lookup copy at every position.
+every prefix of the reference (one teacher-forced forward); at every position, the engine's prompt-lookup copy
+and the best copy any earlier occurrence of the last 1-3 tokens offers.
 ``study.schedule_bound`` then finds the fastest schedule of plain, copy and draft steps over the reference
 output: a lower bound on the time of any decoder that verifies one chain per step from these two sources with
 these forwards (its assumptions are in that module).
@@ -44,6 +45,7 @@ from sidecar.runtime.kv_cache import RowKVCache
 from study.analysis import scored_logits
 from study.schedule_bound import (
     ForwardCosts,
+    best_copy_runs,
     copy_runs,
     copying_at_every_boundary,
     draft_runs,
@@ -98,17 +100,19 @@ def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest:
 
 
 def walk(pair: ModelPair, prompt: list[int], output: list[int], costs: ForwardCosts, gamma: int, widest: int) -> dict:
-    """The schedules over one greedy ``output``: the bound with and without the draft model, and copying at every
-    step boundary (``gamma`` and ``widest`` tokens), with the runs they read."""
-    proposed, copies = copy_runs(prompt, output, widest)
+    """The schedules over one greedy ``output``: the bound with and without the draft model (copies from any earlier
+    occurrence, the best), and the engine's copy rule at every step boundary (``gamma`` and ``widest`` tokens),
+    with the runs they read."""
+    proposed, kept = copy_runs(prompt, output, widest)  # the engine's rule
+    copies = best_copy_runs(prompt, output, widest)  # any rule's best
     drafts = draft_runs(scored_logits(pair.draft, prompt, output).argmax(-1).tolist(), output)
     best = fastest_schedule(copies, drafts, costs, widest)
-    every = {width: copying_at_every_boundary(proposed, copies, costs, width) for width in (gamma, widest)}
+    every = {width: copying_at_every_boundary(proposed, kept, costs, width) for width in (gamma, widest)}
     return {"bound_s": best.seconds, "bound_target_forwards": best.target_forwards,
             "bound_uses_draft": best.uses_draft, "bound_steps": [list(s) for s in best.steps],
             "bound_without_draft_s": fastest_schedule(copies, None, costs, widest).seconds,
             **{f"copy_{width}_every_boundary_s": s.seconds for width, s in every.items()},
-            "proposed": proposed, "copies": copies, "drafts": drafts}
+            "proposed": proposed, "rule_copies": kept, "copies": copies, "drafts": drafts}
 
 
 def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, widest: int, rounds: int,
@@ -147,8 +151,8 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
                      "target_forward_ms": [s * 1e3 for s in costs.target], "hf_target_forward_ms": hf_forward * 1e3,
                      "draft_forward_ms": costs.draft * 1e3, "draft_1_2_forward_ms": [s * 1e3 for s in draft_widths],
                      "target_prefill_s": costs.target_prefill, "draft_prefill_s": costs.draft_prefill})
-        print({k: v for k, v in rows[-1].items() if k not in ("bound_steps", "proposed", "copies", "drafts")},
-              flush=True)
+        lists = ("bound_steps", "proposed", "rule_copies", "copies", "drafts")
+        print({k: v for k, v in rows[-1].items() if k not in lists}, flush=True)
     return rows
 
 
@@ -212,8 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     markdown = (f"The fastest schedule of one-chain speculative decoding over the target's greedy output, {len(rows)} "
                 f"real news articles cut to {args.chars} chars, pair `{args.pair}` ({env['dtype']}), batch 1, "
                 f"{args.max_new_tokens} new tokens; copies and drafts of up to {args.widest} tokens per step.\n\n"
-                f"{table}\n\nThe fastest schedules know which drafts will be accepted; copies at every step are a "
-                f"decoder without that foresight (the engine's rule at every step boundary). Both are priced at the "
+                f"{table}\n\nThe fastest schedules know which drafts will be accepted and copy from whichever earlier "
+                f"occurrence of the last 1-3 tokens the output repeats longest; copies at every step are a decoder "
+                f"without that foresight (the engine's rule at every step boundary). Both are priced at the "
                 f"forwards' costs alone, each step at the cheapest width that holds it; the engine's time is measured "
                 f"whole, its host work included. A draft forward costs {mean:.2f} target forwards here, our one-token "
                 f"target forward {ours:.2f} of HF's and {one_two:.2f} of our two-token one (means over the articles; "

@@ -80,6 +80,25 @@ def copy_runs(prompt: Sequence[int], output: Sequence[int], most: int) -> tuple[
     return proposed, kept
 
 
+def best_copy_runs(prompt: Sequence[int], output: Sequence[int], most: int, max_ngram: int = 3) -> list[int]:
+    """Per output position ``i``: the most tokens (up to ``most``) any copy rule could have had kept there: over
+    every earlier occurrence of every suffix of 1 to ``max_ngram`` tokens, the longest continuation that the
+    output repeats. The engine's rule and HF's each take one of these occurrences; an oracle may take the best."""
+    text = [*prompt, *output]
+    best = [0]
+    for i in range(1, len(output)):
+        end = len(prompt) + i  # the context is text[:end]
+        kept = 0
+        for start in range(end - 1):  # an occurrence of a suffix ending at ``start``, before the context's end
+            n = 0
+            while n < max_ngram and start - n >= 0 and text[start - n] == text[end - 1 - n]:
+                n += 1
+            if n:
+                kept = max(kept, matched(text[start + 1 : min(start + 1 + most, end)], output, i))
+        best.append(kept)
+    return best
+
+
 def copying_at_every_boundary(proposed: Sequence[int], kept: Sequence[int], costs: ForwardCosts,
                               width: int) -> Schedule:
     """Not a bound: the schedule of a decoder without foresight that copies up to ``width`` tokens at every step

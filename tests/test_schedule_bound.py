@@ -7,8 +7,10 @@ import random
 
 import pytest
 
+from study.lookup_replay import hf_rule, matched
 from study.schedule_bound import (
     ForwardCosts,
+    best_copy_runs,
     copy_runs,
     copying_at_every_boundary,
     draft_runs,
@@ -112,3 +114,22 @@ def test_a_step_runs_padded_to_a_wider_forward_where_that_one_is_cheaper() -> No
     costs = ForwardCosts(target=(1.2, 1.0, 1.1, 1.3), draft=0.4, target_prefill=5.0, draft_prefill=2.0)
     assert [costs.verify(k) for k in range(4)] == [1.0, 1.0, 1.1, 1.3]
     assert fastest_schedule([0] * 6, None, costs, 3).seconds == pytest.approx(5.0 + 5 * 1.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_best_copy_is_never_shorter_than_the_engines_or_hfs(seed: int) -> None:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(6) for _ in range(rng.randint(2, 30))]  # a small vocabulary: many matches
+    output = [rng.randrange(6) for _ in range(rng.randint(1, 20))]
+    best = best_copy_runs(prompt, output, 4)
+    engine = copy_runs(prompt, output, 4)[1]
+    hf = [0] + [matched(hf_rule()([*prompt, *output[:i]], 4), output, i) for i in range(1, len(output))]
+    assert len(best) == len(output) and all(b >= max(e, h) for b, e, h in zip(best, engine, hf, strict=True))
+
+
+def test_the_best_copy_takes_the_occurrence_whose_continuation_holds() -> None:
+    # after "... 9 1" the engine's rule copies what followed the longest earlier suffix, "9 1": "5 6", which the
+    # output does not repeat; the best copy follows the first "1": "2 3", which it does
+    prompt, output = [1, 2, 3, 9, 1, 5, 6, 9], [1, 2, 3]
+    assert copy_runs(prompt, output, 4)[1] == [0, 0, 1]
+    assert best_copy_runs(prompt, output, 4) == [0, 2, 1]
