@@ -226,7 +226,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"(bf16 near-ties); where it differs the schedules walk both outputs and keep the faster "
                 f"({over_engine} articles took the engine's). Every time is the fastest of its runs "
                 f"(study/schedule_bound.py, bench/schedule_bound.py).")
-    write_results(result_name("schedule_bound", pair.device, args.pair, args.profile, pair.dtype),
+    name = result_name("schedule_bound", pair.device, args.pair, args.profile, pair.dtype)
+    if pair.device.type == "cpu" and env["threads"] < (env["cpus"] or 0):  # a run on fewer threads than cores
+        name += f"_{env['threads']}thread"
+    write_results(name,
                   {"environment": env, "args": vars(args), "summary": summary, "articles": rows}, markdown)
 
 
