@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import _json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-from sidecar.models.devices import accelerator_id
+import pytest
+import torch
+
+from sidecar.models.devices import accelerator_id, gpu_driver_present
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_accelerator_ids_name_the_physical_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,3 +29,17 @@ def test_accelerator_ids_name_the_physical_device(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5f1c/../x")
     assert accelerator_id() == "cuda-GPU-5f1c_.._x", "a file name, whatever the variable holds"
     assert accelerator_id("cpu") == "cpu"
+
+
+def test_torch_is_asked_for_the_gpus_wherever_a_gpu_driver_loads(tmp_path: Path) -> None:
+    # a sharded run's parent does not load torch (seconds) to count GPUs where no GPU driver is (see
+    # test_layers): torch finds none there
+    assert gpu_driver_present() or not torch.cuda.is_available()
+    # where the CUDA driver's library loads, torch counts them; a stand-in for it: any shared library by its name
+    shutil.copy(_json.__file__, tmp_path / "libcuda.so.1")
+    code = "import sys; from sidecar.models.devices import visible_gpus; visible_gpus(); print('torch' in sys.modules)"
+    env = os.environ | {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, (str(tmp_path),
+                                                                        os.environ.get("LD_LIBRARY_PATH"))))}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.split() == ["True"], result.stdout + result.stderr

@@ -144,3 +144,14 @@ def test_the_cost_report_of_a_tiny_run_runs_without_torch(prefect_api, tmp_path:
     projected = Database(db_path).query("SELECT DISTINCT pair FROM cost_estimates WHERE source = 'projected'")
     assert {"pair": "tiny (bfloat16)"} in projected, projected
 
+
+def test_a_sharded_parent_on_its_own_processes_finds_its_slots_without_torch_where_no_gpu_can_be() -> None:
+    # `sidecar nightly --workers N` holds no model: it gives each shard process its GPU, or without one its share
+    # of the cores; torch (seconds on a busy machine) loads only to count the GPUs where a driver may show some
+    code = ("import sys; from flows.shard_processes import ShardProcesses; "
+            "slots = ShardProcesses(2, 'http://127.0.0.1:9/api', embedded=True); slots.environment(1); "
+            "print(int(bool(slots.gpus)), int('torch' in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    found_gpus, torch_loaded = (bool(int(word)) for word in result.stdout.split())
+    assert found_gpus or not torch_loaded, "a parent that found no GPU loaded torch"
