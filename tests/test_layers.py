@@ -127,19 +127,20 @@ def test_a_sharded_parent_on_a_deployment_plans_and_supervises_its_shards_withou
     assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr
 
 
-def test_the_cost_report_of_a_tiny_run_runs_without_torch(prefect_api, tmp_path: Path) -> None:
+def test_the_cost_report_of_a_tiny_run_runs_without_the_model_libraries(prefect_api, tmp_path: Path) -> None:
     # the cost-report flow runs in a process of its own after every run, on the tests' deployments too: it reads
     # the measurements and projects the run's draft from its config's shapes (the tiny pair's too), none of which
-    # needs torch (seconds on a busy machine)
+    # needs torch or transformers (seconds on a busy machine)
     from tests.test_report import stored_run
 
     db_path = tmp_path / "sidecar.duckdb"
     stored_run(db_path, pair="tiny")
     code = ("import sys; from flows.cost_report import cost_report; "
-            f"cost_report(db_path={str(db_path)!r}, run_id='run-1'); print('torch loaded:', 'torch' in sys.modules)")
+            f"cost_report(db_path={str(db_path)!r}, run_id='run-1'); "
+            "print('loaded:', sorted({'torch', 'transformers'} & {m.split('.')[0] for m in sys.modules}))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=os.environ | prefect_api | {"PYTHONPATH": str(ROOT)})
-    assert "torch loaded: False" in result.stdout.splitlines(), result.stdout + result.stderr
+    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
     # it projected the tiny pair's draft, which is where torch came in
     projected = Database(db_path).query("SELECT DISTINCT pair FROM cost_estimates WHERE source = 'projected'")
     assert {"pair": "tiny (bfloat16)"} in projected, projected

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sidecar.models.tiny_tokenizer import tiny_tokenizer
+from sidecar.models.tiny_tokenizer import tiny_vocab_size
 
 # (hidden size, intermediate size: twice the hidden, ``tiny_config_fields``) of the tiny pair's models
 TINY_SHAPE = (64, 128)
@@ -24,5 +24,5 @@ def tiny_config_fields(vocab_size: int, layers: int, hidden: int, seed_scale: fl
 
 def tiny_draft_config() -> SimpleNamespace:
     """The config of ``tiny_pair()``'s draft, with ``model_type``, as the attributes a Qwen2Config has."""
-    fields = tiny_config_fields(len(tiny_tokenizer()), layers=TINY_LAYERS, hidden=TINY_SHAPE[0])
+    fields = tiny_config_fields(tiny_vocab_size(), layers=TINY_LAYERS, hidden=TINY_SHAPE[0])
     return SimpleNamespace(model_type="qwen2", **fields)
