@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_accelerator_ids_name_the_physical_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert accelerator_id() == "cpu" == accelerator_id("cpu")
+    # a CUDA machine: its driver loads, and torch finds a device
+    monkeypatch.setattr("sidecar.models.devices.gpu_driver_present", lambda: True)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert accelerator_id() == "cuda-0" and accelerator_id("cuda:1") == "cuda-1"

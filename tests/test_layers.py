@@ -156,3 +156,16 @@ def test_a_sharded_parent_on_its_own_processes_finds_its_slots_without_torch_whe
     assert result.returncode == 0, result.stderr
     found_gpus, torch_loaded = (bool(int(word)) for word in result.stdout.split())
     assert found_gpus or not torch_loaded, "a parent that found no GPU loaded torch"
+
+
+def test_a_judge_serving_its_pair_names_the_accelerator_it_holds_without_torch_where_no_gpu_can_be() -> None:
+    # the judge flow serves its pair from a `sidecar serve` process and holds the device by its name meanwhile:
+    # torch (seconds on a busy machine) loads to name it only where a driver may show a GPU
+    code = ("import sys; from flows.accelerator import holding_accelerator; "
+            "from sidecar.models.devices import accelerator_id, visible_gpus; "
+            "name, torch_loaded = accelerator_id(), 'torch' in sys.modules; "
+            "print(name, int(bool(visible_gpus())), int(torch_loaded))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    name, found_gpus, torch_loaded = result.stdout.split()
+    assert found_gpus == "1" or (name, torch_loaded) == ("cpu", "0"), result.stdout

@@ -28,16 +28,21 @@ def accelerator_id(device: str | None = None) -> str:
     ``CUDA_VISIBLE_DEVICES`` (an index or a UUID), else its index.
 
     Processes that name one GPU differently in ``CUDA_VISIBLE_DEVICES`` (an index in one, its UUID in
-    another) get different ids; give them the same form.
+    another) get different ids; give them the same form. Where no GPU driver loads, the default is the CPU,
+    named without importing torch (a judge serving its pair from another process holds the device by this name).
     """
-    import torch
+    if device is None and not gpu_driver_present():
+        kind, index = "cpu", None  # what torch would pick
+    else:
+        import torch
 
-    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if resolved.type != "cuda":
+        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        kind, index = resolved.type, resolved.index
+    if kind != "cuda":
         slot = os.environ.get(CPU_SLOT_ENV, "").strip()
-        return f"{resolved.type}-{_safe(slot)}" if resolved.type == "cpu" and slot else resolved.type
+        return f"{kind}-{_safe(slot)}" if kind == "cpu" and slot else kind
     # an index-less "cuda" is device 0 unless the process selected another, which this project never does
-    index = resolved.index or 0
+    index = index or 0
     visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
     physical = visible[index] if index < len(visible) else str(index)
     return "cuda-" + _safe(physical)
