@@ -27,6 +27,7 @@ from prefect import get_run_logger
 from prefect.concurrency.sync import concurrency
 
 from flows.embedded import on_embedded_api
+from sidecar.models.devices import accelerator_id
 from sidecar.settings import Settings, lock_dir
 from storage.errors import LockHolder
 from storage.locks import exclusive
@@ -53,9 +54,6 @@ def holding_accelerator(what: str, wait_s: float | None) -> Iterator[str]:
     Another process holding the device makes this one wait up to ``wait_s`` seconds (None: as long as it
     takes; 0: refuse at once), logging who holds it, then raise ``storage.LockHeldError``.
     """
-    # torch names the device: imported here, where a pair is about to load, not with the flows that import this
-    from sidecar.models.devices import accelerator_id
-
     logger = get_run_logger()
     device = accelerator_id()
     with contextlib.ExitStack() as stack:

@@ -137,7 +137,10 @@ def test_draft_config_of_the_tiny_pair_is_its_draft_without_files() -> None:
     from sidecar.models.tiny import tiny_pair
 
     facts = ModelFacts.from_config(draft_config("tiny"))
-    assert facts.parameters == tiny_pair().draft.num_parameters()
+    draft = tiny_pair().draft
+    assert facts.parameters == draft.num_parameters()
+    # its fields, read without torch, are those of the draft's own config (KV bytes and FLOP shapes included)
+    assert facts == ModelFacts.from_config(draft.config)
 
 
 def test_draft_config_of_a_spec_reads_only_the_drafts_config(tmp_path: Path) -> None:

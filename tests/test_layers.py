@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from storage import Database
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sidecar", "storage", "pipeline", "server", "study", "flows", "cli", "vocab")
@@ -122,3 +125,47 @@ def test_a_sharded_parent_on_a_deployment_plans_and_supervises_its_shards_withou
             "print(len(ids[0]) > 0, 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr
+
+
+def test_the_cost_report_of_a_tiny_run_runs_without_the_model_libraries(prefect_api, tmp_path: Path) -> None:
+    # the cost-report flow runs in a process of its own after every run, on the tests' deployments too: it reads
+    # the measurements and projects the run's draft from its config's shapes (the tiny pair's too), none of which
+    # needs torch or transformers (seconds on a busy machine)
+    from tests.test_report import stored_run
+
+    db_path = tmp_path / "sidecar.duckdb"
+    stored_run(db_path, pair="tiny")
+    code = ("import sys; from flows.cost_report import cost_report; "
+            f"cost_report(db_path={str(db_path)!r}, run_id='run-1'); "
+            "print('loaded:', sorted({'torch', 'transformers'} & {m.split('.')[0] for m in sys.modules}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=os.environ | prefect_api | {"PYTHONPATH": str(ROOT)})
+    assert "loaded: []" in result.stdout.splitlines(), result.stdout + result.stderr
+    # it projected the tiny pair's draft, which is where torch came in
+    projected = Database(db_path).query("SELECT DISTINCT pair FROM cost_estimates WHERE source = 'projected'")
+    assert {"pair": "tiny (bfloat16)"} in projected, projected
+
+
+def test_a_sharded_parent_on_its_own_processes_finds_its_slots_without_torch_where_no_gpu_can_be() -> None:
+    # `sidecar nightly --workers N` holds no model: it gives each shard process its GPU, or without one its share
+    # of the cores; torch (seconds on a busy machine) loads only to count the GPUs where a driver may show some
+    code = ("import sys; from flows.shard_processes import ShardProcesses; "
+            "slots = ShardProcesses(2, 'http://127.0.0.1:9/api', embedded=True); slots.environment(1); "
+            "print(int(bool(slots.gpus)), int('torch' in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    found_gpus, torch_loaded = (bool(int(word)) for word in result.stdout.split())
+    assert found_gpus or not torch_loaded, "a parent that found no GPU loaded torch"
+
+
+def test_a_judge_serving_its_pair_names_the_accelerator_it_holds_without_torch_where_no_gpu_can_be() -> None:
+    # the judge flow serves its pair from a `sidecar serve` process and holds the device by its name meanwhile:
+    # torch (seconds on a busy machine) loads to name it only where a driver may show a GPU
+    code = ("import sys; from flows.accelerator import holding_accelerator; "
+            "from sidecar.models.devices import accelerator_id, visible_gpus; "
+            "name, torch_loaded = accelerator_id(), 'torch' in sys.modules; "
+            "print(name, int(bool(visible_gpus())), int(torch_loaded))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    name, found_gpus, torch_loaded = result.stdout.split()
+    assert found_gpus == "1" or (name, torch_loaded) == ("cpu", "0"), result.stdout

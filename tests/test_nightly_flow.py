@@ -6,6 +6,7 @@ test's subprocesses talk to it too.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -17,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -437,6 +439,35 @@ def test_a_jsonl_corpus_runs_and_one_without_its_columns_leaves_no_database_file
     assert [r["doc_id"] for r in Database(tmp_path / "sidecar.duckdb").results(counts.run_id)] == ["d0", "d1"]
 
 
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Return once ``condition()`` holds, asked every 0.1 s; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.1)
+
+
+class _Hears(logging.Handler):
+    def __init__(self, words: str) -> None:
+        super().__init__()
+        self.words, self.heard = words, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage():
+            self.heard.set()
+
+
+@contextlib.contextmanager
+def hearing(logger: str, words: str) -> Iterator[threading.Event]:
+    """An event set once logger ``logger`` logs a message holding ``words`` while the block runs."""
+    handler = _Hears(words)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield handler.heard
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
+
+
 def test_a_run_waits_while_another_holds_the_gpu_slot(prefect_api, tmp_path: Path) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -761,8 +792,11 @@ def test_embedded_runs_take_turns_on_the_accelerator(prefect_api, tmp_path: Path
         finished: dict[str, object] = {}
         waiting = threading.Thread(target=lambda: finished.update(
             counts=nightly(**params(tmp_path, corpus, run_id="waits-for-device").model_dump())))
-        waiting.start()
-        time.sleep(5)
+        with hearing("prefect.flow_runs", "is in use by") as told_to_wait:
+            waiting.start()
+            # the run finds the accelerator held: it waits, and has not started
+            wait_until(lambda: told_to_wait.is_set() or not waiting.is_alive(), 300, "the run to find the device held")
+        assert told_to_wait.is_set(), "the run never found the accelerator held"
         db = Database(tmp_path / "sidecar.duckdb")
         assert waiting.is_alive() and db.get_run("waits-for-device") is None, "the run shared the accelerator"
         released = datetime.now(UTC)

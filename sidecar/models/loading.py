@@ -7,14 +7,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
-from sidecar.models.dtype_choice import choose_dtype, parse_dtype
+from sidecar.models.default_dtype import device_default_dtype
+from sidecar.models.dtype_choice import DTYPES, choose_dtype, parse_dtype
 from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
 
 # a pair's names and its tokenizer have modules of their own, without torch; their callers also find them here
 from sidecar.models.pair_names import NAMED_PAIRS as NAMED_PAIRS
 from sidecar.models.pair_names import pair_model_ids as pair_model_ids
 from sidecar.models.pair_tokenizer import load_tokenizer as load_tokenizer
-from sidecar.models.tiny import TINY_SHAPE, tiny_pair
+from sidecar.models.tiny import tiny_pair
+from sidecar.models.tiny_config import TINY_SHAPE
 from sidecar.settings import Settings, parse_capture
 
 
@@ -29,7 +31,7 @@ def default_device_dtype(device: str | None, dtype: str | torch.dtype | None) ->
     resolved = default_device(device)
     if isinstance(dtype, str):
         return resolved, parse_dtype(dtype, "the dtype argument")
-    return resolved, dtype or (torch.bfloat16 if resolved.type == "cuda" else torch.float32)
+    return resolved, dtype or DTYPES[device_default_dtype(resolved.type)[0]]
 
 
 def target_shape(name_or_spec: str) -> tuple[int, int]:

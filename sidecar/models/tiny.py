@@ -7,22 +7,16 @@ from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from sidecar.models.attention import GROUPED_SDPA
 from sidecar.models.pair import ModelPair, eos_ids
+from sidecar.models.tiny_config import TINY_LAYERS, TINY_SHAPE, tiny_config_fields
 from sidecar.models.tiny_tokenizer import tiny_tokenizer
-
-# (hidden size, intermediate size: twice the hidden, ``tiny_config``) of the tiny pair's models
-TINY_SHAPE = (64, 128)
 
 
 def tiny_config(vocab_size: int, layers: int, hidden: int, seed_scale: float = 0.3) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        initializer_range=seed_scale, tie_word_embeddings=False, attn_implementation=GROUPED_SDPA,
-    )
+    return Qwen2Config(**tiny_config_fields(vocab_size, layers, hidden, seed_scale), attn_implementation=GROUPED_SDPA)
 
 
 def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_noise: float = 0.01,
-                seed: int = 0, layers: int = 2) -> tuple[PreTrainedModel, PreTrainedModel]:
+                seed: int = 0, layers: int = TINY_LAYERS) -> tuple[PreTrainedModel, PreTrainedModel]:
     """A random target and a draft that is the target plus noise, so acceptance is neither 0 nor 1.
 
     The large initializer range makes next-token distributions peaked, so greedy argmax is far from
@@ -45,7 +39,7 @@ def tiny_models(vocab_size: int, draft_vocab_size: int | None = None, draft_nois
 
 
 def tiny_pair(device: torch.device | None = None, dtype: torch.dtype = torch.float32, draft_noise: float = 0.01,
-              draft_extra_vocab: int = 0, seed: int = 0, layers: int = 2) -> ModelPair:
+              draft_extra_vocab: int = 0, seed: int = 0, layers: int = TINY_LAYERS) -> ModelPair:
     """The tiny pair; ``layers=28`` gives Qwen2.5-1.5B's and -7B's depth at a width where compute is about
     zero, so a forward's time is its host cost (``bench.host_overhead``)."""
     tokenizer = tiny_tokenizer()

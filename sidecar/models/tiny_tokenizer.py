@@ -6,8 +6,11 @@ torch: transformers' fast tokenizer class does not import it, the models do (sec
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -24,20 +27,35 @@ _TINY_CORPUS = (
 )
 
 
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
 @cache
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
+def _trained() -> Tokenizer:
+    """The BPE itself, with the ``tokenizers`` library alone: transformers takes most of a second to import."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     # as Qwen2's tokenizer: text is NFC-normalised before it is split, so a token's text need not be the input's
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=list(SPECIALS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=specials[1:])
+    return tok
+
+
+def tiny_vocab_size() -> int:
+    """How many tokens the tiny tokenizer has (``len(tiny_tokenizer())``), without importing transformers."""
+    return _trained().get_vocab_size(with_added_tokens=True)
+
+
+@cache
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=_trained(), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=list(SPECIALS[1:]))
     fast.chat_template = CHATML_TEMPLATE
     return fast

@@ -15,7 +15,8 @@ Python API::
     get_gpu(name, catalog) -> GPU                        # raises UnknownGPUError listing the known names
     ModelFacts.from_config(config, dtype_bytes=2)        # counts parameters from a HF config's shapes
     ModelFacts.from_config_file(path, dtype_bytes=2)     # a config.json (or the folder holding it)
-    draft_config(pair) -> PretrainedConfig               # a run's pair's draft config, no weights loaded
+    draft_config(pair) -> PretrainedConfig               # a run's pair's draft config, no weights loaded (the tiny
+                                                         # pair's: a SimpleNamespace of its fields, without torch)
     default_dtype(device) -> (name, bytes)               # the dtype load_pair gives a pair on a device
     TagTokens(document, summary, ...).mean_context(mode) # KV entries a tagging step reads, per request
     TagTokens.prefill(mode) -> (tokens fed, entries cached)  # the forward that yields the first tag token

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from study.cost.errors import CostInputError, count
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 _SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
 
-def _attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+def _attention_biases(config: PretrainedConfig | SimpleNamespace) -> tuple[bool, bool]:
     if config.model_type == "qwen2":
         return True, False
     biased = bool(getattr(config, "attention_bias", False))
@@ -65,7 +66,7 @@ class ModelFacts:
         return (self.parameters - self.embedding_parameters) * self.dtype_bytes
 
     @classmethod
-    def from_config(cls, config: PretrainedConfig, dtype_bytes: int = 2) -> ModelFacts:
+    def from_config(cls, config: PretrainedConfig | SimpleNamespace, dtype_bytes: int = 2) -> ModelFacts:
         if config.model_type not in _SUPPORTED_MODEL_TYPES:
             raise CostInputError(
                 f"model type {config.model_type!r} is not modelled; supported: {', '.join(_SUPPORTED_MODEL_TYPES)}"
@@ -115,23 +116,25 @@ class ModelFacts:
         return cls.from_config(AutoConfig.from_pretrained(str(config_path)), dtype_bytes)
 
 
-def draft_config(pair: str) -> PretrainedConfig:
+def draft_config(pair: str) -> PretrainedConfig | SimpleNamespace:
     """The draft model's config of a pair named as ``load_pair`` takes it (a run's ``pair``), without its weights.
 
     Only what is on this machine is read: a fetched offline pair, a local path or the Hugging Face cache.
-    Raises :class:`CostInputError` saying why when the config is not there.
+    Raises :class:`CostInputError` saying why when the config is not there. The tiny pair's is its fields
+    (``sidecar.models.tiny_config``): a transformers config imports torch, which takes seconds, and a real
+    pair's is read with transformers' ``AutoConfig``, which does.
     """
-    # deferred: sidecar.models.loading imports torch and transformers, which take seconds
-    from transformers import AutoConfig
-
-    from sidecar.models.loading import pair_model_ids
-    from sidecar.models.tiny import tiny_pair
+    # deferred: the tiny pair's tokenizer imports transformers (most of a second)
+    from sidecar.models.pair_names import pair_model_ids
+    from sidecar.models.tiny_config import tiny_draft_config
 
     if pair == "tiny":
         # The tiny pair has no files: its models are built from a config with random weights, in milliseconds.
-        return tiny_pair().draft.config
+        return tiny_draft_config()
     try:
-        _, draft = pair_model_ids(pair)
+        _, draft = pair_model_ids(pair)  # a mistyped name is refused before transformers loads
+        from transformers import AutoConfig
+
         return AutoConfig.from_pretrained(draft, local_files_only=True)
     except (OSError, ValueError) as exc:  # OSError: no such path, not cached; PairError: unknown, not fetched
         raise CostInputError(f"the config of pair {pair!r}'s draft is not on this machine: {exc}") from exc
@@ -140,7 +143,6 @@ def draft_config(pair: str) -> PretrainedConfig:
 def default_dtype(device: str) -> tuple[str, int]:
     """Name and bytes per element of the dtype ``load_pair`` gives a pair on ``device`` when none is asked
     for, which is how the nightly flow loads it."""
-    from sidecar.models.loading import default_device_dtype
+    from sidecar.models.default_dtype import device_default_dtype
 
-    _, dtype = default_device_dtype(device, None)
-    return str(dtype).removeprefix("torch."), dtype.itemsize
+    return device_default_dtype(device)

@@ -19,9 +19,12 @@ from study.report.measurements import Measurement
 from vocab.modes import Mode
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from transformers import PretrainedConfig
 
-DraftConfig = Callable[[str], "PretrainedConfig"]
+# a pair's name -> its draft's config (``study.cost.draft_config``: the tiny pair's as a namespace of its fields)
+DraftConfig = Callable[[str], "PretrainedConfig | SimpleNamespace"]
 
 
 @dataclass(frozen=True)
