@@ -1,8 +1,8 @@
 """Whether a one-token forward runs faster two columns wide, measured on the machine it runs on.
 
 A decode forward of one row and one token multiplies every weight by a one-row matrix. In bf16 on the AMD EPYC
-this project runs on, PyTorch's one-row product took 1.15-1.2x a two-row one at the 1.5B target's MLP shapes (a
-matrix-vector kernel slower than the matrix one), and a one-token forward of the target 1.16-1.19x a two-token
+this project runs on, PyTorch's one-row product took 1.18x a two-row one at the 1.5B target's MLP shapes (a
+matrix-vector kernel slower than the matrix one), and a one-token forward of the target 1.18-1.19x a two-token
 one (`python -m bench.schedule_bound` times both). So an eager forward of one token runs with a padding column
 where that is measured to pay (``sidecar.runtime.capture.StackRunner``); the padding column is written to the
 cache's trash column and dropped, as any padding is.
