@@ -19,9 +19,16 @@ forward). The draft model's prefill is paid once when some
 step drafts from it. Every simplification makes the oracle faster, never slower, so no decoder that verifies
 one chain per step from these two sources, with these forwards, can beat it.
 
-What it does not bound: tree verification (several candidates in one verify), a cheaper draft forward or
-other kernels (``draft_scale_for`` says how cheap the draft would have to be), and batches (rows share one
-step's width; the bound is per row).
+At batch ``B`` (``batch_bound``) the rows share each step: one verify of one width over every live row, and
+the draft model's forwards over all of them. The bound relaxes that: every row follows its own fastest
+schedule, paying its share of each forward of the full batch (``c_B(w) / B`` for a verify of width ``w``), and
+the batch's prefill is paid once. No shared schedule is cheaper, given one property of the forwards, that a
+forward's cost per row does not fall as the batch shrinks (``c_b(w) / b >= c_B(w) / B`` for ``b <= B``; the bench
+checks it at ``b = 1``): a shared step of width ``w`` over ``b`` live rows costs ``c_b(w) >= b * c_B(w) / B``, at
+least what the relaxation charges its rows, each of which it lets verify only the drafts it keeps.
+
+What it does not bound: tree verification (several candidates in one verify), and a cheaper draft forward or
+other kernels (``draft_scale_for`` says how cheap the draft would have to be).
 """
 
 from __future__ import annotations
@@ -187,3 +194,19 @@ def draft_scale_for(seconds: float, rows: Sequence[tuple[Sequence[int], Sequence
         middle = (low + high) / 2
         low, high = (middle, high) if total(middle) <= seconds else (low, middle)
     return low
+
+
+def batch_bound(rows: Sequence[tuple[Sequence[int], Sequence[int] | None]], batch_costs: ForwardCosts,
+                max_gamma: int) -> float:
+    """The least seconds any decoder takes over a batch of ``len(rows)`` outputs (``copies``, ``drafts`` per row, as
+    ``fastest_schedule`` reads them): the batch's target prefill plus each row's fastest schedule at its share of
+    the batch's forwards (the module docstring says why no shared schedule is cheaper). ``batch_costs`` holds the
+    whole batch's forwards: ``target[w - 1]`` a verify of width ``w`` over every row, ``draft`` one draft forward
+    over every row, the prefills of all rows (the draft's charged only to the rows that draft, in shares)."""
+    if not rows:
+        raise ValueError("a batch has at least one row")
+    share = len(rows)
+    per_row = ForwardCosts(tuple(s / share for s in batch_costs.target), batch_costs.draft / share, 0.0,
+                           batch_costs.draft_prefill / share)
+    return batch_costs.target_prefill + sum(fastest_schedule(copies, drafts, per_row, max_gamma).seconds
+                                            for copies, drafts in rows)

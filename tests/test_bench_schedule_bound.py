@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from decoding import random_prompts
 
-from bench.schedule_bound import measure, summarise
+from bench.schedule_bound import measure, measure_batches, summarise, summarise_batches
+from study.schedule_bound import ForwardCosts, fastest_schedule
 
 
 def test_the_bound_covers_hfs_output_with_the_forwards_it_timed(tiny) -> None:
@@ -19,3 +21,19 @@ def test_the_bound_covers_hfs_output_with_the_forwards_it_timed(tiny) -> None:
     assert at >= row["tokens"] and row["bound_s"] <= row["bound_without_draft_s"]
     assert row["bound_without_draft_s"] <= min(row["copy_2_every_boundary_s"], row["copy_4_every_boundary_s"])
     assert {s["baseline"] for s in summarise(rows, widest=4, gamma=2)} == {"HF plain generate", "HF lookup generate"}
+
+
+def test_the_batch_bound_covers_each_rows_output_at_its_share_of_the_batchs_forwards(tiny) -> None:
+    prompts = [p * 3 for p in random_prompts(tiny, [5, 7, 6], seed=3)]
+    rows = measure_batches(tiny, prompts, batch=3, limit=10, gamma=2, widest=3, rounds=1)
+    (row,) = rows
+    assert row["rows"] == 3 and len(row["target_forward_ms"]) == len(row["one_row_target_forward_ms"]) == 4
+    assert row["target_prefill_s"] == min(row["target_prefill_one_forward_s"], row["target_prefill_row_by_row_s"])
+    share = ForwardCosts(tuple(ms / 3e3 for ms in row["target_forward_ms"]), row["draft_forward_ms"] / 3e3, 0.0,
+                         row["draft_prefill_s"] / 3)
+    rows_alone = sum(fastest_schedule(c, d, share, 3).seconds for c, d in zip(row["copies"], row["drafts"],
+                                                                               strict=True))
+    assert row["bound_s"] == pytest.approx(row["target_prefill_s"] + rows_alone)
+    assert row["bound_s"] <= row["bound_without_draft_s"] and row["tokens"] >= 3
+    (summary,) = summarise_batches(rows)
+    assert summary["goal"] == 1.4 and summary["bound_ratio"] == row["hf_plain_batched_s"] / row["bound_s"]

@@ -3,6 +3,8 @@ runs it reads off an output, and the draft-cost bisection."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from study.lookup_replay import hf_rule, matched
 from study.schedule_bound import (
     ForwardCosts,
+    batch_bound,
     best_copy_runs,
     copy_runs,
     copying_at_every_boundary,
@@ -38,6 +41,61 @@ def exhaustive(copies: list[int], drafts: list[int] | None, costs: ForwardCosts,
         return min(options)
 
     return costs.target_prefill + best(1, False)
+
+
+def shared_steps(rows: list[tuple[list[int], list[int] | None]], costs: dict[int, ForwardCosts],
+                 max_gamma: int) -> float:
+    """Every schedule of a batch whose rows share each step, the cheapest: a step verifies one width ``w`` over the
+    live rows (``costs[b]``: forwards over ``b`` rows), each row keeping what its copy, or its draft where the step
+    runs ``w`` draft forwards, has right there; a row leaves the batch when its output is done. The draft's prefill
+    (the whole batch's) is paid once if some step drafts."""
+    lengths = [len(copies) for copies, _ in rows]
+    widest = costs[len(rows)].widest_verify
+
+    @functools.cache
+    def best(at: tuple[int, ...], drafted: bool) -> float:
+        live = [r for r, a in enumerate(at) if a < lengths[r]]
+        if not live:
+            return costs[len(rows)].draft_prefill if drafted else 0.0
+        batch = costs[len(live)]
+        options = []
+        for w in range(widest + 1):
+            for sources in itertools.product(*[("copy", "draft") if rows[r][1] is not None else ("copy",)
+                                               for r in live]):
+                drafts = "draft" in sources
+                if drafts and not 0 < w <= max_gamma:
+                    continue
+                after = list(at)
+                for r, source in zip(live, sources, strict=True):
+                    runs = rows[r][0] if source == "copy" else rows[r][1]
+                    after[r] += min(runs[at[r]], w) + 1
+                seconds = batch.verify(w) + (w * batch.draft if drafts else 0.0)
+                options.append(seconds + best(tuple(after), drafted or drafts))
+        return min(options)
+
+    return costs[len(rows)].target_prefill + best((1,) * len(rows), False)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_no_shared_schedule_of_a_batch_is_cheaper_than_its_bound(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(2):
+        n = rng.randint(1, 6)
+        rows.append(([0] + [rng.choice([0, 0, 1, 2, 4]) for _ in range(n - 1)],
+                     [0] + [rng.choice([0, 1, 2, 3]) for _ in range(n - 1)] if seed % 3 else None))
+    one = [rng.uniform(0.5, 2.0) for _ in range(4)]
+    # two rows cost at most twice one row's forward, and at least as much as one: a row's share never grows
+    # with the batch
+    two = ForwardCosts(tuple(c * rng.uniform(1.0, 2.0) for c in one), rng.uniform(0.1, 0.8), rng.uniform(0, 5),
+                       rng.uniform(0, 3))
+    costs = {1: ForwardCosts(tuple(one), two.draft * rng.uniform(0.5, 1.0), 0.0, 0.0), 2: two}
+    bound = batch_bound(rows, two, max_gamma=3)
+    assert bound <= shared_steps(rows, costs, max_gamma=3) + 1e-9
+    # with one row there is nothing to share: the bound is that row's fastest schedule
+    single = ForwardCosts(tuple(one), 0.3, 2.0, 1.0)
+    assert batch_bound(rows[:1], single, 3) == pytest.approx(fastest_schedule(*rows[0], single, 3).seconds)
+    assert batch_bound(rows[:1], single, 3) == pytest.approx(shared_steps(rows[:1], {1: single}, 3))
 
 
 @pytest.mark.parametrize("seed", range(40))
