@@ -922,3 +922,30 @@ def test_draft_only_logprobs_are_the_drafts_log_softmax(tiny):
 def test_top_logprobs_outside_openais_bound_is_refused(tiny):
     with pytest.raises(InputError, match="top_logprobs"):
         SpeculativeDecoder(tiny).generate([[5, 6]], max_new_tokens=2, top_logprobs=21)
+
+
+def test_no_forward_is_priced_below_the_models_prefill_per_token():
+    """Timed at batch 1 only, a CPU's decode forwards look flat in their width (memory-bound), and a verify of 40
+    tokens at batch 8 would look as cheap as one token; the prefill's rate per token says what it costs at least."""
+    from sidecar.decoding.controller import GammaController
+
+    def controller(prefill_rate: float | None) -> GammaController:
+        c = GammaController(4)
+        for tokens in (1, 2, 3, 5):
+            c.costs["target"].add(tokens, 0.2 + 0.002 * tokens)
+        c.costs["draft"].add(1, 0.01)
+        c.acceptance["draft"].accepted, c.acceptance["draft"].drafted = 8.0, 10.0
+        if prefill_rate is not None:
+            c.observe_prefill("target", 340, 340 * prefill_rate)
+            c.observe_prefill("target", 340, 340 * prefill_rate * 3)  # a slower prefill does not lift the floor
+        return c
+
+    floored = controller(0.02)
+    assert floored.forward_seconds("target", 40) == pytest.approx(0.8)
+    assert floored.forward_seconds("target", 2) == pytest.approx(0.204)  # the fit, above the floor
+    assert floored.prefill_seconds_per_token["target"] == pytest.approx(0.06)  # the latest, for draft_pays
+    # batch 1: the floor binds nowhere, the choice is the fit's
+    assert floored.choose(1, max_gamma=4) == controller(None).choose(1, max_gamma=4) == (4, "draft")
+    # batch 8: without the floor a 40-token verify looks free and the controller drafts 4; with it, less
+    assert controller(None).choose(8, max_gamma=4) == (4, "draft")
+    assert floored.choose(8, max_gamma=4)[0] < 4

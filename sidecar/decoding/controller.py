@@ -19,6 +19,11 @@ no draft forwards, only the wider verify, so for them cost(g) = t_target(batch *
 ``max_copy``, which may exceed the draft model's ``max_gamma`` (the planner offers the widths the target's
 forwards can take: ``sidecar.decoding.plan.copy_widths``).
 
+A fit from small forwards cannot see where a device runs out of parallel work: on a CPU, a decode forward
+timed at 1-5 tokens looks flat, and a verify of 40 tokens at batch 8 would look nearly free. So no forward is
+priced below what the model's prefill costs per token (``forward_seconds``): a prefill is the most tokens per
+second the model does, on any device (on a GPU its floor is far below a decode forward's time, and binds nowhere).
+
 Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
 fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
 batch decodes without the draft model (plain steps, and copies where every row has one). The gain is
@@ -143,7 +148,8 @@ class GammaController:
                                                      "lookup": Acceptance(prior_alpha / 2)}
         self.decisions: deque[tuple[int, Source]] = deque(maxlen=DECISIONS_KEPT)
         self.steps_without_copy = 0  # plain or draft-model steps in a row, up to the latest decision
-        self.prefill_seconds_per_token: dict[str, float] = {}
+        self.prefill_seconds_per_token: dict[str, float] = {}  # the latest prefill's, per model
+        self.fastest_prefill_per_token: dict[str, float] = {}  # the least seen, per model: ``forward_seconds``'s floor
         # the share of rows that had something to copy, per step (decayed); None until observed
         self.row_copy_share: float | None = None
         self._timers: dict[torch.device, DeviceTimer] = {}
@@ -158,15 +164,22 @@ class GammaController:
     def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft", riders: int = 0) -> float:
         """Main tokens per second of a step of ``gamma`` drafts from ``source`` over ``batch`` main rows, with
         ``riders`` other rows in the draft forwards (which then run at least once whatever the choice)."""
-        target = self.costs["target"].predict(batch * (gamma + 1))
+        target = self.forward_seconds("target", batch * (gamma + 1))
         draft_forwards = gamma if gamma and source == "draft" else int(riders > 0)
-        draft = draft_forwards * self.costs["draft"].predict(batch + riders) if draft_forwards else 0.0
+        draft = draft_forwards * self.forward_seconds("draft", batch + riders) if draft_forwards else 0.0
         alpha = self.acceptance[source].alpha
         expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
         return expected / max(draft + target, 1e-9)
 
+    def forward_seconds(self, model: str, tokens: int) -> float:
+        """A forward of ``model`` over ``tokens`` tokens: its cost fit, but no less than its fastest prefill per
+        token times ``tokens`` (the module docstring says why)."""
+        return max(self.costs[model].predict(tokens), self.fastest_prefill_per_token.get(model, 0.0) * tokens)
+
     def observe_prefill(self, model: str, tokens: int, seconds: float) -> None:
-        self.prefill_seconds_per_token[model] = seconds / max(tokens, 1)
+        rate = seconds / max(tokens, 1)
+        self.prefill_seconds_per_token[model] = rate
+        self.fastest_prefill_per_token[model] = min(rate, self.fastest_prefill_per_token.get(model, rate))
 
     def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float) -> bool:
         """Whether prefilling the draft for a batch and speculating beats decoding it without the draft.
