@@ -28,6 +28,8 @@ a markdown table.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -64,19 +66,21 @@ GOALS = {"plain": 2.0, "lookup": 1.2}  # #40's batch-1 goals, end to end, agains
 BATCH_GOAL = 1.4  # #40's batch-8 goal, end to end, against HF plain batched generate
 
 
-def decode_call(model, contexts: list[list[int]], width: int):
-    """One decode forward of ``width`` tokens after each of ``contexts`` (one row each; its logits at every column,
-    as a verify needs), rolled back after each call so that every call sees the same contexts."""
-    cache = RowKVCache(model, len(contexts), max(map(len, contexts)) + width + 1)
+def decode_calls(model, contexts: list[list[int]], widths: Sequence[int]) -> list[Callable[[], None]]:
+    """Per width in ``widths``, one decode forward of that many tokens after each of ``contexts`` (one row each; its
+    logits at every column, as a verify needs). The contexts are prefilled once and every call rolls the cache
+    back, so that each sees the same contexts."""
+    cache = RowKVCache(model, len(contexts), max(map(len, contexts)) + max(widths) + 1)
     prefill(model, cache, contexts, None)
-    tokens = torch.tensor([c[-width:] for c in contexts], device=model.device)
-    index = torch.arange(width, device=model.device).expand(len(contexts), -1)
+    lengths = [len(c) for c in contexts]
 
-    def call() -> None:
-        logits_at(model, forward(model, cache, tokens), index)
-        cache.rollback([len(c) for c in contexts])
+    def call(width: int) -> None:
+        tokens = torch.tensor([c[-width:] for c in contexts], device=model.device)
+        logits_at(model, forward(model, cache, tokens), torch.arange(width, device=model.device).expand(len(contexts),
+                                                                                                      -1))
+        cache.rollback(lengths)
 
-    return call
+    return [partial(call, w) for w in widths]
 
 
 def prefill_call(model, prompts: list[list[int]], budget: int | None = None):
@@ -97,9 +101,8 @@ def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest:
     that costs less); and HF's one-token target forward there (the bound prices ours, which should be the
     cheaper)."""
     context = prompt + output[: len(output) // 2]
-    calls = [decode_call(pair.target, [context], w) for w in range(1, widest + 2)]
-    calls += [decode_call(pair.draft, [context], 1), decode_call(pair.draft, [context], 2),
-              prefill_call(pair.target, [prompt]), prefill_call(pair.draft, [prompt]),
+    calls = decode_calls(pair.target, [context], range(1, widest + 2)) + decode_calls(pair.draft, [context], (1, 2))
+    calls += [prefill_call(pair.target, [prompt]), prefill_call(pair.draft, [prompt]),
               hf_forward_call(pair.target, context, pair.device)]
     # the fastest of the rounds: a lower bound wants each forward at its cheapest (other work on the machine
     # only slows a forward down)
@@ -174,9 +177,8 @@ def batch_forward_costs(pair: ModelPair, prompts: list[list[int]], outputs: list
     batch shrinks."""
     contexts = [p + o[: len(o) // 2] for p, o in zip(prompts, outputs, strict=True)]
     widths = range(1, widest + 2)
-    calls = [decode_call(pair.target, contexts, w) for w in widths]
-    calls += [decode_call(pair.draft, contexts, 1), decode_call(pair.draft, contexts, 2)]
-    calls += [decode_call(pair.target, contexts[:1], w) for w in widths] + [decode_call(pair.draft, contexts[:1], 1)]
+    calls = decode_calls(pair.target, contexts, widths) + decode_calls(pair.draft, contexts, (1, 2))
+    calls += decode_calls(pair.target, contexts[:1], widths) + decode_calls(pair.draft, contexts[:1], (1,))
     seconds = medians_in_turn(calls, rounds, pair.device, untimed=1, statistic=min)
     batch, (draft_1, draft_2), alone = (seconds[: len(widths)], seconds[len(widths) : len(widths) + 2],
                                         seconds[len(widths) + 2 :])
