@@ -85,3 +85,51 @@ def test_our_stack_equals_hugging_faces_forward_over_plain_and_packed_layers(pac
     assert [t.shape for t in hidden_states(pair, "hf")] == [t.shape for t in theirs]
     for again, expected in zip(hidden_states(pair, "hf"), theirs, strict=True):
         assert torch.equal(again, expected), "stacking the weights left Hugging Face's forward as it was"
+
+
+class LinearRows(TorchFunctionMode):
+    """The rows (tokens) each ``F.linear`` call multiplies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is nn.functional.linear:
+            self.rows.append(args[0].numel() // args[0].shape[-1])
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only(monkeypatch):
+    from sidecar.runtime.capture import StackRunner, attach
+    from sidecar.runtime.forward import forward
+
+    pair = tiny_pair(layers=2)
+    model = pair.target
+    prompts = random_prompts(pair, [9, 4, 12], seed=1)
+    ids = torch.tensor(random_prompts(pair, [4, 4, 4], seed=2))
+    valid = [4, 1, 2]
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        attach(model, "eager")
+        try:
+            cache = RowKVCache(model, 3, 64)
+            with torch.inference_mode():
+                for row, prompt in enumerate(prompts):  # a row at a time: the prefill has no padding
+                    forward(model, cache.rows_view(row, row + 1), torch.tensor([prompt]), decode=False)
+                cache.commit([len(p) for p in prompts])
+                with LinearRows() as calls:
+                    hidden = forward(model, cache, ids, valid=valid)
+            return hidden, [k.clone() for k in cache.keys], calls.rows
+        finally:
+            attach(model, "hf")
+
+    packed = run()
+    monkeypatch.setattr(StackRunner, "_packed", lambda *_: None)  # the same forward over the padded layout
+    plain = run()
+    assert set(packed[2]) == {sum(valid)} and set(plain[2]) == {3 * 4}
+    for b, real in enumerate(valid):
+        torch.testing.assert_close(packed[0][b, :real], plain[0][b, :real], atol=1e-5, rtol=1e-5)
+        assert torch.all(packed[0][b, real:] == 0)
+    for ours, theirs in zip(packed[1], plain[1], strict=True):  # the same keys written, the trash column aside
+        torch.testing.assert_close(ours[:, :, :-1], theirs[:, :, :-1], atol=1e-5, rtol=1e-5)

@@ -304,7 +304,7 @@ class StackRunner:
                                     cache.visible, cache.span, attend)
                 return hidden[:, :1]
             return self.stack(ids, self._rows(cache, batch, real), query_span, cache.keys, cache.values,
-                              cache.visible, cache.span, attend)
+                              cache.visible, cache.span, attend, self._packed(real, width, cache.device))
         padded, wide = shape.batch, shape.width
         buffers = self.static_buffers(cache, padded)
         if query_span is None:
@@ -317,6 +317,16 @@ class StackRunner:
                             self._rows(cache, padded, real), query_span, buffers.keys, buffers.values,
                             buffers.visible, buffers.span)
         return hidden[:batch, :width]
+
+    def _packed(self, real: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
+        """The real columns' flat indices [T] where some row of an eager forward is padded (``DecoderStack``'s
+        packing), else None; never down to one token where one-row products are slow (``pad_one_token``)."""
+        total = int(real.sum())
+        if total == len(real) * width or (self.pad_one_token and total < 2):
+            return None
+        columns = np.arange(width)
+        flat = (np.arange(len(real))[:, None] * width + columns[None, :])[columns[None, :] < real[:, None]]
+        return to_device(flat, device)
 
     def chain(self, cache: RowKVCache, body: ChainBody, ids: torch.Tensor, forwards: int,
               per_row: Sequence[tuple[torch.Tensor, float | bool]] = (), shape: ForwardShape | None = None,

@@ -23,6 +23,12 @@ traces it whole, and on CUDA the compiled forward can be captured as a graph
 Padding: query column ``j`` of row ``b`` is real when ``j < valid[b]``. A padded column, and every column of a
 padded row (``valid`` 0), writes its key and value into the cache's trash column (the last one, which no
 real query attends), so padding a batch or a query up to a bucket never touches a row's real columns.
+
+Packing (eager only: ``packed``): where rows have fewer real columns than the query's width (a verify whose rows
+copy different lengths, a prefill of prompts of different lengths), the projections and the MLP run over the
+real tokens alone, [T, H] for T = sum(valid), and only attention sees the padded [B, q] layout. On a CPU a
+projection costs per token, so the padding costs nothing there; a GPU's static shapes keep the padded layout,
+where the columns cost next to nothing at decode widths.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class DecoderStack(nn.Module):
                     written in place
         attend      None (every column: one shape for all steps) or a host int: attend only to the first
                     ``attend`` columns (eager mode, where a shape may change and a shorter one costs less)
+        packed      None, or [T] the flat indices (b * q + j) of the real columns, in order: the projections and
+                    the MLP run over those T tokens only (eager mode); the hidden states of padded columns are 0
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
@@ -123,8 +131,19 @@ class DecoderStack(nn.Module):
 
     def forward(self, ids: torch.Tensor, rows: torch.Tensor, query_span: torch.Tensor, keys: list[torch.Tensor],
                 values: list[torch.Tensor], visible: torch.Tensor, span: torch.Tensor,
-                attend: int | None = None) -> torch.Tensor:
+                attend: int | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
         batch, width = ids.shape
+
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            """[T, F] real tokens (or [B, q, F]) -> [B, q, F], padded columns 0."""
+            if packed is None:
+                return x
+            return x.new_zeros(batch * width, x.shape[-1]).index_copy_(0, packed, x).view(batch, width, -1)
+
+        def real_tokens(x: torch.Tensor) -> torch.Tensor:
+            """[B, q, F] -> [T, F] (as it is without packing)."""
+            return x if packed is None else x.reshape(batch * width, -1).index_select(0, packed)
+
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         half, rotary = head_dim // 2, heads + kv_heads
         trash = keys[0].shape[2] - 1
@@ -148,16 +167,16 @@ class DecoderStack(nn.Module):
         # a target with more embedding rows than its draft can emit ids the draft cannot embed; the draft only
         # proposes, so a stand-in id there costs acceptance, never correctness
         ids = torch.where(ids < self.vocab, ids, 0)
-        hidden = self.embed(ids)  # [B, q, H]
+        hidden = self.embed(real_tokens(ids[..., None])[..., 0])  # [B, q, H], or [T, H] packed
         index = write[:, None, :, None].expand(batch, kv_heads, width, head_dim)
         for i, (attn_norm, qkv, o_proj, mlp_norm, gate_up, down_proj) in enumerate(self.plan):
             x = self.rms_norm(hidden, attn_norm)
             if isinstance(qkv, tuple):  # three modules
-                q, k, v = [proj(x).view(batch, width, -1, head_dim).transpose(1, 2) for proj in qkv]
+                q, k, v = [padded(proj(x)).view(batch, width, -1, head_dim).transpose(1, 2) for proj in qkv]
                 q = q * cos + q.roll(half, -1) * sin
                 k = k * cos + k.roll(half, -1) * sin
             else:  # one Linear: [B, heads + 2 kv_heads, q, D], RoPE on the query and key heads at once
-                projected = qkv(x).view(batch, width, -1, head_dim).transpose(1, 2)
+                projected = padded(qkv(x)).view(batch, width, -1, head_dim).transpose(1, 2)
                 rope = projected[:, :rotary]
                 q, k = (rope * cos + rope.roll(half, -1) * sin).split((heads, kv_heads), 1)
                 v = projected[:, rotary:]
@@ -166,8 +185,8 @@ class DecoderStack(nn.Module):
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, keys[i][:, :, :columns], values[i][:, :, :columns], attn_mask=allowed, scale=self.scale,
                 enable_gqa=heads != kv_heads)
-            hidden = hidden + o_proj(out.transpose(1, 2).reshape(batch, width, heads * head_dim))
+            hidden = hidden + o_proj(real_tokens(out.transpose(1, 2).reshape(batch, width, heads * head_dim)))
             x = self.rms_norm(hidden, mlp_norm)
             gate, up = [proj(x) for proj in gate_up] if isinstance(gate_up, tuple) else gate_up(x).chunk(2, -1)
             hidden = hidden + down_proj(torch.nn.functional.silu(gate) * up)
-        return self.rms_norm(hidden, self.norm.weight)
+        return padded(self.rms_norm(hidden, self.norm.weight))
