@@ -949,3 +949,61 @@ def test_no_forward_is_priced_below_the_models_prefill_per_token():
     # batch 8: without the floor a 40-token verify looks free and the controller drafts 4; with it, less
     assert controller(None).choose(8, max_gamma=4) == (4, "draft")
     assert floored.choose(8, max_gamma=4)[0] < 4
+
+
+def test_rows_of_a_batch_copy_unequal_lengths_where_only_real_tokens_cost():
+    from sidecar.decoding.controller import GammaController
+
+    controller = GammaController(4)
+    for tokens in (1, 4, 8, 20):
+        controller.costs["target"].add(tokens, 0.1 + 0.01 * tokens)
+    controller.acceptance["lookup"].accepted, controller.acceptance["lookup"].drafted = 8.0, 10.0  # alpha 0.8
+    # one row of four has a copy: verifying it costs 4 tokens more where the forward packs its real tokens,
+    # and 16 more where every row runs the copy's width
+    assert controller.choose(4, max_gamma=0, copy_lengths=[4, 0, 0, 0], packed=True) == (4, "lookup")
+    assert controller.choose(4, max_gamma=0, copy_lengths=[4, 0, 0, 0], packed=False) == (0, "draft")
+    # a fixed gamma copies only what every row has
+    fixed = GammaController(4, adaptive=False)
+    assert fixed.choose(4, max_gamma=4, max_lookup=0, copy_lengths=[4, 0, 0, 0], packed=True) == (4, "draft")
+
+
+def test_a_step_copies_for_the_rows_that_have_a_copy_and_output_stays_the_targets(tiny, monkeypatch):
+    from sidecar.decoding.plan import StepPlanner
+
+    prompts = random_prompts(tiny, [6, 15, 9, 22], seed=11)
+    expected, copy = reference_copier(tiny, prompts, 30, miss=0.5)
+    monkeypatch.setattr("sidecar.decoding.plan.lookup_continuation", copy)
+    plans = []
+    schedule = StepPlanner.schedule
+    monkeypatch.setattr(StepPlanner, "schedule", lambda self, *a: plans.append(schedule(self, *a)) or plans[-1])
+    decoder = SpeculativeDecoder(tiny, gamma=4, adaptive=True)
+    outputs = decoder.generate(prompts, max_new_tokens=30, batch_size=4)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.token_ids == expected[tuple(prompt)]
+    ragged = [p for p in plans if p.source == "lookup" and p.width and 0 in p.caps]
+    assert ragged, "no step copied for some rows only"
+    for plan in ragged:  # a row copies what it has up to the width, and one without a copy keeps no draft
+        assert all(cap == len(c) <= plan.width for cap, c in zip(plan.caps, plan.copies, strict=True))
+    for out in outputs:
+        st = out.stats
+        assert st.drafted == sum(st.drafted_per_position) and st.lookup_accepted <= st.lookup_drafted
+
+
+def test_draft_pays_counts_the_copies_of_the_rows_that_have_one():
+    """Half the rows of a batch of 8 have a copy at each step: under ``c ** batch`` a step would copy 1/256 of the
+    time, but the rows that have a copy copy at every step, and where only their tokens cost that beats the draft
+    model's prefill."""
+    from sidecar.decoding.controller import GammaController
+
+    controller = GammaController(4)
+    for tokens in (8, 16, 40):
+        controller.costs["target"].add(tokens, 0.5 + 0.02 * tokens)
+    controller.costs["draft"].add(8, 0.05)
+    for source in ("draft", "lookup"):
+        controller.acceptance[source].accepted, controller.acceptance[source].drafted = 9.0, 10.0
+    controller.observe_prefill("target", 4000, 80.0)
+    controller.observe_prefill("draft", 4000, 10.0)
+    for _ in range(60):
+        controller.observe_copies(4, 8)
+    assert controller.draft_pays(8, 4000, 2000, 0.3, packed=False)
+    assert not controller.draft_pays(8, 4000, 2000, 0.3, packed=True)

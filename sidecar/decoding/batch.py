@@ -71,6 +71,7 @@ from sidecar.decoding.vocab_align import align_vocab
 from sidecar.errors import InputError
 from sidecar.models.pair import ModelPair
 from sidecar.progress import DECODE, DRAFT_PREFILL, TARGET_PREFILL, ProgressCallback
+from sidecar.runtime.capture import packs
 from sidecar.runtime.forward import TimeForward, logits_at, prefill
 from sidecar.runtime.ledger import Account, Charge, Ledger
 from sidecar.runtime.prefill_plan import PrefillPlanner
@@ -405,7 +406,8 @@ class SlotBatch:
         draft_prompts = [q.draft_prompt or q.target_prompt for q in requests]
         speculate = (any(q.keep_draft or q.sampling.seeded for q in requests)
                      or self.controller.draft_pays(len(self.target_rows) + len(rows), sum(map(len, draft_prompts)),
-                                                   max(q.max_new_tokens for q in requests), pair.draft_size_ratio))
+                                                   max(q.max_new_tokens for q in requests), pair.draft_size_ratio,
+                                                   packed=packs(pair.target)))
         if speculate:
             self.draft_pool = self._pool(self.draft_pool, pair.draft, self.max_batch + self.max_draft_rows, max(
                 row_columns(len(p), q.max_new_tokens, gamma) for p, q in zip(draft_prompts, requests, strict=True)))

@@ -24,9 +24,15 @@ timed at 1-5 tokens looks flat, and a verify of 40 tokens at batch 8 would look 
 priced below what the model's prefill costs per token (``forward_seconds``): a prefill is the most tokens per
 second the model does, on any device (on a GPU its floor is far below a decode forward's time, and binds nowhere).
 
+At a batch of several rows a copy step need not wait for every row to have a copy: rows copy what they have,
+each up to the step's width, and the others verify only their pending token (``copy_lengths``). Where the
+target's forward packs the rows' real tokens (an eager decoder stack, ``sidecar.runtime.decoder_stack``) such a
+step costs t_target(sum of the rows' 1 + copy), and yields each row's expected tokens for its own copy; where it
+runs the padded shape, it costs t_target(batch x (g + 1)) whatever the rows copy.
+
 Before a batch starts, ``draft_pays`` also prices the draft's own prefill, which on a CPU is a large
 fixed cost (prefill is compute-bound there): unless the decode-phase gain repays it with a margin, the
-batch decodes without the draft model (plain steps, and copies where every row has one). The gain is
+batch decodes without the draft model (plain steps, and copies for the rows that have one). The gain is
 counted against that alternative, not against plain decoding alone: where copying beats the draft model
 the draft only helps on the steps without a copy.
 """
@@ -50,7 +56,7 @@ MIN_PREDICTED_SAVING = 0.1
 DECISIONS_KEPT = 1024
 
 # After this many steps in a row without a copy (plain or from the draft model) the controller copies when
-# every row has something to copy.
+# some row has something to copy.
 LOOKUP_PROBE_EVERY = 8
 
 Source = Literal["draft", "lookup"]
@@ -161,15 +167,27 @@ class GammaController:
     def observe_acceptance(self, accepted: Sequence[int], gamma: int, source: Source = "draft") -> None:
         self.acceptance[source].observe(accepted, gamma)
 
-    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft", riders: int = 0) -> float:
-        """Main tokens per second of a step of ``gamma`` drafts from ``source`` over ``batch`` main rows, with
-        ``riders`` other rows in the draft forwards (which then run at least once whatever the choice)."""
-        target = self.forward_seconds("target", batch * (gamma + 1))
+    def expected_tokens_per_second(self, gamma: int, batch: int, source: Source = "draft", riders: int = 0,
+                                   copy_lengths: Sequence[int] | None = None, packed: bool = False) -> float:
+        """Main tokens per second, per row, of a step of ``gamma`` drafts from ``source`` over ``batch`` main rows,
+        with ``riders`` other rows in the draft forwards (which then run at least once whatever the choice).
+        ``copy_lengths``: a copy step's rows each copy up to their own length (at most ``gamma``); ``packed``: the
+        verify then costs the rows' real tokens, not ``batch`` x (``gamma`` + 1)."""
+        alpha = self.acceptance[source].alpha
+
+        def expected(drafts: int) -> float:
+            return (1 - alpha ** (drafts + 1)) / (1 - alpha)
+
+        if source == "lookup" and copy_lengths is not None:
+            drafts = [min(length, gamma) for length in copy_lengths]
+            tokens = sum(d + 1 for d in drafts) if packed else batch * (gamma + 1)
+            gained = sum(map(expected, drafts)) / batch
+        else:
+            tokens, gained = batch * (gamma + 1), expected(gamma)
+        target = self.forward_seconds("target", tokens)
         draft_forwards = gamma if gamma and source == "draft" else int(riders > 0)
         draft = draft_forwards * self.forward_seconds("draft", batch + riders) if draft_forwards else 0.0
-        alpha = self.acceptance[source].alpha
-        expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        return expected / max(draft + target, 1e-9)
+        return gained / max(draft + target, 1e-9)
 
     def forward_seconds(self, model: str, tokens: int) -> float:
         """A forward of ``model`` over ``tokens`` tokens: its cost fit, but no less than its fastest prefill per
@@ -181,13 +199,16 @@ class GammaController:
         self.prefill_seconds_per_token[model] = rate
         self.fastest_prefill_per_token[model] = min(rate, self.fastest_prefill_per_token.get(model, rate))
 
-    def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float) -> bool:
+    def draft_pays(self, batch: int, draft_prompt_tokens: int, new_tokens: int, draft_size_ratio: float,
+                   packed: bool = False) -> bool:
         """Whether prefilling the draft for a batch and speculating beats decoding it without the draft.
 
         ``draft_prompt_tokens`` is the batch's total; ``new_tokens`` the most any row may produce. Until
         the draft has been timed, its prefill is priced as the target's scaled by their parameter ratio.
-        A step can copy only when every row has a copy: with a share ``c`` of rows having one, ``c ** batch``
-        of the steps (rows taken as independent; no copy seen yet counts as none).
+        With a share ``c`` of rows having a copy (rows taken as independent; no copy seen yet counts as none),
+        a step of one row copies ``c`` of the time; a step of several copies when some row has a copy,
+        ``1 - (1 - c) ** batch`` of the time, for about ``c * batch`` of its rows (``choose``'s ``copy_lengths``,
+        priced as ``packed`` says).
         """
         self.collect_timings()
         explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
@@ -198,21 +219,34 @@ class GammaController:
         gammas = range(1, self.max_gamma + 1)
         plain_rate = self.expected_tokens_per_second(0, batch)
         draft_rate = max(plain_rate, *(self.expected_tokens_per_second(g, batch) for g in gammas))
-        copy_rate = max(self.expected_tokens_per_second(g, batch, "lookup") for g in range(1, self.max_copy + 1))
-        copy_steps = (self.row_copy_share or 0.0) ** batch
+        share = self.row_copy_share or 0.0
+        copying = max(1, round(share * batch))
+        copy_rate = max(self.expected_tokens_per_second(
+            g, batch, "lookup", copy_lengths=[g] * copying + [0] * (batch - copying) if batch > 1 else None,
+            packed=packed) for g in range(1, self.max_copy + 1))
+        copy_steps = 1 - (1 - share) ** batch
         with_draft = copy_steps * max(draft_rate, copy_rate) + (1 - copy_steps) * draft_rate
         without_draft = copy_steps * max(plain_rate, copy_rate) + (1 - copy_steps) * plain_rate
         speculative = rate * draft_prompt_tokens + new_tokens / with_draft
         return speculative <= (1 - MIN_PREDICTED_SAVING) * new_tokens / without_draft
 
     def choose(self, batch: int, max_gamma: int | None = None, max_lookup: int = 0,
-               riders: int = 0, copy_widths: Iterable[int] | None = None) -> tuple[int, Source]:
+               riders: int = 0, copy_widths: Iterable[int] | None = None,
+               copy_lengths: Sequence[int] | None = None, packed: bool = False) -> tuple[int, Source]:
         """The next step: (gamma, source); gamma 0 is a plain step. ``max_gamma`` bounds the draft model's
         tokens (0: the draft is not running), ``max_lookup`` the lookup tokens every row has, ``riders``
         the draft-only rows sharing the draft forwards; ``copy_widths``, the copy lengths a step may verify
-        (None: any), narrows the lookup options up to ``max_lookup``."""
+        (None: any), narrows the lookup options up to ``max_lookup``. ``copy_lengths`` (adaptive mode, several
+        rows): each row's copy, where rows may copy unequal lengths (the module docstring); the lookup options
+        then reach the longest, priced per row, ``packed`` saying whether the verify costs only real tokens."""
         self.collect_timings()
         limit = self.max_gamma if max_gamma is None else max_gamma
+        ragged = self.adaptive and copy_lengths is not None and len(copy_lengths) > 1
+        if ragged:
+            assert copy_lengths is not None
+            max_lookup = max(copy_lengths, default=0)
+        else:
+            copy_lengths = None
         copies = [g for g in (range(1, max_lookup + 1) if copy_widths is None else copy_widths) if 0 < g <= max_lookup]
         max_lookup = max(copies, default=0)  # the probe's and exploration's copy: the longest a step may verify
         options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in copies]
@@ -225,7 +259,8 @@ class GammaController:
             seen = batch * (max_lookup + 1) in self.costs["target"].means
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
-            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1], riders))
+            choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1], riders,
+                                                                                copy_lengths, packed))
             if not is_copy(choice) and max_lookup and self.steps_without_copy >= LOOKUP_PROBE_EVERY:
                 # An option never chosen is never timed or measured again, so one unlucky timing, a few
                 # rejected copies, or a draft model that did well early would rule copying out for good.

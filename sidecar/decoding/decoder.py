@@ -94,8 +94,8 @@ class SpeculativeDecoder:
     ``gamma`` bounds the tokens drafted per step. ``adaptive`` picks each step's width from measured costs
     and acceptance (down to plain steps) and stops drafting at ``draft_confidence`` (default
     ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
-    ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``) when
-    every row of the batch has something to copy; in fixed mode it copies when every row has ``gamma`` tokens.
+    ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``): adaptive,
+    for the rows that have something to copy; in fixed mode when every row has ``gamma`` tokens.
     ``max_copy`` (default ``gamma``) bounds an adaptive step's copy, which costs no draft forward and so may be
     longer than ``gamma``; fixed mode copies exactly ``gamma`` (``max_copy``, if given, must equal it).
 

@@ -16,7 +16,9 @@ Terms, per step:
   backlog and pending token); for a catching-up row, the rest of its output; for a draft-only row, its
   pending token, or its join feed (a sidecar's bridge) on its first step.
 - *copies*: prompt lookup's drafts (``sidecar.decoding.lookup``), up to ``max_copy`` tokens in the adaptive
-  mode, which may exceed gamma: a copy costs no draft forward, only a wider verify (``copy_widths``).
+  mode, which may exceed gamma: a copy costs no draft forward, only a wider verify (``copy_widths``). In the
+  adaptive mode a copy step's rows copy what each has, up to ``width`` (its cap is its copy's length, 0 for a
+  row without one); the fixed mode copies only when every row has ``width`` tokens to copy.
 - *feed chunks*: where the draft's forwards compile, the feeds take only the widths warm-up compiled
   (``feed_widths``): 1, 2 and F = gamma + 3, the widest backlog a step that ran no draft forward leaves after
   a step that did (the last accepted draft, the old pending token, up to gamma copies, the new pending token);
@@ -69,7 +71,7 @@ from sidecar.decoding.controller import GammaController, Source
 from sidecar.decoding.draft_chain import chain_applies
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.decoding.rows import LiveRow, MainRow
-from sidecar.runtime.capture import ForwardShape, decode_shape, runner_of, width_bucket
+from sidecar.runtime.capture import ForwardShape, decode_shape, packs, runner_of, width_bucket
 
 if TYPE_CHECKING:
     from sidecar.runtime.slots import SlotPool
@@ -215,7 +217,8 @@ class StepPlanner:
         riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in draft_rows)
         target_runner = runner_of(target_pool.model) if target_pool is not None else None
         static_target = target_runner is not None and target_runner.static
-        choice = (self.choose(target_rows, riders, static_target) if target_rows
+        packed = target_pool is not None and packs(target_pool.model)  # an eager stack: only real tokens count
+        choice = (self.choose(target_rows, riders, static_target, packed) if target_rows
                   else TargetChoice(0, "draft", (), (), False))
         slot_of = {id(r): slot for slot, r in enumerate(draft_rows)}
         drafts = {id(r) for r, model in zip(target_rows, choice.model_rows, strict=True) if model}
@@ -244,10 +247,13 @@ class StepPlanner:
                         target_shape=target_shape, draft_shape=draft_shape, next_draft_shape=next_draft_shape,
                         chained_forwards=chained, feed_chunks=chunks)
 
-    def choose(self, rows: Sequence[MainRow], riders: int = 0, static: bool = False) -> TargetChoice:
+    def choose(self, rows: Sequence[MainRow], riders: int = 0, static: bool = False,
+               packed: bool = False) -> TargetChoice:
         """The target side of the next step for the live main ``rows``; ``riders`` draft rows that are not
         main rows share the draft forwards (the controller prices them in); ``static``: the target's forwards
-        compile, and a copy takes only the widths warm-up compiled (``copy_widths``)."""
+        compile, and a copy takes only the widths warm-up compiled (``copy_widths``); ``packed``: the target's
+        forward computes only the rows' real tokens (``sidecar.runtime.decoder_stack``), so rows that copy less
+        cost less."""
         # the width shrinks only when every row is near its limit: one row's limit must not cost the others
         most = max(max((r.remaining for r in rows), default=0) - 1, 0)
         limit = min(self.gamma, most)
@@ -265,10 +271,14 @@ class StepPlanner:
         copied = self._copies(rows, min(self.max_copy, most, room))
         every_row_copies = bool(rows) and all(copied)
         max_lookup = min(map(len, copied)) if every_row_copies else 0
+        # several rows may copy unequal lengths, the rows without a copy verifying only their pending token; an
+        # eager stack then computes only the real tokens (``sidecar.runtime.decoder_stack``, packing)
         width, source = self.controller.choose(len(rows), limit if any(has_draft) else 0, max_lookup, riders,
-                                               copy_widths(self.gamma, self.max_copy, static))
+                                               copy_widths(self.gamma, self.max_copy, static),
+                                               copy_lengths=[len(c) for c in copied], packed=packed)
         if source == "lookup" and width:
-            return TargetChoice(width, source, tuple(c[:width] for c in copied), (width,) * len(rows), False)
+            copies = tuple(c[:width] for c in copied)
+            return TargetChoice(width, source, copies, tuple(map(len, copies)), False)
         return TargetChoice(width, source, ((),) * len(rows), tuple(width if d else 0 for d in has_draft),
                             stop_early=self.draft_confidence > 0)
 

@@ -42,7 +42,7 @@ from sidecar.decoding.rows import DraftOnlyRow, LiveRow, MainRow
 from sidecar.decoding.sampling import RowSampling
 from sidecar.decoding.vocab_align import align_vocab
 from sidecar.models.pair import ModelPair
-from sidecar.runtime.capture import runner_of
+from sidecar.runtime.capture import packs, runner_of
 from sidecar.runtime.forward import forward, last_columns, logits_at, pad_rows
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.ledger import Charge, Ledger
@@ -305,12 +305,16 @@ class StepRunner:
         caps = [min(cap, width) for cap in plan.caps]
         cap_ids = None if all(cap == width for cap in caps) else to_device(caps, device)
         sampling = RowSampling.of(rows, device)
-        charges = [Charge(r.account, "decode", width + 1, "main") for r in rows]
-        context = int(cache.lengths.sum()) + batch * (width + 1)
-        with self.ledger.forward("target", "decode", batch, charges, batch * (width + 1), context,
-                                 also=self.controller.forward_cost("target", batch * (width + 1))):
+        # a row verifies its pending token and the drafts it may keep; the columns past them are padding (an
+        # eager stack computes only real tokens: ``sidecar.runtime.decoder_stack``, packing)
+        valid = [cap + 1 for cap in caps]
+        computed = sum(valid) if packs(self.pair.target) else batch * (width + 1)
+        charges = [Charge(r.account, "decode", columns, "main") for r, columns in zip(rows, valid, strict=True)]
+        context = int(cache.lengths.sum()) + sum(valid)
+        with self.ledger.forward("target", "decode", batch, charges, computed, context,
+                                 also=self.controller.forward_cost("target", computed)):
             hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1),
-                             shape=plan.verify_shape(width))
+                             valid=None if cap_ids is None else valid, shape=plan.verify_shape(width))
             index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
             logits = logits_at(self.pair.target, hidden, index)  # [B_t, width + 1, V]
             self._constrain_verify(rows, drafted, logits)

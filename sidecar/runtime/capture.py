@@ -398,6 +398,13 @@ def runner_of(model: PreTrainedModel) -> StackRunner | None:
     return model.__dict__.get("sidecar_runner")
 
 
+def packs(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s forwards compute only their rows' real tokens: an eager decoder stack packs them
+    (``DecoderStack``); compiled forwards run their padded bucket, Hugging Face's its padded shape."""
+    runner = runner_of(model)
+    return runner is not None and not runner.static
+
+
 def forward_module(model: PreTrainedModel) -> torch.nn.Module:
     """The module one eager forward of ``model`` calls once (its stack's, else Hugging Face's base model): where
     a hook sees every forward."""
