@@ -133,3 +133,17 @@ def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only(monk
         assert torch.all(packed[0][b, real:] == 0)
     for ours, theirs in zip(packed[1], plain[1], strict=True):  # the same keys written, the trash column aside
         torch.testing.assert_close(ours[:, :, :-1], theirs[:, :, :-1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_lm_head_runs_over_each_rows_real_columns_only():
+    from sidecar.runtime.forward import logits_at, logits_of_real_columns
+
+    pair = tiny_pair(layers=2)
+    hidden = torch.randn(3, 4, pair.target.config.hidden_size)
+    with LinearRows() as calls:
+        ragged = logits_of_real_columns(pair.target, hidden, [4, 1, 2])
+    assert calls.rows == [7] and ragged.shape == (3, 4, pair.target.config.vocab_size)
+    full = logits_at(pair.target, hidden, torch.arange(4)[None].expand(3, -1))
+    for b, real in enumerate([4, 1, 2]):
+        torch.testing.assert_close(ragged[b, :real], full[b, :real])
+        assert torch.all(ragged[b, real:] == 0)

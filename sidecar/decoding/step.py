@@ -43,7 +43,7 @@ from sidecar.decoding.sampling import RowSampling
 from sidecar.decoding.vocab_align import align_vocab
 from sidecar.models.pair import ModelPair
 from sidecar.runtime.capture import packs, runner_of
-from sidecar.runtime.forward import forward, last_columns, logits_at, pad_rows
+from sidecar.runtime.forward import forward, last_columns, logits_at, logits_of_real_columns, pad_rows
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.ledger import Charge, Ledger
 from sidecar.runtime.transfers import to_device, to_host
@@ -315,8 +315,11 @@ class StepRunner:
                                  also=self.controller.forward_cost("target", computed)):
             hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1),
                              valid=None if cap_ids is None else valid, shape=plan.verify_shape(width))
-            index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
-            logits = logits_at(self.pair.target, hidden, index)  # [B_t, width + 1, V]
+            if cap_ids is None:
+                index = torch.arange(width + 1, device=device)[None, :].expand(batch, -1)
+                logits = logits_at(self.pair.target, hidden, index)  # [B_t, width + 1, V]
+            else:  # the LM head over each row's real columns only (0 past them)
+                logits = logits_of_real_columns(self.pair.target, hidden, valid)
             self._constrain_verify(rows, drafted, logits)
             accepted, nxt = accept_greedy(drafted, logits, cap_ids)
             if not sampling.all_greedy:

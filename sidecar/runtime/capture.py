@@ -35,7 +35,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from sidecar.errors import InputError
-from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, supports
+from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, real_columns, supports
 from sidecar.runtime.kv_cache import BucketBuffers, RowKVCache
 from sidecar.runtime.padding import one_row_padding_pays
 from sidecar.runtime.transfers import to_device
@@ -324,9 +324,7 @@ class StackRunner:
         total = int(real.sum())
         if total == len(real) * width or (self.pad_one_token and total < 2):
             return None
-        columns = np.arange(width)
-        flat = (np.arange(len(real))[:, None] * width + columns[None, :])[columns[None, :] < real[:, None]]
-        return to_device(flat, device)
+        return to_device(real_columns(real, width), device)
 
     def chain(self, cache: RowKVCache, body: ChainBody, ids: torch.Tensor, forwards: int,
               per_row: Sequence[tuple[torch.Tensor, float | bool]] = (), shape: ForwardShape | None = None,

@@ -33,8 +33,10 @@ where the columns cost next to nothing at decode widths.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -54,6 +56,14 @@ def supports(model: PreTrainedModel) -> bool:
 
 # the columns of ``rows`` [B, 3], one forward's per-row state, copied to the device in one transfer
 LENGTH, OFFSET, VALID = 0, 1, 2
+
+
+def real_columns(valid: Sequence[int] | np.ndarray, width: int) -> np.ndarray:
+    """The flat indices (b * width + j) of the real columns of a [B, width] query whose row b has ``valid[b]``
+    real columns, in order: a packed forward's ``packed``."""
+    columns = np.arange(width)
+    rows = np.arange(len(valid))[:, None] * width + columns[None, :]
+    return rows[columns[None, :] < np.asarray(valid)[:, None]]
 
 
 class DecoderStack(nn.Module):

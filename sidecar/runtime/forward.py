@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from sidecar.runtime.capture import ForwardShape, check_shape, runner_of
+from sidecar.runtime.decoder_stack import real_columns
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.prefill_plan import group_rows
 from sidecar.runtime.transfers import to_device
@@ -48,6 +49,15 @@ def logits_at(model: PreTrainedModel, hidden: torch.Tensor, index: torch.Tensor)
     """Logits [B, k, V] at per-row positions ``index`` [B, k]: only those rows reach the LM head."""
     picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     return model.get_output_embeddings()(picked).float()
+
+
+def logits_of_real_columns(model: PreTrainedModel, hidden: torch.Tensor, valid: Sequence[int]) -> torch.Tensor:
+    """Logits [B, q, V] of ``hidden`` [B, q, H] where row b's first ``valid[b]`` columns are real: only those reach
+    the LM head (a verify whose rows keep unequal drafts), the padded columns' logits are 0."""
+    batch, width, size = hidden.shape
+    real = to_device(real_columns(valid, width), hidden.device)
+    picked = model.get_output_embeddings()(hidden.reshape(batch * width, size).index_select(0, real)).float()
+    return picked.new_zeros(batch * width, picked.shape[-1]).index_copy_(0, real, picked).view(batch, width, -1)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
