@@ -35,5 +35,6 @@ def test_the_batch_bound_covers_each_rows_output_at_its_share_of_the_batchs_forw
                                                                                strict=True))
     assert row["bound_s"] == pytest.approx(row["target_prefill_s"] + rows_alone)
     assert row["bound_s"] <= row["bound_without_draft_s"] and row["tokens"] >= 3
+    assert row["engine_every_row_s"] > 0 and row["every_row_target_forwards"] >= row["tokens"] / 3 / 4
     (summary,) = summarise_batches(rows)
     assert summary["goal"] == 1.4 and summary["bound_ratio"] == row["hf_plain_batched_s"] / row["bound_s"]

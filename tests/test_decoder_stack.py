@@ -100,8 +100,8 @@ class LinearRows(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only(monkeypatch):
-    from sidecar.runtime.capture import StackRunner, attach
+def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only():
+    from sidecar.runtime.capture import attach, packs, runner_of
     from sidecar.runtime.forward import forward
 
     pair = tiny_pair(layers=2)
@@ -110,8 +110,10 @@ def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only(monk
     ids = torch.tensor(random_prompts(pair, [4, 4, 4], seed=2))
     valid = [4, 1, 2]
 
-    def run() -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    def run(pack: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         attach(model, "eager")
+        runner_of(model).pack = pack
+        assert packs(model) == pack
         try:
             cache = RowKVCache(model, 3, 64)
             with torch.inference_mode():
@@ -124,9 +126,8 @@ def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only(monk
         finally:
             attach(model, "hf")
 
-    packed = run()
-    monkeypatch.setattr(StackRunner, "_packed", lambda *_: None)  # the same forward over the padded layout
-    plain = run()
+    packed = run(pack=True)
+    plain = run(pack=False)  # the same forward over the padded layout
     assert set(packed[2]) == {sum(valid)} and set(plain[2]) == {3 * 4}
     for b, real in enumerate(valid):
         torch.testing.assert_close(packed[0][b, :real], plain[0][b, :real], atol=1e-5, rtol=1e-5)

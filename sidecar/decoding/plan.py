@@ -198,6 +198,9 @@ class StepPlanner:
         self.gamma = gamma
         self.prompt_lookup = prompt_lookup
         self.lookup_min_ngram = MIN_NGRAM
+        # adaptive: a copy step copies for the rows that have a copy (False: only when every row has one, the
+        # rule before; benchmarks compare the two)
+        self.copy_for_some_rows = True
         self.draft_confidence = draft_confidence
 
     @property
@@ -275,7 +278,8 @@ class StepPlanner:
         # eager stack then computes only the real tokens (``sidecar.runtime.decoder_stack``, packing)
         width, source = self.controller.choose(len(rows), limit if any(has_draft) else 0, max_lookup, riders,
                                                copy_widths(self.gamma, self.max_copy, static),
-                                               copy_lengths=[len(c) for c in copied], packed=packed)
+                                               copy_lengths=[len(c) for c in copied] if self.copy_for_some_rows
+                                               else None, packed=packed)
         if source == "lookup" and width:
             copies = tuple(c[:width] for c in copied)
             return TargetChoice(width, source, copies, tuple(map(len, copies)), False)

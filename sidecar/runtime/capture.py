@@ -229,6 +229,7 @@ class StackRunner:
         # eager decode forwards of one token run two columns wide (the second is padding, written to the trash
         # column) where one-row products are measured slower than two-row ones (``one_row_padding_pays``)
         linears = [m.weight for m in model.base_model.layers[0].modules() if isinstance(m, nn.Linear)]
+        self.pack = True  # eager forwards with padded columns compute only the real tokens (benchmarks turn it off)
         self.pad_one_token = mode == "eager" and bool(linears) and one_row_padding_pays(
             max(linears, key=lambda w: w.numel()))
 
@@ -322,7 +323,7 @@ class StackRunner:
         """The real columns' flat indices [T] where some row of an eager forward is padded (``DecoderStack``'s
         packing), else None; never down to one token where one-row products are slow (``pad_one_token``)."""
         total = int(real.sum())
-        if total == len(real) * width or (self.pad_one_token and total < 2):
+        if not self.pack or total == len(real) * width or (self.pad_one_token and total < 2):
             return None
         return to_device(real_columns(real, width), device)
 
@@ -400,7 +401,7 @@ def packs(model: PreTrainedModel) -> bool:
     """Whether ``model``'s forwards compute only their rows' real tokens: an eager decoder stack packs them
     (``DecoderStack``); compiled forwards run their padded bucket, Hugging Face's its padded shape."""
     runner = runner_of(model)
-    return runner is not None and not runner.static
+    return runner is not None and not runner.static and runner.pack
 
 
 def forward_module(model: PreTrainedModel) -> torch.nn.Module:
