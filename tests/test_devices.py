@@ -33,6 +33,7 @@ def test_accelerator_ids_name_the_physical_device(monkeypatch: pytest.MonkeyPatc
     assert accelerator_id("cpu") == "cpu"
 
 
+@pytest.mark.servers  # it starts a Python process
 def test_torch_is_asked_for_the_gpus_wherever_a_gpu_driver_loads(tmp_path: Path) -> None:
     # a sharded run's parent does not load torch (seconds) to count GPUs where no GPU driver is (see
     # test_layers): torch finds none there
