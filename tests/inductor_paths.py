@@ -41,15 +41,19 @@ def same_build(link: Path, torch_dir: Path) -> bool:
         return False
 
 
-def name_torch_by_its_build() -> Path:
+def name_torch_by_its_build() -> Path | None:
     """Point the include and library paths of inductor's C++ compiles (and so their cache keys) at
-    ``build_link``; returns the link."""
+    ``build_link``; returns the link, or None where it cannot be made (the paths stay torch's own)."""
     import torch
     import torch.utils.cpp_extension as cpp_extension
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    link = build_link(Path(cpp_extension._TORCH_PATH), Path(cache_dir()), torch.__version__,
-                      torch.version.git_version or "unknown")
+    try:
+        cache = Path(cache_dir())
+        link = build_link(Path(cpp_extension._TORCH_PATH), cache, torch.__version__,
+                          torch.version.git_version or "unknown")
+    except OSError:  # a cache directory this user cannot write: kernels compile as before, only slower
+        return None
     cpp_extension._TORCH_PATH = str(link)
     cpp_extension.TORCH_LIB_PATH = str(link / "lib")
     return link

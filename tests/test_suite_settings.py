@@ -153,3 +153,16 @@ def test_the_link_naming_torch_by_its_build_is_made_again_where_it_is_broken_or_
     other.rmdir()
     assert build_link(same, cache, "2.13.0+cpu", "0123456789abcdef") == link and link.resolve() == same
     assert [p.name for p in link.parent.iterdir()] == [link.name]
+
+
+def test_without_a_cache_directory_to_write_torchs_own_paths_stay(tmp_path: Path, monkeypatch) -> None:
+    import torch.utils.cpp_extension as cpp_extension
+    from inductor_paths import name_torch_by_its_build
+
+    before = cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH
+    monkeypatch.setattr(cpp_extension, "_TORCH_PATH", before[0])  # both put back after the test
+    monkeypatch.setattr(cpp_extension, "TORCH_LIB_PATH", before[1])
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert name_torch_by_its_build() is None
+    assert before == (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
