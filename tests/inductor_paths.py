@@ -43,11 +43,14 @@ def same_build(link: Path, torch_dir: Path) -> bool:
 
 def name_torch_by_its_build() -> Path | None:
     """Point the include and library paths of inductor's C++ compiles (and so their cache keys) at
-    ``build_link``; returns the link, or None where it cannot be made (the paths stay torch's own)."""
+    ``build_link``; returns the link, or None where it cannot be made or torch has no such paths (they stay
+    torch's own)."""
     import torch
     import torch.utils.cpp_extension as cpp_extension
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+    if not all(hasattr(cpp_extension, name) for name in ("_TORCH_PATH", "TORCH_LIB_PATH")):
+        return None  # a torch that names its paths otherwise: kernels compile as before, only slower
     try:
         cache = Path(cache_dir())
         link = build_link(Path(cpp_extension._TORCH_PATH), cache, torch.__version__,

@@ -171,3 +171,8 @@ def test_without_a_cache_directory_to_write_torchs_own_paths_stay(tmp_path: Path
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
     assert name_torch_by_its_build() is None
     assert before == (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
+    # a torch without those module paths (a later release may rename them) is left alone too
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delattr(cpp_extension, "TORCH_LIB_PATH")
+    assert name_torch_by_its_build() is None and before[0] == cpp_extension._TORCH_PATH
+    assert not (tmp_path / "cache" / "sidecar-torch").exists()
