@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from durations import write_durations
+from inductor_paths import name_torch_by_its_build
 from servers import SERVER_FIXTURES, refuse_servers
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -38,6 +39,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REAL_PAIR_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 torch.set_num_threads(1)
+# kernels compiled through one venv serve every venv of the same torch build (tests/inductor_paths.py)
+name_torch_by_its_build()
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,12 +1,13 @@
 """The real pair's identity evidence: every greedy output checked against the target's own greedy choices by the
 divergence rule (``sidecar.decoding.divergence``), each outcome kept for the run's record.
 
-The reference of an output is teacher-forced: one forward of the target over prompt and output gives, at every
-position, the token greedy decoding picks after the output's own prefix (``teacher_forced_reference``). Greedy
-output is the target's exactly when each token is that pick, which is what HF ``generate`` decodes one forward
-per token; the two differ only by the rounding of a wide forward against incremental ones, which the near-tie
-rule already allows for. HF ``generate`` itself stays the reference of one row (``greedy_references``), so the
-two references are checked against each other on every run.
+The reference of an output is teacher-forced: the target's forward over the prompt (once per prompt), then one
+over the output on the prompt's keys and values, gives at every position the token greedy decoding picks after
+the output's own prefix (``teacher_forced_reference``). Greedy output is the target's exactly when each token is
+that pick, which is what HF ``generate`` decodes one forward per token; the two differ only by the rounding of
+wide forwards against incremental ones, which the near-tie rule already allows for. HF ``generate`` itself stays
+the reference of one row (``greedy_references``), so the two references are checked against each other on every
+run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from transformers import Cache
 
 from bench.identity import IDENTICAL, compare, failures, verdict
 from sidecar.decoding.divergence import MISMATCH, NEAR_TIE, classify_divergence, first_divergence
@@ -37,20 +39,35 @@ def greedy_references(pair: ModelPair, prompts: list[list[int]], limits: list[in
     return references
 
 
-def teacher_forced(pair: ModelPair, prompt: list[int], candidate: list[int],
-                   limit: int) -> tuple[list[int], torch.Tensor | None]:
+def prompt_state(pair: ModelPair, prompt: list[int]) -> tuple[Cache, torch.Tensor]:
+    """The target's keys and values over ``prompt`` (a Hugging Face cache) and its logits [1, V] after it: what
+    ``teacher_forced`` needs of a prompt, computed once for the outputs of every row that has it."""
+    with torch.inference_mode():
+        # the LM head at the prompt's last position only (151,936 entries a position: over all ~230 it was ~15%
+        # of the forward)
+        out = pair.target(torch.tensor([prompt], device=pair.device), use_cache=True, logits_to_keep=1)
+    return out.cache, out.logits[0]
+
+
+def teacher_forced(pair: ModelPair, prompt: list[int], candidate: list[int], limit: int,
+                   state: tuple[Cache, torch.Tensor] | None = None) -> tuple[list[int], torch.Tensor | None]:
     """The target's greedy continuation of ``prompt`` as far as ``candidate`` follows it: ``candidate`` up to its
     first token that is not the target's argmax after the tokens before it, then that argmax. An output that
     ends before ``limit`` without an end-of-sequence token gets the target's next pick appended, so ending early
-    is a divergence too. One forward at batch 1 over prompt and output; with the reference, the target's logits
+    is a divergence too. One forward at batch 1 over the output, after the prompt's ``state`` (``prompt_state``,
+    computed here when not given; the cache is left as it was given); with the reference, the target's logits
     [V] where it leaves ``candidate`` (None where it does not), which classify that divergence
     (``sidecar.decoding.divergence.classify_divergence``) without another forward over the same tokens."""
-    fed = (prompt + candidate)[: len(prompt) + len(candidate) - (len(candidate) >= limit)]
-    with torch.inference_mode():
-        # the LM head over the output's positions only, from the prompt's last on (as generate keeps only the
-        # last position's): over all ~270 positions at 151,936 entries it was ~15% of the forward
-        logits = pair.target(torch.tensor([fed], device=pair.device),
-                             logits_to_keep=len(fed) - len(prompt) + 1).logits[0]  # [n (+1), V]
+    cache, last = state if state is not None else prompt_state(pair, prompt)
+    fed = candidate[: len(candidate) - (len(candidate) >= limit)]
+    logits = last
+    if fed:
+        with torch.inference_mode():
+            try:
+                fed_logits = pair.target(torch.tensor([fed], device=pair.device), cache=cache, use_cache=True).logits
+            finally:
+                cache.crop(len(prompt) - cache.get_seq_length())  # the prompt's again, for the next output
+        logits = torch.cat([last, fed_logits[0]])  # [n (+1), V]: after the prompt, then after each output token
     picks = logits.argmax(-1).tolist()
     for position, token in enumerate(candidate):
         if token != picks[position]:
@@ -76,9 +93,12 @@ class Identity:
         self.reported = 0  # outcomes whose near-ties were warned about
         # teacher-forced references and their logits where they leave the candidate, by (prompt, candidate,
         # limit): the module's tests decode the same rows more than once, mostly to the same output, and a
-        # reference is one forward over ~240 tokens (seconds here)
+        # reference is one forward over its ~50 output tokens (over ~240 with its prompt's, seconds here)
         self.references: dict[tuple[tuple[int, ...], tuple[int, ...], int],
                               tuple[list[int], torch.Tensor | None]] = {}
+        # each prompt's keys and values: a row decoded to another output in a later test (in bf16, 3-4 of the
+        # fixed-gamma test's 8) forwards only its ~50 output tokens, not its ~230-token prompt again
+        self.prompts: dict[tuple[int, ...], tuple[Cache, torch.Tensor]] = {}
 
     @property
     def exact(self) -> bool:
@@ -96,7 +116,9 @@ class Identity:
             limit = len(candidate) if finished_by_stop else limit
             key = (tuple(prompt), tuple(candidate), limit)
             if key not in self.references:
-                self.references[key] = teacher_forced(self.pair, prompt, candidate, limit)
+                if key[0] not in self.prompts:
+                    self.prompts[key[0]] = prompt_state(self.pair, prompt)
+                self.references[key] = teacher_forced(self.pair, prompt, candidate, limit, self.prompts[key[0]])
             reference, logits = self.references[key]
             if finished_by_stop:
                 reference = reference[: len(candidate)]

@@ -98,3 +98,81 @@ def test_the_real_pairs_modules_run_first_then_the_wholly_slow_ones(tmp_path: Pa
     order = list(dict.fromkeys(line.split("::")[0] for line in ran.stdout.splitlines() if "::" in line))
     assert order == ["tests/test_real_pair.py", "tests/test_sharded_nightly.py", "tests/test_shard_plan.py",
                      "tests/test_capture.py"]
+
+
+COMMAND_LINE = """
+import sys
+sys.path.insert(0, "tests")
+from inductor_paths import name_torch_by_its_build
+from test_suite_settings import kernel_command_line
+
+name_torch_by_its_build()
+print(kernel_command_line())
+"""
+
+
+def kernel_command_line() -> str:
+    """The g++ command line inductor keys a CPU kernel by (besides its source)."""
+    from torch._inductor.codecache import pick_vec_isa
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+    options = CppTorchDeviceOptions(compile_only=False, min_optimize=False, device_type="cpu",
+                                    vec_isa=pick_vec_isa(), extra_flags=(), use_relative_path=False)
+    return CppBuilder(name="o", sources="i", BuildOption=options).get_command_line()
+
+
+@pytest.mark.servers
+def test_a_venv_at_another_path_compiles_kernels_under_the_same_cache_keys(tmp_path: Path) -> None:
+    # inductor keys a compiled C++ kernel by its g++ command line: a clean clone's venv, elsewhere, named torch's
+    # headers by its own path and compiled every kernel again (tests/inductor_paths.py; conftest.py names it so)
+    elsewhere = tmp_path / "clean-clone" / ".venv"
+    elsewhere.parent.mkdir()
+    elsewhere.symlink_to(sys.prefix, target_is_directory=True)  # the same torch, found under another path
+    ran = subprocess.run([str(elsewhere / "bin" / "python"), "-c", COMMAND_LINE], cwd=REPO, capture_output=True,
+                         text=True, timeout=240)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    line = ran.stdout.removesuffix("\n")
+    assert str(elsewhere) not in line and "sidecar-torch" in line
+    assert line == kernel_command_line()
+
+
+def test_the_link_naming_torch_by_its_build_is_made_again_where_it_is_broken_or_leads_to_another_build(
+        tmp_path: Path) -> None:
+    from inductor_paths import build_link
+
+    def torch_dir(name: str, version: str) -> Path:
+        path = tmp_path / name / "torch"
+        path.mkdir(parents=True)
+        (path / "version.py").write_text(f"__version__ = '{version}'\n")
+        return path
+
+    first, same, other = torch_dir("a", "2.13.0"), torch_dir("b", "2.13.0"), torch_dir("c", "2.14.0")
+    cache = tmp_path / "cache"
+    link = build_link(first, cache, "2.13.0+cpu", "0123456789abcdef")
+    assert link == cache / "sidecar-torch" / "2.13.0_cpu-0123456789ab" and link.resolve() == first
+    # another venv of the same build uses the link as it is
+    assert build_link(same, cache, "2.13.0+cpu", "0123456789abcdef") == link and link.resolve() == first
+    # a link to another build, or to a venv since removed, is made again to this one's
+    assert build_link(other, cache, "2.13.0+cpu", "0123456789abcdef") == link and link.resolve() == other
+    (other / "version.py").unlink()
+    other.rmdir()
+    assert build_link(same, cache, "2.13.0+cpu", "0123456789abcdef") == link and link.resolve() == same
+    assert [p.name for p in link.parent.iterdir()] == [link.name]
+
+
+def test_without_a_cache_directory_to_write_torchs_own_paths_stay(tmp_path: Path, monkeypatch) -> None:
+    import torch.utils.cpp_extension as cpp_extension
+    from inductor_paths import name_torch_by_its_build
+
+    before = cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH
+    monkeypatch.setattr(cpp_extension, "_TORCH_PATH", before[0])  # both put back after the test
+    monkeypatch.setattr(cpp_extension, "TORCH_LIB_PATH", before[1])
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert name_torch_by_its_build() is None
+    assert before == (cpp_extension._TORCH_PATH, cpp_extension.TORCH_LIB_PATH)
+    # a torch without those module paths (a later release may rename them) is left alone too
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delattr(cpp_extension, "TORCH_LIB_PATH")
+    assert name_torch_by_its_build() is None and before[0] == cpp_extension._TORCH_PATH
+    assert not (tmp_path / "cache" / "sidecar-torch").exists()

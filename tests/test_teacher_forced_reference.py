@@ -28,12 +28,20 @@ def test_the_teacher_forced_reference_is_greedy_decoding_and_catches_a_wrong_or_
     # classified from the teacher-forced forward's logits, as compare classifies it from a forward of its own
     outcome = identity.check("wrong", prompt, wrong, LIMIT)
     assert outcome["kind"] == MISMATCH and outcome["position"] == 4
-    expected = compare(tiny.target, prompt, greedy[:5], wrong, "wrong") | {"tokens": LIMIT}
+    assert_same_outcome(outcome, compare(tiny.target, prompt, greedy[:5], wrong, "wrong") | {"tokens": LIMIT})
+    early = identity.check("early", prompt, greedy[:7], LIMIT)
+    assert_same_outcome(early, compare(tiny.target, prompt, greedy[:8], greedy[:7], "early") | {"tokens": 7})
+    assert identity.check("greedy", prompt, greedy, LIMIT)["identical"]
+    # the three outputs were forwarded on the prompt's keys and values, computed once and left as they were
+    assert list(identity.prompts) == [tuple(prompt)] and identity.prompts[tuple(prompt)][0].get_seq_length() == len(
+        prompt)
+    assert identity.exact and tiny.dtype == torch.float32
+
+
+def assert_same_outcome(outcome: dict, expected: dict) -> None:
+    """The same outcome, its gaps within fp32's rounding of forwards of other widths (the reference forwards the
+    prompt, then the output; compare both at once)."""
     floats = {k for k, v in expected.items() if isinstance(v, float)}
     assert {k: outcome[k] for k in floats} == pytest.approx({k: expected[k] for k in floats}, rel=1e-5, abs=1e-5)
     assert {k: v for k, v in outcome.items() if k not in floats} == {
         k: v for k, v in expected.items() if k not in floats}
-    early = identity.check("early", prompt, greedy[:7], LIMIT)
-    assert early == compare(tiny.target, prompt, greedy[:8], greedy[:7], "early") | {"tokens": 7}
-    assert identity.check("greedy", prompt, greedy, LIMIT)["identical"]
-    assert identity.exact and tiny.dtype == torch.float32
