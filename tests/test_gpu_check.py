@@ -397,7 +397,9 @@ def test_the_cuda_parts_run_on_cpu_with_the_cuda_calls_faked(check, monkeypatch)
     for key in ("engine_static_peak_gb", "hf_plain_peak_gb"):
         # two prompts feed more tokens than one: each run's peak is its own
         assert 0 < one[key] < two[key], key
-    assert memory["engine_static_peak_gb"] == two["engine_static_peak_gb"]
+    # the memory part's run is the throughput part's at its batch; an adaptive engine's steps follow its timings, and
+    # where rows copy unequal lengths only their real tokens are embedded, so two runs may feed a few tokens apart
+    assert memory["engine_static_peak_gb"] == pytest.approx(two["engine_static_peak_gb"], rel=0.05)
     header = {"pair": "tiny", "dtype": "bfloat16", "dtype_reason": "default on CUDA: bf16", "device": "cuda:0",
               "load_s": 1.0, "prompts": "built-in texts", "mean_prompt_tokens": 300.0}
     md = pair_markdown(header | parts)
