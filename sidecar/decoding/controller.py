@@ -241,12 +241,10 @@ class GammaController:
         then reach the longest, priced per row, ``packed`` saying whether the verify costs only real tokens."""
         self.collect_timings()
         limit = self.max_gamma if max_gamma is None else max_gamma
-        ragged = self.adaptive and copy_lengths is not None and len(copy_lengths) > 1
-        if ragged:
-            assert copy_lengths is not None
-            max_lookup = max(copy_lengths, default=0)
+        if self.adaptive and copy_lengths is not None and len(copy_lengths) > 1:
+            max_lookup = max(copy_lengths)
         else:
-            copy_lengths = None
+            copy_lengths = None  # one row, or a fixed gamma: copies of what every row has
         copies = [g for g in (range(1, max_lookup + 1) if copy_widths is None else copy_widths) if 0 < g <= max_lookup]
         max_lookup = max(copies, default=0)  # the probe's and exploration's copy: the longest a step may verify
         options = [(g, "draft") for g in range(limit + 1)] + [(g, "lookup") for g in copies]
