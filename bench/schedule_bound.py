@@ -63,6 +63,7 @@ from study.schedule_bound import (
     draft_runs,
     draft_scale_for,
     fastest_schedule,
+    row_share,
 )
 
 GOALS = {"plain": 2.0, "lookup": 1.2}  # #40's batch-1 goals, end to end, against HF plain and HF prompt lookup
@@ -243,13 +244,11 @@ def measure_batches(pair: ModelPair, prompts: list[list[int]], batch: int, limit
             walls["every_row"].append(before.seconds)
         references = hf["tokens"]
         costs, timed = batch_forward_costs(pair, chunk, references, widest, rounds)
-        # the engine's own prefill (its planner's grouping of the rows; the draft's too where it prefilled it) is a
-        # time some decoder took: the bound takes it where it is the cheapest
-        engine_prefill = min(max(o.stats.prefill_seconds for o in outs), max(o.stats.prefill_seconds
-                                                                            for o in before_outs))
-        costs = replace(costs, target_prefill=min(costs.target_prefill, engine_prefill))
-        share = ForwardCosts(tuple(s / len(chunk) for s in costs.target), costs.draft / len(chunk), 0.0,
-                             costs.draft_prefill / len(chunk))
+        # the engines' own prefills (their planner's grouping of the rows; the draft's too where they prefilled it)
+        # are times some decoder took: the bound takes them where they are the cheapest
+        engine_prefill, every_row_prefill = (max(o.stats.prefill_seconds for o in run) for run in (outs, before_outs))
+        costs = replace(costs, target_prefill=min(costs.target_prefill, engine_prefill, every_row_prefill))
+        share = row_share(costs, len(chunk))
         runs = []
         for prompt, reference, out in zip(chunk, references, outs, strict=True):
             # bf16 near-ties can give the engine another greedy output than HF's; a decoder may produce either
@@ -262,8 +261,7 @@ def measure_batches(pair: ModelPair, prompts: list[list[int]], batch: int, limit
                "tokens": sum(map(len, references)), "hf_plain_batched_s": min(walls["plain"]),
                "engine_s": min(walls["engine"]), "engine_every_row_s": min(walls["every_row"]), "runs_s": walls,
                "engine_same_output": sum(o.token_ids == r for o, r in zip(outs, references, strict=True)),
-               "engine_prefill_s": max(o.stats.prefill_seconds for o in outs),
-               "every_row_prefill_s": max(o.stats.prefill_seconds for o in before_outs),
+               "engine_prefill_s": engine_prefill, "every_row_prefill_s": every_row_prefill,
                "engine_draft_forwards": max(o.stats.draft_forwards for o in outs),
                "engine_target_forwards": max(o.stats.target_forwards for o in outs),
                "every_row_target_forwards": max(o.stats.target_forwards for o in before_outs),

@@ -205,8 +205,13 @@ def batch_bound(rows: Sequence[tuple[Sequence[int], Sequence[int] | None]], batc
     over every row, the prefills of all rows (the draft's charged only to the rows that draft, in shares)."""
     if not rows:
         raise ValueError("a batch has at least one row")
-    share = len(rows)
-    per_row = ForwardCosts(tuple(s / share for s in batch_costs.target), batch_costs.draft / share, 0.0,
-                           batch_costs.draft_prefill / share)
+    per_row = row_share(batch_costs, len(rows))
     return batch_costs.target_prefill + sum(fastest_schedule(copies, drafts, per_row, max_gamma).seconds
                                             for copies, drafts in rows)
+
+
+def row_share(batch_costs: ForwardCosts, rows: int) -> ForwardCosts:
+    """One row's share of a batch's forwards (``batch_bound``): each forward and the draft's prefill over ``rows``;
+    no target prefill (the batch pays it once)."""
+    return ForwardCosts(tuple(s / rows for s in batch_costs.target), batch_costs.draft / rows, 0.0,
+                        batch_costs.draft_prefill / rows)
