@@ -17,15 +17,16 @@ from sidecar.runtime.kv_cache import RowKVCache
 from tests.decoding import hidden_states, random_prompts
 
 
-class LinearCalls(TorchFunctionMode):
-    """Counts ``F.linear`` calls, whoever makes them (a module or a direct call)."""
+class LinearRows(TorchFunctionMode):
+    """The rows (tokens) of each ``F.linear`` call, whoever makes it (a module or a direct call)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.rows: list[int] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.calls += func is nn.functional.linear
+        if func is nn.functional.linear:
+            self.rows.append(args[0].numel() // args[0].shape[-1])
         return func(*args, **(kwargs or {}))
 
 
@@ -34,9 +35,9 @@ def test_a_layer_calls_one_linear_for_q_k_v_and_one_for_gate_up():
     stack = DecoderStack(pair.target)
     cache = RowKVCache(pair.target, 1, 64)
     rows = torch.tensor([[0, 0, 1]])
-    with torch.inference_mode(), LinearCalls() as counted:
+    with torch.inference_mode(), LinearRows() as counted:
         stack(torch.tensor([[5]]), rows, torch.tensor([[-1]]), cache.keys, cache.values, cache.visible, cache.span)
-    assert counted.calls == 3 * 4  # qkv, o, gate_up, down
+    assert len(counted.rows) == 3 * 4  # qkv, o, gate_up, down
 
 
 def test_stacked_weights_are_the_models_own_and_change_nothing_it_computes():
@@ -85,19 +86,6 @@ def test_our_stack_equals_hugging_faces_forward_over_plain_and_packed_layers(pac
     assert [t.shape for t in hidden_states(pair, "hf")] == [t.shape for t in theirs]
     for again, expected in zip(hidden_states(pair, "hf"), theirs, strict=True):
         assert torch.equal(again, expected), "stacking the weights left Hugging Face's forward as it was"
-
-
-class LinearRows(TorchFunctionMode):
-    """The rows (tokens) each ``F.linear`` call multiplies."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[int] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is nn.functional.linear:
-            self.rows.append(args[0].numel() // args[0].shape[-1])
-        return func(*args, **(kwargs or {}))
 
 
 def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only():
