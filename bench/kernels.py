@@ -1,7 +1,8 @@
-"""CPU kernel benchmark: one forward of each model per shape, default fp32 matmul vs oneDNN packed weights.
+"""CPU kernel benchmark: one forward of each model per shape, the default matmul vs oneDNN packed weights.
 
-    python -m bench.kernels            # standard and --full: context 400, 5 timed forwards per cell
-    python -m bench.kernels --quick    # 1 timed forward per cell
+    python -m bench.kernels                # standard and --full: fp32, context 400, 5 timed forwards per cell
+    python -m bench.kernels --dtype bf16   # the same in bf16 (where ``load_pair`` packs bf16 layers when timed faster)
+    python -m bench.kernels --quick        # 1 timed forward per cell
 
 The table behind ``sidecar.models.cpu_kernels``: ``OneDNNLinear`` keeps every Linear weight in oneDNN's packed
 layout, laid out for ``PACKED_ROWS`` input rows. Each cell is the median wall time of one forward over a KV
@@ -9,7 +10,8 @@ cache of ``--context`` positions, through the engine's own ``forward``:
 
 * the target with the default matmul, with oneDNN weights packed for 1 row, and packed for
   ``PACKED_ROWS`` rows (the engine's);
-* the draft with the engine's kernels, and with dynamic int8 weights (``load_pair(..., draft_int8=True)``).
+* in fp32, the draft with the engine's kernels, and with dynamic int8 weights (``load_pair(..., draft_int8=True)``);
+  in bf16, the draft with the default matmul and packed (torch's dynamic int8 Linear takes fp32 only).
 
 Each variant is a load of its own, since the swap drops the plain weight. The variants of one model are
 in memory together and timed in turn, one forward each per round, so that the machine slowing down or
@@ -32,7 +34,7 @@ from bench.common import (
     markdown_table,
     medians_in_turn,
     parse_bench_args,
-    profile_suffix,
+    variant_suffix,
     write_results,
 )
 from sidecar.models import cpu_kernels
@@ -68,11 +70,12 @@ def main() -> None:
     parser.add_argument("--pair", default="qwen-coder-small")
     parser.add_argument("--context", type=int, default=400)
     parser.add_argument("--repeats", type=int)
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     add_bench_arguments(parser)
     args = parse_bench_args(parser)
     apply_profile(args, SIZES)
 
-    device, dtype = default_device_dtype("cpu", None)
+    device, dtype = default_device_dtype("cpu", args.dtype)
     target_id, draft_id = pair_model_ids(args.pair)
 
     def target(packed_rows: int | None) -> PreTrainedModel:
@@ -81,20 +84,23 @@ def main() -> None:
             cpu_kernels.use_onednn_linear(model, packed_rows)
         return model
 
-    def draft(int8: bool) -> PreTrainedModel:
+    def draft(kernel: str) -> PreTrainedModel:
         model = load_model(draft_id, device, dtype)
-        if int8:
+        if kernel == "int8":
             return cpu_kernels.quantize_int8(model)
-        cpu_kernels.use_onednn_linear(model)
+        if kernel == "packed":
+            cpu_kernels.use_onednn_linear(model)
         return model
+
+    drafts = ([("draft fp32 (engine)", "packed"), ("draft int8", "int8")] if dtype == torch.float32 else
+              [("draft, default kernel", "default"), ("draft, oneDNN packed (engine)", "packed")])
 
     groups = [
         [("target, default kernel", lambda: target(None)),
          ("target, oneDNN packed for 1 row", lambda: target(1)),
          (f"target, oneDNN packed for {cpu_kernels.PACKED_ROWS} rows (engine)",
           lambda: target(cpu_kernels.PACKED_ROWS))],
-        [("draft fp32 (engine)", lambda: draft(False)),
-         ("draft int8", lambda: draft(True))],
+        [(name, lambda kernel=kernel: draft(kernel)) for name, kernel in drafts],
     ]
     rows = []
     for group in groups:
@@ -114,7 +120,7 @@ def main() -> None:
                 f"pair `{args.pair}` on {env['device']} ({env['dtype']}, "
                 f"{env['threads']} threads), context {args.context}; columns are rows x new positions.\n\n{table}")
     payload = {"environment": env, "args": vars(args), "shapes": SHAPES, "rows": rows}
-    write_results("kernels_cpu" + profile_suffix(args.profile), payload, markdown)
+    write_results("kernels_cpu" + variant_suffix("cpu", dtype, args.profile), payload, markdown)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ def use_capture(pair: ModelPair, requested: str | None, max_batch: int | None = 
     packed = sum(onednn_layers(model) for model in (pair.target, pair.draft))
 
     def cpu_auto() -> tuple[str, str]:
-        if packed:  # fp32 on a CPU: compiling would first undo the packed layout that makes eager fast here
-            return "eager", (f"auto: eager ({packed} fp32 Linear layers in oneDNN's packed layout, which inductor "
+        if packed:  # a CPU's packed layout: compiling would first undo what makes eager fast here
+            return "eager", (f"auto: eager ({packed} Linear layers in oneDNN's packed layout, which inductor "
                              "cannot compile; compile: SIDECAR_CAPTURE=compile)")
         return choose_cpu_capture(pair.target, pair.draft, shape=shape)
 

@@ -1,8 +1,10 @@
-"""Faster fp32 Linear layers on CPU: every weight in oneDNN's packed layout, laid out for 8 rows.
+"""Faster Linear layers on CPU: every weight in oneDNN's packed layout, laid out for 8 rows.
 
 oneDNN reorders a Linear weight into blocks sized for an expected number of input rows (tokens). Laid
 out for 8 rows, a verify of gamma+1 positions or a decode step of a batch of rows can stream the weights
-about once (`python -m bench.kernels` times the layouts side by side).
+about once (`python -m bench.kernels [--dtype bf16]` times the layouts side by side). fp32 layers always pack;
+bf16 ones where oneDNN has bf16 kernels and they are timed faster on the machine
+(``sidecar.models.dtype_choice.packs``).
 
 The module keeps only the packed weight. The plain one stays memory-mapped from the checkpoint (transformers
 maps the file), is not read again after packing, and so is page cache the kernel can drop; RSS still
@@ -22,7 +24,7 @@ PACKED_ROWS = 8
 
 
 class OneDNNLinear(nn.Module):
-    """An inference-only fp32 Linear whose weight lives in oneDNN's packed layout only."""
+    """An inference-only Linear (fp32 or bf16) whose weight lives in oneDNN's packed layout only."""
 
     def __init__(self, linear: nn.Linear, packed_rows: int = PACKED_ROWS) -> None:
         super().__init__()
@@ -39,18 +41,25 @@ class OneDNNLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed_rows={self.packed_rows}"
 
 
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN has packed Linear kernels for ``dtype`` on this CPU (fp32 or bf16)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def use_onednn_linear(model: nn.Module, packed_rows: int = PACKED_ROWS) -> int:
-    """Swap every fp32 CPU nn.Linear of ``model`` for a ``OneDNNLinear``; returns how many were swapped."""
+    """Swap every fp32 or bf16 CPU nn.Linear of ``model`` for a ``OneDNNLinear`` (where oneDNN has kernels for its
+    dtype); returns how many were swapped."""
     if not onednn_available():
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            if (type(child) is nn.Linear and child.weight.device.type == "cpu"
+                    and onednn_available(child.weight.dtype)):
                 setattr(parent, name, OneDNNLinear(child, packed_rows))
                 swapped += 1
     return swapped

@@ -1,4 +1,5 @@
-"""Which dtype a pair runs in, and why: the caller's, else ``SIDECAR_DTYPE``, else the device's best.
+"""Which dtype a pair runs in, and why: the caller's, else ``SIDECAR_DTYPE``, else the device's best; and
+whether its Linear layers run in oneDNN's packed layout on a CPU (``packs``).
 
 On CUDA the best is bf16, the GPUs' native fast path. On a CPU it depends on the chip: one with native bf16
 matmuls (AMX, avx512_bf16) runs bf16 faster than fp32, one without emulates bf16 several times slower than
@@ -9,10 +10,16 @@ faster; ``SIDECAR_DTYPE=auto`` asks for the same.
 A loaded machine stalls a two-thread matmul for a whole scheduler slice now and then, several times its own
 length, so one short burst of timings can crown the wrong dtype. The two are timed in turn, call by call, until
 each has had ``TIMING_BUDGET_S``, and each keeps its fastest call: the one least disturbed by the load.
+
+fp32 Linear layers always run packed on a CPU with oneDNN (``python -m bench.kernels``). bf16 ones run packed
+where oneDNN has bf16 kernels and the packed product, timed at decode widths over more weight bytes than a
+CPU caches, beats the plain one by ``PACKING_MARGIN``: both matmuls the dtype choice compares are then the
+ones the layers would run.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +39,13 @@ VERIFY_ROWS = 4 * 5
 MIN_CALLS = 5  # timed calls of each dtype at least
 MAX_CALLS = 200  # and at most, however fast
 TIMING_BUDGET_S = 0.15  # seconds of timed calls of each dtype, unless MAX_CALLS come first
+# the packed layout is kept where its products take this much less time than the plain ones: the packed copy
+# costs memory while the model loads
+PACKING_MARGIN = 0.05
+PACKING_ROWS = (1, 5)  # the rows of the products timed: a one-token decode forward and a verify of gamma + 1
+# the weights timed in turn hold at least this many bytes, more than a CPU's last-level cache, as a model's do:
+# one cached weight times the cache, not the layout
+PACKING_BYTES = 96 << 20
 
 
 @dataclass(frozen=True)
@@ -54,15 +68,38 @@ def faster_dtype(bf16_s: float, fp32_s: float) -> DtypeChoice:
     return DtypeChoice(dtype, f"auto: bf16 matmul {bf16_s * 1e3:.2f} ms vs fp32 {fp32_s * 1e3:.2f} ms")
 
 
+def product(x: torch.Tensor, weight: torch.Tensor, packed: bool) -> Callable[[], object]:
+    """``x`` [rows, in] times ``weight`` [out, in] transposed, on the plain kernel or oneDNN's packed one."""
+    if packed:
+        layout = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS)
+        return lambda: torch.ops.mkldnn._linear_pointwise(x, layout, None, "none", [], "")
+    return lambda: torch.nn.functional.linear(x, weight)
+
+
 def matmul_call(dtype: torch.dtype, hidden: int, intermediate: int, rows: int = VERIFY_ROWS) -> Callable[[], object]:
     """One CPU matmul of ``rows`` x ``hidden`` activations by a ``hidden`` x ``intermediate`` weight (an MLP up
-    projection) in ``dtype``; fp32 on the packed oneDNN kernel its Linear layers would run on."""
+    projection) in ``dtype``, on the kernel its Linear layers would run on (``packs``)."""
     weight = torch.full((intermediate, hidden), 0.01, dtype=dtype)
-    x = torch.full((rows, hidden), 0.5, dtype=dtype)
-    if dtype == torch.float32 and onednn_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS)
-        return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return lambda: torch.nn.functional.linear(x, weight)
+    return product(torch.full((rows, hidden), 0.5, dtype=dtype), weight, packs(dtype, hidden, intermediate))
+
+
+def packs(dtype: torch.dtype, hidden: int, intermediate: int) -> bool:
+    """Whether a CPU's Linear layers in ``dtype`` run in oneDNN's packed layout (``use_onednn_linear``): fp32
+    wherever oneDNN is; bf16 where oneDNN has bf16 kernels and they are measured faster at the MLP's shape,
+    once per shape, dtype and thread count."""
+    if dtype == torch.float32 or not onednn_available(dtype):
+        return onednn_available(dtype)
+    return _packing_pays((intermediate, hidden), dtype, torch.get_num_threads())
+
+
+@functools.cache
+def _packing_pays(shape: tuple[int, int], dtype: torch.dtype, threads: int) -> bool:
+    count = max(2, -(-PACKING_BYTES // (shape[0] * shape[1] * dtype.itemsize)))
+    weights = [torch.full(shape, 0.01, dtype=dtype) for _ in range(count)]
+    inputs = [torch.full((rows, shape[1]), 0.5, dtype=dtype) for rows in PACKING_ROWS]
+    plain, packed = ([product(x, w, layout) for x in inputs for w in weights] for layout in (False, True))
+    plain_s, packed_s = fastest_seconds([lambda: [call() for call in plain], lambda: [call() for call in packed]])
+    return packed_s < (1 - PACKING_MARGIN) * plain_s
 
 
 def fastest_seconds(calls: Sequence[Callable[[], object]], budget_s: float = TIMING_BUDGET_S,

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from sidecar.errors import PairError
 from sidecar.models.attention import GROUPED_SDPA
 from sidecar.models.default_dtype import device_default_dtype
-from sidecar.models.dtype_choice import DTYPES, choose_dtype, parse_dtype
+from sidecar.models.dtype_choice import DTYPES, choose_dtype, packs, parse_dtype
 from sidecar.models.pair import ModelPair, check_tokenizers, dtype_name, eos_ids
 
 # a pair's names and its tokenizer have modules of their own, without torch; their callers also find them here
@@ -59,7 +59,8 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
     """
     capture = parse_capture(capture, "the capture argument")
     torch_device = default_device(device)
-    choice = choose_dtype(torch_device, dtype, *target_shape(name_or_spec))
+    shape = target_shape(name_or_spec)
+    choice = choose_dtype(torch_device, dtype, *shape)
     torch_dtype = choice.dtype
     if name_or_spec == "tiny":
         pair = tiny_pair(torch_device, torch_dtype)
@@ -86,7 +87,8 @@ def load_pair(name_or_spec: str = "qwen-coder-small", device: str | None = None,
     # constant): a pair asked to compile keeps plain Linear layers; auto keeps packed ones eager without timing
     # (``sidecar.decoding.decoder.use_capture``, which unpacks them if compile is asked for later)
     compiles = (capture or Settings().capture) == "compile"
-    if fast_cpu_kernels and torch_device.type == "cpu" and torch_dtype == torch.float32 and not compiles:
+    if (fast_cpu_kernels and torch_device.type == "cpu" and not compiles
+            and packs(torch_dtype, *shape)):
         from sidecar.models.cpu_kernels import use_onednn_linear
 
         use_onednn_linear(pair.target)
