@@ -22,9 +22,10 @@ PADDING_MARGIN = 0.05
 
 def one_row_padding_pays(weight: torch.Tensor) -> bool:
     """Whether a one-row product with a weight like ``weight`` [out, in] runs faster padded to two rows, timed
-    once per shape, dtype and thread count on a random weight. Reduced precision on a CPU only: fp32 Linear
-    layers run oneDNN's packed layout there (``sidecar.models.cpu_kernels``), and a GPU's one-row products are
-    not its bottleneck."""
+    once per shape, dtype and thread count on a random weight. Reduced precision on a CPU only (a GPU's one-row
+    products are not its bottleneck), and plain Linear layers only: the runner does not ask for oneDNN-packed
+    ones (``sidecar.models.cpu_kernels``: fp32, and bf16 where timed faster), whose one-row product is the
+    faster (``python -m bench.kernels``)."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return False
     return _padding_pays(tuple(weight.shape), weight.dtype, torch.get_num_threads())
