@@ -1,51 +1,57 @@
-"""One-token forwards padded to two columns where one-row products are slower (sidecar/runtime/padding.py): the
-padded forward computes what the unpadded one does, writes its padding only to the trash column, and decoding
-through it is the target's greedy output; the choice is measured for reduced precision on a CPU only."""
+"""One-row eager forwards run at the cheapest width that holds them, where narrower products are slower
+(sidecar/runtime/padding.py): a padded forward computes what the unpadded one does, writes its padding only to
+the trash column, and decoding through padded forwards is the target's greedy output; the widths are measured
+for reduced precision on a CPU only, once per shape."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from decoding import random_prompts, target_alone
+from torch import nn
 
 from sidecar import SpeculativeDecoder
 from sidecar.runtime import padding
 from sidecar.runtime.capture import attach
 from sidecar.runtime.forward import forward, prefill
 from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.padding import PaddedWidths
 
 
-def test_a_padded_one_token_forward_computes_the_unpadded_one_and_writes_padding_to_the_trash_column(tiny) -> None:
+@pytest.mark.parametrize(("width", "padded"), [(1, 2), (1, 5), (2, 4)])
+def test_a_padded_forward_computes_the_unpadded_one_and_writes_padding_to_the_trash_column(tiny, width,
+                                                                                          padded) -> None:
     model = tiny.target
     runner = attach(model, "eager")
     prompt = random_prompts(tiny, [9], seed=4)[0]
-    token = torch.tensor([[prompt[-1]]])
+    tokens = torch.tensor([random_prompts(tiny, [width], seed=5)[0]])
     results = []
     try:
-        for pad in (False, True):
-            runner.pad_one_token = pad
+        for widths in (PaddedWidths(), PaddedWidths((padded,) * width)):
+            runner.widths = widths
             cache = RowKVCache(model, 1, 16)
             prefill(model, cache, [prompt], None)
             with torch.inference_mode():
-                hidden = forward(model, cache, token)
+                hidden = forward(model, cache, tokens)
             results.append((hidden, [k.clone() for k in cache.keys], cache.visible.clone(), cache.span.clone()))
     finally:
-        runner.pad_one_token = False
-    (plain, keys, visible, span), (padded, padded_keys, padded_visible, padded_span) = results
-    assert padded.shape == plain.shape == (1, 1, model.config.hidden_size)
-    torch.testing.assert_close(padded, plain)
-    real = len(prompt) + 1  # the prompt and the new token; the trash column is the last
-    for key, padded_key in zip(keys, padded_keys, strict=True):
-        torch.testing.assert_close(padded_key[:, :, :real], key[:, :, :real])
-        assert not torch.equal(padded_key[:, :, -1], key[:, :, -1])  # the padding column went to the trash
-        assert torch.equal(padded_key[:, :, real:-1], key[:, :, real:-1])
-    assert torch.equal(padded_visible[:, :-1], visible[:, :-1]) and torch.equal(padded_span[:, :-1], span[:, :-1])
+        runner.widths = PaddedWidths()
+    (plain, keys, visible, span), (wide, wide_keys, wide_visible, wide_span) = results
+    assert wide.shape == plain.shape == (1, width, model.config.hidden_size)
+    torch.testing.assert_close(wide, plain)
+    real = len(prompt) + width  # the prompt and the new tokens; the trash column is the last
+    for key, wide_key in zip(keys, wide_keys, strict=True):
+        torch.testing.assert_close(wide_key[:, :, :real], key[:, :, :real])
+        assert not torch.equal(wide_key[:, :, -1], key[:, :, -1])  # the padding columns went to the trash
+        assert torch.equal(wide_key[:, :, real:-1], key[:, :, real:-1])
+    assert torch.equal(wide_visible[:, :-1], visible[:, :-1]) and torch.equal(wide_span[:, :-1], span[:, :-1])
 
 
 def test_decoding_through_padded_forwards_is_the_targets_greedy_output(tiny) -> None:
     runners = [attach(model, "eager") for model in (tiny.target, tiny.draft)]
     try:
         for runner in runners:
-            runner.pad_one_token = True
+            runner.widths = PaddedWidths((4, 4, 4, 4, 6, 6))
         decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=False, prompt_lookup=False)
         for prompt in random_prompts(tiny, [5, 11], seed=7):
             out = decoder.generate([prompt], max_new_tokens=12)[0]
@@ -53,13 +59,23 @@ def test_decoding_through_padded_forwards_is_the_targets_greedy_output(tiny) -> 
         assert out.stats.draft_forwards > 0
     finally:
         for runner in runners:
-            runner.pad_one_token = False
+            runner.widths = PaddedWidths()
 
 
-def test_padding_is_timed_for_reduced_precision_on_a_cpu_only_and_once_per_shape() -> None:
-    assert padding.one_row_padding_pays(torch.zeros(64, 32)) is False  # fp32: never timed
-    before = padding._padding_pays.cache_info()
-    first = padding.one_row_padding_pays(torch.zeros(96, 48, dtype=torch.bfloat16))
-    assert padding.one_row_padding_pays(torch.zeros(96, 48, dtype=torch.bfloat16)) is first
-    after = padding._padding_pays.cache_info()
+def test_each_width_pads_to_the_cheapest_wider_one_only_where_it_is_measured_faster() -> None:
+    # ms of products of 1-8 rows, as the packed bf16 target's forwards of 1-8 columns were on an AMD EPYC
+    widths = PaddedWidths.choose([169, 181, 153, 141, 144, 147, 173, 178])
+    assert [widths.of(w) for w in range(1, 10)] == [4, 4, 4, 4, 5, 6, 7, 8, 9]
+    # within the margin a width stays as it is
+    assert PaddedWidths.choose([100, 100 * (1 - padding.PADDING_MARGIN / 2)]).widths == (1, 2)
+    assert PaddedWidths().of(1) == 1
+
+
+def test_widths_are_timed_for_reduced_precision_on_a_cpu_only_and_once_per_shape() -> None:
+    assert padding.padded_widths(nn.Linear(32, 64)).widths == ()  # fp32: never timed
+    before = padding._product_seconds.cache_info()
+    first = padding.padded_widths(nn.Linear(48, 96, dtype=torch.bfloat16))
+    assert padding.padded_widths(nn.Linear(48, 96, dtype=torch.bfloat16)).widths == first.widths
+    after = padding._product_seconds.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    assert len(first.widths) == padding.MAX_WIDTH and all(w <= first.widths[w - 1] for w in range(1, 9))

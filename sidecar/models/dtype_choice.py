@@ -46,6 +46,7 @@ PACKING_ROWS = (1, 5)  # the rows of the products timed: a one-token decode forw
 # the weights timed in turn hold at least this many bytes, more than a CPU's last-level cache, as a model's do:
 # one cached weight times the cache, not the layout
 PACKING_BYTES = 96 << 20
+PACKING_WEIGHTS = 64  # and no more weights than this (a small model's fit in a cache anyway)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def packs(dtype: torch.dtype, hidden: int, intermediate: int) -> bool:
 
 @functools.cache
 def _packing_pays(shape: tuple[int, int], dtype: torch.dtype, threads: int) -> bool:
-    count = max(2, -(-PACKING_BYTES // (shape[0] * shape[1] * dtype.itemsize)))
+    count = min(max(2, -(-PACKING_BYTES // (shape[0] * shape[1] * dtype.itemsize))), PACKING_WEIGHTS)
     weights = [torch.full(shape, 0.01, dtype=dtype) for _ in range(count)]
     inputs = [torch.full((rows, shape[1]), 0.5, dtype=dtype) for rows in PACKING_ROWS]
     plain, packed = ([product(x, w, layout) for x in inputs for w in weights] for layout in (False, True))

@@ -37,7 +37,7 @@ from transformers import PreTrainedModel
 from sidecar.errors import InputError
 from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, real_columns, supports
 from sidecar.runtime.kv_cache import BucketBuffers, RowKVCache
-from sidecar.runtime.padding import one_row_padding_pays
+from sidecar.runtime.padding import PaddedWidths, padded_widths
 from sidecar.runtime.transfers import to_device
 from sidecar.settings import PREFIX, Settings, parse_capture
 
@@ -226,12 +226,13 @@ class StackRunner:
         if mode != "eager":
             configure_thread()
             self._compiled = self._compile(self.stack.forward)
-        # eager decode forwards of one token run two columns wide (the second is padding, written to the trash
-        # column) where one-row products are measured slower than two-row ones (``one_row_padding_pays``)
-        linears = [m.weight for m in model.base_model.layers[0].modules() if isinstance(m, nn.Linear)]
+        # eager decode forwards of one row run at the cheapest width that holds them (the extra columns are
+        # padding, written to the trash column) where narrower products are measured slower (``padded_widths``)
+        linears = [m for m in model.base_model.layers[0].modules()
+                   if isinstance(m, nn.Linear) or hasattr(m, "packed_rows")]
         self.pack = True  # eager forwards with padded columns compute only the real tokens (benchmarks turn it off)
-        self.pad_one_token = mode == "eager" and bool(linears) and one_row_padding_pays(
-            max(linears, key=lambda w: w.numel()))
+        self.widths = (padded_widths(max(linears, key=lambda m: m.in_features * m.out_features))
+                       if mode == "eager" and linears else PaddedWidths())
 
     def _compile(self, fn: Callable) -> Callable:
         # the limit again on the compiled region: dynamo's config is per thread (``configure_thread``)
@@ -299,11 +300,11 @@ class StackRunner:
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
             if decode:
                 self.counters.shapes[(batch, width, attend)] += 1
-            if decode and self.pad_one_token and batch * width == 1:
-                hidden = self.stack(torch.nn.functional.pad(ids, (0, 1)), self._rows(cache, batch, real),
-                                    torch.nn.functional.pad(query_span, (0, 1), value=-1), cache.keys, cache.values,
-                                    cache.visible, cache.span, attend)
-                return hidden[:, :1]
+            if decode and batch == 1 and (extra := self.widths.of(width) - width):
+                hidden = self.stack(torch.nn.functional.pad(ids, (0, extra)), self._rows(cache, batch, real),
+                                    torch.nn.functional.pad(query_span, (0, extra), value=-1), cache.keys,
+                                    cache.values, cache.visible, cache.span, attend)
+                return hidden[:, :width]
             return self.stack(ids, self._rows(cache, batch, real), query_span, cache.keys, cache.values,
                               cache.visible, cache.span, attend, self._packed(real, width, cache.device))
         padded, wide = shape.batch, shape.width
@@ -321,9 +322,10 @@ class StackRunner:
 
     def _packed(self, real: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
         """The real columns' flat indices [T] where some row of an eager forward is padded (``DecoderStack``'s
-        packing), else None; never down to one token where one-row products are slow (``pad_one_token``)."""
+        packing), else None; not where the real tokens alone would run padded to the padded layout's width or
+        wider (``widths``: a narrower product measured slower)."""
         total = int(real.sum())
-        if not self.pack or total == len(real) * width or (self.pad_one_token and total < 2):
+        if not self.pack or total == len(real) * width or self.widths.of(total) >= len(real) * width:
             return None
         return to_device(real_columns(real, width), device)
 

@@ -1,11 +1,12 @@
-"""Whether a one-token forward runs faster two columns wide, measured on the machine it runs on.
+"""The width a one-row eager decode forward runs at, measured on the machine it runs on.
 
-A decode forward of one row and one token multiplies every weight by a one-row matrix. In bf16 on the AMD EPYC
-this project runs on, PyTorch's one-row product took 1.18x a two-row one at the 1.5B target's MLP shapes (a
-matrix-vector kernel slower than the matrix one), and a one-token forward of the target 1.18-1.19x a two-token
-one (`python -m bench.schedule_bound` times both). So an eager forward of one token runs with a padding column
-where that is measured to pay (``sidecar.runtime.capture.StackRunner``); the padding column is written to the
-cache's trash column and dropped, as any padding is.
+A decode forward of one row and w tokens multiplies every weight by a w-row matrix, and a CPU's matmul library
+picks its kernel by the rows: a narrower product can take longer than a wider one. On this project's AMD EPYC in
+bf16, a plain one-row product is slower than a two-row one, and with the weights in oneDNN's packed layout
+(``sidecar.models.cpu_kernels``) the target's forward of one column is slower than its forwards of four to six
+(docs/benchmarks.md, `python -m bench.schedule_bound`). So an eager forward of one row runs at the cheapest width
+that holds it (``PaddedWidths``); the extra columns are padding, written to the cache's trash column and dropped,
+as any padding is.
 """
 
 from __future__ import annotations
@@ -14,33 +15,73 @@ import functools
 import time
 
 import torch
+from torch import nn
 
-# a one-row product pads to two rows only when the two-row one is measured this much faster: a forward's other
-# ops and the padding itself cost a little
+# a forward is widened only where the wider products are measured this much faster: a forward's other ops (its
+# attention, its LM head over the real columns) and the padding itself cost a little
 PADDING_MARGIN = 0.05
+MAX_WIDTH = 8  # the widths timed: a one-token step up to a verify of 7 drafts
+# the weights timed in turn hold at least this many bytes, more than a CPU's last-level cache, as a model's do
+TIMED_BYTES = 96 << 20
+MAX_WEIGHTS = 64  # and no more weights than this (a small model's fit in a cache anyway)
 
 
-def one_row_padding_pays(weight: torch.Tensor) -> bool:
-    """Whether a one-row product with a weight like ``weight`` [out, in] runs faster padded to two rows, timed
-    once per shape, dtype and thread count on a random weight. Reduced precision on a CPU only (a GPU's one-row
-    products are not its bottleneck), and plain Linear layers only: the runner does not ask for oneDNN-packed
-    ones (``sidecar.models.cpu_kernels``: fp32, and bf16 where timed faster), whose one-row product is the
-    faster (``python -m bench.kernels``)."""
+class PaddedWidths:
+    """``of(w)``: the width a one-row eager decode forward of ``w`` columns runs at: the cheapest timed width of
+    at least ``w`` whose products take ``PADDING_MARGIN`` less time than ``w``'s, else ``w``. ``widths[w - 1]``
+    for ``w`` up to ``MAX_WIDTH``; a wider forward runs at its own width."""
+
+    def __init__(self, widths: tuple[int, ...] = ()) -> None:
+        self.widths = widths
+
+    def of(self, width: int) -> int:
+        return self.widths[width - 1] if width <= len(self.widths) else width
+
+    @classmethod
+    def choose(cls, seconds: list[float]) -> PaddedWidths:
+        """From ``seconds[w - 1]``, the time of a product of ``w`` rows."""
+        widths = []
+        for width in range(1, len(seconds) + 1):
+            cheapest = min(range(width, len(seconds) + 1), key=lambda w: seconds[w - 1])
+            widths.append(cheapest if seconds[cheapest - 1] < (1 - PADDING_MARGIN) * seconds[width - 1] else width)
+        return cls(tuple(widths))
+
+
+def padded_widths(layer: nn.Module) -> PaddedWidths:
+    """The widths for a model whose widest decoder Linear is ``layer`` (a plain ``nn.Linear`` or a oneDNN-packed
+    one: a module with ``packed`` and ``packed_rows``), timed once per shape, dtype, layout and thread count.
+    Reduced precision on a CPU only (a GPU's narrow products are not its bottleneck; fp32's packed products are
+    the fastest at one row, `python -m bench.kernels`); a plain width everywhere else."""
+    weight = layer.packed if hasattr(layer, "packed") else layer.weight
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    return _padding_pays(tuple(weight.shape), weight.dtype, torch.get_num_threads())
+        return PaddedWidths()
+    shape = (layer.out_features, layer.in_features)
+    return PaddedWidths.choose(_product_seconds(shape, weight.dtype, getattr(layer, "packed_rows", None),
+                                                torch.get_num_threads()))
 
 
 @functools.cache
-def _padding_pays(shape: tuple[int, int], dtype: torch.dtype, threads: int, rounds: int = 10) -> bool:
-    weight = torch.randn(shape, dtype=dtype)
-    one, two = torch.randn(1, shape[1], dtype=dtype), torch.randn(2, shape[1], dtype=dtype)
-    best = [float("inf"), float("inf")]
+def _product_seconds(shape: tuple[int, int], dtype: torch.dtype, packed_rows: int | None, threads: int,
+                     rounds: int = 8) -> list[float]:
+    count = min(max(2, -(-TIMED_BYTES // (shape[0] * shape[1] * dtype.itemsize))), MAX_WEIGHTS)
+    weights = [torch.full(shape, 0.01, dtype=dtype) for _ in range(count)]
+    if packed_rows is None:
+        products = [functools.partial(nn.functional.linear, weight=w) for w in weights]
+    else:
+        layouts = [torch.ops.mkldnn._reorder_linear_weight(w, packed_rows) for w in weights]
+        products = [functools.partial(_packed_product, layout=layout) for layout in layouts]
+    inputs = [torch.full((rows, shape[1]), 0.5, dtype=dtype) for rows in range(1, MAX_WIDTH + 1)]
+    best = [float("inf")] * MAX_WIDTH
     with torch.inference_mode():
-        for i in range(rounds + 2):  # in turn, the first two rounds untimed; the fastest of each counts
-            for j, x in enumerate((one, two)):
+        for i in range(rounds + 1):  # in turn, the first round untimed; the fastest of each counts
+            for j, x in enumerate(inputs):
                 start = time.perf_counter()
-                torch.nn.functional.linear(x, weight)
-                if i >= 2:
+                for product in products:
+                    product(x)
+                if i:
                     best[j] = min(best[j], time.perf_counter() - start)
-    return best[1] < (1 - PADDING_MARGIN) * best[0]
+    return best
+
+
+def _packed_product(x: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, layout, None, "none", [], "")
