@@ -28,14 +28,14 @@ def test_a_padded_forward_computes_the_unpadded_one_and_writes_padding_to_the_tr
     results = []
     try:
         for widths in (PaddedWidths(), PaddedWidths((padded,) * width)):
-            runner.widths = widths
+            runner.pad_to = widths
             cache = RowKVCache(model, 1, 16)
             prefill(model, cache, [prompt], None)
             with torch.inference_mode():
                 hidden = forward(model, cache, tokens)
             results.append((hidden, [k.clone() for k in cache.keys], cache.visible.clone(), cache.span.clone()))
     finally:
-        runner.widths = PaddedWidths()
+        runner.pad_to = PaddedWidths()
     (plain, keys, visible, span), (wide, wide_keys, wide_visible, wide_span) = results
     assert wide.shape == plain.shape == (1, width, model.config.hidden_size)
     torch.testing.assert_close(wide, plain)
@@ -51,7 +51,7 @@ def test_decoding_through_padded_forwards_is_the_targets_greedy_output(tiny) -> 
     runners = [attach(model, "eager") for model in (tiny.target, tiny.draft)]
     try:
         for runner in runners:
-            runner.widths = PaddedWidths((4, 4, 4, 4, 6, 6))
+            runner.pad_to = PaddedWidths((4, 4, 4, 4, 6, 6))
         decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=False, prompt_lookup=False)
         for prompt in random_prompts(tiny, [5, 11], seed=7):
             out = decoder.generate([prompt], max_new_tokens=12)[0]
@@ -59,7 +59,7 @@ def test_decoding_through_padded_forwards_is_the_targets_greedy_output(tiny) -> 
         assert out.stats.draft_forwards > 0
     finally:
         for runner in runners:
-            runner.widths = PaddedWidths()
+            runner.pad_to = PaddedWidths()
 
 
 def test_each_width_pads_to_the_cheapest_wider_one_only_where_it_is_measured_faster() -> None:

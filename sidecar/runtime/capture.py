@@ -231,7 +231,7 @@ class StackRunner:
         linears = [m for m in model.base_model.layers[0].modules()
                    if isinstance(m, nn.Linear) or hasattr(m, "packed_rows")]
         self.pack = True  # eager forwards with padded columns compute only the real tokens (benchmarks turn it off)
-        self.widths = (padded_widths(max(linears, key=lambda m: m.in_features * m.out_features))
+        self.pad_to = (padded_widths(max(linears, key=lambda m: m.in_features * m.out_features))
                        if mode == "eager" and linears else PaddedWidths())
 
     def _compile(self, fn: Callable) -> Callable:
@@ -300,7 +300,7 @@ class StackRunner:
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
             if decode:
                 self.counters.shapes[(batch, width, attend)] += 1
-            if decode and batch == 1 and (extra := self.widths.of(width) - width):
+            if decode and batch == 1 and (extra := self.pad_to.of(width) - width):
                 hidden = self.stack(torch.nn.functional.pad(ids, (0, extra)), self._rows(cache, batch, real),
                                     torch.nn.functional.pad(query_span, (0, extra), value=-1), cache.keys,
                                     cache.values, cache.visible, cache.span, attend)
@@ -323,9 +323,9 @@ class StackRunner:
     def _packed(self, real: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
         """The real columns' flat indices [T] where some row of an eager forward is padded (``DecoderStack``'s
         packing), else None; not where the real tokens alone would run padded to the padded layout's width or
-        wider (``widths``: a narrower product measured slower)."""
+        wider (``pad_to``: a narrower product measured slower)."""
         total = int(real.sum())
-        if not self.pack or total == len(real) * width or self.widths.of(total) >= len(real) * width:
+        if not self.pack or total == len(real) * width or self.pad_to.of(total) >= len(real) * width:
             return None
         return to_device(real_columns(real, width), device)
 
