@@ -1,0 +1,86 @@
+"""Padded one-row forwards: the engine at batch 1 with and without ``StackRunner.pad_to``, in one process.
+
+    python -m bench.padded_widths               # 8 real news articles, 64 new tokens, fastest of 3 runs each
+    python -m bench.padded_widths --articles 2 --repeats 1
+
+An eager decode forward of one row runs at the cheapest width that holds it, as timed at load
+(``sidecar.runtime.padding``). Here two decoders over the same loaded pair (each its own controller) decode each
+article in turn, one with the widths the runners measured and one with every forward at its own width; each
+article's fastest run of each counts. Writes bench/results/padded_widths_<device>[_bf16].json and markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.common import (
+    Stopwatch,
+    add_bench_arguments,
+    environment,
+    markdown_table,
+    news_documents,
+    parse_bench_args,
+    result_name,
+    write_results,
+)
+from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
+from sidecar.runtime.capture import runner_of
+from sidecar.runtime.padding import PaddedWidths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="qwen-coder-small")
+    parser.add_argument("--articles", type=int, default=8)
+    parser.add_argument("--chars", type=int, default=1500, help="cut each article to this many characters")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each decoder per article (the fastest counts)")
+    parser.add_argument("--dtype", default=None)
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser)
+
+    pair = load_pair(args.pair, dtype=args.dtype, capture="eager")
+    prompts = [SidecarEngine(pair).prompts(SidecarRequest(d))[0].token_ids
+               for d in news_documents(args.articles, args.chars)]
+    runners = [runner_of(pair.target), runner_of(pair.draft)]
+    measured = [runner.pad_to for runner in runners]
+    decoders = {"padded": SpeculativeDecoder(pair, gamma=4, adaptive=True),
+                "own width": SpeculativeDecoder(pair, gamma=4, adaptive=True)}
+
+    def run(name: str, prompt: list[int], limit: int) -> tuple[float, int]:
+        for runner, widths in zip(runners, measured, strict=True):
+            runner.pad_to = widths if name == "padded" else PaddedWidths()
+        with Stopwatch(pair.device) as sw:
+            out = decoders[name].generate([prompt], max_new_tokens=limit)[0]
+        return sw.seconds, out.stats.target_forwards
+
+    for name in decoders:  # one-off allocation and kernel selection costs
+        run(name, prompts[0][:64], 4)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        runs = {name: [run(name, prompt, args.max_new_tokens) for _ in range(args.repeats)] for name in decoders}
+        best = {name: min(seconds for seconds, _ in r) for name, r in runs.items()}
+        rows.append({"article": i, "padded_s": best["padded"], "own_width_s": best["own width"],
+                     "padded_target_forwards": runs["padded"][0][1],
+                     "own_width_target_forwards": runs["own width"][0][1]})
+        print(rows[-1], flush=True)
+    padded, own = (sum(r[key] for r in rows) for key in ("padded_s", "own_width_s"))
+    summary = [{"articles": len(rows), "padded_s": padded, "own_width_s": own, "speedup": own / padded,
+                "faster_articles": sum(r["padded_s"] < r["own_width_s"] for r in rows),
+                "target_widths": str(measured[0].widths), "draft_widths": str(measured[1].widths)}]
+    env = environment(pair.device, pair.dtype, pair.capture_mode)
+    table = markdown_table(summary, [("articles", "articles"), ("own_width_s", "forwards at their own width, s"),
+                                     ("padded_s", "padded, s"), ("speedup", "speed-up"),
+                                     ("faster_articles", "articles faster padded"),
+                                     ("target_widths", "target: width of 1..8 columns"),
+                                     ("draft_widths", "draft: width of 1..8 columns")])
+    markdown = (f"The engine at batch 1 ({env['dtype']}, capture mode eager), pair `{args.pair}`, "
+                f"{args.max_new_tokens} new tokens per article, with one-row forwards at the widths the runners "
+                f"measured at load and at their own width, in turn in one process, fastest of {args.repeats} "
+                f"runs per article (bench/padded_widths.py).\n\n{table}")
+    name = result_name("padded_widths", pair.device, args.pair, args.profile, pair.dtype)
+    write_results(name, {"environment": env, "args": vars(args), "summary": summary, "rows": rows}, markdown)
+
+
+if __name__ == "__main__":
+    main()
