@@ -42,11 +42,11 @@ def test_greedy_output_over_packed_bf16_layers_is_the_plain_layers_output():
 def test_fp32_packs_wherever_onednn_is_and_bf16_where_it_times_faster(monkeypatch):
     assert packs(torch.float32, 64, 128) == onednn_available()
     times: list[float] = []
-    monkeypatch.setattr(dtype_choice, "fastest_seconds", lambda calls, **_: times)
+    monkeypatch.setattr(dtype_choice, "ring_seconds", lambda shape, dtype, products: times)
     monkeypatch.setattr(dtype_choice, "onednn_available", lambda dtype=torch.float32: True)
     for plain_s, packed_s, expected in ((1.0, 0.5, True), (1.0, 1.0 - PACKING_MARGIN / 2, False), (1.0, 1.2, False)):
         dtype_choice._packing_pays.cache_clear()
-        times[:] = [plain_s, packed_s]
+        times[:] = [plain_s / 2, plain_s / 2, packed_s / 2, packed_s / 2]  # rows 1 and 5, plain then packed
         assert packs(torch.bfloat16, 64, 128) is expected
     monkeypatch.setattr(dtype_choice, "onednn_available", lambda dtype=torch.float32: dtype == torch.float32)
     times[:] = []  # not timed: a failed timing would raise on the empty list

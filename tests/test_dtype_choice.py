@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from sidecar.errors import InputError
+from sidecar.fastest import fastest_seconds
 from sidecar.models.cpu_kernels import OneDNNLinear, onednn_available
-from sidecar.models.dtype_choice import choose_dtype, faster_dtype, fastest_seconds
+from sidecar.models.dtype_choice import choose_dtype, faster_dtype
 from sidecar.models.loading import load_pair
 
 CPU = torch.device("cpu")

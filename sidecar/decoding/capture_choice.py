@@ -40,8 +40,8 @@ import torch
 from transformers import PreTrainedModel
 
 from sidecar.decoding.draft_chain import warm_chain
+from sidecar.fastest import fastest_seconds
 from sidecar.models.devices import device_name
-from sidecar.models.dtype_choice import fastest_seconds
 from sidecar.models.pair import dtype_name
 from sidecar.runtime.capture import attach, batch_bucket
 from sidecar.runtime.kv_cache import RowKVCache

@@ -19,8 +19,7 @@ import warnings
 import torch
 from torch import nn
 
-# the number of input rows oneDNN lays each packed weight out for: a verify or an 8-row step streams it once
-PACKED_ROWS = 8
+from sidecar.matmul import PACKED_ROWS, pack, packed_linear
 
 
 class OneDNNLinear(nn.Module):
@@ -31,11 +30,10 @@ class OneDNNLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed_rows = packed_rows
         self.bias = linear.bias
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), packed_rows),
-                             persistent=False)
+        self.register_buffer("packed", pack(linear.weight.detach(), packed_rows), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed_rows={self.packed_rows}"

@@ -12,18 +12,17 @@ as any padding is.
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 from torch import nn
+
+from sidecar.matmul import ring_seconds
 
 # a forward is widened only where the wider products are measured this much faster: a forward's other ops (its
 # attention, its LM head over the real columns) and the padding itself cost a little
 PADDING_MARGIN = 0.05
 MAX_WIDTH = 8  # the widths timed: a one-token step up to a verify of 7 drafts
-# the weights timed in turn hold at least this many bytes, more than a CPU's last-level cache, as a model's do
-TIMED_BYTES = 96 << 20
-MAX_WEIGHTS = 64  # and no more weights than this (a small model's fit in a cache anyway)
+ROUNDS = 8  # of the widths' products, timed in turn (``sidecar.matmul.ring_seconds``): each keeps its fastest
 
 
 class PaddedWidths:
@@ -61,27 +60,6 @@ def padded_widths(layer: nn.Module) -> PaddedWidths:
 
 
 @functools.cache
-def _product_seconds(shape: tuple[int, int], dtype: torch.dtype, packed_rows: int | None, threads: int,
-                     rounds: int = 8) -> list[float]:
-    count = min(max(2, -(-TIMED_BYTES // (shape[0] * shape[1] * dtype.itemsize))), MAX_WEIGHTS)
-    weights = [torch.full(shape, 0.01, dtype=dtype) for _ in range(count)]
-    if packed_rows is None:
-        products = [functools.partial(nn.functional.linear, weight=w) for w in weights]
-    else:
-        layouts = [torch.ops.mkldnn._reorder_linear_weight(w, packed_rows) for w in weights]
-        products = [functools.partial(_packed_product, layout=layout) for layout in layouts]
-    inputs = [torch.full((rows, shape[1]), 0.5, dtype=dtype) for rows in range(1, MAX_WIDTH + 1)]
-    best = [float("inf")] * MAX_WIDTH
-    with torch.inference_mode():
-        for i in range(rounds + 1):  # in turn, the first round untimed; the fastest of each counts
-            for j, x in enumerate(inputs):
-                start = time.perf_counter()
-                for product in products:
-                    product(x)
-                if i:
-                    best[j] = min(best[j], time.perf_counter() - start)
-    return best
-
-
-def _packed_product(x: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, layout, None, "none", [], "")
+def _product_seconds(shape: tuple[int, int], dtype: torch.dtype, packed_rows: int | None, threads: int) -> list[float]:
+    widths = [(rows, packed_rows) for rows in range(1, MAX_WIDTH + 1)]
+    return ring_seconds(shape, dtype, widths, budget_s=0.0, min_calls=ROUNDS, max_calls=ROUNDS)
