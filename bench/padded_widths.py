@@ -1,12 +1,16 @@
-"""Padded one-row forwards: the engine at batch 1 with and without ``StackRunner.pad_to``, in one process.
+"""Padded one-row forwards: the engine at batch 1 with and without ``StackRunner.pad_to``, and with and without
+its controller pricing them at their padded width, in one process.
 
     python -m bench.padded_widths               # 8 real news articles, 64 new tokens, fastest of 3 runs each
     python -m bench.padded_widths --articles 2 --repeats 1
 
 An eager decode forward of one row runs at the cheapest width that holds it, as timed at load
-(``sidecar.runtime.padding``). Here two decoders over the same loaded pair (each its own controller) decode each
-article in turn, one with the widths the runners measured and one with every forward at its own width; each
-article's fastest run of each counts. Writes bench/results/padded_widths_<device>[_bf16].json and markdown.
+(``sidecar.runtime.padding``), and the step controller times and prices it at that width
+(``GammaController.runs_at``). Here three decoders over the same loaded pair (each its own controller) decode
+each article in turn: with the widths the runners measured, priced padded (the engine); the same forwards priced
+at their own width (``one_row_width`` emptied: the controller before it knew the padding); and every forward at
+its own width. Each article's fastest run of each counts. Writes
+bench/results/padded_widths_<device>[_bf16].json and markdown.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.runtime.capture import runner_of
 from sidecar.runtime.padding import PaddedWidths
 
+# decoder -> its results' key: padded forwards priced padded (the engine), the same priced at their own width, none
+VARIANTS = {"padded": "padded", "padded, priced at own width": "padded_unpriced", "own width": "own_width"}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,12 +51,12 @@ def main() -> None:
                for d in news_documents(args.articles, args.chars)]
     runners = [runner_of(pair.target), runner_of(pair.draft)]
     measured = [runner.pad_to for runner in runners]
-    decoders = {"padded": SpeculativeDecoder(pair, gamma=4, adaptive=True),
-                "own width": SpeculativeDecoder(pair, gamma=4, adaptive=True)}
+    decoders = {name: SpeculativeDecoder(pair, gamma=4, adaptive=True) for name in VARIANTS}
+    decoders["padded, priced at own width"].controller.one_row_width = {}
 
     def run(name: str, prompt: list[int], limit: int) -> tuple[float, int]:
         for runner, widths in zip(runners, measured, strict=True):
-            runner.pad_to = widths if name == "padded" else PaddedWidths()
+            runner.pad_to = widths if name != "own width" else PaddedWidths()
         with Stopwatch(pair.device) as sw:
             out = decoders[name].generate([prompt], max_new_tokens=limit)[0]
         return sw.seconds, out.stats.target_forwards
@@ -59,25 +66,30 @@ def main() -> None:
     rows = []
     for i, prompt in enumerate(prompts):
         runs = {name: [run(name, prompt, args.max_new_tokens) for _ in range(args.repeats)] for name in decoders}
-        best = {name: min(seconds for seconds, _ in r) for name, r in runs.items()}
-        rows.append({"article": i, "padded_s": best["padded"], "own_width_s": best["own width"],
-                     "padded_target_forwards": runs["padded"][0][1],
-                     "own_width_target_forwards": runs["own width"][0][1]})
+        rows.append({"article": i, **{f"{key}_s": min(seconds for seconds, _ in runs[name])
+                                      for name, key in VARIANTS.items()},
+                     **{f"{key}_target_forwards": runs[name][0][1] for name, key in VARIANTS.items()}})
         print(rows[-1], flush=True)
-    padded, own = (sum(r[key] for r in rows) for key in ("padded_s", "own_width_s"))
-    summary = [{"articles": len(rows), "padded_s": padded, "own_width_s": own, "speedup": own / padded,
-                "faster_articles": sum(r["padded_s"] < r["own_width_s"] for r in rows),
+    padded, unpriced, own = (sum(r[f"{key}_s"] for r in rows) for key in VARIANTS.values())
+    summary = [{"articles": len(rows), "padded_s": padded, "padded_unpriced_s": unpriced, "own_width_s": own,
+                "speedup": own / padded, "faster_articles": sum(r["padded_s"] < r["own_width_s"] for r in rows),
+                "pricing_speedup": unpriced / padded,
+                "faster_priced": sum(r["padded_s"] < r["padded_unpriced_s"] for r in rows),
                 "target_widths": str(measured[0].widths), "draft_widths": str(measured[1].widths)}]
     env = environment(pair.device, pair.dtype, pair.capture_mode)
     table = markdown_table(summary, [("articles", "articles"), ("own_width_s", "forwards at their own width, s"),
-                                     ("padded_s", "padded, s"), ("speedup", "speed-up"),
+                                     ("padded_unpriced_s", "padded, priced at own width, s"),
+                                     ("padded_s", "padded, s"), ("speedup", "speed-up of padding"),
                                      ("faster_articles", "articles faster padded"),
+                                     ("pricing_speedup", "speed-up of pricing padded"),
+                                     ("faster_priced", "articles faster priced padded"),
                                      ("target_widths", "target: width of 1..8 columns"),
                                      ("draft_widths", "draft: width of 1..8 columns")])
     markdown = (f"The engine at batch 1 ({env['dtype']}, capture mode eager), pair `{args.pair}`, "
                 f"{args.max_new_tokens} new tokens per article, with one-row forwards at the widths the runners "
-                f"measured at load and at their own width, in turn in one process, fastest of {args.repeats} "
-                f"runs per article (bench/padded_widths.py).\n\n{table}")
+                f"measured at load (the controller pricing them at those widths, or at their own) and at their own "
+                f"width, in turn in one process, fastest of {args.repeats} runs per article "
+                f"(bench/padded_widths.py).\n\n{table}")
     name = result_name("padded_widths", pair.device, args.pair, args.profile, pair.dtype)
     write_results(name, {"environment": env, "args": vars(args), "summary": summary, "rows": rows}, markdown)
 

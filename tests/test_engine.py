@@ -944,14 +944,46 @@ def test_no_forward_is_priced_below_the_models_prefill_per_token():
         return c
 
     floored = controller(0.02)
-    assert floored.forward_seconds("target", 40) == pytest.approx(0.8)
-    assert floored.forward_seconds("target", 2) == pytest.approx(0.204)  # the fit, above the floor
+    assert floored.forward_seconds("target", 8, 40) == pytest.approx(0.8)
+    assert floored.forward_seconds("target", 8, 2) == pytest.approx(0.204)  # the fit, above the floor
     assert floored.prefill_seconds_per_token["target"] == pytest.approx(0.06)  # the latest, for draft_pays
     # batch 1: the floor binds nowhere, the choice is the fit's
     assert floored.choose(1, max_gamma=4) == controller(None).choose(1, max_gamma=4) == (4, "draft")
     # batch 8: without the floor a 40-token verify looks free and the controller drafts 4; with it, less
     assert controller(None).choose(8, max_gamma=4) == (4, "draft")
     assert floored.choose(8, max_gamma=4)[0] < 4
+
+
+def test_a_padded_one_row_forward_is_timed_and_priced_at_its_padded_width():
+    """Where a one-row forward of 1-5 columns runs padded to 5 (``sidecar.runtime.padding``), its near-equal
+    timings at 1, 3 and 5 tokens are one size: a verify of 4 costs what a plain step costs, so the longest copy
+    wins, where a fit over the raw widths reads the noise as a slope and copies less."""
+    from sidecar.decoding.controller import GammaController
+
+    def controller(padded: bool) -> GammaController:
+        c = GammaController(4)
+        if padded:
+            c.one_row_width = {"target": lambda w: max(w, 5), "draft": lambda w: max(w, 5)}
+        for tokens, seconds in ((1, 0.125), (3, 0.128), (5, 0.140)):
+            c.forward_cost("target", 1, tokens)(seconds)
+        c.acceptance["lookup"].accepted, c.acceptance["lookup"].drafted = 3.0, 10.0  # alpha 0.3
+        return c
+
+    padded, raw = controller(True), controller(False)
+    assert list(padded.costs["target"].means) == [5.0]
+    assert padded.forward_seconds("target", 1, 1) == padded.forward_seconds("target", 1, 5)
+    assert padded.choose(1, max_gamma=0, max_lookup=4) == (4, "lookup")
+    assert raw.choose(1, max_gamma=0, max_lookup=4) == (2, "lookup")
+    # one size is all a one-row step of up to 4 drafts runs at: exploring needs no second; at batch 2 it does
+    fresh, unpadded = GammaController(4), GammaController(4)
+    fresh.one_row_width = padded.one_row_width
+    for c in (fresh, unpadded):
+        c.forward_cost("draft", 1, 1)(0.05)
+        c.forward_cost("target", 1, 5)(0.13)
+        c.acceptance["draft"].accepted, c.acceptance["draft"].drafted = 9.0, 10.0
+    assert fresh.explored(1, 4) and not fresh.explored(1, 5) and not fresh.explored(2, 4)
+    assert fresh.choose(1, max_gamma=4) == (4, "draft")  # chosen by its rates
+    assert unpadded.choose(1, max_gamma=4) == (0, "draft")  # a plain step, to time a second size
 
 
 def test_rows_of_a_batch_copy_unequal_lengths_where_only_real_tokens_cost():

@@ -62,6 +62,25 @@ def test_decoding_through_padded_forwards_is_the_targets_greedy_output(tiny) -> 
             runner.pad_to = PaddedWidths()
 
 
+def test_the_controller_times_and_prices_a_one_row_forward_at_the_width_it_runs_at(tiny) -> None:
+    runners = [attach(model, "eager") for model in (tiny.target, tiny.draft)]
+    try:
+        decoder = SpeculativeDecoder(tiny, gamma=3, adaptive=True)
+        for runner in runners:  # set after the decoder is made: the controller reads the runners' widths per call
+            runner.pad_to = PaddedWidths((5, 5, 5, 5, 5, 6))
+        controller = decoder.controller
+        assert [controller.runs_at("target", 1, w) for w in (1, 4, 6, 7)] == [5, 5, 6, 7]
+        assert controller.runs_at("draft", 2, 2) == 2  # several rows never pad
+        for prompt in random_prompts(tiny, [5, 11], seed=7):
+            out = decoder.generate([prompt], max_new_tokens=12)[0]
+            assert out.token_ids == target_alone(tiny, prompt, 12)
+        assert controller.costs["target"].means and min(controller.costs["target"].means) >= 5
+        assert min(controller.costs["draft"].means) >= 5
+    finally:
+        for runner in runners:
+            runner.pad_to = PaddedWidths()
+
+
 def test_each_width_pads_to_the_cheapest_wider_one_only_where_it_is_measured_faster() -> None:
     # ms of products of 1-8 rows, as the packed bf16 target's forwards of 1-8 columns were on an AMD EPYC
     widths = PaddedWidths.choose([169, 181, 153, 141, 144, 147, 173, 178])

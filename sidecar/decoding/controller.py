@@ -19,6 +19,12 @@ no draft forwards, only the wider verify, so for them cost(g) = t_target(batch *
 ``max_copy``, which may exceed the draft model's ``max_gamma`` (the planner offers the widths the target's
 forwards can take: ``sidecar.decoding.plan.copy_widths``).
 
+A one-row eager forward runs padded to the cheapest width that holds it, where a CPU's narrower products are
+measured slower (``sidecar.runtime.padding``: on this project's EPYC in bf16 every width of 1-5 runs at 5). Its
+timings are kept, and its cost predicted, at the width it runs at (``runs_at``): a plain step and a verify of
+four drafts then cost alike, as they do, instead of the fit's slope making each extra draft look dear, and the
+noise between such near-equal timings cannot tilt the choice toward shorter copies.
+
 A fit from small forwards cannot see where a device runs out of parallel work: on a CPU, a decode forward
 timed at 1-5 tokens looks flat, and a verify of 40 tokens at batch 8 would look nearly free. So no forward is
 priced below what the model's prefill costs per token (``forward_seconds``): a prefill is the most tokens per
@@ -158,7 +164,21 @@ class GammaController:
         self.fastest_prefill_per_token: dict[str, float] = {}  # the least seen, per model: ``forward_seconds``'s floor
         # the share of rows that had something to copy, per step (decayed); None until observed
         self.row_copy_share: float | None = None
+        # per model, the width a one-row decode forward of w columns runs at (``runs_at``); the decoder sets it
+        self.one_row_width: dict[str, Callable[[int], int]] = {}
         self._timers: dict[torch.device, DeviceTimer] = {}
+
+    def runs_at(self, model: str, rows: int, tokens: int) -> int:
+        """The tokens a decode forward of ``model`` over ``rows`` rows and ``tokens`` tokens computes: a one-row
+        forward's padded width (``one_row_width``), else ``tokens``."""
+        width = self.one_row_width.get(model)
+        return width(tokens) if rows == 1 and width is not None else tokens
+
+    def explored(self, batch: int, widest: int) -> bool:
+        """Whether the target has been timed at two sizes a step of ``batch`` rows may run at, up to ``widest``
+        drafts per row (at one size where every such step runs at the same one: ``runs_at``)."""
+        sizes = {self.runs_at("target", batch, batch * (g + 1)) for g in range(widest + 1)}
+        return self.costs["target"].distinct_sizes() >= min(2, len(sizes))
 
     def observe_copies(self, rows_with_copy: int, rows: int) -> None:
         share = rows_with_copy / rows
@@ -184,15 +204,17 @@ class GammaController:
             gained = sum(map(expected, drafts)) / batch
         else:
             tokens, gained = batch * (gamma + 1), expected(gamma)
-        target = self.forward_seconds("target", tokens)
+        target = self.forward_seconds("target", batch, tokens)
         draft_forwards = gamma if gamma and source == "draft" else int(riders > 0)
-        draft = draft_forwards * self.forward_seconds("draft", batch + riders) if draft_forwards else 0.0
+        draft = draft_forwards * self.forward_seconds("draft", batch + riders, batch + riders) if draft_forwards else 0.0
         return gained / max(draft + target, 1e-9)
 
-    def forward_seconds(self, model: str, tokens: int) -> float:
-        """A forward of ``model`` over ``tokens`` tokens: its cost fit, but no less than its fastest prefill per
-        token times ``tokens`` (the module docstring says why)."""
-        return max(self.costs[model].predict(tokens), self.fastest_prefill_per_token.get(model, 0.0) * tokens)
+    def forward_seconds(self, model: str, rows: int, tokens: int) -> float:
+        """A decode forward of ``model`` over ``rows`` rows and ``tokens`` tokens: its cost fit at the tokens it runs
+        at (``runs_at``), but no less than its fastest prefill per token times those (the module docstring says
+        why)."""
+        computed = self.runs_at(model, rows, tokens)
+        return max(self.costs[model].predict(computed), self.fastest_prefill_per_token.get(model, 0.0) * computed)
 
     def observe_prefill(self, model: str, tokens: int, seconds: float) -> None:
         rate = seconds / max(tokens, 1)
@@ -211,7 +233,7 @@ class GammaController:
         priced as ``packed`` says).
         """
         self.collect_timings()
-        explored = self.costs["draft"].distinct_sizes() > 0 and self.costs["target"].distinct_sizes() >= 2
+        explored = self.costs["draft"].distinct_sizes() > 0 and self.explored(batch, max(self.max_gamma, self.max_copy))
         if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
             return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
         rate = self.prefill_seconds_per_token.get("draft",
@@ -252,9 +274,9 @@ class GammaController:
             choice = fixed_step(limit, max_lookup)
         elif limit and self.costs["draft"].distinct_sizes() == 0:
             choice = (limit, "draft")  # explore: time the draft and a wide verify
-        elif self.costs["target"].distinct_sizes() < 2:
+        elif not self.explored(batch, max(limit, max_lookup)):
             # explore: time a plain step, and a wide one when the draft is not there to time it
-            seen = batch * (max_lookup + 1) in self.costs["target"].means
+            seen = self.runs_at("target", batch, batch * (max_lookup + 1)) in self.costs["target"].means
             choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
         else:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1], riders,
@@ -275,9 +297,11 @@ class GammaController:
             self._timers[device] = DeviceTimer(device)
         return self._timers[device]
 
-    def forward_cost(self, model: str, tokens: int) -> Callable[[float], None]:
-        """What hears the time of one forward of ``model`` over ``tokens`` tokens (for ``timer``)."""
-        return lambda seconds: self.costs[model].add(tokens, seconds)
+    def forward_cost(self, model: str, rows: int, tokens: int) -> Callable[[float], None]:
+        """What hears the time of one decode forward of ``model`` over ``rows`` rows and ``tokens`` tokens (for
+        ``timer``): kept at the tokens it runs at (``runs_at``)."""
+        computed = self.runs_at(model, rows, tokens)
+        return lambda seconds: self.costs[model].add(computed, seconds)
 
     def collect_timings(self) -> None:
         for timer in self._timers.values():

@@ -181,7 +181,7 @@ class StepRunner:
                 charges = draft_charges(rows, [1] * batch, first=False)
                 context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
                 with self.ledger.forward("draft", "decode", batch, charges, batch, context,
-                                         also=self.controller.forward_cost("draft", batch),
+                                         also=self.controller.forward_cost("draft", batch, batch),
                                          forwards=plan.chained_forwards):
                     chained, chained_probs = run_chain(
                         runner_of(self.pair.draft), cache, tokens[-1], plan.chained_forwards, sampling, only,
@@ -201,7 +201,7 @@ class StepRunner:
                 charges = draft_charges(rows, [1] * batch, first=False)
             context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
             with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
-                                     also=self.controller.forward_cost("draft", ids.numel())):
+                                     also=self.controller.forward_cost("draft", batch, ids.numel())):
                 hidden = forward(self.pair.draft, cache, ids, valid=None if k else valid,
                                  shape=plan.next_draft_shape if k else plan.draft_shape)
                 cache.commit(valid)
@@ -261,7 +261,7 @@ class StepRunner:
             charges = [c for c in draft_charges(rows, valid, first=True) if c.tokens]
             context = int(cache.lengths.sum()) + sum(c.tokens for c in charges)
             with self.ledger.forward("draft", "decode", batch, charges, ids.numel(), context,
-                                     also=self.controller.forward_cost("draft", ids.numel())):
+                                     also=self.controller.forward_cost("draft", batch, ids.numel())):
                 hidden = forward(self.pair.draft, cache, ids, valid=valid, shape=plan.draft_shape)
                 cache.commit(valid)
                 last = hidden.gather(1, column[..., None].expand(-1, -1, hidden.shape[-1]))  # [B_d, 1, H]
@@ -312,7 +312,7 @@ class StepRunner:
         charges = [Charge(r.account, "decode", columns, "main") for r, columns in zip(rows, valid, strict=True)]
         context = int(cache.lengths.sum()) + sum(valid)
         with self.ledger.forward("target", "decode", batch, charges, computed, context,
-                                 also=self.controller.forward_cost("target", computed)):
+                                 also=self.controller.forward_cost("target", batch, computed)):
             hidden = forward(self.pair.target, cache, torch.cat([pending_ids[:, None], drafted], dim=1),
                              valid=None if cap_ids is None else valid, shape=plan.verify_shape(width))
             if cap_ids is None:
@@ -339,7 +339,7 @@ class StepRunner:
         sampling = RowSampling.of(rows, device)
         charges = [Charge(r.account, "decode", 1, "main") for r in rows]
         with self.ledger.forward("target", "decode", batch, charges, batch, int(cache.lengths.sum()) + batch,
-                                 also=self.controller.forward_cost("target", batch)):
+                                 also=self.controller.forward_cost("target", batch, batch)):
             hidden = forward(self.pair.target, cache, pending_ids[:, None], shape=plan.target_shape)
             logits = logits_at(self.pair.target, hidden, torch.zeros(batch, 1, dtype=torch.long, device=device))
             constrain(logits[:, 0], [r.matcher for r in rows])

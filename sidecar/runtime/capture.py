@@ -399,6 +399,13 @@ def runner_of(model: PreTrainedModel) -> StackRunner | None:
     return model.__dict__.get("sidecar_runner")
 
 
+def one_row_width(model: PreTrainedModel, width: int) -> int:
+    """The width a decode forward of one row and ``width`` columns runs at on ``model``: padded where its runner
+    pads it (``StackRunner.pad_to``: eager mode), else ``width``."""
+    runner = runner_of(model)
+    return width if runner is None else runner.pad_to.of(width)
+
+
 def packs(model: PreTrainedModel) -> bool:
     """Whether ``model``'s forwards compute only their rows' real tokens: an eager decoder stack packs them
     (``DecoderStack``); compiled forwards run their padded bucket, Hugging Face's its padded shape."""
