@@ -982,6 +982,10 @@ def test_a_padded_one_row_forward_is_timed_and_priced_at_its_padded_width():
         c.forward_cost("target", 1, 5)(0.13)
         c.acceptance["draft"].accepted, c.acceptance["draft"].drafted = 9.0, 10.0
     assert fresh.explored(1, 4) and not fresh.explored(1, 5) and not fresh.explored(2, 4)
+    # narrower widths between may run narrower (as timed, ``PaddedWidths``): the plain step and the widest
+    # still run at the size timed, and the rest is the fit's to price
+    fresh.one_row_width = {"target": lambda w: (5, 5, 3, 4, 5)[w - 1] if w <= 5 else w}
+    assert fresh.explored(1, 4)
     assert fresh.choose(1, max_gamma=4) == (4, "draft")  # chosen by its rates
     assert unpadded.choose(1, max_gamma=4) == (0, "draft")  # a plain step, to time a second size
 

@@ -175,10 +175,11 @@ class GammaController:
         return width(tokens) if rows == 1 and width is not None else tokens
 
     def explored(self, batch: int, widest: int) -> bool:
-        """Whether the target has been timed at two sizes a step of ``batch`` rows may run at, up to ``widest``
-        drafts per row (at one size where every such step runs at the same one: ``runs_at``)."""
-        sizes = {self.runs_at("target", batch, batch * (g + 1)) for g in range(widest + 1)}
-        return self.costs["target"].distinct_sizes() >= min(2, len(sizes))
+        """Whether the target's cost fit has what it needs for steps of ``batch`` rows and up to ``widest`` drafts
+        per row: timings at two sizes, or at the sizes a plain step and the widest one run at where those are
+        one (``runs_at``: one-row forwards padded alike)."""
+        timed = self.costs["target"].means
+        return len(timed) >= 2 or all(self.runs_at("target", batch, batch * (g + 1)) in timed for g in (0, widest))
 
     def observe_copies(self, rows_with_copy: int, rows: int) -> None:
         share = rows_with_copy / rows
@@ -206,7 +207,8 @@ class GammaController:
             tokens, gained = batch * (gamma + 1), expected(gamma)
         target = self.forward_seconds("target", batch, tokens)
         draft_forwards = gamma if gamma and source == "draft" else int(riders > 0)
-        draft = draft_forwards * self.forward_seconds("draft", batch + riders, batch + riders) if draft_forwards else 0.0
+        rows = batch + riders  # a draft forward is one column per row
+        draft = draft_forwards * self.forward_seconds("draft", rows, rows) if draft_forwards else 0.0
         return gained / max(draft + target, 1e-9)
 
     def forward_seconds(self, model: str, rows: int, tokens: int) -> float:
@@ -233,7 +235,7 @@ class GammaController:
         priced as ``packed`` says).
         """
         self.collect_timings()
-        explored = self.costs["draft"].distinct_sizes() > 0 and self.explored(batch, max(self.max_gamma, self.max_copy))
+        explored = self.costs["draft"].distinct_sizes() > 0 and self.explored(batch, self.max_gamma)
         if not self.adaptive or not explored or "target" not in self.prefill_seconds_per_token:
             return True  # fixed gamma, or nothing measured yet: speculate, and learn the costs
         rate = self.prefill_seconds_per_token.get("draft",
@@ -275,9 +277,11 @@ class GammaController:
         elif limit and self.costs["draft"].distinct_sizes() == 0:
             choice = (limit, "draft")  # explore: time the draft and a wide verify
         elif not self.explored(batch, max(limit, max_lookup)):
-            # explore: time a plain step, and a wide one when the draft is not there to time it
-            seen = self.runs_at("target", batch, batch * (max_lookup + 1)) in self.costs["target"].means
-            choice = (max_lookup, "lookup") if max_lookup and not limit and not seen else (0, "draft")
+            # explore: time a plain step, then the widest step whose size is not timed yet
+            timed = self.costs["target"].means
+            untimed = [o for o in ((max_lookup, "lookup"), (limit, "draft"))
+                       if o[0] and self.runs_at("target", batch, batch * (o[0] + 1)) not in timed]
+            choice = untimed[0] if self.runs_at("target", batch, batch) in timed and untimed else (0, "draft")
         else:
             choice = max(options, key=lambda o: self.expected_tokens_per_second(o[0], batch, o[1], riders,
                                                                                 copy_lengths, packed))
