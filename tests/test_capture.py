@@ -51,6 +51,31 @@ def test_our_stack_equals_hugging_faces_forward(mode):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_a_torch_compile_without_the_region_limit_keyword_still_compiles(monkeypatch):
+    """torch 2.11, the GPU image's, has no ``recompile_limit`` keyword on ``torch.compile`` (2.12 added it): the
+    runner compiles without it there, dynamo's per-thread config holding the limit (``configure_thread``)."""
+    from sidecar.runtime import capture
+
+    real, modes = torch.compile, []
+
+    def compile_of_torch_2_11(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
+                              options=None, disable=False):
+        modes.append(mode)
+        return real(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                    disable=disable)
+
+    monkeypatch.setattr(torch, "compile", compile_of_torch_2_11)
+    monkeypatch.setattr(capture, "_compile_parameters", lambda: frozenset({"model", "fullgraph", "mode"}))
+    assert capture.region_limits() == {}
+    pair = tiny_pair(layers=1)
+    for ours, theirs in zip(hidden_states(pair, "compile"), hidden_states(pair, "hf"), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert modes == [None]
+    monkeypatch.undo()
+    assert capture.region_limits() == {"recompile_limit": RECOMPILE_LIMIT}  # torch 2.12 on: the region's own too
+
+
 def test_buckets():
     assert [batch_bucket(n, 12) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
     assert [width_bucket(n) for n in (1, 5, 8, 9, 17)] == [1, 5, 8, 16, 32]

@@ -22,12 +22,13 @@ one call of a compiled region (``StackRunner.chain``): a step's draft forwards a
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import torch
@@ -187,6 +188,18 @@ def configure_thread() -> None:
     _thread.configured = True
 
 
+def region_limits() -> dict[str, int]:
+    """``torch.compile``'s keyword for the compiled region's own recompile limit, where this torch has it (2.12 on;
+    the GPU image's 2.11 has not): the limit again on the region, as dynamo's config is per thread
+    (``configure_thread``), which sets it everywhere."""
+    return {"recompile_limit": RECOMPILE_LIMIT} if "recompile_limit" in _compile_parameters() else {}
+
+
+@functools.cache
+def _compile_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(torch.compile).parameters)
+
+
 def pad_batch(tensor: torch.Tensor, rows: int, fill: float | bool) -> torch.Tensor:
     """``tensor`` [B, ...] with ``rows`` more rows of ``fill`` (any dtype, bool included)."""
     if not rows:
@@ -235,10 +248,8 @@ class StackRunner:
                        if mode == "eager" and linears else PaddedWidths())
 
     def _compile(self, fn: Callable) -> Callable:
-        # the limit again on the compiled region: dynamo's config is per thread (``configure_thread``)
         return torch.compile(fn, fullgraph=True, dynamic=False,
-                             mode="reduce-overhead" if self.mode == "cudagraph" else None,
-                             recompile_limit=RECOMPILE_LIMIT)
+                             mode="reduce-overhead" if self.mode == "cudagraph" else None, **region_limits())
 
     @property
     def static(self) -> bool:
@@ -348,7 +359,7 @@ class StackRunner:
         buffers = self.static_buffers(cache, padded)
         compiled = self._chains.get(body)
         if compiled is None:
-            compiled = self._chains[body] = self._compile(partial(body, self.stack, self.head))
+            compiled = self._chains[body] = self._compile(functools.partial(body, self.stack, self.head))
         self.counters.forwards += forwards
         self.counters.chained_forwards += forwards
         shape = (padded, 1, buffers.columns, forwards, tuple(sorted(flags.items())))
