@@ -42,7 +42,7 @@ from bench.common import (
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
-from sidecar.runtime.forward import forward, logits_at, prefill
+from sidecar.runtime.forward import cache_keyword, forward, logits_at, prefill
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.syncs import synchronize
 
@@ -56,10 +56,10 @@ def hf_forward_call(model, prompt: list[int], device: torch.device):
     """HF's eager one-token forward over its own cache, after a prompt (the prompt's forward untimed)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
+    cache = {cache_keyword(type(model)): DynamicCache(config=model.config)}
+    model(input_ids=torch.tensor([prompt], device=device), **cache, use_cache=True)
     token = torch.tensor([[prompt[-1]]], device=device)
-    return lambda: model(input_ids=token, past_key_values=cache, use_cache=True)
+    return lambda: model(input_ids=token, **cache, use_cache=True)
 
 
 def our_forward_call(model, prompt: list[int], calls: int, device: torch.device):

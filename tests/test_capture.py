@@ -76,6 +76,27 @@ def test_a_torch_compile_without_the_region_limit_keyword_still_compiles(monkeyp
     assert capture.region_limits() == {"recompile_limit": RECOMPILE_LIMIT}  # torch 2.12 on: the region's own too
 
 
+def test_hugging_faces_forward_gets_the_cache_by_the_keyword_its_version_takes():
+    """transformers 5.25 takes the cache as ``cache``; 5.17, the GPU image's, as ``past_key_values``, and would
+    swallow ``cache`` in its ``**kwargs``: the forward would attend to its own tokens only."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Model
+
+    from sidecar.runtime.forward import cache_keyword
+
+    class OlderQwen2Model(Qwen2Model):  # the keyword as transformers 5.17 names it
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=None, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   cache=past_key_values, use_cache=use_cache, **kwargs)
+
+    assert cache_keyword(Qwen2Model) == "cache" and cache_keyword(OlderQwen2Model) == "past_key_values"
+    pair = tiny_pair(layers=1)
+    expected = hidden_states(pair, "hf")
+    pair.target.base_model.__class__ = OlderQwen2Model
+    for older, newer in zip(hidden_states(pair, "hf"), expected, strict=True):
+        torch.testing.assert_close(older, newer)
+
+
 def test_buckets():
     assert [batch_bucket(n, 12) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
     assert [width_bucket(n) for n in (1, 5, 8, 9, 17)] == [1, 5, 8, 16, 32]

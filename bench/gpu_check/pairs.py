@@ -1,8 +1,8 @@
 """The pairs the check loads and the prompts it feeds them.
 
 A pair is a name (``tiny``, a named pair, or ``TARGET,DRAFT``) resolved to what is on disk: nothing is fetched,
-because a lent GPU machine has no network. Prompts are real news articles when data/news.parquet exists, else
-``BUILTIN_TEXTS``.
+because a lent GPU machine has no network. Prompts are real news articles when data/news.parquet exists and
+pyarrow can read it (the stock GPU image has torch, transformers and numpy), else ``BUILTIN_TEXTS``.
 """
 
 from __future__ import annotations
@@ -105,12 +105,22 @@ def load_check_pair(name: str, spec: str, device: str, dtype: torch.dtype) -> Mo
     return pair
 
 
+def pyarrow_present() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def documents(count: int, chars: int) -> tuple[list[str], str]:
     """``count`` documents cut to ``chars`` and where they come from."""
-    if NEWS.exists():
+    if not NEWS.exists():
+        found, source = [], "built-in texts (data/news.parquet absent)"
+    elif not pyarrow_present():
+        found, source = [], "built-in texts (no pyarrow to read data/news.parquet)"
+    else:
         found = news_documents(count, chars)
         source = f"real news articles ({NEWS.relative_to(REPO)})"
-    else:
-        found, source = [], "built-in texts (data/news.parquet absent)"
     found = found or list(BUILTIN_TEXTS)
     return [found[i % len(found)][:chars] for i in range(count)], source

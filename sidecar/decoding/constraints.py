@@ -7,6 +7,10 @@ its field before anything decodes. ``token_space`` wraps a tokenizer once (about
 151,643 tokens) and is cached per tokenizer; each space caches one compiled matcher per grammar, which new
 rows copy (microseconds) instead of compiling again (about a millisecond). Matching itself is
 ``sidecar.decoding.matcher``.
+
+llguidance and jsonschema are imported where a constraint is made, checked or enforced, not with this module:
+the engine imports it, and runs where only torch and transformers are installed (the GPU check on a stock
+image) as long as no row is constrained.
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import jsonschema
-import llguidance
 import regex
 
 if TYPE_CHECKING:
+    import llguidance
     from transformers import PreTrainedTokenizerBase
 
 ConstraintKind = Literal["choices", "regex", "json_schema"]
@@ -72,6 +75,8 @@ def check_choices(choices: Sequence[str]) -> list[str]:
 
 
 def choices_constraint(choices: Sequence[str]) -> Constraint:
+    import llguidance
+
     values = check_choices(choices)
     # a Lark alternation of literals; JSON string escapes are Lark's, so any text is quoted exactly
     grammar = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(v) for v in values))
@@ -87,6 +92,8 @@ def regex_constraint(pattern: str) -> Constraint:
         regex.compile(pattern)
     except regex.error as error:
         raise ConstraintError("regex", f"invalid pattern {pattern!r}: {error}") from None
+    import llguidance
+
     return _checked(Constraint("regex", llguidance.LLMatcher.grammar_from_regex(pattern), pattern))
 
 
@@ -94,6 +101,9 @@ def json_schema_constraint(schema: dict[str, Any], lenient: bool = False) -> Con
     """The output is one JSON value valid under ``schema`` (JSON Schema, checked against its own draft's
     meta-schema first), laid out as ``json.dumps`` writes it. A keyword llguidance does not enforce is an
     error, unless ``lenient`` (OpenAI's non-strict schemas): then it is left unenforced, the rest still is."""
+    import jsonschema
+    import llguidance
+
     if not isinstance(schema, dict):
         raise ConstraintError("json_schema", f"must be a JSON object (a schema), got {type(schema).__name__}")
     try:
@@ -140,6 +150,8 @@ def parse_constrained(constraint: Constraint, text: str) -> tuple[Any, str | Non
         value = json.loads(text)
     except json.JSONDecodeError as error:
         return None, f"not JSON: {error}"
+    import jsonschema
+
     found = jsonschema.validators.validator_for(constraint.spec)(constraint.spec).iter_errors(value)
     first = jsonschema.exceptions.best_match(found)
     if first is not None:
@@ -151,6 +163,8 @@ def parse_constrained(constraint: Constraint, text: str) -> tuple[Any, str | Non
 def _checked(constraint: Constraint) -> Constraint:
     """The constraint, once llguidance has compiled its grammar without a tokenizer (what it cannot enforce,
     say a schema keyword it does not know, is an error here and not a surprise while decoding)."""
+    import llguidance
+
     problem = llguidance.LLMatcher.validate_grammar(constraint.grammar)
     if problem:
         raise ConstraintError(constraint.kind, f"cannot be enforced: {problem.strip()}")
@@ -169,8 +183,8 @@ class TokenSpace:
             raise ValueError("a token space needs at least one end-of-sequence id")
         self.vocab_size = vocab_size
         self.eos_ids = tuple(sorted(set(eos_ids)))
-        # here, not at the top: llguidance.hf imports transformers and torch (seconds), which checking a task's
-        # constraint (a flow's parameters, the CLI) never needs
+        # llguidance.hf imports transformers and torch (seconds), which checking a task's constraint (a flow's
+        # parameters, the CLI) never needs
         import llguidance.hf
 
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(self.eos_ids))
@@ -179,6 +193,8 @@ class TokenSpace:
 
     def matcher(self, constraint: Constraint) -> llguidance.LLMatcher:
         """A fresh matcher for ``constraint``, at the start of the output."""
+        import llguidance
+
         with self._lock:
             compiled = self._compiled.get(constraint.grammar)
             if compiled is None:

@@ -20,17 +20,28 @@ row).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 import torch
 
 from sidecar.decoding.constraints import Constraint, TokenSpace
 
-# fills the masks of several rows on its own threads, without the GIL. llguidance.torch wraps the same call,
-# but importing it costs seconds (its apply kernel is compiled by torch.compile), and its kernel is not used here
-_EXECUTOR = llguidance.LLExecutor()
+if TYPE_CHECKING:
+    import llguidance
+
+
+@functools.cache
+def _executor() -> llguidance.LLExecutor:
+    """Fills the masks of several rows on its own threads, without the GIL; made at the first constrained step
+    (llguidance is imported only where a row is constrained: ``sidecar.decoding.constraints``). llguidance.torch
+    wraps the same call, but importing it costs seconds (its apply kernel is compiled by torch.compile), and its
+    kernel is not used here."""
+    import llguidance
+
+    return llguidance.LLExecutor()
 
 
 class ConstraintViolation(RuntimeError):
@@ -164,7 +175,7 @@ def fill_bitmask(matchers: Sequence[RowMatcher | None], vocab_size: int) -> torc
         m.fill(bitmask[b])
     else:
         # each constrained row's mask lands in its own row of the batch's bitmask (W words of 4 bytes a row)
-        _EXECUTOR.unsafe_compute_mask_ptr([(m._matcher, b) for m, b in rows], bitmask.data_ptr(),
+        _executor().unsafe_compute_mask_ptr([(m._matcher, b) for m, b in rows], bitmask.data_ptr(),
                                           bitmask.shape[1] * 4, bitmask.shape[0])
     return bitmask
 

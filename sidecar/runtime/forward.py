@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
@@ -40,9 +42,17 @@ def forward(model: PreTrainedModel, cache: RowKVCache, input_ids: torch.Tensor,
     # only proposes, so feeding it a stand-in id there costs acceptance, never correctness.
     vocab = model.get_input_embeddings().num_embeddings
     input_ids = torch.where(input_ids < vocab, input_ids, 0)
-    out = model.base_model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=cache,
-                           use_cache=True)
+    out = model.base_model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                           **{cache_keyword(type(model.base_model)): cache}, use_cache=True)
     return out.last_hidden_state
+
+
+@functools.cache
+def cache_keyword(model_class: type) -> str:
+    """The keyword a Hugging Face model's forward takes its cache by: ``cache`` (transformers 5.25 on; it still
+    renames the older one, with a warning) or ``past_key_values`` (before, as the GPU image's 5.17, where an
+    unknown ``cache`` would be swallowed by its ``**kwargs`` and the forward would attend to its own tokens only)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def logits_at(model: PreTrainedModel, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
