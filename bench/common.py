@@ -80,11 +80,23 @@ OWN_OUTPUTS = (":(exclude)bench/results", ":(exclude)docs/benchmarks.md")
 DIRTY_FILES_LISTED = 20
 
 
+# A copy of the tree sent to a lent GPU machine is no git checkout. The sender names the commit it copied there,
+# having checked that the tree was clean (`make gpu-check`'s device form, docs/benchmarks.md): the result names it.
+COMMIT_ENV = "SIDECAR_BENCH_COMMIT"
+
+
+def checkout_commit() -> str:
+    """The commit measured: the checkout's HEAD; outside a git checkout, the one ``COMMIT_ENV`` names; "" for
+    neither."""
+    return _git("rev-parse", "HEAD").strip() or os.environ.get(COMMIT_ENV, "").strip()
+
+
 def uncommitted_files() -> list[str] | None:
     """Files of the checkout that differ from its commit: modified, staged, deleted or untracked (but not
-    ignored), less the benchmarks' own outputs; None outside a git checkout, where no commit can be named."""
+    ignored), less the benchmarks' own outputs; None outside a git checkout, where no commit can be named; none
+    in a copy whose sender named its clean commit (``COMMIT_ENV``)."""
     if not _git("rev-parse", "HEAD").strip():
-        return None
+        return [] if os.environ.get(COMMIT_ENV, "").strip() else None
     status = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *OWN_OUTPUTS)
     return [line[3:] for line in status.splitlines() if line.strip()]
 
@@ -98,7 +110,7 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
     CPU)."""
     from sidecar.models.devices import device_name
 
-    commit = _git("rev-parse", "HEAD").strip()
+    commit = checkout_commit()
     changed = uncommitted_files()
     cpu = device_name(torch.device("cpu"))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -107,7 +119,8 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu, "gpu": gpu,
         "dtype": None if dtype is None else str(dtype).replace("torch.", ""), "capture": capture,
-        "commit": commit or None, "dirty": None if changed is None else bool(changed),
+        "commit": commit or None, "commit_source": ("git" if _git("rev-parse", "HEAD").strip() else COMMIT_ENV)
+        if commit else None, "dirty": None if changed is None else bool(changed),
         "dirty_files": None if changed is None else {"count": len(changed), "files": changed[:DIRTY_FILES_LISTED]},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
