@@ -45,7 +45,7 @@ def test_results_carry_commit_date_machine_torch_and_dtype(tmp_path: Path, monke
     common.write_results("example", {"environment": common.environment(dtype=torch.bfloat16), "rows": [1]},
                          "| a |\n|---|\n| 1 |")
     env = json.loads((tmp_path / "example.json").read_text())["environment"]
-    assert len(env["commit"]) == 40 and isinstance(env["dirty"], bool)
+    assert len(env["commit"]) == 40 and isinstance(env["dirty"], bool) and env["commit_source"] == "git"
     assert env["dirty_files"]["count"] == len(common.uncommitted_files())
     assert env["date"].endswith("Z") and env["platform"] and env["cpu"] and env["cpus"] and env["torch"]
     assert env["dtype"] == "bfloat16"
@@ -55,6 +55,24 @@ def test_results_carry_commit_date_machine_torch_and_dtype(tmp_path: Path, monke
     assert last.endswith(f", torch {env['torch']}, bfloat16.")
     # a benchmark without a model says so: its dtype is None, not absent
     assert common.environment()["dtype"] is None
+
+
+def test_a_copy_of_the_tree_outside_git_measures_only_under_the_commit_its_sender_names(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A lent GPU machine gets a copy of the tree, no git checkout (`make gpu-check`'s device form)."""
+    monkeypatch.setattr(common, "_git", lambda *args: "")
+    monkeypatch.delenv(common.COMMIT_ENV, raising=False)
+    assert common.uncommitted_files() is None
+    with pytest.raises(SystemExit):
+        common.refuse_a_dirty_tree(allow_dirty=False)
+    assert "not a git checkout" in capsys.readouterr().err
+    env = common.environment()
+    assert (env["commit"], env["commit_source"], env["dirty"]) == (None, None, None)
+    monkeypatch.setenv(common.COMMIT_ENV, "0123456789abcdef0123456789abcdef01234567")
+    common.refuse_a_dirty_tree(allow_dirty=False)  # measures
+    env = common.environment()
+    assert (env["commit"], env["commit_source"], env["dirty"]) == (
+        "0123456789abcdef0123456789abcdef01234567", common.COMMIT_ENV, False)
 
 
 def test_a_result_without_its_environment_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
