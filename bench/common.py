@@ -85,12 +85,6 @@ DIRTY_FILES_LISTED = 20
 COMMIT_ENV = "SIDECAR_BENCH_COMMIT"
 
 
-def checkout_commit() -> str:
-    """The commit measured: the checkout's HEAD; outside a git checkout, the one ``COMMIT_ENV`` names; "" for
-    neither."""
-    return _git("rev-parse", "HEAD").strip() or os.environ.get(COMMIT_ENV, "").strip()
-
-
 def uncommitted_files() -> list[str] | None:
     """Files of the checkout that differ from its commit: modified, staged, deleted or untracked (but not
     ignored), less the benchmarks' own outputs; None outside a git checkout, where no commit can be named; none
@@ -110,7 +104,8 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
     CPU)."""
     from sidecar.models.devices import device_name
 
-    commit = checkout_commit()
+    head = _git("rev-parse", "HEAD").strip()
+    commit = head or os.environ.get(COMMIT_ENV, "").strip()  # outside a git checkout, the one its sender named
     changed = uncommitted_files()
     cpu = device_name(torch.device("cpu"))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -119,8 +114,8 @@ def environment(device: torch.device | None = None, dtype: torch.dtype | None = 
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu, "gpu": gpu,
         "dtype": None if dtype is None else str(dtype).replace("torch.", ""), "capture": capture,
-        "commit": commit or None, "commit_source": ("git" if _git("rev-parse", "HEAD").strip() else COMMIT_ENV)
-        if commit else None, "dirty": None if changed is None else bool(changed),
+        "commit": commit or None, "commit_source": ("git" if head else COMMIT_ENV) if commit else None,
+        "dirty": None if changed is None else bool(changed),
         "dirty_files": None if changed is None else {"count": len(changed), "files": changed[:DIRTY_FILES_LISTED]},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
