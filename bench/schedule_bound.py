@@ -64,6 +64,7 @@ from study.schedule_bound import (
     draft_scale_for,
     fastest_schedule,
     row_share,
+    trees_of_copies_at_every_boundary,
 )
 
 GOALS = {"plain": 2.0, "lookup": 1.2}  # #40's batch-1 goals, end to end, against HF plain and HF prompt lookup
@@ -115,6 +116,12 @@ def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest:
     return ForwardCosts(tuple(target), min(draft_1, draft_2), target_prefill, draft_prefill), [draft_1, draft_2], hf
 
 
+def tree_nodes(gamma: int, widest: int) -> tuple[int, int]:
+    """The token trees' sizes priced (``trees_of_copies_at_every_boundary``, copies of up to gamma tokens each): one
+    node more than a copy of gamma, and the widest verify's drafts."""
+    return gamma + 1, widest
+
+
 def walk(pair: ModelPair, prompt: list[int], output: list[int], costs: ForwardCosts, gamma: int, widest: int) -> dict:
     """The schedules over one greedy ``output``: the bound with and without the draft model (copies from any earlier
     occurrence, the best), and the engine's copy rule at every step boundary (``gamma`` and ``widest`` tokens),
@@ -124,10 +131,14 @@ def walk(pair: ModelPair, prompt: list[int], output: list[int], costs: ForwardCo
     drafts = draft_runs(scored_logits(pair.draft, prompt, output).argmax(-1).tolist(), output)
     best = fastest_schedule(copies, drafts, costs, widest)
     every = {width: copying_at_every_boundary(proposed, kept, costs, width) for width in (gamma, widest)}
+    trees = {nodes: trees_of_copies_at_every_boundary(prompt, output, costs, nodes, gamma)
+             for nodes in tree_nodes(gamma, widest)}
     return {"bound_s": best.seconds, "bound_target_forwards": best.target_forwards,
             "bound_uses_draft": best.uses_draft, "bound_steps": [list(s) for s in best.steps],
             "bound_without_draft_s": fastest_schedule(copies, None, costs, widest).seconds,
             **{f"copy_{width}_every_boundary_s": s.seconds for width, s in every.items()},
+            **{f"tree_{nodes}_every_boundary_s": s.seconds for nodes, s in trees.items()},
+            **{f"tree_{nodes}_target_forwards": s.target_forwards for nodes, s in trees.items()},
             "proposed": proposed, "rule_copies": kept, "copies": copies, "drafts": drafts}
 
 
@@ -301,6 +312,8 @@ def summarise(rows: list[dict], widest: int, gamma: int) -> list[dict]:
                         "bound_ratio": hf / total("bound_s"),
                         "bound_without_draft_ratio": hf / total("bound_without_draft_s"),
                         **{f"copy_{w}_ratio": hf / total(f"copy_{w}_every_boundary_s") for w in (gamma, widest)},
+                        **{f"tree_{n}_ratio": hf / total(f"tree_{n}_every_boundary_s")
+                           for n in tree_nodes(gamma, widest)},
                         "engine_ratio": hf / total("engine_s"),
                         "draft_scale_for_goal": draft_scale_for(hf / goal, cases, widest)})
     return summary
@@ -353,6 +366,8 @@ def report_one(pair: ModelPair, prompts: list[list[int]], args: argparse.Namespa
                                      ("bound_without_draft_ratio", "fastest without the draft model"),
                                      (f"copy_{args.gamma}_ratio", f"copies of {args.gamma} at every step"),
                                      (f"copy_{args.widest}_ratio", f"copies of {args.widest} at every step"),
+                                     *((f"tree_{n}_ratio", f"token trees of {n} copied tokens at every step")
+                                       for n in tree_nodes(args.gamma, args.widest)),
                                      ("engine_ratio", "engine (adaptive), as run"),
                                      ("draft_needed", "draft costs for the bound to reach the goal")])
     mean = sum(r["draft_forward_ms"] / r["target_forward_ms"][0] for r in rows) / len(rows)
@@ -365,7 +380,9 @@ def report_one(pair: ModelPair, prompts: list[list[int]], args: argparse.Namespa
                 f"{args.max_new_tokens} new tokens; copies and drafts of up to {args.widest} tokens per step.\n\n"
                 f"{table}\n\nThe fastest schedules know which drafts will be accepted and copy from whichever earlier "
                 f"occurrence of the last 1-3 tokens the output repeats longest; copies at every step are a decoder "
-                f"without that foresight (the engine's rule at every step boundary). Both are priced at the "
+                f"without that foresight (the engine's rule at every step boundary); token trees verify at every "
+                f"step boundary every earlier occurrence's continuation of up to {args.gamma} tokens at once, merged "
+                f"into a tree of so many nodes (no foresight either). All are priced at the "
                 f"forwards' costs alone, each step at the cheapest width that holds it; the engine's time is measured "
                 f"whole, its host work included. A draft forward costs {mean:.2f} target forwards here, our one-token "
                 f"target forward {ours:.2f} of HF's and {one_two:.2f} of our two-token one (means over the articles; "

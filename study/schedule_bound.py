@@ -28,7 +28,9 @@ checks it at ``b = 1``): a shared step of width ``w`` over ``b`` live rows costs
 least what the relaxation charges its rows, each of which it lets verify only the drafts it keeps.
 
 What it does not bound: tree verification (several candidates in one verify), and a cheaper draft forward or
-other kernels (``draft_scale_for`` says how cheap the draft would have to be).
+other kernels (``draft_scale_for`` says how cheap the draft would have to be). ``trees_of_copies_at_every_boundary``
+prices one tree decoder without foresight: every earlier occurrence's continuation, merged into a token tree that
+one verify checks (SpecInfer's and REST's token trees, whose nodes attend to their ancestors only).
 """
 
 from __future__ import annotations
@@ -117,6 +119,65 @@ def copying_at_every_boundary(proposed: Sequence[int], kept: Sequence[int], cost
         seconds += costs.verify(copied)
         steps.append(("copy", copied) if copied else ("plain", 0))
         at += min(kept[at], copied) + 1
+    return Schedule(seconds, tuple(steps), uses_draft=False)
+
+
+def copy_candidates(text: Sequence[int], end: int, most: int, max_ngram: int = 3) -> list[tuple[int, ...]]:
+    """The distinct continuations (up to ``most`` tokens, within ``text[:end]``) that follow the earlier occurrences of
+    the last ``max_ngram`` down to 1 tokens of ``text[:end]``: longer suffixes first, later occurrences first within
+    one, so the first is the engine's copy rule's (``lookup_continuation``)."""
+    candidates: dict[tuple[int, ...], None] = {}  # ordered and distinct
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        suffix = list(text[end - n : end])
+        for last in range(end - 2, n - 2, -1):  # an occurrence ending at ``last``, before the suffix itself
+            if list(text[last - n + 1 : last + 1]) == suffix and (after := tuple(text[last + 1 : min(last + 1 + most,
+                                                                                                      end)])):
+                candidates.setdefault(after)
+    return list(candidates)
+
+
+def token_tree(candidates: Sequence[Sequence[int]], nodes: int) -> tuple[dict, int]:
+    """The candidates merged into a token tree (nested dicts, token -> subtree) of at most ``nodes`` nodes, in their
+    order: each adds the tokens it does not share with an earlier one, until the tree is full. Returns the tree and
+    its nodes."""
+    tree: dict = {}
+    used = 0
+    for candidate in candidates:
+        at = tree
+        for token in candidate:
+            if token not in at:
+                if used == nodes:
+                    return tree, used
+                at[token] = {}
+                used += 1
+            at = at[token]
+    return tree, used
+
+
+def tree_kept(tree: dict, output: Sequence[int], at: int) -> int:
+    """How many of ``output[at:]`` a verify of ``tree`` keeps under greedy decoding: the path from its root that the
+    output follows."""
+    kept = 0
+    while at + kept < len(output) and output[at + kept] in tree:
+        tree = tree[output[at + kept]]
+        kept += 1
+    return kept
+
+
+def trees_of_copies_at_every_boundary(prompt: Sequence[int], output: Sequence[int], costs: ForwardCosts, nodes: int,
+                                      depth: int) -> Schedule:
+    """Not a bound: a decoder without foresight that verifies, at every step boundary, a token tree of up to ``nodes``
+    copied tokens (every candidate continuation of up to ``depth`` tokens, ``copy_candidates``), priced as a verify of
+    that many drafts (``ForwardCosts.verify``; a plain step where no suffix occurred before). It keeps the path the
+    output follows, so it keeps at least what a copy of the rule's first candidate alone would."""
+    text = [*prompt, *output]
+    steps: list[tuple[str, int]] = []
+    seconds, at = costs.target_prefill, 1
+    while at < len(output):
+        tree, used = token_tree(copy_candidates(text, len(prompt) + at, depth), nodes)
+        seconds += costs.verify(used)
+        steps.append(("tree", used) if used else ("plain", 0))
+        at += tree_kept(tree, output, at) + 1
     return Schedule(seconds, tuple(steps), uses_draft=False)
 
 

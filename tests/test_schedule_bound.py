@@ -9,16 +9,21 @@ import random
 
 import pytest
 
+from sidecar.decoding.lookup import lookup_continuation
 from study.lookup_replay import hf_rule, matched
 from study.schedule_bound import (
     ForwardCosts,
     batch_bound,
     best_copy_runs,
+    copy_candidates,
     copy_runs,
     copying_at_every_boundary,
     draft_runs,
     draft_scale_for,
     fastest_schedule,
+    token_tree,
+    tree_kept,
+    trees_of_copies_at_every_boundary,
 )
 
 COSTS = ForwardCosts(target=(1.0, 1.1, 1.25, 1.4, 1.6), draft=0.45, target_prefill=6.0, draft_prefill=2.0)
@@ -191,3 +196,41 @@ def test_the_best_copy_takes_the_occurrence_whose_continuation_holds() -> None:
     prompt, output = [1, 2, 3, 9, 1, 5, 6, 9], [1, 2, 3]
     assert copy_runs(prompt, output, 4)[1] == [0, 0, 1]
     assert best_copy_runs(prompt, output, 4) == [0, 2, 1]
+
+
+def test_a_token_tree_merges_shared_prefixes_within_its_nodes_and_keeps_the_path_the_output_follows() -> None:
+    tree, used = token_tree([(5, 6, 7), (5, 8), (9,)], nodes=10)
+    assert tree == {5: {6: {7: {}}, 8: {}}, 9: {}} and used == 5
+    assert tree_kept(tree, [0, 5, 8, 1], 1) == 2 and tree_kept(tree, [0, 5, 6, 7, 1], 1) == 3
+    assert tree_kept(tree, [0, 1], 1) == 0 and tree_kept(tree, [0, 5], 1) == 1  # the output's end stops the walk
+    small, used = token_tree([(5, 6, 7), (5, 8), (9,)], nodes=4)
+    assert small == {5: {6: {7: {}}, 8: {}}} and used == 4
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_copy_candidates_start_with_the_engines_copy_and_a_whole_tree_keeps_the_best_copy(seed: int) -> None:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(6) for _ in range(rng.randint(2, 30))]
+    output = [rng.randrange(6) for _ in range(rng.randint(2, 20))]
+    text, best = [*prompt, *output], best_copy_runs(prompt, output, 4)
+    for i in range(1, len(output)):
+        candidates = copy_candidates(text, len(prompt) + i, 4)
+        assert len(set(candidates)) == len(candidates)
+        assert list(candidates[0] if candidates else ()) == lookup_continuation(text[: len(prompt) + i], 4)
+        assert tree_kept(token_tree(candidates, nodes=10_000)[0], output, i) == best[i]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_tree_of_copies_at_every_boundary_keeps_at_least_the_rules_copy_and_is_never_below_the_bound(
+        seed: int) -> None:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(5) for _ in range(rng.randint(2, 30))]
+    output = [rng.randrange(5) for _ in range(rng.randint(2, 20))]
+    text, kept = [*prompt, *output], copy_runs(prompt, output, 4)[1]
+    for i in range(1, len(output)):  # the rule's copy comes first and fills the tree first
+        assert tree_kept(token_tree(copy_candidates(text, len(prompt) + i, 4), nodes=4)[0], output, i) >= kept[i]
+    free = ForwardCosts(target=(1.0,) * 5, draft=0.45, target_prefill=6.0, draft_prefill=2.0)  # every width alike
+    for costs in (COSTS, free):
+        for nodes, depth in ((4, 4), (4, 2), (2, 1)):
+            assert trees_of_copies_at_every_boundary(prompt, output, costs, nodes, depth).seconds >= fastest_schedule(
+                best_copy_runs(prompt, output, 4), None, costs, 4).seconds - 1e-9
