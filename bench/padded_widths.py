@@ -9,19 +9,26 @@ An eager decode forward of one row runs at the cheapest width that holds it, as 
 (``GammaController.runs_at``). Here three decoders over the same loaded pair (each its own controller) decode
 each article in turn: with the widths the runners measured, priced padded (the engine); the same forwards priced
 at their own width (``one_row_width`` emptied: the controller before it knew the padding); and every forward at
-its own width. Each article's fastest run of each counts. Writes
-bench/results/padded_widths_<device>[_bf16].json and markdown.
+its own width. Each article's fastest run of each counts.
+
+Beside them, the check of the widths themselves: each model's whole one-row forward (our stack, unpadded) at 1 to 8
+columns after the first article's prompt, timed in turn (median of ``--rounds``), and the widths those times would
+choose by the runners' rule (``PaddedWidths.choose``), beside the widths the runners chose at load from their
+products alone. Writes bench/results/padded_widths_<device>[_bf16].json and markdown.
 """
 
 from __future__ import annotations
 
 import argparse
 
+import torch
+
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
     environment,
     markdown_table,
+    medians_in_turn,
     news_documents,
     parse_bench_args,
     result_name,
@@ -29,10 +36,25 @@ from bench.common import (
 )
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.runtime.capture import runner_of
-from sidecar.runtime.padding import PaddedWidths
+from sidecar.runtime.forward import forward, prefill
+from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.padding import MAX_WIDTH, PaddedWidths
 
 # decoder -> its results' key: padded forwards priced padded (the engine), the same priced at their own width, none
 VARIANTS = {"padded": "padded", "padded, priced at own width": "padded_unpriced", "own width": "own_width"}
+
+
+def forward_ms(model, context: list[int], rounds: int) -> list[float]:
+    """Median ms of ``model``'s one-row decode forward of 1 .. ``MAX_WIDTH`` columns after ``context``, unpadded
+    (the caller empties the runner's ``pad_to``), timed in turn; the cache rolled back after each."""
+    cache = RowKVCache(model, 1, len(context) + MAX_WIDTH)
+    prefill(model, cache, [context], None)
+
+    def call(width: int):
+        return lambda: (forward(model, cache, torch.tensor([context[-width:]], device=model.device)),
+                        cache.rollback([len(context)]))
+
+    return [s * 1e3 for s in medians_in_turn([call(w) for w in range(1, MAX_WIDTH + 1)], rounds, model.device)]
 
 
 def main() -> None:
@@ -42,6 +64,7 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=1500, help="cut each article to this many characters")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each decoder per article (the fastest counts)")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds of the whole forwards at each width")
     parser.add_argument("--dtype", default=None)
     add_bench_arguments(parser)
     args = parse_bench_args(parser)
@@ -63,6 +86,14 @@ def main() -> None:
 
     for name in decoders:  # one-off allocation and kernel selection costs
         run(name, prompts[0][:64], 4)
+    for runner in runners:
+        runner.pad_to = PaddedWidths()
+    widths = []
+    for name, model, chosen in (("target", pair.target, measured[0]), ("draft", pair.draft, measured[1])):
+        ms = forward_ms(model, prompts[0], args.rounds)
+        widths.append({"model": name, "forward_ms": ms, "chosen_at_load": str(chosen.widths),
+                       "from_whole_forwards": str(PaddedWidths.choose(ms).widths)})
+        print(widths[-1], flush=True)
     rows = []
     for i, prompt in enumerate(prompts):
         runs = {name: [run(name, prompt, args.max_new_tokens) for _ in range(args.repeats)] for name in decoders}
@@ -85,13 +116,22 @@ def main() -> None:
                                      ("faster_priced", "articles faster priced padded"),
                                      ("target_widths", "target: width of 1..8 columns"),
                                      ("draft_widths", "draft: width of 1..8 columns")])
+    width_table = markdown_table(
+        [{**w, **{f"w{k + 1}": ms for k, ms in enumerate(w["forward_ms"])}} for w in widths],
+        [("model", "model"), *((f"w{k}", f"{k} col, ms") for k in range(1, MAX_WIDTH + 1)),
+         ("chosen_at_load", "widths chosen at load (products)"),
+         ("from_whole_forwards", "widths these forwards choose")])
     markdown = (f"The engine at batch 1 ({env['dtype']}, capture mode eager), pair `{args.pair}`, "
                 f"{args.max_new_tokens} new tokens per article, with one-row forwards at the widths the runners "
                 f"measured at load (the controller pricing them at those widths, or at their own) and at their own "
                 f"width, in turn in one process, fastest of {args.repeats} runs per article "
-                f"(bench/padded_widths.py).\n\n{table}")
+                f"(bench/padded_widths.py).\n\n{table}\n\nThe widths checked against whole forwards: each model's "
+                f"one-row forward, unpadded, after the first article's prompt ({len(prompts[0])} tokens), median of "
+                f"{args.rounds} rounds in turn, and the widths of 1..{MAX_WIDTH} columns those times choose "
+                f"(`PaddedWidths.choose`).\n\n{width_table}")
     name = result_name("padded_widths", pair.device, args.pair, args.profile, pair.dtype)
-    write_results(name, {"environment": env, "args": vars(args), "summary": summary, "rows": rows}, markdown)
+    write_results(name, {"environment": env, "args": vars(args), "summary": summary, "rows": rows,
+                                "widths": widths}, markdown)
 
 
 if __name__ == "__main__":
