@@ -8,7 +8,7 @@ An eager decode forward of one row runs at the cheapest width that holds it, as 
 (``sidecar.runtime.padding``), and the step controller times and prices it at that width
 (``GammaController.runs_at``). Here three decoders over the same loaded pair (each its own controller) decode
 each article in turn: with the widths the runners measured, priced padded (the engine); the same forwards priced
-at their own width (``one_row_width`` emptied: the controller before it knew the padding); and every forward at
+at their own width (``decode_tokens`` emptied: the controller before it knew the padding); and every forward at
 its own width. Each article's fastest run of each counts.
 
 Beside them, the check of the widths themselves: each model's whole one-row forward (our stack, unpadded) at 1 to 8
@@ -75,7 +75,7 @@ def main() -> None:
     runners = [runner_of(pair.target), runner_of(pair.draft)]
     measured = [runner.pad_to for runner in runners]
     decoders = {name: SpeculativeDecoder(pair, gamma=4, adaptive=True) for name in VARIANTS}
-    decoders["padded, priced at own width"].controller.one_row_width = {}
+    decoders["padded, priced at own width"].controller.decode_tokens = {}
 
     def run(name: str, prompt: list[int], limit: int) -> tuple[float, int]:
         for runner, widths in zip(runners, measured, strict=True):

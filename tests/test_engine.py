@@ -963,7 +963,8 @@ def test_a_padded_one_row_forward_is_timed_and_priced_at_its_padded_width():
     def controller(padded: bool) -> GammaController:
         c = GammaController(4)
         if padded:
-            c.one_row_width = {"target": lambda w: max(w, 5), "draft": lambda w: max(w, 5)}
+            c.decode_tokens = {m: lambda rows, tokens: max(tokens, 5) if rows == 1 else tokens
+                               for m in ("target", "draft")}
         for tokens, seconds in ((1, 0.125), (3, 0.128), (5, 0.140)):
             c.forward_cost("target", 1, tokens)(seconds)
         c.acceptance["lookup"].accepted, c.acceptance["lookup"].drafted = 3.0, 10.0  # alpha 0.3
@@ -976,7 +977,7 @@ def test_a_padded_one_row_forward_is_timed_and_priced_at_its_padded_width():
     assert raw.choose(1, max_gamma=0, max_lookup=4) == (2, "lookup")
     # one size is all a one-row step of up to 4 drafts runs at: exploring needs no second; at batch 2 it does
     fresh, unpadded = GammaController(4), GammaController(4)
-    fresh.one_row_width = padded.one_row_width
+    fresh.decode_tokens = padded.decode_tokens
     for c in (fresh, unpadded):
         c.forward_cost("draft", 1, 1)(0.05)
         c.forward_cost("target", 1, 5)(0.13)
@@ -984,7 +985,7 @@ def test_a_padded_one_row_forward_is_timed_and_priced_at_its_padded_width():
     assert fresh.explored(1, 4) and not fresh.explored(1, 5) and not fresh.explored(2, 4)
     # narrower widths between may run narrower (as timed, ``PaddedWidths``): the plain step and the widest
     # still run at the size timed, and the rest is the fit's to price
-    fresh.one_row_width = {"target": lambda w: (5, 5, 3, 4, 5)[w - 1] if w <= 5 else w}
+    fresh.decode_tokens = {"target": lambda rows, w: (5, 5, 3, 4, 5)[w - 1] if rows == 1 and w <= 5 else w}
     assert fresh.explored(1, 4)
     assert fresh.choose(1, max_gamma=4) == (4, "draft")  # chosen by its rates
     assert unpadded.choose(1, max_gamma=4) == (0, "draft")  # a plain step, to time a second size

@@ -164,15 +164,15 @@ class GammaController:
         self.fastest_prefill_per_token: dict[str, float] = {}  # the least seen, per model: ``forward_seconds``'s floor
         # the share of rows that had something to copy, per step (decayed); None until observed
         self.row_copy_share: float | None = None
-        # per model, the width a one-row decode forward of w columns runs at (``runs_at``); the decoder sets it
-        self.one_row_width: dict[str, Callable[[int], int]] = {}
+        # per model, the tokens a decode forward of (rows, tokens) computes (``runs_at``); the decoder sets it
+        self.decode_tokens: dict[str, Callable[[int, int], int]] = {}
         self._timers: dict[torch.device, DeviceTimer] = {}
 
     def runs_at(self, model: str, rows: int, tokens: int) -> int:
-        """The tokens a decode forward of ``model`` over ``rows`` rows and ``tokens`` tokens computes: a one-row
-        forward's padded width (``one_row_width``), else ``tokens``."""
-        width = self.one_row_width.get(model)
-        return width(tokens) if rows == 1 and width is not None else tokens
+        """The tokens a decode forward of ``model`` over ``rows`` rows and ``tokens`` tokens computes
+        (``decode_tokens``: a one-row forward's padded width), else ``tokens``."""
+        computed = self.decode_tokens.get(model)
+        return tokens if computed is None else computed(rows, tokens)
 
     def explored(self, batch: int, widest: int) -> bool:
         """Whether the target's cost fit has what it needs for steps of ``batch`` rows and up to ``widest`` drafts

@@ -29,7 +29,7 @@ from sidecar.errors import InputError
 from sidecar.models.cpu_kernels import onednn_layers, unpack_onednn_linear
 from sidecar.models.pair import ModelPair
 from sidecar.progress import ProgressCallback
-from sidecar.runtime.capture import attach, one_row_width, resolve_capture, runner_of
+from sidecar.runtime.capture import attach, decode_tokens, resolve_capture, runner_of
 from sidecar.runtime.decoder_stack import supports
 from sidecar.runtime.prefill_plan import PrefillPlanner
 from sidecar.runtime.step_counters import counters_of
@@ -149,8 +149,8 @@ class SpeculativeDecoder:
         self.adaptive = adaptive
         self.controller = GammaController(gamma, adaptive, max_copy=max_copy)
         # read at each call, so a runner attached or re-padded later is priced as it runs
-        self.controller.one_row_width = {"target": partial(one_row_width, pair.target),
-                                         "draft": partial(one_row_width, pair.draft)}
+        self.controller.decode_tokens = {"target": partial(decode_tokens, pair.target),
+                                         "draft": partial(decode_tokens, pair.draft)}
         self.planner = StepPlanner(self.controller, gamma, prompt_lookup, draft_confidence)
         self.prefill_plans = {"target": PrefillPlanner(pair.device), "draft": PrefillPlanner(pair.device)}
 

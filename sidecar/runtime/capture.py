@@ -311,7 +311,7 @@ class StackRunner:
             attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
             if decode:
                 self.counters.shapes[(batch, width, attend)] += 1
-            if decode and batch == 1 and (extra := self.pad_to.of(width) - width):
+            if decode and (extra := self.decode_tokens(batch, batch * width) - batch * width):  # one row, padded
                 hidden = self.stack(torch.nn.functional.pad(ids, (0, extra)), self._rows(cache, batch, real),
                                     torch.nn.functional.pad(query_span, (0, extra), value=-1), cache.keys,
                                     cache.values, cache.visible, cache.span, attend)
@@ -330,6 +330,12 @@ class StackRunner:
                             self._rows(cache, padded, real), query_span, buffers.keys, buffers.values,
                             buffers.visible, buffers.span)
         return hidden[:batch, :width]
+
+    def decode_tokens(self, rows: int, tokens: int) -> int:
+        """The tokens a decode forward of ``rows`` rows and ``tokens`` real tokens computes: one row runs at the
+        cheapest width that holds it (``pad_to``: eager mode; the padding goes to the trash column), several rows
+        as they are."""
+        return self.pad_to.of(tokens) if rows == 1 else tokens
 
     def _packed(self, real: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
         """The real columns' flat indices [T] where some row of an eager forward is padded (``DecoderStack``'s
@@ -410,11 +416,11 @@ def runner_of(model: PreTrainedModel) -> StackRunner | None:
     return model.__dict__.get("sidecar_runner")
 
 
-def one_row_width(model: PreTrainedModel, width: int) -> int:
-    """The width a decode forward of one row and ``width`` columns runs at on ``model``: padded where its runner
-    pads it (``StackRunner.pad_to``: eager mode), else ``width``."""
+def decode_tokens(model: PreTrainedModel, rows: int, tokens: int) -> int:
+    """The tokens a decode forward of ``rows`` rows and ``tokens`` real tokens computes on ``model``
+    (``StackRunner.decode_tokens``; Hugging Face's forward computes them as they are)."""
     runner = runner_of(model)
-    return width if runner is None else runner.pad_to.of(width)
+    return tokens if runner is None else runner.decode_tokens(rows, tokens)
 
 
 def packs(model: PreTrainedModel) -> bool:
