@@ -47,14 +47,16 @@ VARIANTS = {"padded": "padded", "padded, priced at own width": "padded_unpriced"
 def forward_ms(model, context: list[int], rounds: int) -> list[float]:
     """Median ms of ``model``'s one-row decode forward of 1 .. ``MAX_WIDTH`` columns after ``context``, unpadded
     (the caller empties the runner's ``pad_to``), timed in turn; the cache rolled back after each."""
-    cache = RowKVCache(model, 1, len(context) + MAX_WIDTH)
-    prefill(model, cache, [context], None)
+    with torch.inference_mode():
+        cache = RowKVCache(model, 1, len(context) + MAX_WIDTH)
+        prefill(model, cache, [context], None)
 
     def call(width: int):
         return lambda: (forward(model, cache, torch.tensor([context[-width:]], device=model.device)),
                         cache.rollback([len(context)]))
 
-    return [s * 1e3 for s in medians_in_turn([call(w) for w in range(1, MAX_WIDTH + 1)], rounds, model.device)]
+    with torch.inference_mode():  # as the engine runs them
+        return [s * 1e3 for s in medians_in_turn([call(w) for w in range(1, MAX_WIDTH + 1)], rounds, model.device)]
 
 
 def main() -> None:
