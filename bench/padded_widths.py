@@ -13,8 +13,9 @@ its own width. Each article's fastest run of each counts.
 
 Beside them, the check of the widths themselves: each model's whole one-row forward (our stack, unpadded) at 1 to 8
 columns after the first article's prompt, timed in turn (median of ``--rounds``), and the widths those times would
-choose by the runners' rule (``PaddedWidths.choose``), beside the widths the runners chose at load from their
-products alone. Writes bench/results/padded_widths_<device>[_bf16].json and markdown.
+choose by the runners' rule (``PaddedWidths.choose``), beside the widths the runners chose at load from their own
+forwards over a scratch cache (``sidecar.runtime.padding``). Writes bench/results/padded_widths_<device>[_bf16].json
+and markdown.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def main() -> None:
     width_table = markdown_table(
         [{**w, **{f"w{k + 1}": ms for k, ms in enumerate(w["forward_ms"])}} for w in widths],
         [("model", "model"), *((f"w{k}", f"{k} col, ms") for k in range(1, MAX_WIDTH + 1)),
-         ("chosen_at_load", "widths chosen at load (products)"),
+         ("chosen_at_load", "widths chosen at load"),
          ("from_whole_forwards", "widths these forwards choose")])
     markdown = (f"The engine at batch 1 ({env['dtype']}, capture mode eager), pair `{args.pair}`, "
                 f"{args.max_new_tokens} new tokens per article, with one-row forwards at the widths the runners "

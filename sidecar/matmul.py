@@ -2,8 +2,7 @@
 
 oneDNN reorders a Linear weight into blocks sized for an expected number of input rows; its packed product
 then reads the weight once (``sidecar.models.cpu_kernels`` runs a model's Linear layers so). Whether that layout
-pays (``sidecar.models.dtype_choice.packs``) and which width a one-row decode forward is cheapest at
-(``sidecar.runtime.padding``) are both measured here, by the same products over a ring of weights larger than a
+pays (``sidecar.models.dtype_choice.packs``) is measured here, by products over a ring of weights larger than a
 CPU's last-level cache: one cached weight would time the cache, not the kernel.
 """
 

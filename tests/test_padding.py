@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from decoding import random_prompts, target_alone
-from torch import nn
 
 from sidecar import SpeculativeDecoder
+from sidecar.models.tiny import tiny_pair
 from sidecar.runtime import padding
 from sidecar.runtime.capture import attach
 from sidecar.runtime.forward import forward, prefill
@@ -91,10 +91,33 @@ def test_each_width_pads_to_the_cheapest_wider_one_only_where_it_is_measured_fas
 
 
 def test_widths_are_timed_for_reduced_precision_on_a_cpu_only_and_once_per_shape() -> None:
-    assert padding.padded_widths(nn.Linear(32, 64)).widths == ()  # fp32: never timed
-    before = padding._product_seconds.cache_info()
-    first = padding.padded_widths(nn.Linear(48, 96, dtype=torch.bfloat16))
-    assert padding.padded_widths(nn.Linear(48, 96, dtype=torch.bfloat16)).widths == first.widths
-    after = padding._product_seconds.cache_info()
-    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    calls: list[int] = []
+
+    def forward(width: int):
+        return lambda: calls.append(width)
+
+    cpu = torch.device("cpu")
+    assert padding.padded_widths(cpu, torch.float32, "fp32", forward).widths == ()  # fp32: never timed
+    assert padding.padded_widths(torch.device("meta"), torch.bfloat16, "meta", forward).widths == ()
+    assert not calls
+    key = ("a shape", object())  # a key no other test times
+    first = padding.padded_widths(cpu, torch.bfloat16, key, forward)
+    # every width, once untimed and then ROUNDS times, in turn
+    assert calls == list(range(1, padding.MAX_WIDTH + 1)) * (padding.ROUNDS + 1)
+    assert padding.padded_widths(cpu, torch.bfloat16, key, forward).widths == first.widths
+    assert len(calls) == padding.MAX_WIDTH * (padding.ROUNDS + 1)  # the second asked the first's timings
     assert len(first.widths) == padding.MAX_WIDTH and all(w <= first.widths[w - 1] for w in range(1, 9))
+
+
+def test_an_eager_runner_times_its_own_one_row_forwards_for_its_widths() -> None:
+    pair = tiny_pair(dtype=torch.bfloat16)
+    timed = len(padding._TIMED)
+    runner = attach(pair.target, "eager")
+    widths = runner.pad_to.widths
+    assert len(widths) == padding.MAX_WIDTH and all(w <= widths[w - 1] for w in range(1, 9))
+    assert len(padding._TIMED) <= timed + 1  # one timing per shape: the draft has the target's
+    attach(pair.draft, "eager")
+    assert len(padding._TIMED) <= timed + 1
+    # a forward timed for them computes what a decode forward does, over a scratch cache
+    forward_of = runner._one_row_forwards(pair.target)
+    assert forward_of(3)().shape == (1, 3, pair.target.config.hidden_size)

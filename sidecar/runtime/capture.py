@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 from sidecar.errors import InputError
 from sidecar.runtime.decoder_stack import LENGTH, OFFSET, VALID, DecoderStack, real_columns, supports
 from sidecar.runtime.kv_cache import BucketBuffers, RowKVCache
-from sidecar.runtime.padding import PaddedWidths, padded_widths
+from sidecar.runtime.padding import MAX_WIDTH, PaddedWidths, padded_widths
 from sidecar.runtime.transfers import to_device
 from sidecar.settings import PREFIX, Settings, parse_capture
 
@@ -57,6 +57,8 @@ ACCUMULATED_LIMIT = 4096
 CAPTURE_CALLS = 3
 # eager attention reads the filled columns rounded up to this, so its shapes repeat from step to step
 EAGER_COLUMNS = 64
+# the filled columns the one-row forwards timed for their widths attend to (``padded_widths``): a short prompt's
+PADDING_CONTEXT = 4 * EAGER_COLUMNS
 
 
 def resolve_capture(requested: str | None, device: torch.device, model: PreTrainedModel,
@@ -239,13 +241,43 @@ class StackRunner:
         if mode != "eager":
             configure_thread()
             self._compiled = self._compile(self.stack.forward)
-        # eager decode forwards of one row run at the cheapest width that holds them (the extra columns are
-        # padding, written to the trash column) where narrower products are measured slower (``padded_widths``)
-        linears = [m for m in model.base_model.layers[0].modules()
-                   if isinstance(m, nn.Linear) or hasattr(m, "packed_rows")]
         self.pack = True  # eager forwards with padded columns compute only the real tokens (benchmarks turn it off)
-        self.pad_to = (padded_widths(max(linears, key=lambda m: m.in_features * m.out_features))
-                       if mode == "eager" and linears else PaddedWidths())
+        # eager decode forwards of one row run at the cheapest width that holds them (the extra columns are
+        # padding, written to the trash column) where narrower forwards are measured slower (``padded_widths``)
+        self.pad_to = PaddedWidths()
+        if mode == "eager":
+            param = next(model.parameters())
+            self.pad_to = padded_widths(param.device, param.dtype, self._shape_key(model),
+                                        self._one_row_forwards(model))
+
+    @staticmethod
+    def _shape_key(model: PreTrainedModel) -> tuple:
+        """What a forward's time depends on besides dtype and threads: the model's shape and its layers' layout."""
+        config = model.config.get_text_config()
+        layout = tuple(sorted({str(getattr(m, "packed_rows", type(m).__name__))
+                               for m in model.base_model.layers[0].modules()
+                               if isinstance(m, nn.Linear) or hasattr(m, "packed_rows")}))
+        return (config.model_type, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                config.num_attention_heads, config.num_key_value_heads, layout)
+
+    def _one_row_forwards(self, model: PreTrainedModel) -> Callable[[int], Callable[[], object]]:
+        """``width`` -> a call of this model's eager decode forward of one row and ``width`` columns after
+        ``PADDING_CONTEXT`` filled ones, unpadded, over one scratch cache made at the first (``padded_widths``
+        times them); what the cache holds does not change a forward's time, and nothing is committed."""
+        scratch: list[RowKVCache] = []
+
+        def forward_of(width: int) -> Callable[[], object]:
+            if not scratch:
+                scratch.append(RowKVCache(model, 1, PADDING_CONTEXT + MAX_WIDTH))
+                scratch[0].commit(PADDING_CONTEXT)
+            cache = scratch[0]
+            ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)
+            span = torch.full((1, width), -1, dtype=torch.long, device=cache.device)
+            rows = self._rows(cache, 1, np.array([width]))
+            attend = min(-(-(PADDING_CONTEXT + width) // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
+            return lambda: self.stack(ids, rows, span, cache.keys, cache.values, cache.visible, cache.span, attend)
+
+        return forward_of
 
     def _compile(self, fn: Callable) -> Callable:
         return torch.compile(fn, fullgraph=True, dynamic=False,
