@@ -581,6 +581,28 @@ def test_draft_pays_prices_the_draft_prefill():
     assert controller.draft_pays(8, 4000, 64, 0.3)
 
 
+def test_draft_pays_forecasts_from_a_target_fit_of_one_size():
+    """Batch-1 steps whose one-row forwards all run padded to one width leave the target's fit one size: a batch
+    of 8 then must not prefill the draft just to learn costs (it cost that batch a fifth of its time, for a draft
+    its steps never chose, where nearly every row had a copy)."""
+    from sidecar.decoding.controller import GammaController
+
+    controller = GammaController(4)
+    controller.costs["target"].add(5, 0.095)  # every batch-1 step ran at the padded width 5
+    controller.costs["draft"].add(1, 0.037)
+    controller.acceptance["draft"].accepted, controller.acceptance["draft"].drafted = 9.0, 10.0
+    controller.acceptance["lookup"].accepted, controller.acceptance["lookup"].drafted = 8.0, 10.0
+    controller.observe_prefill("target", 341, 2.4)
+    controller.observe_prefill("draft", 341, 0.75)
+    for _ in range(20):
+        controller.observe_copies(1, 1)
+    assert not controller.explored(8, 4)
+    assert not controller.draft_pays(8, 2567, 64, 0.35, packed=True)
+    # no copy seen, and a long decode: the draft's forecast gain repays its prefill
+    controller.row_copy_share = None
+    assert controller.draft_pays(8, 2567, 5000, 0.35, packed=True)
+
+
 def test_draft_pays_counts_copying_as_the_alternative():
     from sidecar.decoding.controller import GammaController
 
