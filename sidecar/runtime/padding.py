@@ -1,7 +1,8 @@
 """The width a one-row eager decode forward runs at, measured on the machine it runs on.
 
 A decode forward of one row and w tokens multiplies every weight by a w-row matrix, and a CPU's matmul library
-picks its kernel by the rows: a narrower forward can take longer than a wider one. On this project's AMD EPYC in
+picks its kernel by the rows (attention too, by the query's width): a narrower forward can take longer than a
+wider one. On this project's AMD EPYC in
 bf16, with the weights in oneDNN's packed layout (``sidecar.models.cpu_kernels``), the target's forward of one
 column took 20% longer than its forwards of three to six (docs/benchmarks.md, `python -m bench.padded_widths`).
 So an eager forward of one row runs at the cheapest width that holds it (``PaddedWidths``); the extra columns
