@@ -91,6 +91,26 @@ def test_our_stack_equals_hugging_faces_forward_over_plain_and_packed_layers(dty
         assert torch.equal(again, expected), "stacking the weights left Hugging Face's forward as it was"
 
 
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (8, 1), (4, 4)])
+def test_grouped_query_attention_equals_hugging_faces_for_any_group_size(heads, kv_heads):
+    """Our stack attends with the query heads of each key/value head folded into its query rows; that must be
+    Hugging Face's attention for groups of 4 and 8 query heads and for none (the tiny pair's is 2)."""
+    import dataclasses
+
+    from transformers import Qwen2ForCausalLM
+
+    from sidecar.models.tiny import tiny_config
+
+    pair = tiny_pair(layers=2)
+    config = tiny_config(pair.target.config.vocab_size, layers=2, hidden=pair.target.config.hidden_size)
+    config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
+    torch.manual_seed(3)
+    pair = dataclasses.replace(pair, target=Qwen2ForCausalLM(config).eval())
+    theirs = hidden_states(pair, "hf")
+    for ours, expected in zip(hidden_states(pair, "eager"), theirs, strict=True):
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_an_eager_forward_with_padded_columns_projects_its_real_tokens_only():
     from sidecar.runtime.capture import attach, packs, runner_of
     from sidecar.runtime.forward import forward
