@@ -236,9 +236,8 @@ class GammaController:
         """
         self.collect_timings()
         # only a model never timed is explored here: a target fit short of two sizes at this batch (one-row
-        # forwards padded to one width leave one) still forecasts, its wide steps priced as cheap as a plain one,
-        # and ``choose`` explores the rest for free; prefilling the draft to learn it cost a batch of 8 a fifth
-        # of its time on this CPU, for a draft the steps then never chose
+        # forwards padded to one width leave one) still forecasts, and ``choose`` explores the rest for free,
+        # where prefilling the draft to learn it is a certain cost for a draft the steps may never choose
         never_timed = self.costs["draft"].distinct_sizes() == 0 or self.costs["target"].distinct_sizes() == 0
         if not self.adaptive or never_timed or "target" not in self.prefill_seconds_per_token:
             return True  # fixed gamma, or a model never timed: speculate, and learn the costs

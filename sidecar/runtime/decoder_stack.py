@@ -11,14 +11,13 @@ target costs. This forward keeps only the arithmetic:
   spans), never on the host, over the cache's whole capacity, so its shape does not change from step to step;
 * keys and values scattered into the cache's buffers in place and attended with SDPA, the query heads that
   share a key/value head folded into its query rows ([B, kv_heads, G * q, D], G = heads / kv_heads): each key
-  and value head is then read once, by one product of G * q rows. Over the query heads as they are
-  (``enable_gqa``), a CPU's one-column attention took 15.5 ms where the grouped one took 1.8 (the 1.5B target's
-  28 layers in bf16 at context 416, one row; 123 against 9.9 ms at 8 rows; 177 against 166 ms for a 341-token
-  prefill) and ran 3.5x slower than two columns; the grouped layout computes the same products;
+  and value head is then read once, by one product of G * q rows. A CPU's SDPA over the query heads as they
+  are (``enable_gqa``) is several times slower at one query column (docs/design.md); the grouped layout
+  computes the same products;
 * the model's own weights, so nothing is copied: a layer's q, k and v projections as one ``F.linear`` call, and
   its gate and up projections as another, over weights stacked once whose rows the model's own layers now view
   (``sidecar.runtime.fused_weights``); a oneDNN-packed or int8 Linear (``sidecar.models.cpu_kernels``) is called
-  as its module. A one-token forward is host time per op: a layer runs 29 aten ops where it ran 40.
+  as its module. A one-token forward is host time per op: a layer runs 29 aten ops.
 
 Every shape comes from the inputs' shapes, every branch from the config: ``torch.compile(fullgraph=True)``
 traces it whole, and on CUDA the compiled forward can be captured as a graph

@@ -2,15 +2,12 @@
 
 A decode forward of one row and w tokens multiplies every weight by a w-row matrix, and a CPU's matmul library
 picks its kernel by the rows (attention too, by the query's width): a narrower forward can take longer than a
-wider one. On this project's AMD EPYC in
-bf16, with the weights in oneDNN's packed layout (``sidecar.models.cpu_kernels``), the target's forward of one
-column took 20% longer than its forwards of three to six (docs/benchmarks.md, `python -m bench.padded_widths`).
-So an eager forward of one row runs at the cheapest width that holds it (``PaddedWidths``); the extra columns
-are padding, written to the cache's trash column and dropped, as any padding is.
+wider one (docs/benchmarks.md, `python -m bench.padded_widths`). So an eager forward of one row runs at the
+cheapest width that holds it (``PaddedWidths``); the extra columns are padding, written to the cache's trash
+column and dropped, as any padding is.
 
-The widths are chosen from the model's own one-row forwards of 1 to ``MAX_WIDTH`` columns, timed at load: the
-products of one weight alone, timed before, chose differently from load to load and, once, no padding where the
-whole one-column forward was 20% the dearer (the same bench's check).
+The widths are chosen from the model's own whole one-row forwards of 1 to ``MAX_WIDTH`` columns, timed at load:
+a forward's time is more than its products' (docs/design.md says why not the products alone).
 """
 
 from __future__ import annotations
