@@ -61,6 +61,12 @@ EAGER_COLUMNS = 64
 PADDING_CONTEXT = 4 * EAGER_COLUMNS
 
 
+def attended_columns(cache: RowKVCache, longest: int) -> int:
+    """The columns an eager forward's attention reads when its longest row fills ``longest``: rounded up to
+    ``EAGER_COLUMNS``, within the cache."""
+    return min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
+
+
 def resolve_capture(requested: str | None, device: torch.device, model: PreTrainedModel,
                     cpu_auto: Callable[[], tuple[str, str]] | None = None) -> tuple[str, str]:
     """(mode, why): ``requested``, else ``SIDECAR_CAPTURE``, else ``auto``, made concrete for ``device`` and
@@ -274,7 +280,7 @@ class StackRunner:
             ids = torch.zeros(1, width, dtype=torch.long, device=cache.device)
             span = torch.full((1, width), -1, dtype=torch.long, device=cache.device)
             rows = self._rows(cache, 1, np.array([width]))
-            attend = min(-(-(PADDING_CONTEXT + width) // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
+            attend = attended_columns(cache, PADDING_CONTEXT + width)
             return lambda: self.stack(ids, rows, span, cache.keys, cache.values, cache.visible, cache.span, attend)
 
         return forward_of
@@ -340,7 +346,7 @@ class StackRunner:
         if not (self.static and decode):
             if query_span is None:
                 query_span = torch.full((batch, width), -1, dtype=torch.long, device=cache.device)
-            attend = min(-(-longest // EAGER_COLUMNS) * EAGER_COLUMNS, cache.capacity)
+            attend = attended_columns(cache, longest)
             if decode:
                 self.counters.shapes[(batch, width, attend)] += 1
             if decode and (extra := self.decode_tokens(batch, batch * width) - batch * width):  # one row, padded
