@@ -49,6 +49,8 @@ from bench.common import (
 from bench.hf_baselines import hf_plain_batched, hf_plain_one, hf_speculative_one
 from bench.host_overhead import hf_forward_call
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
+from sidecar.decoding.batch import SlotBatch, stream_through
+from sidecar.decoding.rows import DecodeRow, GenerationOutput
 from sidecar.models.pair import ModelPair
 from sidecar.runtime.capture import runner_of
 from sidecar.runtime.forward import forward, logits_at, prefill
@@ -63,6 +65,7 @@ from study.schedule_bound import (
     draft_runs,
     draft_scale_for,
     fastest_schedule,
+    priced_run,
     row_share,
     trees_of_copies_at_every_boundary,
 )
@@ -97,6 +100,13 @@ def prefill_call(model, prompts: list[list[int]], budget: int | None = None):
         prefill(model, cache, prompts, budget)
 
     return call
+
+
+def engine_run(engine: SpeculativeDecoder, prompt: list[int], limit: int) -> tuple[GenerationOutput, SlotBatch]:
+    """One prompt decoded alone, with the batch that ran it: its trace and ledger keep every step and forward."""
+    batch = engine.batch(1, trace_keep=None)
+    [(_, out)] = stream_through(batch, [DecodeRow(prompt, limit)])
+    return out, batch
 
 
 def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest: int,
@@ -137,6 +147,7 @@ def walk(pair: ModelPair, prompt: list[int], output: list[int], costs: ForwardCo
             "bound_uses_draft": best.uses_draft, "bound_steps": [list(s) for s in best.steps],
             "bound_without_draft_s": fastest_schedule(copies, None, costs, widest).seconds,
             **{f"copy_{width}_every_boundary_s": s.seconds for width, s in every.items()},
+            **{f"copy_{width}_target_forwards": s.target_forwards for width, s in every.items()},
             **{f"tree_{nodes}_every_boundary_s": s.seconds for nodes, s in trees.items()},
             **{f"tree_{nodes}_target_forwards": s.target_forwards for nodes, s in trees.items()},
             "proposed": proposed, "rule_copies": kept, "copies": copies, "drafts": drafts}
@@ -157,9 +168,11 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
             plain = hf_plain_one(pair, prompt, limit)
             lookup = hf_speculative_one(pair, prompt, limit, prompt_lookup_num_tokens=gamma)
             with Stopwatch(pair.device) as sw:
-                out = engine.generate([prompt], max_new_tokens=limit)[0]
+                out, batch = engine_run(engine, prompt, limit)
             for name, seconds in (("plain", plain["wall_s"]), ("lookup", lookup["wall_s"]), ("engine", sw.seconds)):
                 walls[name].append(seconds)
+            if sw.seconds == min(walls["engine"]):
+                fastest_batch = batch
         reference = plain["tokens"]
         costs, draft_widths, hf_forward = forward_costs(pair, prompt, reference, widest, rounds)
         # bf16 near-ties can give the engine another greedy output than HF's; a decoder may produce either, so the
@@ -167,12 +180,17 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
         walks = [walk(pair, prompt, output, costs, gamma, widest)
                  for output in ([reference] if out.token_ids == reference else [reference, out.token_ids])]
         fastest = min(walks, key=lambda w: w["bound_s"])
+        steps = [(step.width, step.draft_forwards) for step in fastest_batch.trace.steps]
+        draft_prefilled = any(record.draft_tokens for record in fastest_batch.trace.prefills)
         rows.append({"article": i, "prompt_tokens": len(prompt), "tokens": len(reference),
                      "hf_plain_s": min(walls["plain"]), "hf_lookup_s": min(walls["lookup"]),
                      "engine_s": min(walls["engine"]), "runs_s": walls,
                      "engine_same_output": out.token_ids == reference,
                      "engine_target_forwards": out.stats.target_forwards,
                      "engine_draft_forwards": out.stats.draft_forwards,
+                     # the fastest run's forwards as the ledger timed them, and its steps priced like the schedules
+                     "engine_forwards_s": sum(record.seconds for record in fastest_batch.ledger.records),
+                     "engine_priced_s": priced_run(steps, costs, draft_prefilled),
                      **fastest, "bound_over": "HF's output" if fastest is walks[0] else "the engine's output",
                      **{key: min(w[key] for w in walks) for key in fastest if key.endswith("_s")},
                      "target_forward_ms": [s * 1e3 for s in costs.target], "hf_target_forward_ms": hf_forward * 1e3,
@@ -315,6 +333,7 @@ def summarise(rows: list[dict], widest: int, gamma: int) -> list[dict]:
                         **{f"tree_{n}_ratio": hf / total(f"tree_{n}_every_boundary_s")
                            for n in tree_nodes(gamma, widest)},
                         "engine_ratio": hf / total("engine_s"),
+                        "engine_priced_ratio": hf / total("engine_priced_s"),
                         "draft_scale_for_goal": draft_scale_for(hf / goal, cases, widest)})
     return summary
 
@@ -369,12 +388,16 @@ def report_one(pair: ModelPair, prompts: list[list[int]], args: argparse.Namespa
                                      *((f"tree_{n}_ratio", f"token trees of {n} copied tokens at every step")
                                        for n in tree_nodes(args.gamma, args.widest)),
                                      ("engine_ratio", "engine (adaptive), as run"),
+                                     ("engine_priced_ratio", "engine's steps, priced like the schedules"),
                                      ("draft_needed", "draft costs for the bound to reach the goal")])
     mean = sum(r["draft_forward_ms"] / r["target_forward_ms"][0] for r in rows) / len(rows)
     ours = sum(r["target_forward_ms"][0] / r["hf_target_forward_ms"] for r in rows) / len(rows)
     same = sum(r["engine_same_output"] for r in rows)
     one_two = sum(r["target_forward_ms"][0] / r["target_forward_ms"][1] for r in rows) / len(rows)
     over_engine = sum(r["bound_over"] != "HF's output" for r in rows)
+    forwards, engine = sum(r["engine_forwards_s"] for r in rows), sum(r["engine_s"] for r in rows)
+    engine_forwards = sum(r["engine_target_forwards"] for r in rows)
+    copy_forwards = sum(r[f"copy_{args.gamma}_target_forwards"] for r in rows)
     markdown = (f"The fastest schedule of one-chain speculative decoding over the target's greedy output, {len(rows)} "
                 f"real news articles cut to {args.chars} chars, pair `{args.pair}` ({env['dtype']}), batch 1, "
                 f"{args.max_new_tokens} new tokens; copies and drafts of up to {args.widest} tokens per step.\n\n"
@@ -384,7 +407,10 @@ def report_one(pair: ModelPair, prompts: list[list[int]], args: argparse.Namespa
                 f"step boundary every earlier occurrence's continuation of up to {args.gamma} tokens at once, merged "
                 f"into a tree of so many nodes (no foresight either). All are priced at the "
                 f"forwards' costs alone, each step at the cheapest width that holds it; the engine's time is measured "
-                f"whole, its host work included. A draft forward costs {mean:.2f} target forwards here, our one-token "
+                f"whole, its host work included, and its own steps are priced like the schedules beside it (its "
+                f"forwards took {forwards:.1f} s of its {engine:.1f} s as the ledger timed them; its schedule took "
+                f"{engine_forwards} target forwards, copies of {args.gamma} at every step {copy_forwards}). A draft "
+                f"forward costs {mean:.2f} target forwards here, our one-token "
                 f"target forward {ours:.2f} of HF's and {one_two:.2f} of our two-token one (means over the articles; "
                 f"{env['threads']} torch threads). The engine's output equals HF's on {same} of {len(rows)} articles "
                 f"(bf16 near-ties); where it differs the schedules walk both outputs and keep the faster "

@@ -122,6 +122,18 @@ def copying_at_every_boundary(proposed: Sequence[int], kept: Sequence[int], cost
     return Schedule(seconds, tuple(steps), uses_draft=False)
 
 
+def priced_run(steps: Sequence[tuple[int, int]], costs: ForwardCosts, draft_prefilled: bool) -> float:
+    """A decoder's own run priced like the schedules: its prefills (the draft's where it was prefilled) and, per
+    step (``(width, draft_forwards)``: drafts verified, forwards of the draft model), the verify at the cheapest
+    width that holds it and each draft forward at ``costs.draft``. Beside the run's measured time it tells its
+    schedule apart from how its forwards ran: what the schedules' prices leave out (host work, forwards slower
+    than the fastest of their rounds)."""
+    if any(width > costs.widest_verify for width, _ in steps):
+        raise ValueError(f"a step verifies more than the {costs.widest_verify} drafts whose forwards were timed")
+    seconds = costs.target_prefill + (costs.draft_prefill if draft_prefilled else 0.0)
+    return seconds + sum(costs.verify(width) + forwards * costs.draft for width, forwards in steps)
+
+
 def copy_candidates(text: Sequence[int], end: int, most: int, max_ngram: int = 3) -> list[tuple[int, ...]]:
     """The distinct continuations (up to ``most`` tokens, within ``text[:end]``) that follow the earlier occurrences of
     the last ``max_ngram`` down to 1 tokens of ``text[:end]``: longer suffixes first, later occurrences first within

@@ -21,6 +21,10 @@ def test_the_bound_covers_hfs_output_with_the_forwards_it_timed(tiny) -> None:
     assert at >= row["tokens"] and row["bound_s"] <= row["bound_without_draft_s"]
     assert row["bound_without_draft_s"] <= min(row["copy_2_every_boundary_s"], row["copy_4_every_boundary_s"],
                                                row["tree_3_every_boundary_s"], row["tree_4_every_boundary_s"])
+    # the engine's own steps priced like the schedules: never below the cheapest schedule of its output (fp32: HF's)
+    assert row["engine_same_output"] and row["bound_s"] <= row["engine_priced_s"]
+    assert 0 < row["engine_forwards_s"] < row["engine_s"]
+    assert row["copy_2_target_forwards"] >= row["tokens"] / 3  # a step of a copy of 2 yields at most 3 tokens
     summary = summarise(rows, widest=4, gamma=2)
     assert {s["baseline"] for s in summary} == {"HF plain generate", "HF lookup generate"}
     assert all(s["tree_3_ratio"] <= s["bound_without_draft_ratio"] for s in summary)

@@ -21,6 +21,7 @@ from study.schedule_bound import (
     draft_runs,
     draft_scale_for,
     fastest_schedule,
+    priced_run,
     token_tree,
     tree_kept,
     trees_of_copies_at_every_boundary,
@@ -169,6 +170,17 @@ def test_copying_at_every_boundary_verifies_what_the_rule_proposes_and_is_never_
     for width in (1, 2, 4):
         assert copying_at_every_boundary(proposed, kept, COSTS, width).seconds >= fastest_schedule(
             kept, None, COSTS, 4).seconds
+
+
+def test_a_run_is_priced_step_by_step_like_the_schedules() -> None:
+    # a copy of 4, a plain step, a draft step of 2 (two draft forwards): with the draft's prefill where it ran
+    steps = [(4, 0), (0, 0), (2, 2)]
+    assert priced_run(steps, COSTS, draft_prefilled=True) == pytest.approx(6.0 + 2.0 + 1.6 + 1.0 + 1.25 + 2 * 0.45)
+    assert priced_run(steps, COSTS, draft_prefilled=False) == pytest.approx(6.0 + 1.6 + 1.0 + 1.25 + 2 * 0.45)
+    walk = copying_at_every_boundary([0, 4, 4, 0, 2, 0, 0, 3], [0, 3, 0, 0, 0, 0, 0, 3], COSTS, width=4)
+    assert priced_run([(k, 0) for _, k in walk.steps], COSTS, False) == pytest.approx(walk.seconds)
+    with pytest.raises(ValueError, match="4 drafts"):
+        priced_run([(5, 0)], COSTS, False)
 
 
 def test_a_step_runs_padded_to_a_wider_forward_where_that_one_is_cheaper() -> None:
