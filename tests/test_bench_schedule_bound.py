@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from decoding import random_prompts
 
-from bench.schedule_bound import measure, measure_batches, summarise, summarise_batches
+from bench.schedule_bound import drain_seconds, measure, measure_batches, summarise, summarise_batches
+from sidecar.decoding.trace import BatchTrace, StepRecord
+from sidecar.runtime.ledger import ForwardRecord
 from study.schedule_bound import ForwardCosts, fastest_schedule
 
 
@@ -44,5 +48,24 @@ def test_the_batch_bound_covers_each_rows_output_at_its_share_of_the_batchs_forw
     assert row["bound_s"] == pytest.approx(row["target_prefill_s"] + rows_alone)
     assert row["bound_s"] <= row["bound_without_draft_s"] and row["tokens"] >= 3
     assert row["engine_every_row_s"] > 0 and row["every_row_target_forwards"] >= row["tokens"] / 3 / 4
+    assert row["engine_prefill_s"] < row["engine_forwards_s"] < row["engine_s"]
+    # the drain: the steps after the first row left, each timed; never the first step
+    assert row["engine_drain_steps"] < row["engine_target_forwards"]
+    assert (row["engine_drain_s"] > 0) == (row["engine_drain_steps"] > 0)
     (summary,) = summarise_batches(rows)
     assert summary["goal"] == 1.4 and summary["bound_ratio"] == row["hf_plain_batched_s"] / row["bound_s"]
+
+
+def test_the_drain_is_the_steps_after_the_first_row_left_timed_by_their_target_forwards() -> None:
+    trace = BatchTrace(3, keep=None)
+    for live in (3, 3, 2, 1):
+        trace.add(StepRecord(live=live, width=1, draft_forwards=0, draft_feed=0))
+
+    def verify(seconds: float) -> ForwardRecord:
+        return ForwardRecord("target", "decode", 3, 6, 0, {}, seconds)
+
+    records = [ForwardRecord("target", "prefill", 3, 30, 30, {}, 9.0), verify(1.0),
+               ForwardRecord("draft", "decode", 3, 3, 0, {}, 5.0), verify(2.0), verify(0.5), verify(0.25)]
+    assert drain_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records))) == (2, 0.75)
+    with pytest.raises(RuntimeError, match="not one a step"):
+        drain_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records[:-1])))
