@@ -187,7 +187,8 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
             for name, seconds in (("plain", plain["wall_s"]), ("lookup", lookup["wall_s"]), ("engine", sw.seconds)):
                 walls[name].append(seconds)
             if sw.seconds == min(walls["engine"]):
-                fastest_batch = batch
+                fastest_out, fastest_batch = out, batch
+        out = fastest_out  # the fastest run's output and stats, as its time
         reference = plain["tokens"]
         costs, draft_widths, hf_forward = forward_costs(pair, prompt, reference, widest, rounds)
         # bf16 near-ties can give the engine another greedy output than HF's; a decoder may produce either, so the
