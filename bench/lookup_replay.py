@@ -5,7 +5,8 @@
 
 Per article, the adaptive engine decodes at batch 1; its output then replays (``study.lookup_replay``):
 - the engine's own decisions, which must give its lookup counters exactly (exit 1 otherwise);
-- a copy at every step boundary at width gamma, by the engine's rule and by HF's (tokens per target forward);
+- a copy at every step boundary at width gamma, by the engine's rule, by HF's and by the occurrence that shares
+  the most context (``longest_match_rule``), in tokens per target forward;
 - a copy after every position of the output (the teacher-forced count, which overstates acceptance).
 HF's prompt-lookup ``generate`` (``prompt_lookup_num_tokens`` = gamma) is run too, its target forwards counted,
 where its output is the engine's. Writes bench/results/lookup_replay_<device>[_bf16].json and a markdown table.
@@ -30,7 +31,7 @@ from bench.common import (
 from bench.hf_baselines import hf_speculative_one
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.models.pair import ModelPair
-from study.lookup_replay import Replay, engine_rule, engine_steps, hf_rule, per_position, stepped
+from study.lookup_replay import Replay, engine_rule, engine_steps, hf_rule, longest_match_rule, per_position, stepped
 
 
 def measure(pair: ModelPair, prompts: list[list[int]], limit: int, width: int,
@@ -39,7 +40,7 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, width: int,
     decisions), the engine adaptive at gamma ``width``, each prompt alone, ``limit`` new tokens."""
     decoder = SpeculativeDecoder(pair, gamma=width, adaptive=True)
     decoder.generate([prompts[0][:64]], max_new_tokens=4)  # one-off allocation and kernel selection costs
-    rules = {"engine rule": engine_rule, "HF rule": hf_rule()}
+    rules = {"engine rule": engine_rule, "HF rule": hf_rule(), "longest-match rule": longest_match_rule}
     rows, totals, mismatches = [], {}, []
     for i, prompt in enumerate(prompts):
         seen = len(decoder.controller.decisions)

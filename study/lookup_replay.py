@@ -15,6 +15,8 @@ ways to count it:
 
 ``engine_steps`` walks the engine's own recorded decisions (``GammaController.decisions``) instead, which
 checks the engine's lookup counters (``GenerationStats.lookup_drafted``/``lookup_accepted``) against the rule.
+The rules replayed: the engine's, Hugging Face's, and ``longest_match_rule``, which weighs how much context an
+occurrence shares.
 """
 
 from __future__ import annotations
@@ -88,6 +90,22 @@ def hf_rule(max_ngram: int = 2) -> CopyRule:
         return []
 
     return rule
+
+
+def longest_match_rule(context: Sequence[int], most: int) -> list[int]:
+    """Of every earlier occurrence of the context's last token, the one whose preceding tokens agree with the
+    context's for longest (the latest of equals): a rule that weighs how much context a match shares where the
+    engine's looks at the last 1-3 tokens only."""
+    tokens = list(context)
+    end = len(tokens)
+    best, start = 0, -1
+    for last in range(end - 2, -1, -1):  # an occurrence ending at ``last``, before the context's own last token
+        length = 0
+        while length <= last and tokens[last - length] == tokens[end - 1 - length]:
+            length += 1
+        if length > best:
+            best, start = length, last + 1
+    return tokens[start : start + most] if best else []
 
 
 def matched(proposal: Sequence[int], output: Sequence[int], at: int) -> int:

@@ -10,7 +10,7 @@ from decoding import random_prompts
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from sidecar import SpeculativeDecoder
-from study.lookup_replay import engine_rule, engine_steps, hf_rule, per_position, stepped
+from study.lookup_replay import engine_rule, engine_steps, hf_rule, longest_match_rule, per_position, stepped
 
 
 def test_counting_every_position_weights_the_stretches_that_copy_well():
@@ -35,6 +35,17 @@ def test_the_replay_stops_copies_at_the_token_limit_as_the_engine_does():
     prompt, output = [5, 6, 7, 8, 9, 5], [6, 7, 8, 9]
     assert stepped(prompt, output, 4, limit=4).drafted == 2  # at position 1: 4 - 1 - 1 tokens of room
     assert stepped(prompt, output, 4).drafted == 4  # 7 8 9 5
+
+
+def test_the_longest_match_rule_copies_after_the_occurrence_that_shares_the_most_context():
+    # "2 3 4" occurs twice before the end; the engine's rule copies after the later, the longest match after the
+    # one that "1 2 3 4" shares
+    context = [1, 2, 3, 4, 10, 7, 2, 3, 4, 11, 1, 2, 3, 4]
+    assert engine_rule(context, 2) == [11, 1]
+    assert longest_match_rule(context, 2) == [10, 7]
+    assert longest_match_rule([7, 1, 9, 8, 1, 9, 3, 1, 9], 2) == [3, 1]  # "1 9" twice, alike: the later
+    assert longest_match_rule([5, 6, 5, 6], 3) == [5, 6]  # a match may run back to the text's start
+    assert longest_match_rule([1, 2, 3], 4) == []  # the last token occurs nowhere before
 
 
 def test_hf_rule_proposes_what_transformers_proposes():
