@@ -5,8 +5,9 @@
 
 Per article, the adaptive engine decodes at batch 1; its output then replays (``study.lookup_replay``):
 - the engine's own decisions, which must give its lookup counters exactly (exit 1 otherwise);
-- a copy at every step boundary at width gamma, by the engine's rule, by HF's and by the occurrence that shares
-  the most context (``longest_match_rule``), in tokens per target forward;
+- a copy at every step boundary at width gamma, by the engine's rule, by HF's, by the occurrence that shares
+  the most context (``longest_match_rule``) and by the occurrence whose copy holds longest (``foresight``: an
+  oracle, what a choice of occurrence could at best win), in tokens per target forward;
 - a copy after every position of the output (the teacher-forced count, which overstates acceptance).
 HF's prompt-lookup ``generate`` (``prompt_lookup_num_tokens`` = gamma) is run too, its target forwards counted,
 where its output is the engine's. Writes bench/results/lookup_replay_<device>[_bf16].json and a markdown table.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 import torch
 
@@ -31,7 +33,31 @@ from bench.common import (
 from bench.hf_baselines import hf_speculative_one
 from sidecar import SidecarEngine, SidecarRequest, SpeculativeDecoder, load_pair
 from sidecar.models.pair import ModelPair
-from study.lookup_replay import Replay, engine_rule, engine_steps, hf_rule, longest_match_rule, per_position, stepped
+from study.lookup_replay import (
+    CopyRule,
+    Replay,
+    engine_rule,
+    engine_steps,
+    hf_rule,
+    longest_match_rule,
+    matched,
+    per_position,
+    stepped,
+)
+from study.schedule_bound import copy_candidates
+
+
+def foresight(prompt: list[int], output: list[int]) -> CopyRule:
+    """Not a rule but an oracle over ``output``: of every earlier occurrence of the last 1-3 tokens, the
+    continuation that ``output`` repeats longest (``study.schedule_bound.copy_candidates``), the choice a rule of
+    which occurrence to copy could at best make."""
+
+    def rule(context: Sequence[int], most: int) -> list[int]:
+        at = len(context) - len(prompt)
+        candidates = copy_candidates(context, len(context), most)
+        return list(max(candidates, key=lambda c: matched(c, output, at), default=()))
+
+    return rule
 
 
 def measure(pair: ModelPair, prompts: list[list[int]], limit: int, width: int,
@@ -56,7 +82,7 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, width: int,
                 st.lookup_drafted, st.lookup_accepted, st.target_forwards)
             if not row["replay_matches_counters"]:
                 mismatches.append(i)
-        for name, rule in rules.items():
+        for name, rule in {**rules, "best occurrence (foresight)": foresight(prompt, tokens)}.items():
             walk, forced = stepped(prompt, tokens, width, rule, limit), per_position(prompt, tokens, width, rule, limit)
             row[f"{name} target_forwards"] = walk.target_forwards
             both = totals.setdefault(name, (Replay(), Replay()))

@@ -16,3 +16,6 @@ def test_the_engines_counters_and_hfs_forwards_match_their_replays(tiny) -> None
     for r in rows:  # HF decodes the tiny pair in fp32 too: the same output, and its forwards as its rule walks
         assert r["hf_same_output"] and r["hf_target_forwards"] == r["HF rule target_forwards"]
     assert summary[-1]["tokens_per_target_forward"] == summary[-1]["replayed"]
+    walks = {row["what"] for row in summary}
+    assert {f"{rule}, a copy of 4 at every step boundary" for rule in ("engine rule", "longest-match rule",
+                                                                       "best occurrence (foresight)")} <= walks
