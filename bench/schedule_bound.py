@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 
 import torch
@@ -112,16 +112,31 @@ def engine_run(engine: SpeculativeDecoder, prompts: list[list[int]], limit: int)
     return [outs[i] for i in range(len(prompts))], batch
 
 
-def drain_seconds(batch: SlotBatch) -> tuple[int, float]:
-    """The steps of ``batch`` with fewer rows live than it started with (its drain, which a static batch has: rows
-    leave and none join) and their target forwards' seconds as the ledger timed them (one target forward a step)."""
-    steps = batch.trace.steps
-    verifies = [r for r in batch.ledger.records if r.model == "target" and r.kind == "decode"]
-    if len(verifies) != len(steps):
-        raise RuntimeError(f"{len(steps)} steps but {len(verifies)} target decode forwards: not one a step")
+@dataclass(frozen=True)
+class StepSeconds:
+    """A batch's decode steps split at its first row's end, each step's forwards as the ledger timed them: its
+    draft forwards and its target forward (a step ends with its one target forward)."""
+
+    full_steps: int
+    full_s: float
+    drain_steps: int  # steps with fewer rows live than the batch started with: rows leave and none join
+    drain_s: float
+
+
+def step_seconds(batch: SlotBatch) -> StepSeconds:
+    """``batch``'s steps with every row live and its drain (a static batch's: rows leave and none join), timed."""
+    steps, seconds, step_s = batch.trace.steps, [], 0.0
+    for record in batch.ledger.records:
+        if record.kind == "decode":
+            step_s += record.seconds
+            if record.model == "target":
+                seconds.append(step_s)
+                step_s = 0.0
+    if len(seconds) != len(steps):
+        raise RuntimeError(f"{len(steps)} steps but {len(seconds)} target decode forwards: not one a step")
     full = max((s.live for s in steps), default=0)
-    drained = [v.seconds for s, v in zip(steps, verifies, strict=True) if s.live < full]
-    return len(drained), sum(drained)
+    drained = [t for s, t in zip(steps, seconds, strict=True) if s.live < full]
+    return StepSeconds(len(steps) - len(drained), sum(seconds) - sum(drained), len(drained), sum(drained))
 
 
 def forward_costs(pair: ModelPair, prompt: list[int], output: list[int], widest: int,
@@ -179,6 +194,7 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
     rows = []
     for i, prompt in enumerate(prompts):
         walls: dict[str, list[float]] = {"plain": [], "lookup": [], "engine": []}
+        engine_runs = []
         for _ in range(repeats):
             plain = hf_plain_one(pair, prompt, limit)
             lookup = hf_speculative_one(pair, prompt, limit, prompt_lookup_num_tokens=gamma)
@@ -186,9 +202,8 @@ def measure(pair: ModelPair, prompts: list[list[int]], limit: int, gamma: int, w
                 (out,), batch = engine_run(engine, [prompt], limit)
             for name, seconds in (("plain", plain["wall_s"]), ("lookup", lookup["wall_s"]), ("engine", sw.seconds)):
                 walls[name].append(seconds)
-            if sw.seconds == min(walls["engine"]):
-                fastest_out, fastest_batch = out, batch
-        out = fastest_out  # the fastest run's output and stats, as its time
+            engine_runs.append((sw.seconds, out, batch))
+        _, out, fastest_batch = min(engine_runs, key=lambda run: run[0])  # the fastest run's output, as its time
         reference = plain["tokens"]
         costs, draft_widths, hf_forward = forward_costs(pair, prompt, reference, widest, rounds)
         # bf16 near-ties can give the engine another greedy output than HF's; a decoder may produce either, so the
@@ -278,6 +293,7 @@ def measure_batches(pair: ModelPair, prompts: list[list[int]], batch: int, limit
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         walls: dict[str, list[float]] = {"plain": [], "engine": [], "every_row": []}
+        engine_runs = []
         for _ in range(repeats):
             hf = hf_plain_batched(pair, chunk, limit)
             with Stopwatch(pair.device) as sw:
@@ -287,10 +303,9 @@ def measure_batches(pair: ModelPair, prompts: list[list[int]], batch: int, limit
             walls["plain"].append(hf["wall_s"])
             walls["engine"].append(sw.seconds)
             walls["every_row"].append(before.seconds)
-            if sw.seconds == min(walls["engine"]):
-                fastest_outs, fastest_run = outs, ran
-        outs = fastest_outs  # the fastest run's outputs and stats, as its time
-        drain_steps, drain_s = drain_seconds(fastest_run)
+            engine_runs.append((sw.seconds, outs, ran))
+        _, outs, fastest_run = min(engine_runs, key=lambda run: run[0])  # the fastest run's outputs, as its time
+        timed_steps = step_seconds(fastest_run)
         references = hf["tokens"]
         costs, timed = batch_forward_costs(pair, chunk, references, widest, rounds)
         # the engines' own prefills (their planner's grouping of the rows; the draft's too where they prefilled it)
@@ -313,9 +328,10 @@ def measure_batches(pair: ModelPair, prompts: list[list[int]], batch: int, limit
                "engine_prefill_s": engine_prefill, "every_row_prefill_s": every_row_prefill,
                "engine_draft_forwards": max(o.stats.draft_forwards for o in outs),
                "engine_target_forwards": max(o.stats.target_forwards for o in outs),
-               # the fastest run's forwards as the ledger timed them, and its steps with rows gone (the drain)
+               # the fastest run's forwards as the ledger timed them, and its steps, with every row and with rows
+               # gone (the drain)
                "engine_forwards_s": sum(r.seconds for r in fastest_run.ledger.records),
-               "engine_drain_steps": drain_steps, "engine_drain_s": drain_s,
+               **{f"engine_{key}": value for key, value in asdict(timed_steps).items()},
                "every_row_target_forwards": max(o.stats.target_forwards for o in before_outs),
                "every_row_draft_forwards": max(o.stats.draft_forwards for o in before_outs),
                "bound_s": batch_bound([tuple(r) for r in runs], costs, widest),
@@ -472,10 +488,12 @@ def report_batches(pair: ModelPair, prompts: list[list[int]], args: argparse.Nam
         f"reference; the engine's equals it on {same} of {args.articles} rows (near-ties; where it differs the bound",
         "takes the faster of the two). The engine, measured whole in",
         f"{sum(r['engine_s'] for r in rows):.1f} s: its prefill {sum(r['engine_prefill_s'] for r in rows):.1f} s,",
-        f"its forwards {sum(r['engine_forwards_s'] for r in rows):.1f} s as the ledger timed them, of which",
-        f"{sum(r['engine_drain_s'] for r in rows):.1f} s in the {sum(r['engine_drain_steps'] for r in rows)} steps",
-        "after its first row had finished (the drain, where fewer rows share each forward; the bound charges every",
-        "row its share of a full batch's). Every time is the fastest of its runs (study/schedule_bound.py,",
+        f"its forwards {sum(r['engine_forwards_s'] for r in rows):.1f} s as the ledger timed them: its",
+        f"{sum(r['engine_full_steps'] for r in rows)} steps with every row live took",
+        f"{sum(r['engine_full_s'] for r in rows):.1f} s and its {sum(r['engine_drain_steps'] for r in rows)} steps",
+        f"after its first row had finished {sum(r['engine_drain_s'] for r in rows):.1f} s (the drain, where fewer",
+        "rows share each forward; the bound charges every row its share of a full batch's). Every time is the",
+        "fastest of its runs (study/schedule_bound.py,",
         "bench/schedule_bound.py)."])
     return {"summary": summary, "batches": rows}, markdown
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from decoding import random_prompts
 
-from bench.schedule_bound import drain_seconds, measure, measure_batches, summarise, summarise_batches
+from bench.schedule_bound import StepSeconds, measure, measure_batches, step_seconds, summarise, summarise_batches
 from sidecar.decoding.trace import BatchTrace, StepRecord
 from sidecar.runtime.ledger import ForwardRecord
 from study.schedule_bound import ForwardCosts, fastest_schedule
@@ -49,14 +49,15 @@ def test_the_batch_bound_covers_each_rows_output_at_its_share_of_the_batchs_forw
     assert row["bound_s"] <= row["bound_without_draft_s"] and row["tokens"] >= 3
     assert row["engine_every_row_s"] > 0 and row["every_row_target_forwards"] >= row["tokens"] / 3 / 4
     assert row["engine_prefill_s"] < row["engine_forwards_s"] < row["engine_s"]
-    # the drain: the steps after the first row left, each timed; never the first step
-    assert row["engine_drain_steps"] < row["engine_target_forwards"]
+    # the steps with every row live, then the drain: the steps after the first row left, each timed
+    assert row["engine_full_steps"] >= 1 and row["engine_drain_steps"] < row["engine_target_forwards"]
     assert (row["engine_drain_s"] > 0) == (row["engine_drain_steps"] > 0)
+    assert 0 < row["engine_full_s"] + row["engine_drain_s"] < row["engine_forwards_s"]  # the prefill's are apart
     (summary,) = summarise_batches(rows)
     assert summary["goal"] == 1.4 and summary["bound_ratio"] == row["hf_plain_batched_s"] / row["bound_s"]
 
 
-def test_the_drain_is_the_steps_after_the_first_row_left_timed_by_their_target_forwards() -> None:
+def test_a_batch_s_steps_split_at_the_first_row_s_end_each_timed_by_its_draft_and_target_forwards() -> None:
     trace = BatchTrace(3, keep=None)
     for live in (3, 3, 2, 1):
         trace.add(StepRecord(live=live, width=1, draft_forwards=0, draft_feed=0))
@@ -66,6 +67,7 @@ def test_the_drain_is_the_steps_after_the_first_row_left_timed_by_their_target_f
 
     records = [ForwardRecord("target", "prefill", 3, 30, 30, {}, 9.0), verify(1.0),
                ForwardRecord("draft", "decode", 3, 3, 0, {}, 5.0), verify(2.0), verify(0.5), verify(0.25)]
-    assert drain_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records))) == (2, 0.75)
+    assert step_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records))) == StepSeconds(
+        full_steps=2, full_s=8.0, drain_steps=2, drain_s=0.75)
     with pytest.raises(RuntimeError, match="not one a step"):
-        drain_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records[:-1])))
+        step_seconds(SimpleNamespace(trace=trace, ledger=SimpleNamespace(records=records[:-1])))
