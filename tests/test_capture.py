@@ -4,6 +4,7 @@ break and no recompile after warm-up. Compiled tests use a one-layer pair: compi
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 
@@ -354,6 +355,35 @@ def test_a_decode_forward_runs_the_shape_it_is_given_and_refuses_one_no_bucket_o
         hidden = compiled(view, ids, shape=ForwardShape(3, 8, 2))
     assert compiled.counters.shapes == Counter({(8, 2, 65): 1}), "the runner padded to a batch of its own"
     torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_compiled_forward_writes_the_cache_in_place_and_compiles_each_layer_once(monkeypatch):
+    """Inductor's code for a decode forward of a three-layer stack: it allocates no buffer of a cache layer's shape
+    (a scatter_ into the cache, read after it, copied every layer's keys and values whole on every forward:
+    the cache is written with index_put_), and it defines the layer's two regions once, called by every layer
+    (``DecoderStack``'s nested regions: a compile does not grow with the depth)."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    from sidecar.runtime import capture
+
+    monkeypatch.setattr(capture, "REGIONAL_DEPTH", 3)
+    pair = tiny_pair(layers=3)
+    cache = RowKVCache(pair.target, 2, 64)
+    cache.commit(5)
+    runner = StackRunner(pair.target, "compile")
+    ids = torch.tensor(random_prompts(pair, [2, 2], seed=3))
+    with torch.inference_mode(), config.patch(force_disable_caches=True):
+        hidden, code = run_and_get_code(lambda: runner(cache, ids))
+        expected = StackRunner(pair.target, "eager")(cache, ids)
+    torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
+    source = "\n".join(code)
+    layer_shape = tuple(cache.keys[0].shape)
+    assert f"empty_strided_cpu({layer_shape}" not in source.replace("\n", ""), "a cache layer was copied"
+    regions = {line.split("(")[0] for line in source.splitlines() if line.lstrip().startswith("def repeated_subgraph")}
+    assert len(regions) == 2, f"the layer's regions were not reused: {sorted(regions)}"
+    assert len(re.findall(r"= repeated_subgraph\d+\(", source)) == 2 * 3, "every layer calls both regions"
 
 
 @pytest.mark.slow

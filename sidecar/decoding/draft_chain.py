@@ -51,7 +51,7 @@ def chain_applies(runner: StackRunner | None, rows: Sequence[LiveRow], forwards:
         return False
     if any(isinstance(r, DraftOnlyRow) and (r.matcher is not None or r.top_logprobs is not None) for r in rows):
         return False
-    cpu = runner.stack.rope.device.type == "cpu"
+    cpu = runner.stack.cos.device.type == "cpu"
     return not (cpu and any(not r.sampling.greedy and r.sampling.top_p < 1 for r in rows))
 
 
