@@ -68,7 +68,8 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
         assert row["hf_plain_tps"] > 0 and row["engine_static_tps"] > 0
     assert rows[0]["hf_assisted_tps"] > 0 and "hf_assisted_tps" not in rows[1]
     written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
-    assert written["environment"]["commit"] and written["pairs"][0]["identity"]["match_rate"] == 1.0
+    assert written["complete"] and written["environment"]["commit"]
+    assert written["pairs"][0]["identity"]["match_rate"] == 1.0
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
@@ -77,8 +78,24 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
     # the capture-mode part on its small random pair: plain and speculative rows, each naming its mode
     assert [(r["mode"], r["decoding"], r["batch"]) for r in written["capture"]["rows"]] == [
-        ("eager", "plain", 1), ("eager", "speculative γ=4", 1), ("eager", "speculative γ=4", 2)]
-    assert "| eager | speculative γ=4 | 2 |" in md
+        ("eager", "plain", 1), ("eager", "speculative γ=4", 1), ("eager", "plain", 2), ("eager", "speculative γ=4", 2)]
+    assert "| eager | speculative γ=4 | 2 |" in md and "| eager | plain | 2 |" in md
+
+
+def test_a_check_cut_off_mid_run_keeps_every_part_it_finished(results: Path, monkeypatch) -> None:
+    """A lent machine's command has a time limit, and a kill there ends the check wherever it is: the results are
+    written after each part, so what finished is on disk, marked incomplete."""
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what the machine's limit does to the pair's parts
+
+    monkeypatch.setattr("bench.gpu_check.main.check_pair", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([*QUICK_TINY_CPU, "--step-cost-batches", "1"])
+    written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
+    assert written["complete"] is False and written["pairs"] == [] and written["step_costs"]["rows"]
+    assert written["environment"]["commit"]
+    assert "**Incomplete**" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
 def test_a_spent_budget_skips_what_is_left_and_says_so(results: Path) -> None:
@@ -443,6 +460,6 @@ def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     # the step costs too: a draft step and a verify at each gamma 0-4 of both models at batches 1 and 2; and the
-    # capture modes: plain, then speculative at batches 1 and 2
+    # capture modes: plain, then speculative, at batches 1 and 2
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1, "step_costs": 24,
-                                                                "capture": 3}
+                                                                "capture": 4}

@@ -95,21 +95,26 @@ def test_eager_and_compiled_modes_are_measured_counted_and_reported(results, mon
     assert "Goals: captured plain reaches >= 70% of memory bandwidth: not measured;" in md
 
 
-def modes_of(plain: dict[str, float], speculative: dict[tuple[str, int], float]) -> list[dict]:
-    """Measured modes as ``measure_mode`` returns them, from tokens/s per mode (plain) and (mode, batch)."""
-    return [{"mode": mode, "rows": [{"mode": mode, "decoding": "plain", "batch": 1, "tokens_per_s": tps}]
-             + [{"mode": m, "decoding": "speculative γ=4", "batch": b, "tokens_per_s": s}
-                for (m, b), s in speculative.items() if m == mode]} for mode, tps in plain.items()]
+def modes_of(plain: dict[tuple[str, int], float], speculative: dict[tuple[str, int], float]) -> list[dict]:
+    """Measured modes as ``measure_mode`` returns them, from tokens/s per (mode, batch), plain and speculative."""
+    modes = dict.fromkeys(m for m, _ in plain)
+    return [{"mode": mode, "rows": [{"mode": m, "decoding": decoding, "batch": b, "tokens_per_s": tps}
+                                    for decoding, runs in (("plain", plain), ("speculative γ=4", speculative))
+                                    for (m, b), tps in runs.items() if m == mode]} for mode in modes]
 
 
 def test_bandwidth_ratios_and_goals_follow_the_numbers() -> None:
-    measured = modes_of({"eager": 20.0, "cudagraph": 200.0},
+    measured = modes_of({("eager", 1): 20.0, ("eager", 8): 100.0, ("cudagraph", 1): 200.0, ("cudagraph", 8): 150.0},
                         {("eager", 1): 30.0, ("eager", 8): 200.0, ("cudagraph", 1): 320.0, ("cudagraph", 8): 180.0})
     table = part.compare(measured, peak=1e12, bytes_per_token=4 * 10**9)
     rows = {(r["mode"], r["batch"], r["decoding"]): r for r in table}
     assert rows["cudagraph", 1, "plain"]["bandwidth_share"] == pytest.approx(0.8)  # 4 GB x 200 / 1 TB/s
     assert rows["eager", 1, "plain"]["bandwidth_share"] == pytest.approx(0.08)
+    # at batch 8 a forward yields 8 tokens: 150 tok/s is 18.75 forwards/s of 4 GB each
+    assert rows["cudagraph", 8, "plain"]["bandwidth_share"] == pytest.approx(0.075)
     assert rows["cudagraph", 1, "speculative γ=4"]["vs_plain"] == pytest.approx(1.6)
+    assert rows["cudagraph", 8, "speculative γ=4"]["vs_plain"] == pytest.approx(1.2), "against plain at batch 8"
+    assert rows["eager", 8, "speculative γ=4"]["vs_plain"] == pytest.approx(2.0)
     assert rows["cudagraph", 8, "speculative γ=4"]["vs_eager"] == pytest.approx(0.9)
     assert "vs_eager" not in rows["eager", 8, "speculative γ=4"]
     verdicts = list(part.goals(table).values())
@@ -151,7 +156,7 @@ def test_a_pair_out_of_memory_gives_way_to_the_next_smaller(monkeypatch) -> None
 
 def test_a_spent_deadline_skips_the_runs_and_says_so() -> None:
     result = part.capture_modes("small", ["eager"], [1, 2], 4, 2, CPU, torch.float32, Deadline.after(-1))
-    assert [r["skipped"] for r in result["rows"]] == ["skipped: deadline reached"] * 3
+    assert [r["skipped"] for r in result["rows"]] == ["skipped: deadline reached"] * 4  # plain, speculative, each batch
     assert set(result["goals"].values()) == {"not measured"}
 
 
@@ -197,6 +202,6 @@ def test_a_batch_out_of_memory_is_skipped_and_says_so_while_the_others_run(monke
 
     monkeypatch.setattr(part, "speculative_decode", batch_two_does_not_fit)
     result = part.capture_modes("small", ["eager"], [1, 2, 3], 4, 2, CPU, torch.float32, Deadline.after(120))
-    one, two, three = result["rows"][1:]
+    one, two, three = [r for r in result["rows"] if r["decoding"] != "plain"]
     assert two["skipped"] == "skipped: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)"
     assert one["tokens_per_s"] > 0 and three["tokens_per_s"] > 0 and result["failed"] == []

@@ -15,11 +15,11 @@ Second, within a share of what is left (what it leaves goes to the pairs), the c
 (``capture_modes``): on the largest pair that fits, random-initialised Qwen2.5-7B + 1.5B on CUDA (else 1.5B +
 0.5B; ``--capture-check small`` elsewhere), whose weights make the draft agree with the target on a known share
 of tokens (``synthetic_pair``), per capture mode (``--capture-modes``, default eager and cudagraph on CUDA, eager
-and compile elsewhere): the target's plain tokens/s at batch 1 with the share of the GPU's memory bandwidth it
-reaches (peak from ``study/cost/gpus.json``, else unknown), speculative tokens/s at each of ``--capture-batches``
-(1, 8, 32) and their ratio to plain in the same mode, captured over eager at each batch, the mode's compiles,
-recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory its graphs hold; issue 40's GPU
-goals, each met or not met. A graph break or a recompile after warm-up fails the check.
+and compile elsewhere): the target's plain tokens/s and speculative tokens/s at each of ``--capture-batches``
+(1, 8, 32), plain's share of the GPU's memory bandwidth (peak from ``study/cost/gpus.json``, else unknown),
+speculation's ratio to plain at each batch in the same mode, captured over eager at each batch, the mode's
+compiles, recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory its graphs hold;
+issue 40's GPU goals, each met or not met. A graph break or a recompile after warm-up fails the check.
 
 Then for each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
 neither on disk the tiny pair runs and the report says so) it chooses the dtype as every command that loads a
@@ -41,7 +41,9 @@ CPU the faster of bf16 and fp32 at the target's shapes), prints it with why, the
 
 A global deadline (``--budget-s``) bounds the whole check: each pair gets an equal share of what is left, each
 part a share of its pair's time, and a measurement that would not end in time is skipped and says so. A
-measurement in progress is never interrupted, so the check can overrun by at most one of them. The check exits
+measurement in progress is never interrupted, so the check can overrun by at most one of them; the results are
+written after each part (marked incomplete until the last), so a machine's time limit loses only the part it
+cut off. The check exits
 non-zero when a pair fails to load, a part (the step costs and capture modes too) raises, a row mismatches, a
 decode syncs over its budget, or a capture mode breaks its graph or recompiles after warm-up.
 Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.

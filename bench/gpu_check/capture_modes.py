@@ -6,17 +6,19 @@ default on CUDA; Qwen2.5-1.5B and -0.5B when the first does not fit) or ``SMALL`
 only), whose draft agrees with the target on ``AGREEMENT`` of the tokens. Per mode, in one process, after a
 warm-up run of every shape (where compiles and CUDA graph captures happen), the fastest of ``TIMED_RUNS``:
 
-* plain: the target alone, batch 1, one token per forward (``sidecar.runtime.forward`` in the mode, greedy on
-  the device), ``--max-new-tokens`` tokens; with the share of the GPU's peak memory bandwidth it reaches: the
-  target's weights but its input embedding (of which a forward reads one row per token) per token, over the
-  time per token, over the peak bandwidth of ``study/cost/gpus.json`` (unknown for a GPU it does not list);
+* plain: the target alone, one token per forward (``sidecar.runtime.forward`` in the mode, greedy on the device),
+  ``--max-new-tokens`` tokens, at each of ``--capture-batches`` (identical rows); with the share of the GPU's
+  peak memory bandwidth it reaches: the target's weights but its input embedding (of which a forward reads one
+  row per token) per forward, over the time per forward, over the peak bandwidth of ``study/cost/gpus.json``
+  (unknown for a GPU it does not list);
 * speculative: ``SpeculativeDecoder`` in the mode, fixed gamma (``--gamma``), no prompt lookup, static batches
   of identical rows at each of ``--capture-batches`` (so every row accepts alike and the step's shapes stay
   those of the warm-up), ``--max-new-tokens`` tokens each; tokens/s of the decode phase (prefill excluded, as
-  in plain), its ratio to plain in the same mode, captured over eager at the same batch, and how many rows
-  wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as a user makes
-  it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in cudagraph mode the
-  timed runs replay the graphs the warm-up captured over their addresses;
+  in plain), its ratio to plain at the same batch in the same mode, captured over eager at the same batch, and
+  how many rows wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as
+  a user makes it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in
+  cudagraph mode the timed runs replay the graphs the warm-up captured over their addresses; the warm-up
+  compiles greedy chains only (``set_sampled``);
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), distinct shapes and
   compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still holds once its decoder
   is gone and the allocator's free blocks are returned: ``torch.cuda.memory_allocated`` and ``memory_reserved``
@@ -46,6 +48,7 @@ from sidecar.runtime.forward import forward, logits_at, prefill
 from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.pools import release_free
 from sidecar.runtime.syncs import synchronize
+from sidecar.runtime.warmup import batch_buckets, set_sampled
 from study.cost.catalog import find_gpu, load_catalog
 from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
 
@@ -101,16 +104,17 @@ def memory(device: torch.device) -> dict:
 
 
 def plain_decode(pair: ModelPair, cache: RowKVCache, prompt: list[int], tokens: int) -> tuple[list[int], float]:
-    """The target alone, greedy, one token per forward at batch 1 over ``cache`` (emptied first): (the tokens,
-    seconds of the decode phase). No host read per token: an upper bound on plain decoding's speed.
+    """The target alone, greedy, one token per forward for each of ``cache``'s rows (all ``prompt``; emptied
+    first): (the first row's tokens, seconds of the decode phase). No host read per token: an upper bound on plain
+    decoding's speed.
 
     Every run reuses one cache: a CUDA graph replays over the buffers it was captured with, and a new cache
     would make it capture again inside the timed run."""
-    model, device = pair.target, pair.device
-    cache.rollback([0])
-    hidden = prefill(model, cache, [prompt], None)
-    index = torch.zeros(1, 1, dtype=torch.long, device=device)
-    token = logits_at(model, hidden, index).argmax(-1)  # [1, 1], stays on the device
+    model, device, rows = pair.target, pair.device, cache.batch_size
+    cache.rollback([0] * rows)
+    hidden = prefill(model, cache, [prompt] * rows, None)
+    index = torch.zeros(rows, 1, dtype=torch.long, device=device)
+    token = logits_at(model, hidden, index).argmax(-1)  # [rows, 1], stays on the device
     out = [token]
     synchronize(device)
     began = time.perf_counter()
@@ -120,6 +124,14 @@ def plain_decode(pair: ModelPair, cache: RowKVCache, prompt: list[int], tokens: 
         out.append(token)
     synchronize(device)
     return [int(t) for t in torch.cat(out, 1)[0]], time.perf_counter() - began
+
+
+def shapes_to_compile(pair: ModelPair, batch: int, compiled: set[int]) -> int:
+    """The decode shapes a warm-up of a new cache of ``batch`` rows compiles (``sidecar.runtime.warmup``): both
+    models' widths and chains at each of its batch buckets not ``compiled`` yet (0 in eager mode)."""
+    runners = [r for r in (runner_of(pair.target), runner_of(pair.draft)) if r is not None and r.static]
+    per_bucket = sum(len(r.widths) + len(r.chain_forwards) * (2 if r.warm_sampled else 1) for r in runners)
+    return per_bucket * len(set(batch_buckets(batch)) - compiled)
 
 
 def speculative_decode(decoder: SpeculativeDecoder, prompt: list[int], tokens: int, batch: int) -> dict:
@@ -136,53 +148,71 @@ def speculative_decode(decoder: SpeculativeDecoder, prompt: list[int], tokens: i
 
 def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, gamma: int,
                  deadline: Deadline) -> dict:
-    """One mode's rows (plain at batch 1, speculative at each batch) and what it cost."""
+    """One mode's rows (plain, then speculative, at each batch) and what it cost."""
     device = pair.device
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     before = memory(device)
     decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=False, prompt_lookup=False, capture=mode)
+    set_sampled(pair.draft, False)  # greedy rows only: the sampled chains would compile for nothing
     # rows end at EOS before their limit, so no step narrows near a limit: the warm-up's shapes are the run's
     prompt = prompt_for(pair, PROMPT_TOKENS, tokens)
     limit = tokens + 2 * gamma + 2
     capacity = PROMPT_TOKENS + tokens + 8
     rows: list[dict] = []
     after_warmup = 0  # compiles and recompiles of the timed runs
-    last: tuple[int, float] | None = None  # (batch, seconds) of the latest speculative run
-    plain_seconds = 0.0
+    seconds_at: dict[tuple[str, int], float] = {}  # (decoding, batch) -> a timed run's seconds
+    compiled: set[int] = set()  # the batch buckets the speculative warm-ups compiled
 
     def compile_estimate(new_shapes: int) -> float:
         counts = counters(pair)
         events = compile_events(counts)
         return new_shapes * sum(c["compile_seconds"] for c in counts.values()) / events if events else 0.0
 
-    row: dict = {"mode": mode, "decoding": "plain", "batch": 1}
-    if reason := deadline.skip_reason(compile_estimate(1)):
-        row["skipped"] = reason
-    else:
-        cache = RowKVCache(pair.target, 1, capacity)
-        plain_decode(pair, cache, prompt, PLAIN_WARMUP_TOKENS)
-        warm = compile_events(counters(pair))
-        plain_tokens, seconds = min((plain_decode(pair, cache, prompt, tokens) for _ in range(TIMED_RUNS)),
-                                    key=lambda run: run[1])
-        del cache
-        after_warmup += compile_events(counters(pair)) - warm
-        row |= {"tokens_per_s": (tokens - 1) / seconds, "tokens": plain_tokens}
-        plain_seconds = seconds
-    rows.append(row)
+    def run_estimate(decoding: str, batch: int) -> float:
+        """A run's time grows at most linearly with its batch: from the latest batch of ``decoding`` measured, else
+        from the latest run of any."""
+        done = [(b, s) for (d, b), s in seconds_at.items() if d == decoding] or list(
+            (b, s) for (_, b), s in seconds_at.items())
+        if not done:
+            return 0.0
+        measured, seconds = done[-1]
+        return seconds * batch / measured
+
     for batch in batches:
+        row: dict = {"mode": mode, "decoding": "plain", "batch": batch}
+        # a plain run at a new batch compiles its one shape
+        if reason := deadline.skip_reason((1 + TIMED_RUNS) * run_estimate("plain", batch) + compile_estimate(1)):
+            row["skipped"] = reason
+        else:
+            try:
+                cache = RowKVCache(pair.target, batch, capacity)
+                plain_decode(pair, cache, prompt, PLAIN_WARMUP_TOKENS)
+                warm = compile_events(counters(pair))
+                plain_tokens, seconds = min((plain_decode(pair, cache, prompt, tokens) for _ in range(TIMED_RUNS)),
+                                            key=lambda run: run[1])
+                del cache
+                after_warmup += compile_events(counters(pair)) - warm
+                row |= {"tokens_per_s": batch * (tokens - 1) / seconds, "tokens": plain_tokens}
+                seconds_at["plain", batch] = seconds
+            except torch.cuda.OutOfMemoryError as exc:  # a larger batch than the device holds: a limit
+                row["skipped"] = f"skipped: out of memory ({str(exc).splitlines()[0][:160]})"
+                gc.collect()
+                torch.cuda.empty_cache()
+        rows.append(row)
+        plain = row
         row = {"mode": mode, "decoding": f"speculative γ={gamma}", "batch": batch}
-        # a run's time grows at most linearly with its batch; a batch of new shapes compiles a verify and the
-        # draft's two widths
-        base = last[1] * batch / last[0] if last else plain_seconds
-        if reason := deadline.skip_reason((1 + TIMED_RUNS) * base + compile_estimate(3)):
+        estimate = ((1 + TIMED_RUNS) * run_estimate(row["decoding"], batch)
+                    + compile_estimate(shapes_to_compile(pair, batch, compiled)))
+        if reason := deadline.skip_reason(estimate):
             row["skipped"] = reason
             rows.append(row)
             continue
         warm = None
         try:
             speculative_decode(decoder, prompt, limit, batch)  # warm-up: compiles and captures happen here
+            compiled |= set(batch_buckets(batch))
             warm = compile_events(counters(pair))
             began = time.perf_counter()
             run = max((speculative_decode(decoder, prompt, limit, batch) for _ in range(TIMED_RUNS)),
@@ -196,10 +226,10 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
         finally:
             if warm is not None:
                 after_warmup += compile_events(counters(pair)) - warm
-        last = (batch, (time.perf_counter() - began) / TIMED_RUNS)
+        seconds_at[row["decoding"], batch] = (time.perf_counter() - began) / TIMED_RUNS
         row |= run
-        if "tokens" in rows[0]:  # greedy: every row writes what plain decoding wrote
-            row["rows_identical_to_plain"] = sum(r[:tokens] == rows[0]["tokens"] for r in run["rows"])
+        if "tokens" in plain:  # greedy: every row writes what plain decoding wrote
+            row["rows_identical_to_plain"] = sum(r[:tokens] == plain["tokens"] for r in run["rows"])
         rows.append(row)
     counts = counters(pair)
     result = {"mode": mode, "reason": pair.capture_reason, "rows": rows,
@@ -222,20 +252,22 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
 
 
 def compare(modes: list[dict], peak: float | None, bytes_per_token: int) -> list[dict]:
-    """Each row's ratio to plain in its mode, share of bandwidth (plain), and ratio to eager at its batch."""
+    """Each row's ratio to plain decoding at its batch in its mode, share of bandwidth (plain: the weights one
+    forward reads, times forwards per second), and ratio to eager at its batch."""
     eager = {(r["decoding"], r["batch"]): r for m in modes if m["mode"] == "eager" for r in m["rows"]}
     table = []
     for m in modes:
-        plain = next((r for r in m["rows"] if r["decoding"] == "plain" and "tokens_per_s" in r), None)
+        plain = {r["batch"]: r for r in m["rows"] if r["decoding"] == "plain" and "tokens_per_s" in r}
         for r in m["rows"]:
             row = {k: v for k, v in r.items() if k not in ("rows", "tokens")}
             if "tokens_per_s" not in r:
                 table.append(row)
                 continue
             if r["decoding"] == "plain":
-                row["bandwidth_share"] = bytes_per_token * r["tokens_per_s"] / peak if peak else "unknown"
-            elif plain is not None:
-                row["vs_plain"] = r["tokens_per_s"] / plain["tokens_per_s"]
+                forwards_per_s = r["tokens_per_s"] / r["batch"]
+                row["bandwidth_share"] = bytes_per_token * forwards_per_s / peak if peak else "unknown"
+            elif r["batch"] in plain:
+                row["vs_plain"] = r["tokens_per_s"] / plain[r["batch"]]["tokens_per_s"]
             base = eager.get((r["decoding"], r["batch"]))
             if m["mode"] != "eager" and base and "tokens_per_s" in base:
                 row["vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"]
@@ -250,7 +282,7 @@ def goals(table: list[dict]) -> dict[str, str]:
     def verdict(misses: list[str], measured: bool) -> str:
         return "not measured" if not measured else ("met" if not misses else "not met: " + "; ".join(misses))
 
-    plain = [r for r in captured if r["decoding"] == "plain"]
+    plain = [r for r in captured if r["decoding"] == "plain" and r["batch"] == 1]
     shares = [r for r in plain if isinstance(r.get("bandwidth_share"), float)]
     spec1 = [r for r in captured if r["decoding"] != "plain" and r["batch"] == 1 and "vs_plain" in r]
     vs_eager = [r for r in captured if "vs_eager" in r]

@@ -107,32 +107,40 @@ def main(argv: list[str] | None = None) -> dict:
     args.capture_modes = args.capture_modes or ",".join(default_modes(device))
     default_pairs = args.pair is None
     results_name = result_file_name(args, device, default_pairs)
+    payload = {"environment": environment(device, None), "args": vars(args), "absent": {}, "fallback": None,
+               "pairs": [], "step_costs": {"skipped": "not reached"}, "capture": {"skipped": "not reached"},
+               "seconds": 0.0, "complete": False}
+
+    def save() -> None:
+        """The results so far: a check cut off by its machine's time limit keeps every part it finished."""
+        dtypes = {r["dtype"] for r in payload["pairs"] if "dtype" in r}  # the dtype measured in, where one
+        payload["environment"] = environment(device, getattr(torch, dtypes.pop()) if len(dtypes) == 1 else None)
+        payload["seconds"] = time.monotonic() - started
+        write_results(results_name, payload, markdown(payload))
+
     # first, within a share of the budget: what the step costs leave unused goes to the pairs
-    steps = measure_step_costs(args, device, deadline.share(STEP_COSTS_SHARE), results_name)
-    captured = measure_capture_modes(args, device, deadline.share(CAPTURE_SHARE))
+    payload["step_costs"] = measure_step_costs(args, device, deadline.share(STEP_COSTS_SHARE), results_name)
+    save()
+    payload["capture"] = measure_capture_modes(args, device, deadline.share(CAPTURE_SHARE))
+    save()
     names = list(DEFAULT_PAIRS) if default_pairs else args.pair
     resolved = {name: resolve_pair(name) for name in names}
     present = [(name, spec) for name, (spec, _) in resolved.items() if spec is not None]
-    absent = {name: where for name, (spec, where) in resolved.items() if spec is None}
-    fallback = None
+    payload["absent"] = {name: where for name, (spec, where) in resolved.items() if spec is None}
     if default_pairs and not present:
         present = [("tiny", "tiny")]
-        fallback = ("No real pair is on disk, so the tiny random pair ran instead: its identity, syncs and code "
-                    "paths are real, its speeds and kernel choices (at its tiny shapes) say nothing about real models.")
-    pairs = []
+        payload["fallback"] = ("No real pair is on disk, so the tiny random pair ran instead: its identity, syncs and "
+                               "code paths are real, its speeds and kernel choices (at its tiny shapes) say nothing "
+                               "about real models.")
     for i, (name, spec) in enumerate(present):
         if reason := deadline.skip_reason():
-            absent[name] = reason.removeprefix("skipped: ")
+            payload["absent"][name] = reason.removeprefix("skipped: ")
             continue
         # each pair gets an equal share of what is left; what one leaves unused goes to the next
-        pairs.append(check_pair(name, spec, args, deadline.share(1 / (len(present) - i))))
-    # the dtype measured in, where every pair chose the same one
-    dtypes = {r["dtype"] for r in pairs if "dtype" in r}
-    dtype = getattr(torch, dtypes.pop()) if len(dtypes) == 1 else None
-    payload = {"environment": environment(device, dtype), "args": vars(args), "absent": absent,
-               "fallback": fallback, "pairs": pairs, "step_costs": steps,
-               "capture": captured, "seconds": time.monotonic() - started}
-    write_results(results_name, payload, markdown(payload))
+        payload["pairs"].append(check_pair(name, spec, args, deadline.share(1 / (len(present) - i))))
+        save()
+    payload["complete"] = True
+    save()
     return payload
 
 

@@ -124,7 +124,7 @@ def capture_markdown(c: dict) -> str:
              f"of tokens; {c['prompt_tokens']}-token prompt, {c['new_tokens']} new tokens, decode phase only; "
              f"{c['weight_gb_per_token']:.2f} GB of target weights per token, {bandwidth}). Speculative rows: "
              f"fixed γ={c['gamma']}, no prompt lookup, a static batch of identical rows; \"vs plain\" is against "
-             "plain decoding in the same mode, \"vs eager\" the same row in eager mode:\n",
+             "plain decoding at the same batch in the same mode, \"vs eager\" the same row in eager mode:\n",
              markdown_table([r | ({"bandwidth_share": f"{r['bandwidth_share']:.0%}"}
                                   if isinstance(r.get("bandwidth_share"), float) else {}) for r in c["rows"]], [
                  ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
@@ -153,6 +153,9 @@ def markdown(payload: dict) -> str:
     env = payload["environment"]
     lines = [f"GPU check on {env['device']} ({payload['args']['profile']} sizes, {payload['args']['max_new_tokens']} "
              f"new tokens, budget {payload['args']['budget_s']:.0f} s, took {payload['seconds']:.0f} s)."]
+    if not payload.get("complete", True):
+        lines.append("\n**Incomplete**: written while the check ran, after its last finished part; the parts "
+                     "marked not reached had not run.")
     for name, reason in payload["absent"].items():
         lines.append(f"\n`{name}`: skipped, {reason}.")
     if payload.get("fallback"):
