@@ -59,6 +59,25 @@ def test_a_cancelled_row_leaves_and_the_others_are_unchanged(tiny, adaptive: boo
         assert (outs[i].token_ids, outs[i].finish_reason) == (alone[i].token_ids, alone[i].finish_reason)
 
 
+@pytest.mark.slow
+def test_a_cancelled_row_leaves_a_compiled_batch_and_the_others_are_unchanged() -> None:
+    """In ``compile`` mode too (a one-layer pair of its own: compiling is slow on a CPU): the batch narrows to a
+    smaller bucket when the row leaves, and the rows that stay write what they wrote with nobody cancelled."""
+    from sidecar.models.tiny import tiny_pair
+
+    pair = tiny_pair(layers=1)
+    prompts = [chat_ids(pair, d) for d in DOCS]
+    decoder = SpeculativeDecoder(pair, gamma=3, adaptive=False, capture="compile")
+    alone = decoder.generate(prompts, max_new_tokens=40)
+    cancel = CancelAfter(row=1, tokens=5)
+    outs = decoder.generate(prompts, max_new_tokens=40, on_tokens=cancel.on_tokens, cancelled=cancel)
+    assert pair.capture_mode == "compile" and outs[1].finish_reason == "cancelled"
+    assert 5 <= len(outs[1].token_ids) == cancel.seen[1] < 5 + 3 + 1
+    assert outs[1].token_ids == alone[1].token_ids[: len(outs[1].token_ids)]
+    for i in (0, 2):
+        assert (outs[i].token_ids, outs[i].finish_reason) == (alone[i].token_ids, alone[i].finish_reason)
+
+
 def test_a_cancelled_request_gets_no_sidecars_and_the_others_are_unchanged(tiny) -> None:
     engine = SidecarEngine(tiny, gamma=3, adaptive=False)
     requests = [SidecarRequest(d, sidecars=[HASHTAGS]) for d in DOCS]

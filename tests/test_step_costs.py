@@ -16,6 +16,7 @@ from bench.gpu_check import step_costs as part
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.main import main
 from bench.gpu_check.parts import errors
+from sidecar.runtime.capture import runner_of
 from sidecar.runtime.ledger import ForwardRecord
 from study.cost import CostInputError, StepCosts, load_catalog, load_step_costs
 from study.cost.replay import replay
@@ -48,11 +49,34 @@ def test_the_check_writes_a_row_per_setting_and_the_cost_model_reads_those_numbe
     costs = load_step_costs(table)
     for r in steps["rows"]:
         assert costs.seconds(r["model"], r["kind"], r["tokens"], r["batch"]) == pytest.approx(r["ms"] / 1000)
-    assert costs.source.startswith(f"measured on {written['environment']['device']} (bfloat16, 8 tokens of context")
+    assert written["capture"] == "eager"  # the forwards' mode, named (``test_the_timed_forwards_are_our_stacks``)
+    assert costs.source.startswith(f"measured on {written['environment']['device']} (bfloat16, eager forwards, 8 "
+                                   "tokens of context")
     assert "small shapes" in costs.source
     md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "| model | batch | draft step | verify γ=0 | verify γ=1 | verify γ=2 |" in md
     assert "| 7b | 1 | " in md and "| 1.5b | 3 | " in md
+
+
+def test_the_timed_forwards_are_our_stacks_in_the_mode_the_table_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed forward ran through our decoder stack in eager mode (its runner counted it), not Hugging Face's
+    forward, whose host time per layer the cost model would otherwise price as the engine's."""
+    built = []
+
+    def kept(config, device, dtype):
+        built.append(real(config, device, dtype))
+        return built[-1]
+
+    real = part.build_model
+    monkeypatch.setattr(part, "build_model", kept)
+    monkeypatch.setattr(part, "MODELS", {"1.5b": part.MODELS["1.5b"]})
+    result = part.step_costs("small", [1, 2], 1, 8, torch.device("cpu"), torch.float32, Deadline.after(120))
+    [model] = built
+    runner = runner_of(model)
+    assert result["capture"] == runner.mode == "eager"
+    # the cache's fill (one forward per row group) and each timed setting's warm-up and repeats
+    settings = len(result["rows"])
+    assert runner.counters.forwards == 1 + settings * (part.WARMUP + part.REPEATS)
 
 
 def test_a_slow_forward_shows_in_its_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +131,7 @@ def test_between_and_beyond_the_measured_batches(tmp_path: Path) -> None:
     skipped = {"model": "7b", "kind": "verify", "gamma": 4, "tokens": 5, "batch": 64, "skipped": "deadline"}
     costs = load_step_costs(table(tmp_path, [row("7b", "verify", 5, 8, 20.0), row("7b", "verify", 5, 1, 10.0),
                                              row("7b", "verify", 5, 32, 40.0), skipped]))
-    assert costs.source == "measured on NVIDIA H200 (bfloat16, 512 tokens of context)"
+    assert costs.source == "measured on NVIDIA H200 (bfloat16, hf forwards, 512 tokens of context)"  # no mode: hf
     assert costs.seconds("7b", "verify", 5, 8) == pytest.approx(0.020)
     assert costs.seconds("7b", "verify", 5, 20) == pytest.approx(0.030)  # halfway from 8 to 32
     assert costs.seconds("7b", "verify", 5, 64) == pytest.approx(0.080)  # the largest, scaled by the batch

@@ -3,9 +3,10 @@
 
 Each model is built from its published config (``study.cost.workload``) with random weights, in bf16 (or
 ``--dtype``) on the check's device: a forward's time depends on the shapes, not the values, so nothing is read
-from disk. The timed forwards are the engine's own (``sidecar.runtime.forward`` over a ``RowKVCache`` under its
-mask, with its attention): a cache of the largest batch is filled to ``--step-cost-context`` tokens per row, then
-at each batch (the cache's first rows) it times
+from disk. The timed forwards are the engine's own in ``eager`` mode (``sidecar.runtime.forward`` through our
+decoder stack, ``sidecar.runtime.capture.attach``, over a ``RowKVCache``; the table names the mode, whose host
+time per forward is in every time): a cache of the largest batch is filled to ``--step-cost-context`` tokens per
+row, then at each batch (the cache's first rows) it times
 
 - a draft step: one token per row, its logits at that token (the engine's draft forward);
 - a verify at each gamma from 0 to ``--gamma``: gamma + 1 tokens per row, logits at every one (``_verify``).
@@ -33,10 +34,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from bench.gpu_check.deadline import Deadline
 from sidecar.models.attention import GROUPED_SDPA
+from sidecar.runtime.capture import attach
 from sidecar.runtime.forward import forward, logits_at
 from sidecar.runtime.kv_cache import RowKVCache
 from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
 
+# the capture mode the forwards run in: a captured mode would compile each of the table's shapes
+CAPTURE = "eager"
 # the names the table and ``study.cost.step_costs`` give the models
 MODELS = {"7b": QWEN2_5_7B_CONFIG, "1.5b": QWEN2_5_1_5B_CONFIG}
 # the sizes ``--step-costs small`` puts in place of the real ones: the code path on a CPU in seconds
@@ -138,6 +142,7 @@ def step_costs(scale: str, batches: list[int], max_gamma: int, context: int, dev
         began = time.monotonic()
         try:
             model = build_model(config | SMALL if scale == "small" else config, device, dtype)
+            attach(model, CAPTURE)
             with torch.inference_mode():
                 rows += model_rows(name, model, batches, gammas, context, share)
             del model
@@ -149,5 +154,6 @@ def step_costs(scale: str, batches: list[int], max_gamma: int, context: int, dev
             torch.cuda.empty_cache()
     return {"scale": scale, "context": context, "dtype": str(dtype).removeprefix("torch."),
             "timer": "CUDA events" if device.type == "cuda" else "perf_counter", "warmup": WARMUP,
-            "repeats": REPEATS, "forward": "sidecar.runtime.forward over a RowKVCache", "rows": rows,
+            "repeats": REPEATS, "capture": CAPTURE,
+            "forward": f"sidecar.runtime.forward ({CAPTURE}: our decoder stack) over a RowKVCache", "rows": rows,
             "skipped_models": skipped}

@@ -80,7 +80,9 @@ def load_step_costs(path: str | Path, target: str = "7b", draft: str = "1.5b") -
             batch, tokens = count(f"{field} batch", row["batch"]), count(f"{field} tokens", row["tokens"])
             points.setdefault((row["model"], row["kind"], tokens), []).append((batch, number(f"{field} ms", row["ms"])))
         context = count(f"{path}: context", table["context"])
-        source = (f"measured on {env['device']} ({table['dtype']}, {context} tokens of context"
+        # a table from before the forwards named their mode timed Hugging Face's (``hf``)
+        source = (f"measured on {env['device']} ({table['dtype']}, {table.get('capture', 'hf')} forwards, {context} "
+                  f"tokens of context"
                   f"{'' if table.get('scale', 'full') == 'full' else ', small shapes: not the real models'})")
     except CostInputError:
         raise
