@@ -124,6 +124,36 @@ def test_throughput_skips_a_run_its_smaller_run_says_would_end_past_the_deadline
     assert result["hf_assisted_one_at_a_time"]["documents"] == 1  # quick: one prompt
 
 
+@pytest.mark.slow
+def test_a_compiled_engines_timed_runs_compile_nothing(monkeypatch) -> None:
+    """Where the engine compiles, each timed run follows an untimed one of its batch and schedule: the batch-2
+    shapes the check's own warm-up (a batch of 2) did not compile are compiled there, never in the time."""
+    from sidecar.decoding.decoder import SpeculativeDecoder
+    from sidecar.runtime.capture import runner_of
+
+    args = parse_args([*QUICK_TINY_CPU, "--batches", "1,2"])
+    pair = load_check_pair("tiny", "tiny", "cpu", torch.float32)
+    compiled = Check(pair, [list(range(5, 40)), list(range(60, 80))],
+                     SpeculativeDecoder(pair, gamma=2, capture="compile"), args)
+
+    def compiles() -> int:
+        return sum(runner_of(m).counters.compiles + runner_of(m).counters.recompiles for m in (pair.target, pair.draft))
+
+    timed, real = [], compiled.timed_engine
+
+    def counted(prompts, batch, schedule="static"):
+        before = compiles()
+        run = real(prompts, batch, schedule)
+        timed.append(compiles() - before)
+        return run
+
+    monkeypatch.setattr(compiled, "timed_engine", counted)
+    result = throughput(compiled, Deadline.after(600))
+    assert result["engine_warmed_per_run"] and len(timed) == 2 * 2 * len(result["schedules"])
+    assert sum(timed[0::2]) > 0, "the untimed runs compiled the new shapes"
+    assert timed[1::2] == [0] * (len(timed) // 2), f"a timed run compiled: {timed}"
+
+
 def test_deadline_shares_and_reasons() -> None:
     assert Deadline.after(-1).skip_reason() == "skipped: deadline reached"
     assert "estimated" in Deadline.after(10).skip_reason(60)
