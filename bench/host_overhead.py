@@ -39,6 +39,7 @@ from bench.common import (
     variant_suffix,
     write_results,
 )
+from bench.gpu_check.capture_modes import compile_events, counters
 from sidecar.decoding.decoder import SpeculativeDecoder
 from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
@@ -104,7 +105,7 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
     draft = runner_of(pair.draft).counters
-    warm = compile_events(pair)
+    warm = compile_events(counters(pair))
     best = None
     for _ in range(runs):
         hf = hf_forward_seconds(pair.target, prompt, calls, pair.device)
@@ -121,12 +122,7 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
         if best is None or row["hf_forwards_per_step"] < best["hf_forwards_per_step"]:
             best = row
     # compiles of any shape, new or seen, in the timed runs: after warm-up there must be none
-    return best | {"compiles_after_warmup": compile_events(pair) - warm}
-
-
-def compile_events(pair) -> int:
-    """Both models' compiles and recompiles so far (0 in eager mode)."""
-    return sum(c.compiles + c.recompiles for c in (runner_of(pair.target).counters, runner_of(pair.draft).counters))
+    return best | {"compiles_after_warmup": compile_events(counters(pair)) - warm}
 
 
 def measure_mode(mode: str, calls: int, runs: int) -> dict:
@@ -141,8 +137,7 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
                                     our_forward_call(pair.target, prompt, calls, device)], calls, device)
         fixed = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls)
         adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
-    counters = {name: runner_of(model).counters.as_dict() for name, model in (("target", pair.target),
-                                                                              ("draft", pair.draft))}
+    counts = counters(pair)
     return {
         "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
         "our_over_hf": ours / hf, "hf_decode_ms_per_token": hf_token * 1e3,
@@ -160,13 +155,13 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
         "adaptive_tokens_per_step": adaptive["tokens_per_step"],
         "adaptive_draft_forwards_per_step": adaptive["draft_forwards_per_step"],
         "adaptive_draft_graph_calls_per_step": adaptive["draft_graph_calls_per_step"],
-        "chained_forwards": {name: c["chained_forwards"] for name, c in counters.items()},
-        "compiles": sum(c["compiles"] for c in counters.values()),
-        "recompiles": sum(c["recompiles"] for c in counters.values()),
+        "chained_forwards": {name: c["chained_forwards"] for name, c in counts.items()},
+        "compiles": sum(c["compiles"] for c in counts.values()),
+        "recompiles": sum(c["recompiles"] for c in counts.values()),
         "recompiles_after_warmup": fixed["compiles_after_warmup"] + adaptive["compiles_after_warmup"],
-        "graph_breaks": sum(c["graph_breaks"] for c in counters.values()),
-        "distinct_shapes": {name: c["distinct_shapes"] for name, c in counters.items()},
-        "compile_seconds": sum(c["compile_seconds"] for c in counters.values()),
+        "graph_breaks": sum(c["graph_breaks"] for c in counts.values()),
+        "distinct_shapes": {name: c["distinct_shapes"] for name, c in counts.items()},
+        "compile_seconds": sum(c["compile_seconds"] for c in counts.values()),
     }
 
 

@@ -12,13 +12,13 @@ from bench.gpu_check.check import Check
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.schedules import ENGINE_SCHEDULES
 from bench.hf_baselines import hf_assisted_one
-from sidecar.runtime.capture import runner_of
+from sidecar.runtime.capture import compiles
 
 
 def throughput(check: Check, deadline: Deadline) -> dict:
     batches = [int(b) for b in check.args.batches.split(",") if b]
     last: dict[str, tuple[int, float]] = {}  # method -> (batch, seconds) of its latest run
-    compiled = any(getattr(runner_of(m), "static", False) for m in (check.pair.target, check.pair.draft))
+    compiled = compiles(check.pair.target) or compiles(check.pair.draft)
 
     def skip(method: str, batch: int, runs: int = 1) -> str | None:
         # a run's time grows at most linearly with its batch: the latest smaller run bounds the next

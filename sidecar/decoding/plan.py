@@ -71,7 +71,7 @@ from sidecar.decoding.controller import GammaController, Source
 from sidecar.decoding.draft_chain import chain_applies
 from sidecar.decoding.lookup import MIN_NGRAM, lookup_continuation
 from sidecar.decoding.rows import LiveRow, MainRow
-from sidecar.runtime.capture import ForwardShape, decode_shape, packs, runner_of, width_bucket
+from sidecar.runtime.capture import ForwardShape, compiles, decode_shape, packs, runner_of, width_bucket
 
 if TYPE_CHECKING:
     from sidecar.runtime.slots import SlotPool
@@ -138,8 +138,7 @@ def feed_chunking(widest: int, gamma: int, static: bool) -> tuple[int, int]:
 def forward_shape(pool: SlotPool, rows: int, width: int) -> ForwardShape:
     """The shape of a decode forward of ``rows`` rows and ``width`` columns over ``pool``: capture's buckets
     when its model's runner compiles (``StackRunner.static``), the real shape otherwise (``decode_shape``)."""
-    runner = runner_of(pool.model)
-    return decode_shape(rows, width, pool.max_batch, runner is not None and runner.static)
+    return decode_shape(rows, width, pool.max_batch, compiles(pool.model))
 
 
 @dataclass(frozen=True)
@@ -218,8 +217,7 @@ class StepPlanner:
         """The next step over the live rows, in slot order: the target side, then the draft side (which rows
         draft, each draft row's feed, how many draft forwards), then the shapes of the forwards."""
         riders = sum(not isinstance(r, MainRow) or r.finish is not None for r in draft_rows)
-        target_runner = runner_of(target_pool.model) if target_pool is not None else None
-        static_target = target_runner is not None and target_runner.static
+        static_target = target_pool is not None and compiles(target_pool.model)
         packed = target_pool is not None and packs(target_pool.model)  # an eager stack: only real tokens count
         choice = (self.choose(target_rows, riders, static_target, packed) if target_rows
                   else TargetChoice(0, "draft", (), (), False))
@@ -229,7 +227,7 @@ class StepPlanner:
         feeds = tuple(tuple(feed(slot, r)) for slot, r in enumerate(draft_rows)) if forwards else ()
         # compiled drafting never stops early: see the module docstring
         draft_runner = runner_of(draft_pool.model) if draft_pool is not None else None
-        stop_early = choice.stop_early and not (draft_runner is not None and draft_runner.static)
+        stop_early = choice.stop_early and not (draft_pool is not None and compiles(draft_pool.model))
         chained = forwards - 1 if chain_applies(draft_runner, draft_rows, forwards, stop_early) else 0
         target_shape = draft_shape = next_draft_shape = None
         chunks = 1
@@ -238,8 +236,7 @@ class StepPlanner:
             target_shape = forward_shape(target_pool, len(target_rows), choice.width + 1)
         if forwards:
             assert draft_pool is not None
-            static = draft_runner is not None and draft_runner.static
-            width, chunks = feed_chunking(max(map(len, feeds)), self.gamma, static)
+            width, chunks = feed_chunking(max(map(len, feeds)), self.gamma, compiles(draft_pool.model))
             draft_shape = forward_shape(draft_pool, len(draft_rows), width)
         if forwards > 1:
             next_draft_shape = forward_shape(draft_pool, len(draft_rows), 1)

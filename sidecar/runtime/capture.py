@@ -469,6 +469,12 @@ def decode_tokens(model: PreTrainedModel, rows: int, tokens: int) -> int:
     return tokens if runner is None else runner.decode_tokens(rows, tokens)
 
 
+def compiles(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s decode forwards run compiled (``compile`` or ``cudagraph``: bucketed shapes)."""
+    runner = runner_of(model)
+    return runner is not None and runner.static
+
+
 def packs(model: PreTrainedModel) -> bool:
     """Whether ``model``'s forwards compute only their rows' real tokens: an eager decoder stack packs them
     (``DecoderStack``); compiled forwards run their padded bucket, Hugging Face's its padded shape."""

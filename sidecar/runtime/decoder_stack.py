@@ -141,14 +141,14 @@ class DecoderStack(nn.Module):
         """One layer's weights as this forward calls them: (input norm weight, qkv, o, post-attention norm
         weight, gate_up, down). A projection (``project``) is ``Weights`` for ``F.linear`` over plain Linear
         modules' weights (q, k, v stacked in one weight, gate and up in another: ``fused_weights``), else the
-        module itself (a oneDNN-packed or int8 one); qkv and gate_up are a tuple of three (two) where they could
-        not be stacked. Calling ``F.linear`` directly skips a module call's host time per Linear, and tensors
+        module itself (a oneDNN-packed or int8 one); qkv and gate_up are a list of three (two) modules where they
+        could not be stacked. Calling ``F.linear`` directly skips a module call's host time per Linear, and tensors
         (not callables) let one compiled layer serve every layer."""
         attn, mlp = layer.self_attn, layer.mlp
 
         def projection(weights: tuple[torch.Tensor, torch.Tensor | None] | None, *modules: nn.Module):
             if weights is None:
-                return modules if len(modules) > 1 else modules[0]
+                return list(modules) if len(modules) > 1 else modules[0]
             # parameters, so that a compiled region treats them as static (CUDA graphs read them in place)
             return Weights(*(t if t is None or isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
                              for t in weights))
@@ -251,7 +251,7 @@ def real_tokens(x: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     return x if packed is None else x.reshape(-1, x.shape[-1]).index_select(0, packed)
 
 
-def layer_qkv(hidden: torch.Tensor, attn_norm: torch.Tensor, qkv: Weights | nn.Module | tuple, cos: torch.Tensor,
+def layer_qkv(hidden: torch.Tensor, attn_norm: torch.Tensor, qkv: Weights | nn.Module | list, cos: torch.Tensor,
               sin: torch.Tensor, packed: torch.Tensor | None, dims: LayerDims) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's attention inputs: ``hidden`` [B, q, H] (or [T, H] packed) -> the queries and keys rotated by the
     positions' ``cos`` and ``sin`` rows [B, 1, q, D], [B, heads + kv_heads, q, D], and the projections
@@ -259,7 +259,7 @@ def layer_qkv(hidden: torch.Tensor, attn_norm: torch.Tensor, qkv: Weights | nn.M
     batch, width = cos.shape[0], cos.shape[2]
     half, rotary = dims.head_dim // 2, dims.heads + dims.kv_heads
     x = rms_norm(hidden, attn_norm, dims.eps)
-    if isinstance(qkv, tuple) and not isinstance(qkv, Weights):  # three modules
+    if isinstance(qkv, list):  # three modules
         projected = torch.cat([padded(project(x, p), batch, width, packed) for p in qkv], -1)
     else:  # one Linear
         projected = padded(project(x, qkv), batch, width, packed)
@@ -285,7 +285,7 @@ def layer_rest(hidden: torch.Tensor, rotated: torch.Tensor, keys: torch.Tensor, 
     out = out.view(batch, heads, width, head_dim).transpose(1, 2).reshape(batch, width, heads * head_dim)
     hidden = hidden + project(real_tokens(out, packed), o_proj)
     x = rms_norm(hidden, mlp_norm, dims.eps)
-    if isinstance(gate_up, tuple) and not isinstance(gate_up, Weights):
+    if isinstance(gate_up, list):  # two modules
         gate, up = [project(x, p) for p in gate_up]
     else:
         gate, up = project(x, gate_up).chunk(2, -1)
