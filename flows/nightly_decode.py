@@ -113,12 +113,14 @@ def _run(engine: SidecarEngine, params: NightlyParams, db: Database, docs: list[
 
 def _record_capture(db: Database, run_id: str, pair: ModelPair) -> None:
     """Add this process's capture counters to the run's, once, at the end of its decoding (a resume adds its
-    own: ``Database.record_capture``); recompiles after warm-up or graph breaks are a fault, said here too."""
+    own: ``Database.record_capture``); recompiles after warm-up, graph breaks or graphs left uncaptured in cudagraph
+    mode are a fault, said here too."""
     db.record_capture(run_id, recorded_counters(pair))
-    faults = {model: {name: c[name] for name in ("recompiles", "graph_breaks") if c[name]}
+    faults = {model: {name: c[name] for name in ("recompiles", "graph_breaks", "cudagraph_skips") if c[name]}
               for model, c in capture_stats(pair)["counters"].items()}
     if any(faults.values()):
-        get_run_logger().error("run %s: capture %s had recompiles or graph breaks, which must be 0: %s", run_id,
+        get_run_logger().error("run %s: capture %s had recompiles, graph breaks or uncaptured graphs, which must be 0: "
+                               "%s", run_id,
                                pair.capture_report, {m: f for m, f in faults.items() if f})
 
 

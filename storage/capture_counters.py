@@ -1,4 +1,4 @@
-"""A run's capture counters (``runs.capture_counters``, migrations 014 and 015): each model's counters as
+"""A run's capture counters (``runs.capture_counters``, migrations 014, 015 and 016): each model's counters as
 ``sidecar.decoding.decoder.capture_stats`` gives them, its decoding steps' under ``steps`` (steps, host syncs,
 seconds: ``sidecar.runtime.step_counters``), and how the counters of a resumed run's starts add up."""
 
@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 # counted by every process afresh (a resume loads the pair again): a run's are the sum of its starts'
-SUMMED = ("compiles", "recompiles", "graph_breaks", "forwards", "graph_calls", "chained_forwards", "compile_seconds")
+SUMMED = ("compiles", "recompiles", "graph_breaks", "forwards", "graph_calls", "chained_forwards", "compile_seconds",
+          "cudagraph_skips")
 # what one process holds at once: a run's is the largest of its starts'
 LARGEST = ("distinct_shapes", "graph_bytes")
 # the entry that holds the steps' counters, not a model's; every one is summed over starts

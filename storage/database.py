@@ -428,7 +428,7 @@ class Database:
 
     def capture(self, run_id: str) -> dict[str, Any] | None:
         """The run's ``run_captures`` row: its capture mode(s) and counters summed over its models, starts and
-        shard attempts, ``faults`` (recompiles + graph breaks); None for an unknown run."""
+        shard attempts, ``faults`` (recompiles + graph breaks + uncaptured graphs); None for an unknown run."""
         rows = self.query("SELECT * FROM run_captures WHERE run_id = ?", [run_id])
         return rows[0] if rows else None
 
@@ -729,9 +729,11 @@ class Database:
 
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why), ``capture`` (the
-        capture mode(s) and why), its ``recompiles`` and ``graph_breaks``, and its steps' ``syncs_per_step`` and
+        capture mode(s) and why), its ``recompiles``, ``graph_breaks`` and ``cudagraph_skips``, and its steps'
+        ``syncs_per_step`` and
         ``host_ms_per_step`` (``run_captures``): one run's, or every run's."""
-        select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks, c.syncs_per_step, c.host_ms_per_step "
+        select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks, c.cudagraph_skips, c.syncs_per_step, "
+                  "c.host_ms_per_step "
                   "FROM throughput AS t "
                   "LEFT JOIN runs AS r ON r.run_id = t.run_id LEFT JOIN run_captures AS c ON c.run_id = t.run_id")
         if run_id is None:

@@ -471,6 +471,42 @@ def test_cudagraph_mode_marks_each_bucket_buffer_static_once():
 
 
 @pytest.mark.slow
+def test_a_graph_inductor_leaves_uncaptured_is_counted_with_its_reason(monkeypatch):
+    """In ``cudagraph`` mode a graph inductor compiles but does not capture (on CUDA: an input mutated unmarked, a
+    CPU tensor, a re-record limit) runs at compiled speed, a fault only a counter shows: each is counted, with
+    inductor's message for it. On a CPU every graph is one (inductor counts them, logs no message); a CUDA skip's
+    message comes through inductor's own reporting function, called here as a CUDA compile would."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    pair = tiny_pair(layers=1)
+    runner = StackRunner(pair.target, "cudagraph")
+    cache = RowKVCache(pair.target, 2, 64)
+    cache.commit(3)
+    ids = torch.tensor(random_prompts(pair, [1, 1], seed=4))
+    with torch.inference_mode():
+        hidden = runner(cache, ids)
+        expected = StackRunner(pair.target, "eager")(cache, ids)
+        assert runner.counters.compiles == 1 and runner.counters.cudagraph_skips == 1, runner.counters.as_dict()
+        assert runner.counters.skip_reasons == []
+        runner(cache, ids)
+        assert runner.counters.cudagraph_skips == 1, "a replay of an uncaptured graph counted again"
+        compiled = runner._compiled
+        reason = "skipping cudagraphs due to mutated inputs (2 instances)"
+
+        def skipped(*args, **kwargs):
+            log_cudagraph_skip_and_bump_counter(reason)
+            return compiled(*args, **kwargs)
+
+        monkeypatch.setattr(runner, "_compiled", skipped)
+        runner(cache, ids)
+        runner(cache, ids)
+    torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
+    assert runner.counters.cudagraph_skips == 3 and runner.counters.skip_reasons == [reason]
+    assert {k: runner.counters.as_dict()[k] for k in ("cudagraph_skips", "skip_reasons")} == {
+        "cudagraph_skips": 3, "skip_reasons": [reason]}
+
+
+@pytest.mark.slow
 def test_compiled_forwards_on_a_worker_thread_run_under_our_dynamo_limits():
     """Dynamo's config is per thread: the server's batch worker starts from the defaults (an accumulated 256
     compiled entries of the stack's forward, every model's and bucket's, and a fullgraph compile past it fails).

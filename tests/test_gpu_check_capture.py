@@ -121,8 +121,8 @@ def test_bandwidth_ratios_and_goals_follow_the_numbers() -> None:
     assert verdicts == ["met", "met", "not met: cudagraph speculative γ=4 batch 8: 0.90x"]
     slow = part.goals(part.compare(measured, peak=1e13, bytes_per_token=4 * 10**9))
     assert slow["captured plain reaches >= 70% of memory bandwidth"] == "not met: cudagraph 8%"
-    counted = {"compiles": 0, "recompiles_after_warmup": 0, "graph_breaks": 0, "compile_seconds": 0.0,
-               "distinct_shapes": {"target": 4, "draft": 6}}
+    counted = {"compiles": 0, "recompiles_after_warmup": 0, "graph_breaks": 0, "cudagraph_skips": 0,
+               "skip_reasons": [], "compile_seconds": 0.0, "distinct_shapes": {"target": 4, "draft": 6}}
     md = capture_markdown({
         "pair": "Qwen2.5-7B + 1.5B (random weights)", "dtype": "bfloat16", "agreement": AGREEMENT, "gamma": 4,
         "prompt_tokens": 64, "new_tokens": 64, "weight_gb_per_token": 4.0, "peak_bandwidth_gb_s": 1000.0,
@@ -131,7 +131,7 @@ def test_bandwidth_ratios_and_goals_follow_the_numbers() -> None:
                   counted | {"mode": "cudagraph", "compiles": 10, "memory_allocated_gb": 1.25,
                              "memory_reserved_gb": 2.5}]})
     assert "| cudagraph | plain | 1 | 200 | 80% |" in md and "| eager | plain | 1 | 20 | 8% |" in md
-    assert "| cudagraph | 10 | 0 | 0 | 4 / 6 | 0 | 1.25 | 2.5 |" in md and "1000 GB/s peak" in md
+    assert "| cudagraph | 10 | 0 | 0 | 0 | 4 / 6 | 0 | 1.25 | 2.5 |" in md and "1000 GB/s peak" in md
     assert "captured is never slower than eager at any batch: not met: cudagraph speculative γ=4 batch 8" in md
     unknown = part.compare(measured, peak=None, bytes_per_token=1)
     assert {r["bandwidth_share"] for r in unknown if r["decoding"] == "plain"} == {"unknown"}
@@ -172,6 +172,17 @@ def test_a_graph_break_or_a_recompile_after_warm_up_fails_the_check() -> None:
                                "capture modes: compile: 1 recompiles after warmup"]
     assert errors({"pairs": [], "capture": {"error": "RuntimeError: boom"}}) == ["capture modes: RuntimeError: boom"]
     assert errors({"pairs": [], "capture": {"rows": [], "failed": []}}) == []
+
+
+def test_a_graph_left_uncaptured_fails_the_check_with_inductors_reason() -> None:
+    clean = {"graph_breaks": 0, "recompiles_after_warmup": 0, "cudagraph_skips": 0, "skip_reasons": []}
+    reason = "skipping cudagraphs due to mutated inputs (2 instances)"
+    modes = [clean | {"mode": "eager"}, clean | {"mode": "compile", "cudagraph_skips": 0},
+             clean | {"mode": "cudagraph", "cudagraph_skips": 3, "skip_reasons": [reason]}]
+    assert part.faults(modes) == [f"cudagraph: 3 graphs not captured ({reason})"]
+    assert part.faults([clean | {"mode": "cudagraph", "cudagraph_skips": 1}]) == [
+        "cudagraph: 1 graphs not captured (no reason logged)"]
+    assert part.faults(modes[:2]) == []
 
 
 def test_a_shape_first_seen_after_warm_up_is_counted_and_fails_the_check(monkeypatch) -> None:

@@ -443,7 +443,7 @@ def test_an_attempt_is_recorded_at_launch_gets_its_host_from_its_parts_and_ends(
 def forwards(n: int, recompiles: int = 0) -> dict:
     return {"target": {"compiles": 1, "recompiles": recompiles, "graph_breaks": 0, "forwards": n,
                        "graph_calls": n, "chained_forwards": 0, "distinct_shapes": 2, "compile_seconds": 0.5,
-                       "graph_bytes": 0}}
+                       "graph_bytes": 0, "cudagraph_skips": 0}}
 
 
 @pytest.mark.parametrize("location", ["local", "mock"])

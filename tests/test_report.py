@@ -485,10 +485,10 @@ def test_the_report_names_the_dtype_each_run_loaded_its_pair_in_and_why(tmp_path
     assert "from 1 run(s) on NVIDIA H200 in bf16 (default on CUDA: bf16) with pair(s) qwen2.5-7b." in report.markdown
 
 
-def capture_counters(recompiles: int = 0, graph_breaks: int = 0) -> dict:
+def capture_counters(recompiles: int = 0, graph_breaks: int = 0, skips: int = 0) -> dict:
     counted = {"compiles": 6, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": 400,
                "graph_calls": 400, "chained_forwards": 0, "distinct_shapes": 6, "compile_seconds": 0.0,
-               "graph_bytes": 2**20}
+               "graph_bytes": 2**20, "cudagraph_skips": skips}
     return {"target": counted, "draft": counted | {"recompiles": 0, "graph_breaks": 0}}
 
 
@@ -508,9 +508,15 @@ def test_recompiles_or_graph_breaks_of_a_measured_run_are_a_fault_the_report_nam
     db = stored_run(tmp_path / "sidecar.duckdb", pair="qwen2.5-7b", capture="compile (SIDECAR_CAPTURE=compile)",
                     capture_counters=capture_counters(recompiles=2, graph_breaks=1))
     report = write_cost_report(db.throughput("run-1"), tmp_path / "report", draft_config=drafts)
-    assert ("Fault: a compiled step must compile once per shape at warm-up and never break its graph, but run run-1 "
-            "(compile (SIDECAR_CAPTURE=compile)): 2 recompile(s) after warm-up, 1 graph break(s).") in report.markdown
+    assert ("Fault: a compiled step must compile once per shape at warm-up, never break its graph and, in cudagraph "
+            "mode, run captured, but run run-1 (compile (SIDECAR_CAPTURE=compile)): 2 recompile(s) after warm-up, 1 "
+            "graph break(s).") in " ".join(report.markdown.split())
     assert "Fault:" in report.html_path.read_text(encoding="utf-8")
+    uncaptured = stored_run(tmp_path / "cudagraph.duckdb", pair="qwen2.5-7b", capture="cudagraph (auto: CUDA)",
+                            capture_counters=capture_counters(skips=3))
+    report = write_cost_report(uncaptured.throughput("run-1"), tmp_path / "uncaptured", draft_config=drafts)
+    # 3 of the target's and 3 of the draft's (``capture_counters`` gives the draft the target's skips)
+    assert "run run-1 (cudagraph (auto: CUDA)): 6 graph(s) left uncaptured." in " ".join(report.markdown.split())
 
 
 def test_the_report_gives_each_runs_syncs_and_host_time_per_step_where_its_steps_were_counted(tmp_path: Path) -> None:

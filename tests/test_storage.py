@@ -831,10 +831,10 @@ def test_migration_013_gives_stored_judgements_the_task_they_judged_and_reads_th
         "summary_kind": ("unreliable", "pairwise j tags-v1: no control answered")}
 
 
-def counters(forwards: int, recompiles: int = 0, graph_breaks: int = 0, shapes: int = 3) -> dict:
+def counters(forwards: int, recompiles: int = 0, graph_breaks: int = 0, shapes: int = 3, skips: int = 0) -> dict:
     return {"compiles": 2, "recompiles": recompiles, "graph_breaks": graph_breaks, "forwards": forwards,
             "graph_calls": forwards, "chained_forwards": 0, "distinct_shapes": shapes, "compile_seconds": 1.5,
-            "graph_bytes": 0}
+            "graph_bytes": 0, "cudagraph_skips": skips}
 
 
 def test_a_run_records_its_capture_mode_and_a_resume_adds_only_its_own_counters(db: Database) -> None:
@@ -852,6 +852,21 @@ def test_a_run_records_its_capture_mode_and_a_resume_adds_only_its_own_counters(
     assert (summed["capture"], summed["recorded"], summed["forwards"], summed["compiles"], summed["recompiles"],
             summed["graph_breaks"], summed["distinct_shapes"], summed["faults"]) == (
         "compile (SIDECAR_CAPTURE=compile)", 1, 52, 8, 1, 0, 5, 1)
+
+
+def test_graphs_left_uncaptured_add_up_over_starts_and_are_faults_and_older_counters_have_none(
+        db: Database, tmp_path: Path) -> None:
+    start(db, capture="cudagraph (auto: CUDA)")
+    db.record_capture("run-1", {"target": counters(10, skips=2), "draft": counters(30)})
+    db.record_capture("run-1", {"target": counters(4, skips=1), "draft": counters(8, recompiles=1)})
+    summed = db.capture("run-1")
+    assert (summed["cudagraph_skips"], summed["recompiles"], summed["faults"]) == (3, 1, 4)
+    path = tmp_path / "old.duckdb"
+    with old_database(path, 15) as con:  # counters a run recorded before migration 016: no such counter
+        old = {k: v for k, v in counters(5).items() if k != "cudagraph_skips"}
+        con.execute("UPDATE runs SET capture = 'eager', capture_counters = ?", [json.dumps({"target": old})])
+    older = Database(path).capture("r")
+    assert (older["forwards"], older["cudagraph_skips"], older["faults"]) == (5, None, 0)
 
 
 def test_a_runs_step_counters_add_up_over_its_starts_and_give_syncs_and_host_time_per_step(db: Database) -> None:
@@ -910,7 +925,8 @@ def test_migration_014_leaves_older_runs_without_a_capture_mode(tmp_path: Path) 
     assert db.capture("r") == {"run_id": "r", "capture": None, "recorded": 0, "compiles": None, "recompiles": None,
                                "graph_breaks": None, "forwards": None, "graph_calls": None,
                                "chained_forwards": None, "distinct_shapes": None,
-                               "compile_seconds": None, "graph_bytes": None, "faults": 0, "steps": None,
+                               "compile_seconds": None, "graph_bytes": None, "cudagraph_skips": None, "faults": 0,
+                               "steps": None,
                                "syncs": None, "syncs_per_step": None, "host_ms_per_step": None}
 
 

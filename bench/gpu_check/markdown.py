@@ -138,8 +138,8 @@ def capture_markdown(c: dict) -> str:
               "pools and static buffers; eager is the baseline):\n",
               markdown_table(modes, [
                   ("mode", "mode"), ("compiles", "compiles"), ("recompiles_after_warmup", "recompiles after warm-up"),
-                  ("graph_breaks", "graph breaks"), ("shapes", "distinct shapes (target / draft)"),
-                  ("compile_seconds", "compile s"),
+                  ("graph_breaks", "graph breaks"), ("cudagraph_skips", "graphs not captured"),
+                  ("shapes", "distinct shapes (target / draft)"), ("compile_seconds", "compile s"),
                   *([("memory_allocated_gb", "allocated GB"), ("memory_reserved_gb", "reserved GB")] if memory
                     else [])])]
     lines.append("\nGoals: " + "; ".join(f"{goal}: {verdict}" for goal, verdict in c["goals"].items()) + ".")

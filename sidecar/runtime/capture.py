@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 import time
 from collections import Counter
@@ -168,6 +169,11 @@ class CaptureCounters:
     static_marks: int = 0  # cache buffers marked as static addresses for CUDA graphs: each once (``static_buffers``)
     compile_seconds: float = 0.0
     graph_bytes: int = 0  # CUDA memory the captures reserved (their pools and static buffers); 0 elsewhere
+    # ``cudagraph`` mode: graphs inductor compiled but runs uncaptured (a mutated input not marked static, a CPU
+    # tensor, a re-record limit): must stay 0 on CUDA; on a CPU every graph is one. ``skip_reasons``: inductor's
+    # messages for them (logged on CUDA only), each once
+    cudagraph_skips: int = 0
+    skip_reasons: list[str] = field(default_factory=list)
     # a decode forward's (batch, width, columns), a chain's (batch, 1, columns, forwards, its flags) -> calls
     shapes: Counter = field(default_factory=Counter)
 
@@ -175,13 +181,38 @@ class CaptureCounters:
         return {"compiles": self.compiles, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
                 "forwards": self.forwards, "graph_calls": self.graph_calls, "chained_forwards": self.chained_forwards,
                 "distinct_shapes": len(self.shapes), "compile_seconds": round(self.compile_seconds, 3),
-                "graph_bytes": self.graph_bytes}
+                "graph_bytes": self.graph_bytes, "cudagraph_skips": self.cudagraph_skips,
+                "skip_reasons": list(self.skip_reasons)}
 
 
-def _dynamo_counts() -> tuple[int, int]:
+def _dynamo_counts() -> tuple[int, int, int]:
+    """Graphs dynamo compiled, graph breaks, and graphs inductor left uncaptured in ``reduce-overhead`` mode:
+    process-wide totals, read before and after a call."""
     from torch._dynamo.utils import counters
 
-    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+    return (int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values())),
+            int(counters["inductor"]["cudagraph_skips"]))
+
+
+class _SkipMessages(logging.Handler):
+    """Keeps the messages inductor logs when it leaves a graph uncaptured (``log_cudagraph_skip_and_bump_counter``,
+    at compile time and when CUDA graph trees give up re-recording), so a run can say why, not only how often."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@functools.cache
+def _skip_messages() -> _SkipMessages:
+    from torch._inductor import cudagraph_utils
+
+    handler = _SkipMessages()
+    cudagraph_utils.cudagraphs_log.addHandler(handler)
+    return handler
 
 
 _thread = threading.local()
@@ -427,15 +458,22 @@ class StackRunner:
         configure_thread()
         self.counters.shapes[shape] += 1
         self.counters.graph_calls += 1
-        if self.mode == "cudagraph":
+        captures = self.mode == "cudagraph"
+        if captures:
             torch.compiler.cudagraph_mark_step_begin()
-        graphs, breaks = _dynamo_counts()
-        reserved = torch.cuda.memory_reserved(device) if self.mode == "cudagraph" else 0
+            messages = _skip_messages().messages
+            logged = len(messages)
+        graphs, breaks, skips = _dynamo_counts()
+        measure_bytes = captures and device.type == "cuda" and self.counters.shapes[shape] <= CAPTURE_CALLS
+        reserved = torch.cuda.memory_reserved(device) if measure_bytes else 0
         started = time.perf_counter()
         out = compiled(*args, **kwargs)
-        new_graphs, new_breaks = _dynamo_counts()
+        new_graphs, new_breaks, new_skips = _dynamo_counts()
         self.counters.graph_breaks += new_breaks - breaks
-        if self.mode == "cudagraph" and self.counters.shapes[shape] <= CAPTURE_CALLS:
+        if captures:
+            self.counters.cudagraph_skips += new_skips - skips
+            self.counters.skip_reasons.extend(m for m in messages[logged:] if m not in self.counters.skip_reasons)
+        if measure_bytes:
             self.counters.graph_bytes += torch.cuda.memory_reserved(device) - reserved
         if new_graphs > graphs:
             self.counters.compile_seconds += time.perf_counter() - started

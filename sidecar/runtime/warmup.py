@@ -54,11 +54,13 @@ class WarmUp:
     compiles: int
     seconds: float
     graph_bytes: int  # CUDA memory the graphs took (0 off CUDA and in compile mode)
+    cudagraph_skips: int  # cudagraph mode: graphs inductor left uncaptured (``CaptureCounters``)
     calls: Counter = field(default_factory=Counter)  # the runner's calls per shape key (``CaptureCounters.shapes``)
 
     def as_dict(self) -> dict:
         return {"rows": self.rows, "capacity": self.capacity, "shapes": self.shapes, "compiles": self.compiles,
-                "seconds": round(self.seconds, 3), "graph_bytes": self.graph_bytes}
+                "seconds": round(self.seconds, 3), "graph_bytes": self.graph_bytes,
+                "cudagraph_skips": self.cudagraph_skips}
 
 
 def batch_buckets(rows: int) -> list[int]:
@@ -159,7 +161,8 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
     if key in runner.warmed:
         return None
     counters = runner.counters
-    compiles, graph_bytes, started = counters.compiles, counters.graph_bytes, time.perf_counter()
+    compiles, graph_bytes, skips = counters.compiles, counters.graph_bytes, counters.cudagraph_skips
+    started = time.perf_counter()
     ran_before = Counter(counters.shapes)
     buckets = batch_buckets(cache.batch_size)
     # (bucket, width, None) a forward; (bucket, forwards, sampled) a chain
@@ -180,8 +183,12 @@ def warm_cache(model: PreTrainedModel, cache: RowKVCache, name: str = "") -> War
                     runner(cache.rows_view(0, bucket), ids)
     runner.warmed.add(key)
     report = WarmUp(cache.batch_size, cache.capacity, len(shapes), counters.compiles - compiles,
-                    time.perf_counter() - started, counters.graph_bytes - graph_bytes, counters.shapes - ran_before)
+                    time.perf_counter() - started, counters.graph_bytes - graph_bytes, counters.cudagraph_skips - skips,
+                    counters.shapes - ran_before)
     runner.warm_ups.append(report)
     logger.info("%s: %d shapes, %d compiles in %.1f s, graphs %d bytes", what, report.shapes, report.compiles,
                 report.seconds, report.graph_bytes)
+    if report.cudagraph_skips and cache.device.type == "cuda":
+        logger.warning("%s: %d graphs not captured as CUDA graphs, they run at compile mode's speed: %s", what,
+                       report.cudagraph_skips, "; ".join(counters.skip_reasons) or "no reason logged")
     return report

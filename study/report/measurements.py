@@ -55,10 +55,11 @@ class Measurement:
     # the dtype the run's pair loaded in, and why ("bf16 (auto: bf16 matmul 0.31 ms vs fp32 0.84 ms)")
     dtype: str = ""
     # its capture mode and why ("eager (auto: CPU, eager ...)"; storage's run_captures), and the run's recompiles
-    # after warm-up and graph breaks, which must be 0 (None: no counters kept)
+    # after warm-up, graph breaks and graphs left uncaptured in cudagraph mode, which must be 0 (None: not kept)
     capture: str = ""
     recompiles: float | None = None
     graph_breaks: float | None = None
+    cudagraph_skips: float | None = None
     ms_per_step: float | None = None
     # its run's decoding steps (storage's run_captures): reads of the device per step, and host time per step (wall
     # less the reads: on a GPU the host's own work, the floor a captured step cannot go below; on a CPU the step)
@@ -109,6 +110,7 @@ class Measurement:
             capture=str(row.get("capture") or ""),
             recompiles=_number(row.get("recompiles"), "recompiles"),
             graph_breaks=_number(row.get("graph_breaks"), "graph_breaks"),
+            cudagraph_skips=_number(row.get("cudagraph_skips"), "cudagraph_skips"),
             tokens=_number(tokens, "tokens"),
             seconds=_number(seconds, "seconds"),
             requests=requests,
@@ -119,9 +121,10 @@ class Measurement:
 
     @property
     def capture_fault(self) -> str | None:
-        """Its run's recompiles after warm-up and graph breaks, in words, where either is above 0 (a fault:
-        compiling was timed as part of its steps); else None."""
-        counted = [(self.recompiles, "recompile(s) after warm-up"), (self.graph_breaks, "graph break(s)")]
+        """Its run's recompiles after warm-up, graph breaks and uncaptured graphs, in words, where any is above 0 (a
+        fault: compiling, or forwards not replayed as CUDA graphs, were timed as its steps); else None."""
+        counted = [(self.recompiles, "recompile(s) after warm-up"), (self.graph_breaks, "graph break(s)"),
+                   (self.cudagraph_skips, "graph(s) left uncaptured")]
         said = [f"{n:g} {what}" for n, what in counted if n]
         return ", ".join(said) or None
 
