@@ -40,6 +40,9 @@ from sidecar.tasks.task import HASHTAGS, SidecarTask
 from tests.decoding import assert_speculated, hidden_states, random_prompts, target_alone
 
 TITLE = SidecarTask(name="title", instruction="Then write a title.", max_new_tokens=6)
+# a constrained sidecar: its row's matcher masks each draft forward's logits, so it drafts a forward at a time
+TOPIC = SidecarTask(name="topic", instruction="Then give its topic.", max_new_tokens=12,
+                    choices=["politics", "economy", "city news"])
 DOCS = ["The city council approved a new budget on Tuesday after a long debate about schools.",
         "Prices rose 3.5 percent in 2017 while 1,200 workers lost their jobs at the factory in the north.",
         "The president met leaders in Berlin."]
@@ -222,17 +225,17 @@ def test_a_pair_asked_to_compile_on_a_cpu_keeps_plain_linear_layers_for_inductor
 
 def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeypatch):
     """Compiled forwards (one-layer pair: compiling is slow on a CPU), every cache warmed as it is allocated
-    (``SIDECAR_WARMUP=on``): rows of varied lengths join a batch of 4 as slots free, each equal to the target
-    alone, at a fixed gamma (the prompts quote their continuation: the first step copies, runs no draft forward
-    and leaves a 3-column backlog) and adaptive (its exploration takes a plain step, growing the backlog); then
-    sidecar tasks after the main output (the document evicted, two tasks: bridges wider than any warmed width,
-    finished rows catching up) decode exactly as in eager mode, the draft forwards after each step's first
-    chained into one graph call (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its step's
-    plan named, no other, and none compiled outside warm-up: a first draft feed takes the widths 1, 2 and
-    gamma + 3 only, wider ones in chunks (``sidecar.decoding.plan.feed_chunking``). No forward breaks the graph,
-    and no shape compiles twice. No assertion rests on timings, whatever the load: of the adaptive stream's
-    choices (``GammaController.choose``, fitted to timed forwards) only its exploration's are read, made before
-    any fit, and the rest holds whatever it chooses."""
+    (``SIDECAR_WARMUP=on``): rows of varied lengths join a batch of 4 as slots free, each equal to the target alone,
+    at a fixed gamma (the prompts quote their continuation: the first step copies, runs no draft forward and leaves
+    a 3-column backlog) and adaptive (its exploration takes a plain step, growing the backlog); then sidecar tasks
+    after the main output (the document evicted, three tasks, one constrained to its choices: bridges wider than any
+    warmed width, finished rows catching up) decode exactly as in eager mode, the draft forwards after each step's
+    first chained into one graph call (``sidecar.decoding.draft_chain``). Every forward ran the padded shape its
+    step's plan named, no other, and none compiled outside warm-up: a first draft feed takes the widths 1, 2 and
+    gamma + 3 only, wider ones in chunks (``sidecar.decoding.plan.feed_chunking``). No forward breaks the graph, and
+    no shape compiles twice. No assertion rests on timings, whatever the load: of the adaptive stream's choices
+    (``GammaController.choose``, fitted to timed forwards) only its exploration's are read, made before any fit, and
+    the rest holds whatever it chooses."""
     monkeypatch.setenv("SIDECAR_WARMUP", "on")
     pair = tiny_pair(layers=1)
     SpeculativeDecoder(pair, gamma=3, capture="compile")
@@ -262,8 +265,10 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
     assert any(step.live and not step.width and not step.draft_forwards for step in traces[1].steps[:3]), \
         "the adaptive stream's exploration took no plain step"
 
-    # with logprobs: a sidecar row drafts one forward at a time (``chain_applies``), main rows still chain
-    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE], max_new_tokens=8, top_logprobs=1) for doc in DOCS]
+    # with logprobs, or constrained: a sidecar row drafts one forward at a time (``chain_applies``), main rows
+    # still chain
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS, TITLE, TOPIC], max_new_tokens=8, top_logprobs=1)
+                for doc in DOCS]
 
     def sidecars() -> list:
         engine = SidecarEngine(pair, gamma=3, adaptive=False)
