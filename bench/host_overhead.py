@@ -20,6 +20,11 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
 * the draft's forwards and graph calls (calls of a compiled region) per step: in compiled modes a step's draft
   forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
   stop early;
+* in compiled modes, the fixed-gamma step's host time outside its compiled calls (the step's time less the time
+  inside them, ``CaptureCounters.graph_seconds``), per step and per forward: the work a CUDA graph does not take
+  away (planning, bookkeeping, inputs, reads). Dynamo's guards and inductor's wrapper run inside the calls, and a
+  GPU adds each replay's launch and input copies, so on a CPU it is a lower bound of the captured host floor
+  (``study.cost.host_floor`` takes it as that where no GPU measured one);
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
 """
 
@@ -105,12 +110,15 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
     draft = runner_of(pair.draft).counters
+    runners = [runner_of(pair.target).counters, draft]
     warm = compile_events(counters(pair))
     best = None
     for _ in range(runs):
         hf = hf_forward_seconds(pair.target, prompt, calls, pair.device)
         graph_calls = draft.graph_calls
+        in_graphs = sum(c.graph_seconds for c in runners)
         stats = decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)[0].stats
+        in_graphs = sum(c.graph_seconds for c in runners) - in_graphs  # prefill runs eager: the steps' calls alone
         steps = stats.target_forwards - 1  # the prefill yields the first token
         row = {"seconds_per_target_forward": stats.decode_seconds / steps,
                "seconds_per_token": stats.decode_seconds / (stats.new_tokens - 1),
@@ -118,6 +126,7 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
                # compiled calls the draft's forwards took (0 in eager mode): one per chain of forwards
                "draft_graph_calls_per_step": (draft.graph_calls - graph_calls) / steps,
                "hf_forwards_per_step": stats.decode_seconds / steps / hf,
+               "host_seconds_per_step_outside_graphs": (stats.decode_seconds - in_graphs) / steps,
                "tokens_per_step": (stats.new_tokens - 1) / steps}
         if best is None or row["hf_forwards_per_step"] < best["hf_forwards_per_step"]:
             best = row
@@ -148,6 +157,10 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
         "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
         "fixed_draft_graph_calls_per_step": fixed["draft_graph_calls_per_step"],
         "fixed_tokens_per_step": fixed["tokens_per_step"],
+        **({"fixed_host_ms_per_step_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3,
+            # per forward (the target's and the draft's): how the cost model charges a floor
+            "fixed_host_ms_per_forward_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3
+            / (1 + fixed["draft_forwards_per_step"])} if mode != "eager" else {}),
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
         "adaptive_hf_forwards_per_step": adaptive["hf_forwards_per_step"],
         "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
@@ -184,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         ("fixed_draft_graph_calls_per_step", "fixed-γ4 draft graph calls / step"),
         ("adaptive_hf_forwards_per_step", "adaptive step in HF forwards"),
         ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
+        ("fixed_host_ms_per_step_outside_graphs", "fixed-γ4 host ms / step outside compiled calls"),
+        ("fixed_host_ms_per_forward_outside_graphs", "the same per forward"),
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
         ("graph_breaks", "graph breaks")])
     heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "

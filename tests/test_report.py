@@ -712,6 +712,15 @@ def test_an_unmeasured_captured_floor_is_projected_as_a_lower_bound(tmp_path: Pa
     assert "host floor unmeasured" in section(report.markdown, "Verdict per GPU type")
 
 
+def test_a_cpu_bound_on_the_captured_floor_is_named_and_still_a_lower_bound(tmp_path: Path) -> None:
+    report = write_cost_report(h200_rows(), tmp_path / "r",
+                               host_overhead=host_result(tmp_path / "cpu.json", outside_graphs_ms=0.2))
+    capture = " ".join(section(report.markdown, CAPTURE).split())
+    assert "captured (CUDA graphs), host floor not measured on a GPU, at least 0.2 ms per forward (the host work " \
+           "of a compiled step outside its compiled calls, a lower bound" in capture
+    assert "captured (lower bound), batch 1" in capture and "not measured on a GPU, so captured times" in capture
+
+
 def test_a_corrupt_floor_file_stops_the_report_naming_the_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "host_overhead_gpu.json"
     path.write_text('{"layers": 28, "rows": [{"mode": "eager", "our_forward_ms": NaN}]}')

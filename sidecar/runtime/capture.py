@@ -168,6 +168,9 @@ class CaptureCounters:
     chained_forwards: int = 0  # decode forwards run inside a chain (``StackRunner.chain``): one graph call each chain
     static_marks: int = 0  # cache buffers marked as static addresses for CUDA graphs: each once (``static_buffers``)
     compile_seconds: float = 0.0
+    # host time inside compiled calls, compiles included: on a CPU the forwards' own work, on a GPU their launches;
+    # a step's time less this is the host work a CUDA graph would not take away (``bench.host_overhead``)
+    graph_seconds: float = 0.0
     graph_bytes: int = 0  # CUDA memory the captures reserved (their pools and static buffers); 0 elsewhere
     # ``cudagraph`` mode: graphs inductor compiled but runs uncaptured (a mutated input not marked static, a CPU
     # tensor, a re-record limit): must stay 0 on CUDA; on a CPU every graph is one. ``skip_reasons``: inductor's
@@ -181,6 +184,7 @@ class CaptureCounters:
         return {"compiles": self.compiles, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
                 "forwards": self.forwards, "graph_calls": self.graph_calls, "chained_forwards": self.chained_forwards,
                 "distinct_shapes": len(self.shapes), "compile_seconds": round(self.compile_seconds, 3),
+                "graph_seconds": round(self.graph_seconds, 6),
                 "graph_bytes": self.graph_bytes, "cudagraph_skips": self.cudagraph_skips,
                 "skip_reasons": list(self.skip_reasons)}
 
@@ -468,6 +472,7 @@ class StackRunner:
         reserved = torch.cuda.memory_reserved(device) if measure_bytes else 0
         started = time.perf_counter()
         out = compiled(*args, **kwargs)
+        self.counters.graph_seconds += time.perf_counter() - started
         new_graphs, new_breaks, new_skips = _dynamo_counts()
         self.counters.graph_breaks += new_breaks - breaks
         if captures:

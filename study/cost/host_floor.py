@@ -14,8 +14,11 @@ Host work is per layer, so a model of another depth scales it by its layers; a w
 
 - ``eager``: the benchmark's ``eager`` row;
 - ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one
-  the captured floor is unmeasured: it is projected as 0 and every figure of that mode is labelled a lower
-  bound (no guessed constant stands in for it).
+  the captured floor is not measured and every figure of that mode is labelled a lower bound (no guessed
+  constant stands in for it): where the result has a ``compile`` row, the floor is its step's host work
+  outside its compiled calls, per forward (``fixed_host_ms_per_forward_outside_graphs``: planning, bookkeeping,
+  inputs and reads, which a CUDA graph does not take away, less the guards, wrapper and replay a GPU adds), the
+  same at any depth, since a captured forward is one launch whatever its layers; else 0.
 
 By default the floors come from the committed GPU result (``bench/results/host_overhead_gpu.json``), else the
 CPU one (``host_overhead_cpu.json``, whose eager host cost stands in for a GPU host's and is named as such).
@@ -43,23 +46,29 @@ BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 
 @dataclass(frozen=True)
 class HostFloor:
-    """One capture mode's host cost per forward: ``ms`` at the benchmark's depth ``bench_layers``; 0 and
-    ``measured`` False where the benchmark has no row for the mode (then the projection is a lower bound)."""
+    """One capture mode's host cost per forward: ``ms`` at the benchmark's depth ``bench_layers``, scaled by a
+    model's depth where ``per_layer``; ``measured`` False where the benchmark has no row for the mode (then
+    ``ms`` is a lower bound, 0 where nothing bounds it, and so is the projection)."""
 
     capture: Capture
     ms: float
     bench_layers: int
     measured: bool
     source: str  # where it was measured, or why it was not
+    per_layer: bool = True
 
     def seconds(self, layers: int | None) -> float:
         """The floor of one forward of a model of ``layers`` layers (None: the benchmark's depth)."""
-        return self.ms / 1000 * (self.bench_layers if layers is None else layers) / self.bench_layers
+        if not self.per_layer or layers is None:
+            return self.ms / 1000
+        return self.ms / 1000 * layers / self.bench_layers
 
     @property
     def label(self) -> str:
         """The mode as the report names it, with its floor and where it comes from."""
         name = "eager" if self.capture == "eager" else "captured (CUDA graphs)"
+        if not self.measured and self.ms:
+            return f"{name}, host floor not measured on a GPU, at least {self.ms:.3g} ms per forward ({self.source})"
         if not self.measured:
             return f"{name}, host floor unmeasured, projected as 0: a lower bound"
         return f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
@@ -77,6 +86,17 @@ class HostFloors:
         if capture not in CAPTURES:
             raise CostInputError(f"unknown capture mode {capture!r}; known: {', '.join(CAPTURES)}")
         return self.eager if capture == "eager" else self.captured
+
+
+def captured_lower_bound(compiled: dict | None, path: Path, layers: int, where: str) -> HostFloor:
+    """The captured floor where no GPU measured one: the ``compile`` row's host work outside its compiled calls per
+    forward, at any depth (a lower bound); 0 where the result has none (a result from before it was measured)."""
+    field = "fixed_host_ms_per_forward_outside_graphs"
+    if compiled is None or compiled.get(field) is None:
+        return replace(unmeasured_captured_floor(f"{path.name} has no cudagraph row"), bench_layers=layers)
+    ms = floor_value(compiled.get(field), path, f"rows[mode=compile].{field}")
+    return HostFloor("captured", ms, layers, False, f"the host work of a compiled step outside its compiled calls, "
+                     f"a lower bound, {where}", per_layer=False)
 
 
 def unmeasured_captured_floor(why: str) -> HostFloor:
@@ -129,7 +149,7 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
         if row is None:
             if capture == "eager":
                 raise CostInputError(f"{path}: rows has no mode 'eager' row, so no eager host floor")
-            floors[capture] = replace(unmeasured_captured_floor(f"{path.name} has no {mode} row"), bench_layers=layers)
+            floors[capture] = captured_lower_bound(rows.get("compile"), path, layers, where)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
         floors[capture] = HostFloor(capture, ms, layers, True, where)
