@@ -9,6 +9,9 @@ cost does not shrink with the model, so it is the floor under every forward at d
 quantity that says whether speculation with a 28-layer draft can pay (``study.cost`` reads it as the host
 floor of each capture mode).
 
+It runs on CUDA where there is one, in bf16, else on the CPU in fp32 (``dtype_for``: the result is
+host_overhead_gpu or host_overhead_cpu, the names ``study.cost.host_floor`` reads). On a lent GPU it is the
+second command after ``make gpu-check`` (``--modes eager cudagraph``): the captured floor is measured nowhere else.
 Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a warm-up run:
 
 * HF forward: Hugging Face's eager one-token forward (its own cache), the baseline of every ratio;
@@ -36,6 +39,7 @@ import time
 import torch
 
 from bench.common import (
+    REFERENCE_DTYPES,
     add_bench_arguments,
     environment,
     markdown_table,
@@ -134,9 +138,9 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     return best | {"compiles_after_warmup": compile_events(counters(pair)) - warm}
 
 
-def measure_mode(mode: str, calls: int, runs: int) -> dict:
-    pair = tiny_pair(layers=LAYERS)
-    device = pair.device
+def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict:
+    """One capture mode's row, on ``device`` in its reference dtype (``dtype_for``)."""
+    pair = tiny_pair(device, dtype_for(device), layers=LAYERS)
     prompt = torch.randint(3, len(pair.tokenizer), (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
         hf_token = hf_decode_seconds_per_token(pair.target, prompt, device)
@@ -178,15 +182,18 @@ def measure_mode(mode: str, calls: int, runs: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", nargs="+", choices=("eager", "compile", "cudagraph"))
-    add_bench_arguments(parser)
-    args = parse_bench_args(parser, argv)
-    sizes = SIZES[args.profile]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    modes = args.modes or (["eager", "compile", "cudagraph"] if device.type == "cuda" else ["eager", "compile"])
-    rows = [measure_mode(mode, sizes["calls"], sizes["runs"]) for mode in modes]
+def dtype_for(device: torch.device) -> torch.dtype:
+    """The dtype the pair runs in: the device's reference one (fp32 on a CPU, bf16 on CUDA, what the engine runs
+    there), so the result's name carries no dtype and ``study.cost.host_floor`` finds it."""
+    return REFERENCE_DTYPES["cuda" if device.type == "cuda" else "cpu"]
+
+
+def default_modes(device: torch.device) -> list[str]:
+    return ["eager", "compile", "cudagraph"] if device.type == "cuda" else ["eager", "compile"]
+
+
+def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> str:
+    """Write the rows as host_overhead_gpu or host_overhead_cpu (with the profile's suffix); returns the name."""
     table = markdown_table(rows, [
         ("mode", "mode"), ("hf_forward_ms", "HF forward ms"), ("our_forward_ms", "our forward ms"),
         ("our_over_hf", "ours / HF (goal <= 0.65)"),
@@ -203,10 +210,23 @@ def main(argv: list[str] | None = None) -> None:
         ("graph_breaks", "graph breaks")])
     heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "
                f"{PROMPT}-token prompt, {NEW_TOKENS} new tokens (`python -m bench.host_overhead`):")
-    payload = {"environment": environment(device, torch.float32), "layers": LAYERS, "profile": args.profile,
+    dtype = dtype_for(device)
+    payload = {"environment": environment(device, dtype), "layers": LAYERS, "profile": profile,
                "sizes": sizes, "rows": rows}
-    name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu")
-    write_results(name + variant_suffix(device.type, torch.float32, args.profile), payload, heading + "\n\n" + table)
+    name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu") + variant_suffix(device.type, dtype, profile)
+    write_results(name, payload, heading + "\n\n" + table)
+    return name
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compile", "cudagraph"))
+    add_bench_arguments(parser)
+    args = parse_bench_args(parser, argv)
+    sizes = SIZES[args.profile]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = [measure_mode(mode, sizes["calls"], sizes["runs"], device) for mode in args.modes or default_modes(device)]
+    write(rows, device, args.profile, sizes)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from bench import common, host_overhead
 
@@ -26,3 +27,26 @@ def test_the_host_overhead_bench_writes_each_modes_ratios_and_counters(tmp_path,
     assert row["fixed_draft_graph_calls_per_step"] == 0 and row["chained_forwards"] == {"target": 0, "draft": 0}
     assert row["graph_breaks"] == 0 and row["recompiles"] == 0 and row["compiles"] == 0  # eager compiles nothing
     assert "host_overhead" in (tmp_path / "host_overhead_cpu_quick.md").read_text()
+
+
+def test_a_gpu_run_measures_on_the_gpu_in_bf16_under_the_name_the_cost_model_reads(monkeypatch):
+    """On CUDA the pair goes to the GPU (it stayed on the CPU, labelled gpu) in bf16, the GPU's reference dtype,
+    so the result is host_overhead_gpu.json, which ``study.cost.host_floor`` reads (fp32 named it
+    host_overhead_gpu_fp32, read by nothing)."""
+    from bench.common import variant_suffix
+    from study.cost.host_floor import CPU_RESULT, GPU_RESULT
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert host_overhead.dtype_for(cuda) == torch.bfloat16 and host_overhead.dtype_for(cpu) == torch.float32
+    assert "host_overhead_gpu" + variant_suffix("cuda", host_overhead.dtype_for(cuda), "standard") == GPU_RESULT.stem
+    assert "host_overhead_cpu" + variant_suffix("cpu", host_overhead.dtype_for(cpu), "standard") == CPU_RESULT.stem
+    built = []
+
+    def record(device=None, dtype=torch.float32, **kwargs):
+        built.append((device, dtype))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(host_overhead, "tiny_pair", record)
+    with pytest.raises(RuntimeError, match="stop here"):
+        host_overhead.measure_mode("eager", 1, 1, cuda)
+    assert built == [(cuda, torch.bfloat16)]
