@@ -15,10 +15,11 @@ Host work is per layer, so a model of another depth scales it by its layers; a w
 - ``eager``: the benchmark's ``eager`` row;
 - ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one
   the captured floor is not measured and every figure of that mode is labelled a lower bound (no guessed
-  constant stands in for it): where the result has a ``compile`` row, the floor is its step's host work
-  outside its compiled calls, per forward (``fixed_host_ms_per_forward_outside_graphs``: planning, bookkeeping,
-  inputs and reads, which a CUDA graph does not take away, less the guards, wrapper and replay a GPU adds), the
-  same at any depth, since a captured forward is one launch whatever its layers; else 0.
+  constant stands in for it): where the result has a ``compile`` row, its step's host work outside its compiled
+  calls, per forward, stands in (``fixed_host_ms_per_forward_outside_graphs``: planning, bookkeeping, inputs
+  and reads, which a CUDA graph does not take away; without the guards, wrapper and replay a GPU adds, and on
+  this CPU's host, not the GPU's), the same at any depth, since a captured forward is one launch whatever its
+  layers; else 0.
 
 By default the floors come from the committed GPU result (``bench/results/host_overhead_gpu.json``), else the
 CPU one (``host_overhead_cpu.json``, whose eager host cost stands in for a GPU host's and is named as such).
@@ -68,7 +69,7 @@ class HostFloor:
         """The mode as the report names it, with its floor and where it comes from."""
         name = "eager" if self.capture == "eager" else "captured (CUDA graphs)"
         if not self.measured and self.ms:
-            return f"{name}, host floor not measured on a GPU, at least {self.ms:.3g} ms per forward ({self.source})"
+            return f"{name}, host floor not measured on a GPU, {self.ms:.3g} ms per forward stands in ({self.source})"
         if not self.measured:
             return f"{name}, host floor unmeasured, projected as 0: a lower bound"
         return f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
@@ -90,13 +91,14 @@ class HostFloors:
 
 def captured_lower_bound(compiled: dict | None, path: Path, layers: int, where: str) -> HostFloor:
     """The captured floor where no GPU measured one: the ``compile`` row's host work outside its compiled calls per
-    forward, at any depth (a lower bound); 0 where the result has none (a result from before it was measured)."""
+    forward, at any depth (not a GPU's measure, so still labelled a lower bound); 0 where the result has none (a
+    result from before it was measured)."""
     field = "fixed_host_ms_per_forward_outside_graphs"
     if compiled is None or compiled.get(field) is None:
         return replace(unmeasured_captured_floor(f"{path.name} has no cudagraph row"), bench_layers=layers)
     ms = floor_value(compiled.get(field), path, f"rows[mode=compile].{field}")
-    return HostFloor("captured", ms, layers, False, f"the host work of a compiled step outside its compiled calls, "
-                     f"a lower bound, {where}", per_layer=False)
+    return HostFloor("captured", ms, layers, False, f"a compiled step's host work outside its compiled calls, less "
+                     f"the guards and graph launches a GPU adds, {where}", per_layer=False)
 
 
 def unmeasured_captured_floor(why: str) -> HostFloor:
