@@ -48,8 +48,8 @@ BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 @dataclass(frozen=True)
 class HostFloor:
     """One capture mode's host cost per forward: ``ms`` at the benchmark's depth ``bench_layers``, scaled by a
-    model's depth where ``per_layer``; ``measured`` False where the benchmark has no row for the mode (then
-    ``ms`` is a lower bound, 0 where nothing bounds it, and so is the projection)."""
+    model's depth where ``per_layer``; ``measured`` False where the benchmark has no row for the mode (then ``ms``
+    stands in, 0 where nothing does, and the projection is labelled a lower bound)."""
 
     capture: Capture
     ms: float
