@@ -25,6 +25,16 @@ scoring prefix caches' ``sidecar:prompt_cache_hits_total{model}``, ``sidecar:pro
 ``sidecar:prompt_cache_reused_tokens_total{model}`` and ``sidecar:prompt_cache_forwarded_tokens_total{model}``
 (model: target or draft; none without prompt caches, ``--no-prompt-cache``).
 
+Read at each scrape from the pair's capture counters (``sidecar.decoding.decoder.capture_stats``, ``/stats``'s
+``capture``): ``sidecar:capture_mode_info{mode}`` (1, the mode the forwards run in), per model (target, draft)
+``sidecar:capture_forwards_total``, ``sidecar:capture_graph_calls_total`` (calls of a compiled forward; a chain
+of draft forwards is one) and ``sidecar:capture_compiles_total``, and the faults, which must stay 0 (alert on
+any increase): ``sidecar:capture_recompiles_total`` (a shape compiled again after warm-up),
+``sidecar:capture_graph_breaks_total`` and ``sidecar:capture_cudagraph_skips_total`` (a graph left uncaptured
+in cudagraph mode, which runs at compiled speed); and the decoding steps' ``sidecar:step_syncs_total`` (reads
+of the device: a GPU waits at each) and ``sidecar:step_host_seconds_total`` (the steps' wall time less those
+reads; none in ``hf`` mode, which keeps no counters).
+
 The registry is the app's own, so several servers in one process do not share (or clash over) metrics.
 """
 
@@ -40,6 +50,7 @@ from prometheus_client.registry import Collector
 
 from server.errors import APIError
 from server.worker import BatchWorker, Job
+from sidecar.decoding.decoder import capture_stats
 from sidecar.decoding.rows import GenerationOutput
 from sidecar.tasks.rows import DocumentResult
 
@@ -96,6 +107,29 @@ class _WorkerCollector(Collector):
             for model, counters in sorted(stats["prompt_cache"].items()):
                 family.add_metric([model], counters[key])
             yield family
+        yield from self._capture()
+
+    def _capture(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        capture = capture_stats(self.worker.engine.pair)
+        mode = GaugeMetricFamily("sidecar:capture_mode_info", "The capture mode the decode forwards run in.",
+                                 labels=["mode"])
+        mode.add_metric([capture["mode"] or "unknown"], 1)
+        yield mode
+        for key, about in (("forwards", "Forwards of each model, prefill included."),
+                           ("graph_calls", "Calls of a compiled forward (a chain of draft forwards is one)."),
+                           ("compiles", "Graphs compiled for a shape first seen."),
+                           ("recompiles", "Graphs compiled again for a shape already compiled: must stay 0."),
+                           ("graph_breaks", "Graph breaks: must stay 0."),
+                           ("cudagraph_skips", "Graphs left uncaptured in cudagraph mode: must stay 0.")):
+            family = CounterMetricFamily(f"sidecar:capture_{key}", about, labels=["model"])
+            for model, counters in sorted(capture["counters"].items()):
+                family.add_metric([model], counters[key])
+            yield family
+        steps = capture["steps"]
+        yield CounterMetricFamily("sidecar:step_syncs", "Reads of device values the decoding steps made.",
+                                  value=steps["syncs"])
+        yield CounterMetricFamily("sidecar:step_host_seconds", "Decoding steps' wall time less their reads.",
+                                  value=steps["step_seconds"] - steps["read_seconds"])
 
 
 class ServerMetrics:

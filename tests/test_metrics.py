@@ -99,6 +99,17 @@ def test_metrics_count_what_concurrent_clients_sent(tiny) -> None:
     assert value("sidecar:device_measured_seconds_total") == device["measured_seconds"]
     assert {dict(labels)["phase"]: v for (name, labels), v in metrics.items()
             if name == "sidecar:device_charged_seconds_total"} == device["charged_seconds_by_phase"]
+    # the capture counters are those of /stats, the faults among them present at 0
+    capture = stats["capture"]
+    assert value("sidecar:capture_mode_info", mode=capture["mode"]) == 1
+    for model, counters in capture["counters"].items():
+        for key in ("forwards", "graph_calls", "compiles", "recompiles", "graph_breaks", "cudagraph_skips"):
+            assert value(f"sidecar:capture_{key}_total", model=model) == counters[key], (model, key)
+        assert counters["forwards"] > 0 and counters["recompiles"] == counters["graph_breaks"] == 0
+    assert set(capture["counters"]) == {"target", "draft"}
+    assert value("sidecar:step_syncs_total") == capture["steps"]["syncs"] > 0
+    assert value("sidecar:step_host_seconds_total") == pytest.approx(
+        capture["steps"]["step_seconds"] - capture["steps"]["read_seconds"], abs=1e-5)
 
 
 def test_each_app_has_its_own_registry(tiny) -> None:
