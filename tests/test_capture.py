@@ -485,6 +485,8 @@ def test_a_graph_inductor_leaves_uncaptured_is_counted_with_its_reason(monkeypat
     message comes through inductor's own reporting function, called here as a CUDA compile would."""
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
+    from sidecar.runtime import capture
+
     pair = tiny_pair(layers=1)
     runner = StackRunner(pair.target, "cudagraph")
     cache = RowKVCache(pair.target, 2, 64)
@@ -506,9 +508,10 @@ def test_a_graph_inductor_leaves_uncaptured_is_counted_with_its_reason(monkeypat
 
         monkeypatch.setattr(runner, "_compiled", skipped)
         runner(cache, ids)
-        runner(cache, ids)
+        runner(cache, ids)  # as past the re-record limit: each call logs again; the runner keeps it once
     torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
     assert runner.counters.cudagraph_skips == 3 and runner.counters.skip_reasons == [reason]
+    assert capture._skip_messages().since(capture._skip_messages().emitted - 2) == [reason, reason]
     assert {k: runner.counters.as_dict()[k] for k in ("cudagraph_skips", "skip_reasons")} == {
         "cudagraph_skips": 3, "skip_reasons": [reason]}
 

@@ -24,6 +24,7 @@ one call of a compiled region (``StackRunner.chain``): a step's draft forwards a
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
@@ -172,9 +173,9 @@ class CaptureCounters:
     # a step's time less this is the host work a CUDA graph would not take away (``bench.host_overhead``)
     graph_seconds: float = 0.0
     graph_bytes: int = 0  # CUDA memory the captures reserved (their pools and static buffers); 0 elsewhere
-    # ``cudagraph`` mode: graphs inductor compiled but runs uncaptured (a mutated input not marked static, a CPU
-    # tensor, a re-record limit): must stay 0 on CUDA; on a CPU every graph is one. ``skip_reasons``: inductor's
-    # messages for them (logged on CUDA only), each once
+    # ``cudagraph`` mode: times inductor left a graph uncaptured, at its compile (a mutated input not marked static,
+    # a CPU tensor) or at a call past CUDA graph trees' re-record limit: must stay 0 on CUDA; on a CPU every graph
+    # is one. ``skip_reasons``: inductor's messages for them (logged on CUDA only), each once
     cudagraph_skips: int = 0
     skip_reasons: list[str] = field(default_factory=list)
     # a decode forward's (batch, width, columns), a chain's (batch, 1, columns, forwards, its flags) -> calls
@@ -200,14 +201,21 @@ def _dynamo_counts() -> tuple[int, int, int]:
 
 class _SkipMessages(logging.Handler):
     """Keeps the messages inductor logs when it leaves a graph uncaptured (``log_cudagraph_skip_and_bump_counter``,
-    at compile time and when CUDA graph trees give up re-recording), so a run can say why, not only how often."""
+    at compile time and when CUDA graph trees give up re-recording), so a run can say why, not only how often.
+    The latest few only: past the re-record limit every call of that graph logs again."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.messages: list[str] = []
+        self.emitted = 0
+        self.latest: collections.deque[str] = collections.deque(maxlen=16)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        self.emitted += 1
+        self.latest.append(record.getMessage())
+
+    def since(self, emitted: int) -> list[str]:
+        """The messages logged after the ``emitted``-th (those still kept)."""
+        return list(self.latest)[len(self.latest) - min(self.emitted - emitted, len(self.latest)):]
 
 
 @functools.cache
@@ -465,8 +473,8 @@ class StackRunner:
         captures = self.mode == "cudagraph"
         if captures:
             torch.compiler.cudagraph_mark_step_begin()
-            messages = _skip_messages().messages
-            logged = len(messages)
+            messages = _skip_messages()
+            logged = messages.emitted
         graphs, breaks, skips = _dynamo_counts()
         measure_bytes = captures and device.type == "cuda" and self.counters.shapes[shape] <= CAPTURE_CALLS
         reserved = torch.cuda.memory_reserved(device) if measure_bytes else 0
@@ -477,7 +485,8 @@ class StackRunner:
         self.counters.graph_breaks += new_breaks - breaks
         if captures:
             self.counters.cudagraph_skips += new_skips - skips
-            self.counters.skip_reasons.extend(m for m in messages[logged:] if m not in self.counters.skip_reasons)
+            self.counters.skip_reasons.extend(dict.fromkeys(m for m in messages.since(logged)
+                                                            if m not in self.counters.skip_reasons))
         if measure_bytes:
             self.counters.graph_bytes += torch.cuda.memory_reserved(device) - reserved
         if new_graphs > graphs:
