@@ -478,6 +478,39 @@ def test_cudagraph_mode_marks_each_bucket_buffer_static_once():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cudagraph_modes_host_paths_run_on_a_cpu_where_inductor_leaves_each_graph_uncaptured(monkeypatch):
+    """``cudagraph`` mode's own host paths (each bucket's cache buffers marked static once, a step begun before
+    each graph call, a chain's outputs cloned before a replay could overwrite them, each new cache warmed as it is
+    allocated, ``CAPTURE_CALLS`` calls a shape) run on a CPU, where inductor compiles each graph and leaves it
+    uncaptured (the mode is refused on a CPU; here its resolution is replaced): greedy rows equal the target
+    alone, nothing breaks a graph or compiles after warm-up, and every graph is counted uncaptured, which on CUDA
+    must stay 0."""
+    from sidecar.decoding import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "resolve_capture", lambda *args, **kwargs: ("cudagraph", "simulated"))
+    torch._dynamo.reset()  # dynamo keeps graphs by code object, across pairs: this pair compiles its own
+    pair = tiny_pair(layers=1)
+    decoder = SpeculativeDecoder(pair, gamma=3, adaptive=False, prompt_lookup=False)
+    set_sampled(pair.draft, False)  # greedy rows only: the sampled chains are not warmed
+    prompts = random_prompts(pair, [5, 17, 9, 12], seed=3)
+    outputs = decoder.generate(prompts, max_new_tokens=12, batch_size=4)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.token_ids == target_alone(pair, prompt, 12)
+    assert_speculated(outputs)
+    for name in ("target", "draft"):
+        runner = runner_of(getattr(pair, name))
+        counters = runner.counters
+        assert runner.mode == pair.capture_mode == "cudagraph" and runner.warm_ups, f"{name}: not warmed"
+        assert all(w.calls and min(w.calls.values()) >= 3 for w in runner.warm_ups), "a shape called once"
+        assert counters.compiles == sum(w.compiles for w in runner.warm_ups) > 0, f"{name} compiled after warm-up"
+        assert counters.graph_breaks == counters.recompiles == 0
+        assert counters.cudagraph_skips == counters.compiles and counters.static_marks > 0, counters.as_dict()
+    assert runner_of(pair.draft).counters.chained_forwards > 0, "no chain ran: its outputs' clone went untried"
+    torch._dynamo.reset()  # later tests compile their own
+
+
+@pytest.mark.slow
 def test_a_graph_inductor_leaves_uncaptured_is_counted_with_its_reason(monkeypatch):
     """In ``cudagraph`` mode a graph inductor compiles but does not capture (on CUDA: an input mutated unmarked, a
     CPU tensor, a re-record limit) runs at compiled speed, a fault only a counter shows: each is counted, with
