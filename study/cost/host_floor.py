@@ -9,8 +9,9 @@ measures it on a pair of production depth and tiny width, where compute is about
     seconds = max(bytes / bandwidth, FLOPs / peak) + floor(capture mode)
     floor   = our_forward_ms / 1000 x layers of the projected model / layers of the benchmark
 
-Host work is per layer, so a model of another depth scales it by its layers; a workload without a shape
-(``Workload`` without ``facts``) is taken at the benchmark's depth. Two capture modes are projected:
+Eager host work is per layer, so a model of another depth scales it by its layers (a captured forward is one
+launch: its floor is the same at any depth); a workload without a shape (``Workload`` without ``facts``) is
+taken at the benchmark's depth. Two capture modes are projected:
 
 - ``eager``: the benchmark's ``eager`` row;
 - ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one
