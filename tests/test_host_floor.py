@@ -80,6 +80,7 @@ def test_without_a_cudagraph_row_a_compile_rows_host_work_outside_its_graphs_bou
     assert floors.of("eager").per_layer and floors.of("eager").seconds(56) == pytest.approx(0.008)
     gpu = load_host_floors(host_result(tmp_path / "gpu.json", cudagraph_ms=0.04, outside_graphs_ms=0.2))
     assert gpu.of("captured").measured and gpu.of("captured").ms == 0.04
+    assert gpu.of("captured").seconds(56) == pytest.approx(0.00004), "a captured forward's floor scaled with depth"
     with pytest.raises(CostInputError, match=r"rows\[mode=compile\]\.fixed_host_ms_per_forward_outside_graphs"):
         load_host_floors(host_result(tmp_path / "bad.json", outside_graphs_ms=-1.0))
 

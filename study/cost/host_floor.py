@@ -155,5 +155,5 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
             floors[capture] = captured_lower_bound(rows.get("compile"), path, layers, where)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
-        floors[capture] = HostFloor(capture, ms, layers, True, where)
+        floors[capture] = HostFloor(capture, ms, layers, True, where, per_layer=capture == "eager")
     return HostFloors(floors["eager"], floors["captured"], path)
