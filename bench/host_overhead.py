@@ -24,8 +24,9 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
   forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
   stop early;
 * in compiled modes, the fixed-gamma step's host time outside its compiled calls (the step's time less the time
-  inside them, ``CaptureCounters.graph_seconds``), per step and per forward: the work a CUDA graph does not take
-  away (planning, bookkeeping, inputs, reads). Dynamo's guards and inductor's wrapper run inside the calls, and a
+  inside them, ``CaptureCounters.graph_seconds``), per step and per forward, and per step at ``HOST_BATCHES``
+  identical rows: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how it
+  grows with the rows. Dynamo's guards and inductor's wrapper run inside the calls, and a
   GPU adds each replay's launch and input copies, so on a CPU it is a lower bound of the captured host floor
   (``study.cost.host_floor`` takes it as that where no GPU measured one);
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
@@ -54,9 +55,12 @@ from sidecar.models.tiny import tiny_pair
 from sidecar.runtime.capture import runner_of
 from sidecar.runtime.forward import cache_keyword, forward, logits_at, prefill
 from sidecar.runtime.kv_cache import RowKVCache
+from sidecar.runtime.step_counters import counters_of
 from sidecar.runtime.syncs import synchronize
 
 LAYERS = 28  # Qwen2.5-1.5B and Qwen2.5-7B alike
+# batches of identical rows at which a compiled step's host work outside its compiled calls is also timed
+HOST_BATCHES = (8, 32)
 PROMPT = 32
 NEW_TOKENS = 64
 SIZES = {"quick": dict(calls=30, runs=1), "standard": dict(calls=200, runs=3), "full": dict(calls=500, runs=5)}
@@ -138,6 +142,25 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     return best | {"compiles_after_warmup": compile_events(counters(pair)) - warm}
 
 
+def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int) -> float:
+    """A compiled fixed-gamma-4 step's host seconds outside its compiled calls at ``batch`` identical rows: the
+    steps' wall time (``sidecar.runtime.step_counters``) less the time inside compiled calls, per step; the least
+    of ``runs`` after a warm-up run."""
+    decoder = SpeculativeDecoder(pair, gamma=4, adaptive=False, prompt_lookup=False)
+    rows = [prompt] * batch
+    decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)  # warm-up: this batch's compiles
+    runners = [runner_of(pair.target).counters, runner_of(pair.draft).counters]
+    steps = counters_of(pair)
+    best = float("inf")
+    for _ in range(runs):
+        before = (steps.steps, steps.step_seconds, sum(c.graph_seconds for c in runners))
+        decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)
+        count = steps.steps - before[0]
+        outside = steps.step_seconds - before[1] - (sum(c.graph_seconds for c in runners) - before[2])
+        best = min(best, outside / count)
+    return best
+
+
 def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict:
     """One capture mode's row, on ``device`` in its reference dtype (``dtype_for``)."""
     pair = tiny_pair(device, dtype_for(device), layers=LAYERS)
@@ -150,6 +173,9 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
                                     our_forward_call(pair.target, prompt, calls, device)], calls, device)
         fixed = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls)
         adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
+        # how the step's own host work grows with its rows (per-row bookkeeping), where a graph takes the rest
+        batched = {} if mode == "eager" else {
+            batch: host_outside_graphs(pair, prompt, batch, runs) * 1e3 for batch in HOST_BATCHES}
     counts = counters(pair)
     return {
         "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
@@ -164,7 +190,9 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
         **({"fixed_host_ms_per_step_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3,
             # per forward (the target's and the draft's): how the cost model charges a floor
             "fixed_host_ms_per_forward_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3
-            / (1 + fixed["draft_forwards_per_step"])} if mode != "eager" else {}),
+            / (1 + fixed["draft_forwards_per_step"]),
+            **{f"fixed_host_ms_per_step_outside_graphs_at_{b}": ms for b, ms in batched.items()}}
+           if mode != "eager" else {}),
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
         "adaptive_hf_forwards_per_step": adaptive["hf_forwards_per_step"],
         "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
@@ -206,6 +234,7 @@ def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> 
         ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
         ("fixed_host_ms_per_step_outside_graphs", "fixed-γ4 host ms / step outside compiled calls"),
         ("fixed_host_ms_per_forward_outside_graphs", "the same per forward"),
+        *[(f"fixed_host_ms_per_step_outside_graphs_at_{b}", f"the same per step at batch {b}") for b in HOST_BATCHES],
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
         ("graph_breaks", "graph breaks")])
     heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "

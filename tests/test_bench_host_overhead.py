@@ -29,6 +29,30 @@ def test_the_host_overhead_bench_writes_each_modes_ratios_and_counters(tmp_path,
     assert "host_overhead" in (tmp_path / "host_overhead_cpu_quick.md").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_compiled_steps_host_work_outside_its_graphs_is_timed_per_step_per_forward_and_by_batch(
+        tmp_path, monkeypatch):
+    """Compiled (one layer: compiling is slow on a CPU): the step's host time outside its compiled calls is part of
+    the step (the compiled calls took the rest), per forward it is that over the step's forwards, and it is timed
+    at each of ``HOST_BATCHES``; nothing compiles after warm-up."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(host_overhead, "LAYERS", 1)
+    monkeypatch.setattr(host_overhead, "HOST_BATCHES", (2,))
+    monkeypatch.setitem(host_overhead.SIZES, "quick", dict(calls=5, runs=1))
+    torch._dynamo.reset()  # dynamo keeps graphs by code object, across pairs: this pair compiles its own
+    host_overhead.main(["--quick", "--allow-dirty", "--modes", "compile"])
+    torch._dynamo.reset()
+    (row,) = json.loads((tmp_path / "host_overhead_cpu_quick.json").read_text())["rows"]
+    step = row["fixed_ms_per_target_forward"]  # a fixed-gamma step has one target forward
+    assert 0 < row["fixed_host_ms_per_step_outside_graphs"] < step
+    assert row["fixed_host_ms_per_forward_outside_graphs"] == pytest.approx(
+        row["fixed_host_ms_per_step_outside_graphs"] / (1 + row["fixed_draft_forwards_per_step"]))
+    assert row["fixed_host_ms_per_step_outside_graphs_at_2"] > 0
+    assert row["compiles"] > 0 and row["recompiles_after_warmup"] == 0 and row["graph_breaks"] == 0
+    assert "the same per step at batch 2" in (tmp_path / "host_overhead_cpu_quick.md").read_text()
+
+
 def test_a_gpu_run_measures_on_the_gpu_in_bf16_under_the_name_the_cost_model_reads(monkeypatch):
     """On CUDA the pair goes to the GPU (it stayed on the CPU, labelled gpu) in bf16, the GPU's reference dtype,
     so the result is host_overhead_gpu.json, which ``study.cost.host_floor`` reads (fp32 named it
