@@ -23,12 +23,12 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
 * the draft's forwards and graph calls (calls of a compiled region) per step: in compiled modes a step's draft
   forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
   stop early;
-* in compiled modes, the fixed-gamma step's host time outside its compiled calls (the step's time less the time
-  inside them, ``CaptureCounters.graph_seconds``), per step and per forward, and per step at ``HOST_BATCHES``
-  identical rows: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how it
-  grows with the rows. Dynamo's guards and inductor's wrapper run inside the calls, and a
-  GPU adds each replay's launch and input copies, so on a CPU it is a lower bound of the captured host floor
-  (``study.cost.host_floor`` takes it as that where no GPU measured one);
+* in compiled modes, the fixed-gamma step's host time outside its compiled calls (the steps' time less the time
+  inside them, ``CaptureCounters.graph_seconds``), per step at each of ``HOST_BATCHES`` identical rows, and at
+  batch 1 per forward: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how
+  it grows with the rows. Dynamo's guards and inductor's wrapper run inside the calls, a GPU adds each replay's
+  launch and input copies, and a GPU machine's host may be faster: ``study.cost.host_floor`` lets it stand in for
+  the captured floor where no GPU measured one, and says so;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
 """
 
@@ -59,8 +59,9 @@ from sidecar.runtime.step_counters import counters_of
 from sidecar.runtime.syncs import synchronize
 
 LAYERS = 28  # Qwen2.5-1.5B and Qwen2.5-7B alike
-# batches of identical rows at which a compiled step's host work outside its compiled calls is also timed
-HOST_BATCHES = (8, 32)
+# batches of identical rows at which a compiled step's host work outside its compiled calls is timed (the first
+# gives the per-forward figure ``study.cost.host_floor`` reads)
+HOST_BATCHES = (1, 8, 32)
 PROMPT = 32
 NEW_TOKENS = 64
 SIZES = {"quick": dict(calls=30, runs=1), "standard": dict(calls=200, runs=3), "full": dict(calls=500, runs=5)}
@@ -118,15 +119,12 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
     draft = runner_of(pair.draft).counters
-    runners = [runner_of(pair.target).counters, draft]
     warm = compile_events(counters(pair))
     best = None
     for _ in range(runs):
         hf = hf_forward_seconds(pair.target, prompt, calls, pair.device)
         graph_calls = draft.graph_calls
-        in_graphs = sum(c.graph_seconds for c in runners)
         stats = decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)[0].stats
-        in_graphs = sum(c.graph_seconds for c in runners) - in_graphs  # prefill runs eager: the steps' calls alone
         steps = stats.target_forwards - 1  # the prefill yields the first token
         row = {"seconds_per_target_forward": stats.decode_seconds / steps,
                "seconds_per_token": stats.decode_seconds / (stats.new_tokens - 1),
@@ -134,7 +132,6 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
                # compiled calls the draft's forwards took (0 in eager mode): one per chain of forwards
                "draft_graph_calls_per_step": (draft.graph_calls - graph_calls) / steps,
                "hf_forwards_per_step": stats.decode_seconds / steps / hf,
-               "host_seconds_per_step_outside_graphs": (stats.decode_seconds - in_graphs) / steps,
                "tokens_per_step": (stats.new_tokens - 1) / steps}
         if best is None or row["hf_forwards_per_step"] < best["hf_forwards_per_step"]:
             best = row
@@ -173,8 +170,8 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
                                     our_forward_call(pair.target, prompt, calls, device)], calls, device)
         fixed = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls)
         adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
-        # how the step's own host work grows with its rows (per-row bookkeeping), where a graph takes the rest
-        batched = {} if mode == "eager" else {
+        # the step's own host work, where a graph takes the rest, and how it grows with its rows
+        outside = {} if mode == "eager" else {
             batch: host_outside_graphs(pair, prompt, batch, runs) * 1e3 for batch in HOST_BATCHES}
     counts = counters(pair)
     return {
@@ -187,12 +184,11 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
         "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
         "fixed_draft_graph_calls_per_step": fixed["draft_graph_calls_per_step"],
         "fixed_tokens_per_step": fixed["tokens_per_step"],
-        **({"fixed_host_ms_per_step_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3,
+        **({"fixed_host_ms_per_step_outside_graphs": outside[1],
             # per forward (the target's and the draft's): how the cost model charges a floor
-            "fixed_host_ms_per_forward_outside_graphs": fixed["host_seconds_per_step_outside_graphs"] * 1e3
-            / (1 + fixed["draft_forwards_per_step"]),
-            **{f"fixed_host_ms_per_step_outside_graphs_at_{b}": ms for b, ms in batched.items()}}
-           if mode != "eager" else {}),
+            "fixed_host_ms_per_forward_outside_graphs": outside[1] / (1 + fixed["draft_forwards_per_step"]),
+            **{f"fixed_host_ms_per_step_outside_graphs_at_{b}": ms for b, ms in outside.items() if b != 1}}
+           if outside else {}),
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
         "adaptive_hf_forwards_per_step": adaptive["hf_forwards_per_step"],
         "adaptive_ms_per_token": adaptive["seconds_per_token"] * 1e3,
@@ -220,8 +216,8 @@ def default_modes(device: torch.device) -> list[str]:
     return ["eager", "compile", "cudagraph"] if device.type == "cuda" else ["eager", "compile"]
 
 
-def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> str:
-    """Write the rows as host_overhead_gpu or host_overhead_cpu (with the profile's suffix); returns the name."""
+def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> None:
+    """Write the rows as host_overhead_gpu or host_overhead_cpu (with the profile's suffix)."""
     table = markdown_table(rows, [
         ("mode", "mode"), ("hf_forward_ms", "HF forward ms"), ("our_forward_ms", "our forward ms"),
         ("our_over_hf", "ours / HF (goal <= 0.65)"),
@@ -234,7 +230,8 @@ def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> 
         ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
         ("fixed_host_ms_per_step_outside_graphs", "fixed-γ4 host ms / step outside compiled calls"),
         ("fixed_host_ms_per_forward_outside_graphs", "the same per forward"),
-        *[(f"fixed_host_ms_per_step_outside_graphs_at_{b}", f"the same per step at batch {b}") for b in HOST_BATCHES],
+        *[(f"fixed_host_ms_per_step_outside_graphs_at_{b}", f"the same per step at batch {b}")
+          for b in HOST_BATCHES if b != 1],
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
         ("graph_breaks", "graph breaks")])
     heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "
@@ -244,7 +241,6 @@ def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> 
                "sizes": sizes, "rows": rows}
     name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu") + variant_suffix(device.type, dtype, profile)
     write_results(name, payload, heading + "\n\n" + table)
-    return name
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -730,8 +730,7 @@ class Database:
     def throughput(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of the ``throughput`` view, each with its run's ``dtype`` (the dtype and why), ``capture`` (the
         capture mode(s) and why), its ``recompiles``, ``graph_breaks`` and ``cudagraph_skips``, and its steps'
-        ``syncs_per_step`` and
-        ``host_ms_per_step`` (``run_captures``): one run's, or every run's."""
+        ``syncs_per_step`` and ``host_ms_per_step`` (``run_captures``): one run's, or every run's."""
         select = ("SELECT t.*, r.dtype, c.capture, c.recompiles, c.graph_breaks, c.cudagraph_skips, c.syncs_per_step, "
                   "c.host_ms_per_step "
                   "FROM throughput AS t "

@@ -38,7 +38,7 @@ def test_a_compiled_steps_host_work_outside_its_graphs_is_timed_per_step_per_for
     at each of ``HOST_BATCHES``; nothing compiles after warm-up."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setattr(host_overhead, "LAYERS", 1)
-    monkeypatch.setattr(host_overhead, "HOST_BATCHES", (2,))
+    monkeypatch.setattr(host_overhead, "HOST_BATCHES", (1, 2))
     monkeypatch.setitem(host_overhead.SIZES, "quick", dict(calls=5, runs=1))
     torch._dynamo.reset()  # dynamo keeps graphs by code object, across pairs: this pair compiles its own
     host_overhead.main(["--quick", "--allow-dirty", "--modes", "compile"])

@@ -46,7 +46,8 @@ measurement in progress is never interrupted, so the check can overrun by at mos
 written after each part (marked incomplete until the last), so a machine's time limit loses only the part it
 cut off. The check exits
 non-zero when a pair fails to load, a part (the step costs and capture modes too) raises, a row mismatches, a
-decode syncs over its budget, or a capture mode breaks its graph or recompiles after warm-up.
+decode syncs over its budget, or a capture mode breaks its graph, recompiles after warm-up or leaves a graph
+uncaptured.
 Prompts are real news articles when data/news.parquet exists (``make corpus``), else built-in texts.
 Writes bench/results/gpu_check.json and .md (other devices, pairs and sizes get suffixed names).
 """
