@@ -24,11 +24,11 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
   forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
   stop early;
 * in compiled modes, the fixed-gamma step's host time outside its compiled calls (the steps' time less the time
-  inside them, ``CaptureCounters.graph_seconds``), per step at each of ``HOST_BATCHES`` identical rows, and at
-  batch 1 per forward: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how
-  it grows with the rows. Dynamo's guards and inductor's wrapper run inside the calls, a GPU adds each replay's
-  launch and input copies, and a GPU machine's host may be faster: ``study.cost.host_floor`` lets it stand in for
-  the captured floor where no GPU measured one, and says so;
+  inside them, ``CaptureCounters.graph_seconds``), per step and per forward at each of ``HOST_BATCHES`` identical
+  rows: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how it grows with
+  the rows. Dynamo's guards and inductor's wrapper run inside the calls; on a GPU the step's reads also wait
+  there for the graphs' kernels, and a GPU machine's host may be faster than this CPU's. ``study.cost.host_floor``
+  charges it per forward, at the forward's rows, in both capture modes;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
 """
 
@@ -139,22 +139,24 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     return best | {"compiles_after_warmup": compile_events(counters(pair)) - warm}
 
 
-def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int) -> float:
+def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int) -> tuple[float, float]:
     """A compiled fixed-gamma-4 step's host seconds outside its compiled calls at ``batch`` identical rows: the
-    steps' wall time (``sidecar.runtime.step_counters``) less the time inside compiled calls, per step; the least
-    of ``runs`` after a warm-up run."""
+    steps' wall time (``sidecar.runtime.step_counters``) less the time inside compiled calls, per step, the least
+    of ``runs`` after a warm-up run; and that run's forwards per step (the target's one and the draft's)."""
     decoder = SpeculativeDecoder(pair, gamma=4, adaptive=False, prompt_lookup=False)
     rows = [prompt] * batch
     decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)  # warm-up: this batch's compiles
     runners = [runner_of(pair.target).counters, runner_of(pair.draft).counters]
     steps = counters_of(pair)
-    best = float("inf")
+    best = (float("inf"), 0.0)
     for _ in range(runs):
         before = (steps.steps, steps.step_seconds, sum(c.graph_seconds for c in runners))
-        decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)
+        stats = decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)[0].stats
         count = steps.steps - before[0]
         outside = steps.step_seconds - before[1] - (sum(c.graph_seconds for c in runners) - before[2])
-        best = min(best, outside / count)
+        # identical rows share every step: one row's forwards are the batch's
+        forwards = 1 + stats.draft_forwards / (stats.target_forwards - 1)
+        best = min(best, (outside / count, forwards))
     return best
 
 
@@ -172,7 +174,8 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
         adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
         # the step's own host work, where a graph takes the rest, and how it grows with its rows
         outside = {} if mode == "eager" else {
-            batch: host_outside_graphs(pair, prompt, batch, runs) * 1e3 for batch in HOST_BATCHES}
+            batch: (seconds * 1e3, forwards)
+            for batch in HOST_BATCHES for seconds, forwards in [host_outside_graphs(pair, prompt, batch, runs)]}
     counts = counters(pair)
     return {
         "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
@@ -184,10 +187,12 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
         "fixed_draft_forwards_per_step": fixed["draft_forwards_per_step"],
         "fixed_draft_graph_calls_per_step": fixed["draft_graph_calls_per_step"],
         "fixed_tokens_per_step": fixed["tokens_per_step"],
-        **({"fixed_host_ms_per_step_outside_graphs": outside[1],
-            # per forward (the target's and the draft's): how the cost model charges a floor
-            "fixed_host_ms_per_forward_outside_graphs": outside[1] / (1 + fixed["draft_forwards_per_step"]),
-            **{f"fixed_host_ms_per_step_outside_graphs_at_{b}": ms for b, ms in outside.items() if b != 1}}
+        **({"fixed_host_ms_per_step_outside_graphs": outside[1][0],
+            # per forward (the target's and the draft's): how the cost model charges it
+            "fixed_host_ms_per_forward_outside_graphs": outside[1][0] / outside[1][1],
+            **{f"fixed_host_ms_per_step_outside_graphs_at_{b}": ms for b, (ms, _) in outside.items() if b != 1},
+            **{f"fixed_host_ms_per_forward_outside_graphs_at_{b}": ms / forwards
+               for b, (ms, forwards) in outside.items() if b != 1}}
            if outside else {}),
         "adaptive_ms_per_target_forward": adaptive["seconds_per_target_forward"] * 1e3,
         "adaptive_hf_forwards_per_step": adaptive["hf_forwards_per_step"],
@@ -231,6 +236,8 @@ def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> 
         ("fixed_host_ms_per_step_outside_graphs", "fixed-γ4 host ms / step outside compiled calls"),
         ("fixed_host_ms_per_forward_outside_graphs", "the same per forward"),
         *[(f"fixed_host_ms_per_step_outside_graphs_at_{b}", f"the same per step at batch {b}")
+          for b in HOST_BATCHES if b != 1],
+        *[(f"fixed_host_ms_per_forward_outside_graphs_at_{b}", f"per forward at batch {b}")
           for b in HOST_BATCHES if b != 1],
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
         ("graph_breaks", "graph breaks")])

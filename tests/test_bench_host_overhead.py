@@ -49,8 +49,12 @@ def test_a_compiled_steps_host_work_outside_its_graphs_is_timed_per_step_per_for
     assert row["fixed_host_ms_per_forward_outside_graphs"] == pytest.approx(
         row["fixed_host_ms_per_step_outside_graphs"] / (1 + row["fixed_draft_forwards_per_step"]))
     assert row["fixed_host_ms_per_step_outside_graphs_at_2"] > 0
+    # per forward at batch 2: over that run's own forwards per step, one target's and one to four drafts'
+    at_2 = (row["fixed_host_ms_per_step_outside_graphs_at_2"], row["fixed_host_ms_per_forward_outside_graphs_at_2"])
+    assert 2 <= at_2[0] / at_2[1] <= 5
     assert row["compiles"] > 0 and row["recompiles_after_warmup"] == 0 and row["graph_breaks"] == 0
-    assert "the same per step at batch 2" in (tmp_path / "host_overhead_cpu_quick.md").read_text()
+    table = (tmp_path / "host_overhead_cpu_quick.md").read_text()
+    assert "the same per step at batch 2" in table and "per forward at batch 2" in table
 
 
 def test_a_gpu_run_measures_on_the_gpu_in_bf16_under_the_name_the_cost_model_reads(monkeypatch):

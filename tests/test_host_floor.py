@@ -62,27 +62,59 @@ def test_without_a_cudagraph_row_the_captured_floor_is_unmeasured_zero_and_a_low
     assert measured.measured and measured.ms == 0.04 and "NVIDIA H100" in measured.label
 
 
-def test_without_a_cudagraph_row_a_compile_rows_host_work_outside_its_graphs_bounds_the_captured_floor(
+def test_a_compile_rows_host_work_outside_its_graphs_is_the_steps_work_every_forward_pays_in_both_modes(
         tmp_path: Path) -> None:
-    """A CPU result's compiled step, less the time inside its compiled calls, is host work a CUDA graph does not
-    take away: it stands in for the captured floor per forward, not measured on a GPU (its projections stay
-    labelled lower bounds), the same at any depth (a captured forward is one launch, whatever its layers)."""
+    """A CPU result's compiled step, less the time inside its compiled calls, is host work around the forwards that
+    a CUDA graph does not take away: both modes pay it per forward, at any depth (it is the step's, not the
+    layers'); without a cudagraph row a captured forward's own floor is 0, unmeasured, and its projections lower
+    bounds."""
     floors = load_host_floors(host_result(tmp_path / "cpu.json", eager_ms=4.0, outside_graphs_ms=0.2))
     captured = floors.of("captured")
-    assert (captured.ms, captured.measured, captured.per_layer) == (0.2, False, False)
+    assert (captured.ms, captured.measured, captured.per_layer) == (0.0, False, False)
     assert captured.seconds(56) == captured.seconds(28) == pytest.approx(0.0002)
-    assert "not measured on a GPU, 0.2 ms per forward stands in (a compiled step's host work outside" in captured.label
+    assert "lower bound" in captured.label
+    assert ("plus a step's host work around its forwards, 0.2 ms per forward at 1 row (a compile step's host time "
+            "outside its compiled calls, measured on") in captured.label
     bare = forward_seconds(QWEN2_5_7B, H100, 1, 1, 500)
     assert forward_seconds(QWEN2_5_7B, H100, 1, 1, 500, host=captured) == pytest.approx(bare + 0.0002)
     assert forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 500, host=captured) == pytest.approx(
         forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 500) + 0.0002)
-    # the eager floor still scales with the depth, and a GPU's cudagraph row wins over the bound
-    assert floors.of("eager").per_layer and floors.of("eager").seconds(56) == pytest.approx(0.008)
+    # the eager forward's own floor scales with the depth, the step's work does not
+    eager = floors.of("eager")
+    assert eager.per_layer and eager.seconds(56) == pytest.approx(0.008 + 0.0002)
+    assert "host floor 4 ms per 28-layer forward" in eager.label and "0.2 ms per forward at 1 row" in eager.label
+    # a GPU's cudagraph row: its forward's floor, measured, plus the step's work (its own where it timed it)
     gpu = load_host_floors(host_result(tmp_path / "gpu.json", cudagraph_ms=0.04, outside_graphs_ms=0.2))
     assert gpu.of("captured").measured and gpu.of("captured").ms == 0.04
-    assert gpu.of("captured").seconds(56) == pytest.approx(0.00004), "a captured forward's floor scaled with depth"
+    assert gpu.of("captured").seconds(56) == pytest.approx(0.00024), "a captured forward's floor scaled with depth"
+    own = load_host_floors(host_result(tmp_path / "own.json", cudagraph_ms=0.04, outside_graphs_ms=0.2,
+                                       cudagraph_outside_ms={1: 0.1}))
+    assert own.of("captured").seconds(28) == pytest.approx(0.00004 + 0.0001)
+    assert own.of("eager").seconds(28) == pytest.approx(0.005 + 0.0001)
+    assert "a cudagraph step's host time" in own.of("captured").label
     with pytest.raises(CostInputError, match=r"rows\[mode=compile\]\.fixed_host_ms_per_forward_outside_graphs"):
         load_host_floors(host_result(tmp_path / "bad.json", outside_graphs_ms=-1.0))
+    with pytest.raises(CostInputError, match=r"rows\[mode=compile\]\.fixed_host_ms_per_forward_outside_graphs_at_8"):
+        load_host_floors(host_result(tmp_path / "bad8.json", outside_graphs_ms={1: 0.2, 8: math.nan}))
+
+
+def test_the_steps_host_work_is_charged_at_the_forwards_rows(tmp_path: Path) -> None:
+    """Measured at 1, 8 and 32 rows: interpolated between them, along the last segment beyond 32 (per-row work
+    grows linearly), and never falling beyond it where the last segment fell (noise)."""
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=0.0,
+                                          outside_graphs_ms={1: 0.2, 8: 0.3, 32: 0.6}))
+    captured = floors.of("captured")
+    ms = {rows: captured.seconds(28, rows) * 1000 for rows in (1, 4, 8, 20, 32, 64)}
+    assert ms == pytest.approx({1: 0.2, 4: 0.2 + 0.1 * 3 / 7, 8: 0.3, 20: 0.45, 32: 0.6, 64: 1.0})
+    assert "0.2 ms per forward at 1 row to 0.6 at 32" in captured.label
+    # a forward of 8 rows pays the step's work at 8
+    assert forward_seconds(QWEN2_5_7B, H100, 8, 1, 500, host=captured) == pytest.approx(
+        forward_seconds(QWEN2_5_7B, H100, 8, 1, 500) + 0.0003)
+    falling = load_host_floors(host_result(tmp_path / "f.json", outside_graphs_ms={1: 0.2, 8: 0.5, 32: 0.4}))
+    assert falling.of("captured").seconds(28, 64) == pytest.approx(0.0004)
+    # a result from before the step's work was timed per forward at 8 and 32: batch 1's at every batch
+    only_one = load_host_floors(host_result(tmp_path / "o.json", outside_graphs_ms=0.2)).of("captured")
+    assert only_one.seconds(28, 32) == pytest.approx(0.0002)
 
 
 @pytest.mark.parametrize(

@@ -709,17 +709,19 @@ def test_the_captured_floor_adds_to_every_projected_forward(tmp_path: Path) -> N
 def test_an_unmeasured_captured_floor_is_projected_as_a_lower_bound(tmp_path: Path) -> None:
     report = write_cost_report(h200_rows(), tmp_path / "r", host_overhead=host_result(tmp_path / "cpu.json"))
     capture = section(report.markdown, CAPTURE)
-    assert "captured (CUDA graphs), host floor unmeasured, projected as 0: a lower bound" in capture
+    unmeasured = "captured (CUDA graphs), a forward's host floor unmeasured on a GPU, projected as 0: a lower bound"
+    assert unmeasured in capture
     assert "captured (lower bound), batch 1" in capture
     assert "host floor unmeasured" in section(report.markdown, "Verdict per GPU type")
 
 
-def test_a_cpu_stand_in_for_the_captured_floor_is_named_and_still_labelled_a_lower_bound(tmp_path: Path) -> None:
+def test_a_cpus_step_work_is_named_and_the_captured_floor_still_labelled_a_lower_bound(tmp_path: Path) -> None:
     report = write_cost_report(h200_rows(), tmp_path / "r",
                                host_overhead=host_result(tmp_path / "cpu.json", outside_graphs_ms=0.2))
     capture = " ".join(section(report.markdown, CAPTURE).split())
-    assert "captured (CUDA graphs), host floor not measured on a GPU, 0.2 ms per forward stands in (a compiled " \
-           "step's host work outside its compiled calls" in capture
+    assert "captured (CUDA graphs), a forward's host floor unmeasured on a GPU, projected as 0: a lower bound; plus " \
+           "a step's host work around its forwards, 0.2 ms per forward at 1 row (a compile step's host time outside " \
+           "its compiled calls" in capture
     assert "captured (lower bound), batch 1" in capture and "not measured on a GPU, so captured times" in capture
 
 

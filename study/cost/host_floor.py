@@ -2,34 +2,42 @@
 
 The roofline prices a forward's bytes and FLOPs; in eager PyTorch a forward also costs its host work (Python,
 dispatch, kernel launches, building its inputs), per layer, whatever the width. ``bench/host_overhead.py``
-measures it on a pair of production depth and tiny width, where compute is about zero, so its
-``our_forward_ms`` (the engine's one-token forward) is the host cost of one forward at the benchmark's depth
-(its ``layers``, 28). A projected forward then takes
+measures it on a pair of production depth and tiny width, where compute is about zero. A projected forward
+of a batch of ``rows`` then takes
 
-    seconds = max(bytes / bandwidth, FLOPs / peak) + floor(capture mode)
-    floor   = our_forward_ms / 1000 x layers of the projected model / layers of the benchmark
+    seconds = max(bytes / bandwidth, FLOPs / peak) + floor(capture mode, rows)
+    floor   = forward's own host cost + the step's host work around its forwards, per forward, at ``rows``
 
-Eager host work is per layer, so a model of another depth scales it by its layers (a captured forward is one
-launch: its floor is the same at any depth); a workload without a shape (``Workload`` without ``facts``) is
-taken at the benchmark's depth. Two capture modes are projected:
+- **A forward's own host cost**: the mode's row's ``our_forward_ms`` (the engine's one-token forward at the
+  benchmark's depth, its ``layers``, 28). Eager host work is per layer, so a model of another depth scales it
+  by its layers (a workload without a shape, ``Workload`` without ``facts``, is taken at the benchmark's
+  depth); a captured forward is one launch, the same at any depth.
+- **The step's host work around its forwards** (planning, bookkeeping, inputs, reads): a compiled step's host
+  time outside its compiled calls, per forward (``fixed_host_ms_per_forward_outside_graphs``, ``..._at_8``,
+  ``..._at_32``), which grows with the rows; the same code runs in every mode, so both modes pay it, from the
+  ``cudagraph`` row where a GPU measured one, else the ``compile`` row (a CPU host's, named as such). Between
+  the measured batches it is interpolated, beyond the largest extended along its last segment (per-row work
+  grows linearly), below the smallest taken as the smallest's. A result without it (eager rows only) adds 0.
+  It is charged per forward, as a speculative step measured it: a plain step, one forward, pays a fifth of a
+  fixed-gamma-4 step's, which favours plain decoding.
+
+Two capture modes are projected:
 
 - ``eager``: the benchmark's ``eager`` row;
-- ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one
-  the captured floor is not measured and every figure of that mode is labelled a lower bound (no guessed
-  constant stands in for it): where the result has a ``compile`` row, its step's host work outside its compiled
-  calls, per forward, stands in (``fixed_host_ms_per_forward_outside_graphs``: planning, bookkeeping, inputs
-  and reads, which a CUDA graph does not take away; without the guards, wrapper and replay a GPU adds, and on
-  this CPU's host, not the GPU's), the same at any depth, since a captured forward is one launch whatever its
-  layers; else 0.
+- ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one a
+  captured forward's own cost is not measured, 0 stands in (no guessed constant), and every figure of that mode
+  is labelled a lower bound.
 
 By default the floors come from the committed GPU result (``bench/results/host_overhead_gpu.json``), else the
-CPU one (``host_overhead_cpu.json``, whose eager host cost stands in for a GPU host's and is named as such).
+CPU one (``host_overhead_cpu.json``, whose host costs stand in for a GPU host's and are named as such).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -46,11 +54,49 @@ BENCH_LAYERS = 28  # bench.host_overhead's depth (Qwen2.5-1.5B's and -7B's); a r
 BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 
 
+STEP_WORK_FIELD = "fixed_host_ms_per_forward_outside_graphs"  # at batch 1; ``_at_<rows>`` at other batches
+STEP_WORK_AT = re.compile(re.escape(STEP_WORK_FIELD) + r"_at_([1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """A step's host work around its forwards, per forward: ascending (rows, ms) points, where they were measured
+    in ``source``; none: 0 at any batch."""
+
+    points: tuple[tuple[int, float], ...] = ()
+    source: str = ""
+
+    def ms(self, rows: int) -> float:
+        """At ``rows`` rows: interpolated between the points; the first point's below them; beyond them along the
+        last segment, never falling (per-row work grows, it does not shrink)."""
+        points = self.points
+        if not points:
+            return 0.0
+        if len(points) == 1 or rows <= points[0][0]:
+            return points[0][1]
+        # the segment that holds ``rows``, the last one beyond them
+        i = min(bisect.bisect_left([b for b, _ in points], rows), len(points) - 1)
+        (b0, ms0), (b1, ms1) = points[i - 1], points[i]
+        slope = (ms1 - ms0) / (b1 - b0)
+        if rows > b1:
+            return ms1 + max(slope, 0.0) * (rows - b1)
+        return ms0 + slope * (rows - b0)
+
+    @property
+    def label(self) -> str:
+        if not self.points:
+            return ""
+        (first, first_ms), (last, last_ms) = self.points[0], self.points[-1]
+        span = f"{first_ms:.3g} ms per forward at {first} row{'s' * (first != 1)}" + (
+            f" to {last_ms:.3g} at {last}" if last != first else "")
+        return f"plus a step's host work around its forwards, {span} ({self.source})"
+
+
 @dataclass(frozen=True)
 class HostFloor:
-    """One capture mode's host cost per forward: ``ms`` at the benchmark's depth ``bench_layers``, scaled by a
-    model's depth where ``per_layer``; ``measured`` False where the benchmark has no row for the mode (then ``ms``
-    stands in, 0 where nothing does, and the projection is labelled a lower bound)."""
+    """One capture mode's host cost per forward: a forward's own, ``ms`` at the benchmark's depth
+    ``bench_layers`` (scaled by a model's depth where ``per_layer``; ``measured`` False where the benchmark has no
+    row for the mode, then 0 and the projection a lower bound), and the step's work around it (``step``)."""
 
     capture: Capture
     ms: float
@@ -58,22 +104,23 @@ class HostFloor:
     measured: bool
     source: str  # where it was measured, or why it was not
     per_layer: bool = True
+    step: StepWork = StepWork()
 
-    def seconds(self, layers: int | None) -> float:
-        """The floor of one forward of a model of ``layers`` layers (None: the benchmark's depth)."""
-        if not self.per_layer or layers is None:
-            return self.ms / 1000
-        return self.ms / 1000 * layers / self.bench_layers
+    def seconds(self, layers: int | None, rows: int = 1) -> float:
+        """The floor of one forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's
+        depth)."""
+        own = self.ms if not self.per_layer or layers is None else self.ms * layers / self.bench_layers
+        return (own + self.step.ms(rows)) / 1000
 
     @property
     def label(self) -> str:
         """The mode as the report names it, with its floor and where it comes from."""
         name = "eager" if self.capture == "eager" else "captured (CUDA graphs)"
-        if not self.measured and self.ms:
-            return f"{name}, host floor not measured on a GPU, {self.ms:.3g} ms per forward stands in ({self.source})"
         if not self.measured:
-            return f"{name}, host floor unmeasured, projected as 0: a lower bound"
-        return f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
+            own = f"{name}, a forward's host floor unmeasured on a GPU, projected as 0: a lower bound"
+        else:
+            own = f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
+        return own + (f"; {self.step.label}" if self.step.points else "")
 
 
 @dataclass(frozen=True)
@@ -90,21 +137,24 @@ class HostFloors:
         return self.eager if capture == "eager" else self.captured
 
 
-def captured_lower_bound(compiled: dict | None, path: Path, layers: int, where: str) -> HostFloor:
-    """The captured floor where no GPU measured one: the ``compile`` row's host work outside its compiled calls per
-    forward, at any depth (not a GPU's measure, so still labelled a lower bound); 0 where the result has none (a
-    result from before it was measured)."""
-    field = "fixed_host_ms_per_forward_outside_graphs"
-    if compiled is None or compiled.get(field) is None:
-        return replace(unmeasured_captured_floor(f"{path.name} has no cudagraph row"), bench_layers=layers)
-    ms = floor_value(compiled.get(field), path, f"rows[mode=compile].{field}")
-    return HostFloor("captured", ms, layers, False, f"a compiled step's host work outside its compiled calls, less "
-                     f"the guards and graph launches a GPU adds, {where}", per_layer=False)
+def step_work(rows: dict[Any, dict], path: Path, where: str) -> StepWork:
+    """The step's host work per forward at each batch the ``cudagraph`` row (a GPU's) measured it, else the
+    ``compile`` row; none where neither has it (a result from before it was measured, or of eager rows only)."""
+    for mode in ("cudagraph", "compile"):
+        row = rows.get(mode)
+        if row is None or row.get(STEP_WORK_FIELD) is None:
+            continue
+        points = {1: floor_value(row[STEP_WORK_FIELD], path, f"rows[mode={mode}].{STEP_WORK_FIELD}")}
+        for key, value in row.items():
+            if (match := STEP_WORK_AT.fullmatch(str(key))) is not None:
+                points[int(match.group(1))] = floor_value(value, path, f"rows[mode={mode}].{key}")
+        return StepWork(tuple(sorted(points.items())), f"a {mode} step's host time outside its compiled calls, {where}")
+    return StepWork()
 
 
 def unmeasured_captured_floor(why: str) -> HostFloor:
     """The captured floor where no CUDA-graph measurement exists: 0, and so a lower bound."""
-    return HostFloor("captured", 0.0, BENCH_LAYERS, False, why)
+    return HostFloor("captured", 0.0, BENCH_LAYERS, False, why, per_layer=False)
 
 
 def default_host_overhead_path() -> Path | None:
@@ -145,6 +195,7 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
     commit = str(env.get("commit"))[:12] + (" with uncommitted changes" if env.get("dirty") else "")
     where = f"measured on {env.get('device', 'an unnamed device')} ({path.name}, commit {commit})"
     rows = {row.get("mode"): row for row in result["rows"] if isinstance(row, dict)}
+    step = step_work(rows, path, where)
     floors = {}
     for capture in CAPTURES:
         mode = BENCH_MODE[capture]
@@ -152,8 +203,9 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
         if row is None:
             if capture == "eager":
                 raise CostInputError(f"{path}: rows has no mode 'eager' row, so no eager host floor")
-            floors[capture] = captured_lower_bound(rows.get("compile"), path, layers, where)
+            why = f"{path.name} has no cudagraph row"
+            floors[capture] = replace(unmeasured_captured_floor(why), bench_layers=layers, step=step)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
-        floors[capture] = HostFloor(capture, ms, layers, True, where, per_layer=capture == "eager")
+        floors[capture] = HostFloor(capture, ms, layers, True, where, per_layer=capture == "eager", step=step)
     return HostFloors(floors["eager"], floors["captured"], path)

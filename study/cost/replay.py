@@ -13,7 +13,7 @@ is priced from it instead: a target's as a verify of its width, a draft's one-to
 prefill, and what the table lacks, stays on the roofline. ``ReplayTime.source`` says which priced it.
 
 With ``host`` (``host_floor``) every roofline-priced forward also pays that capture mode's host floor at its
-model's depth; a forward priced from measured step costs does not: its host cost was in what was timed.
+model's depth and its rows; a forward priced from measured step costs does not: its host cost was in what was timed.
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ class Workload:
         memory = self.step_bytes(mode, batch) / bandwidth_bytes_s
         flops = self.step_flops(mode, batch)
         roofline = memory if flops is None or flops_s is None else max(memory, flops / flops_s)
-        return roofline + (0.0 if host is None else host.seconds(None if self.facts is None else self.facts.layers))
+        layers = None if self.facts is None else self.facts.layers
+        return roofline + (0.0 if host is None else host.seconds(layers, batch))
 
     def tagging_time(self, mode: Mode, batch: int, device: Device, host: HostFloor | None = None
                      ) -> TaggingTime | None:

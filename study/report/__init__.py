@@ -49,9 +49,9 @@ it on a CUDA device, with the measured mean prompt, summary and tag tokens per r
 counted them, the sidecar's instruction and feed tokens); measured step times are calibrated against that
 projection only. A pair whose config is not on this machine (or rows without a pair) gets no projection and
 no calibration, and the report says why. The study workload is projected on every catalog GPU as well,
-labelled as such. Every projected forward pays the captured host floor (``study.cost.host_floor``; a lower
-bound where no CUDA-graph measurement exists: a CPU's compiled step outside its compiled calls stands in, else
-0), and the report says so; a section sets eager against
+labelled as such. Every projected forward pays the captured host floor (``study.cost.host_floor``: a captured
+forward's own, 0 and a lower bound where no CUDA-graph measurement exists, and the step's host work around its
+forwards at its rows), and the report says so; a section sets eager against
 captured for speculation with Qwen2.5-7B/1.5B at the measured acceptance and says where eager speculation is
 slower than plain decoding.
 
