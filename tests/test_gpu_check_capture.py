@@ -93,6 +93,7 @@ def test_eager_and_compiled_modes_are_measured_counted_and_reported(results, mon
     assert "| compile | plain | 1 |" in md and "| eager | speculative γ=2 | 1 |" in md
     assert f"| compile | {compiled['compiles']} | 0 | 0 | " in md  # compiles, recompiles, graph breaks
     assert "Goals: captured plain reaches >= 70% of memory bandwidth: not measured;" in md
+    assert "Not projected by the cost model: the device is not in the GPU catalog" in md  # a CPU
 
 
 def modes_of(plain: dict[tuple[str, int], float], speculative: dict[tuple[str, int], float]) -> list[dict]:
@@ -216,3 +217,39 @@ def test_a_batch_out_of_memory_is_skipped_and_says_so_while_the_others_run(monke
     one, two, three = [r for r in result["rows"] if r["decoding"] != "plain"]
     assert two["skipped"] == "skipped: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)"
     assert one["tokens_per_s"] > 0 and three["tokens_per_s"] > 0 and result["failed"] == []
+
+
+def test_each_measured_row_has_the_cost_models_projection_for_its_mode(tmp_path: Path) -> None:
+    """On a catalog GPU every measured eager or cudagraph row gets the cost model's tokens/s for it (the roofline
+    plus the mode's host floor at the row's batch; speculation at the row's acceptance) and measured over
+    projected; a compile row (no such mode in the cost model), a skipped row and a device outside the catalog get
+    none, and the part says why."""
+    from bench.gpu_check.markdown import projection_markdown
+    from bench.gpu_check.projected import facts_of, projected
+    from study.cost import forward_seconds, get_gpu, load_catalog, load_host_floors, speculation_vs_plain
+    from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+    from tests.host_overhead_results import host_result
+
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=4.0, outside_graphs_ms={1: 0.2, 8: 0.4}))
+    h100 = get_gpu("H100 SXM", load_catalog())
+    target, draft = facts_of(QWEN2_5_7B_CONFIG, 2), facts_of(QWEN2_5_1_5B_CONFIG, 2)
+    table = [{"mode": "eager", "decoding": "plain", "batch": 1, "tokens_per_s": 100.0},
+             {"mode": "cudagraph", "decoding": "speculative γ=4", "batch": 8, "tokens_per_s": 2000.0,
+              "acceptance": 0.75},
+             {"mode": "compile", "decoding": "plain", "batch": 1, "tokens_per_s": 150.0},
+             {"mode": "cudagraph", "decoding": "plain", "batch": 32, "skipped": "skipped: out of memory"}]
+    configs = (QWEN2_5_7B_CONFIG, QWEN2_5_1_5B_CONFIG)
+    rows, projection = projected(table, configs, 2, h100, 96.0, 4, floors)
+    eager = 1 / forward_seconds(target, h100, 1, 1, 96.0, host=floors.of("eager"))
+    assert eager == pytest.approx(1 / (forward_seconds(target, h100, 1, 1, 96.0) + 0.0042))
+    assert rows[0]["projected_tokens_per_s"] == pytest.approx(eager)
+    assert rows[0]["vs_projected"] == pytest.approx(100.0 / eager)
+    speculative = 8 / speculation_vs_plain(target, draft, h100, 8, 96.0, 0.75, floors.of("captured"),
+                                           4).speculative_s_per_token
+    assert rows[1]["projected_tokens_per_s"] == pytest.approx(speculative)
+    assert rows[1]["vs_projected"] == pytest.approx(2000.0 / speculative)
+    assert "projected_tokens_per_s" not in rows[2] and "projected_tokens_per_s" not in rows[3]
+    assert projection["gpu"] == "H100 SXM" and "lower bound" in projection["floors"]["captured"]
+    assert "Projected: the cost model's tokens/s for each row on H100 SXM" in projection_markdown(projection)
+    assert projected(table, configs, 2, None, 96.0, 4, floors) == (
+        table, {"skipped": "the device is not in the GPU catalog (study/cost/gpus.json)"})

@@ -19,7 +19,8 @@ and compile elsewhere): the target's plain tokens/s and speculative tokens/s at 
 (1, 8, 32), plain's share of the GPU's memory bandwidth (peak from ``study/cost/gpus.json``, else unknown),
 speculation's ratio to plain at each batch in the same mode, captured over eager at each batch, the mode's
 compiles, recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory its graphs hold;
-issue 40's GPU goals, each met or not met. A graph break, a recompile after warm-up or, in cudagraph mode, a
+issue 40's GPU goals, each met or not met; and beside each row the cost model's tokens/s for it on that GPU (the
+roofline plus the committed host floor of its mode, ``projected``), measured over projected. A graph break, a recompile after warm-up or, in cudagraph mode, a
 graph inductor left uncaptured (with its reason) fails the check.
 
 Then for each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with

@@ -19,6 +19,8 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   a user makes it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in
   cudagraph mode the timed runs replay the graphs the warm-up captured over their addresses; the warm-up
   compiles greedy chains only (``set_sampled``);
+* projected: beside each row, the cost model's tokens/s for it on this GPU (``projected``: the roofline and the
+  committed host floor of the mode), and measured over projected;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), in cudagraph mode the
   graphs inductor left uncaptured with its reasons (must be 0: such a graph runs at compile mode's speed),
   distinct shapes and compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still
@@ -41,6 +43,8 @@ import torch
 import torch._dynamo
 
 from bench.gpu_check.deadline import Deadline
+from bench.gpu_check.parts import failure
+from bench.gpu_check.projected import projected
 from bench.gpu_check.step_costs import SMALL
 from bench.gpu_check.synthetic_pair import AGREEMENT, prompt_for, synthetic_pair
 from sidecar.decoding.decoder import SpeculativeDecoder
@@ -51,7 +55,7 @@ from sidecar.runtime.kv_cache import RowKVCache
 from sidecar.runtime.pools import release_free
 from sidecar.runtime.syncs import synchronize
 from sidecar.runtime.warmup import batch_buckets, set_sampled
-from study.cost.catalog import find_gpu, load_catalog
+from study.cost.catalog import GPU, find_gpu, load_catalog
 from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
 
 # Qwen2.5-0.5B-Instruct's published config: the draft of the fallback pair
@@ -77,10 +81,9 @@ def default_modes(device: torch.device) -> list[str]:
     return ["eager", "cudagraph"] if device.type == "cuda" else ["eager", "compile"]
 
 
-def peak_bandwidth(pair: ModelPair) -> float | None:
-    """The device's peak memory bandwidth in bytes/s from the GPU catalog, None when it is not listed."""
-    gpu = find_gpu(pair.gpu_type, load_catalog()) if pair.device.type == "cuda" else None
-    return None if gpu is None else gpu.bandwidth_bytes_s
+def catalog_gpu(pair: ModelPair) -> GPU | None:
+    """The device's entry in the GPU catalog, None when it is not listed (or not a GPU)."""
+    return find_gpu(pair.gpu_type, load_catalog()) if pair.device.type == "cuda" else None
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
@@ -329,7 +332,8 @@ def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int,
             torch.cuda.empty_cache()
     else:
         return {"skipped": "no pair fits: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())}
-    peak = peak_bandwidth(pair)
+    gpu = catalog_gpu(pair)
+    peak = None if gpu is None else gpu.bandwidth_bytes_s
     bytes_per_token = weight_bytes_per_token(pair.target)
     measured = []
     with torch.inference_mode():
@@ -338,6 +342,11 @@ def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int,
             measured.append(measure_mode(pair, mode, batches, tokens, gamma, deadline))
             print(f"capture {mode}: {time.monotonic() - began:.0f} s", flush=True)
     table = compare(measured, peak, bytes_per_token)
+    # the cost model's projection of each row, over the decode phase's mean context
+    try:
+        table, projection = projected(table, candidates[name], dtype.itemsize, gpu, PROMPT_TOKENS + tokens / 2, gamma)
+    except Exception as exc:  # the measurements stand without it, and the part says why it is missing
+        projection = {"skipped": "error: " + failure(exc)}
     failed = faults(measured)
     del pair
     if any(mode != "eager" for mode in modes):
@@ -348,5 +357,6 @@ def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int,
     return {"pair": name, "scale": scale, "skipped_pairs": skipped, "dtype": str(dtype).removeprefix("torch."),
             "agreement": AGREEMENT, "gamma": gamma, "prompt_tokens": PROMPT_TOKENS, "new_tokens": tokens,
             "peak_bandwidth_gb_s": peak / 1e9 if peak else "unknown", "weight_gb_per_token": bytes_per_token / 1e9,
-            "rows": table, "modes": [{k: v for k, v in m.items() if k != "rows"} for m in measured],
+            "rows": table, "projection": projection,
+            "modes": [{k: v for k, v in m.items() if k != "rows"} for m in measured],
             "goals": goals(table), "failed": failed}

@@ -130,7 +130,10 @@ def capture_markdown(c: dict) -> str:
                  ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
                  ("bandwidth_share", "share of bandwidth"), ("tokens_per_step", "tokens / target forward"),
                  ("vs_plain", "vs plain"), ("vs_eager", "vs eager"), ("rows_identical_to_plain", "rows = plain"),
+                 *([("projected_tokens_per_s", "projected tok/s"), ("vs_projected", "measured / projected")]
+                   if any("vs_projected" in r for r in c["rows"]) else []),
                  *([("skipped", "skipped")] if any("skipped" in r for r in c["rows"]) else [])])]
+    lines.append("\n" + projection_markdown(c.get("projection", {"skipped": "not run (a result from before it was)"})))
     modes = [m | {"shapes": f"{m['distinct_shapes']['target']} / {m['distinct_shapes']['draft']}"}
              for m in c["modes"]]
     memory = any("memory_allocated_gb" in m for m in modes)
@@ -147,6 +150,17 @@ def capture_markdown(c: dict) -> str:
     if c["skipped_pairs"]:
         lines.append("\n" + "; ".join(f"{k}: {v}" for k, v in c["skipped_pairs"].items()) + ".")
     return "\n".join(lines)
+
+
+def projection_markdown(projection: dict) -> str:
+    """What the projected column assumed, or why there is none."""
+    if "skipped" in projection:
+        return f"Not projected by the cost model: {projection['skipped']}."
+    floors = projection["floors"]
+    return (f"Projected: the cost model's tokens/s for each row on {projection['gpu']} (`study.cost`: the roofline "
+            f"over {projection['context']:g} entries of context per row, plus the committed host floor of the row's "
+            f"mode; speculative rows at their measured acceptance; `bench/gpu_check/projected.py`); above 1 the GPU "
+            f"ran faster than projected. Eager: {floors['eager']}. Cudagraph: {floors['captured']}.")
 
 
 def markdown(payload: dict) -> str:

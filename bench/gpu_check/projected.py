@@ -1,0 +1,65 @@
+"""The cost model's projection beside each capture-mode row: what ``study.cost`` says that decoding takes on this
+GPU, so that the first run on a GPU tells how far the cost report's projections are from a measurement.
+
+Per row, over the decode phase's mean context per row (the prompt and half the new tokens), with the pair's
+shapes in the check's dtype, each forward paying the committed host floor of the row's mode
+(``study.cost.host_floor``, at the row's batch: eager's for eager, the captured one for cudagraph; the cost model
+has no compile mode, so a compile row is not projected):
+
+* plain: ``batch`` tokens per one-token target forward (``study.cost.roofline.forward_seconds``);
+* speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
+
+``measured / projected`` above 1: the GPU ran faster than projected. Nothing is projected on a device the GPU
+catalog does not list (a CPU rehearsal), or without a committed host-overhead result; the part says why.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from study.cost.catalog import GPU
+from study.cost.errors import CostInputError
+from study.cost.facts import ModelFacts
+from study.cost.host_floor import HostFloors, load_host_floors
+from study.cost.roofline import forward_seconds
+from study.cost.speculation import speculation_vs_plain
+
+# the check's capture modes the cost model projects, by the name it gives them
+MODE_CAPTURE = {"eager": "eager", "cudagraph": "captured"}
+
+
+def facts_of(config: dict, dtype_bytes: int) -> ModelFacts:
+    """A Qwen2 config's sizes, as the cost model reads them."""
+    return ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **config), dtype_bytes)
+
+
+def row_seconds_per_token(row: dict, target: ModelFacts, draft: ModelFacts, gpu: GPU, context: float, gamma: int,
+                          floors: HostFloors) -> float:
+    """The projected seconds per token of each of the row's rows."""
+    host = floors.of(MODE_CAPTURE[row["mode"]])
+    if row["decoding"] == "plain":
+        return forward_seconds(target, gpu, row["batch"], 1, context, host=host)
+    return speculation_vs_plain(target, draft, gpu, row["batch"], context, row["acceptance"], host,
+                                gamma).speculative_s_per_token
+
+
+def projected(table: list[dict], configs: tuple[dict, dict], dtype_bytes: int, gpu: GPU | None, context: float,
+              gamma: int, floors: HostFloors | None = None) -> tuple[list[dict], dict]:
+    """``table``'s rows, each measured row of a projected mode with ``projected_tokens_per_s`` and
+    ``vs_projected``; and what the projection assumed (the floors' labels), or why nothing was projected.
+    ``configs``: the target's and the draft's; ``floors``: default the committed host-overhead result."""
+    if gpu is None:
+        return table, {"skipped": "the device is not in the GPU catalog (study/cost/gpus.json)"}
+    try:
+        floors = floors or load_host_floors()
+    except CostInputError as exc:
+        return table, {"skipped": str(exc)}
+    target, draft = (facts_of(config, dtype_bytes) for config in configs)
+    rows = []
+    for row in table:
+        if "tokens_per_s" in row and row["mode"] in MODE_CAPTURE:
+            tokens_per_s = row["batch"] / row_seconds_per_token(row, target, draft, gpu, context, gamma, floors)
+            row = row | {"projected_tokens_per_s": tokens_per_s, "vs_projected": row["tokens_per_s"] / tokens_per_s}
+        rows.append(row)
+    return rows, {"gpu": gpu.name, "context": context,
+                  "floors": {capture: floors.of(capture).label for capture in MODE_CAPTURE.values()}}
