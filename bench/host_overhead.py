@@ -10,8 +10,9 @@ quantity that says whether speculation with a 28-layer draft can pay (``study.co
 floor of each capture mode).
 
 It runs on CUDA where there is one, in bf16, else on the CPU in fp32 (``dtype_for``: the result is
-host_overhead_gpu or host_overhead_cpu, the names ``study.cost.host_floor`` reads). On a lent GPU it is the
-second command after ``make gpu-check`` (``--modes eager cudagraph``): the captured floor is measured nowhere else.
+host_overhead_gpu or host_overhead_cpu, the names ``study.cost.host_floor`` reads). On a lent GPU ``make
+gpu-check`` runs it first (its host-floor part, ``bench.gpu_check.host_floor``): the captured floor is measured
+nowhere else.
 Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a warm-up run:
 
 * HF forward: Hugging Face's eager one-token forward (its own cache), the baseline of every ratio;
@@ -160,9 +161,10 @@ def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int) -> tuple
     return best
 
 
-def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict:
-    """One capture mode's row, on ``device`` in its reference dtype (``dtype_for``)."""
-    pair = tiny_pair(device, dtype_for(device), layers=LAYERS)
+def measure_mode(mode: str, calls: int, runs: int, device: torch.device, layers: int | None = None) -> dict:
+    """One capture mode's row, on ``device`` in its reference dtype (``dtype_for``), the pair ``layers`` deep
+    (default ``LAYERS``)."""
+    pair = tiny_pair(device, dtype_for(device), layers=layers or LAYERS)
     prompt = torch.randint(3, len(pair.tokenizer), (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.inference_mode():
         hf_token = hf_decode_seconds_per_token(pair.target, prompt, device)
@@ -206,6 +208,9 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device) -> dict
         "recompiles": sum(c["recompiles"] for c in counts.values()),
         "recompiles_after_warmup": fixed["compiles_after_warmup"] + adaptive["compiles_after_warmup"],
         "graph_breaks": sum(c["graph_breaks"] for c in counts.values()),
+        # cudagraph mode: graphs inductor left uncaptured (must be 0 on CUDA: such a row times compile mode)
+        "cudagraph_skips": sum(c["cudagraph_skips"] for c in counts.values()),
+        "skip_reasons": sorted({r for c in counts.values() for r in c["skip_reasons"]}),
         "distinct_shapes": {name: c["distinct_shapes"] for name, c in counts.items()},
         "compile_seconds": sum(c["compile_seconds"] for c in counts.values()),
     }
@@ -221,9 +226,9 @@ def default_modes(device: torch.device) -> list[str]:
     return ["eager", "compile", "cudagraph"] if device.type == "cuda" else ["eager", "compile"]
 
 
-def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> None:
-    """Write the rows as host_overhead_gpu or host_overhead_cpu (with the profile's suffix)."""
-    table = markdown_table(rows, [
+def table(rows: list[dict]) -> str:
+    """The rows as the markdown table the result and the GPU check show."""
+    return markdown_table(rows, [
         ("mode", "mode"), ("hf_forward_ms", "HF forward ms"), ("our_forward_ms", "our forward ms"),
         ("our_over_hf", "ours / HF (goal <= 0.65)"),
         ("fixed_ms_per_target_forward", "fixed-γ4 ms / target forward"),
@@ -240,14 +245,21 @@ def write(rows: list[dict], device: torch.device, profile: str, sizes: dict) -> 
         *[(f"fixed_host_ms_per_forward_outside_graphs_at_{b}", f"per forward at batch {b}")
           for b in HOST_BATCHES if b != 1],
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
-        ("graph_breaks", "graph breaks")])
-    heading = (f"Host cost at production depth ({LAYERS} layers, hidden 64: compute about zero), batch 1, "
+        ("graph_breaks", "graph breaks"),
+        *([("cudagraph_skips", "graphs not captured")] if any(r.get("mode") == "cudagraph" for r in rows) else [])])
+
+
+def write(rows: list[dict], device: torch.device, profile: str, sizes: dict, layers: int | None = None) -> str:
+    """Write the rows as host_overhead_gpu or host_overhead_cpu (with the profile's suffix); the name written."""
+    layers = layers or LAYERS
+    heading = (f"Host cost at production depth ({layers} layers, hidden 64: compute about zero), batch 1, "
                f"{PROMPT}-token prompt, {NEW_TOKENS} new tokens (`python -m bench.host_overhead`):")
     dtype = dtype_for(device)
-    payload = {"environment": environment(device, dtype), "layers": LAYERS, "profile": profile,
+    payload = {"environment": environment(device, dtype), "layers": layers, "profile": profile,
                "sizes": sizes, "rows": rows}
     name = "host_overhead_" + ("gpu" if device.type == "cuda" else "cpu") + variant_suffix(device.type, dtype, profile)
-    write_results(name, payload, heading + "\n\n" + table)
+    write_results(name, payload, heading + "\n\n" + table(rows))
+    return name
 
 
 def main(argv: list[str] | None = None) -> None:

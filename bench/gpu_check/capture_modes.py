@@ -20,7 +20,8 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   cudagraph mode the timed runs replay the graphs the warm-up captured over their addresses; the warm-up
   compiles greedy chains only (``set_sampled``);
 * projected: beside each row, the cost model's tokens/s for it on this GPU (``projected``: the roofline and the
-  committed host floor of the mode), and measured over projected;
+  host floor of the mode: this check's own where its host-floor part wrote one), and measured over
+  projected;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), in cudagraph mode the
   graphs inductor left uncaptured with its reasons (must be 0: such a graph runs at compile mode's speed),
   distinct shapes and compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still

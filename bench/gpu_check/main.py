@@ -24,6 +24,7 @@ from bench.common import (
 from bench.gpu_check import __doc__ as OVERVIEW
 from bench.gpu_check.capture_modes import CAPTURE_MODES, CAPTURE_SCALES, capture_modes, default_modes
 from bench.gpu_check.deadline import Deadline
+from bench.gpu_check.host_floor import HOST_FLOOR_SCALES, host_floor
 from bench.gpu_check.markdown import markdown
 from bench.gpu_check.pairs import DEFAULT_PAIRS, resolve_pair
 from bench.gpu_check.parts import check_pair, failure
@@ -45,6 +46,8 @@ SIZES = {
 # the share of the budget the step costs may take, then the share of what is left the capture modes may take: a
 # captured mode compiles each of about ten shapes of a 28-layer stack, the slowest part on a GPU
 STEP_COSTS_SHARE = 0.25
+# then the host floors' share of what is left: two modes of a 28-layer stack at hidden 64, one of them compiled
+HOST_FLOOR_SHARE = 0.3
 CAPTURE_SHARE = 0.75
 
 
@@ -83,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capture-check", choices=CAPTURE_SCALES,
                         help="plain and speculative tokens/s per capture mode of random Qwen2.5-7B + 1.5B: full "
                              "shapes (default on CUDA), small ones (default elsewhere: the code path only) or off")
+    parser.add_argument("--host-floor", choices=HOST_FLOOR_SCALES,
+                        help="bench.host_overhead per capture mode on this device, the host floors the cost model "
+                             "prices forwards with: at its 28 layers, written as host_overhead_gpu (default on "
+                             "CUDA), at 2 layers without a result file (small: the code path only) or off (default "
+                             "elsewhere)")
     parser.add_argument("--capture-modes", help="comma-separated capture modes to compare (default: eager,cudagraph "
                                                 "on CUDA, else eager,compile)")
     parser.add_argument("--capture-batches", help="comma-separated batch sizes of the speculative runs")
@@ -104,11 +112,13 @@ def main(argv: list[str] | None = None) -> dict:
     args.device = str(device)
     args.step_costs = args.step_costs or ("full" if device.type == "cuda" else "small")
     args.capture_check = args.capture_check or ("full" if device.type == "cuda" else "small")
+    args.host_floor = args.host_floor or ("full" if device.type == "cuda" else "off")
     args.capture_modes = args.capture_modes or ",".join(default_modes(device))
     default_pairs = args.pair is None
     results_name = result_file_name(args, device, default_pairs)
     payload = {"environment": environment(device, None), "args": vars(args), "absent": {}, "fallback": None,
-               "pairs": [], "step_costs": {"skipped": "not reached"}, "capture": {"skipped": "not reached"},
+               "pairs": [], "step_costs": {"skipped": "not reached"}, "host_floor": {"skipped": "not reached"},
+               "capture": {"skipped": "not reached"},
                "seconds": 0.0, "complete": False}
 
     def save() -> None:
@@ -120,6 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # first, within a share of the budget: what the step costs leave unused goes to the pairs
     payload["step_costs"] = measure_step_costs(args, device, deadline.share(STEP_COSTS_SHARE), results_name)
+    save()
+    payload["host_floor"] = measure_host_floor(args, device, deadline.share(HOST_FLOOR_SHARE))
     save()
     payload["capture"] = measure_capture_modes(args, device, deadline.share(CAPTURE_SHARE))
     save()
@@ -162,6 +174,21 @@ def measure_capture_modes(args: argparse.Namespace, device: torch.device, deadli
         return capture_modes(args.capture_check, modes, batches, args.max_new_tokens, args.gamma, device,
                              requested_or_bf16(args), deadline)
     except Exception as exc:  # reported, and fails the check; the pairs still run
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": failure(exc)}
+
+
+def measure_host_floor(args: argparse.Namespace, device: torch.device, deadline: Deadline) -> dict:
+    """The host-floor part's result (``host_floor``)."""
+    if args.host_floor == "off":
+        return {"skipped": "off (--host-floor off)"}
+    if reason := deadline.skip_reason():
+        return {"skipped": reason.removeprefix("skipped: ")}
+    try:
+        return host_floor(args.host_floor, [m for m in args.capture_modes.split(",") if m], args.profile, device,
+                          deadline)
+    except Exception as exc:  # reported, and fails the check; the other parts still run
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return {"error": failure(exc)}

@@ -5,6 +5,7 @@ A part that was skipped or raised says so in one line; the others go through the
 
 from __future__ import annotations
 
+from bench import host_overhead
 from bench.common import markdown_table
 from bench.gpu_check import parts
 
@@ -152,15 +153,29 @@ def capture_markdown(c: dict) -> str:
     return "\n".join(lines)
 
 
+def host_floor_markdown(h: dict) -> str:
+    """The host-floor part: ``bench.host_overhead``'s table on this device, and where it was written."""
+    if "rows" not in h:
+        return f"Host floors: {h.get('skipped') or 'error: ' + h['error']}."
+    where = (f"written to `{h['written']}`, which the cost model reads" if h["written"]
+             else "no result file (the code path only)" if h["scale"] == "small" else "no result file")
+    lines = [f"Host floors (`bench.host_overhead` on this device: the tiny pair at {h['layers']} layers, hidden 64, "
+             f"{h['dtype']}; {where}):\n", host_overhead.table(h["rows"]) if h["rows"] else "No mode measured."]
+    if h["skipped_modes"]:
+        lines.append("\n" + "; ".join(f"{mode}: {why}" for mode, why in h["skipped_modes"].items()) + ".")
+    lines += [f"\n**host floor failed**: {why}." for why in h["failed"]]
+    return "\n".join(lines)
+
+
 def projection_markdown(projection: dict) -> str:
     """What the projected column assumed, or why there is none."""
     if "skipped" in projection:
         return f"Not projected by the cost model: {projection['skipped']}."
     floors = projection["floors"]
     return (f"Projected: the cost model's tokens/s for each row on {projection['gpu']} (`study.cost`: the roofline "
-            f"over {projection['context']:g} entries of context per row, plus the committed host floor of the row's "
-            f"mode; speculative rows at their measured acceptance; `bench/gpu_check/projected.py`); above 1 the GPU "
-            f"ran faster than projected. Eager: {floors['eager']}. Cudagraph: {floors['captured']}.")
+            f"over {projection['context']:g} entries of context per row, plus the host floor of the row's mode, "
+            "named below; speculative rows at their measured acceptance; `bench/gpu_check/projected.py`); above 1 "
+            f"the GPU ran faster than projected. Eager: {floors['eager']}. Cudagraph: {floors['captured']}.")
 
 
 def markdown(payload: dict) -> str:
@@ -177,6 +192,8 @@ def markdown(payload: dict) -> str:
     lines += ["\n" + pair_markdown(r) for r in payload["pairs"]]
     if "step_costs" in payload:
         lines.append("\n" + step_costs_markdown(payload["step_costs"]))
+    if "host_floor" in payload:
+        lines.append("\n" + host_floor_markdown(payload["host_floor"]))
     if "capture" in payload:
         lines.append("\n" + capture_markdown(payload["capture"]))
     return "\n".join(lines)

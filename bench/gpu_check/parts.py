@@ -74,6 +74,8 @@ def errors(payload: dict) -> list[str]:
     loads = [f"{r['pair']}: {r['error']}" for r in payload["pairs"] if "error" in r]
     if "error" in payload.get("step_costs", {}):
         loads.append(f"step costs: {payload['step_costs']['error']}")
+    floors = payload.get("host_floor", {})
+    loads += [f"host floor: {why}" for why in ([floors["error"]] if "error" in floors else floors.get("failed", []))]
     captured = payload.get("capture", {})
     loads += [f"capture modes: {why}" for why in ([captured["error"]] if "error" in captured
                                                    else captured.get("failed", []))]

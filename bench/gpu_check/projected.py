@@ -2,15 +2,16 @@
 GPU, so that the first run on a GPU tells how far the cost report's projections are from a measurement.
 
 Per row, over the decode phase's mean context per row (the prompt and half the new tokens), with the pair's
-shapes in the check's dtype, each forward paying the committed host floor of the row's mode
-(``study.cost.host_floor``, at the row's batch: eager's for eager, the captured one for cudagraph; the cost model
-has no compile mode, so a compile row is not projected):
+shapes in the check's dtype, each forward paying the host floor of the row's mode
+(``study.cost.host_floor``'s default result: this check's own where its host-floor part wrote one on the GPU,
+else the committed one; at the row's batch: eager's for eager, the captured one for cudagraph; the cost model has
+no compile mode, so a compile row is not projected):
 
 * plain: ``batch`` tokens per one-token target forward (``study.cost.roofline.forward_seconds``);
 * speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
 
 ``measured / projected`` above 1: the GPU ran faster than projected. Nothing is projected on a device the GPU
-catalog does not list (a CPU rehearsal), or without a committed host-overhead result; the part says why.
+catalog does not list (a CPU rehearsal), or without a host-overhead result; the part says why.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def projected(table: list[dict], configs: tuple[dict, dict], dtype_bytes: int, g
               gamma: int, floors: HostFloors | None = None) -> tuple[list[dict], dict]:
     """``table``'s rows, each measured row of a projected mode with ``projected_tokens_per_s`` and
     ``vs_projected``; and what the projection assumed (the floors' labels), or why nothing was projected.
-    ``configs``: the target's and the draft's; ``floors``: default the committed host-overhead result."""
+    ``configs``: the target's and the draft's; ``floors``: default ``study.cost.host_floor``'s."""
     if gpu is None:
         return table, {"skipped": "the device is not in the GPU catalog (study/cost/gpus.json)"}
     try:
