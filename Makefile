@@ -109,7 +109,8 @@ llama-cpp: venv
 	fi
 	$(BIN)/python -m pip install -q $(LLAMA_CPP_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 
-# on a GPU: step costs, identity, syncs, SDPA kernels, peak memory and tokens/s within 8 minutes (bench/gpu_check/).
+# on a GPU: step costs, capture modes, host floors, identity, syncs, SDPA kernels, peak memory and tokens/s within
+# 8 minutes (bench/gpu_check/).
 # Without a venv, where python3 has torch and transformers (a lent GPU machine: no network, so no venv, models or
 # corpus; a copy of the tree, no git checkout), that python3 runs it, on the pairs on disk (else synthetic and tiny
 # ones) and built-in texts; the caller names the clean commit it copied: SIDECAR_BENCH_COMMIT=<sha> make gpu-check.

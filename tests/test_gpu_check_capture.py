@@ -251,5 +251,11 @@ def test_each_measured_row_has_the_cost_models_projection_for_its_mode(tmp_path:
     assert "projected_tokens_per_s" not in rows[2] and "projected_tokens_per_s" not in rows[3]
     assert projection["gpu"] == "H100 SXM" and "lower bound" in projection["floors"]["captured"]
     assert "Projected: the cost model's tokens/s for each row on H100 SXM" in projection_markdown(projection)
+    # the check projects the part's result on the GPU it names, over the decode phase's mean context
+    from bench.gpu_check.projected import with_projection
+    capture = {"pair": "Qwen2.5-7B + 1.5B (random weights)", "catalog_gpu": "H100 SXM", "dtype": "bfloat16",
+               "prompt_tokens": 64, "new_tokens": 64, "gamma": 4, "rows": table}
+    assert with_projection(capture, floors) == capture | dict(zip(
+        ("rows", "projection"), projected(table, configs, 2, h100, 96.0, 4, floors), strict=True))
     assert projected(table, configs, 2, None, 96.0, 4, floors) == (
         table, {"skipped": "the device is not in the GPU catalog (study/cost/gpus.json)"})

@@ -1,5 +1,5 @@
-"""One prepared GPU check: step costs, identity, synchronisations, SDPA kernels, peak memory and tokens/s, within a
-deadline.
+"""One prepared GPU check: step costs, capture modes, host floors, identity, synchronisations, SDPA kernels, peak
+memory and tokens/s, within a deadline.
 
     python -m bench.gpu_check                                 # `make gpu-check`: on a GPU, bf16, at most 8 minutes
     python -m bench.gpu_check --pair tiny --device cpu --quick    # the same code path on the tiny random pair
@@ -11,12 +11,7 @@ row, the real shapes on CUDA and small ones elsewhere (``--step-costs``). Their 
 dtype and context, goes to NAME_step_costs.json beside the results; ``study.cost.load_step_costs`` reads it, and
 ``study.cost.replay`` then prices decode forwards from it in place of the roofline.
 
-Second, within a share of what is left, the host floors (``host_floor``, ``--host-floor``: on CUDA by default):
-``bench.host_overhead`` per capture mode on the device, at production depth and tiny width, written to
-bench/results/host_overhead_gpu.json, the file the cost model's host floors come from (the captured one is
-measured nowhere else).
-
-Third, within a share of what is left (what it leaves goes to the pairs), the capture modes
+Second, within a share of what is left (what it leaves goes on), the capture modes
 (``capture_modes``): on the largest pair that fits, random-initialised Qwen2.5-7B + 1.5B on CUDA (else 1.5B +
 0.5B; ``--capture-check small`` elsewhere), whose weights make the draft agree with the target on a known share
 of tokens (``synthetic_pair``), per capture mode (``--capture-modes``, default eager and cudagraph on CUDA, eager
@@ -24,10 +19,14 @@ and compile elsewhere): the target's plain tokens/s and speculative tokens/s at 
 (1, 8, 32), plain's share of the GPU's memory bandwidth (peak from ``study/cost/gpus.json``, else unknown),
 speculation's ratio to plain at each batch in the same mode, captured over eager at each batch, the mode's
 compiles, recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory its graphs hold;
-issue 40's GPU goals, each met or not met; and beside each row the cost model's tokens/s for it on that GPU (the
-roofline plus the host floor of its mode, ``projected``), measured over projected. A graph break, a recompile
-after warm-up or, in cudagraph mode, a graph inductor left uncaptured (with its reason) fails the check, in the
-host floors' part as in this one.
+issue 40's GPU goals, each met or not met. A graph break, a recompile after warm-up or, in cudagraph mode, a graph
+inductor left uncaptured (with its reason) fails the check, in the next part as in this one.
+
+Third, within a share of what is left (what it leaves goes to the pairs), the host floors (``host_floor``,
+``--host-floor``: on CUDA by default): ``bench.host_overhead`` per capture mode on the device, at production depth
+and tiny width, written to bench/results/host_overhead_gpu.json, the file the cost model's host floors come from
+(the captured one is measured nowhere else). Then beside each capture-mode row the cost model's tokens/s for it on
+that GPU (the roofline plus those host floors, ``projected``), measured over projected.
 
 Then for each pair (default: ``qwen-coder-small`` and ``qwen2.5-7b``, those on disk; nothing is fetched, and with
 neither on disk the tiny pair runs and the report says so) it chooses the dtype as every command that loads a

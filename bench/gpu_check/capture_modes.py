@@ -19,9 +19,6 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   a user makes it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in
   cudagraph mode the timed runs replay the graphs the warm-up captured over their addresses; the warm-up
   compiles greedy chains only (``set_sampled``);
-* projected: beside each row, the cost model's tokens/s for it on this GPU (``projected``: the roofline and the
-  host floor of the mode: this check's own where its host-floor part wrote one), and measured over
-  projected;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0), in cudagraph mode the
   graphs inductor left uncaptured with its reasons (must be 0: such a graph runs at compile mode's speed),
   distinct shapes and compile seconds (``runner_of(model).counters``), and on CUDA the memory the mode still
@@ -44,8 +41,6 @@ import torch
 import torch._dynamo
 
 from bench.gpu_check.deadline import Deadline
-from bench.gpu_check.parts import failure
-from bench.gpu_check.projected import projected
 from bench.gpu_check.step_costs import SMALL
 from bench.gpu_check.synthetic_pair import AGREEMENT, prompt_for, synthetic_pair
 from sidecar.decoding.decoder import SpeculativeDecoder
@@ -343,11 +338,6 @@ def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int,
             measured.append(measure_mode(pair, mode, batches, tokens, gamma, deadline))
             print(f"capture {mode}: {time.monotonic() - began:.0f} s", flush=True)
     table = compare(measured, peak, bytes_per_token)
-    # the cost model's projection of each row, over the decode phase's mean context
-    try:
-        table, projection = projected(table, candidates[name], dtype.itemsize, gpu, PROMPT_TOKENS + tokens / 2, gamma)
-    except Exception as exc:  # the measurements stand without it, and the part says why it is missing
-        projection = {"skipped": "error: " + failure(exc)}
     failed = faults(measured)
     del pair
     if any(mode != "eager" for mode in modes):
@@ -358,6 +348,6 @@ def capture_modes(scale: str, modes: list[str], batches: list[int], tokens: int,
     return {"pair": name, "scale": scale, "skipped_pairs": skipped, "dtype": str(dtype).removeprefix("torch."),
             "agreement": AGREEMENT, "gamma": gamma, "prompt_tokens": PROMPT_TOKENS, "new_tokens": tokens,
             "peak_bandwidth_gb_s": peak / 1e9 if peak else "unknown", "weight_gb_per_token": bytes_per_token / 1e9,
-            "rows": table, "projection": projection,
+            "catalog_gpu": None if gpu is None else gpu.name, "rows": table,
             "modes": [{k: v for k, v in m.items() if k != "rows"} for m in measured],
             "goals": goals(table), "failed": failed}

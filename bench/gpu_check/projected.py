@@ -10,6 +10,7 @@ no compile mode, so a compile row is not projected):
 * plain: ``batch`` tokens per one-token target forward (``study.cost.roofline.forward_seconds``);
 * speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
 
+The check projects the capture part's rows after its host-floor part (``with_projection``).
 ``measured / projected`` above 1: the GPU ran faster than projected. Nothing is projected on a device the GPU
 catalog does not list (a CPU rehearsal), or without a host-overhead result; the part says why.
 """
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from study.cost.catalog import GPU
+import torch
+
+from bench.gpu_check.capture_modes import FULL_PAIRS, SMALL_PAIR
+from study.cost.catalog import GPU, find_gpu, load_catalog
 from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
 from study.cost.host_floor import HostFloors, load_host_floors
@@ -64,3 +68,15 @@ def projected(table: list[dict], configs: tuple[dict, dict], dtype_bytes: int, g
         rows.append(row)
     return rows, {"gpu": gpu.name, "context": context,
                   "floors": {capture: floors.of(capture).label for capture in MODE_CAPTURE.values()}}
+
+
+def with_projection(capture: dict, floors: HostFloors | None = None) -> dict:
+    """The capture-mode part's result with the projection of each row (``projected``) on the GPU it ran on, over
+    the decode phase's mean context: the prompt and half the new tokens per row."""
+    if "rows" not in capture:
+        return capture
+    configs = (FULL_PAIRS | SMALL_PAIR)[capture["pair"]]
+    gpu = None if capture.get("catalog_gpu") is None else find_gpu(capture["catalog_gpu"], load_catalog())
+    rows, projection = projected(capture["rows"], configs, getattr(torch, capture["dtype"]).itemsize, gpu,
+                                 capture["prompt_tokens"] + capture["new_tokens"] / 2, capture["gamma"], floors)
+    return capture | {"rows": rows, "projection": projection}
