@@ -110,16 +110,6 @@ class RowMatcher:
             return self._matcher.is_accepting() and not self._matcher.is_error()
         return self._matcher.validate_tokens([token]) == 1
 
-    def accept_prefix(self, tokens: Sequence[int]) -> int:
-        """Take the longest allowed prefix of ``tokens`` (a row's drafts); how many were taken."""
-        taken = 0
-        for token in tokens:
-            if not self.allows(token):
-                break
-            self.accept(token)
-            taken += 1
-        return taken
-
     def rollback(self, count: int) -> None:
         """Undo the last ``count`` accepted tokens: the mask is then the one before them, exactly."""
         if not 0 <= count <= len(self.tokens):
