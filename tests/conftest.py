@@ -74,6 +74,15 @@ def real_pair():
     return load_pair("qwen-coder-small", dtype="auto")
 
 
+@pytest.fixture
+def bench_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """bench/results/ moved to a temporary directory: what a benchmark writes goes there."""
+    from bench import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def news_parquet() -> Path:
     """The real news corpus (`make corpus` builds data/news.parquet; built here when it is missing)."""

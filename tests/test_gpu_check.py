@@ -32,12 +32,6 @@ EVERY_PART = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "
 QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-check", "off"]
 
 
-@pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
 @pytest.fixture(scope="module")
 def check() -> Check:
     from sidecar.decoding.decoder import SpeculativeDecoder
@@ -51,7 +45,7 @@ def check() -> Check:
     return Check(pair, prompts, SpeculativeDecoder(pair), args)
 
 
-def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path) -> None:
+def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(bench_results: Path) -> None:
     payload = main(EVERY_PART)
     assert errors(payload) == []
     [tiny] = payload["pairs"]
@@ -67,10 +61,10 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     for row in rows:
         assert row["hf_plain_tps"] > 0 and row["engine_static_tps"] > 0
     assert rows[0]["hf_assisted_tps"] > 0 and "hf_assisted_tps" not in rows[1]
-    written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
+    written = json.loads((bench_results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["complete"] and written["environment"]["commit"]
     assert written["pairs"][0]["identity"]["match_rate"] == 1.0
-    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    md = (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "yes: 2/2 rows identical" in md and "| batch | syncs | target forwards |" in md
     assert "| engine static tok/s |" in md
     # the pair's parts run in the engine's capture mode, named as its dtype is
@@ -82,7 +76,7 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(results: Path
     assert "| eager | speculative γ=4 | 2 |" in md and "| eager | plain | 2 |" in md
 
 
-def test_a_check_cut_off_mid_run_keeps_every_part_it_finished(results: Path, monkeypatch) -> None:
+def test_a_check_cut_off_mid_run_keeps_every_part_it_finished(bench_results: Path, monkeypatch) -> None:
     """A lent machine's command has a time limit, and a kill there ends the check wherever it is: the results are
     written after each part, so what finished is on disk, marked incomplete."""
 
@@ -92,16 +86,16 @@ def test_a_check_cut_off_mid_run_keeps_every_part_it_finished(results: Path, mon
     monkeypatch.setattr("bench.gpu_check.main.check_pair", killed)
     with pytest.raises(KeyboardInterrupt):
         main([*QUICK_TINY_CPU, "--step-cost-batches", "1"])
-    written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
+    written = json.loads((bench_results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["complete"] is False and written["pairs"] == [] and written["step_costs"]["rows"]
     assert written["environment"]["commit"]
-    assert "**Incomplete**" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert "**Incomplete**" in (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
-def test_a_spent_budget_skips_what_is_left_and_says_so(results: Path) -> None:
+def test_a_spent_budget_skips_what_is_left_and_says_so(bench_results: Path) -> None:
     payload = main([*QUICK_TINY_CPU, "--budget-s", "0"])
     assert payload["pairs"] == [] and payload["absent"] == {"tiny": "deadline reached"}
-    assert "`tiny`: skipped, deadline reached." in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert "`tiny`: skipped, deadline reached." in (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
 class AfterFirstRun(Deadline):
@@ -204,7 +198,7 @@ def test_syncs_are_counted_by_source_line(monkeypatch: pytest.MonkeyPatch) -> No
     assert sorted(lines.values()) == [1, 3] and len(lines) == 2
 
 
-def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, monkeypatch) -> None:
+def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(bench_results, monkeypatch) -> None:
     monkeypatch.setattr("bench.gpu_check.pairs.is_fetched", lambda name: False)
     monkeypatch.setattr("bench.gpu_check.pairs.local_model_dir", lambda model_id: None)
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [part for part in PARTS if part[0] == "identity"])
@@ -213,7 +207,7 @@ def test_pairs_not_on_disk_are_reported_and_the_tiny_pair_runs_instead(results, 
     assert "not fetched" in payload["absent"]["qwen-coder-small"] and "not on disk" in payload["absent"]["qwen2.5-7b"]
     assert [p["pair"] for p in payload["pairs"]] == ["tiny"] and "tiny random pair ran instead" in payload["fallback"]
     assert payload["pairs"][0]["identity"]["match_rate"] == 1.0
-    assert (results / "gpu_check_cpu_quick.json").exists()
+    assert (bench_results / "gpu_check_cpu_quick.json").exists()
 
 
 def test_a_local_model_is_found_only_with_its_config_and_every_weight_file(tmp_path: Path) -> None:
@@ -236,7 +230,7 @@ def test_result_names() -> None:
     assert result_file_name(args, torch.device("cpu"), False) == "gpu_check_cpu_tiny_quick"
 
 
-def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run(results, monkeypatch) -> None:
+def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run(bench_results, monkeypatch) -> None:
     def broken(check, deadline):
         raise RuntimeError("kernel exploded")
 
@@ -249,14 +243,14 @@ def test_a_part_that_raises_is_reported_and_fails_the_check_while_the_others_run
     assert errors(payload) == [f"tiny broken: {tiny['broken']['error']}"]
 
 
-def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(results, monkeypatch, capsys) -> None:
+def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(bench_results, monkeypatch, capsys) -> None:
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the choice is made when the pair loads
     auto = main([*QUICK_TINY_CPU, "--dtype", "auto"])["pairs"][0]
     # timed at the tiny target's shapes: which dtype wins depends on the CPU, the reason says by how much
     assert auto["dtype_reason"].startswith("auto: bf16 matmul ") and auto["dtype"] in ("bfloat16", "float32")
     assert f"tiny: {'bf16' if auto['dtype'] == 'bfloat16' else 'fp32'} ({auto['dtype_reason']})" in \
         capsys.readouterr().out
-    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    md = (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert f"### `tiny` ({auto['dtype']}, {auto['dtype_reason']}; capture mode {auto['capture']}; on cpu" in md
     # without --dtype: SIDECAR_DTYPE (this suite pins fp32), else auto, as every command that loads a pair
     pinned = main(QUICK_TINY_CPU)
@@ -269,7 +263,7 @@ def test_the_dtype_is_chosen_as_the_engine_chooses_it_and_printed_with_why(resul
     assert refused.value.code == 2
 
 
-def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
+def test_a_pair_that_fails_to_load_is_reported(bench_results, monkeypatch) -> None:
     def unloadable(*args):
         raise OSError("no weights")
 
@@ -277,7 +271,7 @@ def test_a_pair_that_fails_to_load_is_reported(results, monkeypatch) -> None:
     payload = main(QUICK_TINY_CPU)
     [error] = errors(payload)
     assert error.startswith("tiny: OSError: no weights (at tests/test_gpu_check.py:")
-    assert "Could not be loaded" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert "Could not be loaded" in (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
 def plant_in_the_step(monkeypatch: pytest.MonkeyPatch, extra: Callable[[torch.Tensor], object]) -> None:
@@ -298,7 +292,7 @@ def with_args(check: Check, **sizes) -> Check:
     return dataclasses.replace(check, args=argparse.Namespace(**vars(check.args) | sizes))
 
 
-def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(results, monkeypatch) -> None:
+def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(bench_results, monkeypatch) -> None:
     syncs_part = next(part for part in PARTS if part[0] == "syncs")
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [syncs_part])
     plant_in_the_step(monkeypatch, lambda hidden: hidden[0, 0, 0].item())
@@ -309,7 +303,7 @@ def test_a_sync_planted_in_the_step_is_counted_and_fails_the_check(results, monk
         assert any(site.startswith("tests/test_gpu_check.py:") for site in run["top_sites"])
     failures = errors(payload)
     assert len(failures) == 2 and all(f.startswith("tiny syncs: batch ") and "over the budget" in f for f in failures)
-    assert "**syncs failed**: batch 1:" in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert "**syncs failed**: batch 1:" in (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
 def engine_takes_the_runner_up_once(check: Check, monkeypatch: pytest.MonkeyPatch) -> list:

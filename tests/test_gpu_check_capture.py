@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import common
 from bench.gpu_check import capture_modes as part
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.main import main, parse_args
@@ -55,13 +54,7 @@ def test_plain_decoding_writes_the_tables_walk(pair) -> None:
     assert tokens == expected == again and seconds > 0
 
 
-@pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
-def test_eager_and_compiled_modes_are_measured_counted_and_reported(results, monkeypatch) -> None:
+def test_eager_and_compiled_modes_are_measured_counted_and_reported(bench_results, monkeypatch) -> None:
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the pair's parts have their own tests
     payload = main(["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--dtype", "fp32",
                     "--step-costs", "off", "--capture-batches", "1", "--max-new-tokens", "6", "--gamma", "2"])
@@ -86,9 +79,9 @@ def test_eager_and_compiled_modes_are_measured_counted_and_reported(results, mon
     assert compiled["distinct_shapes"]["target"] >= 2 and "memory_allocated_gb" not in compiled  # CUDA only
     assert c["goals"]["captured plain reaches >= 70% of memory bandwidth"] == "not measured"
     assert c["goals"]["captured is never slower than eager at any batch"].startswith(("met", "not met: compile"))
-    written = json.loads((results / "gpu_check_cpu_tiny_quick.json").read_text())
+    written = json.loads((bench_results / "gpu_check_cpu_tiny_quick.json").read_text())
     assert written["capture"]["rows"] == c["rows"]
-    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    md = (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "| mode | decoding | batch | tok/s | share of bandwidth |" in md
     assert "| compile | plain | 1 |" in md and "| eager | speculative γ=2 | 1 |" in md
     assert f"| compile | {compiled['compiles']} | 0 | 0 | " in md  # compiles, recompiles, graph breaks

@@ -3,25 +3,16 @@ check's device, written where the cost model reads it on a GPU, its faults faili
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
 
-from bench import common, host_overhead
+from bench import host_overhead
 from bench.gpu_check import host_floor as part
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.main import main
 from bench.gpu_check.parts import errors
 
 
-@pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
-def test_the_small_part_measures_each_mode_on_a_cpu_without_a_result_file(results, monkeypatch) -> None:
+def test_the_small_part_measures_each_mode_on_a_cpu_without_a_result_file(bench_results, monkeypatch) -> None:
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the pair's parts have their own tests
     monkeypatch.setitem(host_overhead.SIZES, "quick", dict(calls=5, runs=1))
     payload = main(["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--step-costs", "off",
@@ -31,8 +22,8 @@ def test_the_small_part_measures_each_mode_on_a_cpu_without_a_result_file(result
     assert (h["scale"], h["layers"], h["written"], h["skipped_modes"], h["failed"]) == ("small", 2, None, {}, [])
     (row,) = h["rows"]
     assert row["mode"] == "eager" and row["our_forward_ms"] > 0 and row["fixed_hf_forwards_per_step"] > 0
-    assert not list(results.glob("host_overhead*"))  # a CPU's floors are the benchmark's own
-    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert not list(bench_results.glob("host_overhead*"))  # a CPU's floors are the benchmark's own
+    md = (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "Host floors (`bench.host_overhead` on this device: the tiny pair at 2 layers, hidden 64, float32; no " \
            "result file (the code path only)):" in md
     assert "| mode | HF forward ms | our forward ms |" in md
@@ -40,7 +31,7 @@ def test_the_small_part_measures_each_mode_on_a_cpu_without_a_result_file(result
     off = main(["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--step-costs", "off",
                 "--capture-check", "off"])
     assert off["host_floor"] == {"skipped": "off (--host-floor off)"}
-    assert "Host floors: off (--host-floor off)." in (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    assert "Host floors: off (--host-floor off)." in (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
 
 
 def test_on_cuda_the_full_part_writes_the_result_the_cost_model_reads(monkeypatch) -> None:

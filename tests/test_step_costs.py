@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import common
 from bench.gpu_check import step_costs as part
 from bench.gpu_check.deadline import Deadline
 from bench.gpu_check.main import main
@@ -25,13 +24,7 @@ from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 QUICK_TINY_CPU = ["--pair", "tiny", "--device", "cpu", "--quick", "--allow-dirty", "--capture-check", "off"]
 
 
-@pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
-def test_the_check_writes_a_row_per_setting_and_the_cost_model_reads_those_numbers(results, monkeypatch) -> None:
+def test_the_check_writes_a_row_per_setting_and_the_cost_model_reads_those_numbers(bench_results, monkeypatch) -> None:
     monkeypatch.setattr("bench.gpu_check.parts.PARTS", [])  # the pair's parts have their own tests
     payload = main([*QUICK_TINY_CPU, "--dtype", "bf16", "--gamma", "2", "--step-cost-batches", "1,3",
                     "--step-cost-context", "8"])
@@ -43,7 +36,7 @@ def test_the_check_writes_a_row_per_setting_and_the_cost_model_reads_those_numbe
     assert {(r["model"], r["kind"], r["gamma"], r["batch"]) for r in steps["rows"]} == want
     assert all(r["ms"] > 0 for r in steps["rows"])
     table = Path(steps["table"])
-    assert table == results / "gpu_check_cpu_tiny_quick_step_costs.json"
+    assert table == bench_results / "gpu_check_cpu_tiny_quick_step_costs.json"
     written = json.loads(table.read_text())
     assert written["environment"]["torch"] == torch.__version__ and written["rows"] == steps["rows"]
     costs = load_step_costs(table)
@@ -53,7 +46,7 @@ def test_the_check_writes_a_row_per_setting_and_the_cost_model_reads_those_numbe
     assert costs.source.startswith(f"measured on {written['environment']['device']} (bfloat16, eager forwards, 8 "
                                    "tokens of context")
     assert "small shapes" in costs.source
-    md = (results / "gpu_check_cpu_tiny_quick.md").read_text()
+    md = (bench_results / "gpu_check_cpu_tiny_quick.md").read_text()
     assert "| model | batch | draft step | verify γ=0 | verify γ=1 | verify γ=2 |" in md
     assert "| 7b | 1 | " in md and "| 1.5b | 3 | " in md
 
