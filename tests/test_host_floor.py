@@ -62,6 +62,22 @@ def test_without_a_cudagraph_row_the_captured_floor_is_unmeasured_zero_and_a_low
     assert measured.measured and measured.ms == 0.04 and "NVIDIA H100" in measured.label
 
 
+def test_a_cudagraph_row_whose_graphs_were_not_captured_is_no_captured_floor(tmp_path: Path) -> None:
+    """Inductor may compile a graph and leave it uncaptured: that row timed compile mode under cudagraph's name, so
+    the captured floor stays unmeasured (0, a lower bound) and says why; a row of captured graphs is the floor."""
+    path = host_result(tmp_path / "gpu.json", cudagraph_ms=0.9, outside_graphs_ms=0.2)
+    result = json.loads(path.read_text())
+    result["rows"][-1]["cudagraph_skips"] = 3
+    path.write_text(json.dumps(result))
+    captured = load_host_floors(path).of("captured")
+    assert (captured.ms, captured.measured) == (0.0, False) and captured.seconds(28) == pytest.approx(0.0002)
+    assert "gpu.json's cudagraph row left 3 graphs uncaptured, so it timed compile mode" in captured.source
+    assert "lower bound" in captured.label
+    result["rows"][-1]["cudagraph_skips"] = 0
+    path.write_text(json.dumps(result))
+    assert load_host_floors(path).of("captured").measured
+
+
 def test_a_compile_rows_host_work_outside_its_graphs_is_the_steps_work_every_forward_pays_in_both_modes(
         tmp_path: Path) -> None:
     """A CPU result's compiled step, less the time inside its compiled calls, is host work around the forwards that

@@ -719,9 +719,9 @@ def test_a_cpus_step_work_is_named_and_the_captured_floor_still_labelled_a_lower
     report = write_cost_report(h200_rows(), tmp_path / "r",
                                host_overhead=host_result(tmp_path / "cpu.json", outside_graphs_ms=0.2))
     capture = " ".join(section(report.markdown, CAPTURE).split())
-    assert "captured (CUDA graphs), a forward's host floor unmeasured on a GPU, projected as 0: a lower bound; plus " \
-           "a step's host work around its forwards, 0.2 ms per forward at 1 row (a compile step's host time outside " \
-           "its compiled calls" in capture
+    assert "captured (CUDA graphs), a forward's host floor unmeasured on a GPU, projected as 0: a lower bound " \
+           "(cpu.json has no cudagraph row); plus a step's host work around its forwards, 0.2 ms per forward at 1 " \
+           "row (a compile step's host time outside its compiled calls" in capture
     assert "captured (lower bound), batch 1" in capture and "not measured on a GPU, so captured times" in capture
 
 

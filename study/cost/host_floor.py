@@ -24,9 +24,10 @@ of a batch of ``rows`` then takes
 Two capture modes are projected:
 
 - ``eager``: the benchmark's ``eager`` row;
-- ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one a
-  captured forward's own cost is not measured, 0 stands in (no guessed constant), and every figure of that mode
-  is labelled a lower bound.
+- ``captured``: CUDA graphs, the benchmark's ``cudagraph`` row, which only a run on CUDA writes. Without one, or
+  where its graphs were not all captured (``cudagraph_skips``: it timed compile mode), a captured forward's own
+  cost is not measured, 0 stands in (no guessed constant), and every figure of that mode is labelled a lower
+  bound.
 
 By default the floors come from the committed GPU result (``bench/results/host_overhead_gpu.json``), else the
 CPU one (``host_overhead_cpu.json``, whose host costs stand in for a GPU host's and are named as such).
@@ -117,7 +118,7 @@ class HostFloor:
         """The mode as the report names it, with its floor and where it comes from."""
         name = "eager" if self.capture == "eager" else "captured (CUDA graphs)"
         if not self.measured:
-            own = f"{name}, a forward's host floor unmeasured on a GPU, projected as 0: a lower bound"
+            own = f"{name}, a forward's host floor unmeasured on a GPU, projected as 0: a lower bound ({self.source})"
         else:
             own = f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
         return own + (f"; {self.step.label}" if self.step.points else "")
@@ -200,10 +201,13 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
     for capture in CAPTURES:
         mode = BENCH_MODE[capture]
         row = rows.get(mode)
-        if row is None:
-            if capture == "eager":
-                raise CostInputError(f"{path}: rows has no mode 'eager' row, so no eager host floor")
-            why = f"{path.name} has no cudagraph row"
+        if row is None and capture == "eager":
+            raise CostInputError(f"{path}: rows has no mode 'eager' row, so no eager host floor")
+        # a graph inductor left uncaptured ran at compile mode's speed: the row is no captured floor
+        uncaptured = 0 if row is None else row.get("cudagraph_skips") or 0
+        if row is None or (capture == "captured" and uncaptured):
+            why = (f"{path.name} has no cudagraph row" if row is None else f"{path.name}'s cudagraph row left "
+                   f"{uncaptured} graphs uncaptured, so it timed compile mode")
             floors[capture] = replace(unmeasured_captured_floor(why), bench_layers=layers, step=step)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
