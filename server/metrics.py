@@ -69,6 +69,17 @@ def outcome(status: int) -> str:
     return "ok" if status < 400 else "4xx" if status < 500 else "5xx"
 
 
+def per_model(prefix: str, by_model: dict[str, dict], keys: tuple[tuple[str, str], ...]
+              ) -> Iterator[CounterMetricFamily]:
+    """A counter family ``prefix + key`` per (key, help) of ``keys``, labelled by model, from ``by_model``'s
+    {model: {key: value}}."""
+    for key, about in keys:
+        family = CounterMetricFamily(prefix + key, about, labels=["model"])
+        for model, counters in sorted(by_model.items()):
+            family.add_metric([model], counters[key])
+        yield family
+
+
 class _WorkerCollector(Collector):
     """The worker's batching and device-time totals, read from one ``BatchStats`` snapshot per scrape."""
 
@@ -99,14 +110,11 @@ class _WorkerCollector(Collector):
         for phase, seconds in sorted(device["charged_seconds_by_phase"].items()):
             charged.add_metric([phase], seconds)
         yield charged
-        for key, about in (("hits", "Scored prompts that reused a cached prefix."),
-                           ("misses", "Scored prompts that found no cached prefix."),
-                           ("reused_tokens", "Prompt positions taken from the prefix cache."),
-                           ("forwarded_tokens", "Prompt positions forwarded by cached scoring.")):
-            family = CounterMetricFamily(f"sidecar:prompt_cache_{key}", about, labels=["model"])
-            for model, counters in sorted(stats["prompt_cache"].items()):
-                family.add_metric([model], counters[key])
-            yield family
+        yield from per_model("sidecar:prompt_cache_", stats["prompt_cache"], (
+            ("hits", "Scored prompts that reused a cached prefix."),
+            ("misses", "Scored prompts that found no cached prefix."),
+            ("reused_tokens", "Prompt positions taken from the prefix cache."),
+            ("forwarded_tokens", "Prompt positions forwarded by cached scoring.")))
         yield from self._capture()
 
     def _capture(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -115,16 +123,13 @@ class _WorkerCollector(Collector):
                                  labels=["mode"])
         mode.add_metric([capture["mode"] or "unknown"], 1)
         yield mode
-        for key, about in (("forwards", "Forwards of each model, prefill included."),
-                           ("graph_calls", "Calls of a compiled forward (a chain of draft forwards is one)."),
-                           ("compiles", "Graphs compiled for a shape first seen."),
-                           ("recompiles", "Graphs compiled again for a shape already compiled: must stay 0."),
-                           ("graph_breaks", "Graph breaks: must stay 0."),
-                           ("cudagraph_skips", "Graphs left uncaptured in cudagraph mode: must stay 0.")):
-            family = CounterMetricFamily(f"sidecar:capture_{key}", about, labels=["model"])
-            for model, counters in sorted(capture["counters"].items()):
-                family.add_metric([model], counters[key])
-            yield family
+        yield from per_model("sidecar:capture_", capture["counters"], (
+            ("forwards", "Forwards of each model, prefill included."),
+            ("graph_calls", "Calls of a compiled forward (a chain of draft forwards is one)."),
+            ("compiles", "Graphs compiled for a shape first seen."),
+            ("recompiles", "Graphs compiled again for a shape already compiled: must stay 0."),
+            ("graph_breaks", "Graph breaks: must stay 0."),
+            ("cudagraph_skips", "Graphs left uncaptured in cudagraph mode: must stay 0.")))
         steps = capture["steps"]
         yield CounterMetricFamily("sidecar:step_syncs", "Reads of device values the decoding steps made.",
                                   value=steps["syncs"])
