@@ -11,7 +11,7 @@ floor of each capture mode).
 
 It runs on CUDA where there is one, in bf16, else on the CPU in fp32 (``dtype_for``: the result is
 host_overhead_gpu or host_overhead_cpu, the names ``study.cost.host_floor`` reads). On a lent GPU ``make
-gpu-check`` runs it first (its host-floor part, ``bench.gpu_check.host_floor``): the captured floor is measured
+gpu-check`` runs it too (its host-floor part, ``bench.gpu_check.host_floor``): the captured floor is measured
 nowhere else.
 Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a warm-up run:
 

@@ -218,14 +218,14 @@ def test_each_measured_row_has_the_cost_models_projection_for_its_mode(tmp_path:
     projected; a compile row (no such mode in the cost model), a skipped row and a device outside the catalog get
     none, and the part says why."""
     from bench.gpu_check.markdown import projection_markdown
-    from bench.gpu_check.projected import facts_of, projected
+    from bench.gpu_check.projected import projected
     from study.cost import forward_seconds, get_gpu, load_catalog, load_host_floors, speculation_vs_plain
-    from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG
+    from study.cost.workload import QWEN2_5_1_5B_CONFIG, QWEN2_5_7B_CONFIG, qwen2_facts
     from tests.host_overhead_results import host_result
 
     floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=4.0, outside_graphs_ms={1: 0.2, 8: 0.4}))
     h100 = get_gpu("H100 SXM", load_catalog())
-    target, draft = facts_of(QWEN2_5_7B_CONFIG, 2), facts_of(QWEN2_5_1_5B_CONFIG, 2)
+    target, draft = qwen2_facts(QWEN2_5_7B_CONFIG, 2), qwen2_facts(QWEN2_5_1_5B_CONFIG, 2)
     table = [{"mode": "eager", "decoding": "plain", "batch": 1, "tokens_per_s": 100.0},
              {"mode": "cudagraph", "decoding": "speculative γ=4", "batch": 8, "tokens_per_s": 2000.0,
               "acceptance": 0.75},

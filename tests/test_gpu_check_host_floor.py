@@ -39,9 +39,10 @@ def test_on_cuda_the_full_part_writes_the_result_the_cost_model_reads(monkeypatc
     benchmark's own writer (whose name on CUDA is host_overhead_gpu, tests/test_bench_host_overhead.py); a mode
     that would start with less than ``MIN_SECONDS`` left is skipped and says so."""
     measured, written = [], []
+    clean = {"graph_breaks": 0, "recompiles_after_warmup": 0, "cudagraph_skips": 0, "skip_reasons": []}
     monkeypatch.setattr(host_overhead, "measure_mode",
                         lambda mode, calls, runs, device, layers: measured.append((mode, calls, runs, layers))
-                        or {"mode": mode})
+                        or {"mode": mode, **clean})
     monkeypatch.setattr(host_overhead, "write",
                         lambda rows, device, profile, sizes, layers: written.append((rows, profile, layers))
                         or "host_overhead_gpu")
@@ -49,7 +50,9 @@ def test_on_cuda_the_full_part_writes_the_result_the_cost_model_reads(monkeypatc
     result = part.host_floor("full", ["eager", "cudagraph"], "standard", cuda, Deadline.after(600))
     sizes = host_overhead.SIZES["standard"]
     assert measured == [(m, sizes["calls"], sizes["runs"], host_overhead.LAYERS) for m in ("eager", "cudagraph")]
-    assert written == [([{"mode": "eager"}, {"mode": "cudagraph"}], "standard", host_overhead.LAYERS)]
+    assert written == [([{"mode": "eager", **clean}, {"mode": "cudagraph", **clean}], "standard",
+                         host_overhead.LAYERS)]
+    assert result["failed"] == []
     assert result["written"] == "bench/results/host_overhead_gpu.json"
     late = part.host_floor("full", ["eager", "cudagraph"], "standard", cuda, Deadline.after(part.MIN_SECONDS / 2))
     assert [r["mode"] for r in late["rows"]] == ["eager"] and "cudagraph" in late["skipped_modes"]
@@ -57,11 +60,13 @@ def test_on_cuda_the_full_part_writes_the_result_the_cost_model_reads(monkeypatc
 
 
 def test_a_graph_break_a_late_compile_or_an_uncaptured_graph_fails_the_check() -> None:
-    rows = [{"mode": "eager", "graph_breaks": 0, "recompiles_after_warmup": 0, "cudagraph_skips": 0},
-            {"mode": "cudagraph", "graph_breaks": 0, "recompiles_after_warmup": 1, "cudagraph_skips": 3}]
+    rows = [{"mode": "eager", "graph_breaks": 0, "recompiles_after_warmup": 0, "cudagraph_skips": 0,
+             "skip_reasons": []},
+            {"mode": "cudagraph", "graph_breaks": 0, "recompiles_after_warmup": 1, "cudagraph_skips": 3,
+             "skip_reasons": ["mutated inputs"]}]
     failed = part.faults(rows)
-    assert failed == ["cudagraph: 1 compiles after warm-up", "cudagraph: 3 graphs not captured"]
+    assert failed == ["cudagraph: 1 recompiles after warmup", "cudagraph: 3 graphs not captured (mutated inputs)"]
     payload = {"pairs": [], "host_floor": {"rows": rows, "failed": failed}}
-    assert errors(payload) == ["host floor: cudagraph: 1 compiles after warm-up",
-                               "host floor: cudagraph: 3 graphs not captured"]
+    assert errors(payload) == ["host floor: cudagraph: 1 recompiles after warmup",
+                               "host floor: cudagraph: 3 graphs not captured (mutated inputs)"]
     assert errors({"pairs": [], "host_floor": {"error": "RuntimeError: x"}}) == ["host floor: RuntimeError: x"]

@@ -11,7 +11,8 @@ floors are ``python -m bench.host_overhead``'s own). ``off`` (the default elsewh
 A mode starts only where ``MIN_SECONDS`` of the part's time are left (a mode that compiles spends most of its
 time compiling); dynamo forgets the pair's graphs after the part, so the capture modes' part compiles its own
 (dynamo keeps graphs by code object, and the same layers' code at new shapes would count as recompiles there). A
-graph break, a compile after warm-up or, in cudagraph mode, a graph left uncaptured fails the check.
+graph break, a compile after warm-up or, in cudagraph mode, a graph left uncaptured fails the check, by the
+capture modes' own rule (``capture_modes.faults``).
 """
 
 from __future__ import annotations
@@ -22,18 +23,12 @@ import torch
 import torch._dynamo
 
 from bench import host_overhead
+from bench.gpu_check.capture_modes import faults
 from bench.gpu_check.deadline import Deadline
 
 HOST_FLOOR_SCALES = ("full", "small", "off")
 SMALL_LAYERS = 2
 MIN_SECONDS = 60.0
-
-
-def faults(rows: list[dict]) -> list[str]:
-    """What must hold in every mode: no graph break, no compile after warm-up, no graph left uncaptured."""
-    return [f"{r['mode']}: {r[key]} {label}" for r in rows
-            for key, label in (("graph_breaks", "graph breaks"), ("recompiles_after_warmup", "compiles after warm-up"),
-                               ("cudagraph_skips", "graphs not captured")) if r.get(key)]
 
 
 def host_floor(scale: str, modes: list[str], profile: str, device: torch.device, deadline: Deadline) -> dict:

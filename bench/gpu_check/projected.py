@@ -17,8 +17,6 @@ catalog does not list (a CPU rehearsal), or without a host-overhead result; the 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from bench.gpu_check.capture_modes import FULL_PAIRS, SMALL_PAIR
@@ -28,14 +26,10 @@ from study.cost.facts import ModelFacts
 from study.cost.host_floor import HostFloors, load_host_floors
 from study.cost.roofline import forward_seconds
 from study.cost.speculation import speculation_vs_plain
+from study.cost.workload import qwen2_facts
 
 # the check's capture modes the cost model projects, by the name it gives them
 MODE_CAPTURE = {"eager": "eager", "cudagraph": "captured"}
-
-
-def facts_of(config: dict, dtype_bytes: int) -> ModelFacts:
-    """A Qwen2 config's sizes, as the cost model reads them."""
-    return ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **config), dtype_bytes)
 
 
 def row_seconds_per_token(row: dict, target: ModelFacts, draft: ModelFacts, gpu: GPU, context: float, gamma: int,
@@ -59,7 +53,7 @@ def projected(table: list[dict], configs: tuple[dict, dict], dtype_bytes: int, g
         floors = floors or load_host_floors()
     except CostInputError as exc:
         return table, {"skipped": str(exc)}
-    target, draft = (facts_of(config, dtype_bytes) for config in configs)
+    target, draft = (qwen2_facts(config, dtype_bytes) for config in configs)
     rows = []
     for row in table:
         if "tokens_per_s" in row and row["mode"] in MODE_CAPTURE:

@@ -206,6 +206,12 @@ class Workload:
         )
 
 
+def qwen2_facts(config: dict, dtype_bytes: int = 2) -> ModelFacts:
+    """The sizes of a Qwen2 model of published ``config`` (its hidden size, layers, heads...), as the cost model
+    reads them."""
+    return ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **config), dtype_bytes)
+
+
 # Qwen2.5-1.5B-Instruct's published config (the study's draft): its shapes price the study's FLOPs.
 QWEN2_5_1_5B_CONFIG = {
     "hidden_size": 1536,
@@ -216,7 +222,7 @@ QWEN2_5_1_5B_CONFIG = {
     "vocab_size": 151936,
     "tie_word_embeddings": True,
 }
-QWEN2_5_1_5B = ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **QWEN2_5_1_5B_CONFIG))
+QWEN2_5_1_5B = qwen2_facts(QWEN2_5_1_5B_CONFIG)
 # Qwen2.5-7B-Instruct's published config (the study's target), for replaying a whole decode (``replay``).
 QWEN2_5_7B_CONFIG = {
     "hidden_size": 3584,
@@ -227,7 +233,7 @@ QWEN2_5_7B_CONFIG = {
     "vocab_size": 152064,
     "tie_word_embeddings": False,
 }
-QWEN2_5_7B = ModelFacts.from_config(SimpleNamespace(model_type="qwen2", **QWEN2_5_7B_CONFIG))
+QWEN2_5_7B = qwen2_facts(QWEN2_5_7B_CONFIG)
 # Token counts that give the study's KV figures at the draft's 28 KiB per token (3.0, 3.6 and 18.0 MB).
 STUDY_TOKENS = TagTokens(document=502, summary=51)
 
