@@ -70,7 +70,8 @@ def generate(
                                      "of the hashtags task."),
     max_chars: int = typer.Option(3000, help="Cut each input to this many characters (the source study's 3,000)."),
     max_new_tokens: int = typer.Option(64, min=1),
-    gamma: int = typer.Option(4, min=1),
+    gamma: int = typer.Option(4, min=0, help="Most tokens drafted per step (0: plain decoding, the draft model "
+                                             "running the sidecar tasks only)."),
     batch_size: int = typer.Option(8, min=1),
     temperature: float = typer.Option(0.0, min=0.0),
     seed: int | None = typer.Option(None),

@@ -20,7 +20,8 @@ def serve_command(
     max_batch: int = typer.Option(8, help="Most requests decoded together (1-4096); others join as slots free."),
     batch_wait_ms: float = typer.Option(5.0, help="How long the first request to an idle server waits for "
                                                   "others to share its prefill (0-60000)."),
-    gamma: int = typer.Option(4, min=1, help="Most tokens the draft proposes per step."),
+    gamma: int = typer.Option(4, min=0, help="Most tokens drafted per step (0: plain decoding, the draft model "
+                                             "running the sidecar tasks only)."),
     max_body_bytes: int = typer.Option(1 << 20, help="Larger request bodies get 413 (1 KiB-1 GiB)."),
     max_queue: int = typer.Option(256, help="Requests waiting beyond this get 503 (1-1000000)."),
     prompt_cache: bool = typer.Option(True, "--prompt-cache/--no-prompt-cache",

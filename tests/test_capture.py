@@ -305,6 +305,38 @@ def test_compiled_engine_is_identical_and_compiles_nothing_after_warm_up(monkeyp
     assert sidecars() == compiled
 
 
+def test_a_compiled_gamma_zero_decodes_plainly_and_its_sidecars_catch_up_in_warmed_chunks(monkeypatch):
+    """gamma 0 compiled (one-layer pair, every cache warmed as allocated): rows joining and leaving a batch of 2
+    decode plainly at the one verify width warm-up compiled, equal to the target alone; a sidecar row's draft,
+    never fed while its main output decodes, catches up on all of it in chunks of the feed width warm-up
+    compiled, and its tags equal eager mode's. Nothing compiles after warm-up; no graph breaks."""
+    monkeypatch.setenv("SIDECAR_WARMUP", "on")
+    pair = tiny_pair(layers=1)
+    SpeculativeDecoder(pair, gamma=0, capture="compile")
+    set_sampled(pair.draft, False)
+    prompts = random_prompts(pair, [4, 11, 7], seed=9)
+    outputs = SpeculativeDecoder(pair, gamma=0).generate(prompts, max_new_tokens=10, batch_size=2)
+    assert [o.token_ids for o in outputs] == [target_alone(pair, p, 10) for p in prompts]
+    assert all(o.stats.draft_forwards == 0 for o in outputs)
+    assert runner_of(pair.draft).warm_ups == [], "the draft was prefilled without a sidecar"
+
+    def tags() -> list:
+        engine = SidecarEngine(pair, gamma=0)
+        batch = engine.batch(2)
+        results = dict(stream_through(batch, [SidecarRequest(doc, sidecars=[HASHTAGS], max_new_tokens=8)
+                                              for doc in DOCS[:2]]))
+        return batch.trace, [(results[i].main.token_ids, results[i].sidecars["hashtags"].token_ids) for i in (0, 1)]
+
+    trace, compiled = tags()
+    assert any(step.feed_chunks > 1 for step in trace.steps), "no catch-up ran in chunks"
+    for name, counter in counters(pair).items():
+        assert counter.graph_breaks == 0 and counter.recompiles == 0, name
+        assert counter.compiles == sum(w.compiles for w in runner_of(getattr(pair, name)).warm_ups), \
+            f"the {name} compiled after warm-up"
+    SpeculativeDecoder(pair, capture="eager")
+    assert tags()[1] == compiled
+
+
 def test_a_compiled_copy_past_gamma_verifies_at_the_width_warm_up_compiled(monkeypatch):
     """An adaptive step may copy more than gamma tokens (``max_copy``, 10 here): where the target compiles, the
     longest copy's verify (11 columns, padded to 16) is warmed with the others, copies past gamma take only the

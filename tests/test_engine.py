@@ -13,6 +13,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sidecar import InputError, PairError, SpeculativeDecoder
 from sidecar.decoding.acceptance import accept_greedy, accept_sampled
+from sidecar.decoding.batch import stream_through
+from sidecar.decoding.rows import DecodeRow
 from sidecar.models.attention import GROUPED_SDPA, grouped_sdpa_forward
 from sidecar.models.pair import check_tokenizers
 from sidecar.models.tiny import tiny_pair, tiny_tokenizer
@@ -36,6 +38,40 @@ def test_greedy_is_token_identical_to_target_alone(tiny, batch_size, adaptive, p
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.token_ids == target_alone(tiny, prompt, 40)
         assert out.finish_reason in {"eos", "length"}
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_gamma_zero_decodes_plainly_and_never_prefills_the_draft(tiny, adaptive, prefill_forwards):
+    """gamma 0: plain decoding through the engine (rows joining and leaving a batch of 3), one target forward per
+    token, equal to the target alone; without a sidecar the draft model is never prefilled nor run."""
+    prompts = random_prompts(tiny, [5, 17, 9, 30, 12], seed=3)
+    decoder = SpeculativeDecoder(tiny, gamma=0, adaptive=adaptive)
+    batch = decoder.batch(3)
+    outputs = dict(stream_through(batch, [DecodeRow(p, 20) for p in prompts], range(len(prompts))))
+    for i, prompt in enumerate(prompts):
+        assert outputs[i].token_ids == target_alone(tiny, prompt, 20)
+        assert (outputs[i].stats.target_forwards, outputs[i].stats.drafted, outputs[i].stats.draft_forwards) == (
+            20, 0, 0)
+    assert batch.draft_pool is None, "the draft was prefilled"
+    assert set(decoder.controller.decisions) == {(0, "draft")}
+
+
+def test_gamma_zero_sidecars_decode_as_with_speculation(tiny):
+    """gamma 0 with sidecar tasks: the main output decodes plainly, and the draft, prefilled for the sidecars,
+    catches up on the whole output once it is final; main and sidecar outputs equal those of gamma 4."""
+    from sidecar import HASHTAGS, SidecarEngine, SidecarRequest
+
+    requests = [SidecarRequest(doc, sidecars=[HASHTAGS]) for doc in
+                ("The council approved a new budget on Tuesday.", "Rain fell on the city all week.")]
+
+    def run(gamma: int) -> list:
+        return SidecarEngine(tiny, gamma=gamma).run(requests, max_new_tokens=12)
+
+    plain, speculative = run(0), run(4)
+    assert all(r.main.stats.drafted == 0 for r in plain)
+    assert [(r.main.token_ids, r.sidecars["hashtags"].token_ids) for r in plain] == [
+        (r.main.token_ids, r.sidecars["hashtags"].token_ids) for r in speculative]
+    assert all(r.sidecars["hashtags"].stats.new_tokens > 0 for r in plain)
 
 
 def test_a_vanishing_temperature_decodes_greedily(tiny):
@@ -481,8 +517,9 @@ def test_bad_input_is_a_clear_error(tiny):
         dec.generate([[]], max_new_tokens=4)
     with pytest.raises(InputError, match="exceeds the model context"):
         dec.generate([[5] * (tiny.max_context + 1)], max_new_tokens=4)
-    with pytest.raises(InputError, match="gamma"):
-        SpeculativeDecoder(tiny, gamma=0)
+    for gamma in (-1, True, 2.0):
+        with pytest.raises(InputError, match="gamma"):
+            SpeculativeDecoder(tiny, gamma=gamma)
     with pytest.raises(InputError, match="outside the vocabulary"):
         dec.generate([[10**7]], max_new_tokens=4)
     with pytest.raises(InputError, match="max_new_tokens"):

@@ -72,3 +72,19 @@ def test_generate_shows_a_constrained_tasks_json_value_in_its_table(tmp_path: Pa
     table = CliRunner().invoke(app, args, terminal_width=200)
     assert table.exit_code == 0, table.output
     assert "digit" in table.output and f"│ {value} " in table.output, table.output
+
+
+def test_generate_at_gamma_zero_decodes_plainly_with_the_sidecar_and_refuses_a_negative_gamma(tmp_path: Path) -> None:
+    from cli.main import app
+
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("The council approved the budget on Tuesday.\nPrices rose again in March.\n")
+    args = ["generate", "--input", str(inputs), "--pair", "tiny", "--max-new-tokens", "6", "--json"]
+    plain, speculative = (CliRunner().invoke(app, [*args, "--gamma", gamma]) for gamma in ("0", "4"))
+    assert plain.exit_code == 0 and speculative.exit_code == 0, plain.output + speculative.output
+    rows, rows_speculative = ([json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+                              for r in (plain, speculative))
+    assert [row["stats"]["drafted"] for row in rows] == [0, 0]
+    assert [(row["text"], row["sidecars"]["hashtags"]["text"]) for row in rows] == [
+        (row["text"], row["sidecars"]["hashtags"]["text"]) for row in rows_speculative]
+    assert CliRunner().invoke(app, [*args, "--gamma", "-1"]).exit_code == 2

@@ -402,12 +402,13 @@ class SlotBatch:
         # the admission's one read also completes the target's prefill
         first = self._first_tokens(rows, logits_at(pair.target, last, self._last_column(len(rows)))[:, 0])
 
-        # the draft's prefill is skipped when these rows would decode plainly (a sidecar or a seed needs it)
+        # the draft's prefill is skipped when these rows would decode plainly (a sidecar or a seed needs it; a
+        # gamma of 0 decodes plainly throughout, so only a sidecar does)
         draft_prompts = [q.draft_prompt or q.target_prompt for q in requests]
-        speculate = (any(q.keep_draft or q.sampling.seeded for q in requests)
-                     or self.controller.draft_pays(len(self.target_rows) + len(rows), sum(map(len, draft_prompts)),
-                                                   max(q.max_new_tokens for q in requests), pair.draft_size_ratio,
-                                                   packed=packs(pair.target)))
+        plain = gamma == 0 or not (any(q.sampling.seeded for q in requests) or self.controller.draft_pays(
+            len(self.target_rows) + len(rows), sum(map(len, draft_prompts)), max(q.max_new_tokens for q in requests),
+            pair.draft_size_ratio, packed=packs(pair.target)))
+        speculate = any(q.keep_draft for q in requests) or not plain
         if speculate:
             self.draft_pool = self._pool(self.draft_pool, pair.draft, self.max_batch + self.max_draft_rows, max(
                 row_columns(len(p), q.max_new_tokens, gamma) for p, q in zip(draft_prompts, requests, strict=True)))

@@ -91,9 +91,11 @@ def recorded_counters(pair: ModelPair) -> dict:
 class SpeculativeDecoder:
     """Batched speculative decoding of ``pair``.
 
-    ``gamma`` bounds the tokens drafted per step. ``adaptive`` picks each step's width from measured costs
-    and acceptance (down to plain steps) and stops drafting at ``draft_confidence`` (default
-    ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly ``gamma``.
+    ``gamma`` bounds the tokens drafted per step; 0 decodes plainly, one target forward per token, the draft
+    model prefilled and run only for sidecar tasks (the same engine's baseline for speculation). ``adaptive``
+    picks each step's width from measured costs and acceptance (down to plain steps) and stops drafting at
+    ``draft_confidence`` (default ``DRAFT_CONFIDENCE``; 0 never stops early); without it every step drafts exactly
+    ``gamma``.
     ``prompt_lookup`` also drafts by copying from each row's own text (``sidecar.decoding.lookup``): adaptive,
     for the rows that have something to copy; in fixed mode when every row has ``gamma`` tokens.
     ``max_copy`` (default ``gamma``) bounds an adaptive step's copy, which costs no draft forward and so may be
@@ -120,8 +122,8 @@ class SpeculativeDecoder:
     def __init__(self, pair: ModelPair, gamma: int = 4, adaptive: bool = True, prompt_lookup: bool = True,
                  draft_confidence: float | None = None, capture: str | None = None,
                  warm_up: bool | None = None, max_batch: int | None = None, max_copy: int | None = None) -> None:
-        if not isinstance(gamma, int) or gamma < 1:
-            raise InputError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+            raise InputError(f"gamma must be an integer >= 0 (0: plain decoding), got {gamma!r}")
         if max_copy is not None and (not isinstance(max_copy, int) or isinstance(max_copy, bool) or max_copy < 1):
             raise InputError(f"max_copy must be an integer >= 1, got {max_copy!r}")
         if not adaptive and max_copy not in (None, gamma):
