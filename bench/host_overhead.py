@@ -21,15 +21,17 @@ Per capture mode (``sidecar.runtime.capture``), in one process, batch 1, after a
   run below is likewise divided by HF forwards timed just before it;
 * fixed gamma 4 and adaptive: the engine's decoding steps, per target forward and per generated token, next
   to HF ``generate``'s per token (plain greedy decoding, its decode phase: 65 tokens less 1, timed whole);
+* plain: the engine's plain step (gamma 0: one target forward per token, no draft), likewise;
 * the draft's forwards and graph calls (calls of a compiled region) per step: in compiled modes a step's draft
   forwards after its first run as one chained call (``sidecar.decoding.draft_chain``), and drafting does not
   stop early;
 * in compiled modes, the fixed-gamma step's host time outside its compiled calls (the steps' time less the time
   inside them, ``CaptureCounters.graph_seconds``), per step and per forward at each of ``HOST_BATCHES`` identical
   rows: the work a CUDA graph does not take away (planning, bookkeeping, inputs, reads), and how it grows with
-  the rows. Dynamo's guards and inductor's wrapper run inside the calls; on a GPU the step's reads also wait
-  there for the graphs' kernels, and a GPU machine's host may be faster than this CPU's. ``study.cost.host_floor``
-  charges it per forward, at the forward's rows, in both capture modes;
+  the rows; and the plain step's (one forward a step). Dynamo's guards and inductor's wrapper run inside the
+  calls; on a GPU the step's reads also wait there for the graphs' kernels, and a GPU machine's host may be
+  faster than this CPU's. ``study.cost.host_floor`` charges a speculative step's per forward and a plain step's
+  per plain forward, at the forward's rows, in both capture modes;
 * the mode's compiles, recompiles after warm-up (must be 0), graph breaks (must be 0) and distinct shapes.
 """
 
@@ -112,12 +114,12 @@ def hf_decode_seconds_per_token(model, prompt: list[int], device: torch.device) 
     return (min(run(NEW_TOKENS + 1) for _ in range(2)) - min(run(1) for _ in range(2))) / NEW_TOKENS
 
 
-def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) -> dict:
-    """The engine's decode phase at batch 1, fixed gamma 4 or adaptive: seconds per target forward and per token,
-    with the forwards per step, and each run's time per target forward in HF forwards timed just before it
-    (``calls`` of them), so that the ratio does not drift with the machine; the run of the smallest ratio of
-    ``runs`` after one warm-up run."""
-    decoder = SpeculativeDecoder(pair, gamma=4, adaptive=adaptive, prompt_lookup=False)
+def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int, gamma: int = 4) -> dict:
+    """The engine's decode phase at batch 1, fixed ``gamma`` (0: plain steps) or adaptive: seconds per target
+    forward and per token, with the forwards per step, and each run's time per target forward in HF forwards timed
+    just before it (``calls`` of them), so that the ratio does not drift with the machine; the run of the smallest
+    ratio of ``runs`` after one warm-up run."""
+    decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=adaptive, prompt_lookup=False)
     decoder.generate([prompt], max_new_tokens=NEW_TOKENS, batch_size=1)  # warm-up: compiles happen here
     draft = runner_of(pair.draft).counters
     warm = compile_events(counters(pair))
@@ -140,11 +142,12 @@ def engine_step(pair, prompt: list[int], adaptive: bool, runs: int, calls: int) 
     return best | {"compiles_after_warmup": compile_events(counters(pair)) - warm}
 
 
-def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int) -> tuple[float, float]:
-    """A compiled fixed-gamma-4 step's host seconds outside its compiled calls at ``batch`` identical rows: the
-    steps' wall time (``sidecar.runtime.step_counters``) less the time inside compiled calls, per step, the least
-    of ``runs`` after a warm-up run; and that run's forwards per step (the target's one and the draft's)."""
-    decoder = SpeculativeDecoder(pair, gamma=4, adaptive=False, prompt_lookup=False)
+def host_outside_graphs(pair, prompt: list[int], batch: int, runs: int, gamma: int = 4) -> tuple[float, float]:
+    """A compiled fixed-``gamma`` step's (0: a plain step's) host seconds outside its compiled calls at ``batch``
+    identical rows: the steps' wall time (``sidecar.runtime.step_counters``) less the time inside compiled calls,
+    per step, the least of ``runs`` after a warm-up run; and that run's forwards per step (the target's one and
+    the draft's)."""
+    decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=False, prompt_lookup=False)
     rows = [prompt] * batch
     decoder.generate(rows, max_new_tokens=NEW_TOKENS, batch_size=batch)  # warm-up: this batch's compiles
     runners = [runner_of(pair.target).counters, runner_of(pair.draft).counters]
@@ -174,10 +177,13 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device, layers:
                                     our_forward_call(pair.target, prompt, calls, device)], calls, device)
         fixed = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls)
         adaptive = engine_step(pair, prompt, adaptive=True, runs=runs, calls=calls)
-        # the step's own host work, where a graph takes the rest, and how it grows with its rows
-        outside = {} if mode == "eager" else {
+        plain = engine_step(pair, prompt, adaptive=False, runs=runs, calls=calls, gamma=0)
+        # the step's own host work, where a graph takes the rest, and how it grows with its rows; a speculative
+        # step's and a plain one's
+        outside, plain_outside = ({} if mode == "eager" else {
             batch: (seconds * 1e3, forwards)
-            for batch in HOST_BATCHES for seconds, forwards in [host_outside_graphs(pair, prompt, batch, runs)]}
+            for batch in HOST_BATCHES for seconds, forwards in [host_outside_graphs(pair, prompt, batch, runs, gamma)]}
+            for gamma in (4, 0))
     counts = counters(pair)
     return {
         "mode": mode, "capture_reason": pair.capture_reason, "hf_forward_ms": hf * 1e3, "our_forward_ms": ours * 1e3,
@@ -203,10 +209,18 @@ def measure_mode(mode: str, calls: int, runs: int, device: torch.device, layers:
         "adaptive_tokens_per_step": adaptive["tokens_per_step"],
         "adaptive_draft_forwards_per_step": adaptive["draft_forwards_per_step"],
         "adaptive_draft_graph_calls_per_step": adaptive["draft_graph_calls_per_step"],
+        "plain_ms_per_token": plain["seconds_per_token"] * 1e3,
+        "plain_hf_forwards_per_step": plain["hf_forwards_per_step"],
+        "plain_per_token_over_hf": plain["seconds_per_token"] / hf_token,
+        # one forward a step: per step is per forward
+        **({"plain_host_ms_per_step_outside_graphs": plain_outside[1][0],
+            **{f"plain_host_ms_per_step_outside_graphs_at_{b}": ms for b, (ms, _) in plain_outside.items() if b != 1}}
+           if plain_outside else {}),
         "chained_forwards": {name: c["chained_forwards"] for name, c in counts.items()},
         "compiles": sum(c["compiles"] for c in counts.values()),
         "recompiles": sum(c["recompiles"] for c in counts.values()),
-        "recompiles_after_warmup": fixed["compiles_after_warmup"] + adaptive["compiles_after_warmup"],
+        "recompiles_after_warmup": (fixed["compiles_after_warmup"] + adaptive["compiles_after_warmup"]
+                                    + plain["compiles_after_warmup"]),
         "graph_breaks": sum(c["graph_breaks"] for c in counts.values()),
         # cudagraph mode: graphs inductor left uncaptured (must be 0 on CUDA: such a row times compile mode)
         "cudagraph_skips": sum(c["cudagraph_skips"] for c in counts.values()),
@@ -238,12 +252,15 @@ def table(rows: list[dict]) -> str:
         ("fixed_draft_graph_calls_per_step", "fixed-γ4 draft graph calls / step"),
         ("adaptive_hf_forwards_per_step", "adaptive step in HF forwards"),
         ("adaptive_per_token_over_hf", "adaptive per token / HF plain"),
+        ("plain_hf_forwards_per_step", "plain step in HF forwards"),
         ("fixed_host_ms_per_step_outside_graphs", "fixed-γ4 host ms / step outside compiled calls"),
         ("fixed_host_ms_per_forward_outside_graphs", "the same per forward"),
         *[(f"fixed_host_ms_per_step_outside_graphs_at_{b}", f"the same per step at batch {b}")
           for b in HOST_BATCHES if b != 1],
         *[(f"fixed_host_ms_per_forward_outside_graphs_at_{b}", f"per forward at batch {b}")
           for b in HOST_BATCHES if b != 1],
+        ("plain_host_ms_per_step_outside_graphs", "plain step host ms outside compiled calls"),
+        *[(f"plain_host_ms_per_step_outside_graphs_at_{b}", f"plain, at batch {b}") for b in HOST_BATCHES if b != 1],
         ("compiles", "compiles"), ("recompiles_after_warmup", "compiles after warm-up"),
         ("graph_breaks", "graph breaks"),
         *([("cudagraph_skips", "graphs not captured")] if any(r.get("mode") == "cudagraph" for r in rows) else [])])

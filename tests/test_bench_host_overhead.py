@@ -23,6 +23,7 @@ def test_the_host_overhead_bench_writes_each_modes_ratios_and_counters(tmp_path,
         assert row[key] > 0, key
     assert row["our_over_hf"] == pytest.approx(row["our_forward_ms"] / row["hf_forward_ms"])
     assert row["fixed_draft_forwards_per_step"] > 1  # a fixed-gamma-4 step drafts, up to 4 forwards
+    assert row["plain_ms_per_token"] > 0 and row["plain_hf_forwards_per_step"] > 0  # gamma 0: a plain step
     # eager forwards call no compiled region, and chain none
     assert row["fixed_draft_graph_calls_per_step"] == 0 and row["chained_forwards"] == {"target": 0, "draft": 0}
     assert row["graph_breaks"] == 0 and row["recompiles"] == 0 and row["compiles"] == 0  # eager compiles nothing
@@ -35,7 +36,7 @@ def test_a_compiled_steps_host_work_outside_its_graphs_is_timed_per_step_per_for
         tmp_path, monkeypatch):
     """Compiled (one layer: compiling is slow on a CPU): the step's host time outside its compiled calls is part of
     the step (the compiled calls took the rest), per forward it is that over the step's forwards, and it is timed
-    at each of ``HOST_BATCHES``; nothing compiles after warm-up."""
+    at each of ``HOST_BATCHES``, a speculative step's and a plain one's; nothing compiles after warm-up."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setattr(host_overhead, "LAYERS", 1)
     monkeypatch.setattr(host_overhead, "HOST_BATCHES", (1, 2))
@@ -52,9 +53,14 @@ def test_a_compiled_steps_host_work_outside_its_graphs_is_timed_per_step_per_for
     # per forward at batch 2: over that run's own forwards per step, one target's and one to four drafts'
     at_2 = (row["fixed_host_ms_per_step_outside_graphs_at_2"], row["fixed_host_ms_per_forward_outside_graphs_at_2"])
     assert 2 <= at_2[0] / at_2[1] <= 5
+    # a plain step, one forward, does less around it than a speculative step (drafting, acceptance: about a third
+    # of it here)
+    for at in ("", "_at_2"):
+        assert 0 < row[f"plain_host_ms_per_step_outside_graphs{at}"] < row[f"fixed_host_ms_per_step_outside_graphs{at}"]
     assert row["compiles"] > 0 and row["recompiles_after_warmup"] == 0 and row["graph_breaks"] == 0
     table = (tmp_path / "host_overhead_cpu_quick.md").read_text()
     assert "the same per step at batch 2" in table and "per forward at batch 2" in table
+    assert "plain step host ms outside compiled calls" in table and "plain, at batch 2" in table
 
 
 def test_a_gpu_run_measures_on_the_gpu_in_bf16_under_the_name_the_cost_model_reads(monkeypatch):

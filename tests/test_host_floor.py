@@ -187,6 +187,32 @@ def test_a_large_eager_floor_makes_speculation_slower_than_plain_and_capture_win
     assert captured.speedup > 1.5
 
 
+def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_labelled_as_favouring_plain(
+        tmp_path: Path) -> None:
+    """A speculative step's forwards each pay a share of its host work (0.2 ms at 1 row here); a plain step's one
+    forward pays what a plain step measured (0.5 ms at 1 row, 0.9 at 8), in speculation against plain decoding and
+    in a tagging step (one draft forward a step). A result without the plain step charges the share and says that
+    favours plain decoding."""
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=1.0, outside_graphs_ms={1: 0.2, 8: 0.3},
+                                          plain_outside_ms={1: 0.5, 8: 0.9}))
+    eager = floors.of("eager")
+    assert eager.seconds(28, 8) == pytest.approx(0.0013)
+    assert eager.plain.seconds(28, 1) == pytest.approx(0.0015) and eager.plain.seconds(28, 8) == pytest.approx(0.0019)
+    assert "a plain step's host work around its forward, 0.5 ms per forward at 1 row to 0.9 at 8" in eager.plain.label
+    row = speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 8, 560, 0.6, eager)
+    assert row.plain_s_per_token == pytest.approx(forward_seconds(QWEN2_5_7B, H100, 8, 1, 560) + 0.0019)
+    drafts = sum(forward_seconds(QWEN2_5_1_5B, H100, 8, 1, 560 + i) for i in range(4))
+    verify = forward_seconds(QWEN2_5_7B, H100, 8, 5, 560, logits=5)
+    assert row.speculative_s_per_token == pytest.approx((drafts + verify + 5 * 0.0013) / 3.4)
+    assert STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s, host=eager) == pytest.approx(
+        STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s) + eager.plain.seconds(28, 8))
+    older = load_host_floors(host_result(tmp_path / "old.json", eager_ms=1.0, outside_graphs_ms=0.2)).of("eager")
+    assert older.plain.seconds(28, 1) == older.seconds(28, 1)
+    assert "a plain step's unmeasured: this favours plain decoding" in older.plain.label
+    bare = load_host_floors(host_result(tmp_path / "bare.json")).of("eager")  # eager rows only: no step work
+    assert bare.plain == bare
+
+
 def test_speculation_refuses_an_acceptance_outside_0_to_1(tmp_path: Path) -> None:
     floors = load_host_floors(host_result(tmp_path / "h.json"))
     with pytest.raises(CostInputError, match="acceptance"):

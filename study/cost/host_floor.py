@@ -18,8 +18,11 @@ of a batch of ``rows`` then takes
   ``cudagraph`` row where a GPU measured one, else the ``compile`` row (a CPU host's, named as such). Between
   the measured batches it is interpolated, beyond the largest extended along its last segment (per-row work
   grows linearly), below the smallest taken as the smallest's. A result without it (eager rows only) adds 0.
-  It is charged per forward, as a speculative step measured it: a plain step, one forward, pays a fifth of a
-  fixed-gamma-4 step's, which favours plain decoding.
+  A speculative step's forwards pay it per forward, as a fixed-gamma-4 step measured it; a plain step's one
+  forward pays what a plain step (gamma 0) measured (``plain_host_ms_per_step_outside_graphs``, ``..._at_8``,
+  ``..._at_32``; ``HostFloor.plain``): less than a speculative step's, more than its per-forward share. A result
+  from before the plain step was measured charges plain forwards the per-forward share, which favours plain
+  decoding, and says so.
 
 Two capture modes are projected:
 
@@ -55,8 +58,9 @@ BENCH_LAYERS = 28  # bench.host_overhead's depth (Qwen2.5-1.5B's and -7B's); a r
 BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 
 
-STEP_WORK_FIELD = "fixed_host_ms_per_forward_outside_graphs"  # at batch 1; ``_at_<rows>`` at other batches
-STEP_WORK_AT = re.compile(re.escape(STEP_WORK_FIELD) + r"_at_([1-9][0-9]*)")
+# per forward of a speculative step, per plain step (one forward): at batch 1; ``_at_<rows>`` at other batches
+STEP_WORK_FIELD = "fixed_host_ms_per_forward_outside_graphs"
+PLAIN_STEP_WORK_FIELD = "plain_host_ms_per_step_outside_graphs"
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class StepWork:
 
     points: tuple[tuple[int, float], ...] = ()
     source: str = ""
+    what: str = "a step's host work around its forwards"
 
     def ms(self, rows: int) -> float:
         """At ``rows`` rows: interpolated between the points; the first point's below them; beyond them along the
@@ -90,7 +95,7 @@ class StepWork:
         (first, first_ms), (last, last_ms) = self.points[0], self.points[-1]
         span = f"{first_ms:.3g} ms per forward at {first} row{'s' * (first != 1)}" + (
             f" to {last_ms:.3g} at {last}" if last != first else "")
-        return f"plus a step's host work around its forwards, {span} ({self.source})"
+        return f"plus {self.what}, {span} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,18 @@ class HostFloor:
     measured: bool
     source: str  # where it was measured, or why it was not
     per_layer: bool = True
-    step: StepWork = StepWork()
+    step: StepWork = StepWork()  # a speculative step's, per forward
+    plain_step: StepWork | None = None  # a plain step's (one forward); None: not measured, ``step`` stands in
+
+    @property
+    def plain(self) -> HostFloor:
+        """The floor of a plain step's one forward: the same forward's own, and the plain step's work around it
+        where it was measured (else a speculative step's per-forward share, which favours plain decoding, and the
+        label says so)."""
+        if self.plain_step is None:
+            why = "a speculative step's host work per forward (a plain step's unmeasured: this favours plain decoding)"
+            return replace(self, step=replace(self.step, what=why)) if self.step.points else self
+        return replace(self, step=self.plain_step)
 
     def seconds(self, layers: int | None, rows: int = 1) -> float:
         """The floor of one forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's
@@ -138,19 +154,25 @@ class HostFloors:
         return self.eager if capture == "eager" else self.captured
 
 
-def step_work(rows: dict[Any, dict], path: Path, where: str) -> StepWork:
-    """The step's host work per forward at each batch the ``cudagraph`` row (a GPU's) measured it, else the
-    ``compile`` row; none where neither has it (a result from before it was measured, or of eager rows only)."""
+def step_work(rows: dict[Any, dict], path: Path, where: str, field: str = STEP_WORK_FIELD) -> StepWork | None:
+    """The step's host work ``field`` (a speculative step's per forward, or a plain step's) at each batch the
+    ``cudagraph`` row (a GPU's) measured it, else the ``compile`` row; None where neither has it (a result from
+    before it was measured, or of eager rows only)."""
+    at = re.compile(re.escape(field) + r"_at_([1-9][0-9]*)")
     for mode in ("cudagraph", "compile"):
         row = rows.get(mode)
-        if row is None or row.get(STEP_WORK_FIELD) is None:
+        if row is None or row.get(field) is None:
             continue
-        points = {1: floor_value(row[STEP_WORK_FIELD], path, f"rows[mode={mode}].{STEP_WORK_FIELD}")}
+        points = {1: floor_value(row[field], path, f"rows[mode={mode}].{field}")}
         for key, value in row.items():
-            if (match := STEP_WORK_AT.fullmatch(str(key))) is not None:
+            if (match := at.fullmatch(str(key))) is not None:
                 points[int(match.group(1))] = floor_value(value, path, f"rows[mode={mode}].{key}")
-        return StepWork(tuple(sorted(points.items())), f"a {mode} step's host time outside its compiled calls, {where}")
-    return StepWork()
+        what = ("a plain step's host work around its forward" if field == PLAIN_STEP_WORK_FIELD
+                else "a step's host work around its forwards")
+        kind = "plain step" if field == PLAIN_STEP_WORK_FIELD else "step"
+        return StepWork(tuple(sorted(points.items())),
+                        f"a {mode} {kind}'s host time outside its compiled calls, {where}", what)
+    return None
 
 
 def unmeasured_captured_floor(why: str) -> HostFloor:
@@ -196,7 +218,8 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
     commit = str(env.get("commit"))[:12] + (" with uncommitted changes" if env.get("dirty") else "")
     where = f"measured on {env.get('device', 'an unnamed device')} ({path.name}, commit {commit})"
     rows = {row.get("mode"): row for row in result["rows"] if isinstance(row, dict)}
-    step = step_work(rows, path, where)
+    step = step_work(rows, path, where) or StepWork()
+    plain_step = step_work(rows, path, where, PLAIN_STEP_WORK_FIELD)
     floors = {}
     for capture in CAPTURES:
         mode = BENCH_MODE[capture]
@@ -208,8 +231,10 @@ def load_host_floors(path: str | Path | None = None) -> HostFloors:
         if row is None or (capture == "captured" and uncaptured):
             why = (f"{path.name} has no cudagraph row" if row is None else f"{path.name}'s cudagraph row left "
                    f"{uncaptured} graphs uncaptured, so it timed compile mode")
-            floors[capture] = replace(unmeasured_captured_floor(why), bench_layers=layers, step=step)
+            floors[capture] = replace(unmeasured_captured_floor(why), bench_layers=layers, step=step,
+                                      plain_step=plain_step)
             continue
         ms = floor_value(row.get("our_forward_ms"), path, f"rows[mode={mode}].our_forward_ms")
-        floors[capture] = HostFloor(capture, ms, layers, True, where, per_layer=capture == "eager", step=step)
+        floors[capture] = HostFloor(capture, ms, layers, True, where, per_layer=capture == "eager", step=step,
+                                    plain_step=plain_step)
     return HostFloors(floors["eager"], floors["captured"], path)

@@ -4,7 +4,8 @@ A speculative step at fixed ``gamma`` runs ``gamma`` one-token draft forwards an
 target over ``gamma + 1`` tokens per row (logits at each); at acceptance ``a`` (accepted / drafted, as the
 engine measures it) it yields ``1 + a x gamma`` tokens per row: the accepted drafts and the target's own
 token. Plain decoding runs one one-token target forward per token. Each forward is priced by the roofline
-plus the capture mode's host floor (``host_floor``), so
+plus the capture mode's host floor (``host_floor``: a speculative step's forwards each pay a share of its host
+work around them, a plain step's forward the plain step's), so
 
     speculative s per token = (gamma x draft forward + verify forward) / (1 + a x gamma)
     plain s per token       = target forward
@@ -60,6 +61,6 @@ def speculation_vs_plain(target: ModelFacts, draft: ModelFacts, device: Device, 
         raise CostInputError(f"gamma must be at least 1, got {gamma}")
     drafts = sum(forward_seconds(draft, device, batch, 1, context + i, host=host) for i in range(gamma))
     verify = forward_seconds(target, device, batch, gamma + 1, context, logits=gamma + 1, host=host)
-    plain = forward_seconds(target, device, batch, 1, context, host=host)
+    plain = forward_seconds(target, device, batch, 1, context, host=host.plain)
     return SpeculationRow(host.capture, batch, gamma, acceptance, (drafts + verify) / (1 + acceptance * gamma),
                           plain, host.measured)

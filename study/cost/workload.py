@@ -177,12 +177,13 @@ class Workload:
     def step_seconds(self, mode: Mode, batch: int, bandwidth_bytes_s: float, flops_s: float | None = None,
                      host: HostFloor | None = None) -> float:
         """Bytes over bandwidth; with ``flops_s`` and a shape, the longer of that and FLOPs over ``flops_s``; plus
-        ``host``'s floor at the draft's depth (the benchmark's depth without a shape)."""
+        ``host``'s floor at the draft's depth (the benchmark's depth without a shape): a plain step's, one draft
+        forward a step."""
         memory = self.step_bytes(mode, batch) / bandwidth_bytes_s
         flops = self.step_flops(mode, batch)
         roofline = memory if flops is None or flops_s is None else max(memory, flops / flops_s)
         layers = None if self.facts is None else self.facts.layers
-        return roofline + (0.0 if host is None else host.seconds(layers, batch))
+        return roofline + (0.0 if host is None else host.plain.seconds(layers, batch))
 
     def tagging_time(self, mode: Mode, batch: int, device: Device, host: HostFloor | None = None
                      ) -> TaggingTime | None:
