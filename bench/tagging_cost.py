@@ -28,7 +28,8 @@ differently (each run's summary target forwards and acceptance are in the table)
 controller out, so that the whole measure compares like with like.
 
 GPU projection: each run's recorded forwards replayed through the roofline (``study.cost.replay``) for the
-source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases. With
+source study's Qwen2.5-7B target and 1.5B draft in bf16 on every catalog GPU, priced by the same phases, each
+forward paying the captured (CUDA graphs) host floor of ``--host-overhead`` (default: the committed result). With
 ``--step-costs PATH`` (the table ``make gpu-check`` writes: bench/results/gpu_check_step_costs.json) one more row
 prices the decode forwards from those measured steps on the GPU they were measured on, its prefills by the roofline.
 
@@ -53,7 +54,16 @@ from bench.gpu_check.pairs import documents
 from sidecar import HASHTAGS, SidecarEngine, SidecarRequest, load_pair
 from sidecar.decoding.batch import stream_through
 from sidecar.runtime.ledger import ForwardRecord, Ledger
-from study.cost import GPU, CostInputError, StepCosts, find_gpu, load_catalog, load_step_costs
+from study.cost import (
+    GPU,
+    CostInputError,
+    HostFloor,
+    StepCosts,
+    find_gpu,
+    load_catalog,
+    load_host_floors,
+    load_step_costs,
+)
 from study.cost.replay import replay
 from study.cost.workload import QWEN2_5_1_5B, QWEN2_5_7B
 
@@ -141,8 +151,9 @@ def per_tag_token(seconds: float, run: dict) -> float:
 
 
 def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict,
-               steps: StepCosts | None = None) -> list[dict]:
-    """Projected ms per tag token on each catalog GPU, attributed and whole, for the study's 7B/1.5B in bf16; with
+               steps: StepCosts | None = None, host: HostFloor | None = None) -> list[dict]:
+    """Projected ms per tag token on each catalog GPU, attributed and whole, for the study's 7B/1.5B in bf16, each
+    roofline-priced forward paying ``host``'s floor (``study.cost.replay``: a step's host work once per step); with
     ``steps``, one more row on the GPU they were measured on, its decode forwards priced from them."""
     priced: list[tuple[GPU, StepCosts | None]] = [(gpu, None) for gpu in catalog.values()]
     if steps is not None:
@@ -153,12 +164,14 @@ def projection(sidecar: dict, plain: dict, standalone: dict, catalog: dict,
         priced.append((gpu, steps))
     rows = []
     for gpu, measured in priced:
-        side, base, alone = (replay(r["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu, measured)
+        side, base, alone = (replay(r["_forwards"], QWEN2_5_7B, QWEN2_5_1_5B, gpu, measured, host)
                              for r in (sidecar, plain, standalone))
+        roofline = "roofline" if host is None else f"roofline + {host.capture} host floor"
         attributed = sum(side.by_phase.get(p, 0.0) for p in TAG_PHASES)
         rows.append({
             "gpu": gpu.name,
-            "priced_by": side.source,
+            "priced_by": roofline if measured is None else f"{measured.source} for decode forwards, {roofline} "
+                                                           "for the rest",
             "sidecar_ms": 1000 * per_tag_token(attributed, sidecar),
             "standalone_ms": 1000 * per_tag_token(alone.seconds, standalone),
             "saving": 1 - per_tag_token(attributed, sidecar) / per_tag_token(alone.seconds, standalone),
@@ -173,12 +186,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fixed-gamma", action="store_true", help="gamma 4 in every run, no adaptive controller")
     parser.add_argument("--step-costs", metavar="PATH",
                         help="a step-cost table `make gpu-check` wrote: one more projection row priced from it")
+    parser.add_argument("--host-overhead", metavar="PATH",
+                        help="the host-overhead result whose captured floor each projected forward pays (default: "
+                             "the committed one, study.cost.host_floor's)")
     add_bench_arguments(parser)
     args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
     try:  # before any run: a bad table costs nothing
         steps = None if args.step_costs is None else load_step_costs(args.step_costs)
         if steps is not None and find_gpu(steps.device, load_catalog()) is None:
             raise CostInputError(f"{args.step_costs}: measured on {steps.device!r}, which is not in the GPU catalog")
+        host = load_host_floors(args.host_overhead).of("captured")
     except CostInputError as exc:
         parser.error(str(exc))
 
@@ -226,12 +243,12 @@ def main(argv: list[str] | None = None) -> dict:
               "sidecar_lines_match_ledger": abs(sum(sidecar["lines"].values()) - attributed) <= 0.01 * attributed,
               "charged_equals_measured": all(abs(r["charged_s"] - r["device_s"]) <= 0.01 * r["device_s"]
                                              for r in (sidecar, plain, standalone))}
-    gpus = projection(sidecar, plain, standalone, load_catalog(), steps)
+    gpus = projection(sidecar, plain, standalone, load_catalog(), steps, host)
     runs = {"sidecar": sidecar, "plain": plain, "plain_before": plain_before, "standalone": standalone}
     payload = {"environment": env, "args": vars(args), "set_on_command_line": overridden, "documents": source,
                "measured": measured, "checks": checks,
                "runs": {name: {k: v for k, v in r.items() if not k.startswith("_")} for name, r in runs.items()},
-               "gpu_projection": gpus}
+               "gpu_projection": gpus, "host_floor": host.label}
     print(payload["measured"], payload["checks"], flush=True)
 
     n = max(sidecar["tag_tokens"], 1), max(standalone["tag_tokens"], 1)
@@ -290,8 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
         f"and to the sidecar (its rows, its instruction, its share of the catch-up feed).\n\n{forwards}\n\n"
         f"**Projection, not a measurement**: each run's recorded forwards replayed through the roofline of "
         f"`study.cost` (`study/cost/replay.py`) for the source study's Qwen2.5-7B target and 1.5B draft in bf16 at "
-        f"their catalog peaks, at this run's batch; ms per tag token (a row priced by measured step costs, "
-        f"`--step-costs`, takes its decode forwards from them).\n\n{projected}")
+        f"their catalog peaks, at this run's batch, each forward paying the host floor of CUDA graphs "
+        f"(`study/cost/host_floor.py`; the host work around a step priced once per step): {host.label}. ms per "
+        f"tag token (a row priced by measured step costs, `--step-costs`, takes its decode forwards from them)."
+        f"\n\n{projected}")
     write_results(result_name(name, pair.device, args.pair, args.profile, pair.dtype), payload, markdown)
     return payload
 

@@ -9,7 +9,8 @@ import pytest
 
 from bench import common, tagging_cost
 from sidecar.runtime.ledger import ForwardRecord
-from study.cost import load_catalog, load_step_costs
+from study.cost import load_catalog, load_host_floors, load_step_costs
+from tests.host_overhead_results import host_result
 
 
 def test_the_quick_tagging_cost_benchmark_adds_up_and_its_verdict_follows_from_its_lines(
@@ -58,9 +59,9 @@ def test_measured_step_costs_price_one_more_projection_row_on_the_gpu_they_were_
                                            "ms": 2.0}]}))
     steps = load_step_costs(table)
     # a sidecar run of one draft decode step for 4 tag rows, and a standalone run of the same
-    tagging = [ForwardRecord("draft", "decode", 4, 4, 400, {"sidecar": 4}, 0.0)]
+    tagging = [ForwardRecord("draft", "decode", 4, 4, 400, {"sidecar": 4}, 0.0, step=1)]
     sidecar = {"_forwards": tagging, "tag_tokens": 4}
-    standalone = {"_forwards": [ForwardRecord("draft", "decode", 4, 4, 400, {"standalone": 4}, 0.0)],
+    standalone = {"_forwards": [ForwardRecord("draft", "decode", 4, 4, 400, {"standalone": 4}, 0.0, step=1)],
                   "tag_tokens": 4}
     plain = {"_forwards": [], "tag_tokens": 0}
     catalog = load_catalog()
@@ -70,6 +71,14 @@ def test_measured_step_costs_price_one_more_projection_row_on_the_gpu_they_were_
     assert roofline["priced_by"] == "roofline" and measured["priced_by"].startswith("measured on NVIDIA H200")
     assert measured["sidecar_ms"] == pytest.approx(2.0 / 4) and measured["standalone_ms"] == pytest.approx(2.0 / 4)
     assert roofline["sidecar_ms"] != pytest.approx(measured["sidecar_ms"])
+    # with a host floor each roofline-priced forward pays it (its own 0.1 ms and 0.3 ms of step work, a plain step's:
+    # one forward a step); a forward priced from measured costs does not
+    host = load_host_floors(host_result(tmp_path / "h.json", cudagraph_ms=0.1, outside_graphs_ms=0.2,
+                                        plain_outside_ms={1: 0.3})).of("captured")
+    floored = tagging_cost.projection(sidecar, plain, standalone, catalog, steps, host)
+    assert floored[-2]["priced_by"] == "roofline + captured host floor"
+    assert floored[-2]["sidecar_ms"] == pytest.approx(roofline["sidecar_ms"] + 0.4 / 4)
+    assert floored[-1]["sidecar_ms"] == pytest.approx(measured["sidecar_ms"])
 
 
 def test_a_step_cost_table_that_cannot_be_used_stops_the_benchmark_before_it_runs(

@@ -171,6 +171,28 @@ def test_a_replayed_roofline_forward_pays_the_floor(tmp_path: Path) -> None:
     assert "eager" in eager.source
 
 
+def test_a_replay_prices_the_host_work_around_each_step_once_by_its_forwards(tmp_path: Path) -> None:
+    """A step of five forwards pays five shares of a speculative step's work (0.2 ms each at 2 rows), a step of one
+    forward a plain step's (0.5 ms), each shared equally by the step's forwards and charged to the phases by their
+    tokens; a record naming no step pays the share per forward; each forward pays its own floor too."""
+    floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=1.0, outside_graphs_ms=0.2,
+                                          plain_outside_ms={1: 0.5}))
+    eager = floors.of("eager")
+
+    def record(model: str, step: int | None, phase: str = "main") -> ForwardRecord:
+        return ForwardRecord(model, "decode", 2, 2 if model == "draft" else 10, 1000, {phase: 2}, 0.0, step)
+
+    speculative = [record("draft", 1) for _ in range(4)] + [record("target", 1)]
+    plain = [record("draft", 2, "sidecar")]
+    bare = replay([*speculative, *plain], QWEN2_5_7B, QWEN2_5_1_5B, H100)
+    floored = replay([*speculative, *plain], QWEN2_5_7B, QWEN2_5_1_5B, H100, host=eager)
+    assert floored.decode_s == pytest.approx(bare.decode_s + 6 * 0.001 + 5 * 0.0002 + 0.0005)
+    assert floored.by_phase["sidecar"] == pytest.approx(bare.by_phase["sidecar"] + 0.001 + 0.0005)
+    unnamed = replay([record("draft", None)], QWEN2_5_7B, QWEN2_5_1_5B, H100, host=eager)
+    assert unnamed.decode_s == pytest.approx(replay([record("draft", None)], QWEN2_5_7B, QWEN2_5_1_5B, H100).decode_s
+                                             + 0.001 + 0.0002)
+
+
 def test_a_large_eager_floor_makes_speculation_slower_than_plain_and_capture_wins_it_back(tmp_path: Path) -> None:
     floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=8.0, cudagraph_ms=0.0))
     # the issue's figures: acceptance 0.6 at gamma 4 gives 3.4 tokens a step

@@ -120,6 +120,24 @@ def test_a_chain_of_forwards_timed_as_one_is_charged_as_that_many_equal_forwards
     assert [r.context for r in ledger.records] == [30, 32, 34]
 
 
+def test_a_decode_steps_forwards_name_their_step_and_a_prefill_none(tiny, ledgers) -> None:
+    """Each decode step's records share its number, one target forward and the draft's (a fixed gamma of 3 without
+    prompt lookup: up to 3 each), the steps numbered in order; prefills name none. ``study.cost.replay`` prices
+    the host work around a step once by it."""
+    prompts = random_prompts(tiny, [5, 17, 9], seed=3)
+    SpeculativeDecoder(tiny, gamma=3, adaptive=False, prompt_lookup=False).generate(prompts, max_new_tokens=12,
+                                                                                    batch_size=2)
+    records = [r for ledger in ledgers for r in ledger.records]
+    assert {r.step for r in records if r.kind == "prefill"} == {None}
+    decode = [r for r in records if r.kind == "decode"]
+    steps = sorted({r.step for r in decode})
+    assert None not in steps and steps == list(range(1, len(steps) + 1)), "steps numbered in order, from 1"
+    assert [r.step for r in decode] == sorted(r.step for r in decode)
+    for step in steps:
+        models = [r.model for r in decode if r.step == step]
+        assert models.count("target") == 1 and 1 <= models.count("draft") <= 3, (step, models)
+
+
 @pytest.mark.parametrize("schedule", ["static", "continuous"])
 def test_a_decode_charges_every_forward_to_its_rows(tiny, ledgers, schedule: str) -> None:
     prompts = random_prompts(tiny, [5, 17, 9, 30, 12, 7], seed=3)

@@ -105,6 +105,7 @@ class StepRunner:
         """Execute ``plan`` on the pools' caches (its rows in slot order); ``pending_ids`` [B_t] are the target
         rows' pending tokens, on the device."""
         device = self.pair.device
+        self.ledger.begin_step()
         target_rows, draft_rows, drafting = plan.target_rows, plan.draft_rows, plan.drafting
         # draft forwards: [B_d, n] tokens, [B_d, n, V] draft probabilities when a drafting row samples
         draft_ids = torch.zeros(len(draft_rows), 0, dtype=torch.long, device=device)

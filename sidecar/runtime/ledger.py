@@ -110,6 +110,7 @@ class ForwardRecord:
     context: int  # KV columns the rows attend to after the forward, summed over rows
     tokens: dict[str, float]  # real tokens by the label of the accounts they were charged to
     seconds: float
+    step: int | None = None  # the decode step it ran in (``Ledger.begin_step``); None: a prefill, or not known
 
 
 class Ledger:
@@ -126,6 +127,12 @@ class Ledger:
         self.measured_seconds = 0.0
         self.charged_seconds = 0.0
         self.charged_by_label: dict[str, float] = {}  # seconds charged per account label, over every forward
+        self.steps = 0  # decode steps begun: a decode forward's record names the step it ran in
+
+    def begin_step(self) -> None:
+        """A decode step begins: its forwards' records share its number, so a replay can price the host work
+        around a step once (``study.cost.replay``)."""
+        self.steps += 1
 
     @contextmanager
     def forward(self, model: Model, kind: Kind, rows: int, charges: Sequence[Charge], padded_tokens: int,
@@ -139,6 +146,7 @@ class Ledger:
         plus the tokens it wrote."""
         charges = list(charges)
         tokens = sum(c.tokens for c in charges)  # one forward's: each of a chain's writes as many
+        step = self.steps if kind == "decode" and self.steps else None  # now: on a GPU it settles after the step
 
         def settle_all(seconds: float) -> None:
             for k in range(forwards):
@@ -155,7 +163,7 @@ class Ledger:
             by_label: dict[str, float] = {}
             for c in charges:
                 by_label[c.label] = by_label.get(c.label, 0.0) + c.tokens
-            self.records.append(ForwardRecord(model, kind, rows, padded_tokens, context, by_label, seconds))
+            self.records.append(ForwardRecord(model, kind, rows, padded_tokens, context, by_label, seconds, step))
             if also is not None:
                 also(seconds)
 

@@ -125,9 +125,18 @@ class HostFloor:
 
     def seconds(self, layers: int | None, rows: int = 1) -> float:
         """The floor of one forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's
-        depth)."""
-        own = self.ms if not self.per_layer or layers is None else self.ms * layers / self.bench_layers
-        return (own + self.step.ms(rows)) / 1000
+        depth): its own and its share of the step's work."""
+        return self.own_seconds(layers) + self.step.ms(rows) / 1000
+
+    def own_seconds(self, layers: int | None) -> float:
+        """A forward's own host cost, without the step's work around it."""
+        return (self.ms if not self.per_layer or layers is None else self.ms * layers / self.bench_layers) / 1000
+
+    def step_seconds(self, rows: int, forwards: int) -> float:
+        """The host work around one step of ``forwards`` forwards over ``rows`` rows: that many shares of a
+        speculative step's, and never less than a plain step's (one forward; the share where it is unmeasured)."""
+        plain = (self.plain_step or self.step).ms(rows)
+        return max(plain, forwards * self.step.ms(rows)) / 1000
 
     @property
     def label(self) -> str:

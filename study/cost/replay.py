@@ -12,8 +12,11 @@ With ``steps`` (``step_costs.load_step_costs``: forwards the GPU check timed) a 
 is priced from it instead: a target's as a verify of its width, a draft's one-token step as a draft step; a
 prefill, and what the table lacks, stays on the roofline. ``ReplayTime.source`` says which priced it.
 
-With ``host`` (``host_floor``) every roofline-priced forward also pays that capture mode's host floor at its
-model's depth and its rows; a forward priced from measured step costs does not: its host cost was in what was timed.
+With ``host`` (``host_floor``) every roofline-priced forward also pays that capture mode's host floor: its own
+at its model's depth, and the host work around its step, priced once per step (``HostFloor.step_seconds``, at the
+step's rows and forwards: a step of one forward pays a plain step's) and shared equally by the step's forwards; a
+prefill, or a forward whose record names no step, pays a speculative step's share per forward at its rows. A
+forward priced from measured step costs pays none: its host cost was in what was timed.
 """
 
 from __future__ import annotations
@@ -56,14 +59,29 @@ def measured_key(record: ForwardRecord, steps: StepCosts) -> tuple[str, str, int
 
 
 def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, device: Device,
-                 host: HostFloor | None = None) -> float:
+                 host: HostFloor | None = None, step_share: float | None = None) -> float:
     """The roofline time of one recorded forward, for a target and draft of sizes ``target``/``draft``, plus
-    ``host``'s floor."""
+    ``host``'s floor: the forward's own and ``step_share`` of its step's work (None: a speculative step's share
+    per forward at its rows)."""
     facts = target if record.model == "target" else draft
     rows = max(record.rows, 1)
     width = max(round(record.padded_tokens / rows), 1)
     logits = width if record.model == "target" and record.kind == "decode" else 1
-    return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits, host=host)
+    if host is None or step_share is None:
+        return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits, host=host)
+    return (forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
+            + host.own_seconds(facts.layers) + step_share)
+
+
+def step_shares(records: list[ForwardRecord], host: HostFloor) -> dict[int, float]:
+    """Per decode step the records name, each of its forwards' equal share of the host work around it, at the
+    step's rows (its widest forward's) and forwards."""
+    steps: dict[int, list[ForwardRecord]] = {}
+    for record in records:
+        if record.kind == "decode" and record.step is not None:
+            steps.setdefault(record.step, []).append(record)
+    return {step: host.step_seconds(max(max(r.rows, 1) for r in forwards), len(forwards)) / len(forwards)
+            for step, forwards in steps.items()}
 
 
 def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFacts, device: Device,
@@ -74,10 +92,13 @@ def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFac
     by_phase: dict[str, float] = {}
     forwards = {"target": 0, "draft": 0}
     measured = 0
+    records = list(records)
+    shares = {} if host is None else step_shares(records, host)
     for record in records:
         key = None if steps is None else measured_key(record, steps)
         if key is None:
-            time = forward_time(record, target, draft, device, host)
+            share = shares.get(record.step) if record.kind == "decode" and record.step is not None else None
+            time = forward_time(record, target, draft, device, host, share)
         else:
             time = steps.seconds(*key, max(record.rows, 1))
             measured += 1
