@@ -37,6 +37,7 @@ def test_the_quick_benchmark_compares_both_schedules_and_hf_on_identical_outputs
     gpus = payload["gpu_projection"]
     assert [g["gpu"] for g in gpus] == list(load_catalog())
     assert all(g["static_tps"] > 0 and g["continuous_tps"] > 0 for g in gpus)
+    assert payload["host_floor"].startswith("captured (CUDA graphs)")  # each projected forward pays it
     written = json.loads((results / "continuous_cpu_tiny_quick.json").read_text())
     assert written["identity"] == payload["identity"]
     assert "Projection, not a measurement" in (results / "continuous_cpu_tiny_quick.md").read_text()
