@@ -235,6 +235,14 @@ def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     return args
 
 
+def add_host_overhead_argument(parser: argparse.ArgumentParser) -> None:
+    """``--host-overhead``: the host-overhead result whose captured floor a benchmark's GPU projection charges
+    (``study.cost.host_floor``)."""
+    parser.add_argument("--host-overhead", metavar="PATH",
+                        help="the host-overhead result whose captured floor each projected forward pays (default: "
+                             "the committed one, study.cost.host_floor's)")
+
+
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """The sizes of a benchmark over one stream of articles; each left unset comes from its profile."""
     parser.add_argument("--pair", help="default: qwen-coder-small (tiny with --quick)")

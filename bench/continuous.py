@@ -41,6 +41,7 @@ import torch
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
+    add_host_overhead_argument,
     add_stream_arguments,
     environment,
     markdown_table,
@@ -183,9 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_stream_arguments(parser)
     parser.add_argument("--skip-hf", action="store_true", help="skip HF plain batched generate")
-    parser.add_argument("--host-overhead", metavar="PATH",
-                        help="the host-overhead result whose captured floor each projected forward pays (default: "
-                             "the committed one, study.cost.host_floor's)")
+    add_host_overhead_argument(parser)
     add_bench_arguments(parser)
     args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
     try:  # before any run: a bad result costs nothing

@@ -43,6 +43,7 @@ import argparse
 from bench.common import (
     Stopwatch,
     add_bench_arguments,
+    add_host_overhead_argument,
     add_stream_arguments,
     environment,
     markdown_table,
@@ -186,9 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fixed-gamma", action="store_true", help="gamma 4 in every run, no adaptive controller")
     parser.add_argument("--step-costs", metavar="PATH",
                         help="a step-cost table `make gpu-check` wrote: one more projection row priced from it")
-    parser.add_argument("--host-overhead", metavar="PATH",
-                        help="the host-overhead result whose captured floor each projected forward pays (default: "
-                             "the committed one, study.cost.host_floor's)")
+    add_host_overhead_argument(parser)
     add_bench_arguments(parser)
     args, overridden, sizes = parse_sized_args(parser, argv, SIZES)
     try:  # before any run: a bad table costs nothing
