@@ -161,7 +161,8 @@ def roofline_command(
     else:
         raise CostInputError("give exactly one of --gpu and --bandwidth-tbs")
     rows = roofline_table(workload, bandwidth, batch_sizes, usd_per_hour, flops_s, host)
-    hardware += "; " + ("no host floor (the bare roofline; --capture adds one)" if host is None else host.label)
+    # a tagging decode step is one forward: it pays a plain step's host work (``HostFloor.plain``)
+    hardware += "; " + ("no host floor (the bare roofline; --capture adds one)" if host is None else host.plain.label)
 
     if as_json:
         typer.echo(json.dumps([asdict(row) for row in rows], indent=2))
@@ -288,7 +289,8 @@ def speculation_command(
     from rich.table import Table
 
     table = Table(title=f"Qwen2.5-7B/1.5B, gamma {gamma}, acceptance {acceptance:g}: speculative vs plain ms per "
-                  f"token; {floors.eager.label}; {floors.captured.label}")
+                  f"token; {floors.eager.label}; {floors.captured.label}; a plain forward pays "
+                  f"{floors.captured.plain.step.label.removeprefix('plus ') or 'no step work'} instead")
     for header in ("GPU", "capture", "batch", "plain ms/token", "speculative ms/token", "speedup"):
         table.add_column(header, justify="right")
     for name, row in rows:

@@ -280,3 +280,4 @@ def test_the_cli_says_where_eager_speculation_loses(tmp_path: Path) -> None:
     table = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
                                 "--host-overhead", floors])
     assert "slower" in table.stdout and "lower bound" in table.stdout
+    assert "a plain forward pays no step work instead" in " ".join(table.stdout.split())  # eager rows only

@@ -149,7 +149,7 @@ def _cost_rows(data: ReportData) -> list[dict[str, Any]]:
                     "usd_per_mtok": tag_usd_per_million(r),
                     "source": "projected",
                     "run_id": None,
-                    "note": f"roofline of {modelled} in {data.capture.captured.label}, tagging phase: "
+                    "note": f"roofline of {modelled} in {data.capture.captured.plain.label}, tagging phase: "
                     + (("prefill and decode steps" + ("" if r.mode == "standalone" else " and instruction line"))
                        if r.tag_tokens_per_s is not None else "decode steps only"),
                     "timed_by": "roofline",
