@@ -16,6 +16,7 @@ from study.cost import (
     STUDY_WORKLOAD,
     CostInputError,
     Peaks,
+    decode_step_seconds,
     forward_seconds,
     get_gpu,
     load_catalog,
@@ -226,6 +227,7 @@ def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_
     drafts = sum(forward_seconds(QWEN2_5_1_5B, H100, 8, 1, 560 + i) for i in range(4))
     verify = forward_seconds(QWEN2_5_7B, H100, 8, 5, 560, logits=5)
     assert row.speculative_s_per_token == pytest.approx((drafts + verify + 5 * 0.0013) / 3.4)
+    assert decode_step_seconds(QWEN2_5_7B, H100, 8, 560, host=eager) == pytest.approx(row.plain_s_per_token)
     assert STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s, host=eager) == pytest.approx(
         STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s) + eager.plain.seconds(28, 8))
     older = load_host_floors(host_result(tmp_path / "old.json", eager_ms=1.0, outside_graphs_ms=0.2)).of("eager")

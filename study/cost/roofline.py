@@ -107,5 +107,6 @@ def prefill_seconds(facts: ModelFacts, device: Device, batch: int, tokens: int, 
 
 def decode_step_seconds(facts: ModelFacts, device: Device, batch: int, context: float,
                         host: HostFloor | None = None) -> float:
-    """One decode step: one new token for each of ``batch`` rows whose caches hold ``context`` entries."""
-    return forward_seconds(facts, device, batch, 1, context, host=host)
+    """One decode step: one new token for each of ``batch`` rows whose caches hold ``context`` entries (one
+    forward: with ``host``, a plain step's floor, ``HostFloor.plain``)."""
+    return forward_seconds(facts, device, batch, 1, context, host=None if host is None else host.plain)
