@@ -823,3 +823,20 @@ def test_full_queue_is_503_and_the_server_recovers(tiny, monkeypatch) -> None:
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded"
         release.set()
         assert running.result().status_code == 200 and queued.result().status_code == 200
+
+
+@pytest.mark.servers
+def test_a_server_at_gamma_zero_decodes_plainly_with_its_sidecars(tiny) -> None:
+    """``sidecar serve --gamma 0``: the main text is the target's greedy answer, decoded without drafts, and the
+    sidecar tasks still run on the draft, as at gamma 4; ``/metrics`` serves."""
+    document = "The city council approved a new budget after a long debate about schools and roads."
+    bodies, engines = [], [SidecarEngine(tiny, gamma=gamma) for gamma in (0, 4)]
+    for engine in engines:
+        with inprocess_server(engine, ServerConfig(model_name="tiny")) as url:
+            client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+            response = ask(client, document, max_tokens=16, extra_body={"sidecars": [TAGS_SPEC]})
+            bodies.append((response.choices[0].message.content,
+                           response.model_extra["sidecars"]["hashtags"]["text"]))
+            assert httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).status_code == 200
+    assert bodies[0] == bodies[1]
+    assert set(engines[0].decoder.controller.decisions) == {(0, "draft")}  # every step plain
