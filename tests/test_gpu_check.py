@@ -70,9 +70,10 @@ def test_the_tiny_cpu_check_runs_every_part_and_writes_its_results(bench_results
     # the pair's parts run in the engine's capture mode, named as its dtype is
     assert tiny["capture"] == "eager (SIDECAR_CAPTURE=eager)" and f"capture mode {tiny['capture']}; on cpu" in md
     assert md.strip().splitlines()[-1] == common.provenance(written["environment"])
-    # the capture-mode part on its small random pair: plain and speculative rows, each naming its mode
+    # the capture-mode part on its small random pair: plain, speculative and the engine's plain rows, each naming
+    # its mode
     assert [(r["mode"], r["decoding"], r["batch"]) for r in written["capture"]["rows"]] == [
-        ("eager", "plain", 1), ("eager", "speculative γ=4", 1), ("eager", "plain", 2), ("eager", "speculative γ=4", 2)]
+        ("eager", decoding, batch) for batch in (1, 2) for decoding in ("plain", "speculative γ=4", "plain (engine)")]
     assert "| eager | speculative γ=4 | 2 |" in md and "| eager | plain | 2 |" in md
 
 
@@ -484,6 +485,6 @@ def test_the_check_runs_on_the_stock_gpu_image_without_the_services_packages(tmp
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     # the step costs too: a draft step and a verify at each gamma 0-4 of both models at batches 1 and 2; and the
-    # capture modes: plain, then speculative, at batches 1 and 2
+    # capture modes: plain, speculative and the engine's plain, at batches 1 and 2
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"errors": [], "pairs": 1, "step_costs": 24,
-                                                                "capture": 4}
+                                                                "capture": 6}

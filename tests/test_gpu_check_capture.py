@@ -62,14 +62,20 @@ def test_eager_and_compiled_modes_are_measured_counted_and_reported(bench_result
     c = payload["capture"]
     assert c["pair"] == SMALL_NAME and c["peak_bandwidth_gb_s"] == "unknown"  # a CPU is in no GPU catalog
     rows = {(r["mode"], r["decoding"], r["batch"]): r for r in c["rows"]}
-    assert set(rows) == {(m, d, 1) for m in ("eager", "compile") for d in ("plain", "speculative γ=2")}
+    assert set(rows) == {(m, d, 1) for m in ("eager", "compile")
+                         for d in ("plain", "speculative γ=2", part.ENGINE_PLAIN)}
     for (mode, decoding, _), row in rows.items():
         assert row["tokens_per_s"] > 0
         if decoding == "plain":
             assert row["bandwidth_share"] == "unknown"
         else:
             assert row["vs_plain"] > 0 and row["rows_identical_to_plain"] == 1  # fp32 greedy: plain's tokens
+        if decoding == part.ENGINE_PLAIN:  # gamma 0: one token per target forward, and no speculation to compare
+            assert row["tokens_per_step"] == 1 and "vs_engine_plain" not in row
+        elif decoding != "plain":
             assert row["tokens_per_step"] > 1  # the draft agrees on most tokens
+            assert row["vs_engine_plain"] == pytest.approx(
+                row["tokens_per_s"] / rows[mode, part.ENGINE_PLAIN, 1]["tokens_per_s"])
         assert ("vs_eager" in row) == (mode == "compile")
     eager, compiled = c["modes"]
     assert eager["mode"] == "eager" and eager["compiles"] == 0
@@ -145,12 +151,13 @@ def test_a_pair_out_of_memory_gives_way_to_the_next_smaller(monkeypatch) -> None
     result = part.capture_modes("full", ["eager"], [1], 4, 2, CPU, torch.float32, Deadline.after(120))
     assert built == list(part.FULL_PAIRS) and result["pair"] == built[1]
     assert result["skipped_pairs"] == {built[0]: "out of memory (CUDA out of memory. Tried to allocate 1.00 GiB)"}
-    assert [r["decoding"] for r in result["rows"]] == ["plain", "speculative γ=2"]
+    assert [r["decoding"] for r in result["rows"]] == ["plain", "speculative γ=2", part.ENGINE_PLAIN]
 
 
 def test_a_spent_deadline_skips_the_runs_and_says_so() -> None:
     result = part.capture_modes("small", ["eager"], [1, 2], 4, 2, CPU, torch.float32, Deadline.after(-1))
-    assert [r["skipped"] for r in result["rows"]] == ["skipped: deadline reached"] * 4  # plain, speculative, each batch
+    # plain, speculative and the engine's plain, each batch
+    assert [r["skipped"] for r in result["rows"]] == ["skipped: deadline reached"] * 6
     assert set(result["goals"].values()) == {"not measured"}
 
 
@@ -180,7 +187,7 @@ def test_a_graph_left_uncaptured_fails_the_check_with_inductors_reason() -> None
 
 
 def test_a_shape_first_seen_after_warm_up_is_counted_and_fails_the_check(monkeypatch) -> None:
-    real = part.speculative_decode
+    real = part.engine_decode
     calls = []
 
     def longer_limit_in_the_timed_run(decoder, prompt, tokens, batch):
@@ -189,25 +196,26 @@ def test_a_shape_first_seen_after_warm_up_is_counted_and_fails_the_check(monkeyp
         # capacity), a shape the warm-up never ran
         return real(decoder, prompt, tokens + 256 * (len(calls) == 2), batch)
 
-    monkeypatch.setattr(part, "speculative_decode", longer_limit_in_the_timed_run)
+    monkeypatch.setattr(part, "engine_decode", longer_limit_in_the_timed_run)
     result = part.capture_modes("small", ["compile"], [1], 6, 2, CPU, torch.float32, Deadline.after(600))
     [compiled] = result["modes"]
-    assert calls == [1, 1, 1] and compiled["recompiles_after_warmup"] >= 1 and compiled["graph_breaks"] == 0
+    # the speculative rows' warm-up and two timed runs, then the engine's plain rows'
+    assert calls == [1] * 6 and compiled["recompiles_after_warmup"] >= 1 and compiled["graph_breaks"] == 0
     assert result["failed"] == [f"compile: {compiled['recompiles_after_warmup']} recompiles after warmup"]
     assert errors({"pairs": [], "capture": result}) == [f"capture modes: {result['failed'][0]}"]
 
 
 def test_a_batch_out_of_memory_is_skipped_and_says_so_while_the_others_run(monkeypatch) -> None:
-    real = part.speculative_decode
+    real = part.engine_decode
 
     def batch_two_does_not_fit(decoder, prompt, tokens, batch):
         if batch == 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(decoder, prompt, tokens, batch)
 
-    monkeypatch.setattr(part, "speculative_decode", batch_two_does_not_fit)
+    monkeypatch.setattr(part, "engine_decode", batch_two_does_not_fit)
     result = part.capture_modes("small", ["eager"], [1, 2, 3], 4, 2, CPU, torch.float32, Deadline.after(120))
-    one, two, three = [r for r in result["rows"] if r["decoding"] != "plain"]
+    one, two, three = [r for r in result["rows"] if r["decoding"].startswith("speculative")]
     assert two["skipped"] == "skipped: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)"
     assert one["tokens_per_s"] > 0 and three["tokens_per_s"] > 0 and result["failed"] == []
 

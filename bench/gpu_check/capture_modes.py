@@ -15,7 +15,11 @@ warm-up run of every shape (where compiles and CUDA graph captures happen), the 
   of identical rows at each of ``--capture-batches`` (so every row accepts alike and the step's shapes stay
   those of the warm-up), ``--max-new-tokens`` tokens each; tokens/s of the decode phase (prefill excluded, as
   in plain), its ratio to plain at the same batch in the same mode, captured over eager at the same batch, and
-  how many rows wrote exactly plain decoding's tokens (greedy: all of them). Each run is a ``generate`` call as
+  how many rows wrote exactly plain decoding's tokens (greedy: all of them);
+* plain (engine): the same engine at gamma 0 (``ENGINE_PLAIN``), likewise: plain decoding with the engine's step
+  work around each forward (planning, the step's one read, bookkeeping), so its ratio to plain is what that work
+  costs on this device, and speculation's ratio to it (``vs_engine_plain``) compares like with like; the goal
+  is read against the loop above, the faster plain. Each run is a ``generate`` call as
   a user makes it: its KV caches are those the warm-up run gave back (``sidecar.runtime.pools``), so in
   cudagraph mode the timed runs replay the graphs the warm-up captured over their addresses; the warm-up
   compiles greedy chains only (``set_sampled``);
@@ -71,6 +75,7 @@ PLAIN_WARMUP_TOKENS = 4
 TIMED_RUNS = 2  # after the warm-up; the fastest counts (a host's other work only ever slows a run)
 GOAL_BANDWIDTH = 0.70
 GOAL_SPECULATION = 1.5
+ENGINE_PLAIN = "plain (engine)"
 
 
 def default_modes(device: torch.device) -> list[str]:
@@ -135,8 +140,9 @@ def shapes_to_compile(pair: ModelPair, batch: int, compiled: set[int]) -> int:
     return per_bucket * len(set(batch_buckets(batch)) - compiled)
 
 
-def speculative_decode(decoder: SpeculativeDecoder, prompt: list[int], tokens: int, batch: int) -> dict:
-    """``batch`` identical rows in one static batch: decode-phase tokens/s and acceptance."""
+def engine_decode(decoder: SpeculativeDecoder, prompt: list[int], tokens: int, batch: int) -> dict:
+    """``batch`` identical rows in one static batch through the engine (speculative, or plain at gamma 0):
+    decode-phase tokens/s and acceptance."""
     outs = decoder.generate([prompt] * batch, max_new_tokens=tokens, batch_size=batch, schedule="static")
     stats = [o.stats for o in outs]
     decoded = sum(s.new_tokens - 1 for s in stats)  # the first token comes from the prefill
@@ -156,6 +162,10 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
         torch.cuda.empty_cache()
     before = memory(device)
     decoder = SpeculativeDecoder(pair, gamma=gamma, adaptive=False, prompt_lookup=False, capture=mode)
+    # gamma 0, from the start: its widths join the warm-ups' (the target's plain width is the speculative one's, so
+    # it compiles nothing of its own; the draft's catch-up width is warmed though no row here needs it) and its
+    # runs take the caches the speculative ones gave back (one capacity bucket: 4 columns fewer)
+    engine_plain = SpeculativeDecoder(pair, gamma=0, adaptive=False, prompt_lookup=False)
     set_sampled(pair.draft, False)  # greedy rows only: the sampled chains would compile for nothing
     # rows end at EOS before their limit, so no step narrows near a limit: the warm-up's shapes are the run's
     prompt = prompt_for(pair, PROMPT_TOKENS, tokens)
@@ -164,7 +174,7 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
     rows: list[dict] = []
     after_warmup = 0  # compiles and recompiles of the timed runs
     seconds_at: dict[tuple[str, int], float] = {}  # (decoding, batch) -> a timed run's seconds
-    compiled: set[int] = set()  # the batch buckets the speculative warm-ups compiled
+    compiled: set[int] = set()  # the batch buckets the engine's warm-ups compiled
 
     def compile_estimate(new_shapes: int) -> float:
         counts = counters(pair)
@@ -203,35 +213,36 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
                 torch.cuda.empty_cache()
         rows.append(row)
         plain = row
-        row = {"mode": mode, "decoding": f"speculative γ={gamma}", "batch": batch}
-        estimate = ((1 + TIMED_RUNS) * run_estimate(row["decoding"], batch)
-                    + compile_estimate(shapes_to_compile(pair, batch, compiled)))
-        if reason := deadline.skip_reason(estimate):
-            row["skipped"] = reason
+        for name, engine in ((f"speculative γ={gamma}", decoder), (ENGINE_PLAIN, engine_plain)):
+            row = {"mode": mode, "decoding": name, "batch": batch}
+            estimate = ((1 + TIMED_RUNS) * run_estimate(name, batch)
+                        + compile_estimate(shapes_to_compile(pair, batch, compiled)))
+            if reason := deadline.skip_reason(estimate):
+                row["skipped"] = reason
+                rows.append(row)
+                continue
+            warm = None
+            try:
+                engine_decode(engine, prompt, limit, batch)  # warm-up: compiles and captures happen here
+                compiled |= set(batch_buckets(batch))
+                warm = compile_events(counters(pair))
+                began = time.perf_counter()
+                run = max((engine_decode(engine, prompt, limit, batch) for _ in range(TIMED_RUNS)),
+                          key=lambda run: run["tokens_per_s"])
+            except torch.cuda.OutOfMemoryError as exc:  # a larger batch than the device holds: a limit, not a fault
+                row["skipped"] = f"skipped: out of memory ({str(exc).splitlines()[0][:160]})"
+                rows.append(row)
+                gc.collect()
+                torch.cuda.empty_cache()
+                continue
+            finally:
+                if warm is not None:
+                    after_warmup += compile_events(counters(pair)) - warm
+            seconds_at[name, batch] = (time.perf_counter() - began) / TIMED_RUNS
+            row |= run
+            if "tokens" in plain:  # greedy: every row writes what plain decoding wrote
+                row["rows_identical_to_plain"] = sum(r[:tokens] == plain["tokens"] for r in run["rows"])
             rows.append(row)
-            continue
-        warm = None
-        try:
-            speculative_decode(decoder, prompt, limit, batch)  # warm-up: compiles and captures happen here
-            compiled |= set(batch_buckets(batch))
-            warm = compile_events(counters(pair))
-            began = time.perf_counter()
-            run = max((speculative_decode(decoder, prompt, limit, batch) for _ in range(TIMED_RUNS)),
-                      key=lambda run: run["tokens_per_s"])
-        except torch.cuda.OutOfMemoryError as exc:  # a larger batch than the device holds: a limit, not a fault
-            row["skipped"] = f"skipped: out of memory ({str(exc).splitlines()[0][:160]})"
-            rows.append(row)
-            gc.collect()
-            torch.cuda.empty_cache()
-            continue
-        finally:
-            if warm is not None:
-                after_warmup += compile_events(counters(pair)) - warm
-        seconds_at[row["decoding"], batch] = (time.perf_counter() - began) / TIMED_RUNS
-        row |= run
-        if "tokens" in plain:  # greedy: every row writes what plain decoding wrote
-            row["rows_identical_to_plain"] = sum(r[:tokens] == plain["tokens"] for r in run["rows"])
-        rows.append(row)
     counts = counters(pair)
     result = {"mode": mode, "reason": pair.capture_reason, "rows": rows,
               "compiles": sum(c["compiles"] for c in counts.values()),
@@ -243,7 +254,7 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
               "compile_seconds": sum(c["compile_seconds"] for c in counts.values())}
     # what is still held once the decoder and its caches are gone and the allocator's free blocks are returned:
     # the graphs' pools and static buffers (eager: about nothing, the baseline)
-    del decoder
+    del decoder, engine_plain
     release_free()  # the KV caches kept for the next batches are not the graphs'
     gc.collect()
     if device.type == "cuda":
@@ -255,12 +266,14 @@ def measure_mode(pair: ModelPair, mode: str, batches: list[int], tokens: int, ga
 
 
 def compare(modes: list[dict], peak: float | None, bytes_per_token: int) -> list[dict]:
-    """Each row's ratio to plain decoding at its batch in its mode, share of bandwidth (plain: the weights one
-    forward reads, times forwards per second), and ratio to eager at its batch."""
+    """Each row's ratio to plain decoding at its batch in its mode (a speculative row's to the engine's plain too),
+    share of bandwidth (plain: the weights one forward reads, times forwards per second), and ratio to eager at its
+    batch."""
     eager = {(r["decoding"], r["batch"]): r for m in modes if m["mode"] == "eager" for r in m["rows"]}
     table = []
     for m in modes:
         plain = {r["batch"]: r for r in m["rows"] if r["decoding"] == "plain" and "tokens_per_s" in r}
+        engine_plain = {r["batch"]: r for r in m["rows"] if r["decoding"] == ENGINE_PLAIN and "tokens_per_s" in r}
         for r in m["rows"]:
             row = {k: v for k, v in r.items() if k not in ("rows", "tokens")}
             if "tokens_per_s" not in r:
@@ -271,6 +284,8 @@ def compare(modes: list[dict], peak: float | None, bytes_per_token: int) -> list
                 row["bandwidth_share"] = bytes_per_token * forwards_per_s / peak if peak else "unknown"
             elif r["batch"] in plain:
                 row["vs_plain"] = r["tokens_per_s"] / plain[r["batch"]]["tokens_per_s"]
+            if r["decoding"] not in ("plain", ENGINE_PLAIN) and r["batch"] in engine_plain:
+                row["vs_engine_plain"] = r["tokens_per_s"] / engine_plain[r["batch"]]["tokens_per_s"]
             base = eager.get((r["decoding"], r["batch"]))
             if m["mode"] != "eager" and base and "tokens_per_s" in base:
                 row["vs_eager"] = r["tokens_per_s"] / base["tokens_per_s"]
@@ -287,7 +302,7 @@ def goals(table: list[dict]) -> dict[str, str]:
 
     plain = [r for r in captured if r["decoding"] == "plain" and r["batch"] == 1]
     shares = [r for r in plain if isinstance(r.get("bandwidth_share"), float)]
-    spec1 = [r for r in captured if r["decoding"] != "plain" and r["batch"] == 1 and "vs_plain" in r]
+    spec1 = [r for r in captured if r["decoding"].startswith("speculative") and r["batch"] == 1 and "vs_plain" in r]
     vs_eager = [r for r in captured if "vs_eager" in r]
     return {
         f"captured plain reaches >= {GOAL_BANDWIDTH:.0%} of memory bandwidth": verdict(

@@ -124,13 +124,16 @@ def capture_markdown(c: dict) -> str:
     lines = [f"Capture modes on {c['pair']} ({c['dtype']}; the draft agrees with the target on {c['agreement']:.0%} "
              f"of tokens; {c['prompt_tokens']}-token prompt, {c['new_tokens']} new tokens, decode phase only; "
              f"{c['weight_gb_per_token']:.2f} GB of target weights per token, {bandwidth}). Speculative rows: "
-             f"fixed γ={c['gamma']}, no prompt lookup, a static batch of identical rows; \"vs plain\" is against "
-             "plain decoding at the same batch in the same mode, \"vs eager\" the same row in eager mode:\n",
+             f"fixed γ={c['gamma']}, no prompt lookup, a static batch of identical rows; \"plain (engine)\": the same "
+             "engine at γ=0, its step work around each forward; \"vs plain\" is against the plain loop at the same "
+             "batch in the same mode, \"vs engine plain\" against the engine's plain, \"vs eager\" the same row in "
+             "eager mode:\n",
              markdown_table([r | ({"bandwidth_share": f"{r['bandwidth_share']:.0%}"}
                                   if isinstance(r.get("bandwidth_share"), float) else {}) for r in c["rows"]], [
                  ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
                  ("bandwidth_share", "share of bandwidth"), ("tokens_per_step", "tokens / target forward"),
-                 ("vs_plain", "vs plain"), ("vs_eager", "vs eager"), ("rows_identical_to_plain", "rows = plain"),
+                 ("vs_plain", "vs plain"), ("vs_engine_plain", "vs engine plain"), ("vs_eager", "vs eager"),
+                 ("rows_identical_to_plain", "rows = plain"),
                  *([("projected_tokens_per_s", "projected tok/s"), ("vs_projected", "measured / projected")]
                    if any("vs_projected" in r for r in c["rows"]) else []),
                  *([("skipped", "skipped")] if any("skipped" in r for r in c["rows"]) else [])])]

@@ -7,9 +7,9 @@ shapes in the check's dtype, each forward paying the host floor of the row's mod
 else the committed one; at the row's batch: eager's for eager, the captured one for cudagraph; the cost model has
 no compile mode, so a compile row is not projected):
 
-* plain: ``batch`` tokens per one-token target forward (``study.cost.roofline.forward_seconds``), its floor a
-  plain engine step's (``HostFloor.plain``); the part's plain loop does no step work around its forwards, so its
-  measured / projected may exceed 1 by that work;
+* plain, and the engine's plain: ``batch`` tokens per one-token target forward
+  (``study.cost.roofline.forward_seconds``), its floor a plain engine step's (``HostFloor.plain``); the part's
+  plain loop does no step work around its forwards, so its measured / projected may exceed 1 by that work;
 * speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
 
 The check projects the capture part's rows after its host-floor part (``with_projection``).
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.gpu_check.capture_modes import FULL_PAIRS, SMALL_PAIR
+from bench.gpu_check.capture_modes import ENGINE_PLAIN, FULL_PAIRS, SMALL_PAIR
 from study.cost.catalog import GPU, find_gpu, load_catalog
 from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
@@ -38,7 +38,7 @@ def row_seconds_per_token(row: dict, target: ModelFacts, draft: ModelFacts, gpu:
                           floors: HostFloors) -> float:
     """The projected seconds per token of each of the row's rows."""
     host = floors.of(MODE_CAPTURE[row["mode"]])
-    if row["decoding"] == "plain":
+    if row["decoding"] in ("plain", ENGINE_PLAIN):
         return forward_seconds(target, gpu, row["batch"], 1, context, host=host.plain)
     return speculation_vs_plain(target, draft, gpu, row["batch"], context, row["acceptance"], host,
                                 gamma).speculative_s_per_token
