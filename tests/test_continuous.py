@@ -179,16 +179,18 @@ def test_sampled_law_holds_for_rows_joining_mid_batch():
     assert tv_engine < 1.5 * tv_reference + 0.02
 
 
-def test_a_seeded_row_is_reproducible_whatever_shares_its_batch(tiny):
+@pytest.mark.parametrize("gamma", [3, 0])  # 0: plain decoding, where a seeded row samples each token itself
+def test_a_seeded_row_is_reproducible_whatever_shares_its_batch(tiny, gamma):
     prompt = random_prompts(tiny, [9], seed=9)[0]
     row = DecodeRow(prompt, 30, sampling=Sampling(0.8, 0.95, seed=5))
-    alone = SpeculativeDecoder(tiny, gamma=3).decode([row], batch_size=1)[0]
+    alone = SpeculativeDecoder(tiny, gamma=gamma).decode([row], batch_size=1)[0]
     others = [DecodeRow(p, 25, sampling=Sampling(1.0) if i % 2 else Sampling())
               for i, p in enumerate(random_prompts(tiny, [4, 20, 11, 7, 15], seed=10))]
     for seed in (1, 2):
-        outputs, _, _ = arrive_at_random(SpeculativeDecoder(tiny, gamma=3), [*others[:seed * 2], row, *others],
+        outputs, _, _ = arrive_at_random(SpeculativeDecoder(tiny, gamma=gamma), [*others[:seed * 2], row, *others],
                                          max_batch=3, seed=seed)
         assert outputs[seed * 2].token_ids == alone.token_ids
+        assert gamma or all(o.stats.drafted == 0 for o in outputs)
 
 
 def test_sidecars_of_a_finished_row_start_before_the_batch_ends(tiny):
