@@ -16,7 +16,8 @@ With ``host`` (``host_floor``) every roofline-priced forward also pays that capt
 at its model's depth, and the host work around its step, priced once per step (``HostFloor.step_seconds``, at the
 step's rows and forwards: a step of one forward pays a plain step's) and shared equally by the step's forwards; a
 prefill, or a forward whose record names no step, pays a speculative step's share per forward at its rows. A
-forward priced from measured step costs pays none: its host cost was in what was timed.
+forward priced from measured step costs pays no floor of its own (its host cost was in what was timed, the forward
+alone) but its share of its step's work all the same: the GPU check timed no step around it.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFac
             time = forward_time(record, target, draft, device, host, share)
         else:
             time = steps.seconds(*key, max(record.rows, 1))
+            if host is not None:  # the step's work around the forward, which the timed forward did not include
+                time += shares[record.step] if record.step in shares else host.step.ms(max(record.rows, 1)) / 1000
             measured += 1
         seconds[record.kind] += time
         forwards[record.model] += 1
