@@ -290,7 +290,7 @@ def speculation_command(
 
     table = Table(title=f"Qwen2.5-7B/1.5B, gamma {gamma}, acceptance {acceptance:g}: speculative vs plain ms per "
                   f"token; {floors.eager.label}; {floors.captured.label}; a plain forward pays "
-                  f"{floors.captured.plain.step.label.removeprefix('plus ') or 'no step work'} instead")
+                  f"{floors.captured.plain.step.label or 'no step work'} instead")
     for header in ("GPU", "capture", "batch", "plain ms/token", "speculative ms/token", "speedup"):
         table.add_column(header, justify="right")
     for name, row in rows:

@@ -8,7 +8,7 @@ else the committed one; at the row's batch: eager's for eager, the captured one 
 no compile mode, so a compile row is not projected):
 
 * plain, and the engine's plain: ``batch`` tokens per one-token target forward
-  (``study.cost.roofline.forward_seconds``), its floor a plain engine step's (``HostFloor.plain``); the part's
+  (``study.cost.roofline.decode_step_seconds``), its floor a plain engine step's (``HostFloor.plain``); the part's
   plain loop does no step work around its forwards, so its measured / projected may exceed 1 by that work;
 * speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
 
@@ -26,7 +26,7 @@ from study.cost.catalog import GPU, find_gpu, load_catalog
 from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
 from study.cost.host_floor import HostFloors, load_host_floors
-from study.cost.roofline import forward_seconds
+from study.cost.roofline import decode_step_seconds
 from study.cost.speculation import speculation_vs_plain
 from study.cost.workload import qwen2_facts
 
@@ -39,7 +39,7 @@ def row_seconds_per_token(row: dict, target: ModelFacts, draft: ModelFacts, gpu:
     """The projected seconds per token of each of the row's rows."""
     host = floors.of(MODE_CAPTURE[row["mode"]])
     if row["decoding"] in ("plain", ENGINE_PLAIN):
-        return forward_seconds(target, gpu, row["batch"], 1, context, host=host.plain)
+        return decode_step_seconds(target, gpu, row["batch"], context, host)
     return speculation_vs_plain(target, draft, gpu, row["batch"], context, row["acceptance"], host,
                                 gamma).speculative_s_per_token
 

@@ -61,6 +61,9 @@ BENCH_MODE: dict[Capture, str] = {"eager": "eager", "captured": "cudagraph"}
 # per forward of a speculative step, per plain step (one forward): at batch 1; ``_at_<rows>`` at other batches
 STEP_WORK_FIELD = "fixed_host_ms_per_forward_outside_graphs"
 PLAIN_STEP_WORK_FIELD = "plain_host_ms_per_step_outside_graphs"
+# each field's step, as a label names it, and what it measures
+STEP_WORK_KINDS = {STEP_WORK_FIELD: ("step", "a step's host work around its forwards"),
+                   PLAIN_STEP_WORK_FIELD: ("plain step", "a plain step's host work around its forward")}
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class StepWork:
         (first, first_ms), (last, last_ms) = self.points[0], self.points[-1]
         span = f"{first_ms:.3g} ms per forward at {first} row{'s' * (first != 1)}" + (
             f" to {last_ms:.3g} at {last}" if last != first else "")
-        return f"plus {self.what}, {span} ({self.source})"
+        return f"{self.what}, {span} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ class HostFloor:
             own = f"{name}, a forward's host floor unmeasured on a GPU, projected as 0: a lower bound ({self.source})"
         else:
             own = f"{name}, host floor {self.ms:.3g} ms per {self.bench_layers}-layer forward, {self.source}"
-        return own + (f"; {self.step.label}" if self.step.points else "")
+        return own + (f"; plus {self.step.label}" if self.step.points else "")
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,7 @@ def step_work(rows: dict[Any, dict], path: Path, where: str, field: str = STEP_W
         for key, value in row.items():
             if (match := at.fullmatch(str(key))) is not None:
                 points[int(match.group(1))] = floor_value(value, path, f"rows[mode={mode}].{key}")
-        what = ("a plain step's host work around its forward" if field == PLAIN_STEP_WORK_FIELD
-                else "a step's host work around its forwards")
-        kind = "plain step" if field == PLAIN_STEP_WORK_FIELD else "step"
+        kind, what = STEP_WORK_KINDS[field]
         return StepWork(tuple(sorted(points.items())),
                         f"a {mode} {kind}'s host time outside its compiled calls, {where}", what)
     return None

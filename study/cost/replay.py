@@ -60,18 +60,22 @@ def measured_key(record: ForwardRecord, steps: StepCosts) -> tuple[str, str, int
 
 
 def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, device: Device,
-                 host: HostFloor | None = None, step_share: float | None = None) -> float:
+                 host: HostFloor | None = None) -> float:
     """The roofline time of one recorded forward, for a target and draft of sizes ``target``/``draft``, plus
-    ``host``'s floor: the forward's own and ``step_share`` of its step's work (None: a speculative step's share
-    per forward at its rows)."""
+    ``host``'s floor of the forward's own (its share of its step's work is ``step_share``'s)."""
     facts = target if record.model == "target" else draft
     rows = max(record.rows, 1)
     width = max(round(record.padded_tokens / rows), 1)
     logits = width if record.model == "target" and record.kind == "decode" else 1
-    if host is None or step_share is None:
-        return forward_seconds(facts, device, rows, width, record.context / rows, logits=logits, host=host)
-    return (forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
-            + host.own_seconds(facts.layers) + step_share)
+    roofline = forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
+    return roofline if host is None else roofline + host.own_seconds(facts.layers)
+
+
+def step_share(record: ForwardRecord, host: HostFloor, shares: dict[int, float]) -> float:
+    """The record's share of the host work around its step: its step's (``step_shares``), else, for a prefill or a
+    record naming no step, a speculative step's share per forward at its rows."""
+    share = shares.get(record.step) if record.kind == "decode" and record.step is not None else None
+    return host.step.ms(max(record.rows, 1)) / 1000 if share is None else share
 
 
 def step_shares(records: list[ForwardRecord], host: HostFloor) -> dict[int, float]:
@@ -98,13 +102,12 @@ def replay(records: Iterable[ForwardRecord], target: ModelFacts, draft: ModelFac
     for record in records:
         key = None if steps is None else measured_key(record, steps)
         if key is None:
-            share = shares.get(record.step) if record.kind == "decode" and record.step is not None else None
-            time = forward_time(record, target, draft, device, host, share)
-        else:
+            time = forward_time(record, target, draft, device, host)
+        else:  # its own host cost was timed with it
             time = steps.seconds(*key, max(record.rows, 1))
-            if host is not None:  # the step's work around the forward, which the timed forward did not include
-                time += shares[record.step] if record.step in shares else host.step.ms(max(record.rows, 1)) / 1000
             measured += 1
+        if host is not None:  # the step's work around it, which no timed forward included
+            time += step_share(record, host, shares)
         seconds[record.kind] += time
         forwards[record.model] += 1
         tokens = sum(record.tokens.values())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
 from study.cost.host_floor import HostFloor
-from study.cost.roofline import Device, forward_seconds
+from study.cost.roofline import Device, decode_step_seconds, forward_seconds
 from study.cost.workload import STUDY_TOKENS
 
 DEFAULT_GAMMA = 4  # the benchmark's fixed-gamma step
@@ -61,6 +61,6 @@ def speculation_vs_plain(target: ModelFacts, draft: ModelFacts, device: Device, 
         raise CostInputError(f"gamma must be at least 1, got {gamma}")
     drafts = sum(forward_seconds(draft, device, batch, 1, context + i, host=host) for i in range(gamma))
     verify = forward_seconds(target, device, batch, gamma + 1, context, logits=gamma + 1, host=host)
-    plain = forward_seconds(target, device, batch, 1, context, host=host.plain)
+    plain = decode_step_seconds(target, device, batch, context, host)
     return SpeculationRow(host.capture, batch, gamma, acceptance, (drafts + verify) / (1 + acceptance * gamma),
                           plain, host.measured)
