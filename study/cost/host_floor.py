@@ -38,7 +38,6 @@ CPU one (``host_overhead_cpu.json``, whose host costs stand in for a GPU host's 
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import re
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from study.cost.errors import CostInputError
+from study.cost.piecewise import piecewise_linear
 
 Capture = Literal["eager", "captured"]
 CAPTURES: tuple[Capture, ...] = ("eager", "captured")
@@ -78,18 +78,7 @@ class StepWork:
     def ms(self, rows: int) -> float:
         """At ``rows`` rows: interpolated between the points; the first point's below them; beyond them along the
         last segment, never falling (per-row work grows, it does not shrink)."""
-        points = self.points
-        if not points:
-            return 0.0
-        if len(points) == 1 or rows <= points[0][0]:
-            return points[0][1]
-        # the segment that holds ``rows``, the last one beyond them
-        i = min(bisect.bisect_left([b for b, _ in points], rows), len(points) - 1)
-        (b0, ms0), (b1, ms1) = points[i - 1], points[i]
-        slope = (ms1 - ms0) / (b1 - b0)
-        if rows > b1:
-            return ms1 + max(slope, 0.0) * (rows - b1)
-        return ms0 + slope * (rows - b0)
+        return piecewise_linear(self.points, rows, "segment") if self.points else 0.0
 
     @property
     def label(self) -> str:

@@ -17,12 +17,12 @@ context. A (model, kind, tokens) the table lacks raises :class:`CostInputError`;
 
 from __future__ import annotations
 
-import bisect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from study.cost.errors import CostInputError, count, number
+from study.cost.piecewise import piecewise_linear
 
 KINDS = ("draft", "verify")
 
@@ -50,17 +50,7 @@ class StepCosts:
         points = self.points.get((model, kind, tokens))
         if points is None:
             raise CostInputError(f"the step costs ({self.source}) have no {model} {kind} of {tokens} tokens per row")
-        batches = [b for b, _ in points]
-        i = bisect.bisect_left(batches, batch)
-        if i < len(points) and batches[i] == batch:
-            ms = points[i][1]
-        elif i == 0:
-            ms = points[0][1]
-        elif i == len(points):
-            ms = points[-1][1] * batch / batches[-1]
-        else:
-            (b0, ms0), (b1, ms1) = points[i - 1], points[i]
-            ms = ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+        ms = piecewise_linear(points, batch, "proportional")
         return ms / 1000
 
 
