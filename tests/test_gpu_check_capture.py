@@ -245,6 +245,11 @@ def test_each_measured_row_has_the_cost_models_projection_for_its_mode(tmp_path:
     assert eager == pytest.approx(1 / (forward_seconds(target, h100, 1, 1, 96.0) + 0.0042))
     assert rows[0]["projected_tokens_per_s"] == pytest.approx(eager)
     assert rows[0]["vs_projected"] == pytest.approx(100.0 / eager)
+    # eager also read as overlapping the device: the 7B's bytes (about 4.5 ms) hide its 4 ms floor
+    overlapped = 1 / (forward_seconds(target, h100, 1, 1, 96.0) + 0.0002)
+    assert rows[0]["projected_overlapped_tokens_per_s"] == pytest.approx(overlapped) and overlapped > eager
+    assert rows[0]["vs_projected_overlapped"] == pytest.approx(100.0 / overlapped)
+    assert "projected_overlapped_tokens_per_s" not in rows[1]  # a captured row: one reading
     speculative = 8 / speculation_vs_plain(target, draft, h100, 8, 96.0, 0.75, floors.of("captured"),
                                            4).speculative_s_per_token
     assert rows[1]["projected_tokens_per_s"] == pytest.approx(speculative)

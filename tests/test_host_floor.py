@@ -210,6 +210,33 @@ def test_a_large_eager_floor_makes_speculation_slower_than_plain_and_capture_win
     assert captured.speedup > 1.5
 
 
+def test_an_overlapped_floor_costs_a_forward_the_larger_of_its_device_time_and_its_own_host_cost(
+        tmp_path: Path) -> None:
+    """Read as overlapping the device, a forward takes the larger of its roofline time and its own host cost (8 ms
+    here), plus its share of the step's work (0.2 ms), which stays added: the 7B's verify streams its bytes for
+    longer than 8 ms on a T4, so its floor is hidden; the 1.5B's draft forward on an H100 does not, so it costs its
+    floor. Speculation against plain decoding and a replayed forward price it so."""
+    eager = load_host_floors(host_result(tmp_path / "h.json", eager_ms=8.0, outside_graphs_ms=0.2)).of("eager")
+    overlapped = eager.overlapping()
+    assert overlapped.overlapped and not eager.overlapped
+    assert "overlapping its device time" in overlapped.label and "overlapping" not in eager.label
+    t4 = get_gpu("T4", load_catalog())
+    verify = forward_seconds(QWEN2_5_7B, t4, 1, 5, 560, logits=5)
+    assert verify > 0.008
+    assert forward_seconds(QWEN2_5_7B, t4, 1, 5, 560, logits=5, host=overlapped) == pytest.approx(verify + 0.0002)
+    assert forward_seconds(QWEN2_5_7B, t4, 1, 5, 560, logits=5, host=eager) == pytest.approx(verify + 0.0082)
+    draft = forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 560)
+    assert draft < 0.008
+    assert forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 560, host=overlapped) == pytest.approx(0.0082)
+    row = speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 1, 560, 0.6, overlapped)
+    target = forward_seconds(QWEN2_5_7B, H100, 1, 5, 560, logits=5)
+    assert row.speculative_s_per_token == pytest.approx((4 * 0.008 + max(target, 0.008) + 5 * 0.0002) / 3.4)
+    assert row.overlapped and row.reading == "eager overlapped"
+    assert speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 1, 560, 0.6, eager).reading == "eager"
+    record = ForwardRecord("draft", "decode", 1, 1, 560, {"main": 1}, 0.0, None)
+    assert replay([record], QWEN2_5_7B, QWEN2_5_1_5B, H100, host=overlapped).decode_s == pytest.approx(0.0082)
+
+
 def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_labelled_as_favouring_plain(
         tmp_path: Path) -> None:
     """A speculative step's forwards each pay a share of its host work (0.2 ms at 1 row here); a plain step's one
@@ -276,9 +303,13 @@ def test_the_cli_says_where_eager_speculation_loses(tmp_path: Path) -> None:
     result = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
                                  "--host-overhead", floors, "--json"])
     assert result.exit_code == 0, result.output
-    by_capture = {row["capture"]: row for row in json.loads(result.stdout)}
-    assert by_capture["eager"]["speedup"] < 1 < by_capture["captured"]["speedup"]
-    assert by_capture["captured"]["floor_measured"] is False  # no cudagraph row: a lower bound
+    by_reading = {row["reading"]: row for row in json.loads(result.stdout)}
+    assert list(by_reading) == ["eager", "eager overlapped", "captured"]
+    assert by_reading["eager"]["speedup"] < 1 < by_reading["captured"]["speedup"]
+    # overlapped, an eager draft forward still costs its floor while the target's bytes hide its own
+    assert by_reading["eager overlapped"]["speedup"] < by_reading["eager"]["speedup"]
+    assert by_reading["eager overlapped"]["overlapped"] and not by_reading["eager"]["overlapped"]
+    assert by_reading["captured"]["floor_measured"] is False  # no cudagraph row: a lower bound
     table = runner.invoke(app, ["cost", "speculation", "--acceptance", "0.4", "--gpu", "H100 SXM", "--batches", "1",
                                 "--host-overhead", floors])
     assert "slower" in table.stdout and "lower bound" in table.stdout

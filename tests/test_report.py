@@ -674,9 +674,12 @@ def test_a_large_eager_floor_makes_speculation_lose_and_the_report_says_so(tmp_p
     assert "in captured (CUDA graphs), host floor 0.05 ms" in section(report.markdown, "Verdict per GPU type")
     # the main phase's measured acceptance (0.75 and 0.74)
     assert "acceptance 0.74 for qwen2.5-7b" in capture
-    assert "| GPU | eager, batch 1 | eager, batch 8 | eager, batch 32 | captured, batch 1 |" in capture
+    assert ("| GPU | eager, batch 1 | eager, batch 8 | eager, batch 32 | eager overlapped, batch 1 | eager overlapped, "
+            "batch 8 | eager overlapped, batch 32 | captured, batch 1 |") in capture
     assert re.search(r"\| H100 SXM \| 0\.\d+x \(slower\) \|", capture)
     assert "In eager mode speculation with Qwen2.5-7B/1.5B is slower than plain decoding on: " in capture
+    assert ("Read as overlapping the device, in eager mode speculation with Qwen2.5-7B/1.5B is slower than plain "
+            "decoding on: ") in capture
     assert "H100 SXM at batch 1, 8, 32" in capture
 
 

@@ -136,6 +136,9 @@ def capture_markdown(c: dict) -> str:
                  ("rows_identical_to_plain", "rows = plain"),
                  *([("projected_tokens_per_s", "projected tok/s"), ("vs_projected", "measured / projected")]
                    if any("vs_projected" in r for r in c["rows"]) else []),
+                 *([("projected_overlapped_tokens_per_s", "projected tok/s, host overlapped"),
+                    ("vs_projected_overlapped", "measured / projected overlapped")]
+                   if any("vs_projected_overlapped" in r for r in c["rows"]) else []),
                  *([("skipped", "skipped")] if any("skipped" in r for r in c["rows"]) else [])])]
     lines.append("\n" + projection_markdown(c.get("projection", {"skipped": "not run (a result from before it was)"})))
     modes = [m | {"shapes": f"{m['distinct_shapes']['target']} / {m['distinct_shapes']['draft']}"}
@@ -178,7 +181,8 @@ def projection_markdown(projection: dict) -> str:
     return (f"Projected: the cost model's tokens/s for each row on {projection['gpu']} (`study.cost`: the roofline "
             f"over {projection['context']:g} entries of context per row, plus the host floor of the row's mode, "
             "named below; speculative rows at their measured acceptance; `bench/gpu_check/projected.py`); above 1 "
-            f"the GPU ran faster than projected. Eager: {floors['eager']}. Cudagraph: {floors['captured']}.")
+            "the GPU ran faster than projected. Eager rows also as overlapped: a forward taking the larger of its "
+            f"device time and its own host cost. Eager: {floors['eager']}. Cudagraph: {floors['captured']}.")
 
 
 def markdown(payload: dict) -> str:

@@ -12,6 +12,10 @@ no compile mode, so a compile row is not projected):
   plain loop does no step work around its forwards, so its measured / projected may exceed 1 by that work;
 * speculative: ``speculation_vs_plain`` at the row's measured acceptance and the check's gamma.
 
+An eager row is projected in both readings of its host cost (``HostFloor.overlapped``): added to the device's time
+(``projected_tokens_per_s``, as the cost report projects) and overlapping it (``projected_overlapped_tokens_per_s``:
+a forward takes the larger of the two). Measured between them, or nearer one, says which reading the GPU follows.
+
 The check projects the capture part's rows after its host-floor part (``with_projection``).
 ``measured / projected`` above 1: the GPU ran faster than projected. Nothing is projected on a device the GPU
 catalog does not list (a CPU rehearsal), or without a host-overhead result; the part says why.
@@ -25,7 +29,7 @@ from bench.gpu_check.capture_modes import ENGINE_PLAIN, FULL_PAIRS, SMALL_PAIR
 from study.cost.catalog import GPU, find_gpu, load_catalog
 from study.cost.errors import CostInputError
 from study.cost.facts import ModelFacts
-from study.cost.host_floor import HostFloors, load_host_floors
+from study.cost.host_floor import HostFloor, HostFloors, load_host_floors
 from study.cost.roofline import decode_step_seconds
 from study.cost.speculation import speculation_vs_plain
 from study.cost.workload import qwen2_facts
@@ -35,9 +39,8 @@ MODE_CAPTURE = {"eager": "eager", "cudagraph": "captured"}
 
 
 def row_seconds_per_token(row: dict, target: ModelFacts, draft: ModelFacts, gpu: GPU, context: float, gamma: int,
-                          floors: HostFloors) -> float:
-    """The projected seconds per token of each of the row's rows."""
-    host = floors.of(MODE_CAPTURE[row["mode"]])
+                          host: HostFloor) -> float:
+    """The projected seconds per token of each of the row's rows, each forward paying ``host``'s floor."""
     if row["decoding"] in ("plain", ENGINE_PLAIN):
         return decode_step_seconds(target, gpu, row["batch"], context, host)
     return speculation_vs_plain(target, draft, gpu, row["batch"], context, row["acceptance"], host,
@@ -59,8 +62,14 @@ def projected(table: list[dict], configs: tuple[dict, dict], dtype_bytes: int, g
     rows = []
     for row in table:
         if "tokens_per_s" in row and row["mode"] in MODE_CAPTURE:
-            tokens_per_s = row["batch"] / row_seconds_per_token(row, target, draft, gpu, context, gamma, floors)
+            host = floors.of(MODE_CAPTURE[row["mode"]])
+            tokens_per_s = row["batch"] / row_seconds_per_token(row, target, draft, gpu, context, gamma, host)
             row = row | {"projected_tokens_per_s": tokens_per_s, "vs_projected": row["tokens_per_s"] / tokens_per_s}
+            if row["mode"] == "eager":  # the other reading of its host cost: overlapping the device
+                overlapped = row["batch"] / row_seconds_per_token(row, target, draft, gpu, context, gamma,
+                                                                  host.overlapping())
+                row |= {"projected_overlapped_tokens_per_s": overlapped,
+                        "vs_projected_overlapped": row["tokens_per_s"] / overlapped}
         rows.append(row)
     return rows, {"gpu": gpu.name, "context": context,
                   "floors": {capture: floors.of(capture).label for capture in MODE_CAPTURE.values()}}

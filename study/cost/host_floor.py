@@ -24,6 +24,17 @@ of a batch of ``rows`` then takes
   from before the plain step was measured charges plain forwards the per-forward share, which favours plain
   decoding, and says so.
 
+Two readings of how a forward's own host cost meets its device time (``HostFloor.overlapped``):
+
+- **serial** (the default, every projection's): added, as above. Where the host waits on the device between
+  launches, or where one of the two dwarfs the other, this is the forward's time; where they are comparable it is
+  an upper bound.
+- **overlapped** (``HostFloor.overlapping()``): a GPU runs a forward's kernels while the host launches the next,
+  so the forward takes the larger of its device time and its own host cost, plus the step's work (which reads the
+  forwards' results, so it waits). An eager forward whose host cost exceeds its device time then costs its host
+  cost, whatever its bytes. ``sidecar cost speculation`` and the GPU check price eager both ways; which holds is
+  for a GPU to say (the check's eager rows against both projections).
+
 Two capture modes are projected:
 
 - ``eager``: the benchmark's ``eager`` row;
@@ -104,6 +115,10 @@ class HostFloor:
     per_layer: bool = True
     step: StepWork = StepWork()  # a speculative step's, per forward
     plain_step: StepWork | None = None  # a plain step's (one forward); None: not measured, ``step`` stands in
+    # how a forward's own host cost meets its device time (``with_own``). False: added, the host serial with the
+    # device (the projections' reading). True: the larger of the two, its launches running ahead of the device
+    # within the forward; the step's work around its forwards, which reads their results, stays added.
+    overlapped: bool = False
 
     @property
     def plain(self) -> HostFloor:
@@ -116,9 +131,24 @@ class HostFloor:
         return replace(self, step=self.plain_step)
 
     def seconds(self, layers: int | None, rows: int = 1) -> float:
-        """The floor of one forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's
-        depth): its own and its share of the step's work."""
+        """The host's time for one forward over ``rows`` rows of a model of ``layers`` layers (None: the
+        benchmark's depth): its own and its share of the step's work."""
         return self.own_seconds(layers) + self.step.ms(rows) / 1000
+
+    def forward_seconds(self, device_s: float, layers: int | None, rows: int = 1) -> float:
+        """One forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's depth) that keeps
+        the device busy ``device_s``: with its own host cost (``with_own``), then its share of the step's work."""
+        return self.with_own(device_s, layers) + self.step.ms(rows) / 1000
+
+    def with_own(self, device_s: float, layers: int | None) -> float:
+        """A forward's device time with its own host cost: added (serial), or the larger of the two where its
+        launches overlap the device (``overlapped``)."""
+        own = self.own_seconds(layers)
+        return max(device_s, own) if self.overlapped else device_s + own
+
+    def overlapping(self) -> HostFloor:
+        """This floor read as overlapping the device (``overlapped``)."""
+        return replace(self, overlapped=True)
 
     def own_seconds(self, layers: int | None) -> float:
         """A forward's own host cost, without the step's work around it."""
@@ -134,6 +164,8 @@ class HostFloor:
     def label(self) -> str:
         """The mode as the report names it, with its floor and where it comes from."""
         name = "eager" if self.capture == "eager" else "captured (CUDA graphs)"
+        if self.overlapped:
+            name += ", a forward's own host cost overlapping its device time (the larger of the two)"
         if not self.measured:
             own = f"{name}, a forward's host floor unmeasured on a GPU, projected as 0: a lower bound ({self.source})"
         else:

@@ -68,7 +68,7 @@ def forward_time(record: ForwardRecord, target: ModelFacts, draft: ModelFacts, d
     width = max(round(record.padded_tokens / rows), 1)
     logits = width if record.model == "target" and record.kind == "decode" else 1
     roofline = forward_seconds(facts, device, rows, width, record.context / rows, logits=logits)
-    return roofline if host is None else roofline + host.own_seconds(facts.layers)
+    return roofline if host is None else host.with_own(roofline, facts.layers)
 
 
 def step_share(record: ForwardRecord, host: HostFloor, shares: dict[int, float]) -> float:

@@ -9,7 +9,8 @@ query width heads x head dim)::
     attention FLOPs = 4 x L x A x batch x keys,     keys = tokens x context + tokens x (tokens + 1) / 2
     bytes           = weight bytes per step + batch x (context + tokens) x KV bytes per token
     seconds         = max((linear + attention FLOPs) / peak dense FLOP/s, bytes / peak bandwidth)
-                      + host floor (``host_floor``: the capture mode's host cost per forward at this batch, if given)
+                      + host floor (``host_floor``: the capture mode's host cost per forward at this batch, if given;
+                        where it overlaps the device, ``HostFloor.overlapped``, the forward's own cost is in the max)
 
 - Linear: every weight of a layer's linear maps multiplies every new token once (a multiply-add, 2 FLOPs).
   The LM head runs only where a next token is needed: once per row for a prefill or a decode step, as the
@@ -91,11 +92,11 @@ def forward_seconds(
     facts: ModelFacts, device: Device, batch: int, tokens: int, context: float, logits: int = 1,
     host: HostFloor | None = None,
 ) -> float:
-    """The roofline time of that forward: compute time or memory time, whichever is longer, plus ``host``'s
-    floor for a model of this depth at this batch (none without it)."""
+    """The roofline time of that forward: compute time or memory time, whichever is longer, with ``host``'s
+    floor for a model of this depth at this batch (``HostFloor.forward_seconds``; none without it)."""
     compute = forward_flops(facts, batch, tokens, context, logits) / device.flops_s
     memory = forward_bytes(facts, batch, tokens, context) / device.bandwidth_bytes_s
-    return max(compute, memory) + (0.0 if host is None else host.seconds(facts.layers, batch))
+    return max(compute, memory) if host is None else host.forward_seconds(max(compute, memory), facts.layers, batch)
 
 
 def prefill_seconds(facts: ModelFacts, device: Device, batch: int, tokens: int, context: float = 0,

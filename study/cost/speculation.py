@@ -12,7 +12,9 @@ work around them, a plain step's forward the plain step's), so
     speedup                 = plain / speculative     (below 1: speculation is slower than plain decoding)
 
 With 28-layer models in eager mode the floor is paid ``gamma + 1`` times per step against once per plain
-token, so a draft forward costs about what a target forward does and speculation can lose (issue #40).
+token, so a draft forward costs about what a target forward does and speculation can lose (issue #40). Read as
+overlapping the device (``HostFloor.overlapping``), a target forward's bytes hide its floor while a draft forward's
+cannot, which costs speculation more than the serial reading does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class SpeculationRow:
     speculative_s_per_token: float
     plain_s_per_token: float
     floor_measured: bool  # False: the mode's floor is unmeasured (0), the times are lower bounds
+    overlapped: bool = False  # a forward's own host cost read as overlapping its device time (``HostFloor``)
+
+    @property
+    def reading(self) -> str:
+        """The capture mode and, where overlapped, that reading: how tables name the row."""
+        return self.capture + (" overlapped" if self.overlapped else "")
 
     @property
     def speedup(self) -> float:
@@ -63,4 +71,4 @@ def speculation_vs_plain(target: ModelFacts, draft: ModelFacts, device: Device, 
     verify = forward_seconds(target, device, batch, gamma + 1, context, logits=gamma + 1, host=host)
     plain = decode_step_seconds(target, device, batch, context, host)
     return SpeculationRow(host.capture, batch, gamma, acceptance, (drafts + verify) / (1 + acceptance * gamma),
-                          plain, host.measured)
+                          plain, host.measured, host.overlapped)

@@ -183,7 +183,7 @@ class Workload:
         flops = self.step_flops(mode, batch)
         roofline = memory if flops is None or flops_s is None else max(memory, flops / flops_s)
         layers = None if self.facts is None else self.facts.layers
-        return roofline + (0.0 if host is None else host.plain.seconds(layers, batch))
+        return roofline if host is None else host.plain.forward_seconds(roofline, layers, batch)
 
     def tagging_time(self, mode: Mode, batch: int, device: Device, host: HostFloor | None = None
                      ) -> TaggingTime | None:

@@ -4,8 +4,9 @@ speculation with the study's pair at the measured acceptance.
 The tagging projections assume captured mode (CUDA graphs, as the engine runs on a GPU): each forward pays
 the captured floor, measured or, without a ``cudagraph`` row in the host-overhead result, 0 and a lower
 bound. Beside them, per catalog GPU and at batch 1, 8 and 32, speculation with Qwen2.5-7B/1.5B (their
-published shapes, the pair users run) against plain decoding of the target, in eager and in captured mode
-(``study.cost.speculation``), at the mean acceptance of the report's main phase, over the study's context.
+published shapes, the pair users run) against plain decoding of the target, in eager mode (its host cost added to
+the device's time, and overlapping it: ``HostFloor.overlapped``) and in captured mode (``study.cost.speculation``),
+at the mean acceptance of the report's main phase, over the study's context.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 
 from study.cost import (
     GPU,
-    Capture,
     HostFloor,
     HostFloors,
     SpeculationRow,
@@ -32,6 +32,8 @@ from study.report.measurements import MeasuredGroup
 
 SPECULATION_BATCHES = (1, 8, 32)
 SPECULATION_PAIR = "Qwen2.5-7B/1.5B"
+# eager in both readings of its host cost (added to the device's time, overlapping it), then captured
+READINGS = ("eager", "eager overlapped", "captured")
 
 
 @dataclass(frozen=True)
@@ -44,12 +46,12 @@ class CaptureModes:
     path: Path | None
     acceptance: float | None
     acceptance_pairs: tuple[str, ...]
-    rows: dict[str, dict[Capture, list[SpeculationRow]]] = field(default_factory=dict)
+    # GPU -> reading (``READINGS``) -> a row per batch
+    rows: dict[str, dict[str, list[SpeculationRow]]] = field(default_factory=dict)
 
-    @property
-    def eager_slower(self) -> dict[str, list[int]]:
-        """GPU -> the batches at which eager speculation is slower than plain decoding."""
-        slower = {gpu: [r.batch for r in by_mode["eager"] if r.slower] for gpu, by_mode in self.rows.items()}
+    def slower(self, reading: str) -> dict[str, list[int]]:
+        """GPU -> the batches at which speculation in ``reading`` is slower than plain decoding."""
+        slower = {gpu: [r.batch for r in by_mode[reading] if r.slower] for gpu, by_mode in self.rows.items()}
         return {gpu: batches for gpu, batches in slower.items() if batches}
 
 
@@ -71,10 +73,10 @@ def capture_modes(floors: HostFloors | None, groups: Sequence[MeasuredGroup],
                          acceptance, pairs)
     if floors is None or acceptance is None:
         return modes
+    hosts = (floors.eager, floors.eager.overlapping(), floors.captured)
     for gpu in catalog.values():
-        modes.rows[gpu.name] = {
-            capture: [speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, gpu, batch, STUDY_CONTEXT, acceptance,
-                                           floors.of(capture)) for batch in SPECULATION_BATCHES]
-            for capture in ("eager", "captured")
-        }
+        for host in hosts:
+            rows = [speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, gpu, batch, STUDY_CONTEXT, acceptance, host)
+                    for batch in SPECULATION_BATCHES]
+            modes.rows.setdefault(gpu.name, {})[rows[0].reading] = rows
     return modes
