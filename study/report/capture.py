@@ -32,8 +32,6 @@ from study.report.measurements import MeasuredGroup
 
 SPECULATION_BATCHES = (1, 8, 32)
 SPECULATION_PAIR = "Qwen2.5-7B/1.5B"
-# eager in both readings of its host cost (added to the device's time, overlapping it), then captured
-READINGS = ("eager", "eager overlapped", "captured")
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class CaptureModes:
     path: Path | None
     acceptance: float | None
     acceptance_pairs: tuple[str, ...]
-    # GPU -> reading (``READINGS``) -> a row per batch
+    # GPU -> reading (``SpeculationRow.reading``: eager, eager overlapped, captured) -> a row per batch
     rows: dict[str, dict[str, list[SpeculationRow]]] = field(default_factory=dict)
 
     def slower(self, reading: str) -> dict[str, list[int]]:
