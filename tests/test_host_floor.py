@@ -71,7 +71,8 @@ def test_a_cudagraph_row_whose_graphs_were_not_captured_is_no_captured_floor(tmp
     result["rows"][-1]["cudagraph_skips"] = 3
     path.write_text(json.dumps(result))
     captured = load_host_floors(path).of("captured")
-    assert (captured.ms, captured.measured) == (0.0, False) and captured.seconds(28) == pytest.approx(0.0002)
+    assert (captured.ms, captured.measured) == (0.0, False)
+    assert captured.forward_seconds(0.0, 28) == pytest.approx(0.0002)
     assert "gpu.json's cudagraph row left 3 graphs uncaptured, so it timed compile mode" in captured.source
     assert "lower bound" in captured.label
     result["rows"][-1]["cudagraph_skips"] = 0
@@ -88,7 +89,7 @@ def test_a_compile_rows_host_work_outside_its_graphs_is_the_steps_work_every_for
     floors = load_host_floors(host_result(tmp_path / "cpu.json", eager_ms=4.0, outside_graphs_ms=0.2))
     captured = floors.of("captured")
     assert (captured.ms, captured.measured, captured.per_layer) == (0.0, False, False)
-    assert captured.seconds(56) == captured.seconds(28) == pytest.approx(0.0002)
+    assert captured.forward_seconds(0.0, 56) == captured.forward_seconds(0.0, 28) == pytest.approx(0.0002)
     assert "lower bound" in captured.label
     assert ("plus a step's host work around its forwards, 0.2 ms per forward at 1 row (a compile step's host time "
             "outside its compiled calls, measured on") in captured.label
@@ -98,16 +99,16 @@ def test_a_compile_rows_host_work_outside_its_graphs_is_the_steps_work_every_for
         forward_seconds(QWEN2_5_1_5B, H100, 1, 1, 500) + 0.0002)
     # the eager forward's own floor scales with the depth, the step's work does not
     eager = floors.of("eager")
-    assert eager.per_layer and eager.seconds(56) == pytest.approx(0.008 + 0.0002)
+    assert eager.per_layer and eager.forward_seconds(0.0, 56) == pytest.approx(0.008 + 0.0002)
     assert "host floor 4 ms per 28-layer forward" in eager.label and "0.2 ms per forward at 1 row" in eager.label
     # a GPU's cudagraph row: its forward's floor, measured, plus the step's work (its own where it timed it)
     gpu = load_host_floors(host_result(tmp_path / "gpu.json", cudagraph_ms=0.04, outside_graphs_ms=0.2))
     assert gpu.of("captured").measured and gpu.of("captured").ms == 0.04
-    assert gpu.of("captured").seconds(56) == pytest.approx(0.00024), "a captured forward's floor scaled with depth"
+    assert gpu.of("captured").forward_seconds(0.0, 56) == pytest.approx(0.00024), "a captured floor scaled with depth"
     own = load_host_floors(host_result(tmp_path / "own.json", cudagraph_ms=0.04, outside_graphs_ms=0.2,
                                        cudagraph_outside_ms={1: 0.1}))
-    assert own.of("captured").seconds(28) == pytest.approx(0.00004 + 0.0001)
-    assert own.of("eager").seconds(28) == pytest.approx(0.005 + 0.0001)
+    assert own.of("captured").forward_seconds(0.0, 28) == pytest.approx(0.00004 + 0.0001)
+    assert own.of("eager").forward_seconds(0.0, 28) == pytest.approx(0.005 + 0.0001)
     assert "a cudagraph step's host time" in own.of("captured").label
     with pytest.raises(CostInputError, match=r"rows\[mode=compile\]\.fixed_host_ms_per_forward_outside_graphs"):
         load_host_floors(host_result(tmp_path / "bad.json", outside_graphs_ms=-1.0))
@@ -121,17 +122,17 @@ def test_the_steps_host_work_is_charged_at_the_forwards_rows(tmp_path: Path) -> 
     floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=0.0,
                                           outside_graphs_ms={1: 0.2, 8: 0.3, 32: 0.6}))
     captured = floors.of("captured")
-    ms = {rows: captured.seconds(28, rows) * 1000 for rows in (1, 4, 8, 20, 32, 64)}
+    ms = {rows: captured.forward_seconds(0.0, 28, rows) * 1000 for rows in (1, 4, 8, 20, 32, 64)}
     assert ms == pytest.approx({1: 0.2, 4: 0.2 + 0.1 * 3 / 7, 8: 0.3, 20: 0.45, 32: 0.6, 64: 1.0})
     assert "0.2 ms per forward at 1 row to 0.6 at 32" in captured.label
     # a forward of 8 rows pays the step's work at 8
     assert forward_seconds(QWEN2_5_7B, H100, 8, 1, 500, host=captured) == pytest.approx(
         forward_seconds(QWEN2_5_7B, H100, 8, 1, 500) + 0.0003)
     falling = load_host_floors(host_result(tmp_path / "f.json", outside_graphs_ms={1: 0.2, 8: 0.5, 32: 0.4}))
-    assert falling.of("captured").seconds(28, 64) == pytest.approx(0.0004)
+    assert falling.of("captured").forward_seconds(0.0, 28, 64) == pytest.approx(0.0004)
     # a result from before the step's work was timed per forward at 8 and 32: batch 1's at every batch
     only_one = load_host_floors(host_result(tmp_path / "o.json", outside_graphs_ms=0.2)).of("captured")
-    assert only_one.seconds(28, 32) == pytest.approx(0.0002)
+    assert only_one.forward_seconds(0.0, 28, 32) == pytest.approx(0.0002)
 
 
 @pytest.mark.parametrize(
@@ -246,8 +247,9 @@ def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_
     floors = load_host_floors(host_result(tmp_path / "h.json", eager_ms=1.0, outside_graphs_ms={1: 0.2, 8: 0.3},
                                           plain_outside_ms={1: 0.5, 8: 0.9}))
     eager = floors.of("eager")
-    assert eager.seconds(28, 8) == pytest.approx(0.0013)
-    assert eager.plain.seconds(28, 1) == pytest.approx(0.0015) and eager.plain.seconds(28, 8) == pytest.approx(0.0019)
+    assert eager.forward_seconds(0.0, 28, 8) == pytest.approx(0.0013)
+    assert eager.plain.forward_seconds(0.0, 28, 1) == pytest.approx(0.0015)
+    assert eager.plain.forward_seconds(0.0, 28, 8) == pytest.approx(0.0019)
     assert "a plain step's host work around its forward, 0.5 ms per forward at 1 row to 0.9 at 8" in eager.plain.label
     row = speculation_vs_plain(QWEN2_5_7B, QWEN2_5_1_5B, H100, 8, 560, 0.6, eager)
     assert row.plain_s_per_token == pytest.approx(forward_seconds(QWEN2_5_7B, H100, 8, 1, 560) + 0.0019)
@@ -256,9 +258,9 @@ def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_
     assert row.speculative_s_per_token == pytest.approx((drafts + verify + 5 * 0.0013) / 3.4)
     assert decode_step_seconds(QWEN2_5_7B, H100, 8, 560, host=eager) == pytest.approx(row.plain_s_per_token)
     assert STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s, host=eager) == pytest.approx(
-        STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s) + eager.plain.seconds(28, 8))
+        STUDY_WORKLOAD.step_seconds("sidecar", 8, H100.bandwidth_bytes_s) + eager.plain.forward_seconds(0.0, 28, 8))
     older = load_host_floors(host_result(tmp_path / "old.json", eager_ms=1.0, outside_graphs_ms=0.2)).of("eager")
-    assert older.plain.seconds(28, 1) == older.seconds(28, 1)
+    assert older.plain.forward_seconds(0.0, 28, 1) == older.forward_seconds(0.0, 28, 1)
     assert "a plain step's unmeasured: this favours plain decoding" in older.plain.label
     bare = load_host_floors(host_result(tmp_path / "bare.json")).of("eager")  # eager rows only: no step work
     assert bare.plain == bare

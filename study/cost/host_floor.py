@@ -130,11 +130,6 @@ class HostFloor:
             return replace(self, step=replace(self.step, what=why)) if self.step.points else self
         return replace(self, step=self.plain_step)
 
-    def seconds(self, layers: int | None, rows: int = 1) -> float:
-        """The host's time for one forward over ``rows`` rows of a model of ``layers`` layers (None: the
-        benchmark's depth): its own and its share of the step's work."""
-        return self.own_seconds(layers) + self.step.ms(rows) / 1000
-
     def forward_seconds(self, device_s: float, layers: int | None, rows: int = 1) -> float:
         """One forward over ``rows`` rows of a model of ``layers`` layers (None: the benchmark's depth) that keeps
         the device busy ``device_s``: with its own host cost (``with_own``), then its share of the step's work."""
