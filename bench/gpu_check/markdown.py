@@ -121,6 +121,8 @@ def capture_markdown(c: dict) -> str:
         return f"Capture modes: {c.get('skipped') or 'error: ' + c['error']}."
     peak = c["peak_bandwidth_gb_s"]
     bandwidth = f"{peak:.0f} GB/s peak" if isinstance(peak, float) else "peak bandwidth unknown (not in the catalog)"
+    if "copy_bandwidth_gb_s" in c:
+        bandwidth += f", a copy reached {c['copy_bandwidth_gb_s']:.0f} GB/s here"
     lines = [f"Capture modes on {c['pair']} ({c['dtype']}; the draft agrees with the target on {c['agreement']:.0%} "
              f"of tokens; {c['prompt_tokens']}-token prompt, {c['new_tokens']} new tokens, decode phase only; "
              f"{c['weight_gb_per_token']:.2f} GB of target weights per token, {bandwidth}). Speculative rows: "
@@ -128,10 +130,11 @@ def capture_markdown(c: dict) -> str:
              "engine at γ=0, its step work around each forward; \"vs plain\" is against the plain loop at the same "
              "batch in the same mode, \"vs engine plain\" against the engine's plain, \"vs eager\" the same row in "
              "eager mode:\n",
-             markdown_table([r | ({"bandwidth_share": f"{r['bandwidth_share']:.0%}"}
-                                  if isinstance(r.get("bandwidth_share"), float) else {}) for r in c["rows"]], [
+             markdown_table([r | {key: f"{r[key]:.0%}" for key in ("bandwidth_share", "copy_bandwidth_share")
+                                  if isinstance(r.get(key), float)} for r in c["rows"]], [
                  ("mode", "mode"), ("decoding", "decoding"), ("batch", "batch"), ("tokens_per_s", "tok/s"),
-                 ("bandwidth_share", "share of bandwidth"), ("tokens_per_step", "tokens / target forward"),
+                 ("bandwidth_share", "share of bandwidth"), ("copy_bandwidth_share", "share of copy bandwidth"),
+                 ("tokens_per_step", "tokens / target forward"),
                  ("vs_plain", "vs plain"), ("vs_engine_plain", "vs engine plain"), ("vs_eager", "vs eager"),
                  ("rows_identical_to_plain", "rows = plain"),
                  *([("projected_tokens_per_s", "projected tok/s"), ("vs_projected", "measured / projected")]
