@@ -17,11 +17,11 @@ Second, within a share of what is left (what it leaves goes on), the capture mod
 of tokens (``synthetic_pair``), per capture mode (``--capture-modes``, default eager and cudagraph on CUDA, eager
 and compile elsewhere): the target's plain tokens/s, speculative tokens/s and the engine's plain (gamma 0) tokens/s
 at each of ``--capture-batches`` (1, 8, 32), plain's share of the GPU's memory bandwidth (peak from
-``study/cost/gpus.json``, else unknown) and of the bandwidth a large copy reaches on it (``bandwidth``), speculation's ratio to plain and to the engine's plain at each batch in
-the same mode, captured over eager at each batch, the mode's
-compiles, recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory its graphs hold;
-issue 40's GPU goals, each met or not met. A graph break, a recompile after warm-up or, in cudagraph mode, a graph
-inductor left uncaptured (with its reason) fails the check, in the next part as in this one.
+``study/cost/gpus.json``, else unknown) and of the bandwidth a large copy reaches on it (``bandwidth``),
+speculation's ratio to plain and to the engine's plain at each batch in the same mode, captured over eager at
+each batch, the mode's compiles, recompiles after warm-up, graph breaks, distinct shapes and, on CUDA, the memory
+its graphs hold; issue 40's GPU goals, each met or not met. A graph break, a recompile after warm-up or, in
+cudagraph mode, a graph inductor left uncaptured (with its reason) fails the check, in the next part as in this one.
 
 Third, within a share of what is left (what it leaves goes to the pairs), the host floors (``host_floor``,
 ``--host-floor``: on CUDA by default): ``bench.host_overhead`` per capture mode on the device, at production depth
