@@ -300,7 +300,7 @@ def speculation_command(
     for name, row in rows:
         table.add_row(name, row.reading, str(row.batch), _format_number(row.plain_s_per_token * 1000),
                       _format_number(row.speculative_s_per_token * 1000),
-                      f"{row.speedup:.2f}x" + (" slower" if row.slower else ""))
+                      row.speedup_text + (" slower" if row.slower else ""))
     Console().print(table)
 
 

@@ -16,6 +16,7 @@ from study.cost import (
     STUDY_WORKLOAD,
     CostInputError,
     Peaks,
+    SpeculationRow,
     decode_step_seconds,
     forward_seconds,
     get_gpu,
@@ -264,6 +265,14 @@ def test_a_plain_steps_forward_pays_the_plain_steps_work_and_without_it_a_share_
     assert "a plain step's unmeasured: this favours plain decoding" in older.plain.label
     bare = load_host_floors(host_result(tmp_path / "bare.json")).of("eager")  # eager rows only: no step work
     assert bare.plain == bare
+
+
+@pytest.mark.parametrize(("speedup", "text"), [(1.4199, "1.42x"), (0.81, "0.81x"), (0.9961, "0.996x"),
+                                              (0.99951, "0.9995x"), (1.0004, "1.00x")])
+def test_a_slower_row_never_reads_as_1x(speedup: float, text: str) -> None:
+    row = SpeculationRow("eager", 1, 4, 0.6, speculative_s_per_token=1.0, plain_s_per_token=speedup,
+                         floor_measured=True)
+    assert row.speedup_text == text
 
 
 def test_speculation_refuses_an_acceptance_outside_0_to_1(tmp_path: Path) -> None:

@@ -59,6 +59,15 @@ class SpeculationRow:
     def slower(self) -> bool:
         return self.speedup < 1
 
+    @property
+    def speedup_text(self) -> str:
+        """'1.42x'; with a third or fourth decimal where two would round a slower row up to '1.00x'."""
+        for digits in (2, 3, 4):
+            text = f"{self.speedup:.{digits}f}"
+            if not self.slower or float(text) < 1:
+                break
+        return text + "x"
+
 
 def speculation_vs_plain(target: ModelFacts, draft: ModelFacts, device: Device, batch: int, context: float,
                          acceptance: float, host: HostFloor, gamma: int = DEFAULT_GAMMA) -> SpeculationRow:

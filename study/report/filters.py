@@ -92,7 +92,7 @@ def share(percents: Sequence[int]) -> str:
 
 def speedup_cell(row: SpeculationRow) -> str:
     """Plain time over speculative time: '1.42x', or '0.81x (slower)'."""
-    return f"{row.speedup:.2f}x" + (" (slower)" if row.slower else "")
+    return row.speedup_text + (" (slower)" if row.slower else "")
 
 
 def prefix(value: Any, text: str) -> str:
