@@ -7,10 +7,9 @@ decode step's share against. A copy reads and writes every byte, so it moves twi
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from sidecar.fastest import fastest_seconds
 from sidecar.runtime.syncs import synchronize
 
 # a buffer far larger than any cache (an H100's L2 is 50 MB), and copies enough to dwarf their launches
@@ -24,18 +23,22 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
     """Bytes per second a device-to-device copy of ``nbytes`` (default: ``CUDA_BYTES`` on CUDA, ``CPU_BYTES``
     elsewhere) moves, read and written, the fastest of ``ROUNDS`` rounds."""
     nbytes = nbytes or (CUDA_BYTES if device.type == "cuda" else CPU_BYTES)
-    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)  # first touch: pages mapped, the kernel loaded
-    fastest = float("inf")
-    for _ in range(ROUNDS):
-        synchronize(device)
-        began = time.perf_counter()
-        for _ in range(COPIES):
-            target.copy_(source)
-        synchronize(device)
-        fastest = min(fastest, time.perf_counter() - began)
-    del source, target
+    seconds = fastest_copies(device, nbytes)  # its buffers are freed when it returns
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return 2 * nbytes * COPIES / fastest
+    return 2 * nbytes * COPIES / seconds
+
+
+def fastest_copies(device: torch.device, nbytes: int) -> float:
+    """The fastest of ``ROUNDS`` rounds of ``COPIES`` copies of ``nbytes`` (``sidecar.fastest``; its untimed first
+    round maps the pages and loads the kernel)."""
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+
+    def copies() -> None:
+        for _ in range(COPIES):
+            target.copy_(source)
+        synchronize(device)  # the round ends when the device has copied, not when the host has queued
+
+    (fastest,) = fastest_seconds([copies], budget_s=0.0, min_calls=ROUNDS)
+    return fastest
